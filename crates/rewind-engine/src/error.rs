@@ -1,0 +1,64 @@
+use std::io;
+
+use rewind_index::IndexError;
+use rewind_journal::JournalError;
+
+use crate::timespec::TimeSpecError;
+
+/// Everything that can go wrong in the engine. Front ends map these to NBD
+/// errors, HTTP statuses and CLI messages; each message says what to do next
+/// where there is something to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    #[error("no volume named {0:?}; `rewind volume list` shows the volumes")]
+    VolumeNotFound(String),
+    #[error("volume {0:?} already exists")]
+    VolumeExists(String),
+    #[error("volume {volume} has no bookmark {bookmark:?}; `rewind bookmark list {volume}` shows its bookmarks")]
+    BookmarkNotFound { volume: String, bookmark: String },
+    #[error("volume {volume} already has a bookmark {bookmark:?} (at {at}); delete it first or pick another name")]
+    BookmarkExists { volume: String, bookmark: String, at: String },
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{length} bytes at offset {offset} lie outside volume {volume}, which has {size_bytes} bytes")]
+    OutOfRange { volume: String, offset: u64, length: u64, size_bytes: u64 },
+    #[error("volume {volume} has no history before {earliest}, when its protection began; {requested} is earlier")]
+    BeforeHistory { volume: String, requested: String, earliest: String },
+    #[error("{requested} is in the future (it is now {now}); a view shows a time that has already happened")]
+    InFuture { requested: String, now: String },
+    #[error(transparent)]
+    TimeSpec(#[from] TimeSpecError),
+    #[error(
+        "volume {volume} stopped accepting writes after a failed write or fsync ({cause}); \
+         restart the server to recover it from its journal"
+    )]
+    Poisoned { volume: String, cause: String },
+    #[error("volume {0} has been deleted")]
+    Closed(String),
+    #[error("data corruption in volume {volume}: {detail}")]
+    Corrupt { volume: String, detail: String },
+    #[error("I/O error on {path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+}
+
+impl EngineError {
+    pub(crate) fn io(path: &str) -> impl FnOnce(io::Error) -> EngineError + '_ {
+        move |source| EngineError::Io { path: path.to_owned(), source }
+    }
+
+    /// Whether stored data failed a check (as opposed to a bad request or an
+    /// I/O failure).
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Corrupt { .. }
+                | EngineError::Journal(JournalError::Corrupt { .. })
+                | EngineError::Index(IndexError::Corrupt { .. })
+        )
+    }
+}

@@ -1,0 +1,274 @@
+//! Bookmarks, the timeline, stats and resolving points in time: what an
+//! operator sees of a volume's history.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use jiff::tz::TimeZone;
+use parking_lot::Mutex;
+use rewind_format::meta::{Bookmark, Bookmarks, TimelineBucket, TimelineFrame};
+use rewind_io::{read_file, write_file_atomic, File, OpenMode, Storage};
+use rewind_types::{BookmarkName, Lsn, Timestamp};
+
+use crate::timespec::{parse_point_in_time, DisplayTime, PointInTime};
+use crate::{EngineError, Volume};
+
+struct TimelineFile {
+    path: String,
+    file: Arc<dyn File>,
+    length: u64,
+    buckets: BTreeMap<u64, TimelineBucket>,
+    lsn_last: Lsn,
+}
+
+pub(crate) struct History {
+    bookmarks_path: String,
+    bookmarks: Mutex<Bookmarks>,
+    timeline: Mutex<TimelineFile>,
+}
+
+impl History {
+    pub fn create(storage: &dyn Storage, dir: &str) -> Result<History, EngineError> {
+        let bookmarks_path = format!("{dir}/bookmarks");
+        write_file_atomic(storage, &bookmarks_path, &Bookmarks::default().encode())
+            .map_err(EngineError::io(&bookmarks_path))?;
+        let path = format!("{dir}/timeline");
+        let file = storage.open_file(&path, OpenMode::CreateNew).map_err(EngineError::io(&path))?;
+        file.sync_data().map_err(EngineError::io(&path))?;
+        storage.sync_dir(dir).map_err(EngineError::io(dir))?;
+        let timeline = TimelineFile { path, file, length: 0, buckets: BTreeMap::new(), lsn_last: Lsn::ZERO };
+        Ok(History { bookmarks_path, bookmarks: Mutex::new(Bookmarks::default()), timeline: Mutex::new(timeline) })
+    }
+
+    pub fn open(storage: &dyn Storage, dir: &str) -> Result<History, EngineError> {
+        let bookmarks_path = format!("{dir}/bookmarks");
+        let bytes = read_file(storage, &bookmarks_path).map_err(EngineError::io(&bookmarks_path))?;
+        let bookmarks = Bookmarks::decode(&bytes).map_err(|error| EngineError::Corrupt {
+            volume: dir.to_owned(),
+            detail: format!("{bookmarks_path}: {error}"),
+        })?;
+        let path = format!("{dir}/timeline");
+        let file = storage.open_file(&path, OpenMode::Existing).map_err(EngineError::io(&path))?;
+        let bytes = read_file(storage, &path).map_err(EngineError::io(&path))?;
+        let (frames, valid) = TimelineFrame::decode_all(&bytes);
+        if valid < bytes.len() {
+            // A frame torn by a crash; its records are replayed from the journal.
+            file.set_len(valid as u64).map_err(EngineError::io(&path))?;
+            file.sync_data().map_err(EngineError::io(&path))?;
+        }
+        let mut timeline =
+            TimelineFile { path, file, length: valid as u64, buckets: BTreeMap::new(), lsn_last: Lsn::ZERO };
+        for frame in frames {
+            merge_buckets(&mut timeline.buckets, frame.buckets.into_iter().map(|bucket| (bucket.minute, bucket)));
+            timeline.lsn_last = timeline.lsn_last.max(frame.lsn_last);
+        }
+        Ok(History { bookmarks_path, bookmarks: Mutex::new(bookmarks), timeline: Mutex::new(timeline) })
+    }
+
+    /// The timeline file covers the journal up to this LSN.
+    pub fn timeline_lsn(&self) -> Lsn {
+        self.timeline.lock().lsn_last
+    }
+
+    /// Durably appends the activity of the records up to `lsn`.
+    pub fn save_timeline(&self, lsn: Lsn, delta: BTreeMap<u64, TimelineBucket>) -> Result<(), EngineError> {
+        if delta.is_empty() {
+            return Ok(());
+        }
+        let mut timeline = self.timeline.lock();
+        let frame = TimelineFrame { lsn_last: lsn, buckets: delta.values().copied().collect() };
+        let bytes = frame.encode();
+        let path = timeline.path.clone();
+        timeline.file.write_all_at(&bytes, timeline.length).map_err(EngineError::io(&path))?;
+        timeline.file.sync_data().map_err(EngineError::io(&path))?;
+        timeline.length += bytes.len() as u64;
+        timeline.lsn_last = lsn;
+        merge_buckets(&mut timeline.buckets, delta);
+        Ok(())
+    }
+}
+
+fn merge_buckets(into: &mut BTreeMap<u64, TimelineBucket>, from: impl IntoIterator<Item = (u64, TimelineBucket)>) {
+    for (minute, bucket) in from {
+        let total = into.entry(minute).or_insert(TimelineBucket { minute, ..TimelineBucket::default() });
+        total.write_count += bucket.write_count;
+        total.write_bytes += bucket.write_bytes;
+        total.zero_count += bucket.zero_count;
+        total.zero_bytes += bucket.zero_bytes;
+    }
+}
+
+/// A volume's history at a glance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TimelineReport {
+    /// When protection began.
+    pub created: Timestamp,
+    /// Time of the newest version.
+    pub timestamp_last: Timestamp,
+    /// Write activity per minute, oldest first; minutes without writes are absent.
+    pub buckets: Vec<TimelineBucket>,
+    pub bookmarks: Vec<Bookmark>,
+}
+
+/// Counters and sizes of one volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub writes: u64,
+    pub write_bytes: u64,
+    pub zeroes: u64,
+    pub zero_bytes: u64,
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub flushes: u64,
+    pub checkpoints: u64,
+    pub versions_in_memory: u64,
+    pub versions_in_runs: u64,
+    pub index_runs: u64,
+    pub index_memory_bytes: u64,
+    pub journal_bytes: u64,
+    pub lsn_last: u64,
+    pub lsn_durable: u64,
+    pub versions_pending_destage: u64,
+    pub poisoned: bool,
+}
+
+impl Volume {
+    pub fn bookmarks(&self) -> Vec<Bookmark> {
+        self.history.bookmarks.lock().entries.clone()
+    }
+
+    /// Names a point in time, `at` or (when `None`) now — after every write
+    /// acknowledged so far, which this makes durable first.
+    pub fn create_bookmark(
+        &self,
+        name: BookmarkName,
+        at: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Result<Bookmark, EngineError> {
+        self.check_open()?;
+        let at = match at {
+            Some(at) => self.check_in_history(at, now)?,
+            None => self.advance_clock(now),
+        };
+        let mut bookmarks = self.history.bookmarks.lock();
+        if let Some(existing) = bookmarks.entries.iter().find(|bookmark| bookmark.name == name) {
+            return Err(EngineError::BookmarkExists {
+                volume: self.name().to_string(),
+                bookmark: name.to_string(),
+                at: DisplayTime(existing.timestamp).to_string(),
+            });
+        }
+        if bookmarks.entries.len() >= Bookmarks::COUNT_MAX {
+            return Err(EngineError::InvalidArgument(format!(
+                "volume {} already has {} bookmarks, the most it can hold; delete some first",
+                self.name(),
+                Bookmarks::COUNT_MAX
+            )));
+        }
+        // The bookmarked state must survive a crash, like the bookmark itself.
+        self.flush()?;
+        let bookmark = Bookmark { name, timestamp: at };
+        let mut next = bookmarks.clone();
+        next.entries.push(bookmark.clone());
+        next.entries.sort_by_key(|bookmark| bookmark.timestamp);
+        self.save_bookmarks(&next)?;
+        *bookmarks = next;
+        Ok(bookmark)
+    }
+
+    pub fn delete_bookmark(&self, name: &str) -> Result<Bookmark, EngineError> {
+        self.check_open()?;
+        let mut bookmarks = self.history.bookmarks.lock();
+        let Some(position) = bookmarks.entries.iter().position(|bookmark| bookmark.name.as_str() == name) else {
+            return Err(EngineError::BookmarkNotFound { volume: self.name().to_string(), bookmark: name.to_owned() });
+        };
+        let mut next = bookmarks.clone();
+        let removed = next.entries.remove(position);
+        self.save_bookmarks(&next)?;
+        *bookmarks = next;
+        Ok(removed)
+    }
+
+    fn save_bookmarks(&self, bookmarks: &Bookmarks) -> Result<(), EngineError> {
+        let path = &self.history.bookmarks_path;
+        write_file_atomic(self.storage(), path, &bookmarks.encode()).map_err(EngineError::io(path))
+    }
+
+    fn check_in_history(&self, at: Timestamp, now: Timestamp) -> Result<Timestamp, EngineError> {
+        if at > now {
+            return Err(EngineError::InFuture {
+                requested: DisplayTime(at).to_string(),
+                now: DisplayTime(now).to_string(),
+            });
+        }
+        if at < self.created() {
+            return Err(EngineError::BeforeHistory {
+                volume: self.name().to_string(),
+                requested: DisplayTime(at).to_string(),
+                earliest: DisplayTime(self.created()).to_string(),
+            });
+        }
+        Ok(at)
+    }
+
+    /// The time a point names on this volume, checked to lie within its history.
+    pub fn resolve_time(&self, point: &PointInTime, now: Timestamp) -> Result<Timestamp, EngineError> {
+        match point {
+            PointInTime::At(at) => self.check_in_history(*at, now),
+            PointInTime::Bookmark(name) => {
+                let bookmarks = self.history.bookmarks.lock();
+                match bookmarks.entries.iter().find(|bookmark| &bookmark.name == name) {
+                    Some(bookmark) => Ok(bookmark.timestamp),
+                    None => Err(EngineError::BookmarkNotFound {
+                        volume: self.name().to_string(),
+                        bookmark: name.to_string(),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Parses and resolves a time expression (see [`crate::timespec`]).
+    pub fn parse_time(&self, input: &str, now: Timestamp, zone: &TimeZone) -> Result<Timestamp, EngineError> {
+        let point = parse_point_in_time(input, now, zone)?;
+        self.resolve_time(&point, now)
+    }
+
+    pub fn timeline(&self) -> TimelineReport {
+        let unsaved = self.write.lock().timeline_unsaved.clone();
+        let mut buckets = self.history.timeline.lock().buckets.clone();
+        merge_buckets(&mut buckets, unsaved);
+        TimelineReport {
+            created: self.created(),
+            timestamp_last: self.timestamp_last(),
+            buckets: buckets.into_values().collect(),
+            bookmarks: self.bookmarks(),
+        }
+    }
+
+    pub fn stats(&self) -> Result<VolumeStats, EngineError> {
+        let counter = |value: &std::sync::atomic::AtomicU64| value.load(Ordering::Relaxed);
+        let counters = &self.counters;
+        let index = self.index.stats();
+        Ok(VolumeStats {
+            writes: counter(&counters.writes),
+            write_bytes: counter(&counters.write_bytes),
+            zeroes: counter(&counters.zeroes),
+            zero_bytes: counter(&counters.zero_bytes),
+            reads: counter(&counters.reads),
+            read_bytes: counter(&counters.read_bytes),
+            flushes: counter(&counters.flushes),
+            checkpoints: counter(&counters.checkpoints),
+            versions_in_memory: index.versions_in_memory,
+            versions_in_runs: index.versions_in_runs,
+            index_runs: index.run_count,
+            index_memory_bytes: index.memory_bytes,
+            journal_bytes: self.journal.size_bytes()?,
+            lsn_last: self.journal.lsn_next().0 - 1,
+            lsn_durable: self.journal.lsn_durable().0,
+            versions_pending_destage: self.overlay_versions.load(Ordering::Relaxed) as u64,
+            poisoned: self.is_poisoned(),
+        })
+    }
+}

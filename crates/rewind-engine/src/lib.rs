@@ -1,0 +1,32 @@
+//! Rewind's storage engine: volumes whose every write is kept, readable as of
+//! any moment.
+//!
+//! A [`Node`] is a data directory of [`Volume`]s. A volume's write goes to its
+//! journal (durable at FLUSH/FUA through group commit), into its version index,
+//! and — once durable — into its current store. Reads of the present come from
+//! the current store; a [`View`] reads the volume as it was at a time `T`,
+//! taking each block from the current store when it has not changed since `T`
+//! and from its historical version otherwise.
+//!
+//! **Architecture Invariant:** nothing here reads a clock, opens a socket,
+//! starts a thread or uses a global random number generator. Time comes in as
+//! a [`Timestamp`] argument; background work happens when the embedder calls
+//! [`Node::maintain`] (the server does so from a thread, the simulator from its
+//! event loop).
+
+mod current;
+mod error;
+mod history;
+mod node;
+mod read;
+pub mod timespec;
+mod volume;
+
+pub use error::EngineError;
+pub use history::{TimelineReport, VolumeStats};
+pub use node::{Node, NodeConfig, VolumeSpec, WorkSignal};
+pub use read::{BlockStatus, View};
+pub use rewind_format::meta::{Bookmark, Layout, TimelineBucket};
+pub use volume::{Durability, Volume, VolumeConfig, ZeroMode};
+
+pub use rewind_types::{BlockSize, BookmarkName, Timestamp, VolumeName};

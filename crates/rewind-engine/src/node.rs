@@ -1,0 +1,200 @@
+//! A node: one data directory holding volumes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use rewind_format::meta::{Layout, VolumeMeta};
+use rewind_index::{PageCache, PageCacheStats};
+use rewind_io::Storage;
+use rewind_types::{BlockSize, Timestamp, VolumeName};
+
+use crate::{EngineError, Volume, VolumeConfig};
+
+#[derive(Clone, Copy, Debug)]
+pub struct NodeConfig {
+    pub volume: VolumeConfig,
+    /// Memory for cached version index pages, shared by all volumes.
+    pub index_cache_bytes: u64,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig { volume: VolumeConfig::default(), index_cache_bytes: 64 << 20 }
+    }
+}
+
+/// What to create.
+#[derive(Clone, Debug)]
+pub struct VolumeSpec {
+    pub name: VolumeName,
+    pub size_bytes: u64,
+    pub block_size: BlockSize,
+}
+
+/// Wakes the embedder's maintenance loop when there is work to do.
+#[derive(Default)]
+pub struct WorkSignal {
+    pending: Mutex<bool>,
+    condvar: Condvar,
+}
+
+impl WorkSignal {
+    pub fn notify(&self) {
+        *self.pending.lock() = true;
+        self.condvar.notify_one();
+    }
+
+    /// Waits until notified or `timeout` passes; returns whether notified.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let mut pending = self.pending.lock();
+        if !*pending {
+            self.condvar.wait_for(&mut pending, timeout);
+        }
+        std::mem::take(&mut *pending)
+    }
+}
+
+const VOLUMES_DIR: &str = "volumes";
+/// A volume size the 64-bit byte offsets of NBD and the formats can address.
+const VOLUME_BYTES_MAX: u64 = 1 << 60;
+
+pub struct Node {
+    storage: Arc<dyn Storage>,
+    config: NodeConfig,
+    cache: Arc<PageCache>,
+    volumes: RwLock<BTreeMap<String, Arc<Volume>>>,
+    /// Serialises creating and deleting volumes.
+    admin: Mutex<()>,
+    work: Arc<WorkSignal>,
+}
+
+fn volume_dir(name: &str) -> String {
+    format!("{VOLUMES_DIR}/{name}")
+}
+
+impl Node {
+    /// Opens (creating if needed) the data directory behind `storage` and
+    /// recovers every volume in it.
+    pub fn open(storage: Arc<dyn Storage>, config: NodeConfig) -> Result<Node, EngineError> {
+        storage.create_dir_all(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
+        storage.sync_dir("").map_err(EngineError::io("."))?;
+        let cache = PageCache::new(config.index_cache_bytes);
+        let work = Arc::new(WorkSignal::default());
+        let mut volumes = BTreeMap::new();
+        for name in storage.list_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))? {
+            let dir = volume_dir(&name);
+            let meta = format!("{dir}/volume.meta");
+            if !storage.exists(&meta).map_err(EngineError::io(&meta))? {
+                tracing::warn!(volume = %name, "removing a volume whose creation did not finish");
+                storage.remove_dir_all(&dir).map_err(EngineError::io(&dir))?;
+                storage.sync_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
+                continue;
+            }
+            let volume =
+                Volume::open(Arc::clone(&storage), &dir, config.volume, Arc::clone(&cache), Arc::clone(&work))?;
+            volumes.insert(name, volume);
+        }
+        Ok(Node { storage, config, cache, volumes: RwLock::new(volumes), admin: Mutex::new(()), work })
+    }
+
+    pub fn create_volume(&self, spec: VolumeSpec, now: Timestamp) -> Result<Arc<Volume>, EngineError> {
+        let block_bytes = u64::from(spec.block_size.bytes());
+        if spec.size_bytes == 0 || spec.size_bytes % block_bytes != 0 || spec.size_bytes > VOLUME_BYTES_MAX {
+            return Err(EngineError::InvalidArgument(format!(
+                "a volume's size must be a positive multiple of its block size ({block_bytes} bytes) \
+                 and at most {VOLUME_BYTES_MAX} bytes; {} is not",
+                spec.size_bytes
+            )));
+        }
+        let _admin = self.admin.lock();
+        let name = spec.name.to_string();
+        if self.volumes.read().contains_key(&name) {
+            return Err(EngineError::VolumeExists(name));
+        }
+        let dir = volume_dir(&name);
+        if self.storage.exists(&dir).map_err(EngineError::io(&dir))? {
+            self.storage.remove_dir_all(&dir).map_err(EngineError::io(&dir))?;
+        }
+        let meta = VolumeMeta {
+            name: spec.name,
+            size_bytes: spec.size_bytes,
+            block_size: spec.block_size,
+            created: now,
+            layout: Layout::Journaled,
+        };
+        let volume = Volume::create(
+            Arc::clone(&self.storage),
+            &dir,
+            meta,
+            self.config.volume,
+            Arc::clone(&self.cache),
+            Arc::clone(&self.work),
+        )?;
+        self.storage.sync_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
+        self.volumes.write().insert(name, Arc::clone(&volume));
+        Ok(volume)
+    }
+
+    /// Deletes a volume and all its history. Clients still connected to it
+    /// get errors from then on.
+    pub fn delete_volume(&self, name: &str) -> Result<(), EngineError> {
+        let _admin = self.admin.lock();
+        let volume = self.volume(name)?;
+        volume.close();
+        self.volumes.write().remove(name);
+        let dir = volume_dir(name);
+        // Removing volume.meta first makes the deletion atomic: a crash
+        // part-way leaves an unfinished volume, which opening removes.
+        let meta = format!("{dir}/volume.meta");
+        self.storage.remove_file(&meta).map_err(EngineError::io(&meta))?;
+        self.storage.sync_dir(&dir).map_err(EngineError::io(&dir))?;
+        self.storage.remove_dir_all(&dir).map_err(EngineError::io(&dir))?;
+        self.storage.sync_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))
+    }
+
+    pub fn volume(&self, name: &str) -> Result<Arc<Volume>, EngineError> {
+        self.volumes.read().get(name).cloned().ok_or_else(|| EngineError::VolumeNotFound(name.to_owned()))
+    }
+
+    pub fn volumes(&self) -> Vec<Arc<Volume>> {
+        self.volumes.read().values().cloned().collect()
+    }
+
+    /// One round of background work on every volume. A volume that fails is
+    /// poisoned (and logged) without stopping work on the others; the first
+    /// error is returned.
+    pub fn maintain(&self, now: Timestamp) -> Result<bool, EngineError> {
+        let mut worked = false;
+        let mut first_error = None;
+        for volume in self.volumes() {
+            match volume.maintain(now) {
+                Ok(did) => worked |= did,
+                Err(error) => {
+                    tracing::error!(volume = %volume.name(), %error, "maintenance failed");
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        first_error.map_or(Ok(worked), Err)
+    }
+
+    /// Checkpoints every healthy volume (before a clean shutdown).
+    pub fn checkpoint_all(&self, now: Timestamp) -> Result<(), EngineError> {
+        for volume in self.volumes() {
+            if !volume.is_poisoned() {
+                volume.checkpoint(now)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn work_signal(&self) -> Arc<WorkSignal> {
+        Arc::clone(&self.work)
+    }
+
+    pub fn page_cache_stats(&self) -> PageCacheStats {
+        self.cache.stats()
+    }
+}

@@ -1,0 +1,326 @@
+//! Reading a volume: the present, and views of the past.
+//!
+//! A read first *plans* where each block comes from, then reads. For the
+//! present, a block comes from the overlay (its newest version is not in the
+//! current store yet: read it from the journal) or from the current store. For
+//! a view at `T`, the same holds for every block whose newest version is at or
+//! before `T` — which the current store's per-block times tell without
+//! touching the index — and the rest come from the version index. So opening
+//! a view costs nothing, and reading one costs index lookups only for blocks
+//! changed since `T`.
+//!
+//! The current store is read without locks. Should the destager rewrite a
+//! block between our reading its metadata and its data, the block fails its
+//! CRC check; the read is then planned and done again under the destage lock,
+//! and only a second failure is reported as corruption. Journal bytes never
+//! change, so a journal block that fails its check is corruption at once.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rewind_format::current::{BlockMeta, BlockState};
+use rewind_types::{BlockIndex, Timestamp, Version, VersionData};
+
+use crate::timespec::DisplayTime;
+use crate::volume::WriteState;
+use crate::{EngineError, Volume};
+
+/// A read-only view of a volume as it was at one point in time.
+#[derive(Clone)]
+pub struct View {
+    volume: Arc<Volume>,
+    at: Timestamp,
+}
+
+impl View {
+    pub fn at(&self) -> Timestamp {
+        self.at
+    }
+
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.volume
+    }
+
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        self.volume.read_at(Some(self.at), offset, buf)
+    }
+
+    pub fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatus>, EngineError> {
+        self.volume.block_status_at(Some(self.at), offset, length)
+    }
+}
+
+/// One extent of allocation status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockStatus {
+    pub length: u64,
+    /// Data is stored for the extent (otherwise it is a hole).
+    pub allocated: bool,
+    /// The extent reads as zeros.
+    pub zero: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    Zero,
+    Current { crc32c: u32 },
+    Journal { segment: u32, offset: u32, crc32c: u32 },
+}
+
+impl Source {
+    fn of_version(version: &Version) -> Source {
+        match version.data {
+            VersionData::Zero => Source::Zero,
+            VersionData::Journal { segment, offset } => Source::Journal { segment, offset, crc32c: version.crc32c },
+        }
+    }
+
+    fn of_meta(meta: &BlockMeta) -> Source {
+        match meta.state {
+            BlockState::Unwritten | BlockState::Zero => Source::Zero,
+            BlockState::Data => Source::Current { crc32c: meta.crc32c },
+        }
+    }
+}
+
+/// A current-store block failed its check: maybe a race with the destager.
+struct Mismatch(BlockIndex);
+
+/// How a plan sees the overlay.
+#[derive(Clone, Copy)]
+enum Overlay<'a> {
+    /// Take the write lock to look (if the overlay is not empty).
+    Lock,
+    /// The caller holds the write lock.
+    Held(&'a WriteState),
+}
+
+/// The most blocks one status request answers for (the reply may cover less
+/// than was asked, as NBD allows).
+const STATUS_BLOCKS_MAX: u64 = 1 << 18;
+
+impl Volume {
+    pub fn view(self: &Arc<Self>, at: Timestamp) -> View {
+        View { volume: Arc::clone(self), at }
+    }
+
+    /// Reads the present contents at `offset`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        self.read_at(None, offset, buf)
+    }
+
+    /// Allocation status of the present contents.
+    pub fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatus>, EngineError> {
+        self.block_status_at(None, offset, length)
+    }
+
+    pub(crate) fn read_at(&self, at: Option<Timestamp>, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        self.read_with(at, Overlay::Lock, offset, buf)?;
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads the present while the caller holds the write lock (read-modify-write).
+    pub(crate) fn read_locked(&self, state: &WriteState, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        self.read_with(None, Overlay::Held(state), offset, buf)
+    }
+
+    fn read_with(&self, at: Option<Timestamp>, overlay: Overlay<'_>, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        self.check_open()?;
+        self.check_range(offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let block_size = self.block_size();
+        let block_bytes = u64::from(block_size.bytes());
+        let first = block_size.block_of(offset);
+        let end = offset + buf.len() as u64;
+        let count = end.div_ceil(block_bytes) - first.0;
+        let aligned = offset % block_bytes == 0 && end % block_bytes == 0;
+        let mut scratch = Vec::new();
+        let target: &mut [u8] = if aligned {
+            buf
+        } else {
+            scratch.resize((count * block_bytes) as usize, 0);
+            &mut scratch
+        };
+        if let Err(Mismatch(_)) = self.read_blocks(at, overlay, first, count, target)? {
+            let _no_destage = self.destage.lock();
+            if let Err(Mismatch(block)) = self.read_blocks(at, overlay, first, count, target)? {
+                return Err(self.corrupt_current(block));
+            }
+        }
+        if !aligned {
+            let skip = (offset - block_size.offset_of(first)) as usize;
+            buf.copy_from_slice(&scratch[skip..skip + buf.len()]);
+        }
+        Ok(())
+    }
+
+    fn corrupt_current(&self, block: BlockIndex) -> EngineError {
+        EngineError::Corrupt {
+            volume: self.name().to_string(),
+            detail: format!("block {block} in the current store fails its checksum"),
+        }
+    }
+
+    fn read_blocks(
+        &self,
+        at: Option<Timestamp>,
+        overlay: Overlay<'_>,
+        first: BlockIndex,
+        count: u64,
+        target: &mut [u8],
+    ) -> Result<Result<(), Mismatch>, EngineError> {
+        let sources = match self.plan(at, overlay, first, count)? {
+            Ok(sources) => sources,
+            Err(mismatch) => return Ok(Err(mismatch)),
+        };
+        let block_bytes = self.block_size().bytes() as usize;
+        let mut start = 0;
+        while start < sources.len() {
+            let mut end = start + 1;
+            let bytes = |end: usize| start * block_bytes..end * block_bytes;
+            match sources[start] {
+                Source::Zero => {
+                    while end < sources.len() && matches!(sources[end], Source::Zero) {
+                        end += 1;
+                    }
+                    target[bytes(end)].fill(0);
+                }
+                Source::Current { .. } => {
+                    while end < sources.len() && matches!(sources[end], Source::Current { .. }) {
+                        end += 1;
+                    }
+                    let range = bytes(end);
+                    self.current.read_data(BlockIndex(first.0 + start as u64), &mut target[range.clone()])?;
+                    for (index, block) in target[range].chunks_exact(block_bytes).enumerate() {
+                        let Source::Current { crc32c } = sources[start + index] else { unreachable!() };
+                        if rewind_format::crc32c(block) != crc32c {
+                            return Ok(Err(Mismatch(BlockIndex(first.0 + (start + index) as u64))));
+                        }
+                    }
+                }
+                Source::Journal { segment, offset, .. } => {
+                    while end < sources.len() {
+                        let Source::Journal { segment: next_segment, offset: next_offset, .. } = sources[end] else {
+                            break;
+                        };
+                        let expected = u64::from(offset) + ((end - start) * block_bytes) as u64;
+                        if next_segment != segment || u64::from(next_offset) != expected {
+                            break;
+                        }
+                        end += 1;
+                    }
+                    let range = bytes(end);
+                    self.journal.read(segment, u64::from(offset), &mut target[range.clone()])?;
+                    for (index, block) in target[range].chunks_exact(block_bytes).enumerate() {
+                        let Source::Journal { crc32c, offset, .. } = sources[start + index] else { unreachable!() };
+                        if rewind_format::crc32c(block) != crc32c {
+                            return Err(EngineError::Corrupt {
+                                volume: self.name().to_string(),
+                                detail: format!(
+                                    "block {} as of {} (journal segment {segment}, byte {offset}) fails its checksum",
+                                    first.0 + (start + index) as u64,
+                                    at.map_or("now".to_owned(), |at| DisplayTime(at).to_string()),
+                                ),
+                            });
+                        }
+                    }
+                }
+            }
+            start = end;
+        }
+        Ok(Ok(()))
+    }
+
+    /// Where each of `count` blocks from `first` comes from, as of `at` (the
+    /// present if `None`).
+    fn plan(
+        &self,
+        at: Option<Timestamp>,
+        overlay: Overlay<'_>,
+        first: BlockIndex,
+        count: u64,
+    ) -> Result<Result<Vec<Source>, Mismatch>, EngineError> {
+        let mut metas = Vec::with_capacity(count as usize);
+        if let Err(index) = self.current.read_meta(first, count, &mut metas)? {
+            return Ok(Err(Mismatch(BlockIndex(first.0 + index))));
+        }
+        let newest_pending = |state: &WriteState| -> Vec<Option<Version>> {
+            (first.0..first.0 + count)
+                .map(|block| state.overlay.get(&block).and_then(|pending| pending.last()).map(|pending| pending.version))
+                .collect()
+        };
+        let pending = match overlay {
+            Overlay::Held(state) => newest_pending(state),
+            Overlay::Lock if self.overlay_versions.load(Ordering::Relaxed) == 0 => Vec::new(),
+            Overlay::Lock => newest_pending(&self.write.lock()),
+        };
+        let mut sources = Vec::with_capacity(count as usize);
+        let mut from_history = Vec::new();
+        for (index, meta) in metas.iter().enumerate() {
+            let (timestamp, source) = match pending.get(index).copied().flatten() {
+                Some(version) => (version.timestamp, Source::of_version(&version)),
+                None => (meta.timestamp, Source::of_meta(meta)),
+            };
+            if at.is_none_or(|at| timestamp <= at) {
+                sources.push(source);
+            } else {
+                sources.push(Source::Zero);
+                from_history.push(index);
+            }
+        }
+        if let Some(at) = at.filter(|_| !from_history.is_empty()) {
+            let blocks: Vec<u64> = from_history.iter().map(|&index| first.0 + index as u64).collect();
+            let found = self.index.find_le_many(&blocks, at)?;
+            for (&index, version) in from_history.iter().zip(found) {
+                // No version at or before `at`: the block had not been written yet.
+                sources[index] = version.as_ref().map_or(Source::Zero, Source::of_version);
+            }
+        }
+        Ok(Ok(sources))
+    }
+
+    pub(crate) fn block_status_at(
+        &self,
+        at: Option<Timestamp>,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<BlockStatus>, EngineError> {
+        self.check_open()?;
+        self.check_range(offset, length)?;
+        if length == 0 {
+            return Ok(Vec::new());
+        }
+        let block_size = self.block_size();
+        let block_bytes = u64::from(block_size.bytes());
+        let first = block_size.block_of(offset);
+        let end = offset + length;
+        let count = (end.div_ceil(block_bytes) - first.0).min(STATUS_BLOCKS_MAX);
+        let sources = match self.plan(at, Overlay::Lock, first, count)? {
+            Ok(sources) => sources,
+            Err(Mismatch(_)) => {
+                let _no_destage = self.destage.lock();
+                match self.plan(at, Overlay::Lock, first, count)? {
+                    Ok(sources) => sources,
+                    Err(Mismatch(block)) => return Err(self.corrupt_current(block)),
+                }
+            }
+        };
+        let mut extents: Vec<BlockStatus> = Vec::new();
+        let mut position = offset;
+        for (index, source) in sources.iter().enumerate() {
+            let block_end = block_size.offset_of(BlockIndex(first.0 + index as u64 + 1)).min(end);
+            let allocated = !matches!(source, Source::Zero);
+            let length = block_end - position;
+            match extents.last_mut() {
+                Some(last) if last.allocated == allocated => last.length += length,
+                _ => extents.push(BlockStatus { length, allocated, zero: !allocated }),
+            }
+            position = block_end;
+        }
+        Ok(extents)
+    }
+}

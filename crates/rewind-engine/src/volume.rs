@@ -1,0 +1,850 @@
+//! A volume: the write path, durability, destaging to the current store,
+//! checkpoints and recovery.
+//!
+//! ```text
+//! write ──► journal (append; durable at commit) ──► current store (destage,
+//!   │                                               only durable records)
+//!   ├─────► version index (memtable → runs)
+//!   └─────► overlay: blocks whose newest versions are not destaged yet
+//! ```
+//!
+//! Locks, always taken in this order, never the other way round:
+//! `maintenance` → `write` → `destage`. The destager drops `destage` before it
+//! takes `write` to retire overlay entries.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use rewind_format::current::{BlockMeta, BlockState};
+use rewind_format::journal::{RecordKind, RECORD_HEADER_BYTES};
+use rewind_format::meta::{Checkpoint, TimelineBucket, VolumeMeta};
+use rewind_index::{IndexConfig, PageCache, VersionIndex};
+use rewind_io::{read_file, write_file_atomic, OpenMode, Storage};
+use rewind_journal::{Journal, JournalConfig, JournalError};
+use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp, Version, VersionData};
+
+use crate::current::CurrentStore;
+use crate::history::History;
+use crate::node::WorkSignal;
+use crate::EngineError;
+
+#[derive(Clone, Copy, Debug)]
+pub struct VolumeConfig {
+    pub journal: JournalConfig,
+    pub index: IndexConfig,
+    /// Ask the maintenance thread to commit once this many bytes are waiting.
+    pub commit_bytes_soft: u64,
+    /// Writers commit themselves (backpressure) once this many bytes wait.
+    pub unwritten_bytes_max: u64,
+    /// Buffered writes reach the disk at least this often (nanoseconds): what
+    /// a power loss can take from writes that were never flushed.
+    pub commit_interval_nanos: u64,
+    /// Block versions waiting to be destaged before writers destage themselves.
+    pub overlay_versions_max: usize,
+    /// Versions in the live memtable before it is sealed and written as a run.
+    pub memtable_versions_max: usize,
+    /// Checkpoint at least this often (nanoseconds) while there are writes...
+    pub checkpoint_interval_nanos: u64,
+    /// ...and after this many journal bytes, bounding recovery time.
+    pub checkpoint_journal_bytes: u64,
+}
+
+impl Default for VolumeConfig {
+    fn default() -> Self {
+        VolumeConfig {
+            journal: JournalConfig::default(),
+            index: IndexConfig::default(),
+            commit_bytes_soft: 4 << 20,
+            unwritten_bytes_max: 64 << 20,
+            commit_interval_nanos: 50_000_000,
+            overlay_versions_max: 1 << 18,
+            memtable_versions_max: 1 << 20,
+            checkpoint_interval_nanos: 30_000_000_000,
+            checkpoint_journal_bytes: 1 << 30,
+        }
+    }
+}
+
+/// When a write must be durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// At the next flush (or commit interval).
+    Buffered,
+    /// Before the call returns (NBD's FUA).
+    Fua,
+}
+
+/// How zeroed blocks are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZeroMode {
+    /// Record zeros without data and deallocate the blocks (TRIM, WRITE_ZEROES).
+    Deallocate,
+    /// Store zero-filled blocks (WRITE_ZEROES with NO_HOLE).
+    Allocate,
+}
+
+/// A block version not yet in the current store.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pending {
+    pub lsn: Lsn,
+    pub version: Version,
+}
+
+pub(crate) struct WriteState {
+    pub timestamp_last: Timestamp,
+    /// Per block, its versions not yet destaged, oldest first.
+    pub overlay: FxHashMap<u64, smallvec::SmallVec<[Pending; 1]>>,
+    pub timeline_unsaved: BTreeMap<u64, TimelineBucket>,
+    crcs: Vec<u32>,
+    versions: Vec<Version>,
+}
+
+pub(crate) struct DestageState {
+    /// Every durable record up to this LSN is in the current store.
+    pub lsn_applied: Lsn,
+}
+
+struct MaintenanceState {
+    /// When maintenance first saw buffered bytes not yet committed.
+    unwritten_seen: Option<Timestamp>,
+    checkpoint_last: Timestamp,
+    checkpoint_lsn: Lsn,
+    checkpoint_journal_bytes: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub writes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub zeroes: AtomicU64,
+    pub zero_bytes: AtomicU64,
+    pub reads: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub flushes: AtomicU64,
+    pub journal_bytes_appended: AtomicU64,
+    pub checkpoints: AtomicU64,
+}
+
+/// The largest write record; larger writes become several records.
+const RECORD_BYTES_MAX: usize = 32 << 20;
+/// The most blocks one zero record covers; larger ranges become several,
+/// with backpressure between them, so memory stays bounded.
+const ZERO_RECORD_BLOCKS_MAX: u64 = 1 << 16;
+
+pub struct Volume {
+    pub(crate) meta: VolumeMeta,
+    pub(crate) dir: String,
+    storage: Arc<dyn Storage>,
+    config: VolumeConfig,
+    pub(crate) journal: Journal,
+    pub(crate) index: VersionIndex,
+    pub(crate) current: CurrentStore,
+    pub(crate) write: Mutex<WriteState>,
+    pub(crate) destage: Mutex<DestageState>,
+    maintenance: Mutex<MaintenanceState>,
+    pub(crate) overlay_versions: AtomicUsize,
+    poisoned: Mutex<Option<String>>,
+    closed: AtomicBool,
+    pub(crate) history: History,
+    pub(crate) counters: Counters,
+    work: Arc<WorkSignal>,
+    zero_block_crc32c: u32,
+}
+
+impl Volume {
+    pub(crate) fn create(
+        storage: Arc<dyn Storage>,
+        dir: &str,
+        meta: VolumeMeta,
+        config: VolumeConfig,
+        cache: Arc<PageCache>,
+        work: Arc<WorkSignal>,
+    ) -> Result<Arc<Volume>, EngineError> {
+        storage.create_dir_all(dir).map_err(EngineError::io(dir))?;
+        let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
+        let journal = Journal::create(Arc::clone(&storage), &format!("{dir}/journal"), meta.block_size, config.journal)?;
+        let index = VersionIndex::create(Arc::clone(&storage), &format!("{dir}/index"), config.index, cache)?;
+        let current = CurrentStore::open(&*storage, dir, meta.block_size, block_count, OpenMode::CreateNew)?;
+        current.sync()?;
+        let history = History::create(&*storage, dir)?;
+        let checkpoint = Checkpoint {
+            lsn: Lsn::ZERO,
+            replay_from: journal.position_next(),
+            timestamp_last: meta.created,
+        };
+        write_checkpoint(&*storage, dir, &checkpoint)?;
+        // Written last: a directory without it is an unfinished creation.
+        let path = format!("{dir}/volume.meta");
+        write_file_atomic(&*storage, &path, &meta.encode()).map_err(EngineError::io(&path))?;
+        let volume =
+            Volume::assemble(storage, dir, meta, config, journal, index, current, history, checkpoint, work, 0);
+        Ok(Arc::new(volume))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        storage: Arc<dyn Storage>,
+        dir: &str,
+        meta: VolumeMeta,
+        config: VolumeConfig,
+        journal: Journal,
+        index: VersionIndex,
+        current: CurrentStore,
+        history: History,
+        checkpoint: Checkpoint,
+        work: Arc<WorkSignal>,
+        timestamp_last_nanos: u64,
+    ) -> Volume {
+        let zero_block_crc32c = rewind_format::crc32c(&vec![0u8; meta.block_size.bytes() as usize]);
+        Volume {
+            dir: dir.to_owned(),
+            storage,
+            config,
+            write: Mutex::new(WriteState {
+                timestamp_last: checkpoint.timestamp_last.max(Timestamp::from_unix_nanos(timestamp_last_nanos)),
+                overlay: FxHashMap::default(),
+                timeline_unsaved: BTreeMap::new(),
+                crcs: Vec::new(),
+                versions: Vec::new(),
+            }),
+            destage: Mutex::new(DestageState { lsn_applied: journal.lsn_durable() }),
+            maintenance: Mutex::new(MaintenanceState {
+                unwritten_seen: None,
+                checkpoint_last: checkpoint.timestamp_last,
+                checkpoint_lsn: checkpoint.lsn,
+                checkpoint_journal_bytes: 0,
+            }),
+            journal,
+            index,
+            current,
+            overlay_versions: AtomicUsize::new(0),
+            poisoned: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            history,
+            counters: Counters::default(),
+            work,
+            zero_block_crc32c,
+            meta,
+        }
+    }
+
+    /// Opens a volume and recovers it: replays the journal after the last
+    /// checkpoint into the current store, the index and the timeline.
+    pub(crate) fn open(
+        storage: Arc<dyn Storage>,
+        dir: &str,
+        config: VolumeConfig,
+        cache: Arc<PageCache>,
+        work: Arc<WorkSignal>,
+    ) -> Result<Arc<Volume>, EngineError> {
+        let meta_path = format!("{dir}/volume.meta");
+        let bytes = read_file(&*storage, &meta_path).map_err(EngineError::io(&meta_path))?;
+        let meta = VolumeMeta::decode(&bytes).map_err(|error| corrupt_file(&meta_path, error))?;
+        let volume_name = meta.name.to_string();
+        let checkpoint_path = format!("{dir}/checkpoint");
+        let bytes = read_file(&*storage, &checkpoint_path).map_err(EngineError::io(&checkpoint_path))?;
+        let checkpoint = Checkpoint::decode(&bytes).map_err(|error| corrupt_file(&checkpoint_path, error))?;
+        let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
+        let index = VersionIndex::open(Arc::clone(&storage), &format!("{dir}/index"), config.index, cache)?;
+        let current = CurrentStore::open(&*storage, dir, meta.block_size, block_count, OpenMode::Existing)?;
+        let history = History::open(&*storage, dir)?;
+        let lsn_indexed = index.lsn_indexed();
+        if lsn_indexed < checkpoint.lsn {
+            return Err(EngineError::Corrupt {
+                volume: volume_name,
+                detail: format!(
+                    "the version index covers the journal up to LSN {lsn_indexed}, but the checkpoint says {}",
+                    checkpoint.lsn
+                ),
+            });
+        }
+        let mut recovery = Journal::recover(
+            Arc::clone(&storage),
+            &format!("{dir}/journal"),
+            meta.block_size,
+            config.journal,
+            checkpoint.replay_from,
+            checkpoint.lsn.next(),
+        )?;
+        let block_bytes = meta.block_size.bytes() as usize;
+        let zero_block_crc32c = rewind_format::crc32c(&vec![0u8; block_bytes]);
+        let mut timestamp_last = checkpoint.timestamp_last;
+        let mut timeline = BTreeMap::new();
+        let mut versions = Vec::new();
+        let mut metas = Vec::new();
+        while let Some(record) = recovery.next()? {
+            let header = record.header;
+            let first = header.block_first;
+            if first.0 + u64::from(header.block_count) > block_count {
+                return Err(EngineError::Corrupt {
+                    volume: volume_name,
+                    detail: format!("journal record {} addresses blocks past the end of the volume", header.lsn),
+                });
+            }
+            versions.clear();
+            metas.clear();
+            for index in 0..header.block_count {
+                let (data, crc32c, state) = match header.kind {
+                    RecordKind::Write => {
+                        let offset = record.data_offset() + index * meta.block_size.bytes();
+                        (VersionData::Journal { segment: record.segment, offset }, record.block_crc(index), BlockState::Data)
+                    }
+                    RecordKind::Zero => (VersionData::Zero, zero_block_crc32c, BlockState::Zero),
+                };
+                let block = BlockIndex(first.0 + u64::from(index));
+                versions.push(Version { block, timestamp: header.timestamp, data, crc32c });
+                metas.push(BlockMeta { state, crc32c, timestamp: header.timestamp });
+            }
+            match header.kind {
+                RecordKind::Write => current.write_blocks(first, record.data, &metas)?,
+                RecordKind::Zero => current.zero_blocks(first, &metas)?,
+            }
+            if header.lsn > lsn_indexed {
+                index.insert(header.lsn, &versions);
+            }
+            if header.lsn > history.timeline_lsn() {
+                let bytes = u64::from(header.block_count) * block_bytes as u64;
+                add_to_timeline(&mut timeline, header.timestamp, header.kind == RecordKind::Zero, bytes);
+            }
+            timestamp_last = header.timestamp;
+        }
+        let (journal, report) = recovery.finish()?;
+        if lsn_indexed > journal.lsn_durable() {
+            return Err(EngineError::Corrupt {
+                volume: volume_name,
+                detail: format!(
+                    "the version index covers LSN {lsn_indexed} but the journal ends at {}",
+                    journal.lsn_durable()
+                ),
+            });
+        }
+        if report.records_replayed > 0 || report.truncated_bytes > 0 {
+            tracing::info!(
+                volume = %meta.name,
+                records = report.records_replayed,
+                truncated_bytes = report.truncated_bytes,
+                "recovered volume from its journal"
+            );
+        }
+        let volume = Volume::assemble(
+            storage,
+            dir,
+            meta,
+            config,
+            journal,
+            index,
+            current,
+            history,
+            checkpoint,
+            work,
+            timestamp_last.unix_nanos(),
+        );
+        debug_assert_eq!(volume.zero_block_crc32c, zero_block_crc32c);
+        volume.write.lock().timeline_unsaved = timeline;
+        // Make the replay durable so the next start need not repeat it.
+        volume.checkpoint(timestamp_last)?;
+        Ok(Arc::new(volume))
+    }
+
+    pub fn name(&self) -> &rewind_types::VolumeName {
+        &self.meta.name
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.meta.size_bytes
+    }
+
+    pub fn block_size(&self) -> BlockSize {
+        self.meta.block_size
+    }
+
+    pub fn created(&self) -> Timestamp {
+        self.meta.created
+    }
+
+    pub fn layout(&self) -> rewind_format::meta::Layout {
+        self.meta.layout
+    }
+
+
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.lock().is_some()
+    }
+
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn check_open(&self) -> Result<(), EngineError> {
+        if self.closed.load(Ordering::Acquire) {
+            Err(EngineError::Closed(self.meta.name.to_string()))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), EngineError> {
+        self.check_open()?;
+        match &*self.poisoned.lock() {
+            Some(cause) => Err(EngineError::Poisoned { volume: self.meta.name.to_string(), cause: cause.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn check_range(&self, offset: u64, length: u64) -> Result<(), EngineError> {
+        match offset.checked_add(length) {
+            Some(end) if end <= self.meta.size_bytes => Ok(()),
+            _ => Err(EngineError::OutOfRange {
+                volume: self.meta.name.to_string(),
+                offset,
+                length,
+                size_bytes: self.meta.size_bytes,
+            }),
+        }
+    }
+
+    /// Poisons the volume after a failed write or fsync and returns the error
+    /// to report; corruption found while writing passes through unchanged.
+    fn fail(&self, error: EngineError) -> EngineError {
+        let poisons = match &error {
+            EngineError::Journal(JournalError::Corrupt { .. }) => false,
+            EngineError::Journal(_) | EngineError::Io { .. } | EngineError::Index(_) => true,
+            _ => false,
+        };
+        if !poisons {
+            return error;
+        }
+        let cause = error.to_string();
+        tracing::error!(volume = %self.meta.name, %cause, "volume poisoned: no more writes until restart");
+        self.poisoned.lock().get_or_insert(cause.clone());
+        EngineError::Poisoned { volume: self.meta.name.to_string(), cause }
+    }
+
+    /// Writes `data` at byte `offset`. Partial blocks are read, patched and
+    /// written whole, so every version is a whole block.
+    pub fn write(&self, now: Timestamp, offset: u64, data: &[u8], durability: Durability) -> Result<(), EngineError> {
+        self.check_writable()?;
+        self.check_range(offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut state = self.write.lock();
+            let block_bytes = u64::from(self.meta.block_size.bytes());
+            let end = offset + data.len() as u64;
+            if offset % block_bytes == 0 && end % block_bytes == 0 {
+                self.append_blocks(&mut state, now, self.meta.block_size.block_of(offset), data)?;
+            } else {
+                let head = offset - offset % block_bytes;
+                let tail = end.next_multiple_of(block_bytes);
+                let mut merged = vec![0u8; (tail - head) as usize];
+                self.read_edges_locked(&state, head, offset, end, tail, &mut merged)?;
+                merged[(offset - head) as usize..(end - head) as usize].copy_from_slice(data);
+                self.append_blocks(&mut state, now, self.meta.block_size.block_of(head), &merged)?;
+            }
+        }
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters.write_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.after_write(durability)
+    }
+
+    /// Fills the partial first and last blocks of `head..tail` (the byte range
+    /// `offset..end` being overwritten) with their current contents.
+    fn read_edges_locked(
+        &self,
+        state: &WriteState,
+        head: u64,
+        offset: u64,
+        end: u64,
+        tail: u64,
+        merged: &mut [u8],
+    ) -> Result<(), EngineError> {
+        let block_bytes = self.meta.block_size.bytes() as usize;
+        let last = merged.len() - block_bytes;
+        if head < offset {
+            self.read_locked(state, head, &mut merged[..block_bytes])?;
+        }
+        if end < tail && (last > 0 || head == offset) {
+            self.read_locked(state, tail - block_bytes as u64, &mut merged[last..])?;
+        }
+        Ok(())
+    }
+
+    fn next_timestamp(state: &mut WriteState, now: Timestamp) -> Timestamp {
+        let timestamp = now.max(state.timestamp_last.next());
+        state.timestamp_last = timestamp;
+        timestamp
+    }
+
+    fn append_blocks(
+        &self,
+        state: &mut WriteState,
+        now: Timestamp,
+        first: BlockIndex,
+        data: &[u8],
+    ) -> Result<(), EngineError> {
+        let block_bytes = self.meta.block_size.bytes();
+        let blocks_per_record = (RECORD_BYTES_MAX / block_bytes as usize) as u64;
+        for (chunk_index, chunk) in data.chunks(RECORD_BYTES_MAX).enumerate() {
+            let block = BlockIndex(first.0 + chunk_index as u64 * blocks_per_record);
+            let timestamp = Volume::next_timestamp(state, now);
+            let mut crcs = std::mem::take(&mut state.crcs);
+            crcs.clear();
+            let appended = self
+                .journal
+                .append_write(timestamp, block, chunk, &mut crcs)
+                .map_err(|error| self.fail(error.into()))?;
+            state.versions.clear();
+            for (index, &crc32c) in crcs.iter().enumerate() {
+                let offset = appended.data_offset + index as u32 * block_bytes;
+                state.versions.push(Version {
+                    block: BlockIndex(block.0 + index as u64),
+                    timestamp,
+                    data: VersionData::Journal { segment: appended.segment, offset },
+                    crc32c,
+                });
+            }
+            state.crcs = crcs;
+            let record_bytes = RECORD_HEADER_BYTES + (crcs_len(chunk.len(), block_bytes)) + chunk.len();
+            self.record_versions(state, appended.lsn, record_bytes as u64, false);
+        }
+        Ok(())
+    }
+
+    /// Files the versions of record `lsn` (in `state.versions`) in the index,
+    /// the overlay and the timeline.
+    fn record_versions(&self, state: &mut WriteState, lsn: Lsn, journal_bytes: u64, zero: bool) {
+        let versions = std::mem::take(&mut state.versions);
+        let first = versions.first().expect("records cover blocks");
+        self.index.insert(lsn, &versions);
+        for version in &versions {
+            state.overlay.entry(version.block.0).or_default().push(Pending { lsn, version: *version });
+        }
+        self.overlay_versions.fetch_add(versions.len(), Ordering::Relaxed);
+        let bytes = versions.len() as u64 * u64::from(self.meta.block_size.bytes());
+        add_to_timeline(&mut state.timeline_unsaved, first.timestamp, zero, bytes);
+        self.counters.journal_bytes_appended.fetch_add(journal_bytes, Ordering::Relaxed);
+        state.versions = versions;
+    }
+
+    /// Zeroes `length` bytes at `offset` (TRIM and WRITE_ZEROES). Whole blocks
+    /// become zero versions; partial ones are read, patched and written.
+    pub fn zero(
+        &self,
+        now: Timestamp,
+        offset: u64,
+        length: u64,
+        mode: ZeroMode,
+        durability: Durability,
+    ) -> Result<(), EngineError> {
+        self.check_writable()?;
+        self.check_range(offset, length)?;
+        let block_bytes = u64::from(self.meta.block_size.bytes());
+        let end = offset + length;
+        let whole_first = offset.next_multiple_of(block_bytes);
+        let whole_end = end - end % block_bytes;
+        if mode == ZeroMode::Allocate || whole_first >= whole_end {
+            // Small, or zeros that must be stored as data: write them.
+            let zeros = vec![0u8; length.min(RECORD_BYTES_MAX as u64) as usize];
+            let mut done = 0;
+            while done < length {
+                let step = (length - done).min(zeros.len() as u64);
+                self.write(now, offset + done, &zeros[..step as usize], Durability::Buffered)?;
+                done += step;
+            }
+            return self.after_write(durability);
+        }
+        if offset < whole_first {
+            self.write(now, offset, &vec![0u8; (whole_first - offset) as usize], Durability::Buffered)?;
+        }
+        let mut block = whole_first / block_bytes;
+        let block_end = whole_end / block_bytes;
+        while block < block_end {
+            let count = (block_end - block).min(ZERO_RECORD_BLOCKS_MAX);
+            {
+                let mut state = self.write.lock();
+                let timestamp = Volume::next_timestamp(&mut state, now);
+                let appended = self
+                    .journal
+                    .append_zero(timestamp, BlockIndex(block), count as u32)
+                    .map_err(|error| self.fail(error.into()))?;
+                let mut versions = std::mem::take(&mut state.versions);
+                versions.clear();
+                versions.extend((block..block + count).map(|index| Version {
+                    block: BlockIndex(index),
+                    timestamp,
+                    data: VersionData::Zero,
+                    crc32c: self.zero_block_crc32c,
+                }));
+                state.versions = versions;
+                self.record_versions(&mut state, appended.lsn, RECORD_HEADER_BYTES as u64, true);
+            }
+            block += count;
+            self.after_write(Durability::Buffered)?;
+        }
+        if whole_end < end {
+            self.write(now, whole_end, &vec![0u8; (end - whole_end) as usize], Durability::Buffered)?;
+        }
+        self.counters.zeroes.fetch_add(1, Ordering::Relaxed);
+        self.counters.zero_bytes.fetch_add(length, Ordering::Relaxed);
+        self.after_write(durability)
+    }
+
+    fn after_write(&self, durability: Durability) -> Result<(), EngineError> {
+        if durability == Durability::Fua {
+            return self.flush();
+        }
+        let unwritten = self.journal.bytes_unwritten();
+        if unwritten >= self.config.unwritten_bytes_max {
+            self.flush()?;
+        }
+        if self.overlay_versions.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
+            self.flush()?;
+            self.destage_durable()?;
+        }
+        if self.index.active_len() >= self.config.memtable_versions_max {
+            self.index.seal();
+            self.work.notify();
+        }
+        if self.index.stats().versions_in_memory >= 3 * self.config.memtable_versions_max as u64 {
+            // Maintenance is not keeping up: write the sealed memtables now.
+            self.flush()?;
+            self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
+        }
+        if unwritten >= self.config.commit_bytes_soft {
+            self.work.notify();
+        }
+        Ok(())
+    }
+
+    /// Makes every write that completed before this call durable.
+    pub fn flush(&self) -> Result<(), EngineError> {
+        self.check_writable()?;
+        self.journal.commit().map_err(|error| self.fail(error.into()))?;
+        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Copies the newest durable version of every overlay block into the
+    /// current store and retires what it copied.
+    pub(crate) fn destage_durable(&self) -> Result<(), EngineError> {
+        let (lsn_durable, _) = self.journal.durable_point();
+        let mut destage = self.destage.lock();
+        if destage.lsn_applied >= lsn_durable && self.overlay_versions.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        let mut newest: Vec<Pending> = {
+            let state = self.write.lock();
+            state
+                .overlay
+                .values()
+                .filter_map(|pending| pending.iter().rev().find(|entry| entry.lsn <= lsn_durable).copied())
+                .collect()
+        };
+        newest.sort_unstable_by_key(|pending| pending.version.block);
+        self.apply_to_current(&newest).map_err(|error| self.fail(error))?;
+        destage.lsn_applied = destage.lsn_applied.max(lsn_durable);
+        drop(destage);
+        let mut state = self.write.lock();
+        let mut retired = 0;
+        for applied in &newest {
+            let block = applied.version.block.0;
+            let pending = state.overlay.get_mut(&block).expect("only the destager removes entries");
+            let keep_from = pending.iter().position(|entry| entry.lsn > applied.lsn).unwrap_or(pending.len());
+            retired += keep_from;
+            pending.drain(..keep_from);
+            if pending.is_empty() {
+                state.overlay.remove(&block);
+            }
+        }
+        self.overlay_versions.fetch_sub(retired, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes `versions` (sorted by block) to the current store, coalescing
+    /// neighbours whose journal bytes are contiguous.
+    fn apply_to_current(&self, versions: &[Pending]) -> Result<(), EngineError> {
+        const RUN_BYTES_MAX: usize = 8 << 20;
+        let block_bytes = self.meta.block_size.bytes();
+        let mut buffer = Vec::new();
+        let mut metas = Vec::new();
+        let mut start = 0;
+        while start < versions.len() {
+            let first = versions[start].version;
+            let mut end = start + 1;
+            while end < versions.len() && (end - start) * (block_bytes as usize) < RUN_BYTES_MAX {
+                let previous = versions[end - 1].version;
+                let next = versions[end].version;
+                let adjacent = next.block.0 == previous.block.0 + 1;
+                let contiguous = match (previous.data, next.data) {
+                    (VersionData::Zero, VersionData::Zero) => true,
+                    (
+                        VersionData::Journal { segment: a, offset: x },
+                        VersionData::Journal { segment: b, offset: y },
+                    ) => a == b && y == x + block_bytes,
+                    _ => false,
+                };
+                if !(adjacent && contiguous) {
+                    break;
+                }
+                end += 1;
+            }
+            let run = &versions[start..end];
+            metas.clear();
+            metas.extend(run.iter().map(|pending| BlockMeta {
+                state: match pending.version.data {
+                    VersionData::Zero => BlockState::Zero,
+                    VersionData::Journal { .. } => BlockState::Data,
+                },
+                crc32c: pending.version.crc32c,
+                timestamp: pending.version.timestamp,
+            }));
+            match first.data {
+                VersionData::Zero => self.current.zero_blocks(first.block, &metas)?,
+                VersionData::Journal { segment, offset } => {
+                    buffer.resize(run.len() * block_bytes as usize, 0);
+                    self.journal.read(segment, u64::from(offset), &mut buffer)?;
+                    for (pending, block) in run.iter().zip(buffer.chunks_exact(block_bytes as usize)) {
+                        if rewind_format::crc32c(block) != pending.version.crc32c {
+                            return Err(EngineError::Corrupt {
+                                volume: self.meta.name.to_string(),
+                                detail: format!(
+                                    "journal data of block {} (written at LSN {}) fails its checksum",
+                                    pending.version.block, pending.lsn
+                                ),
+                            });
+                        }
+                    }
+                    self.current.write_blocks(first.block, &buffer, &metas)?;
+                }
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Background work, called periodically by the embedder: commits buffered
+    /// writes, destages, writes and merges index runs, checkpoints. Returns
+    /// whether it did anything.
+    pub fn maintain(&self, now: Timestamp) -> Result<bool, EngineError> {
+        let mut maintenance = self.maintenance.lock();
+        if self.closed.load(Ordering::Acquire) || self.is_poisoned() {
+            return Ok(false);
+        }
+        let mut worked = false;
+        let unwritten = self.journal.bytes_unwritten();
+        if unwritten > 0 {
+            let seen = *maintenance.unwritten_seen.get_or_insert(now);
+            let age = now.unix_nanos().saturating_sub(seen.unix_nanos());
+            if unwritten >= self.config.commit_bytes_soft || age >= self.config.commit_interval_nanos {
+                self.flush()?;
+                maintenance.unwritten_seen = None;
+                worked = true;
+            }
+        } else {
+            maintenance.unwritten_seen = None;
+        }
+        if self.overlay_versions.load(Ordering::Relaxed) > 0 {
+            let before = self.overlay_versions.load(Ordering::Relaxed);
+            self.destage_durable()?;
+            worked |= self.overlay_versions.load(Ordering::Relaxed) < before;
+        }
+        if self.index.active_len() >= self.config.memtable_versions_max {
+            self.index.seal();
+        }
+        worked |= self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))? > 0;
+        worked |= self.index.compact().map_err(|error| self.fail(error.into()))?;
+        let lsn_last = Lsn(self.journal.lsn_next().0 - 1);
+        let journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
+        let since = now.unix_nanos().saturating_sub(maintenance.checkpoint_last.unix_nanos());
+        let due = since >= self.config.checkpoint_interval_nanos
+            || journal_bytes - maintenance.checkpoint_journal_bytes >= self.config.checkpoint_journal_bytes;
+        if lsn_last > maintenance.checkpoint_lsn && due {
+            drop(maintenance);
+            self.checkpoint(now)?;
+            worked = true;
+        }
+        Ok(worked)
+    }
+
+    /// Makes everything derived from the journal durable up to the records
+    /// appended so far, so recovery can start after them.
+    pub fn checkpoint(&self, now: Timestamp) -> Result<(), EngineError> {
+        let mut maintenance = self.maintenance.lock();
+        let (lsn, replay_from, timestamp_last, timeline) = {
+            let mut state = self.write.lock();
+            self.index.seal();
+            let lsn = Lsn(self.journal.lsn_next().0 - 1);
+            let timeline = std::mem::take(&mut state.timeline_unsaved);
+            (lsn, self.journal.position_next(), state.timestamp_last, timeline)
+        };
+        let result = (|| {
+            self.journal.commit()?;
+            self.destage_durable()?;
+            self.index.persist(lsn)?;
+            {
+                let destage = self.destage.lock();
+                assert!(destage.lsn_applied >= lsn, "destaged through the sealed LSN");
+                self.current.sync()?;
+            }
+            self.history.save_timeline(lsn, timeline)?;
+            write_checkpoint(&*self.storage, &self.dir, &Checkpoint { lsn, replay_from, timestamp_last })
+        })();
+        result.map_err(|error| self.fail(error))?;
+        maintenance.checkpoint_last = now;
+        maintenance.checkpoint_lsn = lsn;
+        maintenance.checkpoint_journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
+        self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub(crate) fn storage(&self) -> &dyn Storage {
+        &*self.storage
+    }
+
+
+    /// Time of the newest version (the volume's creation if none).
+    pub fn timestamp_last(&self) -> Timestamp {
+        self.write.lock().timestamp_last
+    }
+
+    /// Raises the volume's clock to `at` so later writes get later times:
+    /// used when a bookmark names "now".
+    pub(crate) fn advance_clock(&self, at: Timestamp) -> Timestamp {
+        let mut state = self.write.lock();
+        state.timestamp_last = state.timestamp_last.max(at);
+        state.timestamp_last
+    }
+
+}
+
+/// Bytes of a write record's CRC array for `data_bytes` of blocks.
+fn crcs_len(data_bytes: usize, block_bytes: u32) -> usize {
+    (data_bytes / block_bytes as usize * 4).next_multiple_of(8)
+}
+
+fn corrupt_file(path: &str, error: rewind_format::FormatError) -> EngineError {
+    EngineError::Corrupt { volume: path.split('/').nth(1).unwrap_or(path).to_owned(), detail: format!("{path}: {error}") }
+}
+
+fn write_checkpoint(storage: &dyn Storage, dir: &str, checkpoint: &Checkpoint) -> Result<(), EngineError> {
+    let path = format!("{dir}/checkpoint");
+    write_file_atomic(storage, &path, &checkpoint.encode()).map_err(EngineError::io(&path))
+}
+
+pub(crate) fn add_to_timeline(timeline: &mut BTreeMap<u64, TimelineBucket>, at: Timestamp, zero: bool, bytes: u64) {
+    let minute = at.unix_seconds() / 60;
+    let bucket = timeline.entry(minute).or_insert(TimelineBucket { minute, ..TimelineBucket::default() });
+    if zero {
+        bucket.zero_count += 1;
+        bucket.zero_bytes += bytes;
+    } else {
+        bucket.write_count += 1;
+        bucket.write_bytes += bytes;
+    }
+}

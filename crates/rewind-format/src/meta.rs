@@ -1,0 +1,413 @@
+//! Small metadata files (`docs/format/metadata.md`): each is one envelope
+//! (magic, format version, payload length, payload CRC-32C, payload), written
+//! whole and atomically. The timeline is the exception: an append-only file of
+//! self-checking frames.
+
+use rewind_types::{BlockSize, BookmarkName, Lsn, Timestamp, VolumeName};
+
+use crate::{crc32c, verify_crc, FormatError, Reader, Writer};
+
+pub const FORMAT_VERSION: u32 = 1;
+const ENVELOPE_BYTES: usize = 16;
+
+fn seal_envelope(magic: [u8; 4], payload: Writer) -> Vec<u8> {
+    let payload = payload.into_bytes();
+    let mut writer = Writer::new();
+    writer
+        .u32(u32::from_le_bytes(magic))
+        .u32(FORMAT_VERSION)
+        .u32(u32::try_from(payload.len()).expect("metadata is small"))
+        .u32(crc32c(&payload));
+    let mut bytes = writer.into_bytes();
+    bytes.extend_from_slice(&payload);
+    bytes
+}
+
+fn open_envelope<'a>(what: &'static str, magic: [u8; 4], bytes: &'a [u8]) -> Result<Reader<'a>, FormatError> {
+    let mut reader = Reader::new(what, bytes);
+    let found = reader.u32()?;
+    if found != u32::from_le_bytes(magic) {
+        return Err(FormatError::BadMagic { what, found });
+    }
+    let version = reader.u32()?;
+    if version != FORMAT_VERSION {
+        return Err(FormatError::UnsupportedVersion { what, found: version, supported: FORMAT_VERSION });
+    }
+    let length = reader.u32()? as usize;
+    let stored = reader.u32()?;
+    let payload = reader.take(length)?;
+    if reader.remaining() != 0 {
+        return Err(reader.invalid(format!("{} bytes after the payload", reader.remaining())));
+    }
+    verify_crc(what, stored, crc32c(payload))?;
+    Ok(Reader::new(what, &bytes[ENVELOPE_BYTES..]))
+}
+
+fn finish(reader: Reader<'_>) -> Result<(), FormatError> {
+    if reader.remaining() == 0 {
+        Ok(())
+    } else {
+        Err(reader.invalid(format!("{} unexpected trailing bytes", reader.remaining())))
+    }
+}
+
+/// Where a volume puts each write: the seam for the layouts of the CDP papers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+#[non_exhaustive]
+pub enum Layout {
+    /// Every write goes to the journal (history, durability) and, once
+    /// durable, to the current store (fast reads of the present).
+    Journaled = 0,
+}
+
+/// `volume.meta`: what a volume is. Written once at creation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeMeta {
+    pub name: VolumeName,
+    pub size_bytes: u64,
+    pub block_size: BlockSize,
+    /// When protection began: no view exists before this time.
+    pub created: Timestamp,
+    pub layout: Layout,
+}
+
+impl VolumeMeta {
+    const MAGIC: [u8; 4] = *b"RWVM";
+    const WHAT: &'static str = "volume metadata";
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut payload = Writer::new();
+        payload
+            .str(self.name.as_str())
+            .u64(self.size_bytes)
+            .u32(self.block_size.bytes())
+            .u64(self.created.unix_nanos())
+            .u8(self.layout as u8);
+        seal_envelope(Self::MAGIC, payload)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
+        let name = VolumeName::new(reader.str()?).map_err(|error| reader.invalid(error.to_string()))?;
+        let size_bytes = reader.u64()?;
+        let block_size = BlockSize::new(reader.u32()?).map_err(|error| reader.invalid(error.to_string()))?;
+        let created = Timestamp::from_unix_nanos(reader.u64()?);
+        let layout = match reader.u8()? {
+            0 => Layout::Journaled,
+            other => return Err(reader.invalid(format!("unknown layout {other}"))),
+        };
+        if size_bytes % u64::from(block_size.bytes()) != 0 {
+            return Err(reader.invalid("size is not a whole number of blocks"));
+        }
+        finish(reader)?;
+        Ok(VolumeMeta { name, size_bytes, block_size, created, layout })
+    }
+}
+
+/// A position in a volume's journal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct JournalPosition {
+    pub segment: u32,
+    pub offset: u64,
+}
+
+/// `checkpoint`: how much of the journal is durably reflected in everything
+/// derived from it, so recovery replays only what comes after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Every record up to and including this LSN is durably in the current
+    /// store, the version index runs and the timeline.
+    pub lsn: Lsn,
+    /// Where the record after `lsn` starts (or will start).
+    pub replay_from: JournalPosition,
+    /// Time of record `lsn` (the volume's creation time if none), so that
+    /// version times keep increasing across restarts.
+    pub timestamp_last: Timestamp,
+}
+
+impl Checkpoint {
+    const MAGIC: [u8; 4] = *b"RWCK";
+    const WHAT: &'static str = "checkpoint";
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut payload = Writer::new();
+        payload
+            .u64(self.lsn.0)
+            .u32(self.replay_from.segment)
+            .u64(self.replay_from.offset)
+            .u64(self.timestamp_last.unix_nanos());
+        seal_envelope(Self::MAGIC, payload)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
+        let checkpoint = Checkpoint {
+            lsn: Lsn(reader.u64()?),
+            replay_from: JournalPosition { segment: reader.u32()?, offset: reader.u64()? },
+            timestamp_last: Timestamp::from_unix_nanos(reader.u64()?),
+        };
+        finish(reader)?;
+        Ok(checkpoint)
+    }
+}
+
+/// One immutable run of the version index, as listed in the manifest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunInfo {
+    pub id: u64,
+    pub entry_count: u64,
+    pub timestamp_min: Timestamp,
+    pub timestamp_max: Timestamp,
+}
+
+/// `index/manifest`: the runs that make up the durable part of a version index.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct IndexManifest {
+    /// Every journal record up to and including this LSN is in the runs.
+    pub lsn_indexed: Lsn,
+    pub run_id_next: u64,
+    /// Oldest first; the time ranges of runs do not overlap.
+    pub runs: Vec<RunInfo>,
+}
+
+impl IndexManifest {
+    const MAGIC: [u8; 4] = *b"RWIM";
+    const WHAT: &'static str = "index manifest";
+    const RUNS_MAX: usize = 1 << 16;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut payload = Writer::new();
+        payload.u64(self.lsn_indexed.0).u64(self.run_id_next).u32(self.runs.len() as u32);
+        for run in &self.runs {
+            payload
+                .u64(run.id)
+                .u64(run.entry_count)
+                .u64(run.timestamp_min.unix_nanos())
+                .u64(run.timestamp_max.unix_nanos());
+        }
+        seal_envelope(Self::MAGIC, payload)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
+        let lsn_indexed = Lsn(reader.u64()?);
+        let run_id_next = reader.u64()?;
+        let count = reader.u32()? as usize;
+        if count > Self::RUNS_MAX {
+            return Err(reader.invalid(format!("{count} runs")));
+        }
+        let mut runs = Vec::with_capacity(count);
+        for _ in 0..count {
+            runs.push(RunInfo {
+                id: reader.u64()?,
+                entry_count: reader.u64()?,
+                timestamp_min: Timestamp::from_unix_nanos(reader.u64()?),
+                timestamp_max: Timestamp::from_unix_nanos(reader.u64()?),
+            });
+        }
+        finish(reader)?;
+        let ordered = runs.windows(2).all(|pair| pair[0].timestamp_max < pair[1].timestamp_min);
+        if !ordered || runs.iter().any(|run| run.id >= run_id_next || run.timestamp_min > run.timestamp_max) {
+            return Err(FormatError::Invalid { what: Self::WHAT, reason: "runs are not in time order".into() });
+        }
+        Ok(IndexManifest { lsn_indexed, run_id_next, runs })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bookmark {
+    pub name: BookmarkName,
+    /// The point in time the bookmark names.
+    pub timestamp: Timestamp,
+}
+
+/// `bookmarks`: a volume's named points in time.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Bookmarks {
+    pub entries: Vec<Bookmark>,
+}
+
+impl Bookmarks {
+    const MAGIC: [u8; 4] = *b"RWBM";
+    const WHAT: &'static str = "bookmarks";
+    pub const COUNT_MAX: usize = 1 << 16;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut payload = Writer::new();
+        payload.u32(self.entries.len() as u32);
+        for bookmark in &self.entries {
+            payload.str(bookmark.name.as_str()).u64(bookmark.timestamp.unix_nanos());
+        }
+        seal_envelope(Self::MAGIC, payload)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
+        let count = reader.u32()? as usize;
+        if count > Self::COUNT_MAX {
+            return Err(reader.invalid(format!("{count} bookmarks")));
+        }
+        let mut entries = Vec::with_capacity(count);
+        for _ in 0..count {
+            let name = BookmarkName::new(reader.str()?).map_err(|error| reader.invalid(error.to_string()))?;
+            entries.push(Bookmark { name, timestamp: Timestamp::from_unix_nanos(reader.u64()?) });
+        }
+        finish(reader)?;
+        Ok(Bookmarks { entries })
+    }
+}
+
+/// Write activity of a volume during one minute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TimelineBucket {
+    /// Minutes since the Unix epoch.
+    pub minute: u64,
+    pub write_count: u64,
+    pub write_bytes: u64,
+    pub zero_count: u64,
+    pub zero_bytes: u64,
+}
+
+/// One frame of the append-only `timeline` file: the activity of the journal
+/// records up to `lsn_last` not covered by earlier frames.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TimelineFrame {
+    pub lsn_last: Lsn,
+    pub buckets: Vec<TimelineBucket>,
+}
+
+impl TimelineFrame {
+    const MAGIC: u32 = u32::from_le_bytes(*b"RWTL");
+    const WHAT: &'static str = "timeline frame";
+    const BUCKETS_MAX: u32 = 1 << 20;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut writer = Writer::new();
+        writer.u32(Self::MAGIC).u64(self.lsn_last.0).u32(self.buckets.len() as u32);
+        for bucket in &self.buckets {
+            writer
+                .u64(bucket.minute)
+                .u64(bucket.write_count)
+                .u64(bucket.write_bytes)
+                .u64(bucket.zero_count)
+                .u64(bucket.zero_bytes);
+        }
+        let mut bytes = writer.into_bytes();
+        let checksum = crc32c(&bytes);
+        bytes.extend_from_slice(&checksum.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes consecutive frames. Returns them with the length of the valid
+    /// prefix: a frame that does not check out ends the file (a torn append),
+    /// and the caller truncates there.
+    pub fn decode_all(bytes: &[u8]) -> (Vec<TimelineFrame>, usize) {
+        let mut frames = Vec::new();
+        let mut valid = 0;
+        while valid < bytes.len() {
+            match Self::decode_one(&bytes[valid..]) {
+                Ok((frame, length)) => {
+                    frames.push(frame);
+                    valid += length;
+                }
+                Err(_) => break,
+            }
+        }
+        (frames, valid)
+    }
+
+    fn decode_one(bytes: &[u8]) -> Result<(TimelineFrame, usize), FormatError> {
+        let mut reader = Reader::new(Self::WHAT, bytes);
+        let magic = reader.u32()?;
+        if magic != Self::MAGIC {
+            return Err(FormatError::BadMagic { what: Self::WHAT, found: magic });
+        }
+        let lsn_last = Lsn(reader.u64()?);
+        let count = reader.u32()?;
+        if count > Self::BUCKETS_MAX {
+            return Err(reader.invalid(format!("{count} buckets")));
+        }
+        let mut buckets = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            buckets.push(TimelineBucket {
+                minute: reader.u64()?,
+                write_count: reader.u64()?,
+                write_bytes: reader.u64()?,
+                zero_count: reader.u64()?,
+                zero_bytes: reader.u64()?,
+            });
+        }
+        let length = reader.position();
+        let stored = reader.u32()?;
+        verify_crc(Self::WHAT, stored, crc32c(&bytes[..length]))?;
+        Ok((TimelineFrame { lsn_last, buckets }, length + 4))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_round_trips_and_rejects_damage() {
+        let meta = VolumeMeta {
+            name: VolumeName::new("db").unwrap(),
+            size_bytes: 1 << 30,
+            block_size: BlockSize::DEFAULT,
+            created: Timestamp::from_unix_nanos(42),
+            layout: Layout::Journaled,
+        };
+        let bytes = meta.encode();
+        assert_eq!(VolumeMeta::decode(&bytes).unwrap(), meta);
+        for at in [0, 5, 9, 13, 20, bytes.len() - 1] {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 0x40;
+            assert!(VolumeMeta::decode(&damaged).is_err(), "flip at {at} must be caught");
+        }
+        assert!(VolumeMeta::decode(&bytes[..bytes.len() - 1]).is_err());
+
+        let checkpoint = Checkpoint {
+            lsn: Lsn(5),
+            replay_from: JournalPosition { segment: 1, offset: 4160 },
+            timestamp_last: Timestamp::from_unix_nanos(9),
+        };
+        assert_eq!(Checkpoint::decode(&checkpoint.encode()).unwrap(), checkpoint);
+
+        let run = |id, low, high| RunInfo {
+            id,
+            entry_count: 10,
+            timestamp_min: Timestamp::from_unix_nanos(low),
+            timestamp_max: Timestamp::from_unix_nanos(high),
+        };
+        let manifest = IndexManifest { lsn_indexed: Lsn(3), run_id_next: 3, runs: vec![run(1, 1, 5), run(2, 6, 9)] };
+        assert_eq!(IndexManifest::decode(&manifest.encode()).unwrap(), manifest);
+        let overlapping = IndexManifest { runs: vec![run(1, 1, 5), run(2, 5, 9)], ..manifest };
+        assert!(IndexManifest::decode(&overlapping.encode()).is_err());
+
+        let bookmarks = Bookmarks {
+            entries: vec![Bookmark {
+                name: BookmarkName::new("before-upgrade").unwrap(),
+                timestamp: Timestamp::from_unix_nanos(7),
+            }],
+        };
+        assert_eq!(Bookmarks::decode(&bookmarks.encode()).unwrap(), bookmarks);
+    }
+
+    #[test]
+    fn timeline_stops_at_a_torn_frame() {
+        let bucket = TimelineBucket { minute: 1, write_count: 2, write_bytes: 3, zero_count: 4, zero_bytes: 5 };
+        let first = TimelineFrame { lsn_last: Lsn(10), buckets: vec![bucket] };
+        let second = TimelineFrame { lsn_last: Lsn(20), buckets: vec![bucket, bucket] };
+        let mut bytes = first.encode();
+        let first_length = bytes.len();
+        bytes.extend_from_slice(&second.encode());
+        let (frames, valid) = TimelineFrame::decode_all(&bytes);
+        assert_eq!(frames, vec![first.clone(), second]);
+        assert_eq!(valid, bytes.len());
+        bytes.truncate(bytes.len() - 3);
+        let (frames, valid) = TimelineFrame::decode_all(&bytes);
+        assert_eq!(frames, vec![first]);
+        assert_eq!(valid, first_length);
+    }
+}

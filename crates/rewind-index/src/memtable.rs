@@ -1,0 +1,79 @@
+//! The append buffer: the newest versions, in memory, in arrival order, with a
+//! per-block list for lookups. Arrival order is time order, because a volume's
+//! version times strictly increase.
+
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use rewind_types::{Lsn, Timestamp, Version};
+
+#[derive(Default)]
+pub struct Memtable {
+    versions: Vec<Version>,
+    /// Positions in `versions` of each block's versions, oldest first.
+    by_block: FxHashMap<u64, SmallVec<[u32; 2]>>,
+    /// LSN of the last journal record whose versions are in here.
+    lsn_last: Lsn,
+}
+
+impl Memtable {
+    pub fn len(&self) -> usize {
+        self.versions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.versions.is_empty()
+    }
+
+    pub fn lsn_last(&self) -> Lsn {
+        self.lsn_last
+    }
+
+    pub fn timestamp_min(&self) -> Option<Timestamp> {
+        self.versions.first().map(|version| version.timestamp)
+    }
+
+    pub fn timestamp_max(&self) -> Option<Timestamp> {
+        self.versions.last().map(|version| version.timestamp)
+    }
+
+    /// Adds the versions of journal record `lsn`, which all carry the same time.
+    pub fn insert(&mut self, lsn: Lsn, versions: &[Version]) {
+        assert!(lsn > self.lsn_last, "records arrive in LSN order");
+        let Some(first) = versions.first() else { return };
+        if let Some(last) = self.versions.last() {
+            assert!(first.timestamp > last.timestamp, "version times strictly increase");
+        }
+        for version in versions {
+            assert_eq!(version.timestamp, first.timestamp);
+            let position = u32::try_from(self.versions.len()).expect("memtables stay below 4G versions");
+            self.versions.push(*version);
+            self.by_block.entry(version.block.0).or_default().push(position);
+        }
+        self.lsn_last = lsn;
+    }
+
+    /// The newest version of `block` at or before `at`.
+    pub fn find_le(&self, block: u64, at: Timestamp) -> Option<Version> {
+        let positions = self.by_block.get(&block)?;
+        let count = positions.partition_point(|&position| self.versions[position as usize].timestamp <= at);
+        count.checked_sub(1).map(|index| self.versions[positions[index] as usize])
+    }
+
+    /// All versions sorted by `(block, timestamp)`, for writing a run.
+    pub fn sorted(&self) -> Vec<Version> {
+        let mut blocks: Vec<u64> = self.by_block.keys().copied().collect();
+        blocks.sort_unstable();
+        let mut sorted = Vec::with_capacity(self.versions.len());
+        for block in blocks {
+            sorted.extend(self.by_block[&block].iter().map(|&position| self.versions[position as usize]));
+        }
+        sorted
+    }
+
+    /// Approximate heap bytes held, for memory accounting.
+    pub fn memory_bytes(&self) -> usize {
+        self.versions.capacity() * std::mem::size_of::<Version>()
+            + self.by_block.capacity() * (8 + std::mem::size_of::<SmallVec<[u32; 2]>>() + 1)
+    }
+}

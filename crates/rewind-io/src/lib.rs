@@ -1,0 +1,142 @@
+//! The storage seam. The engine and the storage parts talk to files only through
+//! [`Storage`] and [`File`], so that the same code runs on the real filesystem
+//! ([`OsStorage`]) and on [`SimStorage`], which models what survives a crash:
+//! the synced bytes plus a random, possibly torn, subset of the unsynced ones.
+//!
+//! Paths are relative to the storage root and use `/` separators.
+//!
+//! Contracts:
+//! - `File::read_exact_at` fails with `UnexpectedEof` if the range is not fully
+//!   inside the file; it never returns a short read.
+//! - `File::sync_data` makes every completed `write_all_at`, `set_len` and
+//!   `punch_hole` on that file durable. It does not make the file's *name*
+//!   durable: that needs `Storage::sync_dir` on the parent directory.
+//! - After a failed `sync_data`, the state of unsynced data is unknown (Linux may
+//!   have dropped the dirty pages); callers must treat the file as poisoned.
+//! - All methods may be called concurrently; writes to disjoint ranges do not
+//!   interfere.
+
+mod os;
+mod sim;
+
+pub use os::{DirLock, OsStorage};
+pub use sim::{SimConfig, SimStorage};
+
+use std::io;
+use std::sync::Arc;
+
+/// How [`Storage::open_file`] treats an existing or missing file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// The file must exist.
+    Existing,
+    /// The file must not exist; it is created empty.
+    CreateNew,
+    /// Open it, creating it empty if missing.
+    OpenOrCreate,
+}
+
+pub trait File: Send + Sync {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
+    fn size_bytes(&self) -> io::Result<u64>;
+    fn set_len(&self, size_bytes: u64) -> io::Result<()>;
+    fn sync_data(&self) -> io::Result<()>;
+    /// Deallocates `offset..offset+length`; it reads back as zeros afterwards.
+    fn punch_hole(&self, offset: u64, length: u64) -> io::Result<()>;
+}
+
+pub trait Storage: Send + Sync {
+    fn create_dir_all(&self, dir: &str) -> io::Result<()>;
+    fn open_file(&self, path: &str, mode: OpenMode) -> io::Result<Arc<dyn File>>;
+    fn remove_file(&self, path: &str) -> io::Result<()>;
+    /// Removes a directory and everything below it.
+    fn remove_dir_all(&self, dir: &str) -> io::Result<()>;
+    /// Atomically replaces `to` with `from` (both in the same directory).
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
+    /// Names (not paths) of the entries directly inside `dir`, sorted.
+    fn list_dir(&self, dir: &str) -> io::Result<Vec<String>>;
+    fn exists(&self, path: &str) -> io::Result<bool>;
+    /// Makes creations, renames and removals of entries in `dir` durable.
+    fn sync_dir(&self, dir: &str) -> io::Result<()>;
+}
+
+/// Replaces the file at `path` with `contents` so that after a crash it holds
+/// either the old or the new contents, never a mix: write a temporary file,
+/// sync it, rename it over `path`, sync the directory.
+pub fn write_file_atomic(storage: &dyn Storage, path: &str, contents: &[u8]) -> io::Result<()> {
+    let temporary = format!("{path}.tmp");
+    if storage.exists(&temporary)? {
+        storage.remove_file(&temporary)?;
+    }
+    let file = storage.open_file(&temporary, OpenMode::CreateNew)?;
+    file.write_all_at(contents, 0)?;
+    file.sync_data()?;
+    drop(file);
+    storage.rename(&temporary, path)?;
+    storage.sync_dir(parent_dir(path))
+}
+
+/// Reads a whole (small) file.
+pub fn read_file(storage: &dyn Storage, path: &str) -> io::Result<Vec<u8>> {
+    let file = storage.open_file(path, OpenMode::Existing)?;
+    let size_bytes = file.size_bytes()?;
+    let mut contents = vec![0; usize::try_from(size_bytes).expect("file fits in memory")];
+    file.read_exact_at(&mut contents, 0)?;
+    Ok(contents)
+}
+
+/// The directory part of a `/`-separated relative path ("" for the root).
+pub fn parent_dir(path: &str) -> &str {
+    path.rfind('/').map_or("", |slash| &path[..slash])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The contract both implementations must keep.
+    fn exercise(storage: &dyn Storage) {
+        storage.create_dir_all("a/b").unwrap();
+        let file = storage.open_file("a/b/f", OpenMode::CreateNew).unwrap();
+        assert!(storage.open_file("a/b/f", OpenMode::CreateNew).is_err());
+        assert!(storage.open_file("a/b/missing", OpenMode::Existing).is_err());
+        file.write_all_at(b"hello", 10).unwrap();
+        assert_eq!(file.size_bytes().unwrap(), 15);
+        let mut buf = [1u8; 15];
+        file.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf[..10], &[0; 10]);
+        assert_eq!(&buf[10..], b"hello");
+        let mut past = [0u8; 4];
+        let error = file.read_exact_at(&mut past, 13).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+        file.set_len(8192).unwrap();
+        file.write_all_at(&[7; 8192], 0).unwrap();
+        file.punch_hole(4096, 4096).unwrap();
+        let mut page = [9u8; 4096];
+        file.read_exact_at(&mut page, 4096).unwrap();
+        assert_eq!(page, [0; 4096]);
+        file.read_exact_at(&mut page, 0).unwrap();
+        assert_eq!(page, [7; 4096]);
+        file.sync_data().unwrap();
+        write_file_atomic(storage, "a/b/g", b"one").unwrap();
+        write_file_atomic(storage, "a/b/g", b"two").unwrap();
+        assert_eq!(read_file(storage, "a/b/g").unwrap(), b"two");
+        assert_eq!(storage.list_dir("a/b").unwrap(), vec!["f".to_string(), "g".to_string()]);
+        storage.remove_file("a/b/f").unwrap();
+        assert!(!storage.exists("a/b/f").unwrap());
+        storage.remove_dir_all("a").unwrap();
+        assert!(!storage.exists("a/b/g").unwrap());
+    }
+
+    #[test]
+    fn os_storage_keeps_the_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        exercise(&OsStorage::new(dir.path()).unwrap());
+    }
+
+    #[test]
+    fn sim_storage_keeps_the_contract() {
+        exercise(&SimStorage::new(SimConfig::default(), 1));
+    }
+}

@@ -1,0 +1,148 @@
+//! [`Storage`] on the real filesystem.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustix::fs::{fallocate, flock, FallocateFlags, FlockOperation};
+
+use crate::{File, OpenMode, Storage};
+
+pub struct OsStorage {
+    root: PathBuf,
+}
+
+impl OsStorage {
+    /// Uses `root` (created if missing) as the storage root.
+    pub fn new(root: &Path) -> io::Result<Self> {
+        fs::create_dir_all(root)?;
+        Ok(OsStorage { root: root.to_path_buf() })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path(&self, relative: &str) -> PathBuf {
+        debug_assert!(!relative.starts_with('/') && !relative.contains(".."), "{relative}");
+        self.root.join(relative)
+    }
+
+    /// Takes an exclusive advisory lock on `relative`, so that two processes
+    /// never open the same data directory. Held until the guard is dropped.
+    pub fn lock_exclusive(&self, relative: &str) -> io::Result<DirLock> {
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.path(relative))?;
+        flock(&file, FlockOperation::NonBlockingLockExclusive).map_err(io::Error::from)?;
+        Ok(DirLock { _file: file })
+    }
+}
+
+/// Guard of [`OsStorage::lock_exclusive`].
+pub struct DirLock {
+    _file: fs::File,
+}
+
+struct OsFile {
+    file: fs::File,
+}
+
+impl File for OsFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(data, offset)
+    }
+
+    fn size_bytes(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    fn set_len(&self, size_bytes: u64) -> io::Result<()> {
+        self.file.set_len(size_bytes)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn punch_hole(&self, offset: u64, length: u64) -> io::Result<()> {
+        let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        match fallocate(&self.file, flags, offset, length) {
+            Ok(()) => Ok(()),
+            // Filesystems without hole punching: write the zeros instead.
+            Err(rustix::io::Errno::OPNOTSUPP) => {
+                let zeros = vec![0u8; 64 * 1024];
+                let mut done = 0;
+                while done < length {
+                    let step = (length - done).min(zeros.len() as u64);
+                    self.file.write_all_at(&zeros[..step as usize], offset + done)?;
+                    done += step;
+                }
+                Ok(())
+            }
+            Err(errno) => Err(errno.into()),
+        }
+    }
+}
+
+impl Storage for OsStorage {
+    fn create_dir_all(&self, dir: &str) -> io::Result<()> {
+        fs::create_dir_all(self.path(dir))
+    }
+
+    fn open_file(&self, path: &str, mode: OpenMode) -> io::Result<Arc<dyn File>> {
+        let mut options = fs::OpenOptions::new();
+        options.read(true).write(true);
+        match mode {
+            OpenMode::Existing => {}
+            OpenMode::CreateNew => {
+                options.create_new(true);
+            }
+            OpenMode::OpenOrCreate => {
+                options.create(true);
+            }
+        }
+        let file = options.open(self.path(path))?;
+        Ok(Arc::new(OsFile { file }))
+    }
+
+    fn remove_file(&self, path: &str) -> io::Result<()> {
+        fs::remove_file(self.path(path))
+    }
+
+    fn remove_dir_all(&self, dir: &str) -> io::Result<()> {
+        fs::remove_dir_all(self.path(dir))
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        fs::rename(self.path(from), self.path(to))
+    }
+
+    fn list_dir(&self, dir: &str) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in fs::read_dir(self.path(dir))? {
+            let name = entry?.file_name();
+            names.push(name.into_string().map_err(|name| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("non-UTF-8 file name {name:?}"))
+            })?);
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn exists(&self, path: &str) -> io::Result<bool> {
+        self.path(path).try_exists()
+    }
+
+    fn sync_dir(&self, dir: &str) -> io::Result<()> {
+        fs::File::open(self.path(dir))?.sync_all()
+    }
+}

@@ -1,0 +1,458 @@
+//! [`Storage`] in memory, for deterministic simulation.
+//!
+//! It models what a crash (power loss, kernel panic) leaves behind:
+//! - file data: the bytes made durable by `sync_data`, plus each later write
+//!   independently surviving with probability `write_survival`, possibly torn
+//!   at sector granularity with probability `torn_write` (the disk wrote some
+//!   of its sectors);
+//! - the namespace (creations, renames, removals): the entries made durable by
+//!   `sync_dir`, plus a random prefix of the later operations — journaling
+//!   filesystems commit metadata in order.
+//!
+//! Directories themselves are created durably at once; Rewind creates them
+//! once and syncs their parents, so modelling their loss would add nothing.
+//!
+//! A crash also invalidates every open handle: any call on a handle from before
+//! the crash fails, just as the dead process could not make one.
+//!
+//! Faults: `fail_syncs` makes the next N `sync_data` calls fail with EIO and, as
+//! Linux does, forget the unsynced writes while reads keep showing them;
+//! `corrupt` flips bits in stored bytes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::{File, OpenMode, Storage};
+
+#[derive(Clone, Copy, Debug)]
+pub struct SimConfig {
+    /// Chance that an unsynced write reaches the disk before a crash.
+    pub write_survival: f64,
+    /// Chance that a surviving unsynced write is torn.
+    pub torn_write: f64,
+    pub sector_bytes: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig { write_survival: 0.5, torn_write: 0.25, sector_bytes: 512 }
+    }
+}
+
+#[derive(Clone)]
+pub struct SimStorage {
+    state: Arc<Mutex<State>>,
+}
+
+struct State {
+    config: SimConfig,
+    rng: StdRng,
+    epoch: u64,
+    inodes: HashMap<u64, Inode>,
+    inode_next: u64,
+    names: BTreeMap<String, u64>,
+    names_durable: BTreeMap<String, u64>,
+    dirs: BTreeSet<String>,
+    namespace_pending: Vec<NamespaceOp>,
+    sync_failures_pending: u32,
+}
+
+#[derive(Default)]
+struct Inode {
+    contents: Vec<u8>,
+    contents_durable: Vec<u8>,
+    pending: Vec<DataOp>,
+}
+
+enum DataOp {
+    Write { offset: u64, data: Vec<u8> },
+    SetLen(u64),
+    PunchHole { offset: u64, length: u64 },
+}
+
+struct NamespaceOp {
+    dir: String,
+    kind: NamespaceOpKind,
+}
+
+enum NamespaceOpKind {
+    Link { name: String, inode: u64 },
+    Unlink { name: String },
+    Rename { from: String, to: String },
+}
+
+impl SimStorage {
+    pub fn new(config: SimConfig, seed: u64) -> Self {
+        let mut dirs = BTreeSet::new();
+        dirs.insert(String::new());
+        SimStorage {
+            state: Arc::new(Mutex::new(State {
+                config,
+                rng: StdRng::seed_from_u64(seed),
+                epoch: 0,
+                inodes: HashMap::new(),
+                inode_next: 1,
+                names: BTreeMap::new(),
+                names_durable: BTreeMap::new(),
+                dirs,
+                namespace_pending: Vec::new(),
+                sync_failures_pending: 0,
+            })),
+        }
+    }
+
+    /// Simulates power loss: keeps the durable state plus a random part of the
+    /// rest, and invalidates all open handles.
+    pub fn crash(&self) {
+        let mut state = self.state.lock();
+        let state = &mut *state;
+        state.epoch += 1;
+        for inode in state.inodes.values_mut() {
+            let mut survived = std::mem::take(&mut inode.contents_durable);
+            for op in std::mem::take(&mut inode.pending) {
+                if !state.rng.random_bool(state.config.write_survival) {
+                    continue;
+                }
+                match op {
+                    DataOp::Write { offset, data } => {
+                        if state.rng.random_bool(state.config.torn_write) {
+                            let sector = state.config.sector_bytes as usize;
+                            for (index, piece) in data.chunks(sector).enumerate() {
+                                if state.rng.random_bool(0.5) {
+                                    let at = offset + (index * sector) as u64;
+                                    apply_write(&mut survived, at, piece);
+                                }
+                            }
+                        } else {
+                            apply_write(&mut survived, offset, &data);
+                        }
+                    }
+                    DataOp::SetLen(size_bytes) => survived.resize(size_bytes as usize, 0),
+                    DataOp::PunchHole { offset, length } => apply_punch(&mut survived, offset, length),
+                }
+            }
+            inode.contents = survived.clone();
+            inode.contents_durable = survived;
+        }
+        let pending = std::mem::take(&mut state.namespace_pending);
+        let kept = state.rng.random_range(0..=pending.len());
+        for op in pending.into_iter().take(kept) {
+            apply_namespace(&mut state.names_durable, op.kind);
+        }
+        state.names = state.names_durable.clone();
+        let live: BTreeSet<u64> = state.names.values().copied().collect();
+        state.inodes.retain(|inode, _| live.contains(inode));
+    }
+
+    /// Makes the next `count` calls to `sync_data` fail with EIO.
+    pub fn fail_syncs(&self, count: u32) {
+        self.state.lock().sync_failures_pending = count;
+    }
+
+    /// Flips the bits of `mask` in the byte at `offset` of `path`, in both the
+    /// visible and the durable contents.
+    pub fn corrupt(&self, path: &str, offset: u64, mask: u8) -> io::Result<()> {
+        let mut state = self.state.lock();
+        let inode = *state.names.get(path).ok_or_else(|| not_found(path))?;
+        let inode = state.inodes.get_mut(&inode).expect("named inode exists");
+        for bytes in [&mut inode.contents, &mut inode.contents_durable] {
+            if let Some(byte) = bytes.get_mut(offset as usize) {
+                *byte ^= mask;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn apply_write(bytes: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let end = offset as usize + data.len();
+    if bytes.len() < end {
+        bytes.resize(end, 0);
+    }
+    bytes[offset as usize..end].copy_from_slice(data);
+}
+
+fn apply_punch(bytes: &mut [u8], offset: u64, length: u64) {
+    let start = (offset as usize).min(bytes.len());
+    let end = (offset.saturating_add(length) as usize).min(bytes.len());
+    bytes[start..end].fill(0);
+}
+
+fn apply_namespace(names: &mut BTreeMap<String, u64>, op: NamespaceOpKind) {
+    match op {
+        NamespaceOpKind::Link { name, inode } => {
+            names.insert(name, inode);
+        }
+        NamespaceOpKind::Unlink { name } => {
+            names.remove(&name);
+        }
+        NamespaceOpKind::Rename { from, to } => {
+            if let Some(inode) = names.remove(&from) {
+                names.insert(to, inode);
+            }
+        }
+    }
+}
+
+fn not_found(path: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, format!("{path}: no such file"))
+}
+
+fn dir_of(path: &str) -> String {
+    crate::parent_dir(path).to_owned()
+}
+
+struct SimFile {
+    state: Arc<Mutex<State>>,
+    inode: u64,
+    epoch: u64,
+}
+
+impl SimFile {
+    fn with_inode<T>(&self, f: impl FnOnce(&mut Inode, &mut u32) -> io::Result<T>) -> io::Result<T> {
+        let mut state = self.state.lock();
+        if state.epoch != self.epoch {
+            return Err(io::Error::other("handle from before a simulated crash"));
+        }
+        let state = &mut *state;
+        match state.inodes.get_mut(&self.inode) {
+            Some(inode) => f(inode, &mut state.sync_failures_pending),
+            // Unlinked while open: POSIX keeps the inode; nothing of it survives.
+            None => Err(io::Error::other("file was removed")),
+        }
+    }
+}
+
+impl File for SimFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.with_inode(|inode, _| {
+            let end = offset.checked_add(buf.len() as u64).filter(|&end| end <= inode.contents.len() as u64);
+            let Some(end) = end else {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past end of file"));
+            };
+            buf.copy_from_slice(&inode.contents[offset as usize..end as usize]);
+            Ok(())
+        })
+    }
+
+    fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.with_inode(|inode, _| {
+            apply_write(&mut inode.contents, offset, data);
+            inode.pending.push(DataOp::Write { offset, data: data.to_vec() });
+            Ok(())
+        })
+    }
+
+    fn size_bytes(&self) -> io::Result<u64> {
+        self.with_inode(|inode, _| Ok(inode.contents.len() as u64))
+    }
+
+    fn set_len(&self, size_bytes: u64) -> io::Result<()> {
+        self.with_inode(|inode, _| {
+            inode.contents.resize(size_bytes as usize, 0);
+            inode.pending.push(DataOp::SetLen(size_bytes));
+            Ok(())
+        })
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.with_inode(|inode, sync_failures_pending| {
+            if *sync_failures_pending > 0 {
+                *sync_failures_pending -= 1;
+                inode.pending.clear();
+                return Err(io::Error::from_raw_os_error(libc_eio()));
+            }
+            inode.pending.clear();
+            inode.contents_durable = inode.contents.clone();
+            Ok(())
+        })
+    }
+
+    fn punch_hole(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.with_inode(|inode, _| {
+            apply_punch(&mut inode.contents, offset, length);
+            inode.pending.push(DataOp::PunchHole { offset, length });
+            Ok(())
+        })
+    }
+}
+
+/// EIO, without depending on libc for one constant.
+const fn libc_eio() -> i32 {
+    5
+}
+
+impl Storage for SimStorage {
+    fn create_dir_all(&self, dir: &str) -> io::Result<()> {
+        let mut state = self.state.lock();
+        let mut prefix = String::new();
+        for part in dir.split('/').filter(|part| !part.is_empty()) {
+            if !prefix.is_empty() {
+                prefix.push('/');
+            }
+            prefix.push_str(part);
+            state.dirs.insert(prefix.clone());
+        }
+        Ok(())
+    }
+
+    fn open_file(&self, path: &str, mode: OpenMode) -> io::Result<Arc<dyn File>> {
+        let mut state = self.state.lock();
+        if !state.dirs.contains(crate::parent_dir(path)) {
+            return Err(not_found(crate::parent_dir(path)));
+        }
+        let existing = state.names.get(path).copied();
+        let inode = match (existing, mode) {
+            (Some(_), OpenMode::CreateNew) => {
+                return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{path} exists")))
+            }
+            (Some(inode), _) => inode,
+            (None, OpenMode::Existing) => return Err(not_found(path)),
+            (None, _) => {
+                let inode = state.inode_next;
+                state.inode_next += 1;
+                state.inodes.insert(inode, Inode::default());
+                state.names.insert(path.to_owned(), inode);
+                let op = NamespaceOp {
+                    dir: dir_of(path),
+                    kind: NamespaceOpKind::Link { name: path.to_owned(), inode },
+                };
+                state.namespace_pending.push(op);
+                inode
+            }
+        };
+        Ok(Arc::new(SimFile { state: Arc::clone(&self.state), inode, epoch: state.epoch }))
+    }
+
+    fn remove_file(&self, path: &str) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.names.remove(path).ok_or_else(|| not_found(path))?;
+        let op = NamespaceOp { dir: dir_of(path), kind: NamespaceOpKind::Unlink { name: path.to_owned() } };
+        state.namespace_pending.push(op);
+        Ok(())
+    }
+
+    fn remove_dir_all(&self, dir: &str) -> io::Result<()> {
+        let mut state = self.state.lock();
+        if !state.dirs.contains(dir) {
+            return Err(not_found(dir));
+        }
+        let prefix = format!("{dir}/");
+        let doomed: Vec<String> = state.names.keys().filter(|name| name.starts_with(&prefix)).cloned().collect();
+        for name in doomed {
+            state.names.remove(&name);
+            // Removing a tree is durable once the tree's parent is synced.
+            let op = NamespaceOp { dir: dir_of(dir), kind: NamespaceOpKind::Unlink { name } };
+            state.namespace_pending.push(op);
+        }
+        state.dirs.retain(|other| other != dir && !other.starts_with(&prefix));
+        Ok(())
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        assert_eq!(crate::parent_dir(from), crate::parent_dir(to), "renames stay in one directory");
+        let mut state = self.state.lock();
+        let inode = state.names.remove(from).ok_or_else(|| not_found(from))?;
+        state.names.insert(to.to_owned(), inode);
+        let op = NamespaceOp {
+            dir: dir_of(from),
+            kind: NamespaceOpKind::Rename { from: from.to_owned(), to: to.to_owned() },
+        };
+        state.namespace_pending.push(op);
+        Ok(())
+    }
+
+    fn list_dir(&self, dir: &str) -> io::Result<Vec<String>> {
+        let state = self.state.lock();
+        if !state.dirs.contains(dir) {
+            return Err(not_found(dir));
+        }
+        let prefix = if dir.is_empty() { String::new() } else { format!("{dir}/") };
+        let direct_child = |path: &String| {
+            path.strip_prefix(&prefix).filter(|rest| !rest.is_empty() && !rest.contains('/')).map(str::to_owned)
+        };
+        let mut entries: Vec<String> =
+            state.names.keys().filter_map(direct_child).chain(state.dirs.iter().filter_map(direct_child)).collect();
+        entries.sort();
+        Ok(entries)
+    }
+
+    fn exists(&self, path: &str) -> io::Result<bool> {
+        let state = self.state.lock();
+        Ok(state.names.contains_key(path) || state.dirs.contains(path))
+    }
+
+    fn sync_dir(&self, dir: &str) -> io::Result<()> {
+        let mut state = self.state.lock();
+        let state = &mut *state;
+        let pending = std::mem::take(&mut state.namespace_pending);
+        for op in pending {
+            if op.dir == dir {
+                apply_namespace(&mut state.names_durable, op.kind);
+            } else {
+                state.namespace_pending.push(op);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synced_data_survives_a_crash_and_handles_die() {
+        let storage = SimStorage::new(SimConfig { write_survival: 0.0, ..SimConfig::default() }, 7);
+        storage.create_dir_all("d").unwrap();
+        let file = storage.open_file("d/f", OpenMode::CreateNew).unwrap();
+        file.write_all_at(b"durable", 0).unwrap();
+        file.sync_data().unwrap();
+        storage.sync_dir("d").unwrap();
+        file.write_all_at(b"lost", 100).unwrap();
+        storage.crash();
+        assert!(file.size_bytes().is_err(), "old handles must die with the crash");
+        let file = storage.open_file("d/f", OpenMode::Existing).unwrap();
+        assert_eq!(file.size_bytes().unwrap(), 7);
+    }
+
+    #[test]
+    fn unsynced_names_can_vanish() {
+        let storage = SimStorage::new(SimConfig::default(), 3);
+        storage.create_dir_all("d").unwrap();
+        // Without sync_dir, the crash keeps a random prefix of the namespace ops;
+        // across seeds both outcomes must occur.
+        let mut outcomes = BTreeSet::new();
+        for seed in 0..32 {
+            let storage = SimStorage::new(SimConfig::default(), seed);
+            storage.create_dir_all("d").unwrap();
+            let file = storage.open_file("d/f", OpenMode::CreateNew).unwrap();
+            file.sync_data().unwrap();
+            storage.crash();
+            outcomes.insert(storage.exists("d/f").unwrap());
+        }
+        assert_eq!(outcomes.len(), 2, "seeds 0..32 should both keep and lose the name");
+        drop(storage);
+    }
+
+    #[test]
+    fn failed_sync_forgets_unsynced_writes() {
+        let storage = SimStorage::new(SimConfig { write_survival: 1.0, torn_write: 0.0, ..SimConfig::default() }, 1);
+        let file = storage.open_file("f", OpenMode::CreateNew).unwrap();
+        storage.sync_dir("").unwrap();
+        file.write_all_at(b"x", 0).unwrap();
+        storage.fail_syncs(1);
+        assert!(file.sync_data().is_err());
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, 0).unwrap();
+        assert_eq!(&byte, b"x", "the page cache still shows the write");
+        storage.crash();
+        let file = storage.open_file("f", OpenMode::Existing).unwrap();
+        assert_eq!(file.size_bytes().unwrap(), 0, "but it never reached the disk");
+    }
+}

@@ -1,0 +1,745 @@
+//! The journal: a volume's durable, checksummed, append-only log of writes.
+//!
+//! Every write and zeroing of a volume is appended here first; it is the
+//! source of truth from which the version index and the current store are
+//! rebuilt after a crash, and (until history moves to packs) the store of
+//! every historical block version.
+//!
+//! Appends go to an in-memory *active batch*. [`Journal::commit`] seals it and
+//! writes every sealed batch with one `pwrite` per batch, then `fdatasync`s —
+//! group commit: concurrent committers queue on one lock, and whoever holds it
+//! makes everyone's records durable. Until a batch is on disk, reads of its
+//! bytes are served from memory, so a version is readable the moment it is
+//! appended.
+//!
+//! The journal is split into segment files (`journal/00000001.seg`, …) of at
+//! most `segment_bytes_max` bytes; a record never spans two segments.
+//!
+//! Recovery ([`Journal::recover`]) replays records from a checkpointed
+//! position. At the first damaged record it decides between a *torn tail*
+//! (records that were never acknowledged: truncated) and *corruption*
+//! (acknowledged records that went bad: an error). Each record carries the
+//! durable LSN at the time it was appended, so a damaged record is known to
+//! have been acknowledged if any intact record after it vouches for it. The one
+//! case this cannot catch is damage to the very last acknowledged records
+//! with nothing intact written after them; it is then indistinguishable from
+//! a torn write.
+//!
+//! A failed write or fsync poisons the journal: every later append and commit
+//! fails until the process restarts and recovers from what is on disk, because
+//! after a failed fsync Linux may have dropped the dirty pages it could not
+//! write.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rewind_format::journal::{
+    append_write_record, append_zero_record, block_crc, RecordHeader, RecordKind, RecordStamp, SegmentHeader,
+    RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+};
+use rewind_format::meta::JournalPosition;
+use rewind_format::FormatError;
+use rewind_io::{File, OpenMode, Storage};
+use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp};
+
+#[derive(Clone, Copy, Debug)]
+pub struct JournalConfig {
+    /// A segment is closed once it reaches this size. At most `u32::MAX`,
+    /// because versions address journal bytes with 32-bit offsets.
+    pub segment_bytes_max: u64,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig { segment_bytes_max: 1 << 30 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JournalError {
+    #[error("journal I/O error on {path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("journal corrupt in {path} at byte {offset}: {reason}")]
+    Corrupt { path: String, offset: u64, reason: String },
+    #[error(
+        "the journal is poisoned by an earlier failed write or fsync; no further writes are accepted \
+         until the server restarts and recovers from the journal on disk"
+    )]
+    Poisoned,
+}
+
+/// Where an appended record landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    pub lsn: Lsn,
+    pub segment: u32,
+    /// Offset of the record's first block of data (write records) or of the
+    /// record's end (zero records) within the segment.
+    pub data_offset: u32,
+}
+
+struct Batch {
+    segment: u32,
+    /// File offset of `bytes[0]`.
+    offset: u64,
+    bytes: Vec<u8>,
+    /// Highest LSN in the batch (`Lsn::ZERO` if it holds only a segment header).
+    lsn_last: Lsn,
+    /// The batch starts its segment: the segment's name must be synced too.
+    starts_segment: bool,
+}
+
+impl Batch {
+    fn empty_at(segment: u32, offset: u64) -> Batch {
+        Batch { segment, offset, bytes: Vec::new(), lsn_last: Lsn::ZERO, starts_segment: false }
+    }
+
+    fn end(&self) -> u64 {
+        self.offset + self.bytes.len() as u64
+    }
+
+    /// Copies `buf.len()` bytes at `offset` of `segment` if this batch holds them.
+    fn copy_out(&self, segment: u32, offset: u64, buf: &mut [u8]) -> bool {
+        if segment != self.segment || offset < self.offset || offset + buf.len() as u64 > self.end() {
+            return false;
+        }
+        let start = (offset - self.offset) as usize;
+        buf.copy_from_slice(&self.bytes[start..start + buf.len()]);
+        true
+    }
+}
+
+struct Tail {
+    active: Batch,
+    sealed: VecDeque<Arc<Batch>>,
+    lsn_next: Lsn,
+}
+
+pub struct Journal {
+    storage: Arc<dyn Storage>,
+    dir: String,
+    block_size: BlockSize,
+    config: JournalConfig,
+    tail: Mutex<Tail>,
+    commit_lock: Mutex<()>,
+    lsn_durable: AtomicU64,
+    /// The durable LSN with the position right after its record, updated together.
+    durable_point: Mutex<(Lsn, JournalPosition)>,
+    /// `pack(segment, offset)`: everything before this is in the files.
+    written_end: AtomicU64,
+    poisoned: AtomicBool,
+    files: Mutex<HashMap<u32, Arc<dyn File>>>,
+}
+
+/// How many segment files stay open for reading.
+const OPEN_SEGMENTS_MAX: usize = 64;
+
+fn pack(segment: u32, offset: u64) -> u64 {
+    assert!(offset <= u64::from(u32::MAX));
+    u64::from(segment) << 32 | offset
+}
+
+fn segment_name(segment: u32) -> String {
+    format!("{segment:08}.seg")
+}
+
+fn parse_segment_name(name: &str) -> Option<u32> {
+    name.strip_suffix(".seg").filter(|digits| digits.len() == 8).and_then(|digits| digits.parse().ok())
+}
+
+impl Journal {
+    /// Creates an empty journal in `dir` whose first record will be LSN 1.
+    pub fn create(
+        storage: Arc<dyn Storage>,
+        dir: &str,
+        block_size: BlockSize,
+        config: JournalConfig,
+    ) -> Result<Journal, JournalError> {
+        assert!(config.segment_bytes_max <= u64::from(u32::MAX));
+        let io = |path: &str| {
+            let path = path.to_owned();
+            move |source| JournalError::Io { path, source }
+        };
+        storage.create_dir_all(dir).map_err(io(dir))?;
+        let path = format!("{dir}/{}", segment_name(1));
+        let file = storage.open_file(&path, OpenMode::CreateNew).map_err(io(&path))?;
+        let header = SegmentHeader { segment: 1, block_size, lsn_first: Lsn(1) };
+        file.write_all_at(&header.encode(), 0).map_err(io(&path))?;
+        file.sync_data().map_err(io(&path))?;
+        storage.sync_dir(dir).map_err(io(dir))?;
+        let journal = Journal::assemble(storage, dir, block_size, config, 1, SEGMENT_HEADER_BYTES as u64, Lsn(1));
+        journal.files.lock().insert(1, file);
+        Ok(journal)
+    }
+
+    fn assemble(
+        storage: Arc<dyn Storage>,
+        dir: &str,
+        block_size: BlockSize,
+        config: JournalConfig,
+        segment: u32,
+        end: u64,
+        lsn_next: Lsn,
+    ) -> Journal {
+        Journal {
+            storage,
+            dir: dir.to_owned(),
+            block_size,
+            config,
+            tail: Mutex::new(Tail { active: Batch::empty_at(segment, end), sealed: VecDeque::new(), lsn_next }),
+            commit_lock: Mutex::new(()),
+            lsn_durable: AtomicU64::new(lsn_next.0 - 1),
+            durable_point: Mutex::new((Lsn(lsn_next.0 - 1), JournalPosition { segment, offset: end })),
+            written_end: AtomicU64::new(pack(segment, end)),
+            poisoned: AtomicBool::new(false),
+            files: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Starts recovering a journal: records from `from` on (which must be the
+    /// start of record `lsn_from`, or the end of the journal) are handed out by
+    /// [`Recovery::next`]; [`Recovery::finish`] then yields the journal.
+    pub fn recover(
+        storage: Arc<dyn Storage>,
+        dir: &str,
+        block_size: BlockSize,
+        config: JournalConfig,
+        from: JournalPosition,
+        lsn_from: Lsn,
+    ) -> Result<Recovery, JournalError> {
+        let mut recovery = Recovery {
+            journal: Journal::assemble(storage, dir, block_size, config, from.segment, from.offset, lsn_from),
+            segment: from.segment,
+            offset: from.offset,
+            lsn_expected: lsn_from,
+            buffer: Vec::new(),
+            records_replayed: 0,
+            truncated_bytes: 0,
+            file: None,
+        };
+        recovery.open_segment(from.segment, None)?;
+        Ok(recovery)
+    }
+
+    fn path(&self, segment: u32) -> String {
+        format!("{}/{}", self.dir, segment_name(segment))
+    }
+
+    fn io_error(&self, path: String) -> impl FnOnce(io::Error) -> JournalError {
+        move |source| JournalError::Io { path, source }
+    }
+
+    fn check_poisoned(&self) -> Result<(), JournalError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            Err(JournalError::Poisoned)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn poison(&self, error: JournalError) -> JournalError {
+        self.poisoned.store(true, Ordering::Release);
+        error
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    pub fn block_size(&self) -> BlockSize {
+        self.block_size
+    }
+
+    fn file(&self, segment: u32) -> Result<Arc<dyn File>, JournalError> {
+        let mut files = self.files.lock();
+        if let Some(file) = files.get(&segment) {
+            return Ok(Arc::clone(file));
+        }
+        let path = self.path(segment);
+        let file = self.storage.open_file(&path, OpenMode::Existing).map_err(self.io_error(path))?;
+        if files.len() >= OPEN_SEGMENTS_MAX {
+            let victim = *files.keys().find(|&&other| other != segment).expect("cache is not empty");
+            files.remove(&victim);
+        }
+        files.insert(segment, Arc::clone(&file));
+        Ok(file)
+    }
+
+    /// Appends a write record for `data`, a whole number of blocks starting at
+    /// `block_first`, and pushes each block's CRC-32C onto `crcs`.
+    pub fn append_write(
+        &self,
+        timestamp: Timestamp,
+        block_first: BlockIndex,
+        data: &[u8],
+        crcs: &mut Vec<u32>,
+    ) -> Result<Appended, JournalError> {
+        let block_count = data.len() as u64 / u64::from(self.block_size.bytes());
+        let header_bytes = RECORD_HEADER_BYTES as u64 + (block_count * 4).next_multiple_of(8);
+        self.append(timestamp, block_first, header_bytes, data.len() as u64, |out, stamp| {
+            append_write_record(out, crcs, stamp, data)
+        })
+    }
+
+    /// Appends a zero record: `block_count` blocks from `block_first` now read
+    /// as zeros.
+    pub fn append_zero(
+        &self,
+        timestamp: Timestamp,
+        block_first: BlockIndex,
+        block_count: u32,
+    ) -> Result<Appended, JournalError> {
+        self.append(timestamp, block_first, RECORD_HEADER_BYTES as u64, 0, |out, stamp| {
+            append_zero_record(out, stamp, block_count)
+        })
+    }
+
+    fn append(
+        &self,
+        timestamp: Timestamp,
+        block_first: BlockIndex,
+        header_bytes: u64,
+        data_bytes: u64,
+        encode: impl FnOnce(&mut Vec<u8>, RecordStamp),
+    ) -> Result<Appended, JournalError> {
+        self.check_poisoned()?;
+        let record_bytes = header_bytes + data_bytes;
+        let mut tail = self.tail.lock();
+        let end = tail.active.end();
+        if end + record_bytes > self.config.segment_bytes_max && end > SEGMENT_HEADER_BYTES as u64 {
+            self.start_segment(&mut tail)?;
+        }
+        let lsn = tail.lsn_next;
+        let stamp = RecordStamp {
+            block_size: self.block_size,
+            lsn,
+            lsn_committed: Lsn(self.lsn_durable.load(Ordering::Acquire)),
+            timestamp,
+            block_first,
+        };
+        let record_offset = tail.active.end();
+        let before = tail.active.bytes.len();
+        encode(&mut tail.active.bytes, stamp);
+        assert_eq!((tail.active.bytes.len() - before) as u64, record_bytes);
+        tail.active.lsn_last = lsn;
+        tail.lsn_next = lsn.next();
+        let data_offset = u32::try_from(record_offset + header_bytes).expect("segments are below 4 GiB");
+        Ok(Appended { lsn, segment: tail.active.segment, data_offset })
+    }
+
+    /// Seals the active batch and starts the next segment with its header.
+    fn start_segment(&self, tail: &mut Tail) -> Result<(), JournalError> {
+        let segment = tail.active.segment + 1;
+        let path = self.path(segment);
+        let file = self
+            .storage
+            .open_file(&path, OpenMode::CreateNew)
+            .map_err(self.io_error(path))
+            .map_err(|error| self.poison(error))?;
+        self.files.lock().insert(segment, file);
+        let header = SegmentHeader { segment, block_size: self.block_size, lsn_first: tail.lsn_next };
+        let mut next = Batch::empty_at(segment, 0);
+        next.bytes.extend_from_slice(&header.encode());
+        next.starts_segment = true;
+        let sealed = std::mem::replace(&mut tail.active, next);
+        tail.sealed.push_back(Arc::new(sealed));
+        Ok(())
+    }
+
+    /// The LSN the next appended record will get.
+    pub fn lsn_next(&self) -> Lsn {
+        self.tail.lock().lsn_next
+    }
+
+    /// Every record up to and including this LSN is durable.
+    pub fn lsn_durable(&self) -> Lsn {
+        Lsn(self.lsn_durable.load(Ordering::Acquire))
+    }
+
+    /// The durable LSN and where the record after it starts: replaying from
+    /// there skips exactly the records up to that LSN.
+    pub fn durable_point(&self) -> (Lsn, JournalPosition) {
+        *self.durable_point.lock()
+    }
+
+    /// Bytes in the segment files and in memory.
+    pub fn size_bytes(&self) -> Result<u64, JournalError> {
+        let tail = self.tail.lock();
+        let in_memory = tail.active.bytes.len() as u64 + tail.sealed.iter().map(|b| b.bytes.len() as u64).sum::<u64>();
+        let (segment_last, unwritten_from) = match tail.sealed.front() {
+            Some(batch) => (batch.segment, batch.offset),
+            None => (tail.active.segment, tail.active.offset),
+        };
+        drop(tail);
+        let names = self.storage.list_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
+        let mut total = in_memory;
+        for segment in names.iter().filter_map(|name| parse_segment_name(name)) {
+            if segment < segment_last {
+                total += self.file(segment)?.size_bytes().map_err(self.io_error(self.path(segment)))?;
+            } else if segment == segment_last {
+                total += unwritten_from;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Where the next record will start.
+    pub fn position_next(&self) -> JournalPosition {
+        let tail = self.tail.lock();
+        JournalPosition { segment: tail.active.segment, offset: tail.active.end() }
+    }
+
+    /// Bytes appended but not yet written to the segment files.
+    pub fn bytes_unwritten(&self) -> u64 {
+        let tail = self.tail.lock();
+        tail.active.bytes.len() as u64 + tail.sealed.iter().map(|batch| batch.bytes.len() as u64).sum::<u64>()
+    }
+
+    /// Makes every record appended before this call durable, and returns the
+    /// durable LSN (which may be higher: group commit).
+    pub fn commit(&self) -> Result<Lsn, JournalError> {
+        let target = {
+            let mut tail = self.tail.lock();
+            if !tail.active.bytes.is_empty() {
+                let (segment, end) = (tail.active.segment, tail.active.end());
+                let sealed = std::mem::replace(&mut tail.active, Batch::empty_at(segment, end));
+                tail.sealed.push_back(Arc::new(sealed));
+            }
+            Lsn(tail.lsn_next.0 - 1)
+        };
+        let _committing = self.commit_lock.lock();
+        self.check_poisoned()?;
+        if self.lsn_durable() >= target {
+            return Ok(self.lsn_durable());
+        }
+        let batches: Vec<Arc<Batch>> = self.tail.lock().sealed.iter().cloned().collect();
+        self.write_and_sync(&batches).map_err(|error| self.poison(error))?;
+        let last = batches.last().expect("target not durable means a sealed batch exists");
+        let lsn_last = batches.iter().map(|batch| batch.lsn_last).max().expect("not empty");
+        if lsn_last > Lsn::ZERO {
+            self.lsn_durable.fetch_max(lsn_last.0, Ordering::AcqRel);
+        }
+        self.written_end.store(pack(last.segment, last.end()), Ordering::Release);
+        *self.durable_point.lock() =
+            (self.lsn_durable(), JournalPosition { segment: last.segment, offset: last.end() });
+        let mut tail = self.tail.lock();
+        for batch in &batches {
+            let front = tail.sealed.pop_front().expect("committed batches are still queued");
+            assert!(Arc::ptr_eq(&front, batch));
+        }
+        drop(tail);
+        Ok(self.lsn_durable())
+    }
+
+    fn write_and_sync(&self, batches: &[Arc<Batch>]) -> Result<(), JournalError> {
+        let mut to_sync: Vec<u32> = Vec::new();
+        for batch in batches {
+            let file = self.file(batch.segment)?;
+            file.write_all_at(&batch.bytes, batch.offset).map_err(self.io_error(self.path(batch.segment)))?;
+            if to_sync.last() != Some(&batch.segment) {
+                to_sync.push(batch.segment);
+            }
+        }
+        for segment in to_sync {
+            self.file(segment)?.sync_data().map_err(self.io_error(self.path(segment)))?;
+        }
+        if batches.iter().any(|batch| batch.starts_segment) {
+            self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
+        }
+        Ok(())
+    }
+
+    /// Reads journal bytes (a block of a version) wherever they are: in the
+    /// segment files or still in memory.
+    pub fn read(&self, segment: u32, offset: u64, buf: &mut [u8]) -> Result<(), JournalError> {
+        let end = offset + buf.len() as u64;
+        if pack(segment, end) > self.written_end.load(Ordering::Acquire) {
+            let tail = self.tail.lock();
+            let in_memory = std::iter::once(&tail.active).chain(tail.sealed.iter().map(|batch| &**batch));
+            for batch in in_memory {
+                if batch.copy_out(segment, offset, buf) {
+                    return Ok(());
+                }
+            }
+            // Written out since we looked: read it from the file.
+        }
+        let file = self.file(segment)?;
+        file.read_exact_at(buf, offset).map_err(self.io_error(self.path(segment)))
+    }
+}
+
+/// A record handed out during recovery.
+pub struct ReplayRecord<'a> {
+    pub header: RecordHeader,
+    pub segment: u32,
+    /// Offset of the record within its segment.
+    pub offset: u64,
+    crc_area: &'a [u8],
+    /// The record's blocks (empty for zero records).
+    pub data: &'a [u8],
+}
+
+impl ReplayRecord<'_> {
+    pub fn block_crc(&self, index: u32) -> u32 {
+        block_crc(self.crc_area, index)
+    }
+
+    /// Offset of the record's first block of data within the segment.
+    pub fn data_offset(&self) -> u32 {
+        u32::try_from(self.offset + self.header.data_offset() as u64).expect("segments are below 4 GiB")
+    }
+}
+
+/// What recovery found, for logs and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub records_replayed: u64,
+    /// Bytes of a torn (never acknowledged) tail that were cut off.
+    pub truncated_bytes: u64,
+}
+
+/// Replays a journal after a restart; see [`Journal::recover`].
+pub struct Recovery {
+    journal: Journal,
+    segment: u32,
+    offset: u64,
+    lsn_expected: Lsn,
+    buffer: Vec<u8>,
+    records_replayed: u64,
+    truncated_bytes: u64,
+    file: Option<(Arc<dyn File>, u64)>,
+}
+
+/// Why a record could not be read; decides nothing by itself.
+struct Damage(String);
+
+impl From<FormatError> for Damage {
+    fn from(error: FormatError) -> Self {
+        Damage(error.to_string())
+    }
+}
+
+impl Recovery {
+    fn open_segment(&mut self, segment: u32, lsn_first: Option<Lsn>) -> Result<(), JournalError> {
+        let journal = &self.journal;
+        let path = journal.path(segment);
+        let file = journal.file(segment)?;
+        let size_bytes = file.size_bytes().map_err(journal.io_error(path.clone()))?;
+        let corrupt = |reason: String| JournalError::Corrupt { path: path.clone(), offset: 0, reason };
+        let mut header = [0u8; SEGMENT_HEADER_BYTES];
+        file.read_exact_at(&mut header, 0).map_err(|error| corrupt(format!("segment header: {error}")))?;
+        let header = SegmentHeader::decode(&header).map_err(|error| corrupt(error.to_string()))?;
+        if header.segment != segment || header.block_size != journal.block_size {
+            return Err(corrupt(format!(
+                "segment header says segment {} with {}-byte blocks",
+                header.segment,
+                header.block_size.bytes()
+            )));
+        }
+        if let Some(lsn_first) = lsn_first {
+            if header.lsn_first != lsn_first {
+                return Err(corrupt(format!("segment starts at LSN {} instead of {lsn_first}", header.lsn_first)));
+            }
+        }
+        self.file = Some((file, size_bytes));
+        Ok(())
+    }
+
+    fn segments_after(&self, segment: u32) -> Result<Vec<u32>, JournalError> {
+        let journal = &self.journal;
+        let names = journal.storage.list_dir(&journal.dir).map_err(journal.io_error(journal.dir.clone()))?;
+        Ok(names.iter().filter_map(|name| parse_segment_name(name)).filter(|&other| other > segment).collect())
+    }
+
+    /// The next record, or `None` at the end of the journal (after cutting off
+    /// a torn tail, if any).
+    pub fn next(&mut self) -> Result<Option<ReplayRecord<'_>>, JournalError> {
+        loop {
+            let (file, size_bytes) = self.file.clone().expect("a segment is open");
+            if self.offset >= size_bytes {
+                let later = self.segments_after(self.segment)?;
+                let Some(&next) = later.first() else { return Ok(None) };
+                if next != self.segment + 1 {
+                    return Err(JournalError::Corrupt {
+                        path: self.journal.path(self.segment + 1),
+                        offset: 0,
+                        reason: format!("segment missing (the next one present is {next})"),
+                    });
+                }
+                if let Err(error) = self.open_segment(next, Some(self.lsn_expected)) {
+                    let JournalError::Corrupt { reason, .. } = error else { return Err(error) };
+                    // A segment started by a batch that never became durable.
+                    self.resolve_damage(next, SEGMENT_HEADER_BYTES as u64, reason)?;
+                    return Ok(None);
+                }
+                self.segment = next;
+                self.offset = SEGMENT_HEADER_BYTES as u64;
+                continue;
+            }
+            match self.read_record(&*file, size_bytes) {
+                Ok(header) => {
+                    let record_offset = self.offset;
+                    self.offset += header.record_bytes();
+                    self.lsn_expected = header.lsn.next();
+                    self.records_replayed += 1;
+                    let data_offset = header.data_offset();
+                    return Ok(Some(ReplayRecord {
+                        header,
+                        segment: self.segment,
+                        offset: record_offset,
+                        crc_area: &self.buffer[RECORD_HEADER_BYTES..data_offset],
+                        data: &self.buffer[data_offset..],
+                    }));
+                }
+                Err(Damage(reason)) => {
+                    self.resolve_damage(self.segment, self.offset + 8, reason)?;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Reads and fully verifies the record at the current offset into `buffer`.
+    fn read_record(&mut self, file: &dyn File, size_bytes: u64) -> Result<RecordHeader, Damage> {
+        let header = read_verified_record(file, size_bytes, self.offset, &mut self.buffer)?;
+        if header.lsn != self.lsn_expected {
+            return Err(Damage(format!("record has LSN {} where {} was expected", header.lsn, self.lsn_expected)));
+        }
+        if header.block_size != self.journal.block_size {
+            return Err(Damage(format!("record has {}-byte blocks", header.block_size.bytes())));
+        }
+        Ok(header)
+    }
+
+    /// The record expected at the current offset is damaged or missing (the
+    /// damage was seen in `damaged_segment`, intact records can only follow
+    /// from `search_from` on): corruption if any intact record after it says it
+    /// was durable, otherwise a torn tail to cut off.
+    fn resolve_damage(&mut self, damaged_segment: u32, search_from: u64, reason: String) -> Result<(), JournalError> {
+        let mut later = vec![damaged_segment];
+        later.extend(self.segments_after(damaged_segment)?);
+        for &segment in &later {
+            let file = self.journal.file(segment)?;
+            let path = self.journal.path(segment);
+            let size_bytes = file.size_bytes().map_err(self.journal.io_error(path.clone()))?;
+            let start = if segment == damaged_segment { search_from } else { SEGMENT_HEADER_BYTES as u64 };
+            if let Some(voucher) = find_voucher(&*file, size_bytes, start, self.lsn_expected) {
+                return Err(JournalError::Corrupt {
+                    path: self.journal.path(self.segment),
+                    offset: self.offset,
+                    reason: format!(
+                        "{reason}; an intact later record (in {path} at byte {voucher}) shows that LSN {} \
+                         had already been made durable, so this is not a torn write",
+                        self.lsn_expected
+                    ),
+                });
+            }
+        }
+        // A torn tail: nothing after this point was ever acknowledged.
+        let journal = &self.journal;
+        let (file, size_bytes) = self.file.clone().expect("a segment is open");
+        self.truncated_bytes += size_bytes - self.offset;
+        let path = journal.path(self.segment);
+        file.set_len(self.offset).map_err(journal.io_error(path.clone()))?;
+        file.sync_data().map_err(journal.io_error(path))?;
+        for segment in self.segments_after(self.segment)? {
+            let path = journal.path(segment);
+            journal.files.lock().remove(&segment);
+            journal.storage.remove_file(&path).map_err(journal.io_error(path))?;
+        }
+        journal.storage.sync_dir(&journal.dir).map_err(journal.io_error(journal.dir.clone()))?;
+        self.file = Some((file, self.offset));
+        Ok(())
+    }
+
+    /// Ends recovery; call once `next` has returned `None`.
+    pub fn finish(self) -> Result<(Journal, RecoveryReport), JournalError> {
+        let (file, size_bytes) = self.file.expect("a segment is open");
+        assert_eq!(size_bytes, self.offset, "finish() before next() returned None");
+        // What survived the crash may sit in the page cache only: make it
+        // durable before anything is built on it.
+        file.sync_data().map_err(self.journal.io_error(self.journal.path(self.segment)))?;
+        let journal = Journal::assemble(
+            Arc::clone(&self.journal.storage),
+            &self.journal.dir,
+            self.journal.block_size,
+            self.journal.config,
+            self.segment,
+            self.offset,
+            self.lsn_expected,
+        );
+        journal.files.lock().insert(self.segment, file);
+        let report =
+            RecoveryReport { records_replayed: self.records_replayed, truncated_bytes: self.truncated_bytes };
+        Ok((journal, report))
+    }
+}
+
+/// Reads the record at `offset` into `buffer` and verifies its header
+/// checksum and every block's CRC.
+fn read_verified_record(
+    file: &dyn File,
+    size_bytes: u64,
+    offset: u64,
+    buffer: &mut Vec<u8>,
+) -> Result<RecordHeader, Damage> {
+    if offset + RECORD_HEADER_BYTES as u64 > size_bytes {
+        return Err(Damage("partial record header at the end of the segment".into()));
+    }
+    buffer.resize(RECORD_HEADER_BYTES, 0);
+    file.read_exact_at(buffer, offset).map_err(|error| Damage(error.to_string()))?;
+    let header = RecordHeader::decode(buffer)?;
+    if offset + header.record_bytes() > size_bytes {
+        return Err(Damage("record extends past the end of the segment".into()));
+    }
+    buffer.resize(header.record_bytes() as usize, 0);
+    file.read_exact_at(&mut buffer[RECORD_HEADER_BYTES..], offset + RECORD_HEADER_BYTES as u64)
+        .map_err(|error| Damage(error.to_string()))?;
+    let data_offset = header.data_offset();
+    let (head, data) = buffer.split_at(data_offset);
+    let crc_area = &head[RECORD_HEADER_BYTES..];
+    RecordHeader::verify(&head[..RECORD_HEADER_BYTES], crc_area)?;
+    if header.kind == RecordKind::Write {
+        let block_bytes = header.block_size.bytes() as usize;
+        for (index, block) in data.chunks_exact(block_bytes).enumerate() {
+            let computed = rewind_format::crc32c(block);
+            rewind_format::verify_crc("journal block", block_crc(crc_area, index as u32), computed)?;
+        }
+    }
+    Ok(header)
+}
+
+/// Offset of an intact record at or after `start` that was appended after
+/// `lsn` had become durable, if any.
+fn find_voucher(file: &dyn File, size_bytes: u64, start: u64, lsn: Lsn) -> Option<u64> {
+    const WINDOW_BYTES: u64 = 1 << 20;
+    let magic = rewind_format::journal::RECORD_MAGIC.to_le_bytes();
+    let mut window = Vec::new();
+    let mut buffer = Vec::new();
+    // Records start at multiples of 8.
+    let mut base = start.next_multiple_of(8);
+    while base < size_bytes {
+        let length = WINDOW_BYTES.min(size_bytes - base);
+        window.resize(length as usize, 0);
+        if file.read_exact_at(&mut window, base).is_err() {
+            return None;
+        }
+        for at in (0..window.len().saturating_sub(3)).step_by(8) {
+            if window[at..at + 4] != magic {
+                continue;
+            }
+            let offset = base + at as u64;
+            if let Ok(header) = read_verified_record(file, size_bytes, offset, &mut buffer) {
+                if header.lsn_committed >= lsn {
+                    return Some(offset);
+                }
+            }
+        }
+        base += length;
+    }
+    None
+}
