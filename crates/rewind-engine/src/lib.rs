@@ -17,6 +17,7 @@
 mod current;
 mod error;
 mod history;
+mod import;
 mod node;
 mod read;
 pub mod timespec;
@@ -24,6 +25,7 @@ mod volume;
 
 pub use error::EngineError;
 pub use history::{TimelineReport, VolumeStats};
+pub use import::ImportReport;
 pub use node::{Node, NodeConfig, VolumeSpec, WorkSignal};
 pub use read::{BlockStatus, View};
 pub use rewind_format::meta::{Bookmark, Layout, TimelineBucket};

@@ -34,6 +34,13 @@ impl Timestamp {
         Timestamp(self.0.checked_add(1).expect("timestamp overflow"))
     }
 
+    /// Converts a wall-clock reading. Only front ends read the clock; the
+    /// engine gets the result as an argument.
+    pub fn from_system_time(time: std::time::SystemTime) -> Self {
+        let since_epoch = time.duration_since(std::time::UNIX_EPOCH).expect("clock set after 1970");
+        Timestamp(u64::try_from(since_epoch.as_nanos()).expect("clock set before 2554"))
+    }
+
     pub fn saturating_sub_nanos(self, nanos: u64) -> Self {
         Timestamp(self.0.saturating_sub(nanos))
     }

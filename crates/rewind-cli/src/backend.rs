@@ -1,0 +1,307 @@
+//! How commands reach the volumes: through a running server's API, or —
+//! when none answers — directly on the data directory, with the same results.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use jiff::tz::TimeZone;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use rewind_engine::{BlockSize, BookmarkName, Node, NodeConfig, VolumeName, VolumeSpec};
+use rewind_http::api::{
+    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, ErrorBody, Health, ImportSummary, Timeline,
+    ViewInfo, VolumeDetail, VolumeInfo,
+};
+use rewind_io::{DirLock, OsStorage};
+
+use crate::serve::now;
+
+pub trait Backend {
+    /// The NBD address of the server, when known.
+    fn nbd_address(&self) -> Option<String>;
+    fn list_volumes(&self) -> Result<Vec<VolumeInfo>>;
+    fn create_volume(&self, request: &CreateVolume) -> Result<VolumeInfo>;
+    fn import_volume(&self, name: &str, block_size: u32, file: &Path) -> Result<ImportSummary>;
+    fn volume(&self, name: &str) -> Result<VolumeDetail>;
+    fn delete_volume(&self, name: &str) -> Result<()>;
+    fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline>;
+    fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>>;
+    fn create_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<BookmarkInfo>;
+    fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()>;
+    fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo>;
+}
+
+/// Talks to the server at `server`; if none answers and the user did not
+/// name one, works on `data_dir` directly.
+pub fn connect(server: &str, server_given: bool, data_dir: &Path, creates: bool) -> Result<Box<dyn Backend>> {
+    let http = HttpBackend::new(server);
+    let refused = match http.health() {
+        Ok(health) => return Ok(Box::new(HttpBackend { nbd: health.nbd_address, ..http })),
+        Err(error) => error,
+    };
+    if server_given {
+        return Err(refused.context(format!("cannot reach the Rewind server at {server}")));
+    }
+    if !data_dir.exists() && !creates {
+        bail!(
+            "no Rewind server answers at {server} and there is no data directory {}; \
+             start a server with `rewind serve`, or pass --server or --data-dir",
+            data_dir.display()
+        );
+    }
+    let local = LocalBackend::open(data_dir).with_context(|| {
+        format!(
+            "no Rewind server answers at {server}, and the data directory {} cannot be used directly",
+            data_dir.display()
+        )
+    })?;
+    Ok(Box::new(local))
+}
+
+fn progress_bar(total: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
+            .expect("valid template"),
+    );
+    bar.set_message(what.to_owned());
+    bar
+}
+
+struct HttpBackend {
+    base: String,
+    agent: ureq::Agent,
+    nbd: Option<String>,
+}
+
+impl HttpBackend {
+    fn new(server: &str) -> HttpBackend {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(2)))
+            .build()
+            .into();
+        HttpBackend { base: server.trim_end_matches('/').to_owned(), agent, nbd: None }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn decode<T: DeserializeOwned>(mut response: ureq::http::Response<ureq::Body>) -> Result<T> {
+        if response.status().is_success() {
+            return response.body_mut().read_json::<T>().context("unexpected answer from the server");
+        }
+        let status = response.status();
+        match response.body_mut().read_json::<ErrorBody>() {
+            Ok(body) => Err(anyhow!(body.error)),
+            Err(_) => Err(anyhow!("the server answered {status}")),
+        }
+    }
+
+    fn decode_empty(mut response: ureq::http::Response<ureq::Body>) -> Result<()> {
+        if response.status().is_success() {
+            return Ok(());
+        }
+        let status = response.status();
+        match response.body_mut().read_json::<ErrorBody>() {
+            Ok(body) => Err(anyhow!(body.error)),
+            Err(_) => Err(anyhow!("the server answered {status}")),
+        }
+    }
+
+    fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        Self::decode(self.agent.get(&self.url(path)).call()?)
+    }
+
+    fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
+        Self::decode(self.agent.post(&self.url(path)).send_json(body)?)
+    }
+
+    fn health(&self) -> Result<Health> {
+        self.get("/v1/health")
+    }
+}
+
+/// Counts bytes through a progress bar.
+struct ProgressReader<R> {
+    inner: R,
+    bar: ProgressBar,
+}
+
+impl<R: Read> Read for ProgressReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let count = self.inner.read(buf)?;
+        self.bar.inc(count as u64);
+        Ok(count)
+    }
+}
+
+impl Backend for HttpBackend {
+    fn nbd_address(&self) -> Option<String> {
+        self.nbd.clone()
+    }
+
+    fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        self.get("/v1/volumes")
+    }
+
+    fn create_volume(&self, request: &CreateVolume) -> Result<VolumeInfo> {
+        self.post("/v1/volumes", request)
+    }
+
+    fn import_volume(&self, name: &str, block_size: u32, file: &Path) -> Result<ImportSummary> {
+        let source = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+        let size_bytes = source.metadata()?.len();
+        let bar = progress_bar(size_bytes, "importing");
+        let mut reader = ProgressReader { inner: source, bar: bar.clone() };
+        let response = self
+            .agent
+            .post(&self.url(&format!("/v1/volumes/{name}/import")))
+            .query("block_size", block_size.to_string())
+            .header("Content-Length", size_bytes.to_string())
+            .send(ureq::SendBody::from_reader(&mut reader))?;
+        bar.finish_and_clear();
+        Self::decode(response)
+    }
+
+    fn volume(&self, name: &str) -> Result<VolumeDetail> {
+        self.get(&format!("/v1/volumes/{name}"))
+    }
+
+    fn delete_volume(&self, name: &str) -> Result<()> {
+        Self::decode_empty(self.agent.delete(&self.url(&format!("/v1/volumes/{name}"))).call()?)
+    }
+
+    fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline> {
+        self.get(&format!("/v1/volumes/{name}/timeline?bucket_seconds={bucket_seconds}"))
+    }
+
+    fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>> {
+        self.get(&format!("/v1/volumes/{name}/bookmarks"))
+    }
+
+    fn create_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<BookmarkInfo> {
+        self.post(&format!("/v1/volumes/{name}/bookmarks"), request)
+    }
+
+    fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()> {
+        let url = self.url(&format!("/v1/volumes/{name}/bookmarks/{bookmark}"));
+        Self::decode_empty(self.agent.delete(&url).call()?)
+    }
+
+    fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo> {
+        let response = self.agent.get(&self.url(&format!("/v1/volumes/{name}/view"))).query("at", at).call()?;
+        Self::decode(response)
+    }
+}
+
+/// Works on the data directory itself, holding its lock.
+struct LocalBackend {
+    node: Arc<Node>,
+    _lock: DirLock,
+}
+
+impl LocalBackend {
+    fn open(data_dir: &Path) -> Result<LocalBackend> {
+        let storage = OsStorage::new(data_dir)?;
+        let lock = storage
+            .lock_exclusive(crate::serve::LOCK_FILE)
+            .context("it is in use by another rewind process (a server whose API is elsewhere? pass --server)")?;
+        let node = Node::open(Arc::new(storage), NodeConfig::default())?;
+        Ok(LocalBackend { node: Arc::new(node), _lock: lock })
+    }
+}
+
+impl Drop for LocalBackend {
+    fn drop(&mut self) {
+        if let Err(error) = self.node.checkpoint_all(now()) {
+            eprintln!("warning: checkpoint on exit failed ({error}); the next start replays the journal");
+        }
+    }
+}
+
+fn spec(name: &str, size_bytes: u64, block_size: Option<u32>) -> Result<VolumeSpec> {
+    Ok(VolumeSpec {
+        name: VolumeName::new(name)?,
+        size_bytes,
+        block_size: block_size.map(BlockSize::new).transpose()?.unwrap_or(BlockSize::DEFAULT),
+    })
+}
+
+impl Backend for LocalBackend {
+    fn nbd_address(&self) -> Option<String> {
+        None
+    }
+
+    fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        Ok(self.node.volumes().iter().map(|volume| VolumeInfo::of(volume)).collect())
+    }
+
+    fn create_volume(&self, request: &CreateVolume) -> Result<VolumeInfo> {
+        let volume = self.node.create_volume(spec(&request.name, request.size_bytes, request.block_size)?, now())?;
+        Ok(VolumeInfo::of(&volume))
+    }
+
+    fn import_volume(&self, name: &str, block_size: u32, file: &Path) -> Result<ImportSummary> {
+        let mut source = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+        let size_bytes = source.metadata()?.len();
+        let volume = self.node.create_volume(spec(name, size_bytes, Some(block_size))?, now())?;
+        let bar = progress_bar(size_bytes, "importing");
+        let result = volume.import(now(), &mut source, &mut |done| bar.set_position(done));
+        bar.finish_and_clear();
+        match result {
+            Ok(report) => Ok(ImportSummary {
+                volume: VolumeInfo::of(&volume),
+                bytes_read: report.bytes_read,
+                bytes_written: report.bytes_written,
+            }),
+            Err(error) => {
+                self.node.delete_volume(name)?;
+                Err(error.into())
+            }
+        }
+    }
+
+    fn volume(&self, name: &str) -> Result<VolumeDetail> {
+        let volume = self.node.volume(name)?;
+        Ok(VolumeDetail { info: VolumeInfo::of(&volume), stats: volume.stats()?.into() })
+    }
+
+    fn delete_volume(&self, name: &str) -> Result<()> {
+        Ok(self.node.delete_volume(name)?)
+    }
+
+    fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline> {
+        Ok(Timeline::of(name, &self.node.volume(name)?.timeline(), bucket_seconds))
+    }
+
+    fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>> {
+        Ok(self.node.volume(name)?.bookmarks().iter().map(|bookmark| BookmarkInfo::of(name, bookmark)).collect())
+    }
+
+    fn create_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<BookmarkInfo> {
+        let volume = self.node.volume(name)?;
+        let now = now();
+        let at = request.at.as_deref().map(|at| volume.parse_time(at, now, &TimeZone::system())).transpose()?;
+        let bookmark = volume.create_bookmark(BookmarkName::new(&request.name)?, at, now)?;
+        Ok(BookmarkInfo::of(name, &bookmark))
+    }
+
+    fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()> {
+        self.node.volume(name)?.delete_bookmark(bookmark)?;
+        Ok(())
+    }
+
+    fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo> {
+        let volume = self.node.volume(name)?;
+        let at = volume.parse_time(at, now(), &TimeZone::system())?;
+        Ok(ViewInfo { volume: name.to_owned(), at: time(at), at_unix_nanos: at.unix_nanos(), export: view_export(name, at) })
+    }
+}

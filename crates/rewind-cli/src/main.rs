@@ -1,0 +1,324 @@
+//! `rewind`: the command line. The only place that wires concrete parts
+//! together: the real filesystem, the engine, the NBD and HTTP servers.
+
+mod backend;
+mod output;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+
+use rewind_http::api::{CreateBookmark, CreateVolume};
+
+use crate::backend::Backend;
+
+#[derive(Parser)]
+#[command(
+    name = "rewind",
+    version,
+    about = "Continuous data protection for block volumes: every write kept, any moment readable",
+    after_help = TIMES_HELP,
+)]
+struct Cli {
+    /// Data directory: where `serve` keeps volumes, and what other commands
+    /// use directly when no server answers.
+    #[arg(long, env = "REWIND_DATA_DIR", default_value = "rewind-data", global = true)]
+    data_dir: PathBuf,
+    /// Management API of the server to talk to.
+    #[arg(long, env = "REWIND_SERVER", default_value = "http://127.0.0.1:8080", global = true)]
+    server: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+const TIMES_HELP: &str = "\
+Times (TIME) may be written as:
+  2026-11-22T10:03:12Z      RFC 3339 (any offset; fractions of a second allowed)
+  2026-11-22 10:03:12       local date and time of the server
+  10:03:12                  that time today, local time of the server
+  1763805792                Unix seconds (13 digits: ms, 16: µs, 19: ns; @1763805792 also works)
+  -10m, \"10 minutes ago\"    relative to now (s, m, h, d, w; combinations like -1h30m)
+  before-upgrade            a bookmark name
+Views are NBD exports named VOLUME@TIME, e.g. nbd://127.0.0.1:10809/db@-10m";
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve every volume over NBD (VOLUME, and VOLUME@TIME read-only views) and the management API.
+    Serve(serve::ServeArgs),
+    /// Create, import, list, inspect and delete volumes.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// Name a point in time: `rewind bookmark VOLUME NAME [--at TIME]`; also `list` and `delete`.
+    Bookmark(BookmarkArgs),
+    /// When a volume was written, how much, and its bookmarks.
+    Timeline {
+        volume: String,
+        /// Bucket size, e.g. 1m, 15m, 1h, 1d (default: chosen to fit the history).
+        #[arg(long)]
+        bucket: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resolve a point in time to the NBD export that shows the volume as it was then.
+    View {
+        volume: String,
+        /// When (see TIME below).
+        #[arg(allow_hyphen_values = true)]
+        time: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum VolumeCommand {
+    /// Create an empty volume; protection begins now.
+    Create {
+        name: String,
+        /// Size, e.g. 10GiB, 512MiB, 1TB.
+        #[arg(long)]
+        size: String,
+        /// Block size: a power of two from 512 B to 64 KiB.
+        #[arg(long, default_value = "4KiB")]
+        block_size: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Protect an existing raw image: it becomes the volume's first version.
+    Import {
+        name: String,
+        /// A raw disk image; the volume gets its size.
+        file: PathBuf,
+        #[arg(long, default_value = "4KiB")]
+        block_size: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List volumes.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a volume's details and statistics.
+    Info {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a volume and all its history.
+    Delete {
+        name: String,
+        /// Do not ask (required when not on a terminal).
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct BookmarkArgs {
+    #[command(subcommand)]
+    command: Option<BookmarkCommand>,
+    /// The volume to bookmark.
+    #[arg(required = true)]
+    volume: Option<String>,
+    /// The bookmark's name (letters, digits, '.', '_', '-'; not starting with a digit).
+    #[arg(required = true)]
+    name: Option<String>,
+    /// The time to name; by default now, after making every write so far durable.
+    #[arg(long, allow_hyphen_values = true)]
+    at: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum BookmarkCommand {
+    /// Name a point in time (same as `rewind bookmark VOLUME NAME`).
+    Create {
+        volume: String,
+        name: String,
+        #[arg(long, allow_hyphen_values = true)]
+        at: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a volume's bookmarks.
+    List {
+        volume: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a bookmark (the history it named stays).
+    Delete { volume: String, name: String },
+}
+
+fn parse_bytes(text: &str, what: &str) -> Result<u64> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(text)
+        .with_context(|| format!("cannot read {text:?} as a {what}; write it like 10GiB, 512MiB or 4096"))
+}
+
+fn parse_block_size(text: &str) -> Result<u32> {
+    let bytes = parse_bytes(text, "block size")?;
+    u32::try_from(bytes).ok().filter(|bytes| bytes.is_power_of_two() && (512..=65536).contains(bytes)).with_context(
+        || format!("block size {text} must be a power of two from 512 B to 64 KiB"),
+    )
+}
+
+fn main() -> ExitCode {
+    let matches = Cli::command().get_matches();
+    let server_given = matches.value_source("server").is_some_and(|source| source != ValueSource::DefaultValue);
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
+    match run(cli, server_given) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli, server_given: bool) -> Result<()> {
+    if let Command::Serve(args) = cli.command {
+        return serve::serve(&cli.data_dir, args);
+    }
+    let creates = matches!(cli.command, Command::Volume(VolumeCommand::Create { .. } | VolumeCommand::Import { .. }));
+    let backend = backend::connect(&cli.server, server_given, &cli.data_dir, creates)?;
+    match cli.command {
+        Command::Serve(_) => unreachable!("handled above"),
+        Command::Volume(command) => volume(&*backend, command),
+        Command::Bookmark(args) => bookmark(&*backend, args),
+        Command::Timeline { volume, bucket, json } => {
+            let bucket_seconds = match bucket {
+                Some(text) => Some(output::parse_bucket(&text)?),
+                None => None,
+            };
+            let timeline = backend.timeline(&volume, bucket_seconds.unwrap_or(60))?;
+            if json {
+                return output::json(&timeline);
+            }
+            let timeline = match bucket_seconds {
+                Some(_) => timeline,
+                None => backend.timeline(&volume, output::auto_bucket(&timeline))?,
+            };
+            output::timeline(&timeline);
+            Ok(())
+        }
+        Command::View { volume, time, json } => {
+            let view = backend.resolve_view(&volume, &time)?;
+            if json {
+                return output::json(&view);
+            }
+            output::view(&view, backend.nbd_address().as_ref());
+            Ok(())
+        }
+    }
+}
+
+fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
+    match command {
+        VolumeCommand::Create { name, size, block_size, json } => {
+            let request = CreateVolume {
+                name,
+                size_bytes: parse_bytes(&size, "size")?,
+                block_size: Some(parse_block_size(&block_size)?),
+            };
+            let info = backend.create_volume(&request)?;
+            if json {
+                return output::json(&info);
+            }
+            let address = backend.nbd_address().unwrap_or_else(|| "127.0.0.1:10809 (once `rewind serve` runs)".into());
+            println!(
+                "created volume {} ({}, {} blocks): nbd://{address}/{}",
+                info.name,
+                indicatif::HumanBytes(info.size_bytes),
+                indicatif::HumanBytes(u64::from(info.block_size)),
+                info.export
+            );
+            Ok(())
+        }
+        VolumeCommand::Import { name, file, block_size, json } => {
+            let block_size = parse_block_size(&block_size)?;
+            let summary = backend.import_volume(&name, block_size, &file)?;
+            if json {
+                return output::json(&summary);
+            }
+            println!(
+                "imported {} as volume {}: {} read, {} stored (zero blocks are not stored)",
+                file.display(),
+                summary.volume.name,
+                indicatif::HumanBytes(summary.bytes_read),
+                indicatif::HumanBytes(summary.bytes_written)
+            );
+            Ok(())
+        }
+        VolumeCommand::List { json } => {
+            let volumes = backend.list_volumes()?;
+            if json {
+                return output::json(&volumes);
+            }
+            output::volumes(&volumes);
+            Ok(())
+        }
+        VolumeCommand::Info { name, json } => {
+            let detail = backend.volume(&name)?;
+            if json {
+                return output::json(&detail);
+            }
+            output::volume_detail(&detail);
+            Ok(())
+        }
+        VolumeCommand::Delete { name, yes } => {
+            if !yes && !output::confirm(&format!("delete volume {name} and all of its history?"))? {
+                bail!("not deleted (pass --yes to delete without asking)");
+            }
+            backend.delete_volume(&name)?;
+            println!("deleted volume {name}");
+            Ok(())
+        }
+    }
+}
+
+fn bookmark(backend: &dyn Backend, args: BookmarkArgs) -> Result<()> {
+    let command = match args.command {
+        Some(command) => command,
+        None => BookmarkCommand::Create {
+            volume: args.volume.expect("required by clap"),
+            name: args.name.expect("required by clap"),
+            at: args.at,
+            json: args.json,
+        },
+    };
+    match command {
+        BookmarkCommand::Create { volume, name, at, json } => {
+            let bookmark = backend.create_bookmark(&volume, &CreateBookmark { name, at })?;
+            if json {
+                return output::json(&bookmark);
+            }
+            println!("bookmarked {volume} at {} as {} (view: export {})", bookmark.at, bookmark.name, bookmark.export);
+            Ok(())
+        }
+        BookmarkCommand::List { volume, json } => {
+            let bookmarks = backend.bookmarks(&volume)?;
+            if json {
+                return output::json(&bookmarks);
+            }
+            output::bookmarks(&bookmarks);
+            Ok(())
+        }
+        BookmarkCommand::Delete { volume, name } => {
+            backend.delete_bookmark(&volume, &name)?;
+            println!("deleted bookmark {name} of {volume}");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! Rewind's management API: JSON over HTTP on 127.0.0.1, plus Prometheus
+//! metrics at `/metrics`.
+//!
+//! | method | path | what |
+//! |---|---|---|
+//! | GET | `/v1/health` | liveness and version |
+//! | GET, POST | `/v1/volumes` | list volumes; create one (`CreateVolume`) |
+//! | GET, DELETE | `/v1/volumes/{name}` | details and stats; delete with all history |
+//! | POST | `/v1/volumes/{name}/import?block_size=N` | create from a raw image sent as the body |
+//! | GET | `/v1/volumes/{name}/timeline?bucket_seconds=N` | write activity and bookmarks |
+//! | GET, POST | `/v1/volumes/{name}/bookmarks` | list; create (`CreateBookmark`) |
+//! | DELETE | `/v1/volumes/{name}/bookmarks/{bookmark}` | delete a bookmark |
+//! | GET | `/v1/volumes/{name}/view?at=TIME` | resolve a point in time to its NBD export |
+//! | GET | `/metrics` | Prometheus text format |
+//!
+//! Engine calls block on disk I/O, so handlers run them on tokio's blocking
+//! pool. Errors come back as `ErrorBody` with a status that fits: 404 for
+//! unknown names, 409 for duplicates, 400 for bad input, 503 for a poisoned
+//! volume, 500 for corruption and I/O errors.
+
+pub mod api;
+mod metrics;
+mod server;
+
+pub use server::{router, serve, ApiState};

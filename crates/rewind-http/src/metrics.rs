@@ -1,0 +1,97 @@
+//! `/metrics` in the Prometheus text exposition format.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+
+use rewind_engine::Node;
+
+use crate::ApiState;
+
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    samples: Vec<(String, u64)>,
+}
+
+pub async fn metrics(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
+    let text = tokio::task::spawn_blocking(move || render(&state.node)).await.expect("metrics rendering does not panic");
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+fn render(node: &Node) -> String {
+    let mut families: Vec<Family> = [
+        ("rewind_volume_writes_total", "counter", "Write requests."),
+        ("rewind_volume_write_bytes_total", "counter", "Bytes written."),
+        ("rewind_volume_zeroes_total", "counter", "Zeroing requests (TRIM, WRITE_ZEROES)."),
+        ("rewind_volume_zero_bytes_total", "counter", "Bytes zeroed."),
+        ("rewind_volume_reads_total", "counter", "Read requests, live and views."),
+        ("rewind_volume_read_bytes_total", "counter", "Bytes read, live and views."),
+        ("rewind_volume_flushes_total", "counter", "Flushes (journal group commits requested)."),
+        ("rewind_volume_checkpoints_total", "counter", "Checkpoints."),
+        ("rewind_volume_versions", "gauge", "Block versions kept in history."),
+        ("rewind_volume_index_runs", "gauge", "Version index runs on disk."),
+        ("rewind_volume_index_memory_bytes", "gauge", "Memory pinned by the version index."),
+        ("rewind_volume_journal_bytes", "gauge", "Bytes in the journal."),
+        ("rewind_volume_pending_destage_versions", "gauge", "Versions not yet copied to the current store."),
+        ("rewind_volume_size_bytes", "gauge", "Volume size."),
+        ("rewind_volume_poisoned", "gauge", "1 if the volume refuses writes after a failed fsync."),
+    ]
+    .into_iter()
+    .map(|(name, kind, help)| Family { name, kind, help, samples: Vec::new() })
+    .collect();
+    for volume in node.volumes() {
+        let Ok(stats) = volume.stats() else { continue };
+        let values = [
+            stats.writes,
+            stats.write_bytes,
+            stats.zeroes,
+            stats.zero_bytes,
+            stats.reads,
+            stats.read_bytes,
+            stats.flushes,
+            stats.checkpoints,
+            stats.versions_in_memory + stats.versions_in_runs,
+            stats.index_runs,
+            stats.index_memory_bytes,
+            stats.journal_bytes,
+            stats.versions_pending_destage,
+            volume.size_bytes(),
+            u64::from(stats.poisoned),
+        ];
+        let label = format!("volume=\"{}\"", volume.name());
+        for (family, value) in families.iter_mut().zip(values) {
+            family.samples.push((label.clone(), value));
+        }
+    }
+    let cache = node.page_cache_stats();
+    families.push(Family {
+        name: "rewind_index_cache_hits_total",
+        kind: "counter",
+        help: "Version index page cache hits.",
+        samples: vec![(String::new(), cache.hits)],
+    });
+    families.push(Family {
+        name: "rewind_index_cache_misses_total",
+        kind: "counter",
+        help: "Version index page cache misses.",
+        samples: vec![(String::new(), cache.misses)],
+    });
+    let mut text = String::new();
+    for family in families {
+        let _ = writeln!(text, "# HELP {} {}", family.name, family.help);
+        let _ = writeln!(text, "# TYPE {} {}", family.name, family.kind);
+        for (labels, value) in family.samples {
+            if labels.is_empty() {
+                let _ = writeln!(text, "{} {value}", family.name);
+            } else {
+                let _ = writeln!(text, "{}{{{labels}}} {value}", family.name);
+            }
+        }
+    }
+    text
+}

@@ -1,0 +1,312 @@
+use std::future::Future;
+use std::io::{self, Read};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use jiff::tz::TimeZone;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use rewind_engine::{BlockSize, BookmarkName, EngineError, Node, Timestamp, VolumeName, VolumeSpec};
+
+use crate::api::{
+    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, ErrorBody, Health, ImportSummary, Timeline,
+    ViewInfo, VolumeDetail, VolumeInfo,
+};
+
+/// What the handlers share.
+pub struct ApiState {
+    pub node: Arc<Node>,
+    /// Where the NBD server listens, reported by `/v1/health` so clients can
+    /// print the right URIs.
+    pub nbd_address: Option<String>,
+}
+
+type Shared = Arc<ApiState>;
+
+/// The wall clock, read here at the edge and passed into the engine.
+fn now() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+pub struct ApiError(EngineError);
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> Self {
+        ApiError(error)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, kind) = match &self.0 {
+            EngineError::VolumeNotFound(_) | EngineError::BookmarkNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            EngineError::VolumeExists(_) | EngineError::BookmarkExists { .. } => (StatusCode::CONFLICT, "conflict"),
+            EngineError::Poisoned { .. } | EngineError::Closed(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            error if error.is_corruption() => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt"),
+            EngineError::Io { .. } | EngineError::Journal(_) | EngineError::Index(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "io")
+            }
+            _ => (StatusCode::BAD_REQUEST, "invalid"),
+        };
+        if status.is_server_error() {
+            tracing::error!(error = %self.0, "API request failed");
+        }
+        (status, Json(ErrorBody { error: self.0.to_string(), kind: kind.to_owned() })).into_response()
+    }
+}
+
+fn invalid(message: String) -> ApiError {
+    ApiError(EngineError::InvalidArgument(message))
+}
+
+/// Runs blocking engine work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result.map_err(ApiError),
+        Err(join) => std::panic::resume_unwind(join.into_panic()),
+    }
+}
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/volumes", get(list_volumes).post(create_volume))
+        .route("/v1/volumes/{name}", get(volume_detail).delete(delete_volume))
+        .route("/v1/volumes/{name}/import", post(import_volume).layer(DefaultBodyLimit::disable()))
+        .route("/v1/volumes/{name}/timeline", get(timeline))
+        .route("/v1/volumes/{name}/bookmarks", get(list_bookmarks).post(create_bookmark))
+        .route("/v1/volumes/{name}/bookmarks/{bookmark}", delete(delete_bookmark))
+        .route("/v1/volumes/{name}/view", get(resolve_view))
+        .route("/metrics", get(crate::metrics::metrics))
+        .with_state(Arc::new(state))
+}
+
+/// Serves the API on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}
+
+async fn health(State(state): State<Shared>) -> Json<Health> {
+    Json(Health {
+        status: "ok".to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        volumes: state.node.volumes().len(),
+        nbd_address: state.nbd_address.clone(),
+    })
+}
+
+async fn list_volumes(State(state): State<Shared>) -> Result<Json<Vec<VolumeInfo>>, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || Ok(node.volumes().iter().map(|volume| VolumeInfo::of(volume)).collect())).await.map(Json)
+}
+
+fn volume_spec(name: &str, size_bytes: u64, block_size: Option<u32>) -> Result<VolumeSpec, ApiError> {
+    let name = VolumeName::new(name).map_err(|error| invalid(error.to_string()))?;
+    let block_size = match block_size {
+        Some(bytes) => BlockSize::new(bytes).map_err(|error| invalid(error.to_string()))?,
+        None => BlockSize::DEFAULT,
+    };
+    Ok(VolumeSpec { name, size_bytes, block_size })
+}
+
+async fn create_volume(
+    State(state): State<Shared>,
+    Json(request): Json<CreateVolume>,
+) -> Result<(StatusCode, Json<VolumeInfo>), ApiError> {
+    let node = Arc::clone(&state.node);
+    let spec = volume_spec(&request.name, request.size_bytes, request.block_size)?;
+    let volume = blocking(move || node.create_volume(spec, now())).await?;
+    Ok((StatusCode::CREATED, Json(VolumeInfo::of(&volume))))
+}
+
+async fn volume_detail(State(state): State<Shared>, Path(name): Path<String>) -> Result<Json<VolumeDetail>, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || {
+        let volume = node.volume(&name)?;
+        Ok(VolumeDetail { info: VolumeInfo::of(&volume), stats: volume.stats()?.into() })
+    })
+    .await
+    .map(Json)
+}
+
+async fn delete_volume(State(state): State<Shared>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || node.delete_volume(&name)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct ImportQuery {
+    block_size: Option<u32>,
+}
+
+/// Bridges the async request body to the engine's blocking `Read`.
+struct BodyReader {
+    chunks: mpsc::Receiver<Result<Bytes, io::Error>>,
+    current: Bytes,
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            match self.chunks.blocking_recv() {
+                Some(chunk) => self.current = chunk?,
+                None => return Ok(0),
+            }
+        }
+        let count = buf.len().min(self.current.len());
+        buf[..count].copy_from_slice(&self.current.split_to(count));
+        Ok(count)
+    }
+}
+
+async fn import_volume(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    Query(query): Query<ImportQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<ImportSummary>), ApiError> {
+    let node = Arc::clone(&state.node);
+    let size_bytes = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
+        .ok_or_else(|| invalid("an import needs a Content-Length: the image's size is the volume's size".into()))?;
+    let spec = volume_spec(&name, size_bytes, query.block_size)?;
+    let creator = Arc::clone(&node);
+    let volume = blocking(move || creator.create_volume(spec, now())).await?;
+    let (sender, chunks) = mpsc::channel(8);
+    let importer = Arc::clone(&volume);
+    let import = tokio::task::spawn_blocking(move || {
+        let mut reader = BodyReader { chunks, current: Bytes::new() };
+        importer.import(now(), &mut reader, &mut |_| {})
+    });
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let failed = chunk.is_err();
+        if sender.send(chunk.map_err(io::Error::other)).await.is_err() || failed {
+            break;
+        }
+    }
+    drop(sender);
+    let result = match import.await {
+        Ok(result) => result,
+        Err(join) => std::panic::resume_unwind(join.into_panic()),
+    };
+    match result {
+        Ok(report) => Ok((
+            StatusCode::CREATED,
+            Json(ImportSummary {
+                volume: VolumeInfo::of(&volume),
+                bytes_read: report.bytes_read,
+                bytes_written: report.bytes_written,
+            }),
+        )),
+        Err(error) => {
+            // An import is all or nothing.
+            let name = volume.name().to_string();
+            blocking(move || node.delete_volume(&name)).await?;
+            Err(ApiError(error))
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct TimelineQuery {
+    bucket_seconds: Option<u64>,
+}
+
+async fn timeline(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    Query(query): Query<TimelineQuery>,
+) -> Result<Json<Timeline>, ApiError> {
+    let node = Arc::clone(&state.node);
+    let bucket_seconds = query.bucket_seconds.unwrap_or(60);
+    if bucket_seconds < 60 || bucket_seconds % 60 != 0 {
+        return Err(invalid(format!("bucket_seconds must be a multiple of 60, not {bucket_seconds}")));
+    }
+    blocking(move || {
+        let volume = node.volume(&name)?;
+        Ok(Timeline::of(&name, &volume.timeline(), bucket_seconds))
+    })
+    .await
+    .map(Json)
+}
+
+async fn list_bookmarks(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<Json<Vec<BookmarkInfo>>, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || {
+        let volume = node.volume(&name)?;
+        Ok(volume.bookmarks().iter().map(|bookmark| BookmarkInfo::of(&name, bookmark)).collect())
+    })
+    .await
+    .map(Json)
+}
+
+async fn create_bookmark(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    Json(request): Json<CreateBookmark>,
+) -> Result<(StatusCode, Json<BookmarkInfo>), ApiError> {
+    let node = Arc::clone(&state.node);
+    let bookmark_name = BookmarkName::new(&request.name).map_err(|error| invalid(error.to_string()))?;
+    let bookmark = blocking(move || {
+        let volume = node.volume(&name)?;
+        let now = now();
+        let at = match &request.at {
+            Some(expression) => Some(volume.parse_time(expression, now, &TimeZone::system())?),
+            None => None,
+        };
+        let bookmark = volume.create_bookmark(bookmark_name, at, now)?;
+        Ok(BookmarkInfo::of(&name, &bookmark))
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(bookmark)))
+}
+
+async fn delete_bookmark(
+    State(state): State<Shared>,
+    Path((name, bookmark)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || node.volume(&name)?.delete_bookmark(&bookmark)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct ViewQuery {
+    at: String,
+}
+
+async fn resolve_view(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    Query(query): Query<ViewQuery>,
+) -> Result<Json<ViewInfo>, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || {
+        let volume = node.volume(&name)?;
+        let at = volume.parse_time(&query.at, now(), &TimeZone::system())?;
+        Ok(ViewInfo { volume: name.clone(), at: time(at), at_unix_nanos: at.unix_nanos(), export: view_export(&name, at) })
+    })
+    .await
+    .map(Json)
+}

@@ -1,0 +1,874 @@
+//! One client connection: handshake, then transmission, on one thread.
+//! The state machine and its limits are described in `crate::server`.
+
+use std::fmt::Write as _;
+use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use crate::export::{Export, ExportError, ExportErrorKind, OpenError, OpenErrorKind, ZeroFlags};
+use crate::protocol::{self as p, Command, Refusal, RequestHeader, Session};
+use crate::server::{Shared, OPTIONS_PER_HANDSHAKE_MAX};
+
+/// Read buffer per connection. Large enough that pipelined small requests
+/// (fio/qemu keep dozens in flight) are picked up with one `read` call; large
+/// WRITE payloads bypass it and land directly in the payload buffer.
+const READ_BUFFER_BYTES: usize = 128 * 1024;
+
+/// `NBD_OPT_LIST` replies are sent in pieces of about this size.
+const LIST_REPLY_BATCH_BYTES: usize = 64 * 1024;
+
+/// A connected byte stream: TCP or a Unix domain socket.
+pub(crate) trait Transport: Read + Write + Send + Sized + 'static {
+    fn try_clone(&self) -> io::Result<Self>;
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
+    fn shutdown(&self, how: Shutdown) -> io::Result<()>;
+    /// Transport-specific tuning, done once after accept.
+    fn configure(&self) -> io::Result<()>;
+}
+
+impl Transport for TcpStream {
+    fn try_clone(&self) -> io::Result<Self> {
+        TcpStream::try_clone(self)
+    }
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, timeout)
+    }
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        TcpStream::set_nonblocking(self, nonblocking)
+    }
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        TcpStream::shutdown(self, how)
+    }
+    fn configure(&self) -> io::Result<()> {
+        // Replies are written whole, in one call; Nagle would only hold back
+        // the last segment of each one waiting for an ACK (the spec asks for
+        // TCP_NODELAY on both sides).
+        self.set_nodelay(true)
+    }
+}
+
+impl Transport for UnixStream {
+    fn try_clone(&self) -> io::Result<Self> {
+        UnixStream::try_clone(self)
+    }
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_read_timeout(self, timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_write_timeout(self, timeout)
+    }
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        UnixStream::set_nonblocking(self, nonblocking)
+    }
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        UnixStream::shutdown(self, how)
+    }
+    fn configure(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The read side. During the handshake every read is bounded by what is
+/// left of the handshake deadline, so a client trickling one byte at a time
+/// cannot stretch it; in transmission reads block for as long as the client
+/// stays idle (qemu keeps idle connections for hours).
+struct DeadlineReader<S> {
+    stream: S,
+    deadline: Option<Instant>,
+}
+
+impl<S: Transport> Read for DeadlineReader<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(deadline) = self.deadline {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            self.stream.set_read_timeout(Some(remaining))?;
+        }
+        self.stream.read(buf)
+    }
+}
+
+/// Why a connection ended.
+enum Hangup {
+    /// The client closed the socket between messages.
+    ClientClosed,
+    /// The client ended the session the proper way.
+    ClientDone(&'static str),
+    /// The client broke the protocol; we hung up (warn).
+    Violation(String),
+    /// `NBD_OPT_EXPORT_NAME` named an export we cannot open, and that option
+    /// has no way to report errors (spec: the server MUST hang up).
+    ExportRefused {
+        name: String,
+        message: String,
+    },
+    Io(io::Error),
+}
+
+impl From<io::Error> for Hangup {
+    fn from(error: io::Error) -> Self {
+        Hangup::Io(error)
+    }
+}
+
+type Result<T> = std::result::Result<T, Hangup>;
+
+/// What the handshake settled on.
+struct Negotiated {
+    export: Arc<dyn Export>,
+    name: String,
+    session: Session,
+}
+
+/// An opened export plus what we advertise for it.
+struct Opened {
+    export: Arc<dyn Export>,
+    flags: u16,
+    size_bytes: u64,
+    block_min: u32,
+    block_preferred: u32,
+    block_max: u32,
+}
+
+/// Writes replies. Only the connection thread writes, one whole reply per
+/// `write`/`writev` call, so replies never interleave and no lock is needed.
+///
+/// Replies are not held back to be batched with later ones: with fio and
+/// qemu requests arrive one per `read` anyway (measured), and a held reply
+/// would wait for whatever the next request costs the export.
+struct ReplyWriter<S> {
+    stream: S,
+    structured: bool,
+    /// Replies assembled in memory (option replies, error and block status
+    /// chunks), sent by `flush`; reused so steady state does not allocate.
+    assembled: Vec<u8>,
+    /// Scratch for error messages.
+    message: String,
+}
+
+impl<S: Transport> ReplyWriter<S> {
+    fn flush(&mut self) -> io::Result<()> {
+        let result = self.stream.write_all(&self.assembled);
+        self.assembled.clear();
+        result
+    }
+
+    fn ok(&mut self, handle: u64) -> io::Result<()> {
+        self.stream.write_all(&p::encode_simple_reply(handle, 0))
+    }
+
+    /// A successful READ: header and data in one `writev`.
+    fn read_data(&mut self, handle: u64, offset: u64, data: &[u8]) -> io::Result<()> {
+        // Validated against PAYLOAD_BYTES_MAX before the buffer was filled.
+        let length = u32::try_from(data.len()).expect("read longer than the payload limit");
+        let mut header = [0u8; p::READ_CHUNK_PREFIX_BYTES];
+        let header = if self.structured {
+            header = p::encode_read_chunk_prefix(handle, offset, length);
+            &header[..]
+        } else {
+            header[..p::SIMPLE_REPLY_BYTES].copy_from_slice(&p::encode_simple_reply(handle, 0));
+            &header[..p::SIMPLE_REPLY_BYTES]
+        };
+        write_all_vectored(
+            &mut self.stream,
+            &mut [IoSlice::new(header), IoSlice::new(data)],
+        )
+    }
+
+    /// An error reply; with structured replies it carries `message` for the
+    /// human at the other end.
+    fn error(
+        &mut self,
+        handle: u64,
+        errno: u32,
+        message: impl std::fmt::Display,
+    ) -> io::Result<()> {
+        if !self.structured {
+            return self
+                .stream
+                .write_all(&p::encode_simple_reply(handle, errno));
+        }
+        self.message.clear();
+        write!(self.message, "{message}").expect("writing to a String cannot fail");
+        p::push_error_chunk(&mut self.assembled, handle, errno, &self.message);
+        self.flush()
+    }
+}
+
+fn write_all_vectored<W: Write>(writer: &mut W, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match writer.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => IoSlice::advance_slices(&mut bufs, written),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// Per-connection counters for the closing log line.
+#[derive(Default)]
+struct Stats {
+    requests: u64,
+    bytes_read: u64,
+    bytes_written: u64,
+}
+
+struct Connection<S> {
+    shared: Arc<Shared>,
+    reader: BufReader<DeadlineReader<S>>,
+    replies: ReplyWriter<S>,
+    /// Option payloads during the handshake (at most `OPTION_BYTES_MAX`).
+    option_data: Vec<u8>,
+    /// READ and WRITE payloads; grows to the largest request seen (at most
+    /// `PAYLOAD_BYTES_MAX`) and is reused.
+    payload: Vec<u8>,
+    stats: Stats,
+    // Handshake state.
+    no_zeroes: bool,
+    structured: bool,
+    /// Export name `base:allocation` was last selected for, if it was.
+    meta_export: Option<String>,
+}
+
+/// Serves one accepted connection until it ends, logging how it ended.
+pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>) {
+    let config = shared.config;
+    let setup = (|| {
+        // The listener is non-blocking; on some systems accepted sockets
+        // inherit that, and this thread wants blocking I/O with timeouts.
+        stream.set_nonblocking(false)?;
+        stream.configure()?;
+        stream.set_write_timeout(Some(config.write_timeout))?;
+        stream.try_clone()
+    })();
+    let read_half = match setup {
+        Ok(read_half) => read_half,
+        Err(error) => {
+            warn!(%error, "cannot set up connection");
+            return;
+        }
+    };
+    let deadline = Instant::now() + config.handshake_timeout;
+    let mut connection = Connection {
+        shared,
+        reader: BufReader::with_capacity(
+            READ_BUFFER_BYTES,
+            DeadlineReader {
+                stream: read_half,
+                deadline: Some(deadline),
+            },
+        ),
+        replies: ReplyWriter {
+            stream,
+            structured: false,
+            assembled: Vec::new(),
+            message: String::new(),
+        },
+        option_data: Vec::new(),
+        payload: Vec::new(),
+        stats: Stats::default(),
+        no_zeroes: false,
+        structured: false,
+        meta_export: None,
+    };
+
+    let mut export_name = String::new();
+    let hangup = match connection.handshake() {
+        Err(hangup) => hangup,
+        Ok(negotiated) => {
+            info!(
+                export = %negotiated.name,
+                size_bytes = negotiated.session.size_bytes,
+                flags = format_args!("{:#06x}", negotiated.session.flags),
+                structured_replies = negotiated.session.structured_replies,
+                "transmission started"
+            );
+            export_name.clone_from(&negotiated.name);
+            match connection.enter_transmission() {
+                Err(error) => Hangup::Io(error),
+                Ok(()) => connection.transmission(&negotiated),
+            }
+        }
+    };
+    let Stats {
+        requests,
+        bytes_read,
+        bytes_written,
+    } = connection.stats;
+    let export = export_name.as_str();
+    match hangup {
+        Hangup::ClientClosed => {
+            info!(
+                export,
+                requests, bytes_read, bytes_written, "connection closed by client"
+            )
+        }
+        Hangup::ClientDone(how) => {
+            info!(
+                export,
+                requests, bytes_read, bytes_written, "connection ended by client ({how})"
+            )
+        }
+        Hangup::Violation(what) => {
+            warn!(export, requests, "protocol violation, hanging up: {what}")
+        }
+        Hangup::ExportRefused { name, message } => {
+            warn!(export = %name, "NBD_OPT_EXPORT_NAME refused, hanging up: {message}")
+        }
+        Hangup::Io(error)
+            if matches!(
+                error.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ) =>
+        {
+            warn!(export, requests, "connection timed out: {error}")
+        }
+        Hangup::Io(error) => {
+            info!(
+                export,
+                requests, bytes_read, bytes_written, "connection lost: {error}"
+            )
+        }
+    }
+}
+
+impl<S: Transport> Connection<S> {
+    // --- Handshake -------------------------------------------------------------------
+
+    fn handshake(&mut self) -> Result<Negotiated> {
+        self.replies.stream.write_all(&p::encode_greeting())?;
+        let mut flags = [0u8; 4];
+        self.read_message_start(&mut flags)?;
+        let client = p::decode_client_flags(flags).map_err(|raw| {
+            Hangup::Violation(format!(
+                "client flags {raw:#x} include bits the server did not offer"
+            ))
+        })?;
+        if !client.fixed_newstyle {
+            // Allowed by the spec; the options work the same for us.
+            debug!("client did not set NBD_FLAG_C_FIXED_NEWSTYLE");
+        }
+        self.no_zeroes = client.no_zeroes;
+
+        for _ in 0..OPTIONS_PER_HANDSHAKE_MAX {
+            if let Some(negotiated) = self.option()? {
+                return Ok(negotiated);
+            }
+        }
+        Err(Hangup::Violation(format!(
+            "more than {OPTIONS_PER_HANDSHAKE_MAX} options without entering transmission"
+        )))
+    }
+
+    /// Reads and answers one option; returns the session once the client
+    /// enters transmission.
+    fn option(&mut self) -> Result<Option<Negotiated>> {
+        let mut header = [0u8; p::OPTION_HEADER_BYTES];
+        self.read_message_start(&mut header)?;
+        let header = p::decode_option_header(&header).map_err(|magic| {
+            Hangup::Violation(format!("option magic {magic:#018x} is not IHAVEOPT"))
+        })?;
+        let option = header.option;
+        let name = p::option_name(option);
+        if header.length > p::OPTION_BYTES_MAX {
+            return Err(Hangup::Violation(format!(
+                "{name} ({option}) with {} bytes of data exceeds the {} byte option limit",
+                header.length,
+                p::OPTION_BYTES_MAX
+            )));
+        }
+        // Bounded by OPTION_BYTES_MAX just above.
+        let mut data = std::mem::take(&mut self.option_data);
+        data.resize(header.length as usize, 0);
+        let read = self.read_rest(&mut data);
+        self.option_data = data;
+        read?;
+        debug!(option = name, length = header.length, "option");
+
+        if self.shared.is_stopping() && option != p::OPT_ABORT {
+            self.option_error(option, p::REP_ERR_SHUTDOWN, "server is shutting down")?;
+            return Ok(None);
+        }
+        match option {
+            p::OPT_EXPORT_NAME => self.export_name().map(Some),
+            p::OPT_ABORT => {
+                p::push_option_reply(&mut self.replies.assembled, option, p::REP_ACK, &[]);
+                // The client may already be gone: the spec lets it hang up
+                // without waiting for the reply.
+                let _ = self.replies.flush();
+                Err(Hangup::ClientDone("NBD_OPT_ABORT"))
+            }
+            p::OPT_LIST => {
+                if !self.option_data.is_empty() {
+                    self.option_invalid(option, p::OptionError::UnexpectedData)?;
+                    return Ok(None);
+                }
+                for listing in self.shared.catalog.list() {
+                    let assembled = &mut self.replies.assembled;
+                    p::push_rep_server(assembled, &listing.name, &listing.description);
+                    // Bounded memory however many exports there are.
+                    if assembled.len() >= LIST_REPLY_BATCH_BYTES {
+                        self.replies.flush()?;
+                    }
+                }
+                p::push_option_reply(&mut self.replies.assembled, option, p::REP_ACK, &[]);
+                self.replies.flush()?;
+                Ok(None)
+            }
+            p::OPT_STARTTLS => {
+                if !self.option_data.is_empty() {
+                    self.option_invalid(option, p::OptionError::UnexpectedData)?;
+                } else {
+                    // NOTLS mode: we know the option and decline it.
+                    self.option_error(
+                        option,
+                        p::REP_ERR_POLICY,
+                        "TLS is not supported by this server",
+                    )?;
+                }
+                Ok(None)
+            }
+            p::OPT_INFO | p::OPT_GO => self.info_or_go(option),
+            p::OPT_STRUCTURED_REPLY => {
+                if !self.option_data.is_empty() {
+                    self.option_invalid(option, p::OptionError::UnexpectedData)?;
+                    return Ok(None);
+                }
+                self.structured = true;
+                p::push_option_reply(&mut self.replies.assembled, option, p::REP_ACK, &[]);
+                self.replies.flush()?;
+                Ok(None)
+            }
+            p::OPT_LIST_META_CONTEXT | p::OPT_SET_META_CONTEXT => {
+                self.meta_context(option)?;
+                Ok(None)
+            }
+            _ => {
+                debug!(option, "unsupported option");
+                self.option_error(
+                    option,
+                    p::REP_ERR_UNSUP,
+                    "option not supported by this server",
+                )?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn option_error(&mut self, option: u32, reply_type: u32, message: &str) -> Result<()> {
+        p::push_option_error(&mut self.replies.assembled, option, reply_type, message);
+        Ok(self.replies.flush()?)
+    }
+
+    fn option_invalid(&mut self, option: u32, error: p::OptionError) -> Result<()> {
+        warn!(
+            option = p::option_name(option),
+            "invalid option from client: {error}"
+        );
+        self.replies.message.clear();
+        write!(self.replies.message, "{error}").expect("writing to a String cannot fail");
+        p::push_option_error(
+            &mut self.replies.assembled,
+            option,
+            p::REP_ERR_INVALID,
+            &self.replies.message,
+        );
+        Ok(self.replies.flush()?)
+    }
+
+    fn export_name(&mut self) -> Result<Negotiated> {
+        let name = p::decode_export_name(&self.option_data)
+            .map_err(|error| Hangup::Violation(format!("NBD_OPT_EXPORT_NAME: {error}")))?
+            .to_owned();
+        let opened = self
+            .open(&name)
+            .map_err(|(_, message)| Hangup::ExportRefused {
+                name: name.clone(),
+                message,
+            })?;
+        let mut reply = [0u8; p::EXPORT_NAME_REPLY_BYTES];
+        let length = p::encode_export_name_reply(
+            opened.size_bytes,
+            opened.flags,
+            self.no_zeroes,
+            &mut reply,
+        );
+        self.replies.stream.write_all(&reply[..length])?;
+        Ok(self.negotiated(name, opened))
+    }
+
+    fn info_or_go(&mut self, option: u32) -> Result<Option<Negotiated>> {
+        let request = match p::decode_info_request(&self.option_data) {
+            Ok(request) => request,
+            Err(error) => {
+                self.option_invalid(option, error)?;
+                return Ok(None);
+            }
+        };
+        let name = request.name.to_owned();
+        let wants_name = request.requests(p::INFO_NAME);
+        let wants_description = request.requests(p::INFO_DESCRIPTION);
+        let wants_block_size = request.requests(p::INFO_BLOCK_SIZE);
+
+        let opened = match self.open(&name) {
+            Ok(opened) => opened,
+            Err((reply_type, message)) => {
+                info!(export = %name, option = p::option_name(option), "export refused: {message}");
+                self.option_error(option, reply_type, &message)?;
+                return Ok(None);
+            }
+        };
+        let out = &mut self.replies.assembled;
+        // NBD_INFO_EXPORT goes out whether asked for or not: the spec makes it
+        // mandatory before NBD_REP_ACK, and qemu never asks.
+        p::push_info_export(out, option, opened.size_bytes, opened.flags);
+        if wants_name {
+            p::push_info_string(out, option, p::INFO_NAME, &name);
+        }
+        if wants_description {
+            let description = opened.export.description();
+            if !description.is_empty() {
+                p::push_info_string(out, option, p::INFO_DESCRIPTION, &description);
+            }
+        }
+        if wants_block_size {
+            p::push_info_block_size(
+                out,
+                option,
+                opened.block_min,
+                opened.block_preferred,
+                opened.block_max,
+            );
+        }
+        p::push_option_reply(out, option, p::REP_ACK, &[]);
+        self.replies.flush()?;
+        if option == p::OPT_GO {
+            Ok(Some(self.negotiated(name, opened)))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn meta_context(&mut self, option: u32) -> Result<()> {
+        let set = option == p::OPT_SET_META_CONTEXT;
+        if set {
+            // The spec: a SET replaces the selection even when it fails.
+            self.meta_export = None;
+        }
+        if !self.structured {
+            return self.option_invalid(option, p::OptionError::NeedsStructuredReplies);
+        }
+        let request = match p::decode_meta_context_request(&self.option_data) {
+            Ok(request) => request,
+            Err(error) => return self.option_invalid(option, error),
+        };
+        let selects = if set {
+            request.queries.contains(&p::MetaQuery::BaseAllocation)
+        } else {
+            // Listing with no query means "everything"; `base:` is a wildcard.
+            request.queries.is_empty()
+                || request.queries.iter().any(|query| {
+                    matches!(
+                        query,
+                        p::MetaQuery::BaseAllocation | p::MetaQuery::BaseWildcard
+                    )
+                })
+        };
+        if selects {
+            // Context ids in LIST replies are reserved and should be zero.
+            let id = if set { p::META_BASE_ALLOCATION_ID } else { 0 };
+            p::push_meta_context(
+                &mut self.replies.assembled,
+                option,
+                id,
+                p::META_BASE_ALLOCATION,
+            );
+            if set {
+                self.meta_export = Some(request.export_name.to_owned());
+            }
+        }
+        p::push_option_reply(&mut self.replies.assembled, option, p::REP_ACK, &[]);
+        Ok(self.replies.flush()?)
+    }
+
+    /// Opens `name` and works out what to advertise; on failure returns the
+    /// option reply type and the message for the client.
+    fn open(&self, name: &str) -> std::result::Result<Opened, (u32, String)> {
+        let export = self
+            .shared
+            .catalog
+            .open(name)
+            .map_err(|OpenError { kind, message }| {
+                let reply_type = match kind {
+                    OpenErrorKind::NotFound | OpenErrorKind::BadName => p::REP_ERR_UNKNOWN,
+                    OpenErrorKind::Unavailable if self.shared.is_stopping() => p::REP_ERR_SHUTDOWN,
+                    OpenErrorKind::Unavailable => p::REP_ERR_UNKNOWN,
+                };
+                (reply_type, message)
+            })?;
+        let sizes = export.block_sizes();
+        if let Err(problem) = sizes.check() {
+            tracing::error!(export = %name, ?sizes, "export has invalid block sizes: {problem}");
+            return Err((
+                p::REP_ERR_UNKNOWN,
+                format!("export '{name}' cannot be served: {problem}"),
+            ));
+        }
+        // The export may allow more than the server buffers; advertise the
+        // smaller. Both are multiples of the minimum (a power of two <= 64 KiB
+        // dividing PAYLOAD_BYTES_MAX), and the preferred size stays a power of
+        // two because it is only cut when the maximum is PAYLOAD_BYTES_MAX.
+        let block_max = sizes.maximum.min(p::PAYLOAD_BYTES_MAX);
+        let block_preferred = sizes.preferred.min(block_max);
+        let features = p::ExportFeatures {
+            read_only: export.is_read_only(),
+            multi_conn: export.can_multi_conn(),
+            fast_zero: export.can_fast_zero(),
+        };
+        Ok(Opened {
+            flags: p::transmission_flags(features, self.structured),
+            size_bytes: export.size_bytes(),
+            block_min: sizes.minimum,
+            block_preferred,
+            block_max,
+            export,
+        })
+    }
+
+    fn negotiated(&self, name: String, opened: Opened) -> Negotiated {
+        let base_allocation = self.meta_export.as_deref() == Some(name.as_str());
+        Negotiated {
+            session: Session {
+                size_bytes: opened.size_bytes,
+                flags: opened.flags,
+                block_min: opened.block_min,
+                block_max: opened.block_max,
+                structured_replies: self.structured,
+                base_allocation,
+            },
+            export: opened.export,
+            name,
+        }
+    }
+
+    // --- Transmission ------------------------------------------------------------------
+
+    fn enter_transmission(&mut self) -> io::Result<()> {
+        let reader = self.reader.get_mut();
+        reader.deadline = None;
+        reader.stream.set_read_timeout(None)?;
+        self.replies.structured = self.structured;
+        // The handshake buffer is not needed any more.
+        self.option_data = Vec::new();
+        Ok(())
+    }
+
+    /// Serves requests in order until the connection ends.
+    fn transmission(&mut self, negotiated: &Negotiated) -> Hangup {
+        let export = &*negotiated.export;
+        let session = &negotiated.session;
+        loop {
+            if let Err(hangup) = self.request(export, session) {
+                return hangup;
+            }
+        }
+    }
+
+    fn request(&mut self, export: &dyn Export, session: &Session) -> Result<()> {
+        let mut header = [0u8; p::REQUEST_HEADER_BYTES];
+        // The magic is checked before waiting for the rest: a client that
+        // sends a 16-byte option here would otherwise wait for its reply while
+        // we wait for 12 more bytes.
+        let (magic, rest) = header.split_at_mut(4);
+        self.read_message_start(magic)?;
+        if magic != p::REQUEST_MAGIC.to_be_bytes() {
+            let magic = u32::from_be_bytes(magic.try_into().unwrap());
+            return Err(Hangup::Violation(format!(
+                "request magic {magic:#010x} is not NBD_REQUEST_MAGIC"
+            )));
+        }
+        self.read_rest(rest)?;
+        let request = p::decode_request_header(&header).expect("magic checked above");
+        self.stats.requests += 1;
+        match p::validate_request(&request, session) {
+            Ok(Command::Disconnect) => Err(Hangup::ClientDone("NBD_CMD_DISC")),
+            Ok(command) => self.execute(export, request.handle, command),
+            Err(Refusal::Disconnect { length }) => Err(Hangup::Violation(format!(
+                "NBD_CMD_WRITE of {length} bytes exceeds the {} byte payload limit",
+                p::PAYLOAD_BYTES_MAX
+            ))),
+            Err(Refusal::Reply { errno, fault }) => self.refuse(&request, errno, fault),
+        }
+    }
+
+    fn refuse(
+        &mut self,
+        request: &RequestHeader,
+        errno: u32,
+        fault: p::RequestFault,
+    ) -> Result<()> {
+        warn!(
+            handle = request.handle,
+            errno, "invalid request from client: {fault}"
+        );
+        if request.command == p::CMD_WRITE {
+            // Stay in step with the stream: the payload follows regardless.
+            // `validate_request` bounded it by PAYLOAD_BYTES_MAX.
+            let skipped = io::copy(
+                &mut (&mut self.reader).take(u64::from(request.length)),
+                &mut io::sink(),
+            )?;
+            if skipped != u64::from(request.length) {
+                return Err(Hangup::Violation(
+                    "client closed the connection within a write payload".into(),
+                ));
+            }
+        }
+        Ok(self.replies.error(request.handle, errno, fault)?)
+    }
+
+    fn execute(&mut self, export: &dyn Export, handle: u64, command: Command) -> Result<()> {
+        let (result, fast_zero) = match command {
+            Command::Read { offset, length } => {
+                let buffer = payload_buffer(&mut self.payload, length);
+                match export.read(offset, buffer) {
+                    Ok(()) => {
+                        self.stats.bytes_read += u64::from(length);
+                        return Ok(self.replies.read_data(handle, offset, buffer)?);
+                    }
+                    Err(error) => (Err(error), false),
+                }
+            }
+            Command::Write {
+                offset,
+                length,
+                fua,
+            } => {
+                let buffer = payload_buffer(&mut self.payload, length);
+                if let Err(error) = self.reader.read_exact(buffer) {
+                    if error.kind() == io::ErrorKind::UnexpectedEof {
+                        return Err(Hangup::Violation(
+                            "client closed the connection within a write payload".into(),
+                        ));
+                    }
+                    return Err(error.into());
+                }
+                self.stats.bytes_written += u64::from(length);
+                (export.write(offset, buffer, fua), false)
+            }
+            Command::Flush => (export.flush(), false),
+            Command::Trim {
+                offset,
+                length,
+                fua,
+            } => (export.trim(offset, u64::from(length), fua), false),
+            Command::WriteZeroes {
+                offset,
+                length,
+                mode,
+            } => {
+                let flags = ZeroFlags {
+                    fua: mode.fua,
+                    no_hole: mode.no_hole,
+                    fast: mode.fast,
+                };
+                (
+                    export.write_zeroes(offset, u64::from(length), flags),
+                    mode.fast,
+                )
+            }
+            Command::BlockStatus {
+                offset,
+                length,
+                req_one,
+            } => match export.block_status(offset, u64::from(length)) {
+                Ok(extents) => {
+                    let assembled = &mut self.replies.assembled;
+                    p::push_block_status_chunk(assembled, handle, &extents, length, req_one);
+                    return Ok(self.replies.flush()?);
+                }
+                Err(error) => (Err(error), false),
+            },
+            Command::Disconnect => unreachable!("handled by the caller"),
+        };
+        match result {
+            Ok(()) => Ok(self.replies.ok(handle)?),
+            Err(error) => {
+                let errno = export_errno(&error, fast_zero);
+                if errno == p::ENOTSUP {
+                    debug!(handle, "fast zero declined: {}", error.message);
+                } else {
+                    warn!(handle, errno, "export operation failed: {error}");
+                }
+                Ok(self.replies.error(handle, errno, &error.message)?)
+            }
+        }
+    }
+
+    // --- Reading ----------------------------------------------------------------------
+
+    /// Reads a message that may legitimately not come (the client may hang
+    /// up between messages): EOF before its first byte is a clean close, EOF
+    /// within it is a violation.
+    fn read_message_start(&mut self, buf: &mut [u8]) -> Result<()> {
+        let first = loop {
+            match self.reader.read(buf) {
+                Ok(0) => return Err(Hangup::ClientClosed),
+                Ok(n) => break n,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error.into()),
+            }
+        };
+        self.read_rest(&mut buf[first..])
+    }
+
+    fn read_rest(&mut self, buf: &mut [u8]) -> Result<()> {
+        self.reader.read_exact(buf).map_err(|error| {
+            if error.kind() == io::ErrorKind::UnexpectedEof {
+                Hangup::Violation("client closed the connection within a message".into())
+            } else {
+                Hangup::Io(error)
+            }
+        })
+    }
+}
+
+/// The first `length` bytes of the reusable payload buffer, growing it if
+/// this request is the largest so far.
+fn payload_buffer(payload: &mut Vec<u8>, length: u32) -> &mut [u8] {
+    // Validated against PAYLOAD_BYTES_MAX, so this is bounded.
+    let length = length as usize;
+    assert!(length <= p::PAYLOAD_BYTES_MAX as usize);
+    if payload.len() < length {
+        payload.resize(length, 0);
+    }
+    &mut payload[..length]
+}
+
+fn export_errno(error: &ExportError, fast_zero: bool) -> u32 {
+    match error.kind {
+        ExportErrorKind::Io => p::EIO,
+        ExportErrorKind::ReadOnly => p::EPERM,
+        ExportErrorKind::Invalid => p::EINVAL,
+        ExportErrorKind::NoSpace => p::ENOSPC,
+        // The spec reserves ENOTSUP for declined fast zeroes.
+        ExportErrorKind::NotSupported if fast_zero => p::ENOTSUP,
+        ExportErrorKind::NotSupported => p::EINVAL,
+        ExportErrorKind::Shutdown => p::ESHUTDOWN,
+    }
+}

@@ -1,0 +1,221 @@
+//! Rewind's engine as NBD exports: `NAME` is the live, writable volume;
+//! `NAME@TIME` is a read-only view of it at TIME, where TIME is anything
+//! `rewind_engine::timespec` reads (RFC 3339, Unix time, `-10m`,
+//! `10 minutes ago`, a bookmark name). A relative TIME is resolved when the
+//! client connects.
+//!
+//! This is the one place engine errors become NBD errors.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use jiff::tz::TimeZone;
+use rewind_engine::timespec::DisplayTime;
+use rewind_engine::{Durability, EngineError, Node, Timestamp, View, Volume, ZeroMode};
+
+use crate::{
+    BlockSizes, Catalog, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
+    ZeroFlags,
+};
+
+fn now() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+fn export_error(error: EngineError) -> ExportError {
+    let kind = match &error {
+        EngineError::Poisoned { .. } | EngineError::Closed(_) => ExportErrorKind::Shutdown,
+        EngineError::OutOfRange { .. } | EngineError::InvalidArgument(_) => ExportErrorKind::Invalid,
+        _ => ExportErrorKind::Io,
+    };
+    if kind == ExportErrorKind::Io {
+        tracing::error!(%error, "request failed");
+    }
+    ExportError::new(kind, error.to_string())
+}
+
+pub struct EngineCatalog {
+    node: Arc<Node>,
+    zone: TimeZone,
+}
+
+impl EngineCatalog {
+    pub fn new(node: Arc<Node>) -> Self {
+        EngineCatalog { node, zone: TimeZone::system() }
+    }
+}
+
+impl Catalog for EngineCatalog {
+    fn list(&self) -> Vec<ExportListing> {
+        let mut listings = Vec::new();
+        for volume in self.node.volumes() {
+            listings.push(ExportListing {
+                name: volume.name().to_string(),
+                description: format!("live volume, writable; NAME@TIME opens it as of TIME"),
+            });
+            for bookmark in volume.bookmarks() {
+                listings.push(ExportListing {
+                    name: format!("{}@{}", volume.name(), bookmark.name),
+                    description: format!("read-only view at bookmark {} ({})", bookmark.name, DisplayTime(bookmark.timestamp)),
+                });
+            }
+        }
+        listings
+    }
+
+    fn open(&self, name: &str) -> Result<Arc<dyn Export>, OpenError> {
+        let (volume_name, time) = match name.split_once('@') {
+            Some((volume, time)) => (volume, Some(time)),
+            None => (name, None),
+        };
+        let volume = self.node.volume(volume_name).map_err(|error| {
+            let known: Vec<String> = self.node.volumes().iter().map(|volume| volume.name().to_string()).collect();
+            let message = if known.is_empty() {
+                format!("{error} (there are none yet: `rewind volume create NAME --size SIZE`)")
+            } else {
+                format!("{error}; exports here: {}, each also as NAME@TIME", known.join(", "))
+            };
+            OpenError { kind: OpenErrorKind::NotFound, message }
+        })?;
+        let Some(time) = time else { return Ok(Arc::new(VolumeExport { volume })) };
+        let at = volume
+            .parse_time(time, now(), &self.zone)
+            .map_err(|error| OpenError { kind: OpenErrorKind::BadName, message: error.to_string() })?;
+        Ok(Arc::new(ViewExport { view: volume.view(at) }))
+    }
+}
+
+fn block_sizes(volume: &Volume) -> BlockSizes {
+    // Requests need no alignment (partial blocks are read, patched and
+    // written whole), but whole, aligned blocks avoid that work.
+    BlockSizes { minimum: 1, preferred: volume.block_size().bytes().max(4096), maximum: crate::protocol::PAYLOAD_BYTES_MAX }
+}
+
+fn extents(statuses: Vec<rewind_engine::BlockStatus>) -> Vec<Extent> {
+    statuses.into_iter().map(|status| Extent { length: status.length, hole: !status.allocated, zero: status.zero }).collect()
+}
+
+struct VolumeExport {
+    volume: Arc<Volume>,
+}
+
+impl Export for VolumeExport {
+    fn size_bytes(&self) -> u64 {
+        self.volume.size_bytes()
+    }
+
+    fn block_sizes(&self) -> BlockSizes {
+        block_sizes(&self.volume)
+    }
+
+    fn is_read_only(&self) -> bool {
+        false
+    }
+
+    /// A flush commits the volume's whole journal, whichever connection wrote.
+    fn can_multi_conn(&self) -> bool {
+        true
+    }
+
+    /// Zeroing records one journal record per 64 Ki blocks and deallocates.
+    fn can_fast_zero(&self) -> bool {
+        true
+    }
+
+    fn description(&self) -> String {
+        format!("Rewind volume {}: every write kept; {}@TIME shows it as of TIME", self.volume.name(), self.volume.name())
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.volume.read(offset, buf).map_err(export_error)
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        let durability = if fua { Durability::Fua } else { Durability::Buffered };
+        self.volume.write(now(), offset, data, durability).map_err(export_error)
+    }
+
+    fn flush(&self) -> Result<(), ExportError> {
+        self.volume.flush().map_err(export_error)
+    }
+
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {
+        let durability = if fua { Durability::Fua } else { Durability::Buffered };
+        self.volume.zero(now(), offset, length, ZeroMode::Deallocate, durability).map_err(export_error)
+    }
+
+    fn write_zeroes(&self, offset: u64, length: u64, flags: ZeroFlags) -> Result<(), ExportError> {
+        if flags.fast && flags.no_hole {
+            // Allocated zeros are written out as data: not fast.
+            return Err(ExportError::new(ExportErrorKind::NotSupported, "allocated zeros are not fast"));
+        }
+        let mode = if flags.no_hole { ZeroMode::Allocate } else { ZeroMode::Deallocate };
+        let durability = if flags.fua { Durability::Fua } else { Durability::Buffered };
+        self.volume.zero(now(), offset, length, mode, durability).map_err(export_error)
+    }
+
+    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
+        self.volume.block_status(offset, length).map(extents).map_err(export_error)
+    }
+}
+
+struct ViewExport {
+    view: View,
+}
+
+impl ViewExport {
+    fn read_only() -> ExportError {
+        ExportError::new(ExportErrorKind::ReadOnly, "views are read-only; clone a volume to write to its past")
+    }
+}
+
+impl Export for ViewExport {
+    fn size_bytes(&self) -> u64 {
+        self.view.volume().size_bytes()
+    }
+
+    fn block_sizes(&self) -> BlockSizes {
+        block_sizes(self.view.volume())
+    }
+
+    fn is_read_only(&self) -> bool {
+        true
+    }
+
+    /// Nothing changes a view.
+    fn can_multi_conn(&self) -> bool {
+        true
+    }
+
+    fn can_fast_zero(&self) -> bool {
+        false
+    }
+
+    fn description(&self) -> String {
+        format!("Rewind volume {} as of {} (read-only)", self.view.volume().name(), DisplayTime(self.view.at()))
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.view.read(offset, buf).map_err(export_error)
+    }
+
+    fn write(&self, _offset: u64, _data: &[u8], _fua: bool) -> Result<(), ExportError> {
+        Err(ViewExport::read_only())
+    }
+
+    fn flush(&self) -> Result<(), ExportError> {
+        Ok(())
+    }
+
+    fn trim(&self, _offset: u64, _length: u64, _fua: bool) -> Result<(), ExportError> {
+        Err(ViewExport::read_only())
+    }
+
+    fn write_zeroes(&self, _offset: u64, _length: u64, _flags: ZeroFlags) -> Result<(), ExportError> {
+        Err(ViewExport::read_only())
+    }
+
+    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
+        self.view.block_status(offset, length).map(extents).map_err(export_error)
+    }
+}
