@@ -14,9 +14,7 @@ pub struct BTreeBaseline {
 impl BTreeBaseline {
     pub fn insert(&mut self, versions: &[Version]) {
         for version in versions {
-            let previous = self
-                .versions
-                .insert((version.block.0, version.timestamp.unix_nanos()), *version);
+            let previous = self.versions.insert((version.block.0, version.timestamp.unix_nanos()), *version);
             assert!(previous.is_none(), "one version per block and time");
         }
     }
@@ -27,10 +25,7 @@ impl BTreeBaseline {
 
     /// The newest version of `block` at or before `at`.
     pub fn find_le(&self, block: u64, at: Timestamp) -> Option<Version> {
-        let (&(found, _), version) = self
-            .versions
-            .range(..=(block, at.unix_nanos()))
-            .next_back()?;
+        let (&(found, _), version) = self.versions.range(..=(block, at.unix_nanos())).next_back()?;
         (found == block).then_some(*version)
     }
 }

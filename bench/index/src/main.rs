@@ -48,9 +48,7 @@ const ORACLE_CHECKS_MAX: u64 = 20_000;
 const PROBE_BYTES: u64 = 512 << 20;
 
 #[derive(Parser, Debug)]
-#[command(
-    about = "Version index microbenchmark: insert rate, find_le latency and memory at 10^6..10^8 versions"
-)]
+#[command(about = "Version index microbenchmark: insert rate, find_le latency and memory at 10^6..10^8 versions")]
 struct Args {
     /// Data directory on the disk under test; removed at start and end.
     #[arg(long, default_value = "/work/bench-data/index")]
@@ -91,9 +89,7 @@ fn parse_count(text: &str) -> Result<u64, String> {
     if let Ok(count) = text.parse::<u64>() {
         return Ok(count);
     }
-    let value: f64 = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not a count"))?;
+    let value: f64 = text.parse().map_err(|_| format!("{text:?} is not a count"))?;
     if value.fract() != 0.0 || !(0.0..=9e18).contains(&value) {
         return Err(format!("{text:?} is not a whole, non-negative count"));
     }
@@ -103,25 +99,12 @@ fn parse_count(text: &str) -> Result<u64, String> {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ensure!(!args.stages.is_empty(), "--stages is empty");
-    ensure!(
-        args.stages.windows(2).all(|pair| pair[0] < pair[1]),
-        "--stages must increase"
-    );
+    ensure!(args.stages.windows(2).all(|pair| pair[0] < pair[1]), "--stages must increase");
     ensure!(args.stages[0] > 0, "stages must be positive");
-    ensure!(
-        args.blocks >= workload::RECORD_BLOCKS_MAX,
-        "--blocks must be at least {}",
-        workload::RECORD_BLOCKS_MAX
-    );
-    ensure!(
-        args.lookups > 0 && args.lookups_now > 0,
-        "lookup counts must be positive"
-    );
+    ensure!(args.blocks >= workload::RECORD_BLOCKS_MAX, "--blocks must be at least {}", workload::RECORD_BLOCKS_MAX);
+    ensure!(args.lookups > 0 && args.lookups_now > 0, "lookup counts must be positive");
     let memtable_versions_max = usize::try_from(args.memtable_versions_max)?;
-    ensure!(
-        memtable_versions_max > 0,
-        "--memtable-versions-max must be positive"
-    );
+    ensure!(memtable_versions_max > 0, "--memtable-versions-max must be positive");
 
     let data_dir = DataDir::fresh(&args.dir)?;
     let start = Instant::now();
@@ -142,11 +125,7 @@ fn main() -> anyhow::Result<()> {
         IndexConfig::default(),
         PageCache::new(args.page_cache_bytes),
     )?;
-    let mut ingest = Ingest::new(
-        Workload::new(args.seed, args.blocks),
-        index,
-        memtable_versions_max,
-    );
+    let mut ingest = Ingest::new(Workload::new(args.seed, args.blocks), index, memtable_versions_max);
     let mut rng = SmallRng::seed_from_u64(args.seed ^ 0x6c6f_6f6b_7570); // "lookup"
     let mut stages = Vec::new();
     for &target in &args.stages {
@@ -176,9 +155,9 @@ fn main() -> anyhow::Result<()> {
         let cache_pages = ingest.index.page_cache().stats().pages;
         let disk = measure::disk_usage(&data_dir.path().join(INDEX_DIR))?;
         let cold = match ingest.timestamp_persisted {
-            Some(persisted) if args.lookups_cold > 0 => Some(cold_lookups(
-                &storage, &data_dir, &args, &mut rng, persisted,
-            )?),
+            Some(persisted) if args.lookups_cold > 0 => {
+                Some(cold_lookups(&storage, &data_dir, &args, &mut rng, persisted)?)
+            }
             _ => None,
         };
         let stage = StageReport {
@@ -241,9 +220,7 @@ impl DataDir {
         }
         fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;
         fs::write(path.join(MARKER_FILE), b"index-bench data directory\n")?;
-        Ok(DataDir {
-            path: path.to_path_buf(),
-        })
+        Ok(DataDir { path: path.to_path_buf() })
     }
 
     fn path(&self) -> &Path {
@@ -352,12 +329,7 @@ impl Ingest {
 
     /// What `Volume::after_write` and `Volume::maintain` do once the memtable
     /// is full, with every record durable.
-    fn maintain(
-        &mut self,
-        lsn: Lsn,
-        timestamp: Timestamp,
-        grown: &mut Grown,
-    ) -> anyhow::Result<()> {
+    fn maintain(&mut self, lsn: Lsn, timestamp: Timestamp, grown: &mut Grown) -> anyhow::Result<()> {
         let start = Instant::now();
         self.index.seal();
         let sealed = Instant::now();
@@ -369,54 +341,33 @@ impl Ingest {
         while self.index.compact()? {
             let merged = Instant::now();
             grown.merges += 1;
-            grown.seconds_merge_max = grown
-                .seconds_merge_max
-                .max((merged - merge_start).as_secs_f64());
+            grown.seconds_merge_max = grown.seconds_merge_max.max((merged - merge_start).as_secs_f64());
             merge_start = merged;
         }
         let compacted = Instant::now();
         let io_compacted = measure::io_counters();
         grown.seconds_seal += (sealed - start).as_secs_f64();
         grown.seconds_persist += (persisted - sealed).as_secs_f64();
-        grown.seconds_persist_max = grown
-            .seconds_persist_max
-            .max((persisted - sealed).as_secs_f64());
+        grown.seconds_persist_max = grown.seconds_persist_max.max((persisted - sealed).as_secs_f64());
         grown.seconds_compact += (compacted - persisted).as_secs_f64();
         grown.io_persist = add(grown.io_persist, io_persisted.since(io_before));
         grown.io_compact = add(grown.io_compact, io_compacted.since(io_persisted));
-        assert_eq!(
-            self.index.lsn_indexed(),
-            lsn,
-            "every sealed record is in the runs"
-        );
+        assert_eq!(self.index.lsn_indexed(), lsn, "every sealed record is in the runs");
         self.timestamp_persisted = Some(timestamp);
         Ok(())
     }
 
     /// Random blocks at random times over the whole history so far.
-    fn lookups_history(
-        &self,
-        rng: &mut SmallRng,
-        count: u64,
-        block_count: u64,
-    ) -> anyhow::Result<Lookups> {
-        let now = self
-            .workload
-            .timestamp_last()
-            .expect("stages are not empty");
-        let probes = (0..count)
-            .map(|_| random_probe(rng, block_count, now))
-            .collect();
+    fn lookups_history(&self, rng: &mut SmallRng, count: u64, block_count: u64) -> anyhow::Result<Lookups> {
+        let now = self.workload.timestamp_last().expect("stages are not empty");
+        let probes = (0..count).map(|_| random_probe(rng, block_count, now)).collect();
         lookups(&self.index, probes)
     }
 
     /// Blocks of the last few thousand records, at the newest time: the
     /// common read of a live volume that misses the engine's overlay.
     fn lookups_now(&self, rng: &mut SmallRng, count: u64) -> anyhow::Result<Lookups> {
-        let now = self
-            .workload
-            .timestamp_last()
-            .expect("stages are not empty");
+        let now = self.workload.timestamp_last().expect("stages are not empty");
         let probes = (0..count)
             .map(|_| {
                 let extent = self.recent[rng.random_range(0..self.recent.len())];
@@ -441,11 +392,7 @@ fn add(a: IoCounters, b: IoCounters) -> IoCounters {
 
 fn random_probe(rng: &mut SmallRng, block_count: u64, until: Timestamp) -> Probe {
     let at = rng.random_range(TIMESTAMP_FIRST.unix_nanos()..=until.unix_nanos());
-    Probe {
-        block: rng.random_range(0..block_count),
-        at: Timestamp::from_unix_nanos(at),
-        written_at: None,
-    }
+    Probe { block: rng.random_range(0..block_count), at: Timestamp::from_unix_nanos(at), written_at: None }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -492,10 +439,7 @@ fn lookups(index: &VersionIndex, probes: Vec<Probe>) -> anyhow::Result<Lookups> 
         }
         if let Some(written_at) = probe.written_at {
             let version = answer.unwrap_or_else(|| panic!("{probe:?} was written but not found"));
-            assert!(
-                version.timestamp >= written_at,
-                "{probe:?} found an older {version:?}"
-            );
+            assert!(version.timestamp >= written_at, "{probe:?} found an older {version:?}");
         }
     }
     Ok(Lookups {
@@ -527,9 +471,7 @@ fn cold_lookups(
         PageCache::new(args.page_cache_bytes),
     )?;
     let open_seconds = start.elapsed().as_secs_f64();
-    let probes = (0..args.lookups_cold)
-        .map(|_| random_probe(rng, args.blocks, persisted))
-        .collect();
+    let probes = (0..args.lookups_cold).map(|_| random_probe(rng, args.blocks, persisted)).collect();
     let mut measured = lookups(&cold, probes)?;
     measured.open_seconds = open_seconds;
     Ok((measured, cache_drop))
@@ -561,10 +503,7 @@ fn run_baseline(
     let mut versions = Vec::new();
     let rss_before = measure::resident()?.rss_bytes;
     let mut version_count = 0u64;
-    for stage in stages
-        .iter_mut()
-        .filter(|stage| stage.target <= args.baseline_versions_max)
-    {
+    for stage in stages.iter_mut().filter(|stage| stage.target <= args.baseline_versions_max) {
         let start = Instant::now();
         while version_count < stage.target {
             workload.next_record(&mut versions);
@@ -573,14 +512,9 @@ fn run_baseline(
         }
         let seconds_insert = start.elapsed().as_secs_f64();
         assert_eq!(baseline.len() as u64, version_count);
-        assert_eq!(
-            version_count, stage.version_count,
-            "the same records as the index"
-        );
+        assert_eq!(version_count, stage.version_count, "the same records as the index");
         let now = workload.timestamp_last().expect("stages are not empty");
-        let probes: Vec<Probe> = (0..args.lookups)
-            .map(|_| random_probe(&mut rng, args.blocks, now))
-            .collect();
+        let probes: Vec<Probe> = (0..args.lookups).map(|_| random_probe(&mut rng, args.blocks, now)).collect();
         let mut samples_ns = Vec::with_capacity(probes.len());
         let mut found = 0;
         for probe in &probes {
@@ -597,18 +531,9 @@ fn run_baseline(
             oracle_checks += 1;
         }
         let rss_growth_bytes = measure::resident()?.rss_bytes.saturating_sub(rss_before);
-        let history = Lookups {
-            latency: Latency::of(samples_ns),
-            found,
-            ..Lookups::default()
-        };
-        stage.baseline = Some(BaselineStage {
-            version_count,
-            seconds_insert,
-            history,
-            rss_growth_bytes,
-            oracle_checks,
-        });
+        let history = Lookups { latency: Latency::of(samples_ns), found, ..Lookups::default() };
+        stage.baseline =
+            Some(BaselineStage { version_count, seconds_insert, history, rss_growth_bytes, oracle_checks });
         out.progress(&format!(
             "baseline BTreeMap at {} versions: {}/s insert, find_le p50 {} p99 {}, RSS +{}; index agreed on {oracle_checks} lookups",
             report::count(version_count),

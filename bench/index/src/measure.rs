@@ -27,9 +27,7 @@ impl Latency {
         }
         samples_ns.sort_unstable();
         let count = samples_ns.len();
-        let at = |quantile: f64| {
-            samples_ns[((quantile * count as f64).ceil() as usize).clamp(1, count) - 1]
-        };
+        let at = |quantile: f64| samples_ns[((quantile * count as f64).ceil() as usize).clamp(1, count) - 1];
         Latency {
             count: count as u64,
             ns_mean: samples_ns.iter().sum::<u64>() / count as u64,
@@ -67,17 +65,10 @@ pub fn resident() -> anyhow::Result<Resident> {
             .lines()
             .find(|line| line.starts_with(name))
             .with_context(|| format!("no {name} in /proc/self/status"))?;
-        let kib: u64 = line[name.len()..]
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()?;
+        let kib: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse()?;
         Ok(kib * 1024)
     };
-    Ok(Resident {
-        rss_bytes: field("VmRSS:")?,
-        hwm_bytes: field("VmHWM:")?,
-    })
+    Ok(Resident { rss_bytes: field("VmRSS:")?, hwm_bytes: field("VmHWM:")? })
 }
 
 /// Bytes this process passed to read and write system calls
@@ -106,16 +97,9 @@ pub fn io_counters() -> IoCounters {
         return IoCounters::default();
     };
     let field = |name: &str| {
-        text.lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|rest| rest.trim().parse().ok())
-            .unwrap_or(0)
+        text.lines().find_map(|line| line.strip_prefix(name)).and_then(|rest| rest.trim().parse().ok()).unwrap_or(0)
     };
-    IoCounters {
-        read_bytes: field("rchar:"),
-        written_bytes: field("wchar:"),
-        device_read_bytes: field("read_bytes:"),
-    }
+    IoCounters { read_bytes: field("rchar:"), written_bytes: field("wchar:"), device_read_bytes: field("read_bytes:") }
 }
 
 /// Resets VmHWM to the current RSS (`echo 5 > /proc/self/clear_refs`), so
@@ -167,23 +151,15 @@ pub enum CacheDrop {
     DropCaches,
     /// It did not (the reason is kept); `posix_fadvise(DONTNEED)` on each file
     /// below the index directory was used instead.
-    Fadvise {
-        drop_caches_error: String,
-        files: u64,
-    },
+    Fadvise { drop_caches_error: String, files: u64 },
 }
 
 impl CacheDrop {
     pub fn describe(&self) -> String {
         match self {
             CacheDrop::DropCaches => "drop_caches=1 ok".to_owned(),
-            CacheDrop::Fadvise {
-                drop_caches_error,
-                files,
-            } => {
-                format!(
-                    "drop_caches failed ({drop_caches_error}); fadvise DONTNEED on {files} files"
-                )
+            CacheDrop::Fadvise { drop_caches_error, files } => {
+                format!("drop_caches failed ({drop_caches_error}); fadvise DONTNEED on {files} files")
             }
         }
     }
@@ -193,10 +169,8 @@ impl CacheDrop {
 /// process can.
 pub fn drop_os_cache(dir: &Path) -> anyhow::Result<CacheDrop> {
     rustix::fs::sync();
-    let attempt = fs::OpenOptions::new()
-        .write(true)
-        .open("/proc/sys/vm/drop_caches")
-        .and_then(|mut file| file.write_all(b"1\n"));
+    let attempt =
+        fs::OpenOptions::new().write(true).open("/proc/sys/vm/drop_caches").and_then(|mut file| file.write_all(b"1\n"));
     let drop_caches_error = match attempt {
         Ok(()) => return Ok(CacheDrop::DropCaches),
         Err(error) => error.to_string(),
@@ -210,10 +184,7 @@ pub fn drop_os_cache(dir: &Path) -> anyhow::Result<CacheDrop> {
             files += 1;
         }
     }
-    Ok(CacheDrop::Fadvise {
-        drop_caches_error,
-        files,
-    })
+    Ok(CacheDrop::Fadvise { drop_caches_error, files })
 }
 
 /// Sequential write bandwidth of the disk under `dir`, for the bound: writes
@@ -221,14 +192,9 @@ pub fn drop_os_cache(dir: &Path) -> anyhow::Result<CacheDrop> {
 pub fn disk_write_bytes_per_second(dir: &Path, size_bytes: u64) -> anyhow::Result<f64> {
     const CHUNK_BYTES: u64 = 1 << 20;
     let path = dir.join("bandwidth-probe");
-    let file = fs::OpenOptions::new()
-        .create_new(true)
-        .write(true)
-        .open(&path)?;
+    let file = fs::OpenOptions::new().create_new(true).write(true).open(&path)?;
     // Not zeros: some layers compress or deduplicate them.
-    let chunk: Vec<u8> = (0..CHUNK_BYTES)
-        .map(|index| ((index * 2_654_435_761) >> 13) as u8)
-        .collect();
+    let chunk: Vec<u8> = (0..CHUNK_BYTES).map(|index| ((index * 2_654_435_761) >> 13) as u8).collect();
     let start = Instant::now();
     let mut offset = 0;
     while offset < size_bytes {

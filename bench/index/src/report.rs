@@ -253,15 +253,11 @@ fn table(stages: &[StageReport]) -> String {
     };
     let section = "";
     row("stage (versions)", &|s| count(s.target));
-    row("versions / records", &|s| {
-        format!("{} / {}", count(s.version_count), count(s.record_count))
-    });
+    row("versions / records", &|s| format!("{} / {}", count(s.version_count), count(s.record_count)));
     row(section, &|_| String::new());
     row("INGEST (this stage)", &|_| String::new());
     row("wall", &|s| format!("{:.2} s", s.grown.seconds_total));
-    row("insert rate (all work)", &|s| {
-        format!("{}/s", count_f(s.grown.versions_per_second()))
-    });
+    row("insert rate (all work)", &|s| format!("{}/s", count_f(s.grown.versions_per_second())));
     row("  insert() + generation", &|s| {
         format!(
             "{:.2} s ({}/s)",
@@ -270,95 +266,43 @@ fn table(stages: &[StageReport]) -> String {
         )
     });
     row("  seal()", &|s| format!("{:.3} s", s.grown.seconds_seal));
-    row("  persist()", &|s| {
-        format!(
-            "{:.2} s, {} runs",
-            s.grown.seconds_persist, s.grown.runs_written
-        )
-    });
-    row("  compact()", &|s| {
-        format!(
-            "{:.2} s, {} merges",
-            s.grown.seconds_compact, s.grown.merges
-        )
-    });
+    row("  persist()", &|s| format!("{:.2} s, {} runs", s.grown.seconds_persist, s.grown.runs_written));
+    row("  compact()", &|s| format!("{:.2} s, {} merges", s.grown.seconds_compact, s.grown.merges));
     row("  longest persist() / merge", &|s| {
-        format!(
-            "{:.3} s / {:.2} s",
-            s.grown.seconds_persist_max, s.grown.seconds_merge_max
-        )
+        format!("{:.3} s / {:.2} s", s.grown.seconds_persist_max, s.grown.seconds_merge_max)
     });
-    row("written by persist", &|s| {
-        bytes(s.grown.io_persist.written_bytes)
-    });
+    row("written by persist", &|s| bytes(s.grown.io_persist.written_bytes));
     row("written / read by merges", &|s| {
-        format!(
-            "{} / {}",
-            bytes(s.grown.io_compact.written_bytes),
-            bytes(s.grown.io_compact.read_bytes)
-        )
+        format!("{} / {}", bytes(s.grown.io_compact.written_bytes), bytes(s.grown.io_compact.read_bytes))
     });
-    row("bytes written per version", &|s| {
-        format!("{:.1} B", s.bytes_written_per_version())
-    });
-    row("write amplification (cumul.)", &|s| {
-        format!("{:.2}x of 32 B", s.write_amplification_total())
-    });
+    row("bytes written per version", &|s| format!("{:.1} B", s.bytes_written_per_version()));
+    row("write amplification (cumul.)", &|s| format!("{:.2}x of 32 B", s.write_amplification_total()));
     row("disk-bound insert rate", &|s| {
-        s.versions_per_second_disk_bound()
-            .map_or("-".to_owned(), |bound| {
-                format!(
-                    "{}/s (at {})",
-                    count_f(bound),
-                    percent(s.grown.versions_per_second() / bound)
-                )
-            })
+        s.versions_per_second_disk_bound().map_or("-".to_owned(), |bound| {
+            format!("{}/s (at {})", count_f(bound), percent(s.grown.versions_per_second() / bound))
+        })
     });
     row(section, &|_| String::new());
-    lookup_rows(&mut row, "FIND_LE, random block & time, warm", &|s| {
-        Some(s.history)
-    });
-    row("  found", &|s| {
-        percent(s.history.found as f64 / s.history.latency.count as f64)
-    });
+    lookup_rows(&mut row, "FIND_LE, random block & time, warm", &|s| Some(s.history));
+    row("  found", &|s| percent(s.history.found as f64 / s.history.latency.count as f64));
     lookup_rows(&mut row, "FIND_LE, recent block at now", &|s| Some(s.now));
-    lookup_rows(
-        &mut row,
-        "FIND_LE, cold (reopened, OS cache dropped)",
-        &|s| s.cold.as_ref().map(|(cold, _)| *cold),
-    );
-    row("  OS cache drop", &|s| {
-        s.cold
-            .as_ref()
-            .map_or("-".to_owned(), |(_, drop)| drop.describe())
-    });
+    lookup_rows(&mut row, "FIND_LE, cold (reopened, OS cache dropped)", &|s| s.cold.as_ref().map(|(cold, _)| *cold));
+    row("  OS cache drop", &|s| s.cold.as_ref().map_or("-".to_owned(), |(_, drop)| drop.describe()));
     row("  open()", &|s| {
-        s.cold.as_ref().map_or("-".to_owned(), |(cold, _)| {
-            format!("{:.1} ms", cold.open_seconds * 1e3)
-        })
+        s.cold.as_ref().map_or("-".to_owned(), |(cold, _)| format!("{:.1} ms", cold.open_seconds * 1e3))
     });
     row(section, &|_| String::new());
     row("MEMORY (end of stage)", &|_| String::new());
     row("VmRSS / VmHWM (this stage)", &|s| {
         let peak = if s.peak_reset { "" } else { " (since start)" };
-        format!(
-            "{} / {}{peak}",
-            bytes(s.resident.rss_bytes),
-            bytes(s.resident.hwm_bytes)
-        )
+        format!("{} / {}{peak}", bytes(s.resident.rss_bytes), bytes(s.resident.hwm_bytes))
     });
     row("index memory_bytes", &|s| bytes(s.index_stats.memory_bytes));
     row("versions in memory / runs", &|s| {
-        format!(
-            "{} / {}",
-            count(s.index_stats.versions_in_memory),
-            count(s.index_stats.versions_in_runs)
-        )
+        format!("{} / {}", count(s.index_stats.versions_in_memory), count(s.index_stats.versions_in_runs))
     });
     row("runs", &|s| s.index_stats.run_count.to_string());
-    row("page cache pages", &|s| {
-        format!("{} ({})", count(s.cache_pages), bytes(s.cache_pages * 4096))
-    });
+    row("page cache pages", &|s| format!("{} ({})", count(s.cache_pages), bytes(s.cache_pages * 4096)));
     row("on disk (allocated)", &|s| {
         format!(
             "{} in {} files, {:.1} B/version",
@@ -374,11 +318,7 @@ fn table(stages: &[StageReport]) -> String {
             "insert rate (index/baseline)",
             &baseline_cell(&|s, b| {
                 let rate = b.version_count as f64 / b.seconds_insert;
-                format!(
-                    "{}/s ({})",
-                    count_f(rate),
-                    ratio(s.grown.versions_per_second(), rate)
-                )
+                format!("{}/s ({})", count_f(rate), ratio(s.grown.versions_per_second(), rate))
             }),
         );
         row(
@@ -387,10 +327,7 @@ fn table(stages: &[StageReport]) -> String {
                 format!(
                     "{} ({})",
                     micros(b.history.latency.ns_p50),
-                    ratio(
-                        s.history.latency.ns_p50 as f64,
-                        b.history.latency.ns_p50 as f64
-                    )
+                    ratio(s.history.latency.ns_p50 as f64, b.history.latency.ns_p50 as f64)
                 )
             }),
         );
@@ -400,10 +337,7 @@ fn table(stages: &[StageReport]) -> String {
                 format!(
                     "{} ({})",
                     micros(b.history.latency.ns_p99),
-                    ratio(
-                        s.history.latency.ns_p99 as f64,
-                        b.history.latency.ns_p99 as f64
-                    )
+                    ratio(s.history.latency.ns_p99 as f64, b.history.latency.ns_p99 as f64)
                 )
             }),
         );
@@ -413,10 +347,7 @@ fn table(stages: &[StageReport]) -> String {
                 format!(
                     "{} ({})",
                     micros(b.history.latency.ns_max),
-                    ratio(
-                        s.history.latency.ns_max as f64,
-                        b.history.latency.ns_max as f64
-                    )
+                    ratio(s.history.latency.ns_max as f64, b.history.latency.ns_max as f64)
                 )
             }),
         );
@@ -431,23 +362,11 @@ fn table(stages: &[StageReport]) -> String {
                 )
             }),
         );
-        row(
-            "index == baseline answers",
-            &baseline_cell(&|_, b| format!("{} lookups", count(b.oracle_checks))),
-        );
+        row("index == baseline answers", &baseline_cell(&|_, b| format!("{} lookups", count(b.oracle_checks))));
     }
-    let label_width = rows
-        .iter()
-        .map(|(label, _)| label.chars().count())
-        .max()
-        .unwrap_or(0);
+    let label_width = rows.iter().map(|(label, _)| label.chars().count()).max().unwrap_or(0);
     let widths: Vec<usize> = (0..stages.len())
-        .map(|column| {
-            rows.iter()
-                .map(|(_, cells)| cells[column].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
+        .map(|column| rows.iter().map(|(_, cells)| cells[column].chars().count()).max().unwrap_or(0))
         .collect();
     let mut text = String::new();
     for (label, cells) in &rows {
@@ -461,9 +380,7 @@ fn table(stages: &[StageReport]) -> String {
     text
 }
 
-fn baseline_cell<'a>(
-    cell: &'a dyn Fn(&StageReport, &BaselineStage) -> String,
-) -> impl Fn(&StageReport) -> String + 'a {
+fn baseline_cell<'a>(cell: &'a dyn Fn(&StageReport, &BaselineStage) -> String) -> impl Fn(&StageReport) -> String + 'a {
     move |s| s.baseline.as_ref().map_or("-".to_owned(), |b| cell(s, b))
 }
 
@@ -486,48 +403,16 @@ fn lookup_rows(
     row(title, &|_| String::new());
     let cell = |format| lookup_cell(pick, format);
     row("  lookups", &cell(&|l| count(l.latency.count)));
-    row(
-        "  p50 / p99",
-        &cell(&|l| {
-            format!(
-                "{} / {}",
-                micros(l.latency.ns_p50),
-                micros(l.latency.ns_p99)
-            )
-        }),
-    );
-    row(
-        "  p99.9 / max",
-        &cell(&|l| {
-            format!(
-                "{} / {}",
-                micros(l.latency.ns_p999),
-                micros(l.latency.ns_max)
-            )
-        }),
-    );
+    row("  p50 / p99", &cell(&|l| format!("{} / {}", micros(l.latency.ns_p50), micros(l.latency.ns_p99))));
+    row("  p99.9 / max", &cell(&|l| format!("{} / {}", micros(l.latency.ns_p999), micros(l.latency.ns_max))));
     row("  mean", &cell(&|l| micros(l.latency.ns_mean)));
     row(
         "  index pages read / lookup",
-        &cell(&|l| {
-            format!(
-                "{:.2}",
-                (l.cache_hits + l.cache_misses) as f64 / l.latency.count as f64
-            )
-        }),
+        &cell(&|l| format!("{:.2}", (l.cache_hits + l.cache_misses) as f64 / l.latency.count as f64)),
     );
     row(
         "  page cache misses",
-        &cell(&|l| {
-            format!(
-                "{} ({:.2}/lookup)",
-                count(l.cache_misses),
-                l.cache_misses as f64 / l.latency.count as f64
-            )
-        }),
+        &cell(&|l| format!("{} ({:.2}/lookup)", count(l.cache_misses), l.cache_misses as f64 / l.latency.count as f64)),
     );
-    row(
-        "  read from the device (OS miss)",
-        &cell(&|l| bytes(l.device_read_bytes)),
-    );
+    row("  read from the device (OS miss)", &cell(&|l| bytes(l.device_read_bytes)));
 }

@@ -7,8 +7,7 @@ use rand::{Rng, SeedableRng};
 use rewind_types::{BlockIndex, Lsn, Timestamp, Version, VersionData};
 
 /// 2023-11-14T22:13:20Z: any realistic wall-clock start will do.
-pub const TIMESTAMP_FIRST: Timestamp =
-    Timestamp::from_unix_nanos(1_700_000_000 * Timestamp::NANOS_PER_SECOND);
+pub const TIMESTAMP_FIRST: Timestamp = Timestamp::from_unix_nanos(1_700_000_000 * Timestamp::NANOS_PER_SECOND);
 /// Records arrive 1 µs apart (a busy volume; the index only needs them ordered).
 pub const RECORD_INTERVAL_NANOS: u64 = 1_000;
 pub const BLOCK_BYTES: u64 = 4096;
@@ -38,10 +37,7 @@ pub struct RecordExtent {
 
 impl Workload {
     pub fn new(seed: u64, block_count: u64) -> Workload {
-        assert!(
-            block_count >= RECORD_BLOCKS_MAX,
-            "the volume holds the largest record"
-        );
+        assert!(block_count >= RECORD_BLOCKS_MAX, "the volume holds the largest record");
         Workload {
             rng: SmallRng::seed_from_u64(seed),
             block_count,
@@ -75,8 +71,7 @@ impl Workload {
                 block: BlockIndex(block_first + index),
                 timestamp,
                 data: VersionData::Journal {
-                    segment: u32::try_from(location / SEGMENT_BYTES)
-                        .expect("fewer than 4G segments"),
+                    segment: u32::try_from(location / SEGMENT_BYTES).expect("fewer than 4G segments"),
                     offset: (location % SEGMENT_BYTES) as u32,
                 },
                 crc32c: self.rng.random(),
@@ -86,14 +81,7 @@ impl Workload {
         self.journal_bytes += block_count * BLOCK_BYTES;
         self.lsn_last = lsn;
         self.timestamp_last = Some(timestamp);
-        (
-            lsn,
-            RecordExtent {
-                block_first,
-                block_count,
-                timestamp,
-            },
-        )
+        (lsn, RecordExtent { block_first, block_count, timestamp })
     }
 }
 
@@ -114,9 +102,7 @@ mod tests {
             assert!((1..=RECORD_BLOCKS_MAX).contains(&extent.block_count));
             assert!(extent.block_first + extent.block_count <= 64);
             assert!(timestamp_previous < Some(extent.timestamp));
-            assert!(a
-                .iter()
-                .all(|version| version.timestamp == extent.timestamp));
+            assert!(a.iter().all(|version| version.timestamp == extent.timestamp));
             timestamp_previous = Some(extent.timestamp);
         }
     }

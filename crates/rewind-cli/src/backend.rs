@@ -302,6 +302,11 @@ impl Backend for LocalBackend {
     fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo> {
         let volume = self.node.volume(name)?;
         let at = volume.parse_time(at, now(), &TimeZone::system())?;
-        Ok(ViewInfo { volume: name.to_owned(), at: time(at), at_unix_nanos: at.unix_nanos(), export: view_export(name, at) })
+        Ok(ViewInfo {
+            volume: name.to_owned(),
+            at: time(at),
+            at_unix_nanos: at.unix_nanos(),
+            export: view_export(name, at),
+        })
     }
 }

@@ -166,9 +166,10 @@ fn parse_bytes(text: &str, what: &str) -> Result<u64> {
 
 fn parse_block_size(text: &str) -> Result<u32> {
     let bytes = parse_bytes(text, "block size")?;
-    u32::try_from(bytes).ok().filter(|bytes| bytes.is_power_of_two() && (512..=65536).contains(bytes)).with_context(
-        || format!("block size {text} must be a power of two from 512 B to 64 KiB"),
-    )
+    u32::try_from(bytes)
+        .ok()
+        .filter(|bytes| bytes.is_power_of_two() && (512..=65536).contains(bytes))
+        .with_context(|| format!("block size {text} must be a power of two from 512 B to 64 KiB"))
 }
 
 fn main() -> ExitCode {

@@ -68,18 +68,37 @@ pub fn volume_detail(detail: &VolumeDetail) {
     let info = &detail.info;
     let stats = &detail.stats;
     println!("volume          {}", info.name);
-    println!("size            {} ({} bytes), {} blocks", HumanBytes(info.size_bytes), info.size_bytes, HumanBytes(u64::from(info.block_size)));
+    println!(
+        "size            {} ({} bytes), {} blocks",
+        HumanBytes(info.size_bytes),
+        info.size_bytes,
+        HumanBytes(u64::from(info.block_size))
+    );
     println!("layout          {}", info.layout);
     println!("protected since {}", info.created);
     println!("last write      {}", info.last_write.as_deref().unwrap_or("never"));
     println!("bookmarks       {}", info.bookmark_count);
-    println!("state           {}", if info.poisoned { "POISONED (a write or fsync failed): restart the server" } else { "ok" });
+    println!(
+        "state           {}",
+        if info.poisoned { "POISONED (a write or fsync failed): restart the server" } else { "ok" }
+    );
     println!("writes          {} ({})", stats.writes, HumanBytes(stats.write_bytes));
     println!("zeroings        {} ({})", stats.zeroes, HumanBytes(stats.zero_bytes));
     println!("reads           {} ({})", stats.reads, HumanBytes(stats.read_bytes));
     println!("flushes         {}", stats.flushes);
-    println!("versions        {} ({} in memory, {} index runs, {} index memory)", stats.versions, stats.versions_in_memory, stats.index_runs, HumanBytes(stats.index_memory_bytes));
-    println!("journal         {} (LSN {} written, {} durable)", HumanBytes(stats.journal_bytes), stats.lsn_last, stats.lsn_durable);
+    println!(
+        "versions        {} ({} in memory, {} index runs, {} index memory)",
+        stats.versions,
+        stats.versions_in_memory,
+        stats.index_runs,
+        HumanBytes(stats.index_memory_bytes)
+    );
+    println!(
+        "journal         {} (LSN {} written, {} durable)",
+        HumanBytes(stats.journal_bytes),
+        stats.lsn_last,
+        stats.lsn_durable
+    );
     println!("export          {} (and {}@TIME)", info.export, info.export);
 }
 
@@ -88,8 +107,10 @@ pub fn bookmarks(bookmarks: &[BookmarkInfo]) {
         println!("no bookmarks; add one with `rewind bookmark VOLUME NAME`");
         return;
     }
-    let rows: Vec<Vec<String>> =
-        bookmarks.iter().map(|bookmark| vec![bookmark.name.clone(), bookmark.at.clone(), bookmark.export.clone()]).collect();
+    let rows: Vec<Vec<String>> = bookmarks
+        .iter()
+        .map(|bookmark| vec![bookmark.name.clone(), bookmark.at.clone(), bookmark.export.clone()])
+        .collect();
     table(&["NAME", "TIME", "EXPORT"], &rows);
 }
 
@@ -134,7 +155,10 @@ pub fn auto_bucket(timeline: &Timeline) -> u64 {
 }
 
 fn bucket_name(seconds: u64) -> String {
-    BUCKETS.iter().find(|&&(size, _)| size == seconds).map_or_else(|| format!("{}m", seconds / 60), |(_, name)| (*name).to_owned())
+    BUCKETS
+        .iter()
+        .find(|&&(size, _)| size == seconds)
+        .map_or_else(|| format!("{}m", seconds / 60), |(_, name)| (*name).to_owned())
 }
 
 pub fn timeline(timeline: &Timeline) {
@@ -146,7 +170,10 @@ pub fn timeline(timeline: &Timeline) {
     if timeline.buckets.is_empty() && timeline.bookmarks.is_empty() {
         return;
     }
-    println!("\nwrites per {} (█ = bytes written, ░ = bytes zeroed), bookmarks marked ◆\n", bucket_name(timeline.bucket_seconds));
+    println!(
+        "\nwrites per {} (█ = bytes written, ░ = bytes zeroed), bookmarks marked ◆\n",
+        bucket_name(timeline.bucket_seconds)
+    );
     let widest = timeline.buckets.iter().map(|bucket| bucket.write_bytes + bucket.zero_bytes).max().unwrap_or(0).max(1);
     const BAR: u64 = 40;
     let mut bookmarks = timeline.bookmarks.iter().peekable();

@@ -66,7 +66,9 @@ impl CurrentStore {
     ) -> Result<Result<(), u64>, EngineError> {
         self.check_range(first, count);
         let mut bytes = vec![0u8; count as usize * BLOCK_META_BYTES];
-        self.meta.read_exact_at(&mut bytes, first.0 * BLOCK_META_BYTES as u64).map_err(EngineError::io(&self.meta_path))?;
+        self.meta
+            .read_exact_at(&mut bytes, first.0 * BLOCK_META_BYTES as u64)
+            .map_err(EngineError::io(&self.meta_path))?;
         out.clear();
         for (index, entry) in bytes.chunks_exact(BLOCK_META_BYTES).enumerate() {
             match BlockMeta::decode(entry) {

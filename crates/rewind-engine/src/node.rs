@@ -101,7 +101,7 @@ impl Node {
 
     pub fn create_volume(&self, spec: VolumeSpec, now: Timestamp) -> Result<Arc<Volume>, EngineError> {
         let block_bytes = u64::from(spec.block_size.bytes());
-        if spec.size_bytes == 0 || spec.size_bytes % block_bytes != 0 || spec.size_bytes > VOLUME_BYTES_MAX {
+        if spec.size_bytes == 0 || !spec.size_bytes.is_multiple_of(block_bytes) || spec.size_bytes > VOLUME_BYTES_MAX {
             return Err(EngineError::InvalidArgument(format!(
                 "a volume's size must be a positive multiple of its block size ({block_bytes} bytes) \
                  and at most {VOLUME_BYTES_MAX} bytes; {} is not",

@@ -126,7 +126,13 @@ impl Volume {
         self.read_with(None, Overlay::Held(state), offset, buf)
     }
 
-    fn read_with(&self, at: Option<Timestamp>, overlay: Overlay<'_>, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+    fn read_with(
+        &self,
+        at: Option<Timestamp>,
+        overlay: Overlay<'_>,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), EngineError> {
         self.check_open()?;
         self.check_range(offset, buf.len() as u64)?;
         if buf.is_empty() {
@@ -137,7 +143,7 @@ impl Volume {
         let first = block_size.block_of(offset);
         let end = offset + buf.len() as u64;
         let count = end.div_ceil(block_bytes) - first.0;
-        let aligned = offset % block_bytes == 0 && end % block_bytes == 0;
+        let aligned = offset.is_multiple_of(block_bytes) && end.is_multiple_of(block_bytes);
         let mut scratch = Vec::new();
         let target: &mut [u8] = if aligned {
             buf
@@ -250,7 +256,9 @@ impl Volume {
         }
         let newest_pending = |state: &WriteState| -> Vec<Option<Version>> {
             (first.0..first.0 + count)
-                .map(|block| state.overlay.get(&block).and_then(|pending| pending.last()).map(|pending| pending.version))
+                .map(|block| {
+                    state.overlay.get(&block).and_then(|pending| pending.last()).map(|pending| pending.version)
+                })
                 .collect()
         };
         let pending = match overlay {

@@ -166,16 +166,14 @@ impl Volume {
     ) -> Result<Arc<Volume>, EngineError> {
         storage.create_dir_all(dir).map_err(EngineError::io(dir))?;
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
-        let journal = Journal::create(Arc::clone(&storage), &format!("{dir}/journal"), meta.block_size, config.journal)?;
+        let journal =
+            Journal::create(Arc::clone(&storage), &format!("{dir}/journal"), meta.block_size, config.journal)?;
         let index = VersionIndex::create(Arc::clone(&storage), &format!("{dir}/index"), config.index, cache)?;
         let current = CurrentStore::open(&*storage, dir, meta.block_size, block_count, OpenMode::CreateNew)?;
         current.sync()?;
         let history = History::create(&*storage, dir)?;
-        let checkpoint = Checkpoint {
-            lsn: Lsn::ZERO,
-            replay_from: journal.position_next(),
-            timestamp_last: meta.created,
-        };
+        let checkpoint =
+            Checkpoint { lsn: Lsn::ZERO, replay_from: journal.position_next(), timestamp_last: meta.created };
         write_checkpoint(&*storage, dir, &checkpoint)?;
         // Written last: a directory without it is an unfinished creation.
         let path = format!("{dir}/volume.meta");
@@ -276,7 +274,7 @@ impl Volume {
         let mut timeline = BTreeMap::new();
         let mut versions = Vec::new();
         let mut metas = Vec::new();
-        while let Some(record) = recovery.next()? {
+        while let Some(record) = recovery.next_record()? {
             let header = record.header;
             let first = header.block_first;
             if first.0 + u64::from(header.block_count) > block_count {
@@ -291,7 +289,11 @@ impl Volume {
                 let (data, crc32c, state) = match header.kind {
                     RecordKind::Write => {
                         let offset = record.data_offset() + index * meta.block_size.bytes();
-                        (VersionData::Journal { segment: record.segment, offset }, record.block_crc(index), BlockState::Data)
+                        (
+                            VersionData::Journal { segment: record.segment, offset },
+                            record.block_crc(index),
+                            BlockState::Data,
+                        )
                     }
                     RecordKind::Zero => (VersionData::Zero, zero_block_crc32c, BlockState::Zero),
                 };
@@ -370,8 +372,6 @@ impl Volume {
         self.meta.layout
     }
 
-
-
     pub fn is_poisoned(&self) -> bool {
         self.poisoned.lock().is_some()
     }
@@ -437,7 +437,7 @@ impl Volume {
             let mut state = self.write.lock();
             let block_bytes = u64::from(self.meta.block_size.bytes());
             let end = offset + data.len() as u64;
-            if offset % block_bytes == 0 && end % block_bytes == 0 {
+            if offset.is_multiple_of(block_bytes) && end.is_multiple_of(block_bytes) {
                 self.append_blocks(&mut state, now, self.meta.block_size.block_of(offset), data)?;
             } else {
                 let head = offset - offset % block_bytes;
@@ -807,7 +807,6 @@ impl Volume {
         &*self.storage
     }
 
-
     /// Time of the newest version (the volume's creation if none).
     pub fn timestamp_last(&self) -> Timestamp {
         self.write.lock().timestamp_last
@@ -820,7 +819,6 @@ impl Volume {
         state.timestamp_last = state.timestamp_last.max(at);
         state.timestamp_last
     }
-
 }
 
 /// Bytes of a write record's CRC array for `data_bytes` of blocks.
@@ -829,7 +827,10 @@ fn crcs_len(data_bytes: usize, block_bytes: u32) -> usize {
 }
 
 fn corrupt_file(path: &str, error: rewind_format::FormatError) -> EngineError {
-    EngineError::Corrupt { volume: path.split('/').nth(1).unwrap_or(path).to_owned(), detail: format!("{path}: {error}") }
+    EngineError::Corrupt {
+        volume: path.split('/').nth(1).unwrap_or(path).to_owned(),
+        detail: format!("{path}: {error}"),
+    }
 }
 
 fn write_checkpoint(storage: &dyn Storage, dir: &str, checkpoint: &Checkpoint) -> Result<(), EngineError> {

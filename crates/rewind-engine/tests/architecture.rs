@@ -7,7 +7,8 @@ use std::path::Path;
 use std::process::Command;
 
 /// The engine and everything below it.
-const CORE: [&str; 6] = ["rewind-types", "rewind-format", "rewind-io", "rewind-journal", "rewind-index", "rewind-engine"];
+const CORE: [&str; 6] =
+    ["rewind-types", "rewind-format", "rewind-io", "rewind-journal", "rewind-index", "rewind-engine"];
 
 /// Crates that would bring sockets, an async runtime or serde into the core.
 const FORBIDDEN: [&str; 9] = ["tokio", "axum", "hyper", "mio", "socket2", "serde", "serde_json", "ureq", "rewind-http"];

@@ -127,8 +127,12 @@ fn run(seed: u64) {
         block_size: BlockSize::new(block_bytes).unwrap(),
     };
     let mut volume = node.create_volume(spec, now).unwrap();
-    let mut oracle =
-        Oracle { states: vec![(now, vec![0; size as usize])], clock: now, durable: 0, block_bytes: u64::from(block_bytes) };
+    let mut oracle = Oracle {
+        states: vec![(now, vec![0; size as usize])],
+        clock: now,
+        durable: 0,
+        block_bytes: u64::from(block_bytes),
+    };
     let mut poisoned = false;
     let mut bookmarks: Vec<(BookmarkName, Timestamp)> = Vec::new();
     for step in 0..rng.random_range(50..400) {

@@ -28,8 +28,7 @@ pub struct BlockMeta {
 }
 
 impl BlockMeta {
-    pub const UNWRITTEN: BlockMeta =
-        BlockMeta { state: BlockState::Unwritten, crc32c: 0, timestamp: Timestamp::MIN };
+    pub const UNWRITTEN: BlockMeta = BlockMeta { state: BlockState::Unwritten, crc32c: 0, timestamp: Timestamp::MIN };
 
     /// Layout: timestamp u64, crc32c u32, state u8, then the low 24 bits of the
     /// CRC-32C of the first 13 bytes, so a damaged entry is caught too.

@@ -198,10 +198,9 @@ impl RunHeader {
         };
         let pages_needed = header.entry_count.div_ceil(ENTRIES_PER_PAGE as u64);
         if header.entry_count == 0 || header.data_page_count != pages_needed {
-            return Err(reader.invalid(format!(
-                "{} entries cannot fill {} pages",
-                header.entry_count, header.data_page_count
-            )));
+            return Err(
+                reader.invalid(format!("{} entries cannot fill {} pages", header.entry_count, header.data_page_count))
+            );
         }
         Ok(header)
     }

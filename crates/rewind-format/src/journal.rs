@@ -211,7 +211,7 @@ pub fn block_crc(crc_area: &[u8], index: u32) -> u32 {
 /// the CRC of each block to `crcs`.
 pub fn append_write_record(out: &mut Vec<u8>, crcs: &mut Vec<u32>, stamp: RecordStamp, data: &[u8]) {
     let block_bytes = stamp.block_size.bytes() as usize;
-    assert!(!data.is_empty() && data.len() % block_bytes == 0, "whole blocks only");
+    assert!(!data.is_empty() && data.len().is_multiple_of(block_bytes), "whole blocks only");
     assert!(data.len() as u64 <= WRITE_RECORD_BYTES_MAX);
     let block_count = u32::try_from(data.len() / block_bytes).expect("bounded by WRITE_RECORD_BYTES_MAX");
     let header = stamp.header(RecordKind::Write, block_count);

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use rewind_engine::timespec::DisplayTime;
-use rewind_engine::{Bookmark, Timestamp, TimelineReport, Volume, VolumeStats};
+use rewind_engine::{Bookmark, TimelineReport, Timestamp, Volume, VolumeStats};
 
 pub fn time(at: Timestamp) -> String {
     DisplayTime(at).to_string()
@@ -166,7 +166,7 @@ impl Timeline {
     /// Aggregates per-minute activity into buckets of `bucket_seconds` (a
     /// multiple of 60).
     pub fn of(volume: &str, report: &TimelineReport, bucket_seconds: u64) -> Timeline {
-        assert!(bucket_seconds >= 60 && bucket_seconds % 60 == 0);
+        assert!(bucket_seconds >= 60 && bucket_seconds.is_multiple_of(60));
         let mut buckets: Vec<TimelineBucket> = Vec::new();
         for minute in &report.buckets {
             let start = minute.minute * 60 / bucket_seconds * bucket_seconds;

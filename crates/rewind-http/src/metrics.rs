@@ -19,7 +19,8 @@ struct Family {
 }
 
 pub async fn metrics(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
-    let text = tokio::task::spawn_blocking(move || render(&state.node)).await.expect("metrics rendering does not panic");
+    let text =
+        tokio::task::spawn_blocking(move || render(&state.node)).await.expect("metrics rendering does not panic");
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 

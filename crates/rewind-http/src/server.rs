@@ -47,7 +47,9 @@ impl From<EngineError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, kind) = match &self.0 {
-            EngineError::VolumeNotFound(_) | EngineError::BookmarkNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            EngineError::VolumeNotFound(_) | EngineError::BookmarkNotFound { .. } => {
+                (StatusCode::NOT_FOUND, "not_found")
+            }
             EngineError::VolumeExists(_) | EngineError::BookmarkExists { .. } => (StatusCode::CONFLICT, "conflict"),
             EngineError::Poisoned { .. } | EngineError::Closed(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             error if error.is_corruption() => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt"),
@@ -305,7 +307,12 @@ async fn resolve_view(
     blocking(move || {
         let volume = node.volume(&name)?;
         let at = volume.parse_time(&query.at, now(), &TimeZone::system())?;
-        Ok(ViewInfo { volume: name.clone(), at: time(at), at_unix_nanos: at.unix_nanos(), export: view_export(&name, at) })
+        Ok(ViewInfo {
+            volume: name.clone(),
+            at: time(at),
+            at_unix_nanos: at.unix_nanos(),
+            export: view_export(&name, at),
+        })
     })
     .await
     .map(Json)

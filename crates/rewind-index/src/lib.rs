@@ -310,13 +310,13 @@ impl VersionIndex {
         let mut scans: Vec<_> = newest.iter().map(|run| run.scan()).collect();
         let mut heap = BinaryHeap::new();
         for (source, scan) in scans.iter_mut().enumerate() {
-            if let Some(version) = scan.next()? {
+            if let Some(version) = scan.next_version()? {
                 heap.push(Reverse(((version.block.0, version.timestamp.unix_nanos()), source, VersionKey(version))));
             }
         }
         while let Some(Reverse((_, source, VersionKey(version)))) = heap.pop() {
             writer.push(version)?;
-            if let Some(next) = scans[source].next()? {
+            if let Some(next) = scans[source].next_version()? {
                 heap.push(Reverse(((next.block.0, next.timestamp.unix_nanos()), source, VersionKey(next))));
             }
         }
@@ -348,8 +348,8 @@ impl VersionIndex {
     pub fn stats(&self) -> IndexStats {
         let state = self.state.read();
         let memtables = std::iter::once(&state.active).chain(state.frozen.iter().map(|memtable| &**memtable));
-        let (versions_in_memory, memtable_bytes) =
-            memtables.fold((0, 0), |(count, bytes), memtable| (count + memtable.len(), bytes + memtable.memory_bytes()));
+        let (versions_in_memory, memtable_bytes) = memtables
+            .fold((0, 0), |(count, bytes), memtable| (count + memtable.len(), bytes + memtable.memory_bytes()));
         let fence_bytes: usize = state.runs.iter().map(|run| run.memory_bytes()).sum();
         IndexStats {
             versions_in_memory: versions_in_memory as u64,

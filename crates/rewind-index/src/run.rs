@@ -47,7 +47,15 @@ impl Run {
         let mut fence_bytes = vec![0u8; header.fence_bytes() as usize];
         file.read_exact_at(&mut fence_bytes, header.fence_offset()).map_err(IndexError::io(path))?;
         let fence = decode_fence(&fence_bytes, &header).map_err(IndexError::corrupt(path))?;
-        Ok(Run { uid: RUN_UID_NEXT.fetch_add(1, Ordering::Relaxed), info, path: path.to_owned(), file, header, fence, cache })
+        Ok(Run {
+            uid: RUN_UID_NEXT.fetch_add(1, Ordering::Relaxed),
+            info,
+            path: path.to_owned(),
+            file,
+            header,
+            fence,
+            cache,
+        })
     }
 
     pub fn info(&self) -> RunInfo {
@@ -66,7 +74,9 @@ impl Run {
     fn page(&self, number: u64) -> Result<PageBytes, IndexError> {
         self.cache.get((self.uid, number), || {
             let mut bytes = vec![0u8; PAGE_BYTES];
-            self.file.read_exact_at(&mut bytes, (1 + number) * PAGE_BYTES as u64).map_err(IndexError::io(&self.path))?;
+            self.file
+                .read_exact_at(&mut bytes, (1 + number) * PAGE_BYTES as u64)
+                .map_err(IndexError::io(&self.path))?;
             Page::verify(&bytes, number).map_err(IndexError::corrupt(&self.path))?;
             Ok(Arc::from(bytes))
         })
@@ -104,7 +114,7 @@ pub struct RunScan<'a> {
 const SCAN_CHUNK_PAGES: u64 = 256;
 
 impl RunScan<'_> {
-    pub fn next(&mut self) -> Result<Option<Version>, IndexError> {
+    pub fn next_version(&mut self) -> Result<Option<Version>, IndexError> {
         if let Some(version) = self.pending.pop() {
             return Ok(Some(version));
         }
@@ -121,7 +131,8 @@ impl RunScan<'_> {
             self.chunk_first_page = self.next_page;
         }
         let at = (self.next_page - self.chunk_first_page) as usize * PAGE_BYTES;
-        let page = Page::verify(&self.chunk[at..at + PAGE_BYTES], self.next_page).map_err(IndexError::corrupt(&run.path))?;
+        let page =
+            Page::verify(&self.chunk[at..at + PAGE_BYTES], self.next_page).map_err(IndexError::corrupt(&run.path))?;
         for index in (0..page.len()).rev() {
             self.pending.push(page.entry(index).map_err(IndexError::corrupt(&run.path))?);
         }

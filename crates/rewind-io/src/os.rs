@@ -33,11 +33,7 @@ impl OsStorage {
     /// Takes an exclusive advisory lock on `relative`, so that two processes
     /// never open the same data directory. Held until the guard is dropped.
     pub fn lock_exclusive(&self, relative: &str) -> io::Result<DirLock> {
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(self.path(relative))?;
+        let file = fs::OpenOptions::new().create(true).truncate(false).write(true).open(self.path(relative))?;
         flock(&file, FlockOperation::NonBlockingLockExclusive).map_err(io::Error::from)?;
         Ok(DirLock { _file: file })
     }
@@ -130,9 +126,11 @@ impl Storage for OsStorage {
         let mut names = Vec::new();
         for entry in fs::read_dir(self.path(dir))? {
             let name = entry?.file_name();
-            names.push(name.into_string().map_err(|name| {
-                io::Error::new(io::ErrorKind::InvalidData, format!("non-UTF-8 file name {name:?}"))
-            })?);
+            names.push(
+                name.into_string().map_err(|name| {
+                    io::Error::new(io::ErrorKind::InvalidData, format!("non-UTF-8 file name {name:?}"))
+                })?,
+            );
         }
         names.sort();
         Ok(names)

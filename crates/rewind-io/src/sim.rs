@@ -318,10 +318,8 @@ impl Storage for SimStorage {
                 state.inode_next += 1;
                 state.inodes.insert(inode, Inode::default());
                 state.names.insert(path.to_owned(), inode);
-                let op = NamespaceOp {
-                    dir: dir_of(path),
-                    kind: NamespaceOpKind::Link { name: path.to_owned(), inode },
-                };
+                let op =
+                    NamespaceOp { dir: dir_of(path), kind: NamespaceOpKind::Link { name: path.to_owned(), inode } };
                 state.namespace_pending.push(op);
                 inode
             }

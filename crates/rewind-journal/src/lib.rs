@@ -202,7 +202,7 @@ impl Journal {
 
     /// Starts recovering a journal: records from `from` on (which must be the
     /// start of record `lsn_from`, or the end of the journal) are handed out by
-    /// [`Recovery::next`]; [`Recovery::finish`] then yields the journal.
+    /// [`Recovery::next_record`]; [`Recovery::finish`] then yields the journal.
     pub fn recover(
         storage: Arc<dyn Storage>,
         dir: &str,
@@ -557,7 +557,7 @@ impl Recovery {
 
     /// The next record, or `None` at the end of the journal (after cutting off
     /// a torn tail, if any).
-    pub fn next(&mut self) -> Result<Option<ReplayRecord<'_>>, JournalError> {
+    pub fn next_record(&mut self) -> Result<Option<ReplayRecord<'_>>, JournalError> {
         loop {
             let (file, size_bytes) = self.file.clone().expect("a segment is open");
             if self.offset >= size_bytes {
@@ -656,10 +656,10 @@ impl Recovery {
         Ok(())
     }
 
-    /// Ends recovery; call once `next` has returned `None`.
+    /// Ends recovery; call once `next_record` has returned `None`.
     pub fn finish(self) -> Result<(Journal, RecoveryReport), JournalError> {
         let (file, size_bytes) = self.file.expect("a segment is open");
-        assert_eq!(size_bytes, self.offset, "finish() before next() returned None");
+        assert_eq!(size_bytes, self.offset, "finish() before next_record() returned None");
         // What survived the crash may sit in the page cache only: make it
         // durable before anything is built on it.
         file.sync_data().map_err(self.journal.io_error(self.journal.path(self.segment)))?;
@@ -673,8 +673,7 @@ impl Recovery {
             self.lsn_expected,
         );
         journal.files.lock().insert(self.segment, file);
-        let report =
-            RecoveryReport { records_replayed: self.records_replayed, truncated_bytes: self.truncated_bytes };
+        let report = RecoveryReport { records_replayed: self.records_replayed, truncated_bytes: self.truncated_bytes };
         Ok((journal, report))
     }
 }

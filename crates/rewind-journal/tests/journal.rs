@@ -40,7 +40,7 @@ fn replay(storage: &SimStorage, config: JournalConfig) -> Result<(Vec<Op>, Journ
     let shared: Arc<dyn Storage> = Arc::new(storage.clone());
     let mut recovery = Journal::recover(shared, "journal", block_size(), config, start(), Lsn(1))?;
     let mut ops = Vec::new();
-    while let Some(record) = recovery.next()? {
+    while let Some(record) = recovery.next_record()? {
         let block = record.header.block_first.0;
         ops.push(match record.header.kind {
             rewind_format::journal::RecordKind::Write => Op::Write { block, data: record.data.to_vec() },

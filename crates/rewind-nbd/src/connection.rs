@@ -181,24 +181,14 @@ impl<S: Transport> ReplyWriter<S> {
             header[..p::SIMPLE_REPLY_BYTES].copy_from_slice(&p::encode_simple_reply(handle, 0));
             &header[..p::SIMPLE_REPLY_BYTES]
         };
-        write_all_vectored(
-            &mut self.stream,
-            &mut [IoSlice::new(header), IoSlice::new(data)],
-        )
+        write_all_vectored(&mut self.stream, &mut [IoSlice::new(header), IoSlice::new(data)])
     }
 
     /// An error reply; with structured replies it carries `message` for the
     /// human at the other end.
-    fn error(
-        &mut self,
-        handle: u64,
-        errno: u32,
-        message: impl std::fmt::Display,
-    ) -> io::Result<()> {
+    fn error(&mut self, handle: u64, errno: u32, message: impl std::fmt::Display) -> io::Result<()> {
         if !self.structured {
-            return self
-                .stream
-                .write_all(&p::encode_simple_reply(handle, errno));
+            return self.stream.write_all(&p::encode_simple_reply(handle, errno));
         }
         self.message.clear();
         write!(self.message, "{message}").expect("writing to a String cannot fail");
@@ -268,17 +258,9 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>) {
         shared,
         reader: BufReader::with_capacity(
             READ_BUFFER_BYTES,
-            DeadlineReader {
-                stream: read_half,
-                deadline: Some(deadline),
-            },
+            DeadlineReader { stream: read_half, deadline: Some(deadline) },
         ),
-        replies: ReplyWriter {
-            stream,
-            structured: false,
-            assembled: Vec::new(),
-            message: String::new(),
-        },
+        replies: ReplyWriter { stream, structured: false, assembled: Vec::new(), message: String::new() },
         option_data: Vec::new(),
         payload: Vec::new(),
         stats: Stats::default(),
@@ -305,24 +287,14 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>) {
             }
         }
     };
-    let Stats {
-        requests,
-        bytes_read,
-        bytes_written,
-    } = connection.stats;
+    let Stats { requests, bytes_read, bytes_written } = connection.stats;
     let export = export_name.as_str();
     match hangup {
         Hangup::ClientClosed => {
-            info!(
-                export,
-                requests, bytes_read, bytes_written, "connection closed by client"
-            )
+            info!(export, requests, bytes_read, bytes_written, "connection closed by client")
         }
         Hangup::ClientDone(how) => {
-            info!(
-                export,
-                requests, bytes_read, bytes_written, "connection ended by client ({how})"
-            )
+            info!(export, requests, bytes_read, bytes_written, "connection ended by client ({how})")
         }
         Hangup::Violation(what) => {
             warn!(export, requests, "protocol violation, hanging up: {what}")
@@ -330,19 +302,11 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>) {
         Hangup::ExportRefused { name, message } => {
             warn!(export = %name, "NBD_OPT_EXPORT_NAME refused, hanging up: {message}")
         }
-        Hangup::Io(error)
-            if matches!(
-                error.kind(),
-                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-            ) =>
-        {
+        Hangup::Io(error) if matches!(error.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) => {
             warn!(export, requests, "connection timed out: {error}")
         }
         Hangup::Io(error) => {
-            info!(
-                export,
-                requests, bytes_read, bytes_written, "connection lost: {error}"
-            )
+            info!(export, requests, bytes_read, bytes_written, "connection lost: {error}")
         }
     }
 }
@@ -354,11 +318,8 @@ impl<S: Transport> Connection<S> {
         self.replies.stream.write_all(&p::encode_greeting())?;
         let mut flags = [0u8; 4];
         self.read_message_start(&mut flags)?;
-        let client = p::decode_client_flags(flags).map_err(|raw| {
-            Hangup::Violation(format!(
-                "client flags {raw:#x} include bits the server did not offer"
-            ))
-        })?;
+        let client = p::decode_client_flags(flags)
+            .map_err(|raw| Hangup::Violation(format!("client flags {raw:#x} include bits the server did not offer")))?;
         if !client.fixed_newstyle {
             // Allowed by the spec; the options work the same for us.
             debug!("client did not set NBD_FLAG_C_FIXED_NEWSTYLE");
@@ -370,9 +331,7 @@ impl<S: Transport> Connection<S> {
                 return Ok(negotiated);
             }
         }
-        Err(Hangup::Violation(format!(
-            "more than {OPTIONS_PER_HANDSHAKE_MAX} options without entering transmission"
-        )))
+        Err(Hangup::Violation(format!("more than {OPTIONS_PER_HANDSHAKE_MAX} options without entering transmission")))
     }
 
     /// Reads and answers one option; returns the session once the client
@@ -380,9 +339,8 @@ impl<S: Transport> Connection<S> {
     fn option(&mut self) -> Result<Option<Negotiated>> {
         let mut header = [0u8; p::OPTION_HEADER_BYTES];
         self.read_message_start(&mut header)?;
-        let header = p::decode_option_header(&header).map_err(|magic| {
-            Hangup::Violation(format!("option magic {magic:#018x} is not IHAVEOPT"))
-        })?;
+        let header = p::decode_option_header(&header)
+            .map_err(|magic| Hangup::Violation(format!("option magic {magic:#018x} is not IHAVEOPT")))?;
         let option = header.option;
         let name = p::option_name(option);
         if header.length > p::OPTION_BYTES_MAX {
@@ -435,11 +393,7 @@ impl<S: Transport> Connection<S> {
                     self.option_invalid(option, p::OptionError::UnexpectedData)?;
                 } else {
                     // NOTLS mode: we know the option and decline it.
-                    self.option_error(
-                        option,
-                        p::REP_ERR_POLICY,
-                        "TLS is not supported by this server",
-                    )?;
+                    self.option_error(option, p::REP_ERR_POLICY, "TLS is not supported by this server")?;
                 }
                 Ok(None)
             }
@@ -460,11 +414,7 @@ impl<S: Transport> Connection<S> {
             }
             _ => {
                 debug!(option, "unsupported option");
-                self.option_error(
-                    option,
-                    p::REP_ERR_UNSUP,
-                    "option not supported by this server",
-                )?;
+                self.option_error(option, p::REP_ERR_UNSUP, "option not supported by this server")?;
                 Ok(None)
             }
         }
@@ -476,18 +426,10 @@ impl<S: Transport> Connection<S> {
     }
 
     fn option_invalid(&mut self, option: u32, error: p::OptionError) -> Result<()> {
-        warn!(
-            option = p::option_name(option),
-            "invalid option from client: {error}"
-        );
+        warn!(option = p::option_name(option), "invalid option from client: {error}");
         self.replies.message.clear();
         write!(self.replies.message, "{error}").expect("writing to a String cannot fail");
-        p::push_option_error(
-            &mut self.replies.assembled,
-            option,
-            p::REP_ERR_INVALID,
-            &self.replies.message,
-        );
+        p::push_option_error(&mut self.replies.assembled, option, p::REP_ERR_INVALID, &self.replies.message);
         Ok(self.replies.flush()?)
     }
 
@@ -495,19 +437,9 @@ impl<S: Transport> Connection<S> {
         let name = p::decode_export_name(&self.option_data)
             .map_err(|error| Hangup::Violation(format!("NBD_OPT_EXPORT_NAME: {error}")))?
             .to_owned();
-        let opened = self
-            .open(&name)
-            .map_err(|(_, message)| Hangup::ExportRefused {
-                name: name.clone(),
-                message,
-            })?;
+        let opened = self.open(&name).map_err(|(_, message)| Hangup::ExportRefused { name: name.clone(), message })?;
         let mut reply = [0u8; p::EXPORT_NAME_REPLY_BYTES];
-        let length = p::encode_export_name_reply(
-            opened.size_bytes,
-            opened.flags,
-            self.no_zeroes,
-            &mut reply,
-        );
+        let length = p::encode_export_name_reply(opened.size_bytes, opened.flags, self.no_zeroes, &mut reply);
         self.replies.stream.write_all(&reply[..length])?;
         Ok(self.negotiated(name, opened))
     }
@@ -547,13 +479,7 @@ impl<S: Transport> Connection<S> {
             }
         }
         if wants_block_size {
-            p::push_info_block_size(
-                out,
-                option,
-                opened.block_min,
-                opened.block_preferred,
-                opened.block_max,
-            );
+            p::push_info_block_size(out, option, opened.block_min, opened.block_preferred, opened.block_max);
         }
         p::push_option_reply(out, option, p::REP_ACK, &[]);
         self.replies.flush()?;
@@ -582,22 +508,15 @@ impl<S: Transport> Connection<S> {
         } else {
             // Listing with no query means "everything"; `base:` is a wildcard.
             request.queries.is_empty()
-                || request.queries.iter().any(|query| {
-                    matches!(
-                        query,
-                        p::MetaQuery::BaseAllocation | p::MetaQuery::BaseWildcard
-                    )
-                })
+                || request
+                    .queries
+                    .iter()
+                    .any(|query| matches!(query, p::MetaQuery::BaseAllocation | p::MetaQuery::BaseWildcard))
         };
         if selects {
             // Context ids in LIST replies are reserved and should be zero.
             let id = if set { p::META_BASE_ALLOCATION_ID } else { 0 };
-            p::push_meta_context(
-                &mut self.replies.assembled,
-                option,
-                id,
-                p::META_BASE_ALLOCATION,
-            );
+            p::push_meta_context(&mut self.replies.assembled, option, id, p::META_BASE_ALLOCATION);
             if set {
                 self.meta_export = Some(request.export_name.to_owned());
             }
@@ -609,25 +528,18 @@ impl<S: Transport> Connection<S> {
     /// Opens `name` and works out what to advertise; on failure returns the
     /// option reply type and the message for the client.
     fn open(&self, name: &str) -> std::result::Result<Opened, (u32, String)> {
-        let export = self
-            .shared
-            .catalog
-            .open(name)
-            .map_err(|OpenError { kind, message }| {
-                let reply_type = match kind {
-                    OpenErrorKind::NotFound | OpenErrorKind::BadName => p::REP_ERR_UNKNOWN,
-                    OpenErrorKind::Unavailable if self.shared.is_stopping() => p::REP_ERR_SHUTDOWN,
-                    OpenErrorKind::Unavailable => p::REP_ERR_UNKNOWN,
-                };
-                (reply_type, message)
-            })?;
+        let export = self.shared.catalog.open(name).map_err(|OpenError { kind, message }| {
+            let reply_type = match kind {
+                OpenErrorKind::NotFound | OpenErrorKind::BadName => p::REP_ERR_UNKNOWN,
+                OpenErrorKind::Unavailable if self.shared.is_stopping() => p::REP_ERR_SHUTDOWN,
+                OpenErrorKind::Unavailable => p::REP_ERR_UNKNOWN,
+            };
+            (reply_type, message)
+        })?;
         let sizes = export.block_sizes();
         if let Err(problem) = sizes.check() {
             tracing::error!(export = %name, ?sizes, "export has invalid block sizes: {problem}");
-            return Err((
-                p::REP_ERR_UNKNOWN,
-                format!("export '{name}' cannot be served: {problem}"),
-            ));
+            return Err((p::REP_ERR_UNKNOWN, format!("export '{name}' cannot be served: {problem}")));
         }
         // The export may allow more than the server buffers; advertise the
         // smaller. Both are multiples of the minimum (a power of two <= 64 KiB
@@ -698,9 +610,7 @@ impl<S: Transport> Connection<S> {
         self.read_message_start(magic)?;
         if magic != p::REQUEST_MAGIC.to_be_bytes() {
             let magic = u32::from_be_bytes(magic.try_into().unwrap());
-            return Err(Hangup::Violation(format!(
-                "request magic {magic:#010x} is not NBD_REQUEST_MAGIC"
-            )));
+            return Err(Hangup::Violation(format!("request magic {magic:#010x} is not NBD_REQUEST_MAGIC")));
         }
         self.read_rest(rest)?;
         let request = p::decode_request_header(&header).expect("magic checked above");
@@ -716,27 +626,14 @@ impl<S: Transport> Connection<S> {
         }
     }
 
-    fn refuse(
-        &mut self,
-        request: &RequestHeader,
-        errno: u32,
-        fault: p::RequestFault,
-    ) -> Result<()> {
-        warn!(
-            handle = request.handle,
-            errno, "invalid request from client: {fault}"
-        );
+    fn refuse(&mut self, request: &RequestHeader, errno: u32, fault: p::RequestFault) -> Result<()> {
+        warn!(handle = request.handle, errno, "invalid request from client: {fault}");
         if request.command == p::CMD_WRITE {
             // Stay in step with the stream: the payload follows regardless.
             // `validate_request` bounded it by PAYLOAD_BYTES_MAX.
-            let skipped = io::copy(
-                &mut (&mut self.reader).take(u64::from(request.length)),
-                &mut io::sink(),
-            )?;
+            let skipped = io::copy(&mut (&mut self.reader).take(u64::from(request.length)), &mut io::sink())?;
             if skipped != u64::from(request.length) {
-                return Err(Hangup::Violation(
-                    "client closed the connection within a write payload".into(),
-                ));
+                return Err(Hangup::Violation("client closed the connection within a write payload".into()));
             }
         }
         Ok(self.replies.error(request.handle, errno, fault)?)
@@ -754,17 +651,11 @@ impl<S: Transport> Connection<S> {
                     Err(error) => (Err(error), false),
                 }
             }
-            Command::Write {
-                offset,
-                length,
-                fua,
-            } => {
+            Command::Write { offset, length, fua } => {
                 let buffer = payload_buffer(&mut self.payload, length);
                 if let Err(error) = self.reader.read_exact(buffer) {
                     if error.kind() == io::ErrorKind::UnexpectedEof {
-                        return Err(Hangup::Violation(
-                            "client closed the connection within a write payload".into(),
-                        ));
+                        return Err(Hangup::Violation("client closed the connection within a write payload".into()));
                     }
                     return Err(error.into());
                 }
@@ -772,31 +663,12 @@ impl<S: Transport> Connection<S> {
                 (export.write(offset, buffer, fua), false)
             }
             Command::Flush => (export.flush(), false),
-            Command::Trim {
-                offset,
-                length,
-                fua,
-            } => (export.trim(offset, u64::from(length), fua), false),
-            Command::WriteZeroes {
-                offset,
-                length,
-                mode,
-            } => {
-                let flags = ZeroFlags {
-                    fua: mode.fua,
-                    no_hole: mode.no_hole,
-                    fast: mode.fast,
-                };
-                (
-                    export.write_zeroes(offset, u64::from(length), flags),
-                    mode.fast,
-                )
+            Command::Trim { offset, length, fua } => (export.trim(offset, u64::from(length), fua), false),
+            Command::WriteZeroes { offset, length, mode } => {
+                let flags = ZeroFlags { fua: mode.fua, no_hole: mode.no_hole, fast: mode.fast };
+                (export.write_zeroes(offset, u64::from(length), flags), mode.fast)
             }
-            Command::BlockStatus {
-                offset,
-                length,
-                req_one,
-            } => match export.block_status(offset, u64::from(length)) {
+            Command::BlockStatus { offset, length, req_one } => match export.block_status(offset, u64::from(length)) {
                 Ok(extents) => {
                     let assembled = &mut self.replies.assembled;
                     p::push_block_status_chunk(assembled, handle, &extents, length, req_one);

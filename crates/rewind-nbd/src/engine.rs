@@ -51,12 +51,16 @@ impl Catalog for EngineCatalog {
         for volume in self.node.volumes() {
             listings.push(ExportListing {
                 name: volume.name().to_string(),
-                description: format!("live volume, writable; NAME@TIME opens it as of TIME"),
+                description: "live volume, writable; NAME@TIME opens it as of TIME".to_string(),
             });
             for bookmark in volume.bookmarks() {
                 listings.push(ExportListing {
                     name: format!("{}@{}", volume.name(), bookmark.name),
-                    description: format!("read-only view at bookmark {} ({})", bookmark.name, DisplayTime(bookmark.timestamp)),
+                    description: format!(
+                        "read-only view at bookmark {} ({})",
+                        bookmark.name,
+                        DisplayTime(bookmark.timestamp)
+                    ),
                 });
             }
         }
@@ -88,11 +92,18 @@ impl Catalog for EngineCatalog {
 fn block_sizes(volume: &Volume) -> BlockSizes {
     // Requests need no alignment (partial blocks are read, patched and
     // written whole), but whole, aligned blocks avoid that work.
-    BlockSizes { minimum: 1, preferred: volume.block_size().bytes().max(4096), maximum: crate::protocol::PAYLOAD_BYTES_MAX }
+    BlockSizes {
+        minimum: 1,
+        preferred: volume.block_size().bytes().max(4096),
+        maximum: crate::protocol::PAYLOAD_BYTES_MAX,
+    }
 }
 
 fn extents(statuses: Vec<rewind_engine::BlockStatus>) -> Vec<Extent> {
-    statuses.into_iter().map(|status| Extent { length: status.length, hole: !status.allocated, zero: status.zero }).collect()
+    statuses
+        .into_iter()
+        .map(|status| Extent { length: status.length, hole: !status.allocated, zero: status.zero })
+        .collect()
 }
 
 struct VolumeExport {
@@ -123,7 +134,11 @@ impl Export for VolumeExport {
     }
 
     fn description(&self) -> String {
-        format!("Rewind volume {}: every write kept; {}@TIME shows it as of TIME", self.volume.name(), self.volume.name())
+        format!(
+            "Rewind volume {}: every write kept; {}@TIME shows it as of TIME",
+            self.volume.name(),
+            self.volume.name()
+        )
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {

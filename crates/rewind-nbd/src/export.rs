@@ -59,10 +59,7 @@ pub struct ExportError {
 
 impl ExportError {
     pub fn new(kind: ExportErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-        }
+        Self { kind, message: message.into() }
     }
 }
 
@@ -101,29 +98,19 @@ pub struct BlockSizes {
 impl BlockSizes {
     /// What a plain byte-addressed export with no alignment needs: any
     /// length, 4 KiB preferred, no limit beyond the server's own.
-    pub const UNCONSTRAINED: BlockSizes = BlockSizes {
-        minimum: 1,
-        preferred: 4096,
-        maximum: u32::MAX,
-    };
+    pub const UNCONSTRAINED: BlockSizes = BlockSizes { minimum: 1, preferred: 4096, maximum: u32::MAX };
 
     /// Checks the rules the NBD spec sets for advertised block sizes
     /// ("Block size constraints"); the server refuses to open an export that
     /// breaks them rather than advertise nonsense. `maximum == u32::MAX`
     /// means no limit of the export's own.
     pub fn check(&self) -> Result<(), &'static str> {
-        let BlockSizes {
-            minimum,
-            preferred,
-            maximum,
-        } = *self;
+        let BlockSizes { minimum, preferred, maximum } = *self;
         if !minimum.is_power_of_two() || minimum > 64 * 1024 {
             return Err("minimum block size must be a power of two no larger than 64 KiB");
         }
         if !preferred.is_power_of_two() || preferred < minimum.max(512) {
-            return Err(
-                "preferred block size must be a power of two, at least 512 and the minimum",
-            );
+            return Err("preferred block size must be a power of two, at least 512 and the minimum");
         }
         if maximum != u32::MAX && (maximum % minimum != 0 || maximum < preferred) {
             return Err("maximum block size must be a multiple of the minimum and at least the preferred size");

@@ -23,7 +23,7 @@ pub mod protocol;
 pub mod server;
 
 pub use export::{
-    BlockSizes, Catalog, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError,
-    OpenErrorKind, ZeroFlags,
+    BlockSizes, Catalog, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
+    ZeroFlags,
 };
 pub use server::{Server, ServerConfig};

@@ -96,8 +96,7 @@ pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_DF: u16 = 1 << 2;
 pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
-const CMD_FLAGS_KNOWN: u16 =
-    CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_DF | CMD_FLAG_REQ_ONE | CMD_FLAG_FAST_ZERO;
+const CMD_FLAGS_KNOWN: u16 = CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_DF | CMD_FLAG_REQ_ONE | CMD_FLAG_FAST_ZERO;
 
 // --- Structured replies (this server sends only these chunk types) ----------------
 
@@ -188,10 +187,7 @@ pub fn decode_client_flags(bytes: [u8; 4]) -> Result<ClientFlags, u32> {
     if unknown != 0 {
         return Err(raw);
     }
-    Ok(ClientFlags {
-        fixed_newstyle: raw & FLAG_C_FIXED_NEWSTYLE != 0,
-        no_zeroes: raw & FLAG_C_NO_ZEROES != 0,
-    })
+    Ok(ClientFlags { fixed_newstyle: raw & FLAG_C_FIXED_NEWSTYLE != 0, no_zeroes: raw & FLAG_C_NO_ZEROES != 0 })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,20 +236,14 @@ impl fmt::Display for OptionError {
             OptionError::UnexpectedData => f.write_str("option takes no data"),
             OptionError::Truncated(what) => write!(f, "option data too short for {what}"),
             OptionError::TrailingData => f.write_str("unexpected bytes after the last field"),
-            OptionError::InfoCount => {
-                f.write_str("number of information requests does not match option length")
-            }
+            OptionError::InfoCount => f.write_str("number of information requests does not match option length"),
             OptionError::StringTooLong(what) => {
                 write!(f, "{what} is longer than {STRING_BYTES_MAX} bytes")
             }
             OptionError::StringNotUtf8(what) => write!(f, "{what} is not valid UTF-8"),
             OptionError::StringHasNul(what) => write!(f, "{what} contains a NUL byte"),
-            OptionError::QueryWithoutNamespace => {
-                f.write_str("metadata context query lacks a 'namespace:' prefix")
-            }
-            OptionError::NeedsStructuredReplies => {
-                f.write_str("negotiate NBD_OPT_STRUCTURED_REPLY first")
-            }
+            OptionError::QueryWithoutNamespace => f.write_str("metadata context query lacks a 'namespace:' prefix"),
+            OptionError::NeedsStructuredReplies => f.write_str("negotiate NBD_OPT_STRUCTURED_REPLY first"),
         }
     }
 }
@@ -310,9 +300,7 @@ pub struct InfoRequest<'a> {
 
 impl InfoRequest<'_> {
     pub fn requests(&self, info: u16) -> bool {
-        self.requests
-            .chunks_exact(2)
-            .any(|pair| u16::from_be_bytes([pair[0], pair[1]]) == info)
+        self.requests.chunks_exact(2).any(|pair| u16::from_be_bytes([pair[0], pair[1]]) == info)
     }
 }
 
@@ -323,10 +311,7 @@ pub fn decode_info_request(data: &[u8]) -> Result<InfoRequest<'_>, OptionError> 
     if rest.len() != usize::from(count) * 2 {
         return Err(OptionError::InfoCount);
     }
-    Ok(InfoRequest {
-        name,
-        requests: rest,
-    })
+    Ok(InfoRequest { name, requests: rest })
 }
 
 /// `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` payload.
@@ -375,10 +360,7 @@ pub fn decode_meta_context_request(data: &[u8]) -> Result<MetaContextRequest<'_>
     if !rest.is_empty() {
         return Err(OptionError::TrailingData);
     }
-    Ok(MetaContextRequest {
-        export_name,
-        queries,
-    })
+    Ok(MetaContextRequest { export_name, queries })
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
@@ -408,12 +390,7 @@ pub fn push_option_reply(out: &mut Vec<u8>, option: u32, reply_type: u32, payloa
 
 /// Appends an option reply whose payload is built by `build`, patching the
 /// length afterwards so no temporary buffer is needed.
-fn push_option_reply_with(
-    out: &mut Vec<u8>,
-    option: u32,
-    reply_type: u32,
-    build: impl FnOnce(&mut Vec<u8>),
-) {
+fn push_option_reply_with(out: &mut Vec<u8>, option: u32, reply_type: u32, build: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
     push_option_reply(out, option, reply_type, &[]);
     build(out);
@@ -423,16 +400,8 @@ fn push_option_reply_with(
 
 /// An error reply (`reply_type` has bit 31 set) with a human-readable message.
 pub fn push_option_error(out: &mut Vec<u8>, option: u32, reply_type: u32, message: &str) {
-    assert!(
-        reply_type & REP_ERR != 0,
-        "not an error reply type: {reply_type:#x}"
-    );
-    push_option_reply(
-        out,
-        option,
-        reply_type,
-        truncate_str(message, STRING_BYTES_MAX).as_bytes(),
-    );
+    assert!(reply_type & REP_ERR != 0, "not an error reply type: {reply_type:#x}");
+    push_option_reply(out, option, reply_type, truncate_str(message, STRING_BYTES_MAX).as_bytes());
 }
 
 /// `NBD_REP_SERVER` for `NBD_OPT_LIST`: name, then description for humans.
@@ -600,80 +569,29 @@ pub struct ZeroMode {
 /// A request that passed validation: in range, flags allowed, negotiated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
-    Read {
-        offset: u64,
-        length: u32,
-    },
-    Write {
-        offset: u64,
-        length: u32,
-        fua: bool,
-    },
+    Read { offset: u64, length: u32 },
+    Write { offset: u64, length: u32, fua: bool },
     Disconnect,
     Flush,
-    Trim {
-        offset: u64,
-        length: u32,
-        fua: bool,
-    },
-    WriteZeroes {
-        offset: u64,
-        length: u32,
-        mode: ZeroMode,
-    },
-    BlockStatus {
-        offset: u64,
-        length: u32,
-        req_one: bool,
-    },
+    Trim { offset: u64, length: u32, fua: bool },
+    WriteZeroes { offset: u64, length: u32, mode: ZeroMode },
+    BlockStatus { offset: u64, length: u32, req_one: bool },
 }
 
 /// What was wrong with a request; the `Display` text is sent to the client in
 /// structured error replies and logged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestFault {
-    UnknownCommand {
-        command: u16,
-    },
-    UnknownFlags {
-        command: u16,
-        flags: u16,
-    },
-    FlagNotAllowed {
-        command: u16,
-        flag: &'static str,
-    },
-    NotNegotiated {
-        command: u16,
-        what: &'static str,
-    },
-    ReadOnly {
-        command: u16,
-    },
-    FlushNotZero {
-        offset: u64,
-        length: u32,
-    },
-    ZeroLength {
-        command: u16,
-    },
-    OutOfRange {
-        command: u16,
-        offset: u64,
-        length: u32,
-        size_bytes: u64,
-    },
-    Misaligned {
-        command: u16,
-        offset: u64,
-        length: u32,
-        block_min: u32,
-    },
-    TooLarge {
-        command: u16,
-        length: u32,
-        block_max: u32,
-    },
+    UnknownCommand { command: u16 },
+    UnknownFlags { command: u16, flags: u16 },
+    FlagNotAllowed { command: u16, flag: &'static str },
+    NotNegotiated { command: u16, what: &'static str },
+    ReadOnly { command: u16 },
+    FlushNotZero { offset: u64, length: u32 },
+    ZeroLength { command: u16 },
+    OutOfRange { command: u16, offset: u64, length: u32, size_bytes: u64 },
+    Misaligned { command: u16, offset: u64, length: u32, block_min: u32 },
+    TooLarge { command: u16, length: u32, block_max: u32 },
 }
 
 impl fmt::Display for RequestFault {
@@ -693,43 +611,24 @@ impl fmt::Display for RequestFault {
                 write!(f, "{}: export is read-only", command_name(command))
             }
             RequestFault::FlushNotZero { offset, length } => {
-                write!(
-                    f,
-                    "NBD_CMD_FLUSH: offset {offset} and length {length} must be zero"
-                )
+                write!(f, "NBD_CMD_FLUSH: offset {offset} and length {length} must be zero")
             }
             RequestFault::ZeroLength { command } => {
                 write!(f, "{}: zero length", command_name(command))
             }
-            RequestFault::OutOfRange {
-                command,
-                offset,
-                length,
-                size_bytes,
-            } => write!(
+            RequestFault::OutOfRange { command, offset, length, size_bytes } => write!(
                 f,
                 "{}: offset {offset} + length {length} is beyond the export size {size_bytes}",
                 command_name(command)
             ),
-            RequestFault::Misaligned {
-                command,
-                offset,
-                length,
-                block_min,
-            } => write!(
+            RequestFault::Misaligned { command, offset, length, block_min } => write!(
                 f,
                 "{}: offset {offset} and length {length} must be multiples of {block_min}",
                 command_name(command)
             ),
-            RequestFault::TooLarge {
-                command,
-                length,
-                block_max,
-            } => write!(
-                f,
-                "{}: length {length} exceeds the maximum block size {block_max}",
-                command_name(command)
-            ),
+            RequestFault::TooLarge { command, length, block_max } => {
+                write!(f, "{}: length {length} exceeds the maximum block size {block_max}", command_name(command))
+            }
         }
     }
 }
@@ -748,13 +647,7 @@ pub enum Refusal {
 /// Validates a request against the session, in the order the spec's errors
 /// take precedence: read-only before flags, range before alignment.
 pub fn validate_request(header: &RequestHeader, session: &Session) -> Result<Command, Refusal> {
-    let RequestHeader {
-        flags,
-        command,
-        offset,
-        length,
-        ..
-    } = *header;
+    let RequestHeader { flags, command, offset, length, .. } = *header;
     let reject = |errno, fault| Err(Refusal::Reply { errno, fault });
 
     if command == CMD_WRITE && length > PAYLOAD_BYTES_MAX {
@@ -788,9 +681,7 @@ pub fn validate_request(header: &RequestHeader, session: &Session) -> Result<Com
     if flags & CMD_FLAG_REQ_ONE != 0 && command != CMD_BLOCK_STATUS {
         return not_allowed("NBD_CMD_FLAG_REQ_ONE");
     }
-    if flags & CMD_FLAG_FAST_ZERO != 0
-        && (command != CMD_WRITE_ZEROES || session.flags & FLAG_SEND_FAST_ZERO == 0)
-    {
+    if flags & CMD_FLAG_FAST_ZERO != 0 && (command != CMD_WRITE_ZEROES || session.flags & FLAG_SEND_FAST_ZERO == 0) {
         return not_allowed("NBD_CMD_FLAG_FAST_ZERO");
     }
 
@@ -798,15 +689,9 @@ pub fn validate_request(header: &RequestHeader, session: &Session) -> Result<Com
     match command {
         CMD_FLUSH if session.flags & FLAG_SEND_FLUSH == 0 => return not_negotiated("flush"),
         CMD_TRIM if session.flags & FLAG_SEND_TRIM == 0 => return not_negotiated("trim"),
-        CMD_WRITE_ZEROES if session.flags & FLAG_SEND_WRITE_ZEROES == 0 => {
-            return not_negotiated("write zeroes")
-        }
-        CMD_BLOCK_STATUS if !session.structured_replies => {
-            return not_negotiated("structured replies")
-        }
-        CMD_BLOCK_STATUS if !session.base_allocation => {
-            return not_negotiated("metadata context base:allocation")
-        }
+        CMD_WRITE_ZEROES if session.flags & FLAG_SEND_WRITE_ZEROES == 0 => return not_negotiated("write zeroes"),
+        CMD_BLOCK_STATUS if !session.structured_replies => return not_negotiated("structured replies"),
+        CMD_BLOCK_STATUS if !session.base_allocation => return not_negotiated("metadata context base:allocation"),
         CMD_FLUSH => {
             if offset != 0 || length != 0 {
                 return reject(EINVAL, RequestFault::FlushNotZero { offset, length });
@@ -823,75 +708,32 @@ pub fn validate_request(header: &RequestHeader, session: &Session) -> Result<Com
     if end.is_none_or(|end| end > session.size_bytes) {
         // The spec asks for ENOSPC when a write runs off the end, EINVAL for
         // everything else.
-        let errno = if matches!(command, CMD_WRITE | CMD_WRITE_ZEROES) {
-            ENOSPC
-        } else {
-            EINVAL
-        };
+        let errno = if matches!(command, CMD_WRITE | CMD_WRITE_ZEROES) { ENOSPC } else { EINVAL };
         let size_bytes = session.size_bytes;
-        return reject(
-            errno,
-            RequestFault::OutOfRange {
-                command,
-                offset,
-                length,
-                size_bytes,
-            },
-        );
+        return reject(errno, RequestFault::OutOfRange { command, offset, length, size_bytes });
     }
     let block_min = session.block_min;
     if block_min > 1 && (offset % u64::from(block_min) != 0 || length % block_min != 0) {
-        return reject(
-            EINVAL,
-            RequestFault::Misaligned {
-                command,
-                offset,
-                length,
-                block_min,
-            },
-        );
+        return reject(EINVAL, RequestFault::Misaligned { command, offset, length, block_min });
     }
     // Only READ and WRITE carry payloads; TRIM, WRITE_ZEROES and BLOCK_STATUS
     // cost no memory per byte, so any in-range length is served.
     if matches!(command, CMD_READ | CMD_WRITE) && length > session.block_max {
         let block_max = session.block_max;
-        return reject(
-            EINVAL,
-            RequestFault::TooLarge {
-                command,
-                length,
-                block_max,
-            },
-        );
+        return reject(EINVAL, RequestFault::TooLarge { command, length, block_max });
     }
 
     let fua = flags & CMD_FLAG_FUA != 0;
     Ok(match command {
         CMD_READ => Command::Read { offset, length },
-        CMD_WRITE => Command::Write {
-            offset,
-            length,
-            fua,
-        },
-        CMD_TRIM => Command::Trim {
-            offset,
-            length,
-            fua,
-        },
+        CMD_WRITE => Command::Write { offset, length, fua },
+        CMD_TRIM => Command::Trim { offset, length, fua },
         CMD_WRITE_ZEROES => Command::WriteZeroes {
             offset,
             length,
-            mode: ZeroMode {
-                fua,
-                no_hole: flags & CMD_FLAG_NO_HOLE != 0,
-                fast: flags & CMD_FLAG_FAST_ZERO != 0,
-            },
+            mode: ZeroMode { fua, no_hole: flags & CMD_FLAG_NO_HOLE != 0, fast: flags & CMD_FLAG_FAST_ZERO != 0 },
         },
-        CMD_BLOCK_STATUS => Command::BlockStatus {
-            offset,
-            length,
-            req_one: flags & CMD_FLAG_REQ_ONE != 0,
-        },
+        CMD_BLOCK_STATUS => Command::BlockStatus { offset, length, req_one: flags & CMD_FLAG_REQ_ONE != 0 },
         _ => unreachable!("command {command} was matched above"),
     })
 }
@@ -918,12 +760,7 @@ pub fn encode_simple_reply(handle: u64, errno: u32) -> [u8; SIMPLE_REPLY_BYTES] 
     out
 }
 
-pub fn encode_chunk_header(
-    flags: u16,
-    reply_type: u16,
-    handle: u64,
-    length: u32,
-) -> [u8; CHUNK_HEADER_BYTES] {
+pub fn encode_chunk_header(flags: u16, reply_type: u16, handle: u64, length: u32) -> [u8; CHUNK_HEADER_BYTES] {
     let mut out = [0u8; CHUNK_HEADER_BYTES];
     out[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
     out[4..6].copy_from_slice(&flags.to_be_bytes());
@@ -937,19 +774,10 @@ pub fn encode_chunk_header(
 /// a whole READ; the data follows. Marking the data chunk DONE is allowed
 /// because the data is in memory before the header is sent, so no error can
 /// turn up while it is being transmitted.
-pub fn encode_read_chunk_prefix(
-    handle: u64,
-    offset: u64,
-    data_bytes: u32,
-) -> [u8; READ_CHUNK_PREFIX_BYTES] {
+pub fn encode_read_chunk_prefix(handle: u64, offset: u64, data_bytes: u32) -> [u8; READ_CHUNK_PREFIX_BYTES] {
     assert!(data_bytes > 0 && data_bytes <= PAYLOAD_BYTES_MAX);
     let mut out = [0u8; READ_CHUNK_PREFIX_BYTES];
-    let header = encode_chunk_header(
-        REPLY_FLAG_DONE,
-        REPLY_TYPE_OFFSET_DATA,
-        handle,
-        data_bytes + 8,
-    );
+    let header = encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, handle, data_bytes + 8);
     out[..CHUNK_HEADER_BYTES].copy_from_slice(&header);
     out[CHUNK_HEADER_BYTES..].copy_from_slice(&offset.to_be_bytes());
     out
@@ -960,12 +788,7 @@ pub fn push_error_chunk(out: &mut Vec<u8>, handle: u64, errno: u32, message: &st
     assert!(errno != 0);
     let message = truncate_str(message, STRING_BYTES_MAX);
     let length = len_u32(4 + 2 + message.len());
-    out.extend_from_slice(&encode_chunk_header(
-        REPLY_FLAG_DONE,
-        REPLY_TYPE_ERROR,
-        handle,
-        length,
-    ));
+    out.extend_from_slice(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_ERROR, handle, length));
     out.extend_from_slice(&errno.to_be_bytes());
     // Fits: STRING_BYTES_MAX <= u16::MAX, checked at compile time.
     out.extend_from_slice(&(message.len() as u16).to_be_bytes());
@@ -980,21 +803,10 @@ pub fn push_error_chunk(out: &mut Vec<u8>, handle: u64, errno: u32, message: &st
 /// `EXTENTS_PER_REPLY_MAX` descriptors, and with `req_one` only the first
 /// extent is sent. The export promised extents that cover at least the first
 /// byte and no more than the request; that is asserted, not trusted.
-pub fn push_block_status_chunk(
-    out: &mut Vec<u8>,
-    handle: u64,
-    extents: &[Extent],
-    request_length: u32,
-    req_one: bool,
-) {
+pub fn push_block_status_chunk(out: &mut Vec<u8>, handle: u64, extents: &[Extent], request_length: u32, req_one: bool) {
     assert!(!extents.is_empty(), "export reported no extents");
     let start = out.len();
-    out.extend_from_slice(&encode_chunk_header(
-        REPLY_FLAG_DONE,
-        REPLY_TYPE_BLOCK_STATUS,
-        handle,
-        0,
-    ));
+    out.extend_from_slice(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, handle, 0));
     out.extend_from_slice(&META_BASE_ALLOCATION_ID.to_be_bytes());
 
     let mut covered: u64 = 0;
@@ -1004,10 +816,7 @@ pub fn push_block_status_chunk(
     for extent in extents {
         assert!(extent.length > 0, "export reported an empty extent");
         covered += extent.length;
-        assert!(
-            covered <= u64::from(request_length),
-            "export reported extents past the request"
-        );
+        assert!(covered <= u64::from(request_length), "export reported extents past the request");
         let status = (u32::from(extent.hole) * STATE_HOLE) | (u32::from(extent.zero) * STATE_ZERO);
         match &mut pending {
             Some((length, pending_status)) if *pending_status == status => {
@@ -1046,10 +855,7 @@ mod tests {
     use super::*;
 
     fn option_reply_parts(bytes: &[u8]) -> (u32, u32, &[u8]) {
-        assert_eq!(
-            u64::from_be_bytes(bytes[0..8].try_into().unwrap()),
-            OPTION_REPLY_MAGIC
-        );
+        assert_eq!(u64::from_be_bytes(bytes[0..8].try_into().unwrap()), OPTION_REPLY_MAGIC);
         let option = u32::from_be_bytes(bytes[8..12].try_into().unwrap());
         let reply = u32::from_be_bytes(bytes[12..16].try_into().unwrap());
         let length = u32::from_be_bytes(bytes[16..20].try_into().unwrap()) as usize;
@@ -1060,14 +866,7 @@ mod tests {
     fn session() -> Session {
         Session {
             size_bytes: 1 << 20,
-            flags: transmission_flags(
-                ExportFeatures {
-                    read_only: false,
-                    multi_conn: true,
-                    fast_zero: true,
-                },
-                true,
-            ),
+            flags: transmission_flags(ExportFeatures { read_only: false, multi_conn: true, fast_zero: true }, true),
             block_min: 1,
             block_max: PAYLOAD_BYTES_MAX,
             structured_replies: true,
@@ -1076,13 +875,7 @@ mod tests {
     }
 
     fn request(command: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
-        RequestHeader {
-            flags,
-            command,
-            handle: 7,
-            offset,
-            length,
-        }
+        RequestHeader { flags, command, handle: 7, offset, length }
     }
 
     fn errno_of(result: Result<Command, Refusal>) -> u32 {
@@ -1097,28 +890,13 @@ mod tests {
         let g = encode_greeting();
         assert_eq!(&g[0..8], b"NBDMAGIC");
         assert_eq!(&g[8..16], b"IHAVEOPT");
-        assert_eq!(
-            u16::from_be_bytes([g[16], g[17]]),
-            FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES
-        );
+        assert_eq!(u16::from_be_bytes([g[16], g[17]]), FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
     }
 
     #[test]
     fn client_flags() {
-        assert_eq!(
-            decode_client_flags([0, 0, 0, 3]),
-            Ok(ClientFlags {
-                fixed_newstyle: true,
-                no_zeroes: true
-            })
-        );
-        assert_eq!(
-            decode_client_flags([0, 0, 0, 0]),
-            Ok(ClientFlags {
-                fixed_newstyle: false,
-                no_zeroes: false
-            })
-        );
+        assert_eq!(decode_client_flags([0, 0, 0, 3]), Ok(ClientFlags { fixed_newstyle: true, no_zeroes: true }));
+        assert_eq!(decode_client_flags([0, 0, 0, 0]), Ok(ClientFlags { fixed_newstyle: false, no_zeroes: false }));
         assert_eq!(decode_client_flags([0, 0, 0, 4]), Err(4));
         assert_eq!(decode_client_flags([0x80, 0, 0, 1]), Err(0x8000_0001));
     }
@@ -1129,37 +907,19 @@ mod tests {
         bytes[0..8].copy_from_slice(b"IHAVEOPT");
         bytes[8..12].copy_from_slice(&OPT_GO.to_be_bytes());
         bytes[12..16].copy_from_slice(&77u32.to_be_bytes());
-        assert_eq!(
-            decode_option_header(&bytes),
-            Ok(OptionHeader {
-                option: OPT_GO,
-                length: 77
-            })
-        );
+        assert_eq!(decode_option_header(&bytes), Ok(OptionHeader { option: OPT_GO, length: 77 }));
         bytes[0] = b'X';
         assert!(decode_option_header(&bytes).is_err());
     }
 
     #[test]
     fn strings_are_validated() {
-        assert_eq!(
-            decode_export_name(b"volume@2026-01-01T00:00:00Z"),
-            Ok("volume@2026-01-01T00:00:00Z")
-        );
+        assert_eq!(decode_export_name(b"volume@2026-01-01T00:00:00Z"), Ok("volume@2026-01-01T00:00:00Z"));
         assert_eq!(decode_export_name(b""), Ok(""));
-        assert_eq!(
-            decode_export_name(b"a\0b"),
-            Err(OptionError::StringHasNul("export name"))
-        );
-        assert_eq!(
-            decode_export_name(&[0xff, 0xfe]),
-            Err(OptionError::StringNotUtf8("export name"))
-        );
+        assert_eq!(decode_export_name(b"a\0b"), Err(OptionError::StringHasNul("export name")));
+        assert_eq!(decode_export_name(&[0xff, 0xfe]), Err(OptionError::StringNotUtf8("export name")));
         let long = vec![b'a'; STRING_BYTES_MAX + 1];
-        assert_eq!(
-            decode_export_name(&long),
-            Err(OptionError::StringTooLong("export name"))
-        );
+        assert_eq!(decode_export_name(&long), Err(OptionError::StringTooLong("export name")));
         assert!(decode_export_name(&long[..STRING_BYTES_MAX]).is_ok());
     }
 
@@ -1189,39 +949,21 @@ mod tests {
 
     #[test]
     fn info_request_rejects_malformed() {
-        assert_eq!(
-            decode_info_request(&[]),
-            Err(OptionError::Truncated("export name"))
-        );
-        assert_eq!(
-            decode_info_request(&info_payload(b"db", 3, &[1, 2])),
-            Err(OptionError::InfoCount)
-        );
-        assert_eq!(
-            decode_info_request(&info_payload(b"db", 1, &[1, 2])),
-            Err(OptionError::InfoCount)
-        );
+        assert_eq!(decode_info_request(&[]), Err(OptionError::Truncated("export name")));
+        assert_eq!(decode_info_request(&info_payload(b"db", 3, &[1, 2])), Err(OptionError::InfoCount));
+        assert_eq!(decode_info_request(&info_payload(b"db", 1, &[1, 2])), Err(OptionError::InfoCount));
         let mut odd = info_payload(b"db", 1, &[1]);
         odd.push(0);
         assert_eq!(decode_info_request(&odd), Err(OptionError::InfoCount));
         // Name length claims more than the payload holds.
         let mut lying = info_payload(b"db", 0, &[]);
         lying[0..4].copy_from_slice(&1000u32.to_be_bytes());
-        assert_eq!(
-            decode_info_request(&lying),
-            Err(OptionError::Truncated("export name"))
-        );
+        assert_eq!(decode_info_request(&lying), Err(OptionError::Truncated("export name")));
         let mut huge = info_payload(b"db", 0, &[]);
         huge[0..4].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert_eq!(
-            decode_info_request(&huge),
-            Err(OptionError::Truncated("export name"))
-        );
+        assert_eq!(decode_info_request(&huge), Err(OptionError::Truncated("export name")));
         // No count after the name.
-        assert_eq!(
-            decode_info_request(&[0, 0, 0, 0]),
-            Err(OptionError::Truncated("information request count"))
-        );
+        assert_eq!(decode_info_request(&[0, 0, 0, 0]), Err(OptionError::Truncated("information request count")));
     }
 
     fn meta_payload(name: &str, count: u32, queries: &[&str]) -> Vec<u8> {
@@ -1237,26 +979,12 @@ mod tests {
 
     #[test]
     fn meta_context_request_decodes() {
-        let data = meta_payload(
-            "db",
-            4,
-            &[
-                "base:allocation",
-                "base:",
-                "qemu:dirty-bitmap:x",
-                "base:other",
-            ],
-        );
+        let data = meta_payload("db", 4, &["base:allocation", "base:", "qemu:dirty-bitmap:x", "base:other"]);
         let request = decode_meta_context_request(&data).unwrap();
         assert_eq!(request.export_name, "db");
         assert_eq!(
             request.queries,
-            vec![
-                MetaQuery::BaseAllocation,
-                MetaQuery::BaseWildcard,
-                MetaQuery::Other,
-                MetaQuery::Other
-            ]
+            vec![MetaQuery::BaseAllocation, MetaQuery::BaseWildcard, MetaQuery::Other, MetaQuery::Other]
         );
         let data = meta_payload("", 0, &[]);
         let none = decode_meta_context_request(&data).unwrap();
@@ -1286,10 +1014,7 @@ mod tests {
             decode_meta_context_request(&meta_payload("db", u32::MAX, &[])),
             Err(OptionError::Truncated("metadata context query"))
         );
-        assert_eq!(
-            decode_meta_context_request(&[0, 0, 0, 0]),
-            Err(OptionError::Truncated("query count"))
-        );
+        assert_eq!(decode_meta_context_request(&[0, 0, 0, 0]), Err(OptionError::Truncated("query count")));
     }
 
     #[test]
@@ -1341,10 +1066,7 @@ mod tests {
         let (_, reply, payload) = option_reply_parts(&out);
         assert_eq!(reply, REP_ERR_UNKNOWN);
         assert_eq!(payload.len(), STRING_BYTES_MAX);
-        assert!(
-            std::str::from_utf8(payload).is_ok(),
-            "cut on a character boundary"
-        );
+        assert!(std::str::from_utf8(payload).is_ok(), "cut on a character boundary");
     }
 
     #[test]
@@ -1359,40 +1081,18 @@ mod tests {
 
     #[test]
     fn transmission_flags_follow_features() {
-        let rw = ExportFeatures {
-            read_only: false,
-            multi_conn: false,
-            fast_zero: false,
-        };
+        let rw = ExportFeatures { read_only: false, multi_conn: false, fast_zero: false };
         let flags = transmission_flags(rw, false);
-        assert_eq!(
-            flags,
-            FLAG_HAS_FLAGS
-                | FLAG_SEND_FLUSH
-                | FLAG_SEND_FUA
-                | FLAG_SEND_TRIM
-                | FLAG_SEND_WRITE_ZEROES
-        );
-        let all = ExportFeatures {
-            read_only: false,
-            multi_conn: true,
-            fast_zero: true,
-        };
+        assert_eq!(flags, FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES);
+        let all = ExportFeatures { read_only: false, multi_conn: true, fast_zero: true };
         let flags = transmission_flags(all, true);
         assert!(flags & FLAG_SEND_FAST_ZERO != 0);
         assert!(flags & FLAG_CAN_MULTI_CONN != 0);
         assert!(flags & FLAG_SEND_DF != 0);
-        let ro = ExportFeatures {
-            read_only: true,
-            multi_conn: false,
-            fast_zero: true,
-        };
+        let ro = ExportFeatures { read_only: true, multi_conn: false, fast_zero: true };
         let flags = transmission_flags(ro, true);
         assert!(flags & FLAG_READ_ONLY != 0);
-        assert_eq!(
-            flags & (FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO),
-            0
-        );
+        assert_eq!(flags & (FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO), 0);
     }
 
     #[test]
@@ -1421,221 +1121,81 @@ mod tests {
     #[test]
     fn valid_requests_pass() {
         let s = session();
-        assert_eq!(
-            validate_request(&request(CMD_READ, 0, 0, 4096), &s),
-            Ok(Command::Read {
-                offset: 0,
-                length: 4096
-            })
-        );
+        assert_eq!(validate_request(&request(CMD_READ, 0, 0, 4096), &s), Ok(Command::Read { offset: 0, length: 4096 }));
         assert_eq!(
             validate_request(&request(CMD_READ, CMD_FLAG_DF, 0, 1), &s),
-            Ok(Command::Read {
-                offset: 0,
-                length: 1
-            })
+            Ok(Command::Read { offset: 0, length: 1 })
         );
         assert_eq!(
             validate_request(&request(CMD_WRITE, CMD_FLAG_FUA, (1 << 20) - 512, 512), &s),
-            Ok(Command::Write {
-                offset: (1 << 20) - 512,
-                length: 512,
-                fua: true
-            })
+            Ok(Command::Write { offset: (1 << 20) - 512, length: 512, fua: true })
         );
-        assert_eq!(
-            validate_request(&request(CMD_FLUSH, 0, 0, 0), &s),
-            Ok(Command::Flush)
-        );
+        assert_eq!(validate_request(&request(CMD_FLUSH, 0, 0, 0), &s), Ok(Command::Flush));
         assert_eq!(
             validate_request(&request(CMD_TRIM, 0, 0, 1 << 20), &s),
-            Ok(Command::Trim {
-                offset: 0,
-                length: 1 << 20,
-                fua: false
-            })
+            Ok(Command::Trim { offset: 0, length: 1 << 20, fua: false })
         );
         assert_eq!(
             validate_request(
-                &request(
-                    CMD_WRITE_ZEROES,
-                    CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO | CMD_FLAG_FUA,
-                    8,
-                    8
-                ),
+                &request(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO | CMD_FLAG_FUA, 8, 8),
                 &s
             ),
-            Ok(Command::WriteZeroes {
-                offset: 8,
-                length: 8,
-                mode: ZeroMode {
-                    fua: true,
-                    no_hole: true,
-                    fast: true
-                }
-            })
+            Ok(Command::WriteZeroes { offset: 8, length: 8, mode: ZeroMode { fua: true, no_hole: true, fast: true } })
         );
         assert_eq!(
             validate_request(&request(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, 100), &s),
-            Ok(Command::BlockStatus {
-                offset: 0,
-                length: 100,
-                req_one: true
-            })
+            Ok(Command::BlockStatus { offset: 0, length: 100, req_one: true })
         );
         // A disconnect ends the session whatever else it carries.
-        assert_eq!(
-            validate_request(&request(CMD_DISC, 0xffff, 5, 5), &s),
-            Ok(Command::Disconnect)
-        );
+        assert_eq!(validate_request(&request(CMD_DISC, 0xffff, 5, 5), &s), Ok(Command::Disconnect));
     }
 
     #[test]
     fn invalid_requests_get_the_spec_errno() {
         let s = session();
-        assert_eq!(
-            errno_of(validate_request(&request(99, 0, 0, 1), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_CACHE, 0, 0, 1), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_READ, 1 << 9, 0, 1), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(
-                &request(CMD_READ, CMD_FLAG_NO_HOLE, 0, 1),
-                &s
-            )),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(
-                &request(CMD_WRITE, CMD_FLAG_REQ_ONE, 0, 1),
-                &s
-            )),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(
-                &request(CMD_TRIM, CMD_FLAG_FAST_ZERO, 0, 1),
-                &s
-            )),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_WRITE, CMD_FLAG_DF, 0, 1), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_FLUSH, 0, 1, 0), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_READ, 0, 0, 0), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_WRITE, 0, 0, 0), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_READ, 0, 1 << 20, 1), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_READ, 0, u64::MAX, 2), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(
-                &request(CMD_TRIM, 0, (1 << 20) - 1, 2),
-                &s
-            )),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(
-                &request(CMD_BLOCK_STATUS, 0, 1 << 20, 1),
-                &s
-            )),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(
-                &request(CMD_WRITE, 0, (1 << 20) - 1, 2),
-                &s
-            )),
-            ENOSPC
-        );
-        assert_eq!(
-            errno_of(validate_request(
-                &request(CMD_WRITE_ZEROES, 0, u64::MAX, 1),
-                &s
-            )),
-            ENOSPC
-        );
+        assert_eq!(errno_of(validate_request(&request(99, 0, 0, 1), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_CACHE, 0, 0, 1), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_READ, 1 << 9, 0, 1), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_READ, CMD_FLAG_NO_HOLE, 0, 1), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_WRITE, CMD_FLAG_REQ_ONE, 0, 1), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_TRIM, CMD_FLAG_FAST_ZERO, 0, 1), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_WRITE, CMD_FLAG_DF, 0, 1), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_FLUSH, 0, 1, 0), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_READ, 0, 0, 0), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_WRITE, 0, 0, 0), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_READ, 0, 1 << 20, 1), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_READ, 0, u64::MAX, 2), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_TRIM, 0, (1 << 20) - 1, 2), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_BLOCK_STATUS, 0, 1 << 20, 1), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_WRITE, 0, (1 << 20) - 1, 2), &s)), ENOSPC);
+        assert_eq!(errno_of(validate_request(&request(CMD_WRITE_ZEROES, 0, u64::MAX, 1), &s)), ENOSPC);
     }
 
     #[test]
     fn read_only_export_refuses_writes_with_eperm() {
         let mut s = session();
-        s.flags = transmission_flags(
-            ExportFeatures {
-                read_only: true,
-                multi_conn: false,
-                fast_zero: false,
-            },
-            true,
-        );
+        s.flags = transmission_flags(ExportFeatures { read_only: true, multi_conn: false, fast_zero: false }, true);
         for command in [CMD_WRITE, CMD_TRIM, CMD_WRITE_ZEROES] {
             // EPERM wins over flags and range problems.
-            assert_eq!(
-                errno_of(validate_request(
-                    &request(command, CMD_FLAG_FUA, u64::MAX, 1),
-                    &s
-                )),
-                EPERM
-            );
+            assert_eq!(errno_of(validate_request(&request(command, CMD_FLAG_FUA, u64::MAX, 1), &s)), EPERM);
         }
         assert!(validate_request(&request(CMD_READ, 0, 0, 1), &s).is_ok());
         assert!(validate_request(&request(CMD_FLUSH, 0, 0, 0), &s).is_ok());
         // FUA was not advertised for a read-only export.
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_READ, CMD_FLAG_FUA, 0, 1), &s)),
-            EINVAL
-        );
+        assert_eq!(errno_of(validate_request(&request(CMD_READ, CMD_FLAG_FUA, 0, 1), &s)), EINVAL);
     }
 
     #[test]
     fn negotiation_gates_commands_and_flags() {
         let mut s = session();
         s.base_allocation = false;
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_BLOCK_STATUS, 0, 0, 1), &s)),
-            EINVAL
-        );
+        assert_eq!(errno_of(validate_request(&request(CMD_BLOCK_STATUS, 0, 0, 1), &s)), EINVAL);
         s.structured_replies = false;
         s.flags &= !FLAG_SEND_DF;
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_BLOCK_STATUS, 0, 0, 1), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_READ, CMD_FLAG_DF, 0, 1), &s)),
-            EINVAL
-        );
+        assert_eq!(errno_of(validate_request(&request(CMD_BLOCK_STATUS, 0, 0, 1), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_READ, CMD_FLAG_DF, 0, 1), &s)), EINVAL);
         s.flags &= !FLAG_SEND_FAST_ZERO;
-        assert_eq!(
-            errno_of(validate_request(
-                &request(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 1),
-                &s
-            )),
-            EINVAL
-        );
+        assert_eq!(errno_of(validate_request(&request(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 1), &s)), EINVAL);
     }
 
     #[test]
@@ -1643,23 +1203,11 @@ mod tests {
         let mut s = session();
         s.block_min = 512;
         s.block_max = 1 << 16;
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_READ, 0, 1, 512), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_READ, 0, 0, 511), &s)),
-            EINVAL
-        );
+        assert_eq!(errno_of(validate_request(&request(CMD_READ, 0, 1, 512), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_READ, 0, 0, 511), &s)), EINVAL);
         assert!(validate_request(&request(CMD_READ, 0, 512, 1024), &s).is_ok());
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_READ, 0, 0, 1 << 17), &s)),
-            EINVAL
-        );
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_WRITE, 0, 0, 1 << 17), &s)),
-            EINVAL
-        );
+        assert_eq!(errno_of(validate_request(&request(CMD_READ, 0, 0, 1 << 17), &s)), EINVAL);
+        assert_eq!(errno_of(validate_request(&request(CMD_WRITE, 0, 0, 1 << 17), &s)), EINVAL);
         // Commands without payload are not bound by the maximum block size.
         assert!(validate_request(&request(CMD_TRIM, 0, 0, 1 << 18), &s).is_ok());
         assert!(validate_request(&request(CMD_WRITE_ZEROES, 0, 0, 1 << 18), &s).is_ok());
@@ -1669,23 +1217,11 @@ mod tests {
     fn oversized_write_payload_disconnects() {
         let s = session();
         let length = PAYLOAD_BYTES_MAX + 1;
-        assert_eq!(
-            validate_request(&request(CMD_WRITE, 0, 0, length), &s),
-            Err(Refusal::Disconnect { length })
-        );
+        assert_eq!(validate_request(&request(CMD_WRITE, 0, 0, length), &s), Err(Refusal::Disconnect { length }));
         // Reads of the same size carry no client payload: a plain error.
-        assert_eq!(
-            errno_of(validate_request(&request(CMD_READ, 0, 0, length), &s)),
-            EINVAL
-        );
-        assert!(validate_request(
-            &request(CMD_WRITE, 0, 0, PAYLOAD_BYTES_MAX),
-            &Session {
-                size_bytes: u64::MAX,
-                ..s
-            }
-        )
-        .is_ok());
+        assert_eq!(errno_of(validate_request(&request(CMD_READ, 0, 0, length), &s)), EINVAL);
+        assert!(validate_request(&request(CMD_WRITE, 0, 0, PAYLOAD_BYTES_MAX), &Session { size_bytes: u64::MAX, ..s })
+            .is_ok());
     }
 
     #[test]
@@ -1719,37 +1255,20 @@ mod tests {
         assert_eq!(&out[20..24], &META_BASE_ALLOCATION_ID.to_be_bytes());
         out[24..]
             .chunks_exact(8)
-            .map(|d| {
-                (
-                    u32::from_be_bytes(d[0..4].try_into().unwrap()),
-                    u32::from_be_bytes(d[4..8].try_into().unwrap()),
-                )
-            })
+            .map(|d| (u32::from_be_bytes(d[0..4].try_into().unwrap()), u32::from_be_bytes(d[4..8].try_into().unwrap())))
             .collect()
     }
 
     fn extent(length: u64, hole: bool) -> Extent {
-        Extent {
-            length,
-            hole,
-            zero: hole,
-        }
+        Extent { length, hole, zero: hole }
     }
 
     #[test]
     fn block_status_merges_and_limits() {
         let mut out = Vec::new();
-        let extents = [
-            extent(512, false),
-            extent(512, false),
-            extent(1024, true),
-            extent(512, false),
-        ];
+        let extents = [extent(512, false), extent(512, false), extent(1024, true), extent(512, false)];
         push_block_status_chunk(&mut out, 1, &extents, 4096, false);
-        assert_eq!(
-            descriptors(&out),
-            vec![(1024, 0), (1024, STATE_HOLE | STATE_ZERO), (512, 0)]
-        );
+        assert_eq!(descriptors(&out), vec![(1024, 0), (1024, STATE_HOLE | STATE_ZERO), (512, 0)]);
 
         out.clear();
         push_block_status_chunk(&mut out, 1, &extents, 4096, true);
@@ -1759,9 +1278,7 @@ mod tests {
         push_block_status_chunk(&mut out, 1, &[extent(100, true)], 100, true);
         assert_eq!(descriptors(&out), vec![(100, STATE_HOLE | STATE_ZERO)]);
 
-        let many: Vec<Extent> = (0..EXTENTS_PER_REPLY_MAX as u64 + 10)
-            .map(|i| extent(1, i % 2 == 0))
-            .collect();
+        let many: Vec<Extent> = (0..EXTENTS_PER_REPLY_MAX as u64 + 10).map(|i| extent(1, i % 2 == 0)).collect();
         out.clear();
         push_block_status_chunk(&mut out, 1, &many, u32::MAX, false);
         assert_eq!(descriptors(&out).len(), EXTENTS_PER_REPLY_MAX);
@@ -1779,33 +1296,16 @@ mod tests {
         use proptest::prelude::*;
 
         fn session_strategy() -> impl Strategy<Value = Session> {
-            (
-                any::<u64>(),
-                any::<u16>(),
-                0u32..=16,
-                any::<u32>(),
-                any::<bool>(),
-                any::<bool>(),
+            (any::<u64>(), any::<u16>(), 0u32..=16, any::<u32>(), any::<bool>(), any::<bool>()).prop_map(
+                |(size_bytes, flags, min_shift, block_max, structured_replies, base_allocation)| Session {
+                    size_bytes,
+                    flags: flags | FLAG_HAS_FLAGS,
+                    block_min: 1 << min_shift,
+                    block_max: block_max.min(PAYLOAD_BYTES_MAX),
+                    structured_replies,
+                    base_allocation,
+                },
             )
-                .prop_map(
-                    |(
-                        size_bytes,
-                        flags,
-                        min_shift,
-                        block_max,
-                        structured_replies,
-                        base_allocation,
-                    )| {
-                        Session {
-                            size_bytes,
-                            flags: flags | FLAG_HAS_FLAGS,
-                            block_min: 1 << min_shift,
-                            block_max: block_max.min(PAYLOAD_BYTES_MAX),
-                            structured_replies,
-                            base_allocation,
-                        }
-                    },
-                )
         }
 
         proptest! {

@@ -236,18 +236,9 @@ pub struct Server {
 
 impl Server {
     pub fn new(catalog: Arc<dyn Catalog>, config: ServerConfig) -> Server {
-        assert!(
-            config.connections_max > 0,
-            "connections_max must be positive"
-        );
-        assert!(
-            !config.handshake_timeout.is_zero(),
-            "handshake_timeout must be positive"
-        );
-        assert!(
-            !config.write_timeout.is_zero(),
-            "write_timeout must be positive"
-        );
+        assert!(config.connections_max > 0, "connections_max must be positive");
+        assert!(!config.handshake_timeout.is_zero(), "handshake_timeout must be positive");
+        assert!(!config.write_timeout.is_zero(), "write_timeout must be positive");
         Server {
             shared: Arc::new(Shared {
                 catalog,
@@ -274,19 +265,10 @@ impl Server {
     pub fn serve_unix(&self, path: impl AsRef<Path>) -> io::Result<()> {
         let path = path.as_ref();
         let listener = UnixListener::bind(path)?;
-        self.start_listener(
-            listener,
-            Some(path.to_owned()),
-            format!("unix:{}", path.display()),
-        )
+        self.start_listener(listener, Some(path.to_owned()), format!("unix:{}", path.display()))
     }
 
-    fn start_listener<L: Listener>(
-        &self,
-        listener: L,
-        unix_path: Option<PathBuf>,
-        name: String,
-    ) -> io::Result<()> {
+    fn start_listener<L: Listener>(&self, listener: L, unix_path: Option<PathBuf>, name: String) -> io::Result<()> {
         let mut listeners = self.listeners.lock();
         if self.shared.is_stopping() {
             return Err(io::Error::other("the NBD server is shut down"));
@@ -297,18 +279,12 @@ impl Server {
         let (wake, wake_rx) = UnixStream::pair()?;
         let shared = Arc::clone(&self.shared);
         let span_name = name.clone();
-        let thread = thread::Builder::new()
-            .name("nbd-accept".to_owned())
-            .spawn(move || {
-                let _span = info_span!("nbd_listener", listener = %span_name).entered();
-                accept_loop(&shared, &listener, &wake_rx);
-            })?;
+        let thread = thread::Builder::new().name("nbd-accept".to_owned()).spawn(move || {
+            let _span = info_span!("nbd_listener", listener = %span_name).entered();
+            accept_loop(&shared, &listener, &wake_rx);
+        })?;
         info!(listener = %name, "NBD server listening");
-        listeners.push(ListenerHandle {
-            wake,
-            thread,
-            unix_path,
-        });
+        listeners.push(ListenerHandle { wake, thread, unix_path });
         Ok(())
     }
 
@@ -322,12 +298,7 @@ impl Server {
     pub fn shutdown(&self) {
         self.shared.stopping.store(true, Ordering::Release);
         let listeners = std::mem::take(&mut *self.listeners.lock());
-        for ListenerHandle {
-            wake,
-            thread,
-            unix_path,
-        } in listeners
-        {
+        for ListenerHandle { wake, thread, unix_path } in listeners {
             drop(wake);
             if thread.join().is_err() {
                 error!("NBD accept thread panicked");
@@ -362,10 +333,7 @@ impl Drop for Server {
 
 fn accept_loop<L: Listener>(shared: &Arc<Shared>, listener: &L, wake: &UnixStream) {
     loop {
-        let mut fds = [
-            PollFd::new(listener, PollFlags::IN),
-            PollFd::new(wake, PollFlags::IN),
-        ];
+        let mut fds = [PollFd::new(listener, PollFlags::IN), PollFd::new(wake, PollFlags::IN)];
         match poll(&mut fds, None) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
@@ -385,18 +353,13 @@ fn accept_loop<L: Listener>(shared: &Arc<Shared>, listener: &L, wake: &UnixStrea
             Err(error)
                 if matches!(
                     error.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::Interrupted
-                        | io::ErrorKind::ConnectionAborted
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
                 ) => {}
             Err(error) => {
                 warn!(%error, "accept failed");
                 // Wait for shutdown or the backoff, whichever comes first.
                 let mut fds = [PollFd::new(wake, PollFlags::IN)];
-                let backoff = Timespec {
-                    tv_sec: 0,
-                    tv_nsec: ACCEPT_ERROR_BACKOFF.as_nanos() as _,
-                };
+                let backoff = Timespec { tv_sec: 0, tv_nsec: ACCEPT_ERROR_BACKOFF.as_nanos() as _ };
                 if matches!(poll(&mut fds, Some(&backoff)), Ok(n) if n > 0) {
                     return;
                 }
@@ -430,19 +393,14 @@ fn admit<S: IntoControl>(shared: &Arc<Shared>, stream: S, peer: String) {
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
     table.live.insert(id, control.into_control());
     let thread_shared = Arc::clone(shared);
-    let spawned = thread::Builder::new()
-        .name(format!("nbd-conn-{id}"))
-        .spawn(move || {
-            // Declared first so it drops last, after the connection's own socket
-            // handles, even if serving panics.
-            let _deregister = Deregister {
-                shared: Arc::clone(&thread_shared),
-                id,
-            };
-            let _span = info_span!("nbd_connection", id, peer = %peer).entered();
-            info!("connection opened");
-            connection::serve(stream, thread_shared);
-        });
+    let spawned = thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
+        // Declared first so it drops last, after the connection's own socket
+        // handles, even if serving panics.
+        let _deregister = Deregister { shared: Arc::clone(&thread_shared), id };
+        let _span = info_span!("nbd_connection", id, peer = %peer).entered();
+        info!("connection opened");
+        connection::serve(stream, thread_shared);
+    });
     match spawned {
         Ok(thread) => table.threads.push(thread),
         Err(error) => {

@@ -76,11 +76,7 @@ fn nbdinfo_describes_exports_over_tcp_and_unix() {
         assert!(out.contains(expected), "{expected:?} missing from:\n{out}");
     }
 
-    let json = run_ok(
-        tool("nbdinfo")
-            .arg("--json")
-            .arg(server.unix_uri(READ_ONLY)),
-    );
+    let json = run_ok(tool("nbdinfo").arg("--json").arg(server.unix_uri(READ_ONLY)));
     for expected in [
         "\"export-name\": \"ro\"",
         "\"export-size\": 4194304",
@@ -90,49 +86,24 @@ fn nbdinfo_describes_exports_over_tcp_and_unix() {
         "\"structured\": true",
         "\"description\": \"frozen view\"",
     ] {
-        assert!(
-            json.contains(expected),
-            "{expected:?} missing from:\n{json}"
-        );
+        assert!(json.contains(expected), "{expected:?} missing from:\n{json}");
     }
 
     let size = run_ok(tool("nbdinfo").arg("--size").arg(server.unix_uri(SPARSE)));
     assert_eq!(size.trim(), SPARSE_BYTES.to_string());
-    let out = run_ok(
-        tool("nbdinfo")
-            .args(["--can", "fast-zero"])
-            .arg(server.uri(SPARSE)),
-    );
+    let out = run_ok(tool("nbdinfo").args(["--can", "fast-zero"]).arg(server.uri(SPARSE)));
     assert!(out.is_empty(), "--can exits 0 silently when true: {out}");
 }
 
 #[test]
 fn nbdinfo_lists_all_exports() {
     let server = TestServer::start();
-    let out = run_ok(
-        tool("nbdinfo")
-            .arg("--list")
-            .arg(format!("nbd://{}", server.address)),
-    );
-    for (name, description) in [
-        (DISK, "scratch disk"),
-        (READ_ONLY, "frozen view"),
-        (SPARSE, "thin disk"),
-    ] {
-        assert!(
-            out.contains(&format!("export=\"{name}\"")),
-            "{name} missing from:\n{out}"
-        );
-        assert!(
-            out.contains(&format!("description: {description}")),
-            "{description} missing:\n{out}"
-        );
+    let out = run_ok(tool("nbdinfo").arg("--list").arg(format!("nbd://{}", server.address)));
+    for (name, description) in [(DISK, "scratch disk"), (READ_ONLY, "frozen view"), (SPARSE, "thin disk")] {
+        assert!(out.contains(&format!("export=\"{name}\"")), "{name} missing from:\n{out}");
+        assert!(out.contains(&format!("description: {description}")), "{description} missing:\n{out}");
     }
-    let json = run_ok(
-        tool("nbdinfo")
-            .args(["--list", "--json"])
-            .arg(server.unix_uri("")),
-    );
+    let json = run_ok(tool("nbdinfo").args(["--list", "--json"]).arg(server.unix_uri("")));
     assert_eq!(json.matches("\"export-name\"").count(), 3, "{json}");
 }
 
@@ -142,10 +113,7 @@ fn nbdinfo_maps_holes_and_data() {
     server.export(SPARSE).set_contents(1 << 20, &[0xee; 8192]);
     server.export(SPARSE).set_contents(6 << 20, &[0xee; 4096]);
     let out = run_ok(tool("nbdinfo").arg("--map").arg(server.uri(SPARSE)));
-    let map: Vec<Vec<String>> = out
-        .lines()
-        .map(|line| line.split_whitespace().map(str::to_owned).collect())
-        .collect();
+    let map: Vec<Vec<String>> = out.lines().map(|line| line.split_whitespace().map(str::to_owned).collect()).collect();
     let expected = [
         ("0", "1048576", "3", "hole,zero"),
         ("1048576", "8192", "0", "data"),
@@ -153,17 +121,11 @@ fn nbdinfo_maps_holes_and_data() {
         ("6291456", "4096", "0", "data"),
         ("6295552", "2093056", "3", "hole,zero"),
     ];
-    let expected: Vec<Vec<String>> = expected
-        .iter()
-        .map(|(a, b, c, d)| vec![a.to_string(), b.to_string(), c.to_string(), d.to_string()])
-        .collect();
+    let expected: Vec<Vec<String>> =
+        expected.iter().map(|(a, b, c, d)| vec![a.to_string(), b.to_string(), c.to_string(), d.to_string()]).collect();
     assert_eq!(map, expected, "nbdinfo --map printed:\n{out}");
 
-    let totals = run_ok(
-        tool("nbdinfo")
-            .args(["--map", "--totals"])
-            .arg(server.unix_uri(SPARSE)),
-    );
+    let totals = run_ok(tool("nbdinfo").args(["--map", "--totals"]).arg(server.unix_uri(SPARSE)));
     assert!(totals.contains("12288"), "data total missing:\n{totals}");
 }
 
@@ -172,23 +134,15 @@ fn failing_open_shows_the_catalog_message() {
     let server = TestServer::start();
     // libnbd 1.14 reports the server's message in its debug output; newer
     // versions also put it in the error itself. Either way it is on stderr.
-    let output = run(tool("nbdinfo")
-        .env("LIBNBD_DEBUG", "1")
-        .arg(server.uri(TOO_OLD)));
+    let output = run(tool("nbdinfo").env("LIBNBD_DEBUG", "1").arg(server.uri(TOO_OLD)));
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains(TOO_OLD_MESSAGE),
-        "message missing from nbdinfo stderr:\n{stderr}"
-    );
+    assert!(stderr.contains(TOO_OLD_MESSAGE), "message missing from nbdinfo stderr:\n{stderr}");
 
     let output = run(tool("qemu-img").args(["info", &server.uri(TOO_OLD)]));
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains(TOO_OLD_MESSAGE),
-        "message missing from qemu-img stderr:\n{stderr}"
-    );
+    assert!(stderr.contains(TOO_OLD_MESSAGE), "message missing from qemu-img stderr:\n{stderr}");
 
     let output = run(tool("nbdinfo").arg(server.uri("no-such-export")));
     assert!(!output.status.success());
@@ -203,17 +157,11 @@ fn nbdcopy_uploads_and_downloads() {
     write_file(&source, &data);
 
     run_ok(tool("nbdcopy").arg(&source).arg(server.uri(DISK)));
-    assert!(
-        server.export(DISK).snapshot() == data,
-        "export differs after upload"
-    );
+    assert!(server.export(DISK).snapshot() == data, "export differs after upload");
 
     let back = dir.path().join("back.raw");
     run_ok(tool("nbdcopy").arg(server.unix_uri(DISK)).arg(&back));
-    assert!(
-        std::fs::read(&back).unwrap() == data,
-        "download differs from upload"
-    );
+    assert!(std::fs::read(&back).unwrap() == data, "download differs from upload");
 
     let ro = dir.path().join("ro.raw");
     run_ok(tool("nbdcopy").arg(server.uri(READ_ONLY)).arg(&ro));
@@ -236,56 +184,19 @@ fn qemu_img_info_convert_compare() {
     write_file(&source, &data);
     let source = source.to_str().unwrap();
 
-    run_ok(tool("qemu-img").args([
-        "convert",
-        "-n",
-        "-f",
-        "raw",
-        "-O",
-        "raw",
-        source,
-        &server.uri(SPARSE),
-    ]));
-    assert!(
-        server.export(SPARSE).snapshot() == data,
-        "export differs after convert"
-    );
-    let same = run_ok(tool("qemu-img").args([
-        "compare",
-        "-f",
-        "raw",
-        "-F",
-        "raw",
-        source,
-        &server.unix_uri(SPARSE),
-    ]));
+    run_ok(tool("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw", source, &server.uri(SPARSE)]));
+    assert!(server.export(SPARSE).snapshot() == data, "export differs after convert");
+    let same = run_ok(tool("qemu-img").args(["compare", "-f", "raw", "-F", "raw", source, &server.unix_uri(SPARSE)]));
     assert!(same.contains("Images are identical"), "{same}");
 
     let back = dir.path().join("back.raw");
-    run_ok(
-        tool("qemu-img")
-            .args(["convert", "-f", "raw", "-O", "raw", &server.uri(SPARSE)])
-            .arg(&back),
-    );
+    run_ok(tool("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &server.uri(SPARSE)]).arg(&back));
     assert!(std::fs::read(&back).unwrap() == data);
 
     // compare notices a difference, so the check above means something.
     server.export(SPARSE).set_contents(3 << 20, &[1]);
-    let output = run(tool("qemu-img").args([
-        "compare",
-        "-f",
-        "raw",
-        "-F",
-        "raw",
-        source,
-        &server.uri(SPARSE),
-    ]));
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    let output = run(tool("qemu-img").args(["compare", "-f", "raw", "-F", "raw", source, &server.uri(SPARSE)]));
+    assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stdout));
 }
 
 #[test]
@@ -294,26 +205,22 @@ fn qemu_io_reads_writes_zeroes_discards_and_flushes() {
     let export = server.export(DISK);
     export.set_contents(128 << 10, &[0x77; 64 << 10]);
     let flushes_before = export.flushes.load(Ordering::Relaxed);
-    let out = run_ok(
-        tool("qemu-io")
-            .args(["-f", "raw", &server.uri(DISK)])
-            .args([
-                "-c",
-                "write -P 0xab 0 64k",
-                "-c",
-                "read -P 0xab 0 64k",
-                "-c",
-                "write -z 64k 64k",
-                "-c",
-                "read -P 0 64k 64k",
-                "-c",
-                "discard 128k 64k",
-                "-c",
-                "write -P 0xcd 1m 512",
-                "-c",
-                "flush",
-            ]),
-    );
+    let out = run_ok(tool("qemu-io").args(["-f", "raw", &server.uri(DISK)]).args([
+        "-c",
+        "write -P 0xab 0 64k",
+        "-c",
+        "read -P 0xab 0 64k",
+        "-c",
+        "write -z 64k 64k",
+        "-c",
+        "read -P 0 64k 64k",
+        "-c",
+        "discard 128k 64k",
+        "-c",
+        "write -P 0xcd 1m 512",
+        "-c",
+        "flush",
+    ]));
     assert!(!out.contains("failed"), "{out}");
     assert_eq!(out.matches("wrote ").count(), 3, "{out}");
     assert_eq!(out.matches("read ").count(), 2, "{out}");
@@ -323,22 +230,11 @@ fn qemu_io_reads_writes_zeroes_discards_and_flushes() {
     assert!(contents[64 << 10..128 << 10].iter().all(|&b| b == 0));
     // The test export zeroes what is discarded.
     assert!(contents[128 << 10..192 << 10].iter().all(|&b| b == 0));
-    assert!(contents[1 << 20..(1 << 20) + 512]
-        .iter()
-        .all(|&b| b == 0xcd));
-    assert!(
-        export.flushes.load(Ordering::Relaxed) > flushes_before,
-        "flush reached the export"
-    );
+    assert!(contents[1 << 20..(1 << 20) + 512].iter().all(|&b| b == 0xcd));
+    assert!(export.flushes.load(Ordering::Relaxed) > flushes_before, "flush reached the export");
 
     // A pattern mismatch is reported: the checks above can fail.
-    let output = run(tool("qemu-io").args([
-        "-f",
-        "raw",
-        &server.unix_uri(DISK),
-        "-c",
-        "read -P 0xab 64k 4k",
-    ]));
+    let output = run(tool("qemu-io").args(["-f", "raw", &server.unix_uri(DISK), "-c", "read -P 0xab 64k 4k"]));
     assert!(!output.status.success());
     let out = String::from_utf8_lossy(&output.stdout);
     assert!(out.contains("Pattern verification failed"), "{out}");
@@ -349,13 +245,7 @@ fn writes_to_a_read_only_export_fail_with_eperm() {
     let server = TestServer::start();
     let before = server.export(READ_ONLY).snapshot();
     // qemu refuses to open a read-only export for writing at all.
-    let output = run(tool("qemu-io").args([
-        "-f",
-        "raw",
-        &server.uri(READ_ONLY),
-        "-c",
-        "write -P 0xab 0 4k",
-    ]));
+    let output = run(tool("qemu-io").args(["-f", "raw", &server.uri(READ_ONLY), "-c", "write -P 0xab 0 4k"]));
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("Permission denied"), "{stderr}");
@@ -377,11 +267,7 @@ except nbd.Error as e:
 print(h.pread(4, 0).hex())
 ";
     let out = run_ok(tool("nbdsh").args(["-u", &server.uri(READ_ONLY), "-c", script]));
-    assert_eq!(
-        out.lines().collect::<Vec<_>>(),
-        vec!["errno EPERM", "errno EPERM", "00070e15"],
-        "{out}"
-    );
+    assert_eq!(out.lines().collect::<Vec<_>>(), vec!["errno EPERM", "errno EPERM", "00070e15"], "{out}");
     assert!(server.export(READ_ONLY).snapshot() == before);
 }
 
@@ -411,14 +297,7 @@ print('ok')
     let out = run_ok(tool("nbdsh").args(["-u", &server.uri(DISK), "-c", &script]));
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
-        vec![
-            "True True",
-            "True",
-            "read EINVAL",
-            "read EINVAL",
-            "write ENOSPC",
-            "ok"
-        ],
+        vec!["True True", "True", "read EINVAL", "read EINVAL", "write ENOSPC", "ok"],
         "{out}"
     );
 }
@@ -427,39 +306,20 @@ fn fio(uri: &str, job: &[&str]) -> Command {
     let mut command = tool("fio");
     // Without this fio leaves `*-verify.state` files in the working directory.
     command.arg("--verify_state_save=0");
-    command
-        .args(["--name=rewind", "--ioengine=nbd", &format!("--uri={uri}")])
-        .args(job);
+    command.args(["--name=rewind", "--ioengine=nbd", &format!("--uri={uri}")]).args(job);
     command
 }
 
 #[test]
 fn fio_verifies_random_and_sequential_writes() {
     let server = TestServer::start();
-    let common = [
-        "--size=8M",
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_fatal=1",
-    ];
-    let out = run_ok(fio(&server.uri(DISK), &common).args([
-        "--rw=randwrite",
-        "--bs=4k",
-        "--iodepth=16",
-        "--offset=0",
-    ]));
+    let common = ["--size=8M", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1"];
+    let out = run_ok(fio(&server.uri(DISK), &common).args(["--rw=randwrite", "--bs=4k", "--iodepth=16", "--offset=0"]));
     assert!(out.contains("err= 0"), "{out}");
-    assert!(
-        out.contains("READ:"),
-        "the verify pass must have read:\n{out}"
-    );
+    assert!(out.contains("READ:"), "the verify pass must have read:\n{out}");
 
-    let out = run_ok(fio(&server.unix_uri(DISK), &common).args([
-        "--rw=write",
-        "--bs=1m",
-        "--iodepth=4",
-        "--offset=8M",
-    ]));
+    let out =
+        run_ok(fio(&server.unix_uri(DISK), &common).args(["--rw=write", "--bs=1m", "--iodepth=4", "--offset=8M"]));
     assert!(out.contains("err= 0"), "{out}");
 
     // Several connections at once (fio jobs), each verifying its own range.
@@ -475,21 +335,12 @@ fn fio_verifies_random_and_sequential_writes() {
 
     // The data survives on the server: re-verify without writing, then show
     // that a corrupted block is caught.
-    let verify_only = [
-        "--size=8M",
-        "--verify=crc32c",
-        "--verify_only",
-        "--verify_fatal=1",
-    ];
+    let verify_only = ["--size=8M", "--verify=crc32c", "--verify_only", "--verify_fatal=1"];
     run_ok(fio(&server.uri(DISK), &verify_only).args(["--rw=randwrite", "--bs=4k", "--offset=0"]));
     let mut block = vec![0u8; 4096];
     block.copy_from_slice(&server.export(DISK).snapshot()[8192..12288]);
     block[100] ^= 0xff;
     server.export(DISK).set_contents(8192, &block);
-    let output =
-        run(fio(&server.uri(DISK), &verify_only).args(["--rw=randwrite", "--bs=4k", "--offset=0"]));
-    assert!(
-        !output.status.success(),
-        "fio must catch the corrupted block"
-    );
+    let output = run(fio(&server.uri(DISK), &verify_only).args(["--rw=randwrite", "--bs=4k", "--offset=0"]));
+    assert!(!output.status.success(), "fio must catch the corrupted block");
 }

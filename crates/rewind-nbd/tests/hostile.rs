@@ -64,12 +64,7 @@ fn unknown_options_get_unsup_and_negotiation_continues() {
     let (server, mut bystander) = server_and_bystander();
     let mut client = RawClient::tcp(server.address);
     client.start(p::FLAG_C_FIXED_NEWSTYLE);
-    for option in [
-        0x1234,
-        p::OPT_PEEK_EXPORT,
-        p::OPT_EXTENDED_HEADERS,
-        u32::MAX,
-    ] {
+    for option in [0x1234, p::OPT_PEEK_EXPORT, p::OPT_EXTENDED_HEADERS, u32::MAX] {
         let replies = client.option(option, b"some data the server must skip");
         assert_eq!(replies.len(), 1);
         assert_eq!(replies[0].reply_type, p::REP_ERR_UNSUP);
@@ -96,30 +91,16 @@ fn malformed_options_get_invalid_with_a_message() {
         (p::OPT_INFO, info_data("bad\0name", &[])),
         (p::OPT_INFO, vec![0, 0, 0, 2, 0xff, 0xfe, 0, 0]),
         // Meta contexts need structured replies first.
-        (
-            p::OPT_SET_META_CONTEXT,
-            meta_data(DISK, &[p::META_BASE_ALLOCATION]),
-        ),
+        (p::OPT_SET_META_CONTEXT, meta_data(DISK, &[p::META_BASE_ALLOCATION])),
     ];
     for (option, data) in cases {
         let replies = client.option(option, &data);
         assert_eq!(replies.len(), 1, "{replies:?}");
-        assert_eq!(
-            replies[0].reply_type,
-            p::REP_ERR_INVALID,
-            "option {option}: {replies:?}"
-        );
+        assert_eq!(replies[0].reply_type, p::REP_ERR_INVALID, "option {option}: {replies:?}");
         assert!(!replies[0].data.is_empty(), "error replies carry a message");
     }
-    assert_eq!(
-        client.option(p::OPT_STRUCTURED_REPLY, &[])[0].reply_type,
-        p::REP_ACK
-    );
-    for data in [
-        meta_data(DISK, &["allocation"]),
-        meta_data(DISK, &[":x"]),
-        vec![0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0],
-    ] {
+    assert_eq!(client.option(p::OPT_STRUCTURED_REPLY, &[])[0].reply_type, p::REP_ACK);
+    for data in [meta_data(DISK, &["allocation"]), meta_data(DISK, &[":x"]), vec![0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0]] {
         let replies = client.option(p::OPT_LIST_META_CONTEXT, &data);
         assert_eq!(replies[0].reply_type, p::REP_ERR_INVALID, "{replies:?}");
     }
@@ -142,11 +123,7 @@ fn starttls_is_declined_by_policy() {
 /// GO on a connection whose handshake already started, then a sanity check.
 fn go_and_check(client: &mut RawClient, name: &str) {
     let replies = client.option(p::OPT_GO, &info_data(name, &[]));
-    assert_eq!(
-        replies.last().unwrap().reply_type,
-        p::REP_ACK,
-        "{replies:?}"
-    );
+    assert_eq!(replies.last().unwrap().reply_type, p::REP_ACK, "{replies:?}");
     assert_healthy(client, 9);
 }
 
@@ -169,23 +146,13 @@ fn go_for_a_missing_export_reports_the_catalog_message_and_allows_retry() {
     client.start(p::FLAG_C_FIXED_NEWSTYLE);
     for option in [p::OPT_INFO, p::OPT_GO] {
         let replies = client.option(option, &info_data(TOO_OLD, &[p::INFO_NAME]));
-        assert_eq!(
-            replies.len(),
-            1,
-            "no NBD_REP_INFO before an error: {replies:?}"
-        );
+        assert_eq!(replies.len(), 1, "no NBD_REP_INFO before an error: {replies:?}");
         assert_eq!(replies[0].reply_type, p::REP_ERR_UNKNOWN);
-        assert_eq!(
-            String::from_utf8(replies[0].data.clone()).unwrap(),
-            TOO_OLD_MESSAGE
-        );
+        assert_eq!(String::from_utf8(replies[0].data.clone()).unwrap(), TOO_OLD_MESSAGE);
     }
     let replies = client.option(p::OPT_GO, &info_data("missing", &[]));
     assert_eq!(replies[0].reply_type, p::REP_ERR_UNKNOWN);
-    assert_eq!(
-        String::from_utf8_lossy(&replies[0].data),
-        "no export named 'missing'"
-    );
+    assert_eq!(String::from_utf8_lossy(&replies[0].data), "no export named 'missing'");
     go_and_check(&mut client, DISK);
     assert_healthy(&mut bystander, 11);
 }
@@ -197,53 +164,31 @@ fn info_replies_honour_the_requested_information() {
     client.start(p::FLAG_C_FIXED_NEWSTYLE);
 
     let replies = client.option(p::OPT_INFO, &info_data(READ_ONLY, &[]));
-    let types: Vec<u16> = replies[..replies.len() - 1]
-        .iter()
-        .map(|r| u16::from_be_bytes([r.data[0], r.data[1]]))
-        .collect();
-    assert_eq!(
-        types,
-        vec![p::INFO_EXPORT],
-        "only NBD_INFO_EXPORT unless asked"
-    );
+    let types: Vec<u16> =
+        replies[..replies.len() - 1].iter().map(|r| u16::from_be_bytes([r.data[0], r.data[1]])).collect();
+    assert_eq!(types, vec![p::INFO_EXPORT], "only NBD_INFO_EXPORT unless asked");
 
-    let asked = [
-        p::INFO_BLOCK_SIZE,
-        p::INFO_NAME,
-        p::INFO_DESCRIPTION,
-        0x7777,
-    ];
+    let asked = [p::INFO_BLOCK_SIZE, p::INFO_NAME, p::INFO_DESCRIPTION, 0x7777];
     let replies = client.option(p::OPT_INFO, &info_data(READ_ONLY, &asked));
     assert_eq!(replies.last().unwrap().reply_type, p::REP_ACK);
     let info = |kind: u16| {
         replies
             .iter()
-            .find(|r| {
-                r.reply_type == p::REP_INFO && u16::from_be_bytes([r.data[0], r.data[1]]) == kind
-            })
+            .find(|r| r.reply_type == p::REP_INFO && u16::from_be_bytes([r.data[0], r.data[1]]) == kind)
             .unwrap_or_else(|| panic!("info {kind} missing from {replies:?}"))
             .data[2..]
             .to_vec()
     };
     let export = info(p::INFO_EXPORT);
-    assert_eq!(
-        u64::from_be_bytes(export[0..8].try_into().unwrap()),
-        READ_ONLY_BYTES as u64
-    );
+    assert_eq!(u64::from_be_bytes(export[0..8].try_into().unwrap()), READ_ONLY_BYTES as u64);
     let flags = u16::from_be_bytes(export[8..10].try_into().unwrap());
     assert_eq!(flags & p::FLAG_READ_ONLY, p::FLAG_READ_ONLY);
-    assert_eq!(
-        flags & (p::FLAG_SEND_WRITE_ZEROES | p::FLAG_SEND_TRIM | p::FLAG_SEND_FUA),
-        0
-    );
+    assert_eq!(flags & (p::FLAG_SEND_WRITE_ZEROES | p::FLAG_SEND_TRIM | p::FLAG_SEND_FUA), 0);
     assert_eq!(flags & p::FLAG_CAN_MULTI_CONN, p::FLAG_CAN_MULTI_CONN);
     assert_eq!(info(p::INFO_NAME), READ_ONLY.as_bytes());
     assert_eq!(info(p::INFO_DESCRIPTION), b"frozen view");
     let sizes = info(p::INFO_BLOCK_SIZE);
-    let sizes: Vec<u32> = sizes
-        .chunks(4)
-        .map(|c| u32::from_be_bytes(c.try_into().unwrap()))
-        .collect();
+    let sizes: Vec<u32> = sizes.chunks(4).map(|c| u32::from_be_bytes(c.try_into().unwrap())).collect();
     assert_eq!(sizes, vec![1, 4096, p::PAYLOAD_BYTES_MAX]);
     assert_eq!(replies.len(), 5, "one reply per known info type plus ACK");
 }
@@ -265,17 +210,10 @@ fn list_and_meta_context_queries() {
         .collect();
     assert_eq!(names, vec![DISK, READ_ONLY, SPARSE]);
 
-    assert_eq!(
-        client.option(p::OPT_STRUCTURED_REPLY, &[])[0].reply_type,
-        p::REP_ACK
-    );
+    assert_eq!(client.option(p::OPT_STRUCTURED_REPLY, &[])[0].reply_type, p::REP_ACK);
     let contexts = |client: &mut RawClient, option, queries: &[&str]| -> Vec<(u32, String)> {
         let replies = client.option(option, &meta_data(SPARSE, queries));
-        assert_eq!(
-            replies.last().unwrap().reply_type,
-            p::REP_ACK,
-            "{replies:?}"
-        );
+        assert_eq!(replies.last().unwrap().reply_type, p::REP_ACK, "{replies:?}");
         replies[..replies.len() - 1]
             .iter()
             .map(|r| {
@@ -288,35 +226,14 @@ fn list_and_meta_context_queries() {
     let base = |id| vec![(id, p::META_BASE_ALLOCATION.to_owned())];
     let list = p::OPT_LIST_META_CONTEXT;
     let set = p::OPT_SET_META_CONTEXT;
-    assert_eq!(
-        contexts(&mut client, list, &[]),
-        base(0),
-        "no query lists everything"
-    );
-    assert_eq!(
-        contexts(&mut client, list, &["base:"]),
-        base(0),
-        "base: is a wildcard"
-    );
-    assert_eq!(
-        contexts(&mut client, list, &["base:allocation", "base:allocation"]),
-        base(0)
-    );
-    assert_eq!(
-        contexts(&mut client, list, &["x-foo:bar", "qemu:dirty-bitmap:a"]),
-        vec![]
-    );
+    assert_eq!(contexts(&mut client, list, &[]), base(0), "no query lists everything");
+    assert_eq!(contexts(&mut client, list, &["base:"]), base(0), "base: is a wildcard");
+    assert_eq!(contexts(&mut client, list, &["base:allocation", "base:allocation"]), base(0));
+    assert_eq!(contexts(&mut client, list, &["x-foo:bar", "qemu:dirty-bitmap:a"]), vec![]);
     assert_eq!(contexts(&mut client, list, &["base:nothing"]), vec![]);
-    assert_eq!(
-        contexts(&mut client, set, &["base:"]),
-        vec![],
-        "base: selects nothing"
-    );
+    assert_eq!(contexts(&mut client, set, &["base:"]), vec![], "base: selects nothing");
     assert_eq!(contexts(&mut client, set, &[]), vec![]);
-    assert_eq!(
-        contexts(&mut client, set, &["x-foo:bar", p::META_BASE_ALLOCATION]),
-        base(p::META_BASE_ALLOCATION_ID)
-    );
+    assert_eq!(contexts(&mut client, set, &["x-foo:bar", p::META_BASE_ALLOCATION]), base(p::META_BASE_ALLOCATION_ID));
 }
 
 #[test]
@@ -324,24 +241,11 @@ fn block_status_needs_a_selected_context_for_the_same_export() {
     let server = TestServer::start();
     let mut client = RawClient::tcp(server.address);
     client.start(p::FLAG_C_FIXED_NEWSTYLE);
-    assert_eq!(
-        client.option(p::OPT_STRUCTURED_REPLY, &[])[0].reply_type,
-        p::REP_ACK
-    );
+    assert_eq!(client.option(p::OPT_STRUCTURED_REPLY, &[])[0].reply_type, p::REP_ACK);
     // Selected for another export than the one used.
-    let replies = client.option(
-        p::OPT_SET_META_CONTEXT,
-        &meta_data(DISK, &[p::META_BASE_ALLOCATION]),
-    );
+    let replies = client.option(p::OPT_SET_META_CONTEXT, &meta_data(DISK, &[p::META_BASE_ALLOCATION]));
     assert_eq!(replies[0].reply_type, p::REP_META_CONTEXT);
-    assert_eq!(
-        client
-            .option(p::OPT_GO, &info_data(SPARSE, &[]))
-            .last()
-            .unwrap()
-            .reply_type,
-        p::REP_ACK
-    );
+    assert_eq!(client.option(p::OPT_GO, &info_data(SPARSE, &[])).last().unwrap().reply_type, p::REP_ACK);
     let handle = client.send_request(0, p::CMD_BLOCK_STATUS, 0, 4096, &[]);
     let chunk = client.chunk();
     assert_eq!(chunk.handle, handle);
@@ -359,38 +263,18 @@ fn block_status_reports_holes_and_honours_req_one() {
     let status = |client: &mut RawClient, flags, offset, length| -> Vec<(u32, u32)> {
         let handle = client.send_request(flags, p::CMD_BLOCK_STATUS, offset, length, &[]);
         let chunk = client.chunk();
-        assert_eq!(
-            (chunk.handle, chunk.reply_type),
-            (handle, p::REPLY_TYPE_BLOCK_STATUS)
-        );
+        assert_eq!((chunk.handle, chunk.reply_type), (handle, p::REPLY_TYPE_BLOCK_STATUS));
         assert_eq!(chunk.flags, p::REPLY_FLAG_DONE);
-        assert_eq!(
-            &chunk.payload[0..4],
-            &p::META_BASE_ALLOCATION_ID.to_be_bytes()
-        );
+        assert_eq!(&chunk.payload[0..4], &p::META_BASE_ALLOCATION_ID.to_be_bytes());
         chunk.payload[4..]
             .chunks(8)
-            .map(|d| {
-                (
-                    u32::from_be_bytes(d[0..4].try_into().unwrap()),
-                    u32::from_be_bytes(d[4..8].try_into().unwrap()),
-                )
-            })
+            .map(|d| (u32::from_be_bytes(d[0..4].try_into().unwrap()), u32::from_be_bytes(d[4..8].try_into().unwrap())))
             .collect()
     };
     let hole = p::STATE_HOLE | p::STATE_ZERO;
-    assert_eq!(
-        status(&mut client, 0, 0, 65536),
-        vec![(8192, hole), (4096, 0), (53248, hole)]
-    );
-    assert_eq!(
-        status(&mut client, p::CMD_FLAG_REQ_ONE, 0, 65536),
-        vec![(8192, hole)]
-    );
-    assert_eq!(
-        status(&mut client, p::CMD_FLAG_REQ_ONE, 8192, 100),
-        vec![(100, 0)]
-    );
+    assert_eq!(status(&mut client, 0, 0, 65536), vec![(8192, hole), (4096, 0), (53248, hole)]);
+    assert_eq!(status(&mut client, p::CMD_FLAG_REQ_ONE, 0, 65536), vec![(8192, hole)]);
+    assert_eq!(status(&mut client, p::CMD_FLAG_REQ_ONE, 8192, 100), vec![(100, 0)]);
     // Past the end: EINVAL, and the connection survives.
     let handle = client.send_request(0, p::CMD_BLOCK_STATUS, SPARSE_BYTES as u64, 1, &[]);
     let chunk = client.chunk();
@@ -438,11 +322,7 @@ fn unknown_commands_and_flags_get_einval_and_the_connection_survives() {
         (0, p::CMD_BLOCK_STATUS, 4096),
     ] {
         let handle = client.send_request(flags, command, 0, length, &[]);
-        assert_eq!(
-            client.simple_reply(handle),
-            p::EINVAL,
-            "command {command} flags {flags:#x}"
-        );
+        assert_eq!(client.simple_reply(handle), p::EINVAL, "command {command} flags {flags:#x}");
     }
     // A WRITE with a bad flag: refused, and its payload skipped so the stream
     // stays in step.
@@ -489,11 +369,7 @@ fn structured_errors_carry_a_message() {
     assert_eq!(errno, p::EINVAL);
     assert!(message.contains("beyond the export size"), "{message}");
     let data = pattern(40, 4096);
-    assert_eq!(
-        client.write(4096, &data),
-        0,
-        "successful writes get simple replies"
-    );
+    assert_eq!(client.write(4096, &data), 0, "successful writes get simple replies");
     assert_eq!(client.read_structured(4096, 4096).unwrap(), data);
 }
 
@@ -560,20 +436,14 @@ fn oversized_reads_get_einval() {
     let mut client = RawClient::tcp(server.address);
     client.connect_export(DISK, SIMPLE);
     assert_eq!(client.read(0, p::PAYLOAD_BYTES_MAX + 1), Err(p::EINVAL));
-    assert_eq!(
-        client.read(0, DISK_BYTES as u32).map(|d| d.len()),
-        Ok(DISK_BYTES)
-    );
+    assert_eq!(client.read(0, DISK_BYTES as u32).map(|d| d.len()), Ok(DISK_BYTES));
 }
 
 #[test]
 fn abrupt_disconnect_mid_payload_leaves_the_export_unchanged() {
     let (server, mut bystander) = server_and_bystander();
     let before = server.export(DISK).snapshot();
-    let writes_before = server
-        .export(DISK)
-        .writes
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let writes_before = server.export(DISK).writes.load(std::sync::atomic::Ordering::Relaxed);
     for sent in [0, 1, 1000, 65535] {
         let mut client = RawClient::tcp(server.address);
         client.connect_export(DISK, SIMPLE);
@@ -584,13 +454,7 @@ fn abrupt_disconnect_mid_payload_leaves_the_export_unchanged() {
         client.expect_closed();
     }
     assert_eq!(server.export(DISK).snapshot(), before);
-    assert_eq!(
-        server
-            .export(DISK)
-            .writes
-            .load(std::sync::atomic::Ordering::Relaxed),
-        writes_before
-    );
+    assert_eq!(server.export(DISK).writes.load(std::sync::atomic::Ordering::Relaxed), writes_before);
     assert_healthy(&mut bystander, 23);
 }
 
@@ -613,10 +477,7 @@ fn disconnect_mid_handshake_and_mid_header() {
 
 #[test]
 fn stalled_handshakes_time_out() {
-    let config = ServerConfig {
-        handshake_timeout: Duration::from_millis(500),
-        ..ServerConfig::default()
-    };
+    let config = ServerConfig { handshake_timeout: Duration::from_millis(500), ..ServerConfig::default() };
     let server = TestServer::with_config(config);
     let mut bystander = RawClient::unix(&server.socket);
     bystander.connect_export(DISK, SIMPLE);
@@ -653,10 +514,7 @@ fn stalled_handshakes_time_out() {
 
 #[test]
 fn connections_beyond_the_limit_are_refused_cleanly() {
-    let config = ServerConfig {
-        connections_max: 2,
-        ..ServerConfig::default()
-    };
+    let config = ServerConfig { connections_max: 2, ..ServerConfig::default() };
     let server = TestServer::with_config(config);
     let mut first = RawClient::tcp(server.address);
     first.connect_export(DISK, SIMPLE);
@@ -685,10 +543,7 @@ fn too_many_options_close_the_connection() {
     let mut client = RawClient::tcp(server.address);
     client.start(p::FLAG_C_FIXED_NEWSTYLE);
     for _ in 0..rewind_nbd::server::OPTIONS_PER_HANDSHAKE_MAX {
-        assert_eq!(
-            client.option(p::OPT_STRUCTURED_REPLY, &[])[0].reply_type,
-            p::REP_ACK
-        );
+        assert_eq!(client.option(p::OPT_STRUCTURED_REPLY, &[])[0].reply_type, p::REP_ACK);
     }
     client.send_option(p::OPT_STRUCTURED_REPLY, &[]);
     client.expect_closed();
@@ -697,18 +552,13 @@ fn too_many_options_close_the_connection() {
 #[test]
 fn export_name_honours_no_zeroes() {
     let server = TestServer::start();
-    for (flags, reply_bytes) in [
-        (p::FLAG_C_FIXED_NEWSTYLE, 134),
-        (p::FLAG_C_FIXED_NEWSTYLE | p::FLAG_C_NO_ZEROES, 10),
-    ] {
+    for (flags, reply_bytes) in [(p::FLAG_C_FIXED_NEWSTYLE, 134), (p::FLAG_C_FIXED_NEWSTYLE | p::FLAG_C_NO_ZEROES, 10)]
+    {
         let mut client = RawClient::tcp(server.address);
         client.start(flags);
         client.send_option(p::OPT_EXPORT_NAME, DISK.as_bytes());
         let reply = client.recv(reply_bytes);
-        assert_eq!(
-            u64::from_be_bytes(reply[0..8].try_into().unwrap()),
-            DISK_BYTES as u64
-        );
+        assert_eq!(u64::from_be_bytes(reply[0..8].try_into().unwrap()), DISK_BYTES as u64);
         assert!(reply[10..].iter().all(|&b| b == 0));
         // The next bytes are the reply to this request, so the length was exact.
         assert_healthy(&mut client, 28);
@@ -725,17 +575,12 @@ fn pipelined_requests_are_answered_in_order() {
     let mut handles = Vec::new();
     for i in 0..64u64 {
         let data = pattern(i as u8, 4096);
-        handles.push((
-            client.send_request(0, p::CMD_WRITE, i * 4096, 4096, &data),
-            data,
-        ));
+        handles.push((client.send_request(0, p::CMD_WRITE, i * 4096, 4096, &data), data));
     }
     for (handle, _) in &handles {
         assert_eq!(client.simple_reply(*handle), 0);
     }
-    let reads: Vec<u64> = (0..64u64)
-        .map(|i| client.send_request(0, p::CMD_READ, i * 4096, 4096, &[]))
-        .collect();
+    let reads: Vec<u64> = (0..64u64).map(|i| client.send_request(0, p::CMD_READ, i * 4096, 4096, &[])).collect();
     for ((handle, data), read) in handles.iter().zip(reads) {
         let chunk = client.chunk();
         assert_eq!(chunk.handle, read);
@@ -756,13 +601,7 @@ fn fast_zero_is_advertised_only_when_the_export_can() {
     let (_, flags) = sparse.connect_export(SPARSE, SIMPLE);
     assert_eq!(flags & p::FLAG_SEND_FAST_ZERO, p::FLAG_SEND_FAST_ZERO);
     assert_eq!(sparse.write(0, &[9; 8192]), 0);
-    let handle = sparse.send_request(
-        p::CMD_FLAG_FAST_ZERO | p::CMD_FLAG_NO_HOLE,
-        p::CMD_WRITE_ZEROES,
-        0,
-        8192,
-        &[],
-    );
+    let handle = sparse.send_request(p::CMD_FLAG_FAST_ZERO | p::CMD_FLAG_NO_HOLE, p::CMD_WRITE_ZEROES, 0, 8192, &[]);
     assert_eq!(sparse.simple_reply(handle), 0);
     assert_eq!(sparse.read(0, 8192).unwrap(), vec![0; 8192]);
 }

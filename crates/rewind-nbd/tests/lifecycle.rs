@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use rewind_nbd::protocol as p;
 use rewind_nbd::{
-    BlockSizes, Catalog, Export, ExportError, ExportListing, Extent, OpenError, OpenErrorKind,
-    Server, ServerConfig, ZeroFlags,
+    BlockSizes, Catalog, Export, ExportError, ExportListing, Extent, OpenError, OpenErrorKind, Server, ServerConfig,
+    ZeroFlags,
 };
 
 /// An export whose `flush` and `read` wait until the test lets them go, and
@@ -61,20 +61,11 @@ impl Export for GateExport {
     fn trim(&self, _offset: u64, _length: u64, _fua: bool) -> Result<(), ExportError> {
         panic!("export bug (deliberate, from the test)");
     }
-    fn write_zeroes(
-        &self,
-        _offset: u64,
-        _length: u64,
-        _flags: ZeroFlags,
-    ) -> Result<(), ExportError> {
+    fn write_zeroes(&self, _offset: u64, _length: u64, _flags: ZeroFlags) -> Result<(), ExportError> {
         Ok(())
     }
     fn block_status(&self, _offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
-        Ok(vec![Extent {
-            length,
-            hole: false,
-            zero: false,
-        }])
+        Ok(vec![Extent { length, hole: false, zero: false }])
     }
 }
 
@@ -88,10 +79,7 @@ struct GateCatalog {
 
 impl Catalog for GateCatalog {
     fn list(&self) -> Vec<ExportListing> {
-        vec![ExportListing {
-            name: "gate".into(),
-            description: String::new(),
-        }]
+        vec![ExportListing { name: "gate".into(), description: String::new() }]
     }
     fn open(&self, name: &str) -> Result<Arc<dyn Export>, OpenError> {
         match name {
@@ -99,15 +87,9 @@ impl Catalog for GateCatalog {
             "stopping" => {
                 self.open_entered.lock().unwrap().send(()).unwrap();
                 self.open_release.lock().unwrap().recv().unwrap();
-                Err(OpenError {
-                    kind: OpenErrorKind::Unavailable,
-                    message: "volume is closing".into(),
-                })
+                Err(OpenError { kind: OpenErrorKind::Unavailable, message: "volume is closing".into() })
             }
-            _ => Err(OpenError {
-                kind: OpenErrorKind::NotFound,
-                message: "no such export".into(),
-            }),
+            _ => Err(OpenError { kind: OpenErrorKind::NotFound, message: "no such export".into() }),
         }
     }
 }
@@ -127,23 +109,13 @@ fn gated_server() -> Gates {
     let (open_entered_tx, open_entered) = channel();
     let (open_release, open_release_rx) = channel();
     let catalog = GateCatalog {
-        gate: Arc::new(GateExport {
-            entered: Mutex::new(entered_tx),
-            release: Mutex::new(release_rx),
-        }),
+        gate: Arc::new(GateExport { entered: Mutex::new(entered_tx), release: Mutex::new(release_rx) }),
         open_entered: Mutex::new(open_entered_tx),
         open_release: Mutex::new(open_release_rx),
     };
     let server = Arc::new(Server::new(Arc::new(catalog), ServerConfig::default()));
     let address = server.serve_tcp("127.0.0.1:0").unwrap();
-    Gates {
-        server,
-        address,
-        entered,
-        release,
-        open_entered,
-        open_release,
-    }
+    Gates { server, address, entered, release, open_entered, open_release }
 }
 
 /// Waits (bounded) until the listener at `address` refuses connections,
@@ -151,10 +123,7 @@ fn gated_server() -> Gates {
 fn wait_until_refused(address: std::net::SocketAddr) {
     let deadline = Instant::now() + CLIENT_TIMEOUT;
     while TcpStream::connect(address).is_ok() {
-        assert!(
-            Instant::now() < deadline,
-            "listener still accepting after shutdown began"
-        );
+        assert!(Instant::now() < deadline, "listener still accepting after shutdown began");
         thread::yield_now();
     }
 }
@@ -178,14 +147,8 @@ fn shutdown_closes_connections_in_every_state_and_removes_the_socket() {
     handshaking.expect_closed();
     greeted.expect_closed();
     assert!(!server.socket.exists(), "the Unix socket file is removed");
-    assert!(
-        TcpStream::connect(server.address).is_err(),
-        "the TCP listener is closed"
-    );
-    assert!(
-        server.server.serve_tcp("127.0.0.1:0").is_err(),
-        "no new listeners after shutdown"
-    );
+    assert!(TcpStream::connect(server.address).is_err(), "the TCP listener is closed");
+    assert!(server.server.serve_tcp("127.0.0.1:0").is_err(), "no new listeners after shutdown");
     server.server.shutdown();
 }
 
@@ -268,12 +231,8 @@ fn dropping_the_server_shuts_it_down() {
     let chunk = client.chunk();
     assert_eq!((chunk.handle, chunk.payload.len()), (handle, 8 + 4096));
 
-    let Gates {
-        server, address, ..
-    } = gates;
-    let server = Arc::try_unwrap(server)
-        .ok()
-        .expect("only the test holds the server");
+    let Gates { server, address, .. } = gates;
+    let server = Arc::try_unwrap(server).ok().expect("only the test holds the server");
     drop(server);
     client.expect_closed();
     assert!(TcpStream::connect(address).is_err());
@@ -296,21 +255,14 @@ fn a_panicking_export_costs_only_its_connection() {
     let handle = bystander.send_request(0, p::CMD_WRITE, 0, 512, &[1; 512]);
     assert_eq!(bystander.simple_reply(handle), 0);
     let handle = bystander.send_request(0, p::CMD_BLOCK_STATUS, 0, 512, &[]);
-    assert_eq!(
-        bystander.simple_reply(handle),
-        p::EINVAL,
-        "no context was negotiated"
-    );
+    assert_eq!(bystander.simple_reply(handle), p::EINVAL, "no context was negotiated");
     gates.server.shutdown();
     bystander.expect_closed();
 }
 
 #[test]
 fn stalled_handshake_does_not_delay_shutdown() {
-    let config = ServerConfig {
-        handshake_timeout: Duration::from_secs(3600),
-        ..ServerConfig::default()
-    };
+    let config = ServerConfig { handshake_timeout: Duration::from_secs(3600), ..ServerConfig::default() };
     let catalog = Arc::new(TestCatalog::new());
     let server = Server::new(catalog, config);
     let address = server.serve_tcp("127.0.0.1:0").unwrap();

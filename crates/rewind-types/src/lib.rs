@@ -89,8 +89,7 @@ impl BlockSize {
     pub const DEFAULT: BlockSize = BlockSize(4096);
 
     pub fn new(size_bytes: u32) -> Result<Self, InvalidBlockSize> {
-        if size_bytes.is_power_of_two() && (Self::MIN_BYTES..=Self::MAX_BYTES).contains(&size_bytes)
-        {
+        if size_bytes.is_power_of_two() && (Self::MIN_BYTES..=Self::MAX_BYTES).contains(&size_bytes) {
             Ok(BlockSize(size_bytes))
         } else {
             Err(InvalidBlockSize(size_bytes))

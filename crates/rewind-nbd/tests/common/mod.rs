@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use rewind_nbd::protocol as p;
 use rewind_nbd::{
-    BlockSizes, Catalog, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError,
-    OpenErrorKind, Server, ServerConfig, ZeroFlags,
+    BlockSizes, Catalog, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind, Server,
+    ServerConfig, ZeroFlags,
 };
 
 /// Granularity at which the sparse export tracks what was written.
@@ -81,10 +81,7 @@ impl MemExport {
 
     fn check(&self, offset: u64, length: u64) {
         let size = self.data.lock().unwrap().len() as u64;
-        assert!(
-            length > 0 && offset + length <= size,
-            "server passed an invalid range"
-        );
+        assert!(length > 0 && offset + length <= size, "server passed an invalid range");
     }
 
     fn check_writable(&self) -> Result<(), ExportError> {
@@ -143,8 +140,7 @@ impl Export for MemExport {
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), ExportError> {
         self.check(offset, data.len() as u64);
         self.check_writable()?;
-        self.data.lock().unwrap()[offset as usize..offset as usize + data.len()]
-            .copy_from_slice(data);
+        self.data.lock().unwrap()[offset as usize..offset as usize + data.len()].copy_from_slice(data);
         self.mark(offset, data.len() as u64, true);
         self.writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -168,10 +164,7 @@ impl Export for MemExport {
         self.check(offset, length);
         self.check_writable()?;
         if flags.fast && !self.can_fast_zero() {
-            return Err(ExportError::new(
-                ExportErrorKind::NotSupported,
-                "zeroing is slow here",
-            ));
+            return Err(ExportError::new(ExportErrorKind::NotSupported, "zeroing is slow here"));
         }
         self.data.lock().unwrap()[offset as usize..(offset + length) as usize].fill(0);
         self.mark(offset, length, flags.no_hole);
@@ -191,11 +184,7 @@ impl Export for MemExport {
             let piece = block_end - position;
             match extents.last_mut() {
                 Some(last) if last.hole == hole => last.length += piece,
-                _ => extents.push(Extent {
-                    length: piece,
-                    hole,
-                    zero: hole,
-                }),
+                _ => extents.push(Extent { length: piece, hole, zero: hole }),
             }
             position = block_end;
         }
@@ -224,33 +213,17 @@ impl TestCatalog {
         let mut exports = BTreeMap::new();
         exports.insert(
             DISK.to_owned(),
-            Arc::new(MemExport::new(
-                DISK_BYTES,
-                Access::ReadWrite,
-                Allocation::Dense,
-                "scratch disk",
-            )),
+            Arc::new(MemExport::new(DISK_BYTES, Access::ReadWrite, Allocation::Dense, "scratch disk")),
         );
         exports.insert(
             READ_ONLY.to_owned(),
             Arc::new(
-                MemExport::new(
-                    READ_ONLY_BYTES,
-                    Access::ReadOnly,
-                    Allocation::Dense,
-                    "frozen view",
-                )
-                .with_pattern(),
+                MemExport::new(READ_ONLY_BYTES, Access::ReadOnly, Allocation::Dense, "frozen view").with_pattern(),
             ),
         );
         exports.insert(
             SPARSE.to_owned(),
-            Arc::new(MemExport::new(
-                SPARSE_BYTES,
-                Access::ReadWrite,
-                Allocation::Sparse,
-                "thin disk",
-            )),
+            Arc::new(MemExport::new(SPARSE_BYTES, Access::ReadWrite, Allocation::Sparse, "thin disk")),
         );
         TestCatalog { exports }
     }
@@ -264,26 +237,17 @@ impl Catalog for TestCatalog {
     fn list(&self) -> Vec<ExportListing> {
         self.exports
             .iter()
-            .map(|(name, export)| ExportListing {
-                name: name.clone(),
-                description: export.description.clone(),
-            })
+            .map(|(name, export)| ExportListing { name: name.clone(), description: export.description.clone() })
             .collect()
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn Export>, OpenError> {
         if name == TOO_OLD {
-            return Err(OpenError {
-                kind: OpenErrorKind::BadName,
-                message: TOO_OLD_MESSAGE.into(),
-            });
+            return Err(OpenError { kind: OpenErrorKind::BadName, message: TOO_OLD_MESSAGE.into() });
         }
         match self.exports.get(name) {
             Some(export) => Ok(Arc::clone(export) as Arc<dyn Export>),
-            None => Err(OpenError {
-                kind: OpenErrorKind::NotFound,
-                message: format!("no export named '{name}'"),
-            }),
+            None => Err(OpenError { kind: OpenErrorKind::NotFound, message: format!("no export named '{name}'") }),
         }
     }
 }
@@ -309,13 +273,7 @@ impl TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("nbd.sock");
         server.serve_unix(&socket).expect("bind Unix socket");
-        TestServer {
-            server,
-            catalog,
-            address,
-            socket,
-            _dir: dir,
-        }
+        TestServer { server, catalog, address, socket, _dir: dir }
     }
 
     pub fn uri(&self, export: &str) -> String {
@@ -379,16 +337,10 @@ pub struct Chunk {
 impl Chunk {
     /// (errno, message) of an error chunk.
     pub fn error(&self) -> (u32, String) {
-        assert!(
-            self.reply_type & 0x8000 != 0,
-            "not an error chunk: {self:?}"
-        );
+        assert!(self.reply_type & 0x8000 != 0, "not an error chunk: {self:?}");
         let errno = u32::from_be_bytes(self.payload[0..4].try_into().unwrap());
         let length = u16::from_be_bytes(self.payload[4..6].try_into().unwrap()) as usize;
-        (
-            errno,
-            String::from_utf8(self.payload[6..6 + length].to_vec()).unwrap(),
-        )
+        (errno, String::from_utf8(self.payload[6..6 + length].to_vec()).unwrap())
     }
 }
 
@@ -399,14 +351,8 @@ pub struct Negotiate {
     pub base_allocation: bool,
 }
 
-pub const SIMPLE: Negotiate = Negotiate {
-    structured: false,
-    base_allocation: false,
-};
-pub const STRUCTURED: Negotiate = Negotiate {
-    structured: true,
-    base_allocation: true,
-};
+pub const SIMPLE: Negotiate = Negotiate { structured: false, base_allocation: false };
+pub const STRUCTURED: Negotiate = Negotiate { structured: true, base_allocation: true };
 
 /// A client that writes protocol bytes by hand.
 pub struct RawClient {
@@ -419,20 +365,14 @@ impl RawClient {
         let stream = TcpStream::connect(address).expect("connect");
         stream.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
         stream.set_write_timeout(Some(CLIENT_TIMEOUT)).unwrap();
-        RawClient {
-            stream: Stream::Tcp(stream),
-            next_handle: 1,
-        }
+        RawClient { stream: Stream::Tcp(stream), next_handle: 1 }
     }
 
     pub fn unix(path: &std::path::Path) -> Self {
         let stream = UnixStream::connect(path).expect("connect");
         stream.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
         stream.set_write_timeout(Some(CLIENT_TIMEOUT)).unwrap();
-        RawClient {
-            stream: Stream::Unix(stream),
-            next_handle: 1,
-        }
+        RawClient { stream: Stream::Unix(stream), next_handle: 1 }
     }
 
     pub fn send(&mut self, bytes: &[u8]) {
@@ -484,18 +424,11 @@ impl RawClient {
 
     pub fn option_reply(&mut self) -> OptionReply {
         let header = self.recv(20);
-        assert_eq!(
-            u64::from_be_bytes(header[0..8].try_into().unwrap()),
-            p::OPTION_REPLY_MAGIC
-        );
+        assert_eq!(u64::from_be_bytes(header[0..8].try_into().unwrap()), p::OPTION_REPLY_MAGIC);
         let option = u32::from_be_bytes(header[8..12].try_into().unwrap());
         let reply_type = u32::from_be_bytes(header[12..16].try_into().unwrap());
         let length = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
-        OptionReply {
-            option,
-            reply_type,
-            data: self.recv(length),
-        }
+        OptionReply { option, reply_type, data: self.recv(length) }
     }
 
     /// Sends an option and collects replies up to the final one (ACK or error).
@@ -521,33 +454,21 @@ impl RawClient {
             assert_eq!(replies[0].reply_type, p::REP_ACK);
         }
         if negotiate.base_allocation {
-            let replies = self.option(
-                p::OPT_SET_META_CONTEXT,
-                &meta_data(name, &[p::META_BASE_ALLOCATION]),
-            );
+            let replies = self.option(p::OPT_SET_META_CONTEXT, &meta_data(name, &[p::META_BASE_ALLOCATION]));
             assert_eq!(replies.len(), 2, "{replies:?}");
             assert_eq!(replies[0].reply_type, p::REP_META_CONTEXT);
         }
         let replies = self.option(p::OPT_GO, &info_data(name, &[]));
         let last = replies.last().unwrap();
         assert_eq!(last.reply_type, p::REP_ACK, "GO failed: {replies:?}");
-        let export = replies
-            .iter()
-            .find(|r| r.reply_type == p::REP_INFO && r.data[0..2] == [0, 0])
-            .expect("NBD_INFO_EXPORT");
+        let export =
+            replies.iter().find(|r| r.reply_type == p::REP_INFO && r.data[0..2] == [0, 0]).expect("NBD_INFO_EXPORT");
         let size = u64::from_be_bytes(export.data[2..10].try_into().unwrap());
         let flags = u16::from_be_bytes(export.data[10..12].try_into().unwrap());
         (size, flags)
     }
 
-    pub fn send_request(
-        &mut self,
-        flags: u16,
-        command: u16,
-        offset: u64,
-        length: u32,
-        payload: &[u8],
-    ) -> u64 {
+    pub fn send_request(&mut self, flags: u16, command: u16, offset: u64, length: u32, payload: &[u8]) -> u64 {
         let handle = self.next_handle;
         self.next_handle += 1;
         let mut message = Vec::with_capacity(28 + payload.len());
@@ -565,30 +486,19 @@ impl RawClient {
     /// Reads a simple reply for `handle`, returning its error field.
     pub fn simple_reply(&mut self, handle: u64) -> u32 {
         let reply = self.recv(16);
-        assert_eq!(
-            u32::from_be_bytes(reply[0..4].try_into().unwrap()),
-            p::SIMPLE_REPLY_MAGIC
-        );
+        assert_eq!(u32::from_be_bytes(reply[0..4].try_into().unwrap()), p::SIMPLE_REPLY_MAGIC);
         assert_eq!(u64::from_be_bytes(reply[8..16].try_into().unwrap()), handle);
         u32::from_be_bytes(reply[4..8].try_into().unwrap())
     }
 
     pub fn chunk(&mut self) -> Chunk {
         let header = self.recv(20);
-        assert_eq!(
-            u32::from_be_bytes(header[0..4].try_into().unwrap()),
-            p::STRUCTURED_REPLY_MAGIC
-        );
+        assert_eq!(u32::from_be_bytes(header[0..4].try_into().unwrap()), p::STRUCTURED_REPLY_MAGIC);
         let flags = u16::from_be_bytes(header[4..6].try_into().unwrap());
         let reply_type = u16::from_be_bytes(header[6..8].try_into().unwrap());
         let handle = u64::from_be_bytes(header[8..16].try_into().unwrap());
         let length = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
-        Chunk {
-            flags,
-            reply_type,
-            handle,
-            payload: self.recv(length),
-        }
+        Chunk { flags, reply_type, handle, payload: self.recv(length) }
     }
 
     /// Writes with simple replies expected; returns the error field.
@@ -614,10 +524,7 @@ impl RawClient {
         assert_eq!(chunk.flags & p::REPLY_FLAG_DONE, p::REPLY_FLAG_DONE);
         match chunk.reply_type {
             p::REPLY_TYPE_OFFSET_DATA => {
-                assert_eq!(
-                    u64::from_be_bytes(chunk.payload[0..8].try_into().unwrap()),
-                    offset
-                );
+                assert_eq!(u64::from_be_bytes(chunk.payload[0..8].try_into().unwrap()), offset);
                 Ok(chunk.payload[8..].to_vec())
             }
             p::REPLY_TYPE_ERROR => Err(chunk.error()),
@@ -657,9 +564,7 @@ pub fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
 
 /// Deterministic test data: different for each seed and offset.
 pub fn pattern(seed: u8, length: usize) -> Vec<u8> {
-    (0..length)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
-        .collect()
+    (0..length).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8).collect()
 }
 
 /// A well-behaved client that writes and reads back through `server`,

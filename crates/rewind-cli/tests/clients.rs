@@ -1,0 +1,321 @@
+//! Real NBD clients against a real `rewind serve`: nbdinfo, nbdcopy, qemu-img,
+//! qemu-io, fio with verification, and a filesystem through nbdfuse and a
+//! loop device.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use common::{pattern, require, run, run_failing, run_failing_with_env, Server};
+
+fn bookmark_time(server: &Server, volume: &str, name: &str) -> String {
+    let json = server.rewind(&["bookmark", volume, name, "--json"]);
+    let value: serde_json::Value = serde_json::from_str(&json).expect("bookmark JSON");
+    value["at"].as_str().expect("at").to_owned()
+}
+
+#[test]
+fn nbdinfo_shows_volumes_views_and_clear_errors() {
+    require("nbdinfo");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    server.rewind(&["volume", "create", "db", "--size", "64MiB"]);
+    let info = run("nbdinfo", &["--json", &server.uri("db")]);
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let export = &info["exports"][0];
+    assert_eq!(export["export-size"], 64 << 20);
+    assert_eq!(export["is_read_only"], false);
+    assert_eq!(export["can_flush"], true);
+    assert_eq!(export["can_fua"], true);
+    assert_eq!(export["can_multi_conn"], true);
+    assert_eq!(export["can_trim"], true);
+
+    server.rewind(&["bookmark", "db", "empty"]);
+    let list = run("nbdinfo", &["--list", &server.uri("")]);
+    assert!(list.contains("export=\"db\"") || list.contains("db\n") || list.contains("db"), "{list}");
+    assert!(list.contains("db@empty"), "bookmarks are listed as views:\n{list}");
+
+    let view = run("nbdinfo", &["--json", &server.uri("db@empty")]);
+    let view: serde_json::Value = serde_json::from_str(&view).unwrap();
+    assert_eq!(view["exports"][0]["is_read_only"], true);
+    let relative = run("nbdinfo", &["--size", &server.uri("db@-0s")]);
+    assert_eq!(relative.trim(), (64u64 << 20).to_string());
+
+    // The reason reaches the client. libnbd 1.14 (Debian 12) shows the
+    // server's message only in its debug output; qemu-img shows it plainly.
+    for (export, reason) in [
+        ("db@2001-01-01T00:00:00Z", "no history before"),
+        ("db@2500-01-01T00:00:00Z", "in the future"),
+        ("db@2999-01-01T00:00:00Z", "after 2554"),
+        ("db@not-a-bookmark", "no bookmark"),
+        ("db@13:61:00", "cannot read"),
+        ("nosuch", "no volume named"),
+    ] {
+        let error = run_failing_with_env("nbdinfo", &[&server.uri(export)], &[("LIBNBD_DEBUG", "1")]);
+        assert!(error.contains(reason), "nbdinfo {export}: {error}");
+        let error = run_failing("qemu-img", &["info", "-f", "raw", &server.uri(export)]);
+        assert!(error.contains(reason), "qemu-img info {export}: {error}");
+    }
+}
+
+#[test]
+fn qemu_img_convert_compare_and_views_keep_the_past() {
+    require("qemu-img");
+    require("qemu-io");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    server.rewind(&["volume", "create", "db", "--size", "32MiB"]);
+    // An image with data and zero regions.
+    let original = dir.path().join("original.raw");
+    let mut bytes = pattern(1, 32 << 20);
+    bytes[4 << 20..12 << 20].fill(0);
+    fs::write(&original, &bytes).unwrap();
+    let original = original.to_str().unwrap();
+    run("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", original, &server.uri("db")]);
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", original, &server.uri("db")]);
+    let before = bookmark_time(&server, "db", "before-change");
+
+    // Change the live volume: a pattern write and a discard.
+    run(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0xab 1M 3M", "-c", "discard 20M 4M", "-c", "flush", &server.uri("db")],
+    );
+    run("qemu-io", &["-f", "raw", "-c", "read -P 0xab 1M 3M", "-c", "read -P 0 20M 4M", &server.uri("db")]);
+    let changed = run_failing("qemu-img", &["compare", "-f", "raw", "-F", "raw", original, &server.uri("db")]);
+    assert!(changed.contains("differ") || changed.contains("mismatch"), "{changed}");
+
+    // The past is intact, by bookmark and by time.
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", original, &server.uri("db@before-change")]);
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", original, &server.uri(&format!("db@{before}"))]);
+    let info = run("qemu-img", &["info", "-f", "raw", &server.uri("db@before-change")]);
+    assert!(info.contains("32 MiB"), "{info}");
+
+    // Views are read-only.
+    let denied = run_failing("qemu-io", &["-f", "raw", "-c", "write -P 1 0 4k", &server.uri("db@before-change")]);
+    assert!(denied.contains("ermission") || denied.contains("read-only") || denied.contains("Read-only"), "{denied}");
+}
+
+#[test]
+fn qemu_io_patterns_zeroes_and_unaligned_requests() {
+    require("qemu-io");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    server.rewind(&["volume", "create", "db", "--size", "16MiB", "--block-size", "4KiB"]);
+    let uri = server.uri("db");
+    run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x11 0 1M",
+            "-c",
+            "write -P 0x22 513 1000",
+            "-c",
+            "write -z 64k 64k",
+            "-c",
+            "write -f -P 0x33 200k 8k",
+            "-c",
+            "flush",
+            &uri,
+        ],
+    );
+    run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x11 0 513",
+            "-c",
+            "read -P 0x22 513 1000",
+            "-c",
+            "read -P 0x11 1513 63023",
+            "-c",
+            "read -P 0 64k 64k",
+            "-c",
+            "read -P 0x33 200k 8k",
+            "-c",
+            "read -P 0x11 208k 816k",
+            &uri,
+        ],
+    );
+}
+
+#[test]
+fn nbdcopy_both_ways_and_import() {
+    require("nbdcopy");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let image = dir.path().join("image.raw");
+    fs::write(&image, pattern(7, 8 << 20)).unwrap();
+    let imported = server.rewind(&["volume", "import", "vm1", image.to_str().unwrap(), "--json"]);
+    let imported: serde_json::Value = serde_json::from_str(&imported).unwrap();
+    assert_eq!(imported["bytes_read"], 8 << 20);
+    let out = dir.path().join("out.raw");
+    run("nbdcopy", &[&server.uri("vm1"), out.to_str().unwrap()]);
+    assert!(fs::read(&out).unwrap() == fs::read(&image).unwrap(), "nbdcopy out of an imported volume");
+
+    server.rewind(&["volume", "create", "copy", "--size", "8MiB"]);
+    run("nbdcopy", &[image.to_str().unwrap(), &server.uri("copy")]);
+    let back = dir.path().join("back.raw");
+    run("nbdcopy", &[&server.uri("copy"), back.to_str().unwrap()]);
+    assert!(fs::read(&back).unwrap() == fs::read(&image).unwrap(), "nbdcopy in and out");
+}
+
+#[test]
+fn fio_verifies_the_live_volume_and_a_view() {
+    require("fio");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    server.rewind(&["volume", "create", "db", "--size", "64MiB"]);
+    let fio = |uri: &str, extra: &[&str]| {
+        let mut args = vec![
+            "--name=verify",
+            "--ioengine=nbd",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32M",
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--randseed=42",
+        ];
+        let uri = format!("--uri={uri}");
+        args.push(&uri);
+        args.extend_from_slice(extra);
+        run("fio", &args)
+    };
+    fio(&server.uri("db"), &["--fsync=16"]);
+    let written = bookmark_time(&server, "db", "written");
+    // Overwrite with other data; the view at the bookmark still verifies.
+    fio(&server.uri("db"), &["--randseed=7", "--verify=md5"]);
+    fio(&server.uri("db@written"), &["--verify_only"]);
+    fio(&server.uri(&format!("db@{written}")), &["--verify_only"]);
+    let wrong = run_failing(
+        "fio",
+        &[
+            "--name=verify",
+            "--ioengine=nbd",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32M",
+            "--verify=crc32c",
+            "--randseed=42",
+            "--verify_only",
+            &format!("--uri={}", server.uri("db")),
+        ],
+    );
+    assert!(wrong.contains("verify") || wrong.contains("bad"), "the live volume no longer holds that data:\n{wrong}");
+}
+
+/// Mounting needs root (loop devices); CI runs as root.
+fn unmount_all(mounts: &[&Path]) {
+    for mount in mounts {
+        let _ = Command::new("umount").arg(mount).status();
+    }
+}
+
+#[test]
+fn a_filesystem_as_it_was_at_a_bookmark() {
+    require("nbdfuse");
+    require("mkfs.ext4");
+    require("losetup");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    server.rewind(&["volume", "create", "fs", "--size", "256MiB"]);
+    let fuse = dir.path().join("fuse");
+    let fuse_view = dir.path().join("fuse-view");
+    let mnt = dir.path().join("mnt");
+    let old = dir.path().join("old");
+    for path in [&fuse, &fuse_view, &mnt, &old] {
+        fs::create_dir(path).unwrap();
+    }
+    let mut fs_test = FsTest {
+        fuse: fuse.clone(),
+        fuse_view: fuse_view.clone(),
+        mnt: mnt.clone(),
+        old: old.clone(),
+        loops: Vec::new(),
+        fuses: Vec::new(),
+    };
+    let disk = fs_test.attach(&server.uri("fs"), &fuse, false);
+    run("mkfs.ext4", &["-q", &disk]);
+    run("mount", &[&disk, mnt.to_str().unwrap()]);
+    let keep = pattern(11, 3 << 20);
+    let doomed = pattern(12, 1 << 20);
+    fs::write(mnt.join("keep.bin"), &keep).unwrap();
+    fs::write(mnt.join("doomed.bin"), &doomed).unwrap();
+    fs::create_dir(mnt.join("dir")).unwrap();
+    fs::write(mnt.join("dir/note.txt"), b"before the upgrade\n").unwrap();
+    // Make the filesystem consistent on the volume, bookmark, carry on.
+    run("fsfreeze", &["-f", mnt.to_str().unwrap()]);
+    server.rewind(&["bookmark", "fs", "before-upgrade"]);
+    run("fsfreeze", &["-u", mnt.to_str().unwrap()]);
+    fs::write(mnt.join("keep.bin"), pattern(13, 2 << 20)).unwrap();
+    fs::remove_file(mnt.join("doomed.bin")).unwrap();
+    fs::write(mnt.join("dir/note.txt"), b"after the upgrade\n").unwrap();
+    fs::write(mnt.join("new.bin"), pattern(14, 1 << 20)).unwrap();
+    run("sync", &[]);
+
+    let view_disk = fs_test.attach(&server.uri("fs@before-upgrade"), &fuse_view, true);
+    run("mount", &["-o", "ro,noload", &view_disk, old.to_str().unwrap()]);
+    assert!(fs::read(old.join("keep.bin")).unwrap() == keep, "keep.bin as it was");
+    assert!(fs::read(old.join("doomed.bin")).unwrap() == doomed, "the deleted file is back");
+    assert_eq!(fs::read(old.join("dir/note.txt")).unwrap(), b"before the upgrade\n");
+    assert!(!old.join("new.bin").exists(), "later files are not in the past");
+    assert_eq!(fs::read(mnt.join("dir/note.txt")).unwrap(), b"after the upgrade\n", "the present is untouched");
+    assert!(!mnt.join("doomed.bin").exists());
+}
+
+/// Loop devices and FUSE mounts, torn down even when an assertion fails.
+struct FsTest {
+    fuse: std::path::PathBuf,
+    fuse_view: std::path::PathBuf,
+    mnt: std::path::PathBuf,
+    old: std::path::PathBuf,
+    loops: Vec<String>,
+    fuses: Vec<std::process::Child>,
+}
+
+impl FsTest {
+    /// Exposes an NBD export as a file with nbdfuse and attaches a loop device.
+    fn attach(&mut self, uri: &str, dir: &Path, read_only: bool) -> String {
+        let file = dir.join("disk");
+        let pidfile = dir.with_extension("pid");
+        let mut command = Command::new("nbdfuse");
+        command.arg("-P").arg(&pidfile);
+        if read_only {
+            command.arg("--readonly");
+        }
+        let child = command.arg(&file).arg(uri).spawn().expect("nbdfuse runs");
+        self.fuses.push(child);
+        // nbdfuse writes its pid file once the file is ready to use.
+        common::wait_for("nbdfuse to be ready", || pidfile.exists());
+        let mut losetup = vec!["-f", "--show"];
+        if read_only {
+            losetup.push("-r");
+        }
+        let file_arg = file.to_str().unwrap().to_owned();
+        losetup.push(&file_arg);
+        let device = run("losetup", &losetup).trim().to_owned();
+        self.loops.push(device.clone());
+        device
+    }
+}
+
+impl Drop for FsTest {
+    fn drop(&mut self) {
+        unmount_all(&[&self.old, &self.mnt]);
+        for device in &self.loops {
+            let _ = Command::new("losetup").args(["-d", device]).status();
+        }
+        for dir in [&self.fuse_view, &self.fuse] {
+            let _ = Command::new("fusermount3").arg("-u").arg(dir).status();
+        }
+        for mut child in self.fuses.drain(..) {
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! A real `rewind serve` process for tests, and helpers to run real clients
+//! against it. Every test gets its own data directory and ports.
+
+#![allow(dead_code)] // Each test binary uses a different part of this.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+pub const REWIND: &str = env!("CARGO_BIN_EXE_rewind");
+
+pub struct Server {
+    pub data_dir: PathBuf,
+    pub nbd: SocketAddr,
+    pub http: SocketAddr,
+    child: Option<Child>,
+}
+
+/// Fails the test with a clear message when a client tool is missing: CI
+/// installs them (scripts/test.sh); tests never skip.
+pub fn require(tool: &str) {
+    let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().expect("sh runs");
+    assert!(found.status.success(), "{tool} is not installed; scripts/test.sh installs every tool the tests use");
+}
+
+impl Server {
+    pub fn start(data_dir: &Path) -> Server {
+        let mut child = Command::new(REWIND)
+            .args(["serve", "--nbd", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("rewind serve starts");
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let (mut nbd, mut http) = (None, None);
+        while nbd.is_none() || http.is_none() {
+            let line = lines.next().expect("rewind serve prints its addresses").expect("utf-8");
+            if let Some(address) = line.strip_prefix("listening nbd ") {
+                nbd = Some(address.parse().expect("address"));
+            } else if let Some(address) = line.strip_prefix("listening http ") {
+                http = Some(address.parse().expect("address"));
+            }
+        }
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Server { data_dir: data_dir.to_path_buf(), nbd: nbd.unwrap(), http: http.unwrap(), child: Some(child) }
+    }
+
+    pub fn uri(&self, export: &str) -> String {
+        format!("nbd://{}/{export}", self.nbd)
+    }
+
+    pub fn api(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// Runs the CLI against this server; panics (with its output) on failure.
+    pub fn rewind(&self, args: &[&str]) -> String {
+        let output = self.rewind_output(args);
+        assert!(output.status.success(), "rewind {args:?} failed:\n{}", describe(&output));
+        String::from_utf8(output.stdout).expect("utf-8")
+    }
+
+    pub fn rewind_output(&self, args: &[&str]) -> Output {
+        Command::new(REWIND).args(args).args(["--server", &self.api()]).output().expect("rewind runs")
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().expect("kill");
+        child.wait().expect("reaped");
+    }
+
+    /// SIGTERM, a clean stop; checks it exits successfully.
+    pub fn stop(&mut self) {
+        let mut child = self.child.take().expect("running");
+        let status = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().expect("kill runs");
+        assert!(status.success());
+        let exit = child.wait().expect("reaped");
+        assert!(exit.success(), "rewind serve exited with {exit}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn describe(output: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Runs a command; panics with its output unless it succeeds.
+pub fn run(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program).args(args).output().unwrap_or_else(|error| panic!("{program}: {error}"));
+    assert!(output.status.success(), "{program} {args:?} failed:\n{}", describe(&output));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Runs a command that must fail; returns its stderr and stdout.
+pub fn run_failing(program: &str, args: &[&str]) -> String {
+    run_failing_with_env(program, args, &[])
+}
+
+pub fn run_failing_with_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|error| panic!("{program}: {error}"));
+    assert!(!output.status.success(), "{program} {args:?} should have failed:\n{}", describe(&output));
+    String::from_utf8_lossy(&output.stderr).into_owned() + &String::from_utf8_lossy(&output.stdout)
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+pub fn pattern(seed: u64, length: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..length)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+/// Waits (up to 30 s) for a condition another process brings about, such as
+/// a file appearing; panics naming `what` if it never does.
+pub fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+pub mod nbd_client;
