@@ -48,7 +48,7 @@ impl Out {
              1-{record_max} consecutive blocks at a uniformly random position\n\
              \x20         (40% 1 block, 30% 2-8, 30% 9-16: mean 5.65), all versions of a record share one time, \
              records {interval} ns apart; seed {seed}\n\
-             index: IndexConfig {{ merge_fanin: {fanin}, merge_base_versions: {base} }}, page cache {cache}, \
+             index: IndexConfig {{ merge_fanin: {fanin}, runs_soft_max: {base} }}, page cache {cache}, \
              seal at {memtable} versions, then persist + compact until idle (inline, single thread)",
             dir = config.dir,
             blocks = config.blocks,
@@ -58,7 +58,7 @@ impl Out {
             interval = RECORD_INTERVAL_NANOS,
             seed = config.seed,
             fanin = config.index_config.merge_fanin,
-            base = config.index_config.merge_base_versions,
+            base = config.index_config.runs_soft_max,
             cache = bytes(config.page_cache_bytes),
             memtable = config.memtable_versions_max,
         ));
@@ -187,7 +187,7 @@ impl StageReport {
                 "memtable_versions_max": config.memtable_versions_max,
                 "page_cache_bytes": config.page_cache_bytes,
                 "merge_fanin": config.index_config.merge_fanin,
-                "merge_base_versions": config.index_config.merge_base_versions,
+                "runs_soft_max": config.index_config.runs_soft_max,
             },
             "versions": self.version_count,
             "records": self.record_count,

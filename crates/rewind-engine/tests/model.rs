@@ -78,7 +78,7 @@ fn config(rng: &mut StdRng) -> NodeConfig {
     NodeConfig {
         volume: VolumeConfig {
             journal: JournalConfig { segment_bytes_max: rng.random_range(16 << 10..256 << 10) },
-            index: IndexConfig { merge_fanin: rng.random_range(2..5), merge_base_versions: 64 },
+            index: IndexConfig { merge_fanin: rng.random_range(2..5), runs_soft_max: rng.random_range(6..20) },
             commit_bytes_soft: rng.random_range(1 << 10..64 << 10),
             unwritten_bytes_max: rng.random_range(64 << 10..1 << 20),
             commit_interval_nanos: rng.random_range(1_000..100_000),

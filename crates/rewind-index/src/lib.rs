@@ -15,8 +15,9 @@
 //! first, skips every source that starts after `T`, and stops at the first
 //! source that has a version of the block at or before `T`.
 //!
-//! Runs are merged in the background, always a contiguous group of the
-//! newest ones (a `fanin`-ary counter), so there are O(log N) runs.
+//! Runs are merged in the background, always a contiguous group ending at
+//! the newest, keeping their size classes ordered like the digits of a
+//! `fanin`-ary counter (see `merge_candidates`), so there are O(log N) runs.
 //!
 //! Memory is bounded regardless of history length: the memtable by the
 //! engine's cap, each run by its fence (16 bytes per 127 versions, 12.6 MB
@@ -36,6 +37,8 @@ pub use memtable::Memtable;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -67,15 +70,15 @@ impl IndexError {
 
 #[derive(Clone, Copy, Debug)]
 pub struct IndexConfig {
-    /// How many runs of one size class are merged into one.
+    /// How many runs of similar size are merged into one.
     pub merge_fanin: usize,
-    /// Runs of up to this many versions form the smallest size class.
-    pub merge_base_versions: u64,
+    /// Past this many runs, the newest are merged whatever their sizes.
+    pub runs_soft_max: usize,
 }
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        IndexConfig { merge_fanin: 4, merge_base_versions: 1 << 18 }
+        IndexConfig { merge_fanin: 4, runs_soft_max: 48 }
     }
 }
 
@@ -103,8 +106,13 @@ pub struct VersionIndex {
     config: IndexConfig,
     cache: Arc<PageCache>,
     state: RwLock<State>,
-    /// Held by whoever changes the runs; owns the durable manifest.
+    /// The durable manifest; held only while it and `state.runs` change
+    /// together, never during the long work of writing or merging runs.
     manifest: Mutex<IndexManifest>,
+    /// Serialise persisting; serialise merging (they may overlap each other).
+    persisting: Mutex<()>,
+    compacting: Mutex<()>,
+    run_id_next: AtomicU64,
 }
 
 const MANIFEST: &str = "manifest";
@@ -163,14 +171,17 @@ impl VersionIndex {
         manifest: IndexManifest,
         runs: Vec<Arc<Run>>,
     ) -> VersionIndex {
-        assert!(config.merge_fanin >= 2);
+        assert!(config.merge_fanin >= 2 && config.runs_soft_max >= config.merge_fanin);
         VersionIndex {
             storage,
             dir: dir.to_owned(),
             config,
             cache,
             state: RwLock::new(State { active: Memtable::default(), frozen: Vec::new(), runs }),
+            run_id_next: AtomicU64::new(manifest.run_id_next),
             manifest: Mutex::new(manifest),
+            persisting: Mutex::new(()),
+            compacting: Mutex::new(()),
         }
     }
 
@@ -210,11 +221,11 @@ impl VersionIndex {
             for (slot, &block) in found.iter_mut().zip(blocks) {
                 *slot = state.active.find_le(block, at);
             }
+            if found.iter().all(Option::is_some) {
+                return Ok(found);
+            }
             (state.frozen.clone(), state.runs.clone())
         };
-        if found.iter().all(Option::is_some) {
-            return Ok(found);
-        }
         for memtable in frozen.iter().rev() {
             if memtable.timestamp_min().is_some_and(|first| first > at) {
                 continue;
@@ -246,33 +257,44 @@ impl VersionIndex {
     /// Writes every sealed memtable whose records are durable (LSN at most
     /// `lsn_durable`) as a run. Returns how many were written.
     pub fn persist(&self, lsn_durable: Lsn) -> Result<usize, IndexError> {
-        let mut manifest = self.manifest.lock();
+        let _persisting = self.persisting.lock();
         let mut written = 0;
         loop {
             let oldest = self.state.read().frozen.first().cloned();
             let Some(memtable) = oldest.filter(|memtable| memtable.lsn_last() <= lsn_durable) else {
                 return Ok(written);
             };
-            let id = manifest.run_id_next;
-            let path = format!("{}/{}", self.dir, run_name(id));
-            let mut writer = RunWriter::create(&*self.storage, &path)?;
-            for version in memtable.sorted() {
-                writer.push(version)?;
-            }
-            let info = writer.finish(id)?;
+            let (info, run) = self.write_run(memtable.sorted().into_iter().map(Ok))?;
+            let mut manifest = self.manifest.lock();
             let mut next = manifest.clone();
             next.runs.push(info);
-            next.run_id_next = id + 1;
             next.lsn_indexed = memtable.lsn_last();
+            next.run_id_next = self.run_id_next.load(Ordering::Acquire);
             self.write_manifest(&next)?;
-            let run = Arc::new(Run::open(&*self.storage, &path, info, Arc::clone(&self.cache))?);
             *manifest = next;
             let mut state = self.state.write();
             let first = state.frozen.remove(0);
-            assert!(Arc::ptr_eq(&first, &memtable));
+            assert!(Arc::ptr_eq(&first, &memtable), "only persist removes sealed memtables");
             state.runs.push(run);
             written += 1;
         }
+    }
+
+    /// Writes versions (in key order) as a new run, durably, and opens it.
+    fn write_run(
+        &self,
+        versions: impl Iterator<Item = Result<Version, IndexError>>,
+    ) -> Result<(RunInfo, Arc<Run>), IndexError> {
+        let id = self.run_id_next.fetch_add(1, Ordering::AcqRel);
+        let path = format!("{}/{}", self.dir, run_name(id));
+        let mut writer = RunWriter::create(&*self.storage, &path)?;
+        for version in versions {
+            writer.push(version?)?;
+        }
+        let info = writer.finish(id)?;
+        // The run's name becomes durable with the manifest that lists it (same directory).
+        let run = Arc::new(Run::open(&*self.storage, &path, info, Arc::clone(&self.cache))?);
+        Ok((info, run))
     }
 
     fn write_manifest(&self, manifest: &IndexManifest) -> Result<(), IndexError> {
@@ -281,63 +303,80 @@ impl VersionIndex {
         write_file_atomic(&*self.storage, &path, &manifest.encode()).map_err(IndexError::io(&path))
     }
 
-    fn size_class(&self, info: &RunInfo) -> u32 {
-        let mut class = 0;
-        let mut limit = self.config.merge_base_versions;
-        while info.entry_count > limit {
-            class += 1;
-            limit = limit.saturating_mul(self.config.merge_fanin as u64);
-        }
-        class
+    /// A run's size class: `floor(log_fanin(versions))`.
+    fn size_class(&self, versions: u64) -> u32 {
+        versions.max(1).ilog(self.config.merge_fanin as u64)
     }
 
-    /// Runs one merge if the newest runs call for it; returns whether it did.
+    /// Which runs (a contiguous range, ending at the newest) to merge next.
+    ///
+    /// The rule keeps size classes non-increasing from the oldest run to the
+    /// newest, like the digits of a base-`fanin` counter, whatever the sizes
+    /// memtables are sealed at (a quiet checkpoint seals a few versions, a
+    /// full memtable a million):
+    /// 1. older runs of a smaller class than the newest are merged into it,
+    ///    so none is stranded beneath bigger, newer runs;
+    /// 2. once the newest class has `fanin` runs, they merge into one run of
+    ///    a higher class.
+    ///
+    /// So there are at most `fanin - 1` runs per class and O(fanin · log N)
+    /// in all. Past `runs_soft_max` runs the newest `fanin` merge regardless.
+    fn merge_candidates(&self, sizes: &[u64]) -> Option<Range<usize>> {
+        let end = sizes.len();
+        let newest = self.size_class(*sizes.last()?);
+        let older_smaller = sizes[..end - 1].iter().rev().take_while(|&&size| self.size_class(size) < newest).count();
+        if older_smaller > 0 {
+            return Some(end - 1 - older_smaller..end);
+        }
+        let same = sizes.iter().rev().take_while(|&&size| self.size_class(size) == newest).count();
+        if same >= self.config.merge_fanin {
+            return Some(end - same..end);
+        }
+        (end > self.config.runs_soft_max).then(|| end - self.config.merge_fanin..end)
+    }
+
+    /// Runs one merge if the runs call for it; returns whether it did.
     pub fn compact(&self) -> Result<bool, IndexError> {
-        let mut manifest = self.manifest.lock();
+        let _compacting = self.compacting.lock();
         let runs = self.state.read().runs.clone();
-        let fanin = self.config.merge_fanin;
-        if runs.len() < fanin {
-            return Ok(false);
-        }
-        let newest = &runs[runs.len() - fanin..];
-        let class = self.size_class(&newest[0].info());
-        if newest.iter().any(|run| self.size_class(&run.info()) != class) {
-            return Ok(false);
-        }
-        let id = manifest.run_id_next;
-        let path = format!("{}/{}", self.dir, run_name(id));
-        let mut writer = RunWriter::create(&*self.storage, &path)?;
-        let mut scans: Vec<_> = newest.iter().map(|run| run.scan()).collect();
+        let sizes: Vec<u64> = runs.iter().map(|run| run.info().entry_count).collect();
+        let Some(range) = self.merge_candidates(&sizes) else { return Ok(false) };
+        let merged = &runs[range];
+        let mut scans: Vec<_> = merged.iter().map(|run| run.scan()).collect();
         let mut heap = BinaryHeap::new();
         for (source, scan) in scans.iter_mut().enumerate() {
             if let Some(version) = scan.next_version()? {
-                heap.push(Reverse(((version.block.0, version.timestamp.unix_nanos()), source, VersionKey(version))));
+                heap.push(Reverse((rewind_format::index::key_of(&version), source, VersionKey(version))));
             }
         }
-        while let Some(Reverse((_, source, VersionKey(version)))) = heap.pop() {
-            writer.push(version)?;
-            if let Some(next) = scans[source].next_version()? {
-                heap.push(Reverse(((next.block.0, next.timestamp.unix_nanos()), source, VersionKey(next))));
+        let merged_versions = std::iter::from_fn(|| {
+            let Reverse((_, source, VersionKey(version))) = heap.pop()?;
+            match scans[source].next_version() {
+                Ok(Some(next)) => heap.push(Reverse((rewind_format::index::key_of(&next), source, VersionKey(next)))),
+                Ok(None) => {}
+                Err(error) => return Some(Err(error)),
             }
-        }
-        drop(scans);
-        let info = writer.finish(id)?;
-        let mut next = manifest.clone();
-        let first = next.runs.len() - fanin;
-        next.runs.splice(first.., [info]);
-        next.run_id_next = id + 1;
-        self.write_manifest(&next)?;
-        let run = Arc::new(Run::open(&*self.storage, &path, info, Arc::clone(&self.cache))?);
-        *manifest = next;
+            Some(Ok(version))
+        });
+        let (info, run) = self.write_run(merged_versions)?;
         {
+            let mut manifest = self.manifest.lock();
+            let ids: Vec<u64> = merged.iter().map(|run| run.info().id).collect();
+            let first = manifest.runs.iter().position(|listed| listed.id == ids[0]).expect("merged runs are listed");
+            let listed: Vec<u64> = manifest.runs[first..first + ids.len()].iter().map(|listed| listed.id).collect();
+            assert_eq!(listed, ids, "only the merger removes runs, and runs stay in time order");
+            let mut next = manifest.clone();
+            next.runs.splice(first..first + ids.len(), [info]);
+            next.run_id_next = self.run_id_next.load(Ordering::Acquire);
+            self.write_manifest(&next)?;
+            *manifest = next;
             let mut state = self.state.write();
-            let first = state.runs.len() - fanin;
-            for (old, merged) in state.runs[first..].iter().zip(newest) {
-                assert!(Arc::ptr_eq(old, merged), "only the merger changes runs");
+            for (old, merged) in state.runs[first..first + ids.len()].iter().zip(merged) {
+                assert!(Arc::ptr_eq(old, merged), "state and manifest list the same runs");
             }
-            state.runs.splice(first.., [run]);
+            state.runs.splice(first..first + ids.len(), [run]);
         }
-        for old in newest {
+        for old in merged {
             self.cache.forget_run(old.uid());
             let path = format!("{}/{}", self.dir, run_name(old.info().id));
             self.storage.remove_file(&path).map_err(IndexError::io(&path))?;

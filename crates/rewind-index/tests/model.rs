@@ -29,7 +29,7 @@ fn find_le_matches_the_oracle() {
         println!("seed {seed}");
         let mut rng = StdRng::seed_from_u64(seed);
         let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(SimConfig::default(), seed));
-        let config = IndexConfig { merge_fanin: rng.random_range(2..5), merge_base_versions: 200 };
+        let config = IndexConfig { merge_fanin: rng.random_range(2..5), runs_soft_max: rng.random_range(6..20) };
         let cache = PageCache::new(64 * 4096);
         let mut index = VersionIndex::create(Arc::clone(&storage), "index", config, Arc::clone(&cache)).unwrap();
         let mut oracle = BTreeMap::new();
@@ -112,4 +112,50 @@ fn a_damaged_page_is_reported() {
     assert!(index.find_le(3, Timestamp::MAX).unwrap().is_some());
     let error = index.find_le(130, Timestamp::MAX).unwrap_err();
     assert!(error.to_string().contains("checksum mismatch"), "{error}");
+}
+
+/// Memtables sealed at random sizes (as checkpoints and the memtable cap do)
+/// must still be merged into O(fanin · log N) runs: none may be stranded.
+#[test]
+fn runs_stay_logarithmic_whatever_the_seal_sizes() {
+    for seed in 0..6u64 {
+        println!("seed {seed}");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(SimConfig::default(), seed));
+        let config = IndexConfig { merge_fanin: 4, runs_soft_max: 1000 };
+        let index = VersionIndex::create(storage, "index", config, PageCache::new(1 << 20)).unwrap();
+        let (mut time, mut lsn, mut total) = (0u64, 0u64, 0u64);
+        let mut runs_max = 0;
+        for _ in 0..400 {
+            // Seal sizes over three orders of magnitude, like a quiet checkpoint
+            // followed by a full memtable.
+            let seal_at = match rng.random_range(0..3) {
+                0 => rng.random_range(1..20),
+                1 => rng.random_range(200..300),
+                _ => 1024 + rng.random_range(0..16),
+            };
+            for _ in 0..seal_at {
+                time += 1;
+                lsn += 1;
+                let version = Version {
+                    block: BlockIndex(rng.random_range(0..10_000)),
+                    timestamp: Timestamp::from_unix_nanos(time),
+                    data: VersionData::Zero,
+                    crc32c: 0,
+                };
+                index.insert(Lsn(lsn), &[version]);
+            }
+            total += seal_at;
+            index.seal();
+            index.persist(Lsn(lsn)).unwrap();
+            while index.compact().unwrap() {}
+            runs_max = runs_max.max(index.stats().run_count);
+        }
+        // log4(total / smallest seal) levels, at most fanin-1 runs each, plus
+        // stragglers waiting for the next merge at their level.
+        let levels = (total as f64).log(4.0).ceil() as u64;
+        println!("{total} versions, at most {runs_max} runs at once ({levels} levels)");
+        assert!(runs_max <= 4 * levels, "seed {seed}: {runs_max} runs for {total} versions");
+        assert_eq!(index.stats().versions_in_runs, total);
+    }
 }

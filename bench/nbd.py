@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Block I/O benchmark: the same fio jobs over NBD against Rewind and against
+`nbdkit file` on the same disk, side by side in one run, interleaved job by job.
+
+Writes a table of throughput ratios (Rewind / nbdkit file; min, median and max
+over the runs) into BENCHMARKS.md between the `nbd` markers. Not a test: no
+thresholds fail it, it reports.
+
+    python3 bench/nbd.py --runs 3 --size 1G --runtime 15
+
+Every-write history is on in Rewind (it is always on).
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REWIND = ROOT / "target" / "release" / "rewind"
+
+# name, fio arguments, what is measured, target ratio (from BRIEF.md)
+JOBS = [
+    ("seqwrite-1m", ["--rw=write", "--bs=1m", "--iodepth=4"], "write", 0.9),
+    ("randwrite-4k-qd1", ["--rw=randwrite", "--bs=4k", "--iodepth=1"], "write", 0.9),
+    ("randwrite-4k-qd32", ["--rw=randwrite", "--bs=4k", "--iodepth=32"], "write", 0.9),
+    ("randwrite-4k-flush8", ["--rw=randwrite", "--bs=4k", "--iodepth=1", "--fsync=8"], "write", 1.0),
+    ("randread-4k-qd32", ["--rw=randread", "--bs=4k", "--iodepth=32"], "read", 0.9),
+    ("seqread-1m", ["--rw=read", "--bs=1m", "--iodepth=4"], "read", 0.9),
+    # After `overwrite` below has rewritten every block with random 4 KiB writes.
+    ("seqread-1m-after-overwrite", ["--rw=read", "--bs=1m", "--iodepth=4"], "read", 0.9),
+]
+
+
+def fio(uri, name, args, size, runtime=None, extra=()):
+    command = [
+        "fio", "--output-format=json", f"--name={name}", "--ioengine=nbd", f"--uri={uri}",
+        f"--size={size}", "--randseed=1", *args, *extra,
+    ]
+    if runtime:
+        command += ["--time_based", f"--runtime={runtime}", "--ramp_time=2"]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    # fio may print warnings before the JSON.
+    result = json.loads(output[output.index("{"):])
+    job = result["jobs"][0]
+    if job["error"]:
+        raise RuntimeError(f"fio {name} failed: error {job['error']}")
+    return job
+
+
+def throughput(job, direction):
+    return job[direction]["bw_bytes"]
+
+
+class Process:
+    def __init__(self, command, ready_pattern=None, **kwargs):
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, **kwargs)
+        self.lines = []
+        if ready_pattern:
+            while True:
+                line = self.process.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"{command[0]} exited before it was ready")
+                self.lines.append(line)
+                if all(re.search(p, "".join(self.lines)) for p in ready_pattern):
+                    break
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=120)
+
+
+def wait_port(port):
+    import socket
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def api(http, method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"http://{http}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as response:
+        text = response.read()
+        return json.loads(text) if text else None
+
+
+def nbdinfo_seconds(uri, repeat=15):
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run(["nbdinfo", "--size", uri], check=True, capture_output=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def environment():
+    def sh(command):
+        return subprocess.run(command, shell=True, capture_output=True, text=True).stdout.strip()
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": sh("git -C %s rev-parse --short HEAD" % ROOT),
+        "cpu": sh("nproc") + " × " + sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip(),
+        "memory": sh("free -g | awk '/Mem:/ {print $2}'") + " GiB",
+        "kernel": sh("uname -r"),
+        "fio": sh("fio --version"),
+        "nbdkit": sh("nbdkit --version"),
+    }
+
+
+def run_once(args, run_index, results, view_results):
+    size = parse_size(args.size)
+    work = Path(args.dir)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    # Baseline: nbdkit's file plugin on a file on the same disk.
+    base_file = work / "nbdkit.img"
+    with open(base_file, "wb") as f:
+        f.truncate(size)
+    base_port, rewind_port, http_port = 10900, 10901, 10902
+    nbdkit = Process(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(base_port), "file", str(base_file)])
+    wait_port(base_port)
+    rewind = Process(
+        [str(REWIND), "serve", "--data-dir", str(work / "rewind"), "--nbd", f"127.0.0.1:{rewind_port}",
+         "--http", f"127.0.0.1:{http_port}"],
+        ready_pattern=[r"listening http"],
+        env={**os.environ, "RUST_LOG": "warn"},
+    )
+    http = f"127.0.0.1:{http_port}"
+    api(http, "POST", "/v1/volumes", {"name": "bench", "size_bytes": size})
+    targets = {"nbdkit": f"nbd://127.0.0.1:{base_port}/", "rewind": f"nbd://127.0.0.1:{rewind_port}/bench"}
+    order = ["nbdkit", "rewind"] if run_index % 2 == 0 else ["rewind", "nbdkit"]
+    try:
+        # Unmeasured fill, so reads read data.
+        for target in order:
+            fio(targets[target], "fill", ["--rw=write", "--bs=1m", "--iodepth=4"], size)
+        for name, job_args, direction, _target in JOBS:
+            if name == "seqread-1m-after-overwrite":
+                bookmark = api(http, "POST", "/v1/volumes/bench/bookmarks", {"name": f"before-overwrite-{run_index}"})
+                for target in order:
+                    # Every block rewritten once, in random order (fio's random map).
+                    fio(targets[target], "overwrite", ["--rw=randwrite", "--bs=4k", "--iodepth=32"], size)
+            for target in order:
+                job = fio(targets[target], name, job_args, size, runtime=args.runtime)
+                results.setdefault(name, {}).setdefault(target, []).append(throughput(job, direction))
+                print(f"run {run_index} {name:28} {target:7} {throughput(job, direction) / 2**20:10.1f} MiB/s", flush=True)
+        # A view at a time before the overwrite, against the live volume now.
+        view_uri = f"nbd://127.0.0.1:{rewind_port}/bench@{bookmark['at']}"
+        live = fio(targets["rewind"], "live-read", ["--rw=read", "--bs=1m", "--iodepth=4"], size, runtime=args.runtime)
+        old = fio(view_uri, "view-read", ["--rw=read", "--bs=1m", "--iodepth=4", "--readonly"], size,
+                  runtime=args.runtime)
+        view_results.setdefault("seqread", []).append(throughput(old, "read") / throughput(live, "read"))
+        print(f"run {run_index} view read at T before overwrite: {throughput(old, 'read') / 2**20:.1f} MiB/s, "
+              f"live {throughput(live, 'read') / 2**20:.1f} MiB/s", flush=True)
+        oldest = f"nbd://127.0.0.1:{rewind_port}/bench@{api(http, 'GET', '/v1/volumes/bench')['created']}"
+        open_live = nbdinfo_seconds(targets["rewind"])
+        open_view = nbdinfo_seconds(oldest)
+        open_base = nbdinfo_seconds(targets["nbdkit"])
+        view_results.setdefault("open", []).append((open_view, open_live, open_base))
+        stats = api(http, "GET", "/v1/volumes/bench")["stats"]
+        view_results.setdefault("versions", []).append(stats["versions"])
+    finally:
+        rewind.stop()
+        nbdkit.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def spread(values, scale=1.0):
+    return min(values) * scale, statistics.median(values) * scale, max(values) * scale
+
+
+def table(args, results, view_results, env):
+    lines = [
+        "<!-- nbd:begin (written by bench/nbd.py; do not edit by hand) -->",
+        "## Block I/O over NBD: Rewind vs `nbdkit file`",
+        "",
+        f"`python3 bench/nbd.py --runs {args.runs} --size {args.size} --runtime {args.runtime}` on "
+        f"{env['date']}, commit {env['commit']}: {env['cpu']}, {env['memory']}, Linux {env['kernel']}, "
+        f"{env['fio']}, nbdkit {env['nbdkit']}.",
+        "",
+        "Each job runs against both servers in the same run, interleaved (the order alternates between runs); "
+        f"{args.runtime} s per job after a 2 s ramp, volume and file of {args.size} on the same disk, filled first. "
+        "Rewind keeps every write's history throughout. Ratio = Rewind throughput / nbdkit throughput, "
+        f"min / median / max over {args.runs} runs.",
+        "",
+        "| job | nbdkit file (median) | Rewind (median) | ratio min / median / max | target | |",
+        "|---|---:|---:|---|---:|---|",
+    ]
+    for name, _args, _direction, target in JOBS:
+        base = results[name]["nbdkit"]
+        ours = results[name]["rewind"]
+        ratios = [o / b for o, b in zip(ours, base)]
+        low, median, high = spread(ratios)
+        mark = "met" if median >= target else "**missed**"
+        lines.append(
+            f"| {name} | {statistics.median(base) / 2**20:.0f} MiB/s | {statistics.median(ours) / 2**20:.0f} MiB/s | "
+            f"{low:.2f} / {median:.2f} / {high:.2f} | ≥ {target} | {mark} |"
+        )
+    low, median, high = spread(view_results["seqread"])
+    lines += [
+        "",
+        "Views (Rewind only):",
+        "",
+        "| measurement | min / median / max | target |",
+        "|---|---|---:|",
+        f"| 1 MiB sequential read of a view at a time before the overwrite ÷ the same read of the live volume | "
+        f"{low:.2f} / {median:.2f} / {high:.2f} | ≥ 0.5 |",
+    ]
+    opens = view_results["open"]
+    view_ms = [o[0] * 1000 for o in opens]
+    live_ms = [o[1] * 1000 for o in opens]
+    base_ms = [o[2] * 1000 for o in opens]
+    lines.append(
+        "| `nbdinfo --size` of a view at the volume's creation, ms (median of 15 per run; process start included) | "
+        f"{min(view_ms):.1f} / {statistics.median(view_ms):.1f} / {max(view_ms):.1f} "
+        f"(live volume {statistics.median(live_ms):.1f}, nbdkit {statistics.median(base_ms):.1f}) | milliseconds |"
+    )
+    lines.append(
+        f"| versions in the history when the views were read | {min(view_results['versions']):,} – "
+        f"{max(view_results['versions']):,} | |"
+    )
+    lines.append("<!-- nbd:end -->")
+    return "\n".join(lines)
+
+
+def write_section(section):
+    path = ROOT / "BENCHMARKS.md"
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    pattern = re.compile(r"<!-- nbd:begin.*?<!-- nbd:end -->", re.S)
+    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--size", default="1G")
+    parser.add_argument("--runtime", type=int, default=15)
+    parser.add_argument("--dir", default=str(ROOT / "target" / "bench-nbd"))
+    parser.add_argument("--no-build", action="store_true")
+    args = parser.parse_args()
+    for tool in ["fio", "nbdkit", "nbdinfo"]:
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is missing: apt-get install fio nbdkit libnbd-bin")
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "-p", "rewind-cli"], cwd=ROOT, check=True)
+    env = environment()
+    results, view_results = {}, {}
+    for run_index in range(args.runs):
+        run_once(args, run_index, results, view_results)
+    section = table(args, results, view_results, env)
+    write_section(section)
+    print(section)
+
+
+if __name__ == "__main__":
+    main()
