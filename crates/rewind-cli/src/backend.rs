@@ -48,19 +48,19 @@ pub fn connect(server: &str, server_given: bool, data_dir: &Path, creates: bool)
     if server_given {
         return Err(refused.context(format!("cannot reach the Rewind server at {server}")));
     }
+    local(data_dir, creates).with_context(|| format!("no Rewind server answers at {server}"))
+}
+
+/// Works on `data_dir` directly (creating it only for commands that create).
+pub fn local(data_dir: &Path, creates: bool) -> Result<Box<dyn Backend>> {
     if !data_dir.exists() && !creates {
         bail!(
-            "no Rewind server answers at {server} and there is no data directory {}; \
-             start a server with `rewind serve`, or pass --server or --data-dir",
+            "there is no data directory {}; start a server with `rewind serve`, or pass --server or --data-dir",
             data_dir.display()
         );
     }
-    let local = LocalBackend::open(data_dir).with_context(|| {
-        format!(
-            "no Rewind server answers at {server}, and the data directory {} cannot be used directly",
-            data_dir.display()
-        )
-    })?;
+    let local = LocalBackend::open(data_dir)
+        .with_context(|| format!("the data directory {} cannot be used directly", data_dir.display()))?;
     Ok(Box::new(local))
 }
 

@@ -31,6 +31,10 @@ struct Cli {
     /// Management API of the server to talk to.
     #[arg(long, env = "REWIND_SERVER", default_value = "http://127.0.0.1:8080", global = true)]
     server: String,
+    /// Work on the data directory directly, without asking a server (it
+    /// must not be in use by one).
+    #[arg(long, global = true, conflicts_with = "server")]
+    offline: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -193,7 +197,11 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
         return serve::serve(&cli.data_dir, args);
     }
     let creates = matches!(cli.command, Command::Volume(VolumeCommand::Create { .. } | VolumeCommand::Import { .. }));
-    let backend = backend::connect(&cli.server, server_given, &cli.data_dir, creates)?;
+    let backend = if cli.offline {
+        backend::local(&cli.data_dir, creates)?
+    } else {
+        backend::connect(&cli.server, server_given, &cli.data_dir, creates)?
+    };
     match cli.command {
         Command::Serve(_) => unreachable!("handled above"),
         Command::Volume(command) => volume(&*backend, command),

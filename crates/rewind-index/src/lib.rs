@@ -213,7 +213,8 @@ impl VersionIndex {
         }
     }
 
-    /// For each block of `blocks`, the newest version at or before `at`.
+    /// For each block of `blocks`, the newest version at or before `at`
+    /// (fastest when `blocks` ascend: neighbours share index pages).
     pub fn find_le_many(&self, blocks: &[u64], at: Timestamp) -> Result<Vec<Option<Version>>, IndexError> {
         let mut found = vec![None; blocks.len()];
         let (frozen, runs) = {
@@ -237,13 +238,11 @@ impl VersionIndex {
             }
         }
         for run in runs.iter().rev() {
-            if run.info().timestamp_min > at {
-                continue;
+            if found.iter().all(Option::is_some) {
+                break;
             }
-            for (slot, &block) in found.iter_mut().zip(blocks) {
-                if slot.is_none() {
-                    *slot = run.find_le(block, at)?;
-                }
+            if run.info().timestamp_min <= at {
+                run.find_le_many(blocks, at, &mut found)?;
             }
         }
         Ok(found)

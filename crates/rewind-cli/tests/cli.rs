@@ -1,0 +1,114 @@
+//! The CLI and the HTTP API end to end: volumes, bookmarks, timeline, views,
+//! errors, metrics, and working offline on a data directory.
+
+mod common;
+
+use common::{require, run, run_failing, Server, REWIND};
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
+}
+
+fn failing(server: &Server, args: &[&str]) -> String {
+    let output = server.rewind_output(args);
+    assert!(!output.status.success(), "rewind {args:?} should fail:\n{}", common::describe(&output));
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn bookmarks_timeline_and_views_through_the_cli_and_the_api() {
+    require("qemu-io");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    server.rewind(&["volume", "create", "db", "--size", "16MiB"]);
+    let volumes = json(&server.rewind(&["volume", "list", "--json"]));
+    assert_eq!(volumes[0]["name"], "db");
+    assert_eq!(volumes[0]["size_bytes"], 16 << 20);
+    assert!(server.rewind(&["volume", "list"]).contains("db"));
+
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 1M", &server.uri("db")]);
+    let one = json(&server.rewind(&["bookmark", "db", "one", "--json"]));
+    let at = one["at"].as_str().unwrap().to_owned();
+    let same = json(&server.rewind(&["bookmark", "create", "db", "same-time", "--at", &at, "--json"]));
+    assert_eq!(same["at_unix_nanos"], one["at_unix_nanos"]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x22 0 1M", &server.uri("db")]);
+    let bookmarks = json(&server.rewind(&["bookmark", "list", "db", "--json"]));
+    assert_eq!(bookmarks.as_array().unwrap().len(), 2);
+    let error = failing(&server, &["bookmark", "db", "one"]);
+    assert!(error.contains("already has a bookmark"), "{error}");
+    let error = failing(&server, &["bookmark", "db", "9lives"]);
+    assert!(error.contains("must not start with a digit"), "{error}");
+    server.rewind(&["bookmark", "delete", "db", "same-time"]);
+    assert_eq!(json(&server.rewind(&["bookmark", "list", "db", "--json"])).as_array().unwrap().len(), 1);
+
+    let detail = json(&server.rewind(&["volume", "info", "db", "--json"]));
+    assert_eq!(detail["stats"]["write_bytes"], 2 << 20);
+    assert!(detail["stats"]["versions"].as_u64().unwrap() >= 512);
+
+    let timeline = json(&server.rewind(&["timeline", "db", "--json"]));
+    let written: u64 = timeline["buckets"].as_array().unwrap().iter().map(|b| b["write_bytes"].as_u64().unwrap()).sum();
+    assert_eq!(written, 2 << 20);
+    assert_eq!(timeline["bookmarks"][0]["name"], "one");
+    let chart = server.rewind(&["timeline", "db", "--bucket", "1h"]);
+    assert!(chart.contains("◆ one") && chart.contains("2.00 MiB"), "{chart}");
+
+    let view = json(&server.rewind(&["view", "db", "one", "--json"]));
+    assert_eq!(view["export"], format!("db@{at}"));
+    let human = server.rewind(&["view", "db", "-1ms"]);
+    assert!(human.contains(&format!("nbd://{}/db@", server.nbd)), "{human}");
+    run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 0x11 0 1M", &server.uri(view["export"].as_str().unwrap())]);
+    let error = failing(&server, &["view", "db", "2001-01-01T00:00:00Z"]);
+    assert!(error.contains("no history before"), "{error}");
+    let error = failing(&server, &["view", "db", "next tuesday"]);
+    assert!(error.contains("cannot read"), "{error}");
+    let error = failing(&server, &["view", "nosuch", "now"]);
+    assert!(error.contains("no volume named"), "{error}");
+    let error = failing(&server, &["volume", "create", "bad@name", "--size", "1MiB"]);
+    assert!(error.contains("invalid volume name"), "{error}");
+    let error = failing(&server, &["volume", "create", "odd", "--size", "1000"]);
+    assert!(error.contains("multiple of its block size"), "{error}");
+
+    // The API itself: statuses, error bodies and metrics.
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut missing = agent.get(format!("{}/v1/volumes/nosuch", server.api())).call().unwrap();
+    assert_eq!(missing.status(), 404);
+    let body: serde_json::Value = missing.body_mut().read_json().unwrap();
+    assert_eq!(body["kind"], "not_found");
+    let duplicate = agent
+        .post(format!("{}/v1/volumes/db/bookmarks", server.api()))
+        .send_json(serde_json::json!({"name": "one"}))
+        .unwrap();
+    assert_eq!(duplicate.status(), 409);
+    let bad =
+        agent.get(format!("{}/v1/volumes/db/view", server.api())).query("at", "2001-01-01T00:00:00Z").call().unwrap();
+    assert_eq!(bad.status(), 400);
+    let metrics = agent.get(format!("{}/metrics", server.api())).call().unwrap().body_mut().read_to_string().unwrap();
+    assert!(metrics.contains("rewind_volume_write_bytes_total{volume=\"db\"} 2097152"), "{metrics}");
+
+    server.rewind(&["volume", "delete", "db", "--yes"]);
+    assert!(server.rewind(&["volume", "list", "--json"]).trim() == "[]");
+}
+
+#[test]
+fn offline_commands_work_on_the_data_directory_and_respect_a_running_server() {
+    require("nbdinfo");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let offline = |args: &[&str]| {
+        let mut all = vec!["--offline", "--data-dir", data];
+        all.extend_from_slice(args);
+        run(REWIND, &all)
+    };
+    let failure = run_failing(REWIND, &["--offline", "--data-dir", data, "volume", "list"]);
+    assert!(failure.contains("there is no data directory"), "{failure}");
+    offline(&["volume", "create", "x", "--size", "8MiB"]);
+    offline(&["bookmark", "x", "created"]);
+    assert!(offline(&["volume", "list"]).contains('x'));
+    let mut server = Server::start(std::path::Path::new(data));
+    run("nbdinfo", &["--size", &server.uri("x@created")]);
+    let busy = run_failing(REWIND, &["--offline", "--data-dir", data, "volume", "list"]);
+    assert!(busy.contains("in use by another rewind process"), "{busy}");
+    server.stop();
+    assert!(offline(&["bookmark", "list", "x"]).contains("created"));
+}
