@@ -36,7 +36,8 @@ use crate::EngineError;
 pub struct VolumeConfig {
     pub journal: JournalConfig,
     pub index: IndexConfig,
-    /// Ask the maintenance thread to commit once this many bytes are waiting.
+    /// Ask the maintenance thread to write buffered journal bytes out (not
+    /// yet syncing them) once this many are waiting.
     pub commit_bytes_soft: u64,
     /// Writers commit themselves (backpressure) once this many bytes wait.
     pub unwritten_bytes_max: u64,
@@ -109,8 +110,8 @@ pub(crate) struct DestageState {
 }
 
 struct MaintenanceState {
-    /// When maintenance first saw buffered bytes not yet committed.
-    unwritten_seen: Option<Timestamp>,
+    /// When maintenance first saw records that are not durable yet.
+    undurable_since: Option<Timestamp>,
     checkpoint_last: Timestamp,
     checkpoint_lsn: Lsn,
     checkpoint_journal_bytes: u64,
@@ -211,7 +212,7 @@ impl Volume {
             }),
             destage: Mutex::new(DestageState { lsn_applied: journal.lsn_durable() }),
             maintenance: Mutex::new(MaintenanceState {
-                unwritten_seen: None,
+                undurable_since: None,
                 checkpoint_last: checkpoint.timestamp_last,
                 checkpoint_lsn: checkpoint.lsn,
                 checkpoint_journal_bytes: 0,
@@ -737,17 +738,20 @@ impl Volume {
             return Ok(false);
         }
         let mut worked = false;
-        let unwritten = self.journal.bytes_unwritten();
-        if unwritten > 0 {
-            let seen = *maintenance.unwritten_seen.get_or_insert(now);
-            let age = now.unix_nanos().saturating_sub(seen.unix_nanos());
-            if unwritten >= self.config.commit_bytes_soft || age >= self.config.commit_interval_nanos {
+        if self.journal.bytes_unwritten() >= self.config.commit_bytes_soft {
+            // Hand the bytes to the kernel early; the commit below waits less.
+            self.journal.write_out().map_err(|error| self.fail(error.into()))?;
+            worked = true;
+        }
+        if self.journal.lsn_durable() < Lsn(self.journal.lsn_next().0 - 1) {
+            let seen = *maintenance.undurable_since.get_or_insert(now);
+            if now.unix_nanos().saturating_sub(seen.unix_nanos()) >= self.config.commit_interval_nanos {
                 self.flush()?;
-                maintenance.unwritten_seen = None;
+                maintenance.undurable_since = None;
                 worked = true;
             }
         } else {
-            maintenance.unwritten_seen = None;
+            maintenance.undurable_since = None;
         }
         if self.overlay_versions.load(Ordering::Relaxed) > 0 {
             let before = self.overlay_versions.load(Ordering::Relaxed);

@@ -119,13 +119,31 @@ struct Tail {
     lsn_next: Lsn,
 }
 
+/// What has been written to the segment files; guarded by the lock that
+/// serialises writers and committers.
+struct Written {
+    /// Highest LSN in the files.
+    lsn: Lsn,
+    /// Where the written bytes end (a record boundary).
+    end: JournalPosition,
+    /// Segments written since their last sync, in order.
+    unsynced: Vec<u32>,
+    /// A segment was started since the last sync: its name must be synced.
+    new_segment: bool,
+}
+
+/// Buffers of written batches kept for reuse.
+const SPARE_BUFFERS_MAX: usize = 4;
+
 pub struct Journal {
     storage: Arc<dyn Storage>,
     dir: String,
     block_size: BlockSize,
     config: JournalConfig,
     tail: Mutex<Tail>,
-    commit_lock: Mutex<()>,
+    /// Serialises writing batches out and committing them.
+    written: Mutex<Written>,
+    spare_buffers: Mutex<Vec<Vec<u8>>>,
     lsn_durable: AtomicU64,
     /// The durable LSN with the position right after its record, updated together.
     durable_point: Mutex<(Lsn, JournalPosition)>,
@@ -191,7 +209,13 @@ impl Journal {
             block_size,
             config,
             tail: Mutex::new(Tail { active: Batch::empty_at(segment, end), sealed: VecDeque::new(), lsn_next }),
-            commit_lock: Mutex::new(()),
+            written: Mutex::new(Written {
+                lsn: Lsn(lsn_next.0 - 1),
+                end: JournalPosition { segment, offset: end },
+                unsynced: Vec::new(),
+                new_segment: false,
+            }),
+            spare_buffers: Mutex::new(Vec::new()),
             lsn_durable: AtomicU64::new(lsn_next.0 - 1),
             durable_point: Mutex::new((Lsn(lsn_next.0 - 1), JournalPosition { segment, offset: end })),
             written_end: AtomicU64::new(pack(segment, end)),
@@ -402,54 +426,82 @@ impl Journal {
     /// Makes every record appended before this call durable, and returns the
     /// durable LSN (which may be higher: group commit).
     pub fn commit(&self) -> Result<Lsn, JournalError> {
-        let target = {
-            let mut tail = self.tail.lock();
-            if !tail.active.bytes.is_empty() {
-                let (segment, end) = (tail.active.segment, tail.active.end());
-                let sealed = std::mem::replace(&mut tail.active, Batch::empty_at(segment, end));
-                tail.sealed.push_back(Arc::new(sealed));
-            }
-            Lsn(tail.lsn_next.0 - 1)
-        };
-        let _committing = self.commit_lock.lock();
+        let target = self.seal_active();
+        let mut written = self.written.lock();
         self.check_poisoned()?;
         if self.lsn_durable() >= target {
             return Ok(self.lsn_durable());
         }
-        let batches: Vec<Arc<Batch>> = self.tail.lock().sealed.iter().cloned().collect();
-        self.write_and_sync(&batches).map_err(|error| self.poison(error))?;
-        let last = batches.last().expect("target not durable means a sealed batch exists");
-        let lsn_last = batches.iter().map(|batch| batch.lsn_last).max().expect("not empty");
-        if lsn_last > Lsn::ZERO {
-            self.lsn_durable.fetch_max(lsn_last.0, Ordering::AcqRel);
-        }
-        self.written_end.store(pack(last.segment, last.end()), Ordering::Release);
-        *self.durable_point.lock() =
-            (self.lsn_durable(), JournalPosition { segment: last.segment, offset: last.end() });
-        let mut tail = self.tail.lock();
-        for batch in &batches {
-            let front = tail.sealed.pop_front().expect("committed batches are still queued");
-            assert!(Arc::ptr_eq(&front, batch));
-        }
-        drop(tail);
+        self.write_sealed(&mut written).map_err(|error| self.poison(error))?;
+        self.sync_written(&mut written).map_err(|error| self.poison(error))?;
         Ok(self.lsn_durable())
     }
 
-    fn write_and_sync(&self, batches: &[Arc<Batch>]) -> Result<(), JournalError> {
-        let mut to_sync: Vec<u32> = Vec::new();
+    /// Writes what was appended to the segment files without waiting for the
+    /// disk: the kernel starts writing it back, the memory is freed, and a
+    /// later [`Journal::commit`] has less to wait for.
+    pub fn write_out(&self) -> Result<(), JournalError> {
+        self.seal_active();
+        let mut written = self.written.lock();
+        self.check_poisoned()?;
+        self.write_sealed(&mut written).map_err(|error| self.poison(error))
+    }
+
+    /// Seals the active batch; returns the LSN of the last record appended.
+    fn seal_active(&self) -> Lsn {
+        let mut tail = self.tail.lock();
+        if !tail.active.bytes.is_empty() {
+            let (segment, end) = (tail.active.segment, tail.active.end());
+            let bytes = self.spare_buffers.lock().pop().unwrap_or_default();
+            let next = Batch { bytes, ..Batch::empty_at(segment, end) };
+            let sealed = std::mem::replace(&mut tail.active, next);
+            tail.sealed.push_back(Arc::new(sealed));
+        }
+        Lsn(tail.lsn_next.0 - 1)
+    }
+
+    /// Writes every sealed batch (without syncing) and retires it.
+    fn write_sealed(&self, written: &mut Written) -> Result<(), JournalError> {
+        let batches: Vec<Arc<Batch>> = self.tail.lock().sealed.iter().cloned().collect();
+        for batch in &batches {
+            let path = self.path(batch.segment);
+            self.file(batch.segment)?.write_all_at(&batch.bytes, batch.offset).map_err(self.io_error(path))?;
+            if written.unsynced.last() != Some(&batch.segment) {
+                written.unsynced.push(batch.segment);
+            }
+            written.new_segment |= batch.starts_segment;
+            written.lsn = written.lsn.max(batch.lsn_last);
+            written.end = JournalPosition { segment: batch.segment, offset: batch.end() };
+            self.written_end.store(pack(batch.segment, batch.end()), Ordering::Release);
+        }
+        let mut tail = self.tail.lock();
         for batch in batches {
-            let file = self.file(batch.segment)?;
-            file.write_all_at(&batch.bytes, batch.offset).map_err(self.io_error(self.path(batch.segment)))?;
-            if to_sync.last() != Some(&batch.segment) {
-                to_sync.push(batch.segment);
+            let front = tail.sealed.pop_front().expect("written batches are still queued");
+            assert!(Arc::ptr_eq(&front, &batch));
+            drop(front);
+            // Reuse the buffer: its pages are already faulted in.
+            if let Ok(batch) = Arc::try_unwrap(batch) {
+                let mut spare = self.spare_buffers.lock();
+                if spare.len() < SPARE_BUFFERS_MAX {
+                    let mut bytes = batch.bytes;
+                    bytes.clear();
+                    spare.push(bytes);
+                }
             }
         }
-        for segment in to_sync {
+        Ok(())
+    }
+
+    /// Syncs every segment written since the last sync.
+    fn sync_written(&self, written: &mut Written) -> Result<(), JournalError> {
+        for segment in std::mem::take(&mut written.unsynced) {
             self.file(segment)?.sync_data().map_err(self.io_error(self.path(segment)))?;
         }
-        if batches.iter().any(|batch| batch.starts_segment) {
+        if std::mem::take(&mut written.new_segment) {
             self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
         }
+        self.lsn_durable.fetch_max(written.lsn.0, Ordering::AcqRel);
+        *self.durable_point.lock() = (written.lsn, written.end);
         Ok(())
     }
 

@@ -78,6 +78,9 @@ fn committed_records_survive_every_crash_and_survivors_form_a_prefix() {
             appended.push(op);
             if rng.random_bool(0.2) {
                 committed = journal.commit().unwrap().0 as usize;
+            } else if rng.random_bool(0.2) {
+                // Written to the files but not synced: may or may not survive.
+                journal.write_out().unwrap();
             }
         }
         drop(journal);
