@@ -319,3 +319,37 @@ impl Drop for FsTest {
         }
     }
 }
+
+#[test]
+fn hostile_clients_do_not_disturb_others_or_the_volume() {
+    use std::io::{Read, Write};
+    require("nbdcopy");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let image = dir.path().join("image.raw");
+    fs::write(&image, pattern(21, 4 << 20)).unwrap();
+    server.rewind(&["volume", "import", "db", image.to_str().unwrap()]);
+    // Garbage instead of a handshake, a stalled handshake, and a client that
+    // negotiates and then claims a 3 GiB write and disconnects mid-payload.
+    let mut garbage = std::net::TcpStream::connect(server.nbd).unwrap();
+    let _ = garbage.write_all(&[0xff; 4096]);
+    let _stalled = std::net::TcpStream::connect(server.nbd).unwrap();
+    let mut client = common::nbd_client::NbdClient::connect(server.nbd, "db").unwrap();
+    let mut header = Vec::new();
+    header.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+    header.extend_from_slice(&0u16.to_be_bytes());
+    header.extend_from_slice(&1u16.to_be_bytes()); // WRITE
+    header.extend_from_slice(&7u64.to_be_bytes());
+    header.extend_from_slice(&0u64.to_be_bytes());
+    header.extend_from_slice(&(3u32 << 30).to_be_bytes());
+    header.extend_from_slice(&[0xee; 1000]);
+    let _ = client.raw_stream().write_all(&header);
+    let mut rest = Vec::new();
+    let _ = client.raw_stream().read_to_end(&mut rest); // the server hangs up
+    drop(client);
+    // Meanwhile and afterwards, a well-behaved client sees the volume intact.
+    let out = dir.path().join("out.raw");
+    run("nbdcopy", &[&server.uri("db"), out.to_str().unwrap()]);
+    assert!(fs::read(&out).unwrap() == fs::read(&image).unwrap(), "the volume is unchanged");
+    drop(garbage);
+}

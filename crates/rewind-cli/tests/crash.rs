@@ -100,6 +100,8 @@ fn start_fio(server: &Server, seed: u64) -> Child {
     Command::new("fio")
         .args([
             "--name=load",
+            // Jobs as threads of one process, so killing it stops them all.
+            "--thread",
             "--ioengine=nbd",
             &format!("--uri={}", server.uri("crash")),
             "--rw=randwrite",

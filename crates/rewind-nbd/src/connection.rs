@@ -1,5 +1,6 @@
-//! One client connection: handshake, then transmission, on one thread.
-//! The state machine and its limits are described in `crate::server`.
+//! One client connection: the handshake on the connection thread, then
+//! transmission (`crate::transmission`). The state machine and its limits are
+//! described in `crate::server`.
 
 use std::fmt::Write as _;
 use std::io::{self, BufReader, IoSlice, Read, Write};
@@ -10,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use crate::export::{Export, ExportError, ExportErrorKind, OpenError, OpenErrorKind, ZeroFlags};
-use crate::protocol::{self as p, Command, Refusal, RequestHeader, Session};
+use crate::export::{Export, OpenError, OpenErrorKind};
+use crate::protocol::{self as p, Session};
 use crate::server::{Shared, OPTIONS_PER_HANDSHAKE_MAX};
+use crate::transmission::{self, Stats};
 
 /// Read buffer per connection. Large enough that pipelined small requests
 /// (fio/qemu keep dozens in flight) are picked up with one `read` call; large
@@ -22,8 +24,9 @@ const READ_BUFFER_BYTES: usize = 128 * 1024;
 /// `NBD_OPT_LIST` replies are sent in pieces of about this size.
 const LIST_REPLY_BATCH_BYTES: usize = 64 * 1024;
 
-/// A connected byte stream: TCP or a Unix domain socket.
-pub(crate) trait Transport: Read + Write + Send + Sized + 'static {
+/// A connected byte stream: TCP or a Unix domain socket. `Sync` because the
+/// transmission workers share one handle for `shutdown`.
+pub(crate) trait Transport: Read + Write + Send + Sync + Sized + 'static {
     fn try_clone(&self) -> io::Result<Self>;
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
     fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
@@ -82,7 +85,7 @@ impl Transport for UnixStream {
 /// left of the handshake deadline, so a client trickling one byte at a time
 /// cannot stretch it; in transmission reads block for as long as the client
 /// stays idle (qemu keeps idle connections for hours).
-struct DeadlineReader<S> {
+pub(crate) struct DeadlineReader<S> {
     stream: S,
     deadline: Option<Instant>,
 }
@@ -101,7 +104,7 @@ impl<S: Transport> Read for DeadlineReader<S> {
 }
 
 /// Why a connection ended.
-enum Hangup {
+pub(crate) enum Hangup {
     /// The client closed the socket between messages.
     ClientClosed,
     /// The client ended the session the proper way.
@@ -123,7 +126,7 @@ impl From<io::Error> for Hangup {
     }
 }
 
-type Result<T> = std::result::Result<T, Hangup>;
+pub(crate) type Result<T> = std::result::Result<T, Hangup>;
 
 /// What the handshake settled on.
 struct Negotiated {
@@ -142,17 +145,10 @@ struct Opened {
     block_max: u32,
 }
 
-/// Writes replies. Only the connection thread writes, one whole reply per
-/// `write`/`writev` call, so replies never interleave and no lock is needed.
-///
-/// Replies are not held back to be batched with later ones: with fio and
-/// qemu requests arrive one per `read` anyway (measured), and a held reply
-/// would wait for whatever the next request costs the export.
+/// Writes option replies during the handshake, each whole in one `write`.
 struct ReplyWriter<S> {
     stream: S,
-    structured: bool,
-    /// Replies assembled in memory (option replies, error and block status
-    /// chunks), sent by `flush`; reused so steady state does not allocate.
+    /// Replies assembled in memory, sent by `flush`; reused.
     assembled: Vec<u8>,
     /// Scratch for error messages.
     message: String,
@@ -164,40 +160,9 @@ impl<S: Transport> ReplyWriter<S> {
         self.assembled.clear();
         result
     }
-
-    fn ok(&mut self, handle: u64) -> io::Result<()> {
-        self.stream.write_all(&p::encode_simple_reply(handle, 0))
-    }
-
-    /// A successful READ: header and data in one `writev`.
-    fn read_data(&mut self, handle: u64, offset: u64, data: &[u8]) -> io::Result<()> {
-        // Validated against PAYLOAD_BYTES_MAX before the buffer was filled.
-        let length = u32::try_from(data.len()).expect("read longer than the payload limit");
-        let mut header = [0u8; p::READ_CHUNK_PREFIX_BYTES];
-        let header = if self.structured {
-            header = p::encode_read_chunk_prefix(handle, offset, length);
-            &header[..]
-        } else {
-            header[..p::SIMPLE_REPLY_BYTES].copy_from_slice(&p::encode_simple_reply(handle, 0));
-            &header[..p::SIMPLE_REPLY_BYTES]
-        };
-        write_all_vectored(&mut self.stream, &mut [IoSlice::new(header), IoSlice::new(data)])
-    }
-
-    /// An error reply; with structured replies it carries `message` for the
-    /// human at the other end.
-    fn error(&mut self, handle: u64, errno: u32, message: impl std::fmt::Display) -> io::Result<()> {
-        if !self.structured {
-            return self.stream.write_all(&p::encode_simple_reply(handle, errno));
-        }
-        self.message.clear();
-        write!(self.message, "{message}").expect("writing to a String cannot fail");
-        p::push_error_chunk(&mut self.assembled, handle, errno, &self.message);
-        self.flush()
-    }
 }
 
-fn write_all_vectored<W: Write>(writer: &mut W, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+pub(crate) fn write_all_vectored<W: Write>(writer: &mut W, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
     IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
         match writer.write_vectored(bufs) {
@@ -210,24 +175,12 @@ fn write_all_vectored<W: Write>(writer: &mut W, mut bufs: &mut [IoSlice<'_>]) ->
     Ok(())
 }
 
-/// Per-connection counters for the closing log line.
-#[derive(Default)]
-struct Stats {
-    requests: u64,
-    bytes_read: u64,
-    bytes_written: u64,
-}
-
 struct Connection<S> {
     shared: Arc<Shared>,
     reader: BufReader<DeadlineReader<S>>,
     replies: ReplyWriter<S>,
     /// Option payloads during the handshake (at most `OPTION_BYTES_MAX`).
     option_data: Vec<u8>,
-    /// READ and WRITE payloads; grows to the largest request seen (at most
-    /// `PAYLOAD_BYTES_MAX`) and is reused.
-    payload: Vec<u8>,
-    stats: Stats,
     // Handshake state.
     no_zeroes: bool,
     structured: bool,
@@ -260,16 +213,15 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>) {
             READ_BUFFER_BYTES,
             DeadlineReader { stream: read_half, deadline: Some(deadline) },
         ),
-        replies: ReplyWriter { stream, structured: false, assembled: Vec::new(), message: String::new() },
+        replies: ReplyWriter { stream, assembled: Vec::new(), message: String::new() },
         option_data: Vec::new(),
-        payload: Vec::new(),
-        stats: Stats::default(),
         no_zeroes: false,
         structured: false,
         meta_export: None,
     };
 
     let mut export_name = String::new();
+    let mut stats = Stats::default();
     let hangup = match connection.handshake() {
         Err(hangup) => hangup,
         Ok(negotiated) => {
@@ -283,11 +235,15 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>) {
             export_name.clone_from(&negotiated.name);
             match connection.enter_transmission() {
                 Err(error) => Hangup::Io(error),
-                Ok(()) => connection.transmission(&negotiated),
+                Ok(()) => {
+                    let Connection { shared, mut reader, replies, .. } = connection;
+                    let Negotiated { export, session, .. } = negotiated;
+                    transmission::serve(&mut reader, replies.stream, &*export, &session, &shared.config, &mut stats)
+                }
             }
         }
     };
-    let Stats { requests, bytes_read, bytes_written } = connection.stats;
+    let Stats { requests, bytes_read, bytes_written } = stats;
     let export = export_name.as_str();
     match hangup {
         Hangup::ClientClosed => {
@@ -317,7 +273,7 @@ impl<S: Transport> Connection<S> {
     fn handshake(&mut self) -> Result<Negotiated> {
         self.replies.stream.write_all(&p::encode_greeting())?;
         let mut flags = [0u8; 4];
-        self.read_message_start(&mut flags)?;
+        read_message_start(&mut self.reader, &mut flags)?;
         let client = p::decode_client_flags(flags)
             .map_err(|raw| Hangup::Violation(format!("client flags {raw:#x} include bits the server did not offer")))?;
         if !client.fixed_newstyle {
@@ -338,7 +294,7 @@ impl<S: Transport> Connection<S> {
     /// enters transmission.
     fn option(&mut self) -> Result<Option<Negotiated>> {
         let mut header = [0u8; p::OPTION_HEADER_BYTES];
-        self.read_message_start(&mut header)?;
+        read_message_start(&mut self.reader, &mut header)?;
         let header = p::decode_option_header(&header)
             .map_err(|magic| Hangup::Violation(format!("option magic {magic:#018x} is not IHAVEOPT")))?;
         let option = header.option;
@@ -353,7 +309,7 @@ impl<S: Transport> Connection<S> {
         // Bounded by OPTION_BYTES_MAX just above.
         let mut data = std::mem::take(&mut self.option_data);
         data.resize(header.length as usize, 0);
-        let read = self.read_rest(&mut data);
+        let read = read_rest(&mut self.reader, &mut data);
         self.option_data = data;
         read?;
         debug!(option = name, length = header.length, "option");
@@ -584,163 +540,35 @@ impl<S: Transport> Connection<S> {
         let reader = self.reader.get_mut();
         reader.deadline = None;
         reader.stream.set_read_timeout(None)?;
-        self.replies.structured = self.structured;
         // The handshake buffer is not needed any more.
         self.option_data = Vec::new();
         Ok(())
     }
-
-    /// Serves requests in order until the connection ends.
-    fn transmission(&mut self, negotiated: &Negotiated) -> Hangup {
-        let export = &*negotiated.export;
-        let session = &negotiated.session;
-        loop {
-            if let Err(hangup) = self.request(export, session) {
-                return hangup;
-            }
-        }
-    }
-
-    fn request(&mut self, export: &dyn Export, session: &Session) -> Result<()> {
-        let mut header = [0u8; p::REQUEST_HEADER_BYTES];
-        // The magic is checked before waiting for the rest: a client that
-        // sends a 16-byte option here would otherwise wait for its reply while
-        // we wait for 12 more bytes.
-        let (magic, rest) = header.split_at_mut(4);
-        self.read_message_start(magic)?;
-        if magic != p::REQUEST_MAGIC.to_be_bytes() {
-            let magic = u32::from_be_bytes(magic.try_into().unwrap());
-            return Err(Hangup::Violation(format!("request magic {magic:#010x} is not NBD_REQUEST_MAGIC")));
-        }
-        self.read_rest(rest)?;
-        let request = p::decode_request_header(&header).expect("magic checked above");
-        self.stats.requests += 1;
-        match p::validate_request(&request, session) {
-            Ok(Command::Disconnect) => Err(Hangup::ClientDone("NBD_CMD_DISC")),
-            Ok(command) => self.execute(export, request.handle, command),
-            Err(Refusal::Disconnect { length }) => Err(Hangup::Violation(format!(
-                "NBD_CMD_WRITE of {length} bytes exceeds the {} byte payload limit",
-                p::PAYLOAD_BYTES_MAX
-            ))),
-            Err(Refusal::Reply { errno, fault }) => self.refuse(&request, errno, fault),
-        }
-    }
-
-    fn refuse(&mut self, request: &RequestHeader, errno: u32, fault: p::RequestFault) -> Result<()> {
-        warn!(handle = request.handle, errno, "invalid request from client: {fault}");
-        if request.command == p::CMD_WRITE {
-            // Stay in step with the stream: the payload follows regardless.
-            // `validate_request` bounded it by PAYLOAD_BYTES_MAX.
-            let skipped = io::copy(&mut (&mut self.reader).take(u64::from(request.length)), &mut io::sink())?;
-            if skipped != u64::from(request.length) {
-                return Err(Hangup::Violation("client closed the connection within a write payload".into()));
-            }
-        }
-        Ok(self.replies.error(request.handle, errno, fault)?)
-    }
-
-    fn execute(&mut self, export: &dyn Export, handle: u64, command: Command) -> Result<()> {
-        let (result, fast_zero) = match command {
-            Command::Read { offset, length } => {
-                let buffer = payload_buffer(&mut self.payload, length);
-                match export.read(offset, buffer) {
-                    Ok(()) => {
-                        self.stats.bytes_read += u64::from(length);
-                        return Ok(self.replies.read_data(handle, offset, buffer)?);
-                    }
-                    Err(error) => (Err(error), false),
-                }
-            }
-            Command::Write { offset, length, fua } => {
-                let buffer = payload_buffer(&mut self.payload, length);
-                if let Err(error) = self.reader.read_exact(buffer) {
-                    if error.kind() == io::ErrorKind::UnexpectedEof {
-                        return Err(Hangup::Violation("client closed the connection within a write payload".into()));
-                    }
-                    return Err(error.into());
-                }
-                self.stats.bytes_written += u64::from(length);
-                (export.write(offset, buffer, fua), false)
-            }
-            Command::Flush => (export.flush(), false),
-            Command::Trim { offset, length, fua } => (export.trim(offset, u64::from(length), fua), false),
-            Command::WriteZeroes { offset, length, mode } => {
-                let flags = ZeroFlags { fua: mode.fua, no_hole: mode.no_hole, fast: mode.fast };
-                (export.write_zeroes(offset, u64::from(length), flags), mode.fast)
-            }
-            Command::BlockStatus { offset, length, req_one } => match export.block_status(offset, u64::from(length)) {
-                Ok(extents) => {
-                    let assembled = &mut self.replies.assembled;
-                    p::push_block_status_chunk(assembled, handle, &extents, length, req_one);
-                    return Ok(self.replies.flush()?);
-                }
-                Err(error) => (Err(error), false),
-            },
-            Command::Disconnect => unreachable!("handled by the caller"),
-        };
-        match result {
-            Ok(()) => Ok(self.replies.ok(handle)?),
-            Err(error) => {
-                let errno = export_errno(&error, fast_zero);
-                if errno == p::ENOTSUP {
-                    debug!(handle, "fast zero declined: {}", error.message);
-                } else {
-                    warn!(handle, errno, "export operation failed: {error}");
-                }
-                Ok(self.replies.error(handle, errno, &error.message)?)
-            }
-        }
-    }
-
-    // --- Reading ----------------------------------------------------------------------
-
-    /// Reads a message that may legitimately not come (the client may hang
-    /// up between messages): EOF before its first byte is a clean close, EOF
-    /// within it is a violation.
-    fn read_message_start(&mut self, buf: &mut [u8]) -> Result<()> {
-        let first = loop {
-            match self.reader.read(buf) {
-                Ok(0) => return Err(Hangup::ClientClosed),
-                Ok(n) => break n,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(error.into()),
-            }
-        };
-        self.read_rest(&mut buf[first..])
-    }
-
-    fn read_rest(&mut self, buf: &mut [u8]) -> Result<()> {
-        self.reader.read_exact(buf).map_err(|error| {
-            if error.kind() == io::ErrorKind::UnexpectedEof {
-                Hangup::Violation("client closed the connection within a message".into())
-            } else {
-                Hangup::Io(error)
-            }
-        })
-    }
 }
 
-/// The first `length` bytes of the reusable payload buffer, growing it if
-/// this request is the largest so far.
-fn payload_buffer(payload: &mut Vec<u8>, length: u32) -> &mut [u8] {
-    // Validated against PAYLOAD_BYTES_MAX, so this is bounded.
-    let length = length as usize;
-    assert!(length <= p::PAYLOAD_BYTES_MAX as usize);
-    if payload.len() < length {
-        payload.resize(length, 0);
-    }
-    &mut payload[..length]
+// --- Reading --------------------------------------------------------------------------
+
+/// Reads a message that may legitimately not come (the client may hang up
+/// between messages): EOF before its first byte is a clean close, EOF within
+/// it is a violation.
+pub(crate) fn read_message_start(reader: &mut impl Read, buf: &mut [u8]) -> Result<()> {
+    let first = loop {
+        match reader.read(buf) {
+            Ok(0) => return Err(Hangup::ClientClosed),
+            Ok(n) => break n,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error.into()),
+        }
+    };
+    read_rest(reader, &mut buf[first..])
 }
 
-fn export_errno(error: &ExportError, fast_zero: bool) -> u32 {
-    match error.kind {
-        ExportErrorKind::Io => p::EIO,
-        ExportErrorKind::ReadOnly => p::EPERM,
-        ExportErrorKind::Invalid => p::EINVAL,
-        ExportErrorKind::NoSpace => p::ENOSPC,
-        // The spec reserves ENOTSUP for declined fast zeroes.
-        ExportErrorKind::NotSupported if fast_zero => p::ENOTSUP,
-        ExportErrorKind::NotSupported => p::EINVAL,
-        ExportErrorKind::Shutdown => p::ESHUTDOWN,
-    }
+pub(crate) fn read_rest(reader: &mut impl Read, buf: &mut [u8]) -> Result<()> {
+    reader.read_exact(buf).map_err(|error| {
+        if error.kind() == io::ErrorKind::UnexpectedEof {
+            Hangup::Violation("client closed the connection within a message".into())
+        } else {
+            Hangup::Io(error)
+        }
+    })
 }

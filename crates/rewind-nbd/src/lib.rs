@@ -2,7 +2,8 @@
 //!
 //! - [`export`]: the traits the server serves (`Catalog`, `Export`).
 //! - [`protocol`]: the wire format, pure encode/decode, no I/O.
-//! - [`server`]: listeners, connection threads, limits and shutdown.
+//! - [`server`]: listeners, connection threads, limits and shutdown; each
+//!   connection's requests run on its reader and a few workers (`transmission`).
 //! - [`engine`]: Rewind's volumes and views as exports.
 //!
 //! ```no_run
@@ -21,6 +22,7 @@ pub mod engine;
 pub mod export;
 pub mod protocol;
 pub mod server;
+mod transmission;
 
 pub use export::{
     BlockSizes, Catalog, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,

@@ -6,27 +6,15 @@
 //! in `poll(2)` on the listening socket and on a wake-up socket; shutdown
 //! closes the wake-up socket's other end, which ends the wait without
 //! connecting to ourselves. Each accepted connection gets one thread that
-//! runs the whole protocol for it: requests on one connection are read,
-//! executed and answered in order. That is allowed by the spec (replies may
-//! come in any order, so in order is fine), keeps replies from interleaving
-//! without a lock, and needs no per-request allocation: the connection owns a
-//! buffered reader, a payload buffer grown to the largest request it has seen
-//! and a scratch buffer for assembled replies. Parallelism comes from clients
-//! opening several connections (fio jobs, qemu multi-conn), which the export
+//! runs the handshake and then reads the connection's requests, in order.
+//! In transmission it runs small requests itself and hands large and slow
+//! ones to up to `ServerConfig::workers_per_connection_max` worker threads
+//! of that connection, started on demand; replies are written whole under a
+//! lock and may leave in any order, as the spec allows. Why this split, how
+//! FLUSH stays ordered after writes, and the measurements behind it:
+//! `crate::transmission`. Parallelism across connections comes from
+//! clients opening several (fio jobs, qemu multi-conn), which the export
 //! allows by reporting `can_multi_conn`.
-//!
-//! Why not more threads per connection, or a reply-writer thread: measured
-//! with fio over libnbd against `nbdkit file` (which runs 16 threads per
-//! connection), the request/reply round trip is bound by wake-ups, not by
-//! server CPU. This server spends about half of nbdkit's CPU time per request
-//! (one `read` for the header, often several headers per `read`, one `writev`
-//! per reply), is faster at queue depth 1 and for large requests, and within
-//! noise at queue depth 32; handing requests between threads would add a
-//! wake-up to every one. Holding replies back to batch them was tried and
-//! dropped: requests arrive one per `read`, so nothing batched, and a held
-//! reply would wait behind the next export call. The cost of in-order
-//! processing is head-of-line blocking behind a slow export call on the same
-//! connection.
 //!
 //! # Connection state machine
 //!
@@ -50,7 +38,8 @@
 //!   and move on; an `EXPORT_NAME` that cannot be opened can only be answered
 //!   by hanging up.
 //! - Transmission: each request is decoded, validated against the negotiated
-//!   session (`protocol::validate_request`), executed on the export and
+//!   session (`protocol::validate_request`), admitted into the connection's
+//!   window, executed on the export (by the reader or a worker) and
 //!   answered. An invalid request is answered with the spec's errno (and a
 //!   message when structured replies are on) and the connection goes on; a
 //!   WRITE's payload is skipped so the stream stays in step. Only a broken
@@ -68,8 +57,13 @@
 //!   `protocol::OPTION_BYTES_MAX` bytes per option; beyond either we hang up.
 //! - `protocol::PAYLOAD_BYTES_MAX` (32 MiB) per READ or WRITE, advertised as
 //!   the maximum block size. A larger READ gets `NBD_EINVAL`; a larger WRITE
-//!   ends the connection before its payload is read, so memory per
-//!   connection is bounded by that limit plus the fixed buffers.
+//!   ends the connection before its payload is read.
+//! - `ServerConfig::requests_in_flight_max` requests per connection admitted
+//!   and not yet answered, and `BUFFER_BYTES_PER_CONNECTION_MAX` (32 MiB) of
+//!   payload buffers per connection; while either is used up the connection
+//!   is not read. Memory per connection is bounded by that plus the fixed
+//!   buffers (128 KiB read buffer, 64 KiB outbox, reply scratch per worker),
+//!   however much a client pipelines.
 //! - `ServerConfig::write_timeout`: a client that stops reading its replies
 //!   is dropped rather than pinning a thread forever.
 //! - No timeout once in transmission: an idle client is legitimate.
@@ -77,10 +71,11 @@
 //! # Shutdown
 //!
 //! `Server::shutdown` stops the listeners, then shuts down the read side of
-//! every live connection. A connection that is executing a request finishes
-//! it and sends the reply (the spec asks servers to finish in-flight
-//! requests), then reads end-of-file and closes; one in the handshake sees
-//! end-of-file at once. `shutdown` joins every thread before it returns.
+//! every live connection. A connection with requests in flight finishes
+//! them and sends their replies (the spec asks servers to finish in-flight
+//! requests; `NBD_CMD_DISC` is handled the same way), then closes; one in
+//! the handshake sees end-of-file at once. `shutdown` joins every thread
+//! before it returns.
 
 use std::collections::HashMap;
 use std::io;
@@ -99,6 +94,7 @@ use tracing::{error, info, info_span, warn};
 
 use crate::connection::{self, Transport};
 use crate::export::Catalog;
+pub use crate::transmission::{BUFFER_BYTES_PER_CONNECTION_MAX, INLINE_BYTES_MAX};
 
 /// Most options one handshake may send. Real clients need a handful (nbdinfo
 /// `--list` a few per export); the cap stops a client from holding a slot by
@@ -114,6 +110,12 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// Longest a single reply write may block on a client that does not read.
     pub write_timeout: Duration,
+    /// Most worker threads per connection, started on demand, for the
+    /// requests its reader does not run itself (large or slow ones).
+    pub workers_per_connection_max: usize,
+    /// Most requests of one connection admitted and not yet answered; the
+    /// connection is not read while this many are in flight.
+    pub requests_in_flight_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -122,6 +124,8 @@ impl Default for ServerConfig {
             connections_max: 64,
             handshake_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(60),
+            workers_per_connection_max: 4,
+            requests_in_flight_max: 64,
         }
     }
 }
@@ -239,6 +243,8 @@ impl Server {
         assert!(config.connections_max > 0, "connections_max must be positive");
         assert!(!config.handshake_timeout.is_zero(), "handshake_timeout must be positive");
         assert!(!config.write_timeout.is_zero(), "write_timeout must be positive");
+        assert!(config.workers_per_connection_max > 0, "workers_per_connection_max must be positive");
+        assert!(config.requests_in_flight_max > 0, "requests_in_flight_max must be positive");
         Server {
             shared: Arc::new(Shared {
                 catalog,
@@ -293,7 +299,7 @@ impl Server {
         self.shared.table.lock().live.len()
     }
 
-    /// Stops accepting, ends every connection once its in-flight request is
+    /// Stops accepting, ends every connection once its in-flight requests are
     /// answered, and waits for all threads. Idempotent.
     pub fn shutdown(&self) {
         self.shared.stopping.store(true, Ordering::Release);

@@ -131,6 +131,11 @@ impl NbdClient {
         self.stream.read_exact(buf)
     }
 
+    /// The socket, for tests that misbehave on purpose.
+    pub fn raw_stream(&mut self) -> &mut TcpStream {
+        &mut self.stream
+    }
+
     pub fn disconnect(mut self) -> io::Result<()> {
         self.request(CMD_DISC, 0, 0, &[])
     }

@@ -344,6 +344,27 @@ impl Chunk {
     }
 }
 
+/// A reply to some request, as `RawClient::any_reply` read it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// Error field (0 for success) and, for a successful READ, the data.
+    Simple {
+        handle: u64,
+        errno: u32,
+        data: Vec<u8>,
+    },
+    Chunk(Chunk),
+}
+
+impl Reply {
+    pub fn handle(&self) -> u64 {
+        match self {
+            Reply::Simple { handle, .. } => *handle,
+            Reply::Chunk(chunk) => chunk.handle,
+        }
+    }
+}
+
 /// What a raw client negotiates before entering transmission.
 #[derive(Clone, Copy, Debug)]
 pub struct Negotiate {
@@ -469,18 +490,64 @@ impl RawClient {
     }
 
     pub fn send_request(&mut self, flags: u16, command: u16, offset: u64, length: u32, payload: &[u8]) -> u64 {
-        let handle = self.next_handle;
-        self.next_handle += 1;
         let mut message = Vec::with_capacity(28 + payload.len());
-        message.extend_from_slice(&p::REQUEST_MAGIC.to_be_bytes());
-        message.extend_from_slice(&flags.to_be_bytes());
-        message.extend_from_slice(&command.to_be_bytes());
-        message.extend_from_slice(&handle.to_be_bytes());
-        message.extend_from_slice(&offset.to_be_bytes());
-        message.extend_from_slice(&length.to_be_bytes());
-        message.extend_from_slice(payload);
+        let handle = self.queue_request(&mut message, flags, command, offset, length, payload);
         self.send(&message);
         handle
+    }
+
+    /// Appends a request to `burst` instead of sending it, so that several
+    /// can go out in one `write`; returns its handle.
+    pub fn queue_request(
+        &mut self,
+        burst: &mut Vec<u8>,
+        flags: u16,
+        command: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+    ) -> u64 {
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        burst.extend_from_slice(&p::REQUEST_MAGIC.to_be_bytes());
+        burst.extend_from_slice(&flags.to_be_bytes());
+        burst.extend_from_slice(&command.to_be_bytes());
+        burst.extend_from_slice(&handle.to_be_bytes());
+        burst.extend_from_slice(&offset.to_be_bytes());
+        burst.extend_from_slice(&length.to_be_bytes());
+        burst.extend_from_slice(payload);
+        handle
+    }
+
+    /// A second handle on the connection, for a thread that sends while
+    /// this one reads.
+    pub fn sender(&self) -> Stream {
+        match &self.stream {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone().unwrap()),
+            Stream::Unix(s) => Stream::Unix(s.try_clone().unwrap()),
+        }
+    }
+
+    /// Asserts that no reply (and no end-of-file) is waiting to be read
+    /// right now.
+    pub fn expect_nothing_pending(&mut self) {
+        self.set_nonblocking(true);
+        let mut byte = [0u8; 1];
+        let result = self.stream.read(&mut byte);
+        self.set_nonblocking(false);
+        match result {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Ok(0) => panic!("the server closed the connection"),
+            Ok(_) => panic!("a reply arrived that must not have been sent yet"),
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+
+    fn set_nonblocking(&self, nonblocking: bool) {
+        match &self.stream {
+            Stream::Tcp(s) => s.set_nonblocking(nonblocking).unwrap(),
+            Stream::Unix(s) => s.set_nonblocking(nonblocking).unwrap(),
+        }
     }
 
     /// Reads a simple reply for `handle`, returning its error field.
@@ -499,6 +566,29 @@ impl RawClient {
         let handle = u64::from_be_bytes(header[8..16].try_into().unwrap());
         let length = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
         Chunk { flags, reply_type, handle, payload: self.recv(length) }
+    }
+
+    /// Reads the next reply, whichever request it answers (replies to
+    /// pipelined requests may come in any order). `read_length(handle)` is
+    /// the number of data bytes after a successful simple reply: the length
+    /// of a READ on a simple-reply connection, 0 for anything else.
+    pub fn any_reply(&mut self, read_length: impl Fn(u64) -> usize) -> Reply {
+        let magic = self.recv(4);
+        let magic = u32::from_be_bytes(magic.try_into().unwrap());
+        if magic == p::STRUCTURED_REPLY_MAGIC {
+            let header = self.recv(16);
+            let flags = u16::from_be_bytes(header[0..2].try_into().unwrap());
+            let reply_type = u16::from_be_bytes(header[2..4].try_into().unwrap());
+            let handle = u64::from_be_bytes(header[4..12].try_into().unwrap());
+            let length = u32::from_be_bytes(header[12..16].try_into().unwrap()) as usize;
+            return Reply::Chunk(Chunk { flags, reply_type, handle, payload: self.recv(length) });
+        }
+        assert_eq!(magic, p::SIMPLE_REPLY_MAGIC, "not a reply");
+        let header = self.recv(12);
+        let errno = u32::from_be_bytes(header[0..4].try_into().unwrap());
+        let handle = u64::from_be_bytes(header[4..12].try_into().unwrap());
+        let data = if errno == 0 { self.recv(read_length(handle)) } else { Vec::new() };
+        Reply::Simple { handle, errno, data }
     }
 
     /// Writes with simple replies expected; returns the error field.
