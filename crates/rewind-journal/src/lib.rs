@@ -257,6 +257,12 @@ impl Journal {
         move |source| JournalError::Io { path, source }
     }
 
+    /// Like `io_error`, but names the segment only if there is an error: reads
+    /// and writes are too frequent to format a path each time.
+    fn segment_io_error(&self, segment: u32) -> impl FnOnce(io::Error) -> JournalError + '_ {
+        move |source| JournalError::Io { path: self.path(segment), source }
+    }
+
     fn check_poisoned(&self) -> Result<(), JournalError> {
         if self.poisoned.load(Ordering::Acquire) {
             Err(JournalError::Poisoned)
@@ -403,7 +409,7 @@ impl Journal {
         let mut total = in_memory;
         for segment in names.iter().filter_map(|name| parse_segment_name(name)) {
             if segment < segment_last {
-                total += self.file(segment)?.size_bytes().map_err(self.io_error(self.path(segment)))?;
+                total += self.file(segment)?.size_bytes().map_err(self.segment_io_error(segment))?;
             } else if segment == segment_last {
                 total += unwritten_from;
             }
@@ -464,8 +470,8 @@ impl Journal {
     fn write_sealed(&self, written: &mut Written) -> Result<(), JournalError> {
         let batches: Vec<Arc<Batch>> = self.tail.lock().sealed.iter().cloned().collect();
         for batch in &batches {
-            let path = self.path(batch.segment);
-            self.file(batch.segment)?.write_all_at(&batch.bytes, batch.offset).map_err(self.io_error(path))?;
+            let file = self.file(batch.segment)?;
+            file.write_all_at(&batch.bytes, batch.offset).map_err(self.segment_io_error(batch.segment))?;
             if written.unsynced.last() != Some(&batch.segment) {
                 written.unsynced.push(batch.segment);
             }
@@ -495,7 +501,7 @@ impl Journal {
     /// Syncs every segment written since the last sync.
     fn sync_written(&self, written: &mut Written) -> Result<(), JournalError> {
         for segment in std::mem::take(&mut written.unsynced) {
-            self.file(segment)?.sync_data().map_err(self.io_error(self.path(segment)))?;
+            self.file(segment)?.sync_data().map_err(self.segment_io_error(segment))?;
         }
         if std::mem::take(&mut written.new_segment) {
             self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
@@ -520,7 +526,7 @@ impl Journal {
             // Written out since we looked: read it from the file.
         }
         let file = self.file(segment)?;
-        file.read_exact_at(buf, offset).map_err(self.io_error(self.path(segment)))
+        file.read_exact_at(buf, offset).map_err(self.segment_io_error(segment))
     }
 }
 
@@ -714,7 +720,7 @@ impl Recovery {
         assert_eq!(size_bytes, self.offset, "finish() before next_record() returned None");
         // What survived the crash may sit in the page cache only: make it
         // durable before anything is built on it.
-        file.sync_data().map_err(self.journal.io_error(self.journal.path(self.segment)))?;
+        file.sync_data().map_err(self.journal.segment_io_error(self.segment))?;
         let journal = Journal::assemble(
             Arc::clone(&self.journal.storage),
             &self.journal.dir,
