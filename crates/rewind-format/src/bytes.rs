@@ -36,6 +36,11 @@ impl Writer {
         self
     }
 
+    pub fn slice(&mut self, value: &[u8]) -> &mut Self {
+        self.bytes.extend_from_slice(value);
+        self
+    }
+
     pub fn zeros(&mut self, count: usize) -> &mut Self {
         self.bytes.resize(self.bytes.len() + count, 0);
         self

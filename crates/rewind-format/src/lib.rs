@@ -9,6 +9,7 @@ pub mod current;
 pub mod index;
 pub mod journal;
 pub mod meta;
+pub mod pack;
 
 pub use bytes::{Reader, Writer};
 

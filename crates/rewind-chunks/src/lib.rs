@@ -1,0 +1,63 @@
+//! The chunk store's packs: block versions named by the BLAKE3 hash of their
+//! bytes, compressed with zstd where that pays, in write-once, checksummed
+//! pack files (MYCDP's chunks, seed 004 §3.2; the byte layout is in
+//! `docs/format/pack.md`).
+//!
+//! A pack is written once, front to back, and sealed: footer, trailer,
+//! `fsync`, directory `fsync`. Nothing may refer to a chunk before its pack is
+//! sealed, so a pack found unsealed after a crash holds nothing anyone needs;
+//! a pack that something refers to and that fails to open or verify is
+//! corruption.
+//!
+//! Every read checks the stored bytes' CRC-32C, decompresses, and checks the
+//! BLAKE3 hash of the result against the chunk's name.
+
+mod pack;
+
+pub use pack::{compress, PackReader, PackWriter, SealedPack};
+pub use rewind_format::pack::{ChunkHash, Codec};
+
+use std::io;
+
+/// The BLAKE3 hash that names a chunk.
+pub fn chunk_hash(bytes: &[u8]) -> ChunkHash {
+    blake3::hash(bytes).into()
+}
+
+/// Where one chunk's record is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChunkLocation {
+    pub pack: u64,
+    /// Byte offset of the record from the start of the pack.
+    pub offset: u64,
+    pub stored_bytes: u32,
+    pub raw_bytes: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChunkError {
+    #[error("chunk store I/O error on {path}: {source}")]
+    Io { path: String, source: io::Error },
+    /// The pack has no valid trailer: it was being written when the process
+    /// stopped. Corruption if anything refers to it.
+    #[error("pack {path} was never sealed: {reason}")]
+    Unsealed { path: String, reason: String },
+    #[error("chunk store corrupt in {path} at byte {offset}: {reason}")]
+    Corrupt { path: String, offset: u64, reason: String },
+}
+
+impl ChunkError {
+    fn io(path: &str) -> impl FnOnce(io::Error) -> ChunkError + '_ {
+        move |source| ChunkError::Io { path: path.to_owned(), source }
+    }
+
+    fn corrupt(path: &str, offset: u64, reason: impl ToString) -> ChunkError {
+        ChunkError::Corrupt { path: path.to_owned(), offset, reason: reason.to_string() }
+    }
+}
+
+/// The file name of pack `pack` (16 hex digits, so names sort by number).
+pub fn pack_name(pack: u64) -> String {
+    format!("{pack:016x}.pack")
+}

@@ -1,0 +1,263 @@
+//! Writing and reading one pack.
+
+use std::sync::Arc;
+
+use rewind_format::crc32c;
+use rewind_format::pack::{
+    ChunkHash, Codec, FooterEntry, PackHeader, PackTrailer, RecordHeader, CHUNK_BYTES_MAX, PACK_HEADER_BYTES,
+    PACK_TRAILER_BYTES, RECORD_HEADER_BYTES,
+};
+use rewind_io::{File, OpenMode, Storage};
+
+use crate::{chunk_hash, pack_name, ChunkError, ChunkLocation};
+
+/// zstd level: fast enough to keep up with the journal on one core, and most
+/// of the ratio the higher levels get on block data.
+const ZSTD_LEVEL: i32 = 3;
+/// Records are buffered and written in writes of about this size.
+const WRITE_BYTES: usize = 1 << 20;
+
+/// Compresses `raw` into `out` if that saves at least an eighth of its size;
+/// otherwise copies it. Returns how it is stored.
+pub fn compress(compressor: &mut zstd::bulk::Compressor<'_>, raw: &[u8], out: &mut Vec<u8>) -> Codec {
+    // A destination an eighth smaller than the input makes zstd fail on data
+    // that does not compress well enough, without a second pass.
+    out.clear();
+    out.reserve(raw.len());
+    out.resize(raw.len() - raw.len() / 8, 0);
+    match compressor.compress_to_buffer(raw, out.as_mut_slice()) {
+        Ok(size) if size < raw.len() - raw.len() / 8 => {
+            out.truncate(size);
+            Codec::Zstd
+        }
+        _ => {
+            out.clear();
+            out.extend_from_slice(raw);
+            Codec::Raw
+        }
+    }
+}
+
+/// A pack being written.
+pub struct PackWriter {
+    pack: u64,
+    dir: String,
+    path: String,
+    file: Arc<dyn File>,
+    /// Encoded records not yet written to the file.
+    pending: Vec<u8>,
+    /// Bytes of the pack already written to the file.
+    written: u64,
+    entries: Vec<FooterEntry>,
+    raw_total: u64,
+    compressor: zstd::bulk::Compressor<'static>,
+    stored: Vec<u8>,
+}
+
+/// What a sealed pack holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SealedPack {
+    pub pack: u64,
+    pub chunk_count: u32,
+    /// The pack file's size.
+    pub bytes: u64,
+    /// The chunks' size before compression.
+    pub raw_bytes: u64,
+}
+
+impl PackWriter {
+    /// Creates pack number `pack` in `dir`; it must not exist.
+    pub fn create(storage: &dyn Storage, dir: &str, pack: u64) -> Result<PackWriter, ChunkError> {
+        let path = format!("{dir}/{}", pack_name(pack));
+        let file = storage.open_file(&path, OpenMode::CreateNew).map_err(ChunkError::io(&path))?;
+        let compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(ChunkError::io(&path))?;
+        Ok(PackWriter {
+            pack,
+            dir: dir.to_owned(),
+            path,
+            file,
+            pending: PackHeader { pack }.encode().to_vec(),
+            written: 0,
+            entries: Vec::new(),
+            raw_total: 0,
+            compressor,
+            stored: Vec::new(),
+        })
+    }
+
+    /// Adds a chunk whose hash is `hash` (the caller has hashed it to look it
+    /// up). Its location is valid once the pack is sealed.
+    pub fn add(&mut self, hash: ChunkHash, raw: &[u8]) -> Result<ChunkLocation, ChunkError> {
+        assert!(raw.len() <= CHUNK_BYTES_MAX as usize, "a chunk is at most one block");
+        debug_assert_eq!(chunk_hash(raw), hash, "the caller's hash names these bytes");
+        let codec = compress(&mut self.compressor, raw, &mut self.stored);
+        let header = RecordHeader { codec, stored_bytes: self.stored.len() as u32, raw_bytes: raw.len() as u32, hash };
+        let offset = self.bytes();
+        header.encode_record(&self.stored, &mut self.pending);
+        self.entries.push(FooterEntry { hash, offset, stored_bytes: header.stored_bytes, raw_bytes: header.raw_bytes });
+        self.raw_total += raw.len() as u64;
+        if self.pending.len() >= WRITE_BYTES {
+            self.write_pending()?;
+        }
+        Ok(ChunkLocation { pack: self.pack, offset, stored_bytes: header.stored_bytes, raw_bytes: header.raw_bytes })
+    }
+
+    /// The pack's size so far.
+    pub fn bytes(&self) -> u64 {
+        self.written + self.pending.len() as u64
+    }
+
+    pub fn chunk_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn write_pending(&mut self) -> Result<(), ChunkError> {
+        self.file.write_all_at(&self.pending, self.written).map_err(ChunkError::io(&self.path))?;
+        self.written += self.pending.len() as u64;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Writes the footer and trailer and makes the pack and its name durable.
+    pub fn seal(mut self, storage: &dyn Storage) -> Result<SealedPack, ChunkError> {
+        let footer_offset = self.bytes();
+        let mut footer = Vec::with_capacity(self.entries.len() * rewind_format::pack::FOOTER_ENTRY_BYTES);
+        for entry in &self.entries {
+            entry.encode(&mut footer);
+        }
+        let trailer = PackTrailer {
+            entry_count: u32::try_from(self.entries.len()).expect("packs hold far fewer than 2^32 chunks"),
+            footer_offset,
+            footer_crc32c: crc32c(&footer),
+        };
+        self.pending.extend_from_slice(&footer);
+        self.pending.extend_from_slice(&trailer.encode());
+        self.write_pending()?;
+        self.file.sync_data().map_err(ChunkError::io(&self.path))?;
+        storage.sync_dir(&self.dir).map_err(ChunkError::io(&self.dir))?;
+        Ok(SealedPack {
+            pack: self.pack,
+            chunk_count: trailer.entry_count,
+            bytes: self.written,
+            raw_bytes: self.raw_total,
+        })
+    }
+}
+
+/// A sealed pack, open for reading.
+pub struct PackReader {
+    pack: u64,
+    path: String,
+    file: Arc<dyn File>,
+    bytes: u64,
+    entries: Vec<FooterEntry>,
+}
+
+impl PackReader {
+    /// Opens pack `pack` in `dir`, checking its header, trailer and footer.
+    pub fn open(storage: &dyn Storage, dir: &str, pack: u64) -> Result<PackReader, ChunkError> {
+        let path = format!("{dir}/{}", pack_name(pack));
+        let file = storage.open_file(&path, OpenMode::Existing).map_err(ChunkError::io(&path))?;
+        let bytes = file.size_bytes().map_err(ChunkError::io(&path))?;
+        let unsealed = |reason: String| ChunkError::Unsealed { path: path.clone(), reason };
+        if bytes < (PACK_HEADER_BYTES + PACK_TRAILER_BYTES) as u64 {
+            return Err(unsealed(format!("{bytes} bytes is too short for a header and a trailer")));
+        }
+        let mut header = [0; PACK_HEADER_BYTES];
+        file.read_exact_at(&mut header, 0).map_err(ChunkError::io(&path))?;
+        let header = PackHeader::decode(&header).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
+        if header.pack != pack {
+            return Err(ChunkError::corrupt(&path, 0, format!("the header names pack {}", header.pack)));
+        }
+        let trailer_offset = bytes - PACK_TRAILER_BYTES as u64;
+        let mut trailer = [0; PACK_TRAILER_BYTES];
+        file.read_exact_at(&mut trailer, trailer_offset).map_err(ChunkError::io(&path))?;
+        let trailer = PackTrailer::decode(&trailer, bytes).map_err(|error| unsealed(error.to_string()))?;
+        let mut footer = vec![0; trailer.footer_bytes() as usize];
+        file.read_exact_at(&mut footer, trailer.footer_offset).map_err(ChunkError::io(&path))?;
+        let corrupt_footer = |reason: String| ChunkError::corrupt(&path, trailer.footer_offset, reason);
+        rewind_format::verify_crc("pack footer", trailer.footer_crc32c, crc32c(&footer))
+            .map_err(|error| corrupt_footer(error.to_string()))?;
+        let entries = FooterEntry::decode_all(&footer).map_err(|error| corrupt_footer(error.to_string()))?;
+        Ok(PackReader { pack, path, file, bytes, entries })
+    }
+
+    pub fn pack(&self) -> u64 {
+        self.pack
+    }
+
+    /// The pack file's size.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Every chunk in the pack, in the order written.
+    pub fn entries(&self) -> &[FooterEntry] {
+        &self.entries
+    }
+
+    pub fn location(&self, entry: &FooterEntry) -> ChunkLocation {
+        ChunkLocation {
+            pack: self.pack,
+            offset: entry.offset,
+            stored_bytes: entry.stored_bytes,
+            raw_bytes: entry.raw_bytes,
+        }
+    }
+
+    /// Reads the chunk named `hash` at `location` into `out` (of its raw
+    /// size), checking the record, the size, and the hash of the bytes.
+    pub fn read(&self, location: ChunkLocation, hash: &ChunkHash, out: &mut [u8]) -> Result<(), ChunkError> {
+        assert_eq!(location.pack, self.pack, "location in another pack");
+        assert_eq!(out.len(), location.raw_bytes as usize, "buffer of the chunk's raw size");
+        let corrupt = |reason: String| ChunkError::corrupt(&self.path, location.offset, reason);
+        let mut record = vec![0; RECORD_HEADER_BYTES + location.stored_bytes as usize];
+        let inside = location.offset.checked_add(record.len() as u64).is_some_and(|end| end <= self.bytes);
+        if !inside {
+            return Err(corrupt(format!("a record of {} bytes does not fit in the pack", record.len())));
+        }
+        self.file.read_exact_at(&mut record, location.offset).map_err(ChunkError::io(&self.path))?;
+        let (header, stored) = RecordHeader::decode_record(&record).map_err(|error| corrupt(error.to_string()))?;
+        if header.hash != *hash
+            || header.stored_bytes != location.stored_bytes
+            || header.raw_bytes != location.raw_bytes
+        {
+            return Err(corrupt(format!(
+                "the record holds chunk {} ({} stored / {} raw bytes), not the chunk {} that refers to it",
+                hex(&header.hash),
+                header.stored_bytes,
+                header.raw_bytes,
+                hex(hash)
+            )));
+        }
+        match header.codec {
+            Codec::Raw => out.copy_from_slice(stored),
+            Codec::Zstd => {
+                let size = zstd::bulk::decompress_to_buffer(stored, out)
+                    .map_err(|error| corrupt(format!("zstd frame does not decompress: {error}")))?;
+                if size != out.len() {
+                    return Err(corrupt(format!("zstd frame holds {size} bytes, the record says {}", out.len())));
+                }
+            }
+        }
+        if chunk_hash(out) != *hash {
+            return Err(corrupt(format!("the bytes of chunk {} hash to something else", hex(hash))));
+        }
+        Ok(())
+    }
+
+    /// Reads and checks every chunk (a scrub). Returns the number checked.
+    pub fn verify(&self) -> Result<usize, ChunkError> {
+        let mut out = Vec::new();
+        for entry in &self.entries {
+            out.resize(entry.raw_bytes as usize, 0);
+            self.read(self.location(entry), &entry.hash, &mut out)?;
+        }
+        Ok(self.entries.len())
+    }
+}
+
+/// A hash as hex, for messages.
+fn hex(hash: &ChunkHash) -> impl std::fmt::Display {
+    blake3::Hash::from_bytes(*hash).to_hex()
+}

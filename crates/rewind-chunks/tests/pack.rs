@@ -1,0 +1,206 @@
+//! Packs: round trips through real files, and golden fixtures of the format
+//! (a sealed pack, the same pack with one stored byte flipped, and the same
+//! pack cut off mid-record as a crash leaves it).
+//!
+//! The fixtures are committed; `REWIND_REGENERATE_FIXTURES=1 cargo test -p
+//! rewind-chunks --test pack` rewrites them (only for a deliberate format
+//! change, which also bumps `FORMAT_VERSION`).
+
+use std::path::{Path, PathBuf};
+
+use rand::{RngCore, SeedableRng};
+use rewind_chunks::{chunk_hash, ChunkError, Codec, PackReader, PackWriter};
+use rewind_format::pack::RecordHeader;
+use rewind_io::OsStorage;
+
+const FIXTURE_PACK: u64 = 0x2a;
+
+/// The chunks of the fixture pack: compressible, incompressible, all zeros,
+/// and a 512-byte block.
+fn fixture_chunks() -> Vec<Vec<u8>> {
+    let text: Vec<u8> = b"Rewind keeps every write. ".iter().copied().cycle().take(4096).collect();
+    let mut noise = vec![0; 4096];
+    rand_chacha::ChaCha8Rng::seed_from_u64(7).fill_bytes(&mut noise);
+    let small: Vec<u8> = (0..512u32).map(|index| (index * 7 % 251) as u8).collect();
+    vec![text, noise, vec![0; 4096], small]
+}
+
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// Writes the fixture pack into `dir` and returns its path.
+fn write_fixture_pack(dir: &Path) -> PathBuf {
+    let storage = OsStorage::new(dir).unwrap();
+    let mut writer = PackWriter::create(&storage, ".", FIXTURE_PACK).unwrap();
+    for chunk in fixture_chunks() {
+        writer.add(chunk_hash(&chunk), &chunk).unwrap();
+    }
+    writer.seal(&storage).unwrap();
+    dir.join(rewind_chunks::pack_name(FIXTURE_PACK))
+}
+
+/// Opens a copy of fixture `name` as pack `FIXTURE_PACK`.
+fn open_fixture(name: &str) -> (tempfile::TempDir, Result<PackReader, ChunkError>) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixtures_dir().join(name), dir.path().join(rewind_chunks::pack_name(FIXTURE_PACK))).unwrap();
+    let storage = OsStorage::new(dir.path()).unwrap();
+    let reader = PackReader::open(&storage, ".", FIXTURE_PACK);
+    (dir, reader)
+}
+
+/// The corrupt and torn fixtures, made from the sealed one.
+fn derive_damaged(sealed: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let (first, _) = RecordHeader::decode_record(&sealed[64..]).unwrap();
+    let second = 64 + first.record_bytes() as usize;
+    // One byte of the second chunk's stored bytes flipped.
+    let mut corrupt = sealed.to_vec();
+    corrupt[second + 56 + 100] ^= 0x10;
+    // Cut off inside the third record (the second is 4096 raw bytes), as a
+    // crash while writing would leave it.
+    let torn = sealed[..second + 56 + 4096 + 30].to_vec();
+    (corrupt, torn)
+}
+
+#[test]
+fn fixtures_follow_their_recipe() {
+    let dir = fixtures_dir();
+    if std::env::var_os("REWIND_REGENERATE_FIXTURES").is_some() {
+        let scratch = tempfile::tempdir().unwrap();
+        let sealed = std::fs::read(write_fixture_pack(scratch.path())).unwrap();
+        let (corrupt, torn) = derive_damaged(&sealed);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("sealed.pack"), &sealed).unwrap();
+        std::fs::write(dir.join("corrupt.pack"), corrupt).unwrap();
+        std::fs::write(dir.join("torn.pack"), torn).unwrap();
+    }
+    let sealed = std::fs::read(dir.join("sealed.pack")).unwrap();
+    let (corrupt, torn) = derive_damaged(&sealed);
+    assert!(std::fs::read(dir.join("corrupt.pack")).unwrap() == corrupt, "corrupt.pack is not sealed.pack damaged");
+    assert!(std::fs::read(dir.join("torn.pack")).unwrap() == torn, "torn.pack is not sealed.pack cut short");
+}
+
+#[test]
+fn sealed_fixture_reads_back_every_chunk() {
+    let (_dir, reader) = open_fixture("sealed.pack");
+    let reader = reader.unwrap();
+    let chunks = fixture_chunks();
+    assert_eq!(reader.entries().len(), chunks.len());
+    for (entry, chunk) in reader.entries().iter().zip(&chunks) {
+        assert_eq!(entry.hash, chunk_hash(chunk));
+        let mut out = vec![0; entry.raw_bytes as usize];
+        reader.read(reader.location(entry), &entry.hash, &mut out).unwrap();
+        assert_eq!(&out, chunk);
+    }
+    assert_eq!(reader.verify().unwrap(), 4);
+}
+
+#[test]
+fn sealed_fixture_compresses_what_pays_and_stores_the_rest() {
+    let (_dir, reader) = open_fixture("sealed.pack");
+    let reader = reader.unwrap();
+    let stored: Vec<(u32, u32)> = reader.entries().iter().map(|entry| (entry.stored_bytes, entry.raw_bytes)).collect();
+    assert!(stored[0].0 < 200, "repeated text compresses: {stored:?}");
+    assert_eq!(stored[1], (4096, 4096), "random bytes are stored as they are");
+    assert!(stored[2].0 < 100, "zeros compress: {stored:?}");
+    assert_eq!(stored[3].1, 512);
+}
+
+#[test]
+fn writing_the_fixture_today_reads_the_same() {
+    // The committed fixture and a pack written by this build hold the same
+    // chunks at the same offsets (compressed bytes may differ between zstd
+    // releases, so the bytes are not compared).
+    let dir = tempfile::tempdir().unwrap();
+    let storage = OsStorage::new(dir.path()).unwrap();
+    write_fixture_pack(dir.path());
+    let fresh = PackReader::open(&storage, ".", FIXTURE_PACK).unwrap();
+    let (_fixture_dir, fixture) = open_fixture("sealed.pack");
+    let fixture = fixture.unwrap();
+    let hashes = |reader: &PackReader| reader.entries().iter().map(|entry| entry.hash).collect::<Vec<_>>();
+    assert_eq!(hashes(&fresh), hashes(&fixture));
+    assert_eq!(fresh.verify().unwrap(), 4);
+}
+
+#[test]
+fn corrupt_fixture_fails_that_chunk_only() {
+    let (_dir, reader) = open_fixture("corrupt.pack");
+    let reader = reader.expect("the footer and trailer are intact");
+    let entries = reader.entries().to_vec();
+    for (index, entry) in entries.iter().enumerate() {
+        let mut out = vec![0; entry.raw_bytes as usize];
+        let result = reader.read(reader.location(entry), &entry.hash, &mut out);
+        if index == 1 {
+            let error = result.unwrap_err();
+            assert!(
+                matches!(&error, ChunkError::Corrupt { offset, .. } if *offset == entry.offset),
+                "unexpected error: {error}"
+            );
+            assert!(error.to_string().contains("checksum mismatch"), "{error}");
+        } else {
+            result.unwrap();
+        }
+    }
+    assert!(matches!(reader.verify(), Err(ChunkError::Corrupt { .. })));
+}
+
+#[test]
+fn torn_fixture_is_unsealed_not_corrupt() {
+    let (_dir, reader) = open_fixture("torn.pack");
+    let error = reader.err().expect("a torn pack does not open");
+    assert!(matches!(error, ChunkError::Unsealed { .. }), "unexpected error: {error}");
+    assert!(error.to_string().contains("never sealed"), "{error}");
+}
+
+#[test]
+fn a_record_that_names_another_chunk_is_corruption() {
+    let (_dir, reader) = open_fixture("sealed.pack");
+    let reader = reader.unwrap();
+    let entry = reader.entries()[0];
+    let mut out = vec![0; entry.raw_bytes as usize];
+    let error = reader.read(reader.location(&entry), &[9; 32], &mut out).unwrap_err();
+    assert!(error.to_string().contains("not the chunk"), "{error}");
+}
+
+#[test]
+fn many_chunks_round_trip_through_a_large_pack() {
+    let seed = rand::random::<u64>();
+    println!("seed {seed}");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let storage = OsStorage::new(dir.path()).unwrap();
+    let mut writer = PackWriter::create(&storage, ".", 1).unwrap();
+    let mut chunks = Vec::new();
+    for index in 0..2000usize {
+        // Half compressible (a repeated byte with some noise), half random.
+        let mut chunk = vec![(index % 256) as u8; 4096];
+        if index % 2 == 0 {
+            rng.fill_bytes(&mut chunk);
+        } else {
+            rng.fill_bytes(&mut chunk[..64]);
+        }
+        let location = writer.add(chunk_hash(&chunk), &chunk).unwrap();
+        chunks.push((location, chunk));
+    }
+    let sealed = writer.seal(&storage).unwrap();
+    assert_eq!(sealed.chunk_count, 2000);
+    assert_eq!(sealed.raw_bytes, 2000 * 4096);
+    assert!(sealed.bytes < sealed.raw_bytes * 6 / 10, "half the chunks compress well: {sealed:?}");
+    let reader = PackReader::open(&storage, ".", 1).unwrap();
+    let mut codecs = [0; 2];
+    for (location, chunk) in &chunks {
+        let mut out = vec![0; 4096];
+        reader.read(*location, &chunk_hash(chunk), &mut out).unwrap();
+        assert_eq!(&out, chunk);
+        codecs[usize::from(location.stored_bytes < location.raw_bytes)] += 1;
+    }
+    assert_eq!(codecs, [1000, 1000], "random chunks raw, the others {:?}", Codec::Zstd);
+}
+
+#[test]
+fn a_pack_is_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    write_fixture_pack(dir.path());
+    let storage = OsStorage::new(dir.path()).unwrap();
+    assert!(matches!(PackWriter::create(&storage, ".", FIXTURE_PACK), Err(ChunkError::Io { .. })));
+}
