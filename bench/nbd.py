@@ -126,6 +126,18 @@ def environment():
     }
 
 
+def settle(http, view_results):
+    """Brings both servers to rest before a job, so that no job pays for the
+    previous one's deferred work: `sync` makes the kernel write back the dirty
+    pages (nbdkit's writes live there), and Rewind's destager catches up with
+    the journal. Records how long Rewind took to catch up."""
+    start = time.perf_counter()
+    subprocess.run(["sync"], check=True)
+    while api(http, "GET", "/v1/volumes/bench")["stats"]["versions_pending_destage"] > 0:
+        time.sleep(0.05)
+    view_results.setdefault("settle", []).append(time.perf_counter() - start)
+
+
 def run_once(args, run_index, results, view_results):
     size = parse_size(args.size)
     work = Path(args.dir)
@@ -159,12 +171,15 @@ def run_once(args, run_index, results, view_results):
                     # Every block rewritten once, in random order (fio's random map).
                     fio(targets[target], "overwrite", ["--rw=randwrite", "--bs=4k", "--iodepth=32"], size)
             for target in order:
+                settle(http, view_results)
                 job = fio(targets[target], name, job_args, size, runtime=args.runtime)
                 results.setdefault(name, {}).setdefault(target, []).append(throughput(job, direction))
                 print(f"run {run_index} {name:28} {target:7} {throughput(job, direction) / 2**20:10.1f} MiB/s", flush=True)
         # A view at a time before the overwrite, against the live volume now.
         view_uri = f"nbd://127.0.0.1:{rewind_port}/bench@{bookmark['at']}"
+        settle(http, view_results)
         live = fio(targets["rewind"], "live-read", ["--rw=read", "--bs=1m", "--iodepth=4"], size, runtime=args.runtime)
+        settle(http, view_results)
         old = fio(view_uri, "view-read", ["--rw=read", "--bs=1m", "--iodepth=4", "--readonly"], size,
                   runtime=args.runtime)
         view_results.setdefault("seqread", []).append(throughput(old, "read") / throughput(live, "read"))
@@ -198,6 +213,9 @@ def table(args, results, view_results, env):
         "",
         "Each job runs against both servers in the same run, interleaved (the order alternates between runs); "
         f"{args.runtime} s per job after a 2 s ramp, volume and file of {args.size} on the same disk, filled first. "
+        "Before each job both servers are brought to rest: `sync` (the kernel writes back nbdkit's dirty pages) "
+        "and Rewind's destager catches up with the journal (median "
+        f"{statistics.median(view_results['settle']):.1f} s, max {max(view_results['settle']):.1f} s, sync included). "
         "Rewind keeps every write's history throughout. Ratio = Rewind throughput / nbdkit throughput, "
         f"min / median / max over {args.runs} runs.",
         "",
