@@ -128,7 +128,9 @@ impl RecordHeader {
         let raw_bytes = reader.u32()?;
         let hash: ChunkHash = reader.take(32)?.try_into().expect("32 bytes");
         let stored_crc = reader.u32()?;
-        reader.take(4)?;
+        if reader.take(4)? != [0; 4] {
+            return Err(reader.invalid("reserved bytes 52..56 are not zero"));
+        }
         if stored_bytes > CHUNK_BYTES_MAX || raw_bytes > CHUNK_BYTES_MAX {
             return Err(reader.invalid(format!("chunk of {stored_bytes} stored / {raw_bytes} raw bytes is too large")));
         }
