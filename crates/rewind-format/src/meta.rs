@@ -167,6 +167,8 @@ pub struct IndexManifest {
     /// Every journal record up to and including this LSN is in the runs.
     pub lsn_indexed: Lsn,
     pub run_id_next: u64,
+    /// Versions dropped by thinning (granularity) since the volume was created.
+    pub versions_thinned: u64,
     /// Oldest first; the time ranges of runs do not overlap.
     pub runs: Vec<RunInfo>,
 }
@@ -178,7 +180,7 @@ impl IndexManifest {
 
     pub fn encode(&self) -> Vec<u8> {
         let mut payload = Writer::new();
-        payload.u64(self.lsn_indexed.0).u64(self.run_id_next).u32(self.runs.len() as u32);
+        payload.u64(self.lsn_indexed.0).u64(self.run_id_next).u64(self.versions_thinned).u32(self.runs.len() as u32);
         for run in &self.runs {
             payload
                 .u64(run.id)
@@ -193,6 +195,7 @@ impl IndexManifest {
         let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
         let lsn_indexed = Lsn(reader.u64()?);
         let run_id_next = reader.u64()?;
+        let versions_thinned = reader.u64()?;
         let count = reader.u32()? as usize;
         if count > Self::RUNS_MAX {
             return Err(reader.invalid(format!("{count} runs")));
@@ -211,7 +214,7 @@ impl IndexManifest {
         if !ordered || runs.iter().any(|run| run.id >= run_id_next || run.timestamp_min > run.timestamp_max) {
             return Err(FormatError::Invalid { what: Self::WHAT, reason: "runs are not in time order".into() });
         }
-        Ok(IndexManifest { lsn_indexed, run_id_next, runs })
+        Ok(IndexManifest { lsn_indexed, run_id_next, versions_thinned, runs })
     }
 }
 
@@ -380,7 +383,12 @@ mod tests {
             timestamp_min: Timestamp::from_unix_nanos(low),
             timestamp_max: Timestamp::from_unix_nanos(high),
         };
-        let manifest = IndexManifest { lsn_indexed: Lsn(3), run_id_next: 3, runs: vec![run(1, 1, 5), run(2, 6, 9)] };
+        let manifest = IndexManifest {
+            lsn_indexed: Lsn(3),
+            run_id_next: 3,
+            versions_thinned: 7,
+            runs: vec![run(1, 1, 5), run(2, 6, 9)],
+        };
         assert_eq!(IndexManifest::decode(&manifest.encode()).unwrap(), manifest);
         let overlapping = IndexManifest { runs: vec![run(1, 1, 5), run(2, 5, 9)], ..manifest };
         assert!(IndexManifest::decode(&overlapping.encode()).is_err());

@@ -30,9 +30,11 @@
 mod cache;
 mod memtable;
 mod run;
+mod thin;
 
 pub use cache::{PageCache, PageCacheStats};
 pub use memtable::Memtable;
+pub use thin::Thinning;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -48,6 +50,7 @@ use rewind_io::{read_file, write_file_atomic, Storage};
 use rewind_types::{Lsn, Timestamp, Version};
 
 use run::{Run, RunWriter};
+use thin::Thin;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -113,6 +116,8 @@ pub struct VersionIndex {
     persisting: Mutex<()>,
     compacting: Mutex<()>,
     run_id_next: AtomicU64,
+    /// Read at the start of each persist and merge.
+    thinning: RwLock<Thinning>,
 }
 
 const MANIFEST: &str = "manifest";
@@ -130,7 +135,7 @@ impl VersionIndex {
         cache: Arc<PageCache>,
     ) -> Result<VersionIndex, IndexError> {
         storage.create_dir_all(dir).map_err(IndexError::io(dir))?;
-        let manifest = IndexManifest { lsn_indexed: Lsn::ZERO, run_id_next: 1, runs: Vec::new() };
+        let manifest = IndexManifest { lsn_indexed: Lsn::ZERO, run_id_next: 1, versions_thinned: 0, runs: Vec::new() };
         let path = format!("{dir}/{MANIFEST}");
         write_file_atomic(&*storage, &path, &manifest.encode()).map_err(IndexError::io(&path))?;
         Ok(VersionIndex::assemble(storage, dir, config, cache, manifest, Vec::new()))
@@ -182,7 +187,23 @@ impl VersionIndex {
             manifest: Mutex::new(manifest),
             persisting: Mutex::new(()),
             compacting: Mutex::new(()),
+            thinning: RwLock::new(Thinning::default()),
         }
+    }
+
+    /// What later persists and merges drop. A pin must be set before any
+    /// version after it is inserted (a bookmark at "now" is).
+    pub fn set_thinning(&self, thinning: Thinning) {
+        *self.thinning.write() = thinning;
+    }
+
+    pub fn thinning(&self) -> Thinning {
+        self.thinning.read().clone()
+    }
+
+    /// Versions thinning has dropped since the index was created.
+    pub fn versions_thinned(&self) -> u64 {
+        self.manifest.lock().versions_thinned
     }
 
     /// Every journal record up to this LSN is in the runs.
@@ -263,10 +284,13 @@ impl VersionIndex {
             let Some(memtable) = oldest.filter(|memtable| memtable.lsn_last() <= lsn_durable) else {
                 return Ok(written);
             };
-            let (info, run) = self.write_run(memtable.sorted().into_iter().map(Ok))?;
+            let thinning = self.thinning();
+            let mut thin = Thin::new(memtable.sorted().into_iter().map(Ok), &thinning);
+            let (info, run) = self.write_run(&mut thin)?;
             let mut manifest = self.manifest.lock();
             let mut next = manifest.clone();
             next.runs.push(info);
+            next.versions_thinned += thin.dropped;
             next.lsn_indexed = memtable.lsn_last();
             next.run_id_next = self.run_id_next.load(Ordering::Acquire);
             self.write_manifest(&next)?;
@@ -357,7 +381,9 @@ impl VersionIndex {
             }
             Some(Ok(version))
         });
-        let (info, run) = self.write_run(merged_versions)?;
+        let thinning = self.thinning();
+        let mut thin = Thin::new(merged_versions, &thinning);
+        let (info, run) = self.write_run(&mut thin)?;
         {
             let mut manifest = self.manifest.lock();
             let ids: Vec<u64> = merged.iter().map(|run| run.info().id).collect();
@@ -366,6 +392,7 @@ impl VersionIndex {
             assert_eq!(listed, ids, "only the merger removes runs, and runs stay in time order");
             let mut next = manifest.clone();
             next.runs.splice(first..first + ids.len(), [info]);
+            next.versions_thinned += thin.dropped;
             next.run_id_next = self.run_id_next.load(Ordering::Acquire);
             self.write_manifest(&next)?;
             *manifest = next;

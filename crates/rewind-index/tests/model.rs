@@ -1,18 +1,23 @@
 //! The index against a `BTreeMap` of every version: whatever the sequence of
 //! inserts, seals, run writes, merges and reopenings, `find_le` answers as the
-//! oracle does.
+//! oracle does — at every time, or with a granularity, at every time thinning
+//! keeps exact (window ends and pins).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rewind_index::{IndexConfig, PageCache, VersionIndex};
+use rewind_index::{IndexConfig, PageCache, Thinning, VersionIndex};
 use rewind_io::{SimConfig, SimStorage, Storage};
 use rewind_types::{BlockIndex, Lsn, Timestamp, Version, VersionData};
 
+/// Times start well after the first window of any granularity drawn below.
+const TIME_START: u64 = 1_000_000;
+
 fn check(index: &VersionIndex, oracle: &BTreeMap<(u64, u64), Version>, rng: &mut StdRng, time_max: u64, seed: u64) {
-    let at = Timestamp::from_unix_nanos(rng.random_range(0..=time_max + 2));
+    let at =
+        index.thinning().exact_at_or_before(Timestamp::from_unix_nanos(rng.random_range(TIME_START..=time_max + 2)));
     let blocks: Vec<u64> = (0..rng.random_range(1..40)).map(|_| rng.random_range(0..300)).collect();
     let found = index.find_le_many(&blocks, at).unwrap();
     for (block, found) in blocks.iter().zip(found) {
@@ -25,6 +30,7 @@ fn check(index: &VersionIndex, oracle: &BTreeMap<(u64, u64), Version>, rng: &mut
 fn find_le_matches_the_oracle() {
     let mut merges = 0;
     let mut reopens = 0;
+    let mut thinned = 0;
     for seed in 0..40u64 {
         println!("seed {seed}");
         let mut rng = StdRng::seed_from_u64(seed);
@@ -32,8 +38,11 @@ fn find_le_matches_the_oracle() {
         let config = IndexConfig { merge_fanin: rng.random_range(2..5), runs_soft_max: rng.random_range(6..20) };
         let cache = PageCache::new(64 * 4096);
         let mut index = VersionIndex::create(Arc::clone(&storage), "index", config, Arc::clone(&cache)).unwrap();
+        // Half the cases keep every version; the others a window of a few records.
+        let granularity_nanos = if seed % 2 == 0 { 0 } else { rng.random_range(1..20_000) };
+        index.set_thinning(Thinning { granularity_nanos, pins: Vec::new() });
         let mut oracle = BTreeMap::new();
-        let mut time = 0u64;
+        let mut time = TIME_START;
         let mut lsn = 0u64;
         for _ in 0..rng.random_range(100..1500) {
             match rng.random_range(0..100) {
@@ -58,7 +67,14 @@ fn find_le_matches_the_oracle() {
                     }
                     index.insert(Lsn(lsn), &versions);
                 }
-                80..=84 => index.seal(),
+                80..=83 => index.seal(),
+                84 => {
+                    // A bookmark now: the newest time so far stays exact.
+                    let mut thinning = index.thinning();
+                    thinning.pins.push(Timestamp::from_unix_nanos(time));
+                    thinning.pins.dedup();
+                    index.set_thinning(thinning);
+                }
                 85..=89 => {
                     index.persist(Lsn(lsn)).unwrap();
                 }
@@ -73,8 +89,10 @@ fn find_le_matches_the_oracle() {
                     index.seal();
                     index.persist(Lsn(lsn)).unwrap();
                     assert_eq!(index.lsn_indexed(), Lsn(lsn), "seed {seed}");
+                    let thinning = index.thinning();
                     drop(index);
                     index = VersionIndex::open(Arc::clone(&storage), "index", config, Arc::clone(&cache)).unwrap();
+                    index.set_thinning(thinning);
                     reopens += 1;
                 }
                 _ => check(&index, &oracle, &mut rng, time, seed),
@@ -84,10 +102,16 @@ fn find_le_matches_the_oracle() {
             check(&index, &oracle, &mut rng, time, seed);
         }
         let stats = index.stats();
-        assert_eq!(stats.versions_in_memory + stats.versions_in_runs, oracle.len() as u64, "seed {seed}");
+        let kept = stats.versions_in_memory + stats.versions_in_runs;
+        assert_eq!(kept + index.versions_thinned(), oracle.len() as u64, "seed {seed}: written = kept + thinned");
+        if granularity_nanos == 0 {
+            assert_eq!(index.versions_thinned(), 0, "seed {seed}");
+        }
+        thinned += index.versions_thinned();
     }
-    println!("{merges} merges, {reopens} reopenings");
+    println!("{merges} merges, {reopens} reopenings, {thinned} versions thinned");
     assert!(merges > 20 && reopens > 20, "the test must exercise merging and reopening");
+    assert!(thinned > 1000, "the test must exercise thinning");
 }
 
 #[test]
