@@ -13,10 +13,11 @@ use jiff::tz::TimeZone;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use rewind_engine::timespec::parse_granularity;
 use rewind_engine::{BlockSize, BookmarkName, Node, NodeConfig, VolumeName, VolumeSpec};
 use rewind_http::api::{
     time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, ErrorBody, Health, ImportSummary, Timeline,
-    ViewInfo, VolumeDetail, VolumeInfo,
+    UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -27,8 +28,9 @@ pub trait Backend {
     fn nbd_address(&self) -> Option<String>;
     fn list_volumes(&self) -> Result<Vec<VolumeInfo>>;
     fn create_volume(&self, request: &CreateVolume) -> Result<VolumeInfo>;
-    fn import_volume(&self, name: &str, block_size: u32, file: &Path) -> Result<ImportSummary>;
+    fn import_volume(&self, name: &str, block_size: u32, granularity: &str, file: &Path) -> Result<ImportSummary>;
     fn volume(&self, name: &str) -> Result<VolumeDetail>;
+    fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo>;
     fn delete_volume(&self, name: &str) -> Result<()>;
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline>;
     fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>>;
@@ -156,7 +158,7 @@ impl Backend for HttpBackend {
         self.post("/v1/volumes", request)
     }
 
-    fn import_volume(&self, name: &str, block_size: u32, file: &Path) -> Result<ImportSummary> {
+    fn import_volume(&self, name: &str, block_size: u32, granularity: &str, file: &Path) -> Result<ImportSummary> {
         let source = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
         let size_bytes = source.metadata()?.len();
         let bar = progress_bar(size_bytes, "importing");
@@ -165,6 +167,7 @@ impl Backend for HttpBackend {
             .agent
             .post(&self.url(&format!("/v1/volumes/{name}/import")))
             .query("block_size", block_size.to_string())
+            .query("granularity", granularity)
             .header("Content-Length", size_bytes.to_string())
             .send(ureq::SendBody::from_reader(&mut reader))?;
         bar.finish_and_clear();
@@ -173,6 +176,10 @@ impl Backend for HttpBackend {
 
     fn volume(&self, name: &str) -> Result<VolumeDetail> {
         self.get(&format!("/v1/volumes/{name}"))
+    }
+
+    fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo> {
+        Self::decode(self.agent.patch(&self.url(&format!("/v1/volumes/{name}"))).send_json(request)?)
     }
 
     fn delete_volume(&self, name: &str) -> Result<()> {
@@ -227,11 +234,12 @@ impl Drop for LocalBackend {
     }
 }
 
-fn spec(name: &str, size_bytes: u64, block_size: Option<u32>) -> Result<VolumeSpec> {
+fn spec(name: &str, size_bytes: u64, block_size: Option<u32>, granularity: Option<&str>) -> Result<VolumeSpec> {
     Ok(VolumeSpec {
         name: VolumeName::new(name)?,
         size_bytes,
         block_size: block_size.map(BlockSize::new).transpose()?.unwrap_or(BlockSize::DEFAULT),
+        granularity_nanos: granularity.map_or(Ok(0), parse_granularity).map_err(|error| anyhow!(error))?,
     })
 }
 
@@ -245,14 +253,15 @@ impl Backend for LocalBackend {
     }
 
     fn create_volume(&self, request: &CreateVolume) -> Result<VolumeInfo> {
-        let volume = self.node.create_volume(spec(&request.name, request.size_bytes, request.block_size)?, now())?;
+        let spec = spec(&request.name, request.size_bytes, request.block_size, request.granularity.as_deref())?;
+        let volume = self.node.create_volume(spec, now())?;
         Ok(VolumeInfo::of(&volume))
     }
 
-    fn import_volume(&self, name: &str, block_size: u32, file: &Path) -> Result<ImportSummary> {
+    fn import_volume(&self, name: &str, block_size: u32, granularity: &str, file: &Path) -> Result<ImportSummary> {
         let mut source = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
         let size_bytes = source.metadata()?.len();
-        let volume = self.node.create_volume(spec(name, size_bytes, Some(block_size))?, now())?;
+        let volume = self.node.create_volume(spec(name, size_bytes, Some(block_size), Some(granularity))?, now())?;
         let bar = progress_bar(size_bytes, "importing");
         let result = volume.import(now(), &mut source, &mut |done| bar.set_position(done));
         bar.finish_and_clear();
@@ -272,6 +281,14 @@ impl Backend for LocalBackend {
     fn volume(&self, name: &str) -> Result<VolumeDetail> {
         let volume = self.node.volume(name)?;
         Ok(VolumeDetail { info: VolumeInfo::of(&volume), stats: volume.stats()?.into() })
+    }
+
+    fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo> {
+        let volume = self.node.volume(name)?;
+        if let Some(granularity) = &request.granularity {
+            volume.set_granularity(parse_granularity(granularity).map_err(|error| anyhow!(error))?)?;
+        }
+        Ok(VolumeInfo::of(&volume))
     }
 
     fn delete_volume(&self, name: &str) -> Result<()> {

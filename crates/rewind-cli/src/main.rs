@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use rewind_http::api::{CreateBookmark, CreateVolume};
+use rewind_http::api::{CreateBookmark, CreateVolume, UpdateVolume};
 
 use crate::backend::Backend;
 
@@ -89,6 +89,10 @@ enum VolumeCommand {
         /// Block size: a power of two from 512 B to 64 KiB.
         #[arg(long, default_value = "4KiB")]
         block_size: String,
+        /// Protection granularity: 0 keeps every write; with a duration such
+        /// as 1m, only each block's last write in every minute is history.
+        #[arg(long, default_value = "0")]
+        granularity: String,
         #[arg(long)]
         json: bool,
     },
@@ -99,6 +103,19 @@ enum VolumeCommand {
         file: PathBuf,
         #[arg(long, default_value = "4KiB")]
         block_size: String,
+        /// Protection granularity (see `volume create`).
+        #[arg(long, default_value = "0")]
+        granularity: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a volume's protection policy.
+    Set {
+        name: String,
+        /// Protection granularity: 0 (every write) or a duration like 1m. History
+        /// already thinned stays thinned.
+        #[arg(long)]
+        granularity: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -235,11 +252,12 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
 
 fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
     match command {
-        VolumeCommand::Create { name, size, block_size, json } => {
+        VolumeCommand::Create { name, size, block_size, granularity, json } => {
             let request = CreateVolume {
                 name,
                 size_bytes: parse_bytes(&size, "size")?,
                 block_size: Some(parse_block_size(&block_size)?),
+                granularity: Some(granularity),
             };
             let info = backend.create_volume(&request)?;
             if json {
@@ -247,17 +265,18 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
             }
             let address = backend.nbd_address().unwrap_or_else(|| "127.0.0.1:10809 (once `rewind serve` runs)".into());
             println!(
-                "created volume {} ({}, {} blocks): nbd://{address}/{}",
+                "created volume {} ({}, {} blocks, keeps {}): nbd://{address}/{}",
                 info.name,
                 indicatif::HumanBytes(info.size_bytes),
                 indicatif::HumanBytes(u64::from(info.block_size)),
+                output::kept_history(&info),
                 info.export
             );
             Ok(())
         }
-        VolumeCommand::Import { name, file, block_size, json } => {
+        VolumeCommand::Import { name, file, block_size, granularity, json } => {
             let block_size = parse_block_size(&block_size)?;
-            let summary = backend.import_volume(&name, block_size, &file)?;
+            let summary = backend.import_volume(&name, block_size, &granularity, &file)?;
             if json {
                 return output::json(&summary);
             }
@@ -268,6 +287,17 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
                 indicatif::HumanBytes(summary.bytes_read),
                 indicatif::HumanBytes(summary.bytes_written)
             );
+            Ok(())
+        }
+        VolumeCommand::Set { name, granularity, json } => {
+            if granularity.is_none() {
+                bail!("nothing to change: pass --granularity (0 for every write, or a duration like 1m)");
+            }
+            let info = backend.update_volume(&name, &UpdateVolume { granularity })?;
+            if json {
+                return output::json(&info);
+            }
+            println!("volume {} now keeps {}", info.name, output::kept_history(&info));
             Ok(())
         }
         VolumeCommand::List { json } => {

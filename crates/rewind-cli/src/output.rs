@@ -64,6 +64,15 @@ pub fn volumes(volumes: &[VolumeInfo]) {
     table(&["NAME", "SIZE", "BLOCK", "PROTECTED SINCE", "LAST WRITE", "BOOKMARKS", "STATE"], &rows);
 }
 
+/// What history a volume keeps, for people.
+pub fn kept_history(info: &VolumeInfo) -> String {
+    if info.granularity_nanos == 0 {
+        "every write".to_owned()
+    } else {
+        format!("each block's last write per {}", info.granularity)
+    }
+}
+
 pub fn volume_detail(detail: &VolumeDetail) {
     let info = &detail.info;
     let stats = &detail.stats;
@@ -78,6 +87,7 @@ pub fn volume_detail(detail: &VolumeDetail) {
     println!("protected since {}", info.created);
     println!("last write      {}", info.last_write.as_deref().unwrap_or("never"));
     println!("bookmarks       {}", info.bookmark_count);
+    println!("keeps           {}", kept_history(info));
     println!(
         "state           {}",
         if info.poisoned { "POISONED (a write or fsync failed): restart the server" } else { "ok" }
@@ -87,8 +97,10 @@ pub fn volume_detail(detail: &VolumeDetail) {
     println!("reads           {} ({})", stats.reads, HumanBytes(stats.read_bytes));
     println!("flushes         {}", stats.flushes);
     println!(
-        "versions        {} ({} in memory, {} index runs, {} index memory)",
+        "versions        {} kept of {} written (r = {:.3}); {} in memory, {} index runs, {} index memory",
         stats.versions,
+        stats.versions_written,
+        stats.retained_fraction,
         stats.versions_in_memory,
         stats.index_runs,
         HumanBytes(stats.index_memory_bytes)

@@ -112,3 +112,51 @@ fn offline_commands_work_on_the_data_directory_and_respect_a_running_server() {
     server.stop();
     assert!(offline(&["bookmark", "list", "x"]).contains("created"));
 }
+
+#[test]
+fn granularity_keeps_one_version_per_window_and_rounds_views_to_exact_points() {
+    require("qemu-io");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(&data);
+    let created = json(&server.rewind(&["volume", "create", "db", "--size", "1MiB", "--granularity", "1h", "--json"]));
+    assert_eq!(created["granularity"], "1h");
+    assert_eq!(created["granularity_nanos"], 3_600_000_000_000u64);
+    let error = failing(&server, &["volume", "create", "bad", "--size", "1MiB", "--granularity", "often"]);
+    assert!(error.contains("use 0 (every write) or a duration"), "{error}");
+
+    // Ten writes of block 0 within (almost certainly) one hour-long window.
+    for pattern in 1..=10 {
+        run("qemu-io", &["-f", "raw", "-c", &format!("write -P {pattern} 0 4k"), &server.uri("db")]);
+    }
+    // A bookmark is an exact point whatever the granularity.
+    let bookmark = json(&server.rewind(&["bookmark", "db", "ten", "--json"]));
+    run("qemu-io", &["-f", "raw", "-c", "write -P 11 0 4k", &server.uri("db")]);
+    run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 10 0 4k", &server.uri("db@ten")]);
+    // Any other time shows the latest exact point at or before it: here the
+    // bookmark (or an hour's end, if one passed since).
+    let view = json(&server.rewind(&["view", "db", "now", "--json"]));
+    let at = view["at"].as_str().unwrap();
+    assert!(at == bookmark["at"] || at.ends_with(":59:59.999999999Z"), "view of now at {at}, bookmark {bookmark}");
+
+    // Stopping persists the memtable, thinned: of 11 writes, block 0's state at
+    // the bookmark and its last write are kept (one more if an hour ended).
+    server.stop();
+    let offline = |args: &[&str]| {
+        let mut all = vec!["--offline", "--data-dir", data.to_str().unwrap()];
+        all.extend_from_slice(args);
+        run(REWIND, &all)
+    };
+    let detail = json(&offline(&["volume", "info", "db", "--json"]));
+    let (kept, written) =
+        (detail["stats"]["versions"].as_u64().unwrap(), detail["stats"]["versions_written"].as_u64().unwrap());
+    assert_eq!(written, 11, "{detail}");
+    assert!((2..=3).contains(&kept), "kept {kept} of {written}: {detail}");
+    let human = offline(&["volume", "info", "db"]);
+    assert!(human.contains("each block's last write per 1h"), "{human}");
+
+    let set = offline(&["volume", "set", "db", "--granularity", "0"]);
+    assert!(set.contains("now keeps every write"), "{set}");
+    let info = json(&offline(&["volume", "info", "db", "--json"]));
+    assert_eq!(info["granularity_nanos"], 0);
+}

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use jiff::tz::TimeZone;
 use parking_lot::Mutex;
-use rewind_format::meta::{Bookmark, Bookmarks, TimelineBucket, TimelineFrame};
+use rewind_format::meta::{Bookmark, Bookmarks, TimelineBucket, TimelineFrame, VolumePolicy};
+use rewind_index::Thinning;
 use rewind_io::{read_file, write_file_atomic, File, OpenMode, Storage};
 use rewind_types::{BookmarkName, Lsn, Timestamp};
 
@@ -23,13 +24,17 @@ struct TimelineFile {
 }
 
 pub(crate) struct History {
+    policy_path: String,
+    policy: Mutex<VolumePolicy>,
     bookmarks_path: String,
     bookmarks: Mutex<Bookmarks>,
     timeline: Mutex<TimelineFile>,
 }
 
 impl History {
-    pub fn create(storage: &dyn Storage, dir: &str) -> Result<History, EngineError> {
+    pub fn create(storage: &dyn Storage, dir: &str, policy: VolumePolicy) -> Result<History, EngineError> {
+        let policy_path = format!("{dir}/policy");
+        write_file_atomic(storage, &policy_path, &policy.encode()).map_err(EngineError::io(&policy_path))?;
         let bookmarks_path = format!("{dir}/bookmarks");
         write_file_atomic(storage, &bookmarks_path, &Bookmarks::default().encode())
             .map_err(EngineError::io(&bookmarks_path))?;
@@ -38,16 +43,26 @@ impl History {
         file.sync_data().map_err(EngineError::io(&path))?;
         storage.sync_dir(dir).map_err(EngineError::io(dir))?;
         let timeline = TimelineFile { path, file, length: 0, buckets: BTreeMap::new(), lsn_last: Lsn::ZERO };
-        Ok(History { bookmarks_path, bookmarks: Mutex::new(Bookmarks::default()), timeline: Mutex::new(timeline) })
+        Ok(History {
+            policy_path,
+            policy: Mutex::new(policy),
+            bookmarks_path,
+            bookmarks: Mutex::new(Bookmarks::default()),
+            timeline: Mutex::new(timeline),
+        })
     }
 
     pub fn open(storage: &dyn Storage, dir: &str) -> Result<History, EngineError> {
+        let corrupt = |path: &str, error: rewind_format::FormatError| EngineError::Corrupt {
+            volume: dir.to_owned(),
+            detail: format!("{path}: {error}"),
+        };
+        let policy_path = format!("{dir}/policy");
+        let bytes = read_file(storage, &policy_path).map_err(EngineError::io(&policy_path))?;
+        let policy = VolumePolicy::decode(&bytes).map_err(|error| corrupt(&policy_path, error))?;
         let bookmarks_path = format!("{dir}/bookmarks");
         let bytes = read_file(storage, &bookmarks_path).map_err(EngineError::io(&bookmarks_path))?;
-        let bookmarks = Bookmarks::decode(&bytes).map_err(|error| EngineError::Corrupt {
-            volume: dir.to_owned(),
-            detail: format!("{bookmarks_path}: {error}"),
-        })?;
+        let bookmarks = Bookmarks::decode(&bytes).map_err(|error| corrupt(&bookmarks_path, error))?;
         let path = format!("{dir}/timeline");
         let file = storage.open_file(&path, OpenMode::Existing).map_err(EngineError::io(&path))?;
         let bytes = read_file(storage, &path).map_err(EngineError::io(&path))?;
@@ -63,7 +78,19 @@ impl History {
             merge_buckets(&mut timeline.buckets, frame.buckets.into_iter().map(|bucket| (bucket.minute, bucket)));
             timeline.lsn_last = timeline.lsn_last.max(frame.lsn_last);
         }
-        Ok(History { bookmarks_path, bookmarks: Mutex::new(bookmarks), timeline: Mutex::new(timeline) })
+        Ok(History {
+            policy_path,
+            policy: Mutex::new(policy),
+            bookmarks_path,
+            bookmarks: Mutex::new(bookmarks),
+            timeline: Mutex::new(timeline),
+        })
+    }
+
+    /// What the index may thin: the policy's granularity, with the volume's
+    /// creation (its base state) and every bookmark kept exact.
+    pub fn thinning(&self, created: Timestamp) -> Thinning {
+        thinning_of(&self.policy.lock(), created, &self.bookmarks.lock())
     }
 
     /// The timeline file covers the journal up to this LSN.
@@ -124,6 +151,9 @@ pub struct VolumeStats {
     pub checkpoints: u64,
     pub versions_in_memory: u64,
     pub versions_in_runs: u64,
+    /// Versions dropped by the granularity since creation: versions written
+    /// = kept (in memory + in runs) + thinned.
+    pub versions_thinned: u64,
     pub index_runs: u64,
     pub index_memory_bytes: u64,
     pub journal_bytes: u64,
@@ -147,10 +177,6 @@ impl Volume {
         now: Timestamp,
     ) -> Result<Bookmark, EngineError> {
         self.check_open()?;
-        let at = match at {
-            Some(at) => self.check_in_history(at, now)?,
-            None => self.advance_clock(now),
-        };
         let mut bookmarks = self.history.bookmarks.lock();
         if let Some(existing) = bookmarks.entries.iter().find(|bookmark| bookmark.name == name) {
             return Err(EngineError::BookmarkExists {
@@ -166,6 +192,13 @@ impl Volume {
                 Bookmarks::COUNT_MAX
             )));
         }
+        let at = match at {
+            // A time in the past is kept exact only if it is already (see `exact_time`).
+            Some(at) => self.exact_time(self.check_in_history(at, now)?),
+            // Now: pinned before any later write can come in, so no persist or
+            // merge can thin away the state it names.
+            None => self.advance_clock_pinned(now),
+        };
         // The bookmarked state must survive a crash, like the bookmark itself.
         self.flush()?;
         let bookmark = Bookmark { name, timestamp: at };
@@ -174,6 +207,7 @@ impl Volume {
         next.entries.sort_by_key(|bookmark| bookmark.timestamp);
         self.save_bookmarks(&next)?;
         *bookmarks = next;
+        self.index.set_thinning(thinning_of(&self.history.policy.lock(), self.created(), &bookmarks));
         Ok(bookmark)
     }
 
@@ -187,6 +221,7 @@ impl Volume {
         let removed = next.entries.remove(position);
         self.save_bookmarks(&next)?;
         *bookmarks = next;
+        self.index.set_thinning(thinning_of(&self.history.policy.lock(), self.created(), &bookmarks));
         Ok(removed)
     }
 
@@ -212,10 +247,48 @@ impl Volume {
         Ok(at)
     }
 
-    /// The time a point names on this volume, checked to lie within its history.
+    /// Raises the volume's clock to `now` (so later writes get later times)
+    /// and pins that time in the index, atomically with respect to writes.
+    fn advance_clock_pinned(&self, now: Timestamp) -> Timestamp {
+        let mut state = self.write.lock();
+        state.timestamp_last = state.timestamp_last.max(now);
+        let mut thinning = self.index.thinning();
+        let position = thinning.pins.partition_point(|&pin| pin < state.timestamp_last);
+        thinning.pins.insert(position, state.timestamp_last);
+        self.index.set_thinning(thinning);
+        state.timestamp_last
+    }
+
+    /// The latest time at or before `at` whose state the policy keeps exactly:
+    /// `at` itself with every-write granularity; otherwise the end of the
+    /// last complete granularity window, or a later bookmark.
+    pub fn exact_time(&self, at: Timestamp) -> Timestamp {
+        self.index.thinning().exact_at_or_before(at)
+    }
+
+    pub fn granularity_nanos(&self) -> u64 {
+        self.history.policy.lock().granularity_nanos
+    }
+
+    /// Changes the protection granularity. History already thinned stays
+    /// thinned; from now on persists and merges thin to the new windows.
+    pub fn set_granularity(&self, granularity_nanos: u64) -> Result<(), EngineError> {
+        self.check_open()?;
+        let bookmarks = self.history.bookmarks.lock();
+        let mut policy = self.history.policy.lock();
+        let next = VolumePolicy { granularity_nanos };
+        let path = &self.history.policy_path;
+        write_file_atomic(self.storage(), path, &next.encode()).map_err(EngineError::io(path))?;
+        *policy = next;
+        self.index.set_thinning(thinning_of(&policy, self.created(), &bookmarks));
+        Ok(())
+    }
+
+    /// The time a point names on this volume, checked to lie within its
+    /// history, and moved back to the nearest time the policy keeps exact.
     pub fn resolve_time(&self, point: &PointInTime, now: Timestamp) -> Result<Timestamp, EngineError> {
         match point {
-            PointInTime::At(at) => self.check_in_history(*at, now),
+            PointInTime::At(at) => Ok(self.exact_time(self.check_in_history(*at, now)?)),
             PointInTime::Bookmark(name) => {
                 let bookmarks = self.history.bookmarks.lock();
                 match bookmarks.entries.iter().find(|bookmark| &bookmark.name == name) {
@@ -261,6 +334,7 @@ impl Volume {
             flushes: counter(&counters.flushes),
             checkpoints: counter(&counters.checkpoints),
             versions_in_memory: index.versions_in_memory,
+            versions_thinned: self.index.versions_thinned(),
             versions_in_runs: index.versions_in_runs,
             index_runs: index.run_count,
             index_memory_bytes: index.memory_bytes,
@@ -271,4 +345,12 @@ impl Volume {
             poisoned: self.is_poisoned(),
         })
     }
+}
+
+fn thinning_of(policy: &VolumePolicy, created: Timestamp, bookmarks: &Bookmarks) -> Thinning {
+    let mut pins: Vec<Timestamp> =
+        std::iter::once(created).chain(bookmarks.entries.iter().map(|bookmark| bookmark.timestamp)).collect();
+    pins.sort_unstable();
+    pins.dedup();
+    Thinning { granularity_nanos: policy.granularity_nanos, pins }
 }

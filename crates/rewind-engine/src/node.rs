@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
-use rewind_format::meta::{Layout, VolumeMeta};
+use rewind_format::meta::{Layout, VolumeMeta, VolumePolicy};
 use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::Storage;
 use rewind_types::{BlockSize, Timestamp, VolumeName};
@@ -31,6 +31,8 @@ pub struct VolumeSpec {
     pub name: VolumeName,
     pub size_bytes: u64,
     pub block_size: BlockSize,
+    /// Protection granularity (0 = every write); see [`Volume::set_granularity`].
+    pub granularity_nanos: u64,
 }
 
 /// Wakes the embedder's maintenance loop when there is work to do.
@@ -128,6 +130,7 @@ impl Node {
             Arc::clone(&self.storage),
             &dir,
             meta,
+            VolumePolicy { granularity_nanos: spec.granularity_nanos },
             self.config.volume,
             Arc::clone(&self.cache),
             Arc::clone(&self.work),

@@ -65,6 +65,28 @@ pub fn parse_point_in_time(input: &str, now: Timestamp, zone: &TimeZone) -> Resu
     BookmarkName::new(text).map(PointInTime::Bookmark).map_err(|invalid| error(invalid.reason))
 }
 
+/// A protection granularity: `0` (every write), or a duration such as `1s`,
+/// `5m`, `1h30m`. In nanoseconds.
+pub fn parse_granularity(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(0);
+    }
+    let duration = humantime::parse_duration(text).map_err(|error| {
+        format!("bad granularity {text:?}: {error}; use 0 (every write) or a duration like 1s, 5m, 1h")
+    })?;
+    u64::try_from(duration.as_nanos()).map_err(|_| format!("granularity {text:?} is too long"))
+}
+
+/// A granularity for people: `every write`, or `5m`.
+pub fn display_granularity(nanos: u64) -> String {
+    if nanos == 0 {
+        "every write".to_owned()
+    } else {
+        humantime::format_duration(std::time::Duration::from_nanos(nanos)).to_string()
+    }
+}
+
 /// `-10m`, `-1h30m`, `10 minutes ago`, `2h ago`: `Some(Ok(nanoseconds))`;
 /// `None` if `text` is not relative at all.
 fn relative(text: &str) -> Option<Result<u64, String>> {
@@ -123,6 +145,17 @@ mod tests {
             PointInTime::At(timestamp) => timestamp,
             PointInTime::Bookmark(name) => panic!("{input} read as bookmark {name}"),
         }
+    }
+
+    #[test]
+    fn granularities() {
+        assert_eq!(parse_granularity("0"), Ok(0));
+        assert_eq!(parse_granularity("5m"), Ok(300_000_000_000));
+        assert_eq!(parse_granularity(" 1h30m "), Ok(5_400_000_000_000));
+        let error = parse_granularity("5 parsecs").unwrap_err();
+        assert!(error.contains("use 0 (every write) or a duration"), "{error}");
+        assert_eq!(display_granularity(0), "every write");
+        assert_eq!(display_granularity(300_000_000_000), "5m");
     }
 
     #[test]

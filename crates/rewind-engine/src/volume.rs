@@ -21,7 +21,7 @@ use rustc_hash::FxHashMap;
 
 use rewind_format::current::{BlockMeta, BlockState};
 use rewind_format::journal::{RecordKind, RECORD_HEADER_BYTES};
-use rewind_format::meta::{Checkpoint, TimelineBucket, VolumeMeta};
+use rewind_format::meta::{Checkpoint, TimelineBucket, VolumeMeta, VolumePolicy};
 use rewind_index::{IndexConfig, PageCache, VersionIndex};
 use rewind_io::{read_file, write_file_atomic, OpenMode, Storage};
 use rewind_journal::{Journal, JournalConfig, JournalError};
@@ -161,6 +161,7 @@ impl Volume {
         storage: Arc<dyn Storage>,
         dir: &str,
         meta: VolumeMeta,
+        policy: VolumePolicy,
         config: VolumeConfig,
         cache: Arc<PageCache>,
         work: Arc<WorkSignal>,
@@ -172,7 +173,8 @@ impl Volume {
         let index = VersionIndex::create(Arc::clone(&storage), &format!("{dir}/index"), config.index, cache)?;
         let current = CurrentStore::open(&*storage, dir, meta.block_size, block_count, OpenMode::CreateNew)?;
         current.sync()?;
-        let history = History::create(&*storage, dir)?;
+        let history = History::create(&*storage, dir, policy)?;
+        index.set_thinning(history.thinning(meta.created));
         let checkpoint =
             Checkpoint { lsn: Lsn::ZERO, replay_from: journal.position_next(), timestamp_last: meta.created };
         write_checkpoint(&*storage, dir, &checkpoint)?;
@@ -251,6 +253,7 @@ impl Volume {
         let index = VersionIndex::open(Arc::clone(&storage), &format!("{dir}/index"), config.index, cache)?;
         let current = CurrentStore::open(&*storage, dir, meta.block_size, block_count, OpenMode::Existing)?;
         let history = History::open(&*storage, dir)?;
+        index.set_thinning(history.thinning(meta.created));
         let lsn_indexed = index.lsn_indexed();
         if lsn_indexed < checkpoint.lsn {
             return Err(EngineError::Corrupt {
@@ -814,14 +817,6 @@ impl Volume {
     /// Time of the newest version (the volume's creation if none).
     pub fn timestamp_last(&self) -> Timestamp {
         self.write.lock().timestamp_last
-    }
-
-    /// Raises the volume's clock to `at` so later writes get later times:
-    /// used when a bookmark names "now".
-    pub(crate) fn advance_clock(&self, at: Timestamp) -> Timestamp {
-        let mut state = self.write.lock();
-        state.timestamp_last = state.timestamp_last.max(at);
-        state.timestamp_last
     }
 }
 

@@ -261,6 +261,32 @@ impl Bookmarks {
     }
 }
 
+/// `policy`: how much of a volume's history is kept. Changeable at any time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct VolumePolicy {
+    /// Protection granularity in nanoseconds (IBM §3.1): per block, only the
+    /// last write in each window of this length is history. 0 keeps every write.
+    pub granularity_nanos: u64,
+}
+
+impl VolumePolicy {
+    const MAGIC: [u8; 4] = *b"RWPO";
+    const WHAT: &'static str = "volume policy";
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut payload = Writer::new();
+        payload.u64(self.granularity_nanos);
+        seal_envelope(Self::MAGIC, payload)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
+        let granularity_nanos = reader.u64()?;
+        finish(reader)?;
+        Ok(VolumePolicy { granularity_nanos })
+    }
+}
+
 /// Write activity of a volume during one minute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct TimelineBucket {

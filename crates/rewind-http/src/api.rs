@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use rewind_engine::timespec::DisplayTime;
+use rewind_engine::timespec::{display_granularity, DisplayTime};
 use rewind_engine::{Bookmark, TimelineReport, Timestamp, Volume, VolumeStats};
 
 pub fn time(at: Timestamp) -> String {
@@ -30,6 +30,10 @@ pub struct VolumeInfo {
     pub last_write: Option<String>,
     pub last_write_unix_nanos: Option<u64>,
     pub bookmark_count: usize,
+    /// Protection granularity: per block, only the last write in each window
+    /// of this length is history ("every write" for 0).
+    pub granularity: String,
+    pub granularity_nanos: u64,
     /// The volume refuses writes after a failed fsync, until the server restarts.
     pub poisoned: bool,
     /// NBD export name of the live, writable volume.
@@ -50,13 +54,15 @@ impl VolumeInfo {
             last_write: written.then(|| time(last)),
             last_write_unix_nanos: written.then(|| last.unix_nanos()),
             bookmark_count: volume.bookmarks().len(),
+            granularity: display_granularity(volume.granularity_nanos()),
+            granularity_nanos: volume.granularity_nanos(),
             poisoned: volume.is_poisoned(),
             export: volume.name().to_string(),
         }
     }
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Stats {
     pub writes: u64,
     pub write_bytes: u64,
@@ -66,8 +72,13 @@ pub struct Stats {
     pub read_bytes: u64,
     pub flushes: u64,
     pub checkpoints: u64,
+    /// Versions kept as history.
     pub versions: u64,
     pub versions_in_memory: u64,
+    /// Versions written since creation (kept + thinned by the granularity).
+    pub versions_written: u64,
+    /// The retained fraction r = kept / written (1 with every-write granularity).
+    pub retained_fraction: f64,
     pub index_runs: u64,
     pub index_memory_bytes: u64,
     pub journal_bytes: u64,
@@ -78,6 +89,8 @@ pub struct Stats {
 
 impl From<VolumeStats> for Stats {
     fn from(stats: VolumeStats) -> Self {
+        let kept = stats.versions_in_memory + stats.versions_in_runs;
+        let written = kept + stats.versions_thinned;
         Stats {
             writes: stats.writes,
             write_bytes: stats.write_bytes,
@@ -87,8 +100,10 @@ impl From<VolumeStats> for Stats {
             read_bytes: stats.read_bytes,
             flushes: stats.flushes,
             checkpoints: stats.checkpoints,
-            versions: stats.versions_in_memory + stats.versions_in_runs,
+            versions: kept,
             versions_in_memory: stats.versions_in_memory,
+            versions_written: written,
+            retained_fraction: if written == 0 { 1.0 } else { kept as f64 / written as f64 },
             index_runs: stats.index_runs,
             index_memory_bytes: stats.index_memory_bytes,
             journal_bytes: stats.journal_bytes,
@@ -99,7 +114,7 @@ impl From<VolumeStats> for Stats {
     }
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct VolumeDetail {
     #[serde(flatten)]
     pub info: VolumeInfo,
@@ -112,6 +127,14 @@ pub struct CreateVolume {
     pub size_bytes: u64,
     /// Defaults to 4096.
     pub block_size: Option<u32>,
+    /// `0` (every write, the default) or a duration like `5m`.
+    pub granularity: Option<String>,
+}
+
+/// `PATCH /v1/volumes/{name}`: what to change.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct UpdateVolume {
+    pub granularity: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -14,11 +14,12 @@ use jiff::tz::TimeZone;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
+use rewind_engine::timespec::parse_granularity;
 use rewind_engine::{BlockSize, BookmarkName, EngineError, Node, Timestamp, VolumeName, VolumeSpec};
 
 use crate::api::{
     time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, ErrorBody, Health, ImportSummary, Timeline,
-    ViewInfo, VolumeDetail, VolumeInfo,
+    UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
 };
 
 /// What the handlers share.
@@ -83,7 +84,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/volumes", get(list_volumes).post(create_volume))
-        .route("/v1/volumes/{name}", get(volume_detail).delete(delete_volume))
+        .route("/v1/volumes/{name}", get(volume_detail).patch(update_volume).delete(delete_volume))
         .route("/v1/volumes/{name}/import", post(import_volume).layer(DefaultBodyLimit::disable()))
         .route("/v1/volumes/{name}/timeline", get(timeline))
         .route("/v1/volumes/{name}/bookmarks", get(list_bookmarks).post(create_bookmark))
@@ -116,13 +117,19 @@ async fn list_volumes(State(state): State<Shared>) -> Result<Json<Vec<VolumeInfo
     blocking(move || Ok(node.volumes().iter().map(|volume| VolumeInfo::of(volume)).collect())).await.map(Json)
 }
 
-fn volume_spec(name: &str, size_bytes: u64, block_size: Option<u32>) -> Result<VolumeSpec, ApiError> {
+fn volume_spec(
+    name: &str,
+    size_bytes: u64,
+    block_size: Option<u32>,
+    granularity: Option<&str>,
+) -> Result<VolumeSpec, ApiError> {
     let name = VolumeName::new(name).map_err(|error| invalid(error.to_string()))?;
     let block_size = match block_size {
         Some(bytes) => BlockSize::new(bytes).map_err(|error| invalid(error.to_string()))?,
         None => BlockSize::DEFAULT,
     };
-    Ok(VolumeSpec { name, size_bytes, block_size })
+    let granularity_nanos = granularity.map_or(Ok(0), parse_granularity).map_err(invalid)?;
+    Ok(VolumeSpec { name, size_bytes, block_size, granularity_nanos })
 }
 
 async fn create_volume(
@@ -130,7 +137,7 @@ async fn create_volume(
     Json(request): Json<CreateVolume>,
 ) -> Result<(StatusCode, Json<VolumeInfo>), ApiError> {
     let node = Arc::clone(&state.node);
-    let spec = volume_spec(&request.name, request.size_bytes, request.block_size)?;
+    let spec = volume_spec(&request.name, request.size_bytes, request.block_size, request.granularity.as_deref())?;
     let volume = blocking(move || node.create_volume(spec, now())).await?;
     Ok((StatusCode::CREATED, Json(VolumeInfo::of(&volume))))
 }
@@ -145,6 +152,24 @@ async fn volume_detail(State(state): State<Shared>, Path(name): Path<String>) ->
     .map(Json)
 }
 
+async fn update_volume(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    Json(request): Json<UpdateVolume>,
+) -> Result<Json<VolumeInfo>, ApiError> {
+    let node = Arc::clone(&state.node);
+    let granularity_nanos = request.granularity.as_deref().map(parse_granularity).transpose().map_err(invalid)?;
+    blocking(move || {
+        let volume = node.volume(&name)?;
+        if let Some(granularity_nanos) = granularity_nanos {
+            volume.set_granularity(granularity_nanos)?;
+        }
+        Ok(VolumeInfo::of(&volume))
+    })
+    .await
+    .map(Json)
+}
+
 async fn delete_volume(State(state): State<Shared>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     let node = Arc::clone(&state.node);
     blocking(move || node.delete_volume(&name)).await?;
@@ -154,6 +179,7 @@ async fn delete_volume(State(state): State<Shared>, Path(name): Path<String>) ->
 #[derive(Deserialize)]
 struct ImportQuery {
     block_size: Option<u32>,
+    granularity: Option<String>,
 }
 
 /// Bridges the async request body to the engine's blocking `Read`.
@@ -188,7 +214,7 @@ async fn import_volume(
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
         .ok_or_else(|| invalid("an import needs a Content-Length: the image's size is the volume's size".into()))?;
-    let spec = volume_spec(&name, size_bytes, query.block_size)?;
+    let spec = volume_spec(&name, size_bytes, query.block_size, query.granularity.as_deref())?;
     let creator = Arc::clone(&node);
     let volume = blocking(move || creator.create_volume(spec, now())).await?;
     let (sender, chunks) = mpsc::channel(8);
