@@ -16,8 +16,8 @@ use serde::Serialize;
 use rewind_engine::timespec::parse_granularity;
 use rewind_engine::{BlockSize, BookmarkName, Node, NodeConfig, VolumeName, VolumeSpec};
 use rewind_http::api::{
-    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, ErrorBody, Health, ImportSummary, Timeline,
-    UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
+    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, Health, ImportSummary,
+    Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -37,6 +37,7 @@ pub trait Backend {
     fn create_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<BookmarkInfo>;
     fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()>;
     fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo>;
+    fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory>;
 }
 
 /// Talks to the server at `server`; if none answers and the user did not
@@ -207,6 +208,11 @@ impl Backend for HttpBackend {
         let response = self.agent.get(&self.url(&format!("/v1/volumes/{name}/view"))).query("at", at).call()?;
         Self::decode(response)
     }
+
+    fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory> {
+        let url = self.url(&format!("/v1/volumes/{name}/history"));
+        Self::decode(self.agent.delete(&url).query("from", from).query("to", to).call()?)
+    }
 }
 
 /// Works on the data directory itself, holding its lock.
@@ -325,5 +331,9 @@ impl Backend for LocalBackend {
             at_unix_nanos: at.unix_nanos(),
             export: view_export(name, at),
         })
+    }
+
+    fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory> {
+        Ok(DeletedHistory::delete(&*self.node.volume(name)?, from, to, now())?)
     }
 }

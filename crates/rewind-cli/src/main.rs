@@ -67,12 +67,36 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Delete history: `rewind history delete VOLUME --from TIME --to TIME`.
+    #[command(subcommand)]
+    History(HistoryCommand),
     /// Resolve a point in time to the NBD export that shows the volume as it was then.
     View {
         volume: String,
         /// When (see TIME below).
         #[arg(allow_hyphen_values = true)]
         time: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum HistoryCommand {
+    /// Delete the history between two times: each block keeps its last
+    /// version in the range, so every time before FROM and from TO on reads
+    /// exactly as before; times in between can no longer be viewed.
+    Delete {
+        volume: String,
+        /// Start of the range (see TIME below).
+        #[arg(long, allow_hyphen_values = true)]
+        from: String,
+        /// End of the range; its state is kept.
+        #[arg(long, allow_hyphen_values = true)]
+        to: String,
+        /// Do not ask (required when not on a terminal).
+        #[arg(long)]
+        yes: bool,
         #[arg(long)]
         json: bool,
     },
@@ -245,6 +269,22 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
                 return output::json(&view);
             }
             output::view(&view, backend.nbd_address().as_ref());
+            Ok(())
+        }
+        Command::History(HistoryCommand::Delete { volume, from, to, yes, json }) => {
+            let question = format!("delete the history of {volume} from {from} to {to}?");
+            if !yes && !output::confirm(&question)? {
+                bail!("not deleted (pass --yes to delete without asking)");
+            }
+            let deleted = backend.delete_history(&volume, &from, &to)?;
+            if json {
+                return output::json(&deleted);
+            }
+            println!(
+                "deleted the history of {} from {} to {}: each block keeps its last version in the range; \
+                 {} versions kept, {} dropped by thinning in all",
+                deleted.volume, deleted.from, deleted.to, deleted.versions, deleted.versions_thinned
+            );
             Ok(())
         }
     }

@@ -160,3 +160,40 @@ fn granularity_keeps_one_version_per_window_and_rounds_views_to_exact_points() {
     let info = json(&offline(&["volume", "info", "db", "--json"]));
     assert_eq!(info["granularity_nanos"], 0);
 }
+
+#[test]
+fn history_delete_keeps_every_point_outside_the_range() {
+    require("qemu-io");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    server.rewind(&["volume", "create", "db", "--size", "1MiB"]);
+    let write =
+        |pattern: u8| run("qemu-io", &["-f", "raw", "-c", &format!("write -P {pattern} 0 4k"), &server.uri("db")]);
+    write(1);
+    let a = json(&server.rewind(&["bookmark", "db", "a", "--json"]));
+    write(2);
+    let middle = json(&server.rewind(&["bookmark", "db", "middle", "--json"]));
+    write(3);
+    write(4);
+    let b = json(&server.rewind(&["bookmark", "db", "b", "--json"]));
+    let from = (a["at_unix_nanos"].as_u64().unwrap() + 1).to_string();
+
+    let error = failing(&server, &["history", "delete", "db", "--from", &from, "--to", "b", "--yes"]);
+    assert!(error.contains("bookmark middle") && error.contains("delete it first"), "{error}");
+    server.rewind(&["bookmark", "delete", "db", "middle"]);
+    let deleted = json(&server.rewind(&["history", "delete", "db", "--from", &from, "--to", "b", "--yes", "--json"]));
+    assert_eq!(deleted["to_unix_nanos"], b["at_unix_nanos"]);
+    assert_eq!(deleted["versions_thinned"], 2, "block 0's writes 2 and 3: {deleted}");
+    assert_eq!(deleted["versions"], 2, "write 1 (before the range) and write 4 (its last): {deleted}");
+
+    // Outside the range, everything reads as before.
+    run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 1 0 4k", &server.uri("db@a")]);
+    run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 4 0 4k", &server.uri("db@b")]);
+    // Inside, the time is refused, naming the nearest kept points.
+    let inside = middle["at"].as_str().unwrap();
+    let error = failing(&server, &["view", "db", inside]);
+    assert!(error.contains("was deleted") && error.contains("nearest points kept"), "{error}");
+    assert!(error.contains(b["at"].as_str().unwrap()), "{error}");
+    let error = failing(&server, &["history", "delete", "db", "--from", "b", "--to", "b", "--yes"]);
+    assert!(error.contains("must start before it ends"), "{error}");
+}

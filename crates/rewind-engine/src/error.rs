@@ -25,6 +25,11 @@ pub enum EngineError {
     OutOfRange { volume: String, offset: u64, length: u64, size_bytes: u64 },
     #[error("volume {volume} has no history before {earliest}, when its protection began; {requested} is earlier")]
     BeforeHistory { volume: String, requested: String, earliest: String },
+    #[error(
+        "the history of volume {volume} from {from} until {to} was deleted, so {requested} cannot be shown; \
+         the nearest points kept are {before} and {to}"
+    )]
+    HistoryDeleted { volume: String, requested: String, from: String, to: String, before: String },
     #[error("{requested} is in the future (it is now {now}); a view shows a time that has already happened")]
     InFuture { requested: String, now: String },
     #[error(transparent)]

@@ -194,7 +194,7 @@ impl Volume {
         }
         let at = match at {
             // A time in the past is kept exact only if it is already (see `exact_time`).
-            Some(at) => self.exact_time(self.check_in_history(at, now)?),
+            Some(at) => self.exact_time(self.check_in_history(at, now)?)?,
             // Now: pinned before any later write can come in, so no persist or
             // merge can thin away the state it names.
             None => self.advance_clock_pinned(now),
@@ -261,9 +261,67 @@ impl Volume {
 
     /// The latest time at or before `at` whose state the policy keeps exactly:
     /// `at` itself with every-write granularity; otherwise the end of the
-    /// last complete granularity window, or a later bookmark.
-    pub fn exact_time(&self, at: Timestamp) -> Timestamp {
-        self.index.thinning().exact_at_or_before(at)
+    /// last complete granularity window, or a later bookmark. A time whose
+    /// history was deleted has none.
+    pub fn exact_time(&self, at: Timestamp) -> Result<Timestamp, EngineError> {
+        let thinning = self.index.thinning();
+        let exact = thinning.exact_at_or_before(at);
+        match thinning.deleted_range(exact) {
+            Some((from, to)) if exact < to => Err(EngineError::HistoryDeleted {
+                volume: self.name().to_string(),
+                requested: DisplayTime(at).to_string(),
+                from: DisplayTime(from).to_string(),
+                to: DisplayTime(to).to_string(),
+                before: DisplayTime(thinning.exact_at_or_before(from.saturating_sub_nanos(1))).to_string(),
+            }),
+            _ => Ok(exact),
+        }
+    }
+
+    /// Deletes the history from `from` until `to` (MYCDP §3.3.3): each block
+    /// keeps only its last version in the range, so every time before `from`
+    /// and from `to` on reads exactly as before; views in between are refused.
+    /// Bookmarks in the range must be deleted first. Rewrites the version
+    /// index before returning.
+    pub fn delete_history(&self, from: Timestamp, to: Timestamp, now: Timestamp) -> Result<(), EngineError> {
+        self.check_open()?;
+        let from = self.check_in_history(from, now)?;
+        let to = self.check_in_history(to, now)?;
+        if from >= to {
+            return Err(EngineError::InvalidArgument(format!(
+                "nothing to delete: the range must start before it ends ({} is not before {})",
+                DisplayTime(from),
+                DisplayTime(to)
+            )));
+        }
+        {
+            let bookmarks = self.history.bookmarks.lock();
+            if let Some(inside) = bookmarks.entries.iter().find(|bookmark| (from..to).contains(&bookmark.timestamp)) {
+                return Err(EngineError::InvalidArgument(format!(
+                    "bookmark {} of volume {} ({}) lies in the range; delete it first \
+                     (`rewind bookmark delete {} {}`) or delete up to it",
+                    inside.name,
+                    self.name(),
+                    DisplayTime(inside.timestamp),
+                    self.name(),
+                    inside.name
+                )));
+            }
+            let mut policy = self.history.policy.lock();
+            let mut next = policy.clone();
+            next.deleted = merge_ranges(&policy.deleted, (from, to));
+            let path = &self.history.policy_path;
+            write_file_atomic(self.storage(), path, &next.encode()).map_err(EngineError::io(path))?;
+            *policy = next;
+            self.index.set_thinning(thinning_of(&policy, self.created(), &bookmarks));
+        }
+        // Versions still in memory are thinned as they are persisted; those in
+        // runs by rewriting them all.
+        self.flush()?;
+        self.index.seal();
+        self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
+        self.index.rewrite_all().map_err(|error| self.fail(error.into()))?;
+        Ok(())
     }
 
     pub fn granularity_nanos(&self) -> u64 {
@@ -276,7 +334,7 @@ impl Volume {
         self.check_open()?;
         let bookmarks = self.history.bookmarks.lock();
         let mut policy = self.history.policy.lock();
-        let next = VolumePolicy { granularity_nanos };
+        let next = VolumePolicy { granularity_nanos, ..policy.clone() };
         let path = &self.history.policy_path;
         write_file_atomic(self.storage(), path, &next.encode()).map_err(EngineError::io(path))?;
         *policy = next;
@@ -288,7 +346,7 @@ impl Volume {
     /// history, and moved back to the nearest time the policy keeps exact.
     pub fn resolve_time(&self, point: &PointInTime, now: Timestamp) -> Result<Timestamp, EngineError> {
         match point {
-            PointInTime::At(at) => Ok(self.exact_time(self.check_in_history(*at, now)?)),
+            PointInTime::At(at) => self.exact_time(self.check_in_history(*at, now)?),
             PointInTime::Bookmark(name) => {
                 let bookmarks = self.history.bookmarks.lock();
                 match bookmarks.entries.iter().find(|bookmark| &bookmark.name == name) {
@@ -299,6 +357,15 @@ impl Volume {
                     }),
                 }
             }
+        }
+    }
+
+    /// Parses a time expression as a bound of a range to delete: the time
+    /// itself (not moved to an exact point), or a bookmark's.
+    pub fn parse_bound(&self, input: &str, now: Timestamp, zone: &TimeZone) -> Result<Timestamp, EngineError> {
+        match parse_point_in_time(input, now, zone)? {
+            PointInTime::At(at) => Ok(at),
+            bookmark => self.resolve_time(&bookmark, now),
         }
     }
 
@@ -352,5 +419,19 @@ fn thinning_of(policy: &VolumePolicy, created: Timestamp, bookmarks: &Bookmarks)
         std::iter::once(created).chain(bookmarks.entries.iter().map(|bookmark| bookmark.timestamp)).collect();
     pins.sort_unstable();
     pins.dedup();
-    Thinning { granularity_nanos: policy.granularity_nanos, pins }
+    Thinning { granularity_nanos: policy.granularity_nanos, pins, deleted: policy.deleted.clone() }
+}
+
+/// `ranges` with `added` joined in: sorted, overlapping ones merged.
+fn merge_ranges(ranges: &[(Timestamp, Timestamp)], added: (Timestamp, Timestamp)) -> Vec<(Timestamp, Timestamp)> {
+    let mut all: Vec<_> = ranges.iter().copied().chain(std::iter::once(added)).collect();
+    all.sort_unstable();
+    let mut merged: Vec<(Timestamp, Timestamp)> = Vec::with_capacity(all.len());
+    for (from, to) in all {
+        match merged.last_mut() {
+            Some(last) if from <= last.1 => last.1 = last.1.max(to),
+            _ => merged.push((from, to)),
+        }
+    }
+    merged
 }

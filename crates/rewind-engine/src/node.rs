@@ -130,7 +130,7 @@ impl Node {
             Arc::clone(&self.storage),
             &dir,
             meta,
-            VolumePolicy { granularity_nanos: spec.granularity_nanos },
+            VolumePolicy { granularity_nanos: spec.granularity_nanos, deleted: Vec::new() },
             self.config.volume,
             Arc::clone(&self.cache),
             Arc::clone(&self.work),

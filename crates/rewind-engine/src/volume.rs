@@ -414,7 +414,7 @@ impl Volume {
 
     /// Poisons the volume after a failed write or fsync and returns the error
     /// to report; corruption found while writing passes through unchanged.
-    fn fail(&self, error: EngineError) -> EngineError {
+    pub(crate) fn fail(&self, error: EngineError) -> EngineError {
         let poisons = match &error {
             EngineError::Journal(JournalError::Corrupt { .. }) => false,
             EngineError::Journal(_) | EngineError::Io { .. } | EngineError::Index(_) => true,

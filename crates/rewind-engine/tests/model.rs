@@ -109,14 +109,16 @@ fn check_everything(volume: &Arc<Volume>, oracle: &Oracle, seed: u64) {
     volume.read(0, &mut image).unwrap();
     assert!(&image == oracle.image(), "seed {seed}: live contents differ");
     for (at, _) in &oracle.states {
-        let exact = volume.exact_time(*at);
+        // Times whose history was deleted are refused (checked in `run`).
+        let Ok(exact) = volume.exact_time(*at) else { continue };
         volume.view(exact).read(0, &mut image).unwrap();
         assert!(&image == oracle.at(exact), "seed {seed}: view at {at:?} (exact: {exact:?}) differs");
     }
 }
 
-/// Returns how many versions the granularity thinned.
-fn run(seed: u64) -> u64 {
+/// Returns how many versions were thinned (by granularity or range deletes),
+/// and how many range deletes there were.
+fn run(seed: u64) -> (u64, u64) {
     println!("seed {seed}");
     let mut rng = StdRng::seed_from_u64(seed);
     let storage = SimStorage::new(SimConfig::default(), seed);
@@ -142,6 +144,8 @@ fn run(seed: u64) -> u64 {
     };
     let mut poisoned = false;
     let mut bookmarks: Vec<(BookmarkName, Timestamp)> = Vec::new();
+    let mut deleted: Vec<(Timestamp, Timestamp)> = Vec::new();
+    let mut deletes = 0;
     for step in 0..rng.random_range(50..400) {
         // Sometimes the clock stands still: the engine must still order versions.
         if rng.random_bool(0.7) {
@@ -203,7 +207,7 @@ fn run(seed: u64) -> u64 {
                 let (name, at) = &bookmarks[rng.random_range(0..bookmarks.len())];
                 let point = rewind_engine::timespec::PointInTime::Bookmark(name.clone());
                 assert_eq!(volume.resolve_time(&point, now).unwrap(), *at);
-                assert_eq!(volume.exact_time(*at), *at, "seed {seed}: a bookmark is an exact point");
+                assert_eq!(volume.exact_time(*at).unwrap(), *at, "seed {seed}: a bookmark is an exact point");
                 check_view(&volume, &oracle, *at, &mut rng, seed);
             }
             78 if !poisoned => {
@@ -219,7 +223,28 @@ fn run(seed: u64) -> u64 {
                     poisoned = true;
                 }
             }
-            79..=83 => {
+            79 if !poisoned => {
+                // Delete a range of history: each block keeps its last version in it.
+                let (first, _) = oracle.states[0];
+                // The engine's clock may run ahead of `now`; times after `now` are refused.
+                let last = oracle.clock.min(now).unix_nanos();
+                let from = Timestamp::from_unix_nanos(rng.random_range(first.unix_nanos()..=last));
+                let to = Timestamp::from_unix_nanos(rng.random_range(from.unix_nanos()..=last));
+                let bookmarked = bookmarks.iter().any(|&(_, at)| from <= at && at < to);
+                match volume.delete_history(from, to, now) {
+                    Ok(()) => {
+                        assert!(from < to && !bookmarked, "seed {seed}: deleted {from:?}..{to:?}");
+                        oracle.durable = oracle.states.len() - 1;
+                        deleted.push((from, to));
+                        deletes += 1;
+                    }
+                    Err(EngineError::InvalidArgument(message)) => {
+                        assert!(from == to || bookmarked, "seed {seed}: {message}");
+                    }
+                    Err(error) => panic!("seed {seed}: {error}"),
+                }
+            }
+            80..=83 => {
                 // Power loss (or a failed fsync followed by a restart).
                 drop(volume);
                 drop(node);
@@ -245,7 +270,18 @@ fn run(seed: u64) -> u64 {
             _ => {
                 let (first, _) = oracle.states[0];
                 let at = Timestamp::from_unix_nanos(rng.random_range(first.unix_nanos()..=oracle.clock.unix_nanos()));
-                check_view(&volume, &oracle, volume.exact_time(at), &mut rng, seed);
+                let in_deleted = |at: Timestamp| deleted.iter().any(|&(from, to)| from <= at && at < to);
+                match volume.exact_time(at) {
+                    Ok(exact) => {
+                        assert!(!in_deleted(exact), "seed {seed}: {exact:?} lies in deleted history {deleted:?}");
+                        check_view(&volume, &oracle, exact, &mut rng, seed);
+                    }
+                    Err(EngineError::HistoryDeleted { .. }) => {
+                        // With a granularity, rounding down can land in a deleted range too.
+                        assert!(in_deleted(at) || volume.granularity_nanos() > 0, "seed {seed}: {at:?} refused");
+                    }
+                    Err(error) => panic!("seed {seed}: {error}"),
+                }
             }
         }
     }
@@ -260,21 +296,21 @@ fn run(seed: u64) -> u64 {
         assert!(volume.resolve_time(&future, now).unwrap_err().to_string().contains("future"));
     }
     let stats = volume.stats().unwrap();
-    if volume.granularity_nanos() == 0 {
+    if volume.granularity_nanos() == 0 && deletes == 0 {
         assert_eq!(stats.versions_thinned, 0, "seed {seed}");
     }
-    stats.versions_thinned
+    (stats.versions_thinned, deletes)
 }
 
 #[test]
 fn engine_matches_the_oracle_through_crashes() {
     if let Ok(seed) = std::env::var("REWIND_SEED") {
-        let thinned = run(seed.parse().expect("REWIND_SEED is a number"));
-        println!("{thinned} versions thinned");
+        let (thinned, deletes) = run(seed.parse().expect("REWIND_SEED is a number"));
+        println!("{thinned} versions thinned, {deletes} range deletes");
         return;
     }
     let seeds: u64 = std::env::var("REWIND_SEEDS").map_or(150, |count| count.parse().expect("a number"));
-    let thinned: u64 = (0..seeds).map(run).sum();
-    println!("{thinned} versions thinned by granularity");
-    assert!(seeds < 30 || thinned > 100, "the cases with a granularity must thin");
+    let (thinned, deletes) = (0..seeds).map(run).fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+    println!("{thinned} versions thinned, {deletes} range deletes");
+    assert!(seeds < 30 || (thinned > 100 && deletes > 30), "thinning and range deletes must be exercised");
 }

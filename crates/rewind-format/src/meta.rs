@@ -262,28 +262,53 @@ impl Bookmarks {
 }
 
 /// `policy`: how much of a volume's history is kept. Changeable at any time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct VolumePolicy {
     /// Protection granularity in nanoseconds (IBM §3.1): per block, only the
     /// last write in each window of this length is history. 0 keeps every write.
     pub granularity_nanos: u64,
+    /// Deleted history (MYCDP §3.3.3): ranges `[from, to]` in which each block
+    /// keeps only its last version. Sorted, disjoint.
+    pub deleted: Vec<(Timestamp, Timestamp)>,
 }
 
 impl VolumePolicy {
     const MAGIC: [u8; 4] = *b"RWPO";
     const WHAT: &'static str = "volume policy";
+    pub const DELETED_MAX: usize = 1 << 16;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut payload = Writer::new();
-        payload.u64(self.granularity_nanos);
+        payload.u64(self.granularity_nanos).u32(self.deleted.len() as u32);
+        for (from, to) in &self.deleted {
+            payload.u64(from.unix_nanos()).u64(to.unix_nanos());
+        }
         seal_envelope(Self::MAGIC, payload)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
         let granularity_nanos = reader.u64()?;
+        let count = reader.u32()? as usize;
+        if count > Self::DELETED_MAX {
+            return Err(reader.invalid(format!("{count} deleted ranges")));
+        }
+        let mut deleted = Vec::with_capacity(count);
+        for _ in 0..count {
+            let from = Timestamp::from_unix_nanos(reader.u64()?);
+            let to = Timestamp::from_unix_nanos(reader.u64()?);
+            deleted.push((from, to));
+        }
         finish(reader)?;
-        Ok(VolumePolicy { granularity_nanos })
+        let ordered =
+            deleted.iter().all(|(from, to)| from < to) && deleted.windows(2).all(|pair| pair[0].1 < pair[1].0);
+        if !ordered {
+            return Err(FormatError::Invalid {
+                what: Self::WHAT,
+                reason: "deleted ranges overlap or are out of order".into(),
+            });
+        }
+        Ok(VolumePolicy { granularity_nanos, deleted })
     }
 }
 

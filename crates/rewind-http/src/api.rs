@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use rewind_engine::timespec::{display_granularity, DisplayTime};
-use rewind_engine::{Bookmark, TimelineReport, Timestamp, Volume, VolumeStats};
+use rewind_engine::{Bookmark, EngineError, TimelineReport, Timestamp, Volume, VolumeStats};
 
 pub fn time(at: Timestamp) -> String {
     DisplayTime(at).to_string()
@@ -252,4 +252,37 @@ pub struct Health {
     pub volumes: usize,
     /// Where the server's NBD exports are, e.g. `127.0.0.1:10809`.
     pub nbd_address: Option<String>,
+}
+
+/// `DELETE /v1/volumes/{name}/history?from=TIME&to=TIME`: what was deleted.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeletedHistory {
+    pub volume: String,
+    pub from: String,
+    pub from_unix_nanos: u64,
+    pub to: String,
+    pub to_unix_nanos: u64,
+    /// Versions kept afterwards, and dropped so far by thinning in all.
+    pub versions: u64,
+    pub versions_thinned: u64,
+}
+
+impl DeletedHistory {
+    /// Deletes the history of `volume` between the times `from` and `to` name.
+    pub fn delete(volume: &Volume, from: &str, to: &str, now: Timestamp) -> Result<DeletedHistory, EngineError> {
+        let zone = jiff::tz::TimeZone::system();
+        let from = volume.parse_bound(from, now, &zone)?;
+        let to = volume.parse_bound(to, now, &zone)?;
+        volume.delete_history(from, to, now)?;
+        let stats = volume.stats()?;
+        Ok(DeletedHistory {
+            volume: volume.name().to_string(),
+            from: time(from),
+            from_unix_nanos: from.unix_nanos(),
+            to: time(to),
+            to_unix_nanos: to.unix_nanos(),
+            versions: stats.versions_in_memory + stats.versions_in_runs,
+            versions_thinned: stats.versions_thinned,
+        })
+    }
 }

@@ -11,6 +11,7 @@
 //! | GET, POST | `/v1/volumes/{name}/bookmarks` | list; create (`CreateBookmark`) |
 //! | DELETE | `/v1/volumes/{name}/bookmarks/{bookmark}` | delete a bookmark |
 //! | GET | `/v1/volumes/{name}/view?at=TIME` | resolve a point in time to its NBD export |
+//! | DELETE | `/v1/volumes/{name}/history?from=TIME&to=TIME` | delete history, keeping each block's last version in the range |
 //! | GET | `/metrics` | Prometheus text format |
 //!
 //! Engine calls block on disk I/O, so handlers run them on tokio's blocking

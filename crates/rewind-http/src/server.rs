@@ -18,8 +18,8 @@ use rewind_engine::timespec::parse_granularity;
 use rewind_engine::{BlockSize, BookmarkName, EngineError, Node, Timestamp, VolumeName, VolumeSpec};
 
 use crate::api::{
-    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, ErrorBody, Health, ImportSummary, Timeline,
-    UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
+    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, Health, ImportSummary,
+    Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
 };
 
 /// What the handlers share.
@@ -90,6 +90,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/bookmarks", get(list_bookmarks).post(create_bookmark))
         .route("/v1/volumes/{name}/bookmarks/{bookmark}", delete(delete_bookmark))
         .route("/v1/volumes/{name}/view", get(resolve_view))
+        .route("/v1/volumes/{name}/history", delete(delete_history))
         .route("/metrics", get(crate::metrics::metrics))
         .with_state(Arc::new(state))
 }
@@ -322,6 +323,21 @@ async fn delete_bookmark(
 #[derive(Deserialize)]
 struct ViewQuery {
     at: String,
+}
+
+#[derive(Deserialize)]
+struct HistoryRange {
+    from: String,
+    to: String,
+}
+
+async fn delete_history(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    Query(range): Query<HistoryRange>,
+) -> Result<Json<DeletedHistory>, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || DeletedHistory::delete(&*node.volume(&name)?, &range.from, &range.to, now())).await.map(Json)
 }
 
 async fn resolve_view(

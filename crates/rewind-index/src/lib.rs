@@ -364,7 +364,25 @@ impl VersionIndex {
         let runs = self.state.read().runs.clone();
         let sizes: Vec<u64> = runs.iter().map(|run| run.info().entry_count).collect();
         let Some(range) = self.merge_candidates(&sizes) else { return Ok(false) };
-        let merged = &runs[range];
+        self.merge(&runs[range])?;
+        Ok(true)
+    }
+
+    /// Merges every run into one, applying the current thinning to all of
+    /// history (after a range delete or a policy change). Returns whether
+    /// there was a run to rewrite.
+    pub fn rewrite_all(&self) -> Result<bool, IndexError> {
+        let _compacting = self.compacting.lock();
+        let runs = self.state.read().runs.clone();
+        if runs.is_empty() {
+            return Ok(false);
+        }
+        self.merge(&runs)?;
+        Ok(true)
+    }
+
+    /// Replaces `merged`, a contiguous group of runs, by one run.
+    fn merge(&self, merged: &[Arc<Run>]) -> Result<(), IndexError> {
         let mut scans: Vec<_> = merged.iter().map(|run| run.scan()).collect();
         let mut heap = BinaryHeap::new();
         for (source, scan) in scans.iter_mut().enumerate() {
@@ -407,7 +425,7 @@ impl VersionIndex {
             let path = format!("{}/{}", self.dir, run_name(old.info().id));
             self.storage.remove_file(&path).map_err(IndexError::io(&path))?;
         }
-        Ok(true)
+        Ok(())
     }
 
     pub fn stats(&self) -> IndexStats {

@@ -5,6 +5,11 @@
 //! time, and so does every *pin* (a bookmark, the volume's creation): a
 //! version that is a block's newest at or before a pin is kept.
 //!
+//! A *deleted range* `[from, to]` (MYCDP's version delete, seed 004 §3.3.3)
+//! keeps, per block, only the last version inside it: every time before
+//! `from` and from `to` on reads exactly as before; times in `[from, to)` are
+//! gone.
+//!
 //! Dropping needs only the next version of the same block, which a stream
 //! sorted by `(block, time)` delivers right after it. A merge sees a subset
 //! of a block's versions; whatever it finds later in the same window
@@ -20,21 +25,32 @@ pub struct Thinning {
     pub granularity_nanos: u64,
     /// Times whose state must stay exact, sorted.
     pub pins: Vec<Timestamp>,
+    /// Deleted ranges `[from, to]`, sorted and disjoint.
+    pub deleted: Vec<(Timestamp, Timestamp)>,
 }
 
 impl Thinning {
     /// Whether `next` (the following version of the same block or of
     /// another) makes `version` superfluous history.
     fn supersedes(&self, version: &Version, next: &Version) -> bool {
-        let granularity = self.granularity_nanos;
-        if granularity == 0 || version.block != next.block {
+        if version.block != next.block {
             return false;
         }
-        if version.timestamp.unix_nanos() / granularity != next.timestamp.unix_nanos() / granularity {
+        let deleted = self.deleted_range(version.timestamp).is_some_and(|(_, to)| next.timestamp <= to);
+        let granularity = self.granularity_nanos;
+        let same_window = granularity != 0
+            && version.timestamp.unix_nanos() / granularity == next.timestamp.unix_nanos() / granularity;
+        if !deleted && !same_window {
             return false;
         }
         let first_pin_at_or_after = self.pins.partition_point(|&pin| pin < version.timestamp);
         self.pins.get(first_pin_at_or_after).is_none_or(|&pin| pin >= next.timestamp)
+    }
+
+    /// The deleted range `[from, to]` that holds `at`, if any.
+    pub fn deleted_range(&self, at: Timestamp) -> Option<(Timestamp, Timestamp)> {
+        let after = self.deleted.partition_point(|&(from, _)| from <= at);
+        after.checked_sub(1).map(|index| self.deleted[index]).filter(|&(_, to)| at <= to)
     }
 
     /// The latest time at or before `at` that thinning keeps exact: the end
@@ -112,21 +128,36 @@ mod tests {
 
     #[test]
     fn keeps_the_last_version_per_block_and_window() {
-        let thinning = Thinning { granularity_nanos: 10, pins: Vec::new() };
+        let thinning = Thinning { granularity_nanos: 10, ..Thinning::default() };
         let versions = [version(1, 1), version(1, 5), version(1, 9), version(1, 10), version(1, 25), version(2, 3)];
         assert_eq!(kept(&thinning, &versions), (vec![(1, 9), (1, 10), (1, 25), (2, 3)], 2));
     }
 
     #[test]
     fn pins_keep_the_state_at_their_time() {
-        let thinning = Thinning { granularity_nanos: 10, pins: vec![Timestamp::from_unix_nanos(6)] };
+        let thinning =
+            Thinning { granularity_nanos: 10, pins: vec![Timestamp::from_unix_nanos(6)], ..Thinning::default() };
         let versions = [version(1, 1), version(1, 5), version(1, 6), version(1, 9)];
         // At pin 6 the block's newest is 6 itself, so 5 may go.
         assert_eq!(kept(&thinning, &versions), (vec![(1, 6), (1, 9)], 2));
-        let thinning = Thinning { granularity_nanos: 10, pins: vec![Timestamp::from_unix_nanos(7)] };
+        let thinning =
+            Thinning { granularity_nanos: 10, pins: vec![Timestamp::from_unix_nanos(7)], ..Thinning::default() };
         assert_eq!(kept(&thinning, &versions), (vec![(1, 6), (1, 9)], 2));
-        let thinning = Thinning { granularity_nanos: 10, pins: vec![Timestamp::from_unix_nanos(5)] };
+        let thinning =
+            Thinning { granularity_nanos: 10, pins: vec![Timestamp::from_unix_nanos(5)], ..Thinning::default() };
         assert_eq!(kept(&thinning, &versions), (vec![(1, 5), (1, 9)], 2));
+    }
+
+    #[test]
+    fn a_deleted_range_keeps_each_blocks_last_version_in_it() {
+        let at = Timestamp::from_unix_nanos;
+        let thinning = Thinning { deleted: vec![(at(10), at(20))], ..Thinning::default() };
+        let versions = [version(1, 5), version(1, 10), version(1, 15), version(1, 20), version(1, 25), version(2, 12)];
+        assert_eq!(kept(&thinning, &versions), (vec![(1, 5), (1, 20), (1, 25), (2, 12)], 2));
+        assert_eq!(thinning.deleted_range(at(9)), None);
+        assert_eq!(thinning.deleted_range(at(10)), Some((at(10), at(20))));
+        assert_eq!(thinning.deleted_range(at(20)), Some((at(10), at(20))));
+        assert_eq!(thinning.deleted_range(at(21)), None);
     }
 
     #[test]
@@ -137,7 +168,8 @@ mod tests {
 
     #[test]
     fn exact_times_are_window_ends_and_pins() {
-        let thinning = Thinning { granularity_nanos: 10, pins: vec![Timestamp::from_unix_nanos(15)] };
+        let thinning =
+            Thinning { granularity_nanos: 10, pins: vec![Timestamp::from_unix_nanos(15)], ..Thinning::default() };
         let exact = |nanos| thinning.exact_at_or_before(Timestamp::from_unix_nanos(nanos)).unix_nanos();
         assert_eq!(exact(19), 19);
         assert_eq!(exact(18), 15, "a pin later than the window end");

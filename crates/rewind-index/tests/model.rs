@@ -16,8 +16,11 @@ use rewind_types::{BlockIndex, Lsn, Timestamp, Version, VersionData};
 const TIME_START: u64 = 1_000_000;
 
 fn check(index: &VersionIndex, oracle: &BTreeMap<(u64, u64), Version>, rng: &mut StdRng, time_max: u64, seed: u64) {
-    let at =
-        index.thinning().exact_at_or_before(Timestamp::from_unix_nanos(rng.random_range(TIME_START..=time_max + 2)));
+    let thinning = index.thinning();
+    let at = thinning.exact_at_or_before(Timestamp::from_unix_nanos(rng.random_range(TIME_START..=time_max + 2)));
+    if thinning.deleted_range(at).is_some_and(|(_, to)| at < to) {
+        return; // Deleted history: the engine refuses such times.
+    }
     let blocks: Vec<u64> = (0..rng.random_range(1..40)).map(|_| rng.random_range(0..300)).collect();
     let found = index.find_le_many(&blocks, at).unwrap();
     for (block, found) in blocks.iter().zip(found) {
@@ -31,6 +34,7 @@ fn find_le_matches_the_oracle() {
     let mut merges = 0;
     let mut reopens = 0;
     let mut thinned = 0;
+    let mut deletes = 0;
     for seed in 0..40u64 {
         println!("seed {seed}");
         let mut rng = StdRng::seed_from_u64(seed);
@@ -40,7 +44,7 @@ fn find_le_matches_the_oracle() {
         let mut index = VersionIndex::create(Arc::clone(&storage), "index", config, Arc::clone(&cache)).unwrap();
         // Half the cases keep every version; the others a window of a few records.
         let granularity_nanos = if seed % 2 == 0 { 0 } else { rng.random_range(1..20_000) };
-        index.set_thinning(Thinning { granularity_nanos, pins: Vec::new() });
+        index.set_thinning(Thinning { granularity_nanos, ..Thinning::default() });
         let mut oracle = BTreeMap::new();
         let mut time = TIME_START;
         let mut lsn = 0u64;
@@ -67,7 +71,22 @@ fn find_le_matches_the_oracle() {
                     }
                     index.insert(Lsn(lsn), &versions);
                 }
-                80..=83 => index.seal(),
+                80..=82 => index.seal(),
+                83 if time > TIME_START + 2 => {
+                    // Delete a range of history (after the last one: ranges stay sorted and disjoint).
+                    let mut thinning = index.thinning();
+                    let start = thinning.deleted.last().map_or(TIME_START, |&(_, to)| to.unix_nanos() + 1);
+                    if start + 1 < time {
+                        let from = rng.random_range(start..time - 1);
+                        let to = rng.random_range(from + 1..time);
+                        thinning.deleted.push((Timestamp::from_unix_nanos(from), Timestamp::from_unix_nanos(to)));
+                        index.set_thinning(thinning);
+                        index.seal();
+                        index.persist(Lsn(lsn)).unwrap();
+                        index.rewrite_all().unwrap();
+                        deletes += 1;
+                    }
+                }
                 84 => {
                     // A bookmark now: the newest time so far stays exact.
                     let mut thinning = index.thinning();
@@ -104,12 +123,13 @@ fn find_le_matches_the_oracle() {
         let stats = index.stats();
         let kept = stats.versions_in_memory + stats.versions_in_runs;
         assert_eq!(kept + index.versions_thinned(), oracle.len() as u64, "seed {seed}: written = kept + thinned");
-        if granularity_nanos == 0 {
+        if granularity_nanos == 0 && index.thinning().deleted.is_empty() {
             assert_eq!(index.versions_thinned(), 0, "seed {seed}");
         }
         thinned += index.versions_thinned();
     }
-    println!("{merges} merges, {reopens} reopenings, {thinned} versions thinned");
+    println!("{merges} merges, {reopens} reopenings, {deletes} range deletes, {thinned} versions thinned");
+    assert!(deletes > 20, "the test must exercise range deletes");
     assert!(merges > 20 && reopens > 20, "the test must exercise merging and reopening");
     assert!(thinned > 1000, "the test must exercise thinning");
 }
