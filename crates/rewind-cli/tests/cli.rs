@@ -9,6 +9,13 @@ fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
 }
 
+/// Runs the CLI directly on a data directory, without a server.
+fn offline(data: &str, args: &[&str]) -> String {
+    let mut all = vec!["--offline", "--data-dir", data];
+    all.extend_from_slice(args);
+    run(REWIND, &all)
+}
+
 fn failing(server: &Server, args: &[&str]) -> String {
     let output = server.rewind_output(args);
     assert!(!output.status.success(), "rewind {args:?} should fail:\n{}", common::describe(&output));
@@ -95,11 +102,7 @@ fn offline_commands_work_on_the_data_directory_and_respect_a_running_server() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let data = data.to_str().unwrap();
-    let offline = |args: &[&str]| {
-        let mut all = vec!["--offline", "--data-dir", data];
-        all.extend_from_slice(args);
-        run(REWIND, &all)
-    };
+    let offline = |args: &[&str]| offline(data, args);
     let failure = run_failing(REWIND, &["--offline", "--data-dir", data, "volume", "list"]);
     assert!(failure.contains("there is no data directory"), "{failure}");
     offline(&["volume", "create", "x", "--size", "8MiB"]);
@@ -142,11 +145,7 @@ fn granularity_keeps_one_version_per_window_and_rounds_views_to_exact_points() {
     // Stopping persists the memtable, thinned: of 11 writes, block 0's state at
     // the bookmark and its last write are kept (one more if an hour ended).
     server.stop();
-    let offline = |args: &[&str]| {
-        let mut all = vec!["--offline", "--data-dir", data.to_str().unwrap()];
-        all.extend_from_slice(args);
-        run(REWIND, &all)
-    };
+    let offline = |args: &[&str]| offline(data.to_str().unwrap(), args);
     let detail = json(&offline(&["volume", "info", "db", "--json"]));
     let (kept, written) =
         (detail["stats"]["versions"].as_u64().unwrap(), detail["stats"]["versions_written"].as_u64().unwrap());

@@ -207,7 +207,7 @@ impl Volume {
         next.entries.sort_by_key(|bookmark| bookmark.timestamp);
         self.save_bookmarks(&next)?;
         *bookmarks = next;
-        self.index.set_thinning(thinning_of(&self.history.policy.lock(), self.created(), &bookmarks));
+        self.rethin(&self.history.policy.lock(), &bookmarks);
         Ok(bookmark)
     }
 
@@ -221,7 +221,7 @@ impl Volume {
         let removed = next.entries.remove(position);
         self.save_bookmarks(&next)?;
         *bookmarks = next;
-        self.index.set_thinning(thinning_of(&self.history.policy.lock(), self.created(), &bookmarks));
+        self.rethin(&self.history.policy.lock(), &bookmarks);
         Ok(removed)
     }
 
@@ -307,13 +307,7 @@ impl Volume {
                     inside.name
                 )));
             }
-            let mut policy = self.history.policy.lock();
-            let mut next = policy.clone();
-            next.deleted = merge_ranges(&policy.deleted, (from, to));
-            let path = &self.history.policy_path;
-            write_file_atomic(self.storage(), path, &next.encode()).map_err(EngineError::io(path))?;
-            *policy = next;
-            self.index.set_thinning(thinning_of(&policy, self.created(), &bookmarks));
+            self.change_policy(&bookmarks, |policy| policy.deleted = merge_ranges(&policy.deleted, (from, to)))?;
         }
         // Versions still in memory are thinned as they are persisted; those in
         // runs by rewriting them all.
@@ -333,13 +327,25 @@ impl Volume {
     pub fn set_granularity(&self, granularity_nanos: u64) -> Result<(), EngineError> {
         self.check_open()?;
         let bookmarks = self.history.bookmarks.lock();
+        self.change_policy(&bookmarks, |policy| policy.granularity_nanos = granularity_nanos)
+    }
+
+    /// Changes the policy durably, then what the index thins. The caller
+    /// holds the bookmarks lock, which serialises every change of either.
+    fn change_policy(&self, bookmarks: &Bookmarks, change: impl FnOnce(&mut VolumePolicy)) -> Result<(), EngineError> {
         let mut policy = self.history.policy.lock();
-        let next = VolumePolicy { granularity_nanos, ..policy.clone() };
+        let mut next = policy.clone();
+        change(&mut next);
         let path = &self.history.policy_path;
         write_file_atomic(self.storage(), path, &next.encode()).map_err(EngineError::io(path))?;
         *policy = next;
-        self.index.set_thinning(thinning_of(&policy, self.created(), &bookmarks));
+        self.rethin(&policy, bookmarks);
         Ok(())
+    }
+
+    /// Tells the index what it may thin under `policy` and `bookmarks`.
+    fn rethin(&self, policy: &VolumePolicy, bookmarks: &Bookmarks) {
+        self.index.set_thinning(thinning_of(policy, self.created(), bookmarks));
     }
 
     /// The time a point names on this volume, checked to lie within its

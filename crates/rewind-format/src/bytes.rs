@@ -57,6 +57,16 @@ impl Writer {
     pub fn into_bytes(self) -> Vec<u8> {
         self.bytes
     }
+
+    /// Pads the fields with zeros to `size - 4` bytes and appends the CRC-32C
+    /// of everything before it: the common shape of a fixed-size header.
+    pub fn into_sealed(mut self, size: usize) -> Vec<u8> {
+        assert!(self.bytes.len() <= size - 4, "fields overrun the checksum");
+        self.bytes.resize(size - 4, 0);
+        let checksum = crate::crc32c(&self.bytes);
+        self.bytes.extend_from_slice(&checksum.to_le_bytes());
+        self.bytes
+    }
 }
 
 /// Reads fixed-width little-endian fields, failing with `Truncated` rather than
@@ -84,6 +94,16 @@ impl<'a> Reader<'a> {
         let slice = &self.bytes[self.position..end];
         self.position = end;
         Ok(slice)
+    }
+
+    /// Reads a magic number and checks it is `expected`.
+    pub fn magic(&mut self, expected: u32) -> Result<(), FormatError> {
+        let found = self.u32()?;
+        if found == expected {
+            Ok(())
+        } else {
+            Err(FormatError::BadMagic { what: self.what, found })
+        }
     }
 
     pub fn u8(&mut self) -> Result<u8, FormatError> {

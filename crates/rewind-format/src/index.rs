@@ -166,20 +166,13 @@ impl RunHeader {
             .u64(self.timestamp_min.unix_nanos())
             .u64(self.timestamp_max.unix_nanos())
             .u32(self.fence_crc32c);
-        let mut page = writer.into_bytes();
-        page.resize(CHECKSUM_OFFSET, 0);
-        let checksum = crc32c(&page);
-        page.extend_from_slice(&checksum.to_le_bytes());
-        page.try_into().expect("one page")
+        writer.into_sealed(PAGE_BYTES).try_into().expect("one page")
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         const WHAT: &str = "index run header";
         let mut reader = Reader::new(WHAT, bytes);
-        let magic = reader.u32()?;
-        if magic != RUN_MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
+        reader.magic(RUN_MAGIC)?;
         if bytes.len() < PAGE_BYTES {
             return Err(FormatError::Truncated { what: WHAT, available: bytes.len(), needed: PAGE_BYTES });
         }

@@ -44,10 +44,7 @@ impl SegmentHeader {
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         const WHAT: &str = "journal segment header";
         let mut reader = Reader::new(WHAT, bytes);
-        let magic = reader.u32()?;
-        if magic != SEGMENT_MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
+        reader.magic(SEGMENT_MAGIC)?;
         let version = reader.u32()?;
         let segment = reader.u32()?;
         let block_size = reader.u32()?;
@@ -134,10 +131,7 @@ impl RecordHeader {
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         const WHAT: &str = "journal record header";
         let mut reader = Reader::new(WHAT, bytes);
-        let magic = reader.u32()?;
-        if magic != RECORD_MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
+        reader.magic(RECORD_MAGIC)?;
         let kind = match reader.u8()? {
             1 => RecordKind::Write,
             2 => RecordKind::Zero,

@@ -373,10 +373,7 @@ impl TimelineFrame {
 
     fn decode_one(bytes: &[u8]) -> Result<(TimelineFrame, usize), FormatError> {
         let mut reader = Reader::new(Self::WHAT, bytes);
-        let magic = reader.u32()?;
-        if magic != Self::MAGIC {
-            return Err(FormatError::BadMagic { what: Self::WHAT, found: magic });
-        }
+        reader.magic(Self::MAGIC)?;
         let lsn_last = Lsn(reader.u64()?);
         let count = reader.u32()?;
         if count > Self::BUCKETS_MAX {

@@ -31,20 +31,14 @@ pub struct PackHeader {
 impl PackHeader {
     pub fn encode(&self) -> [u8; PACK_HEADER_BYTES] {
         let mut writer = Writer::new();
-        writer.u32(PACK_MAGIC).u32(FORMAT_VERSION).u64(self.pack).zeros(PACK_HEADER_BYTES - 4 - 16);
-        let mut bytes = writer.into_bytes();
-        let crc = crc32c(&bytes);
-        bytes.extend_from_slice(&crc.to_le_bytes());
-        bytes.try_into().expect("header size")
+        writer.u32(PACK_MAGIC).u32(FORMAT_VERSION).u64(self.pack);
+        writer.into_sealed(PACK_HEADER_BYTES).try_into().expect("header size")
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         const WHAT: &str = "pack header";
         let mut reader = Reader::new(WHAT, bytes);
-        let magic = reader.u32()?;
-        if magic != PACK_MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
+        reader.magic(PACK_MAGIC)?;
         let version = reader.u32()?;
         let pack = reader.u64()?;
         reader.take(PACK_HEADER_BYTES - 4 - 16)?;
@@ -114,10 +108,7 @@ impl RecordHeader {
     pub fn decode_record(bytes: &[u8]) -> Result<(Self, &[u8]), FormatError> {
         const WHAT: &str = "pack record";
         let mut reader = Reader::new(WHAT, bytes);
-        let magic = reader.u32()?;
-        if magic != RECORD_MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
+        reader.magic(RECORD_MAGIC)?;
         let codec = match reader.u8()? {
             0 => Codec::Raw,
             1 => Codec::Zstd,
@@ -198,16 +189,8 @@ impl PackTrailer {
 
     pub fn encode(&self) -> [u8; PACK_TRAILER_BYTES] {
         let mut writer = Writer::new();
-        writer
-            .u32(TRAILER_MAGIC)
-            .u32(self.entry_count)
-            .u64(self.footer_offset)
-            .u32(self.footer_crc32c)
-            .zeros(PACK_TRAILER_BYTES - 24);
-        let mut bytes = writer.into_bytes();
-        let crc = crc32c(&bytes);
-        bytes.extend_from_slice(&crc.to_le_bytes());
-        bytes.try_into().expect("trailer size")
+        writer.u32(TRAILER_MAGIC).u32(self.entry_count).u64(self.footer_offset).u32(self.footer_crc32c);
+        writer.into_sealed(PACK_TRAILER_BYTES).try_into().expect("trailer size")
     }
 
     /// Decodes the trailer of a pack of `pack_bytes` bytes and checks that
@@ -215,10 +198,7 @@ impl PackTrailer {
     pub fn decode(bytes: &[u8], pack_bytes: u64) -> Result<Self, FormatError> {
         const WHAT: &str = "pack trailer";
         let mut reader = Reader::new(WHAT, bytes);
-        let magic = reader.u32()?;
-        if magic != TRAILER_MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
+        reader.magic(TRAILER_MAGIC)?;
         let entry_count = reader.u32()?;
         let footer_offset = reader.u64()?;
         let footer_crc32c = reader.u32()?;
