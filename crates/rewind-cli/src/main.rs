@@ -102,6 +102,21 @@ enum HistoryCommand {
     },
 }
 
+/// What history a new volume keeps.
+#[derive(Args)]
+struct PolicyArgs {
+    /// Protection granularity: 0 keeps every write; with a duration such
+    /// as 1m, only each block's last write in every minute is history.
+    #[arg(long, default_value = "0")]
+    granularity: String,
+    /// Retention tiers `interval:age`, youngest first: "all:2h, 1m:24h, 1h:7d"
+    /// keeps every write for 2 hours, then one version per block per minute
+    /// until a day old, per hour until a week old; older history is dropped
+    /// (bookmarks stay). The default keeps all history.
+    #[arg(long, default_value = "forever")]
+    retention: String,
+}
+
 #[derive(Subcommand)]
 enum VolumeCommand {
     /// Create an empty volume; protection begins now.
@@ -113,10 +128,8 @@ enum VolumeCommand {
         /// Block size: a power of two from 512 B to 64 KiB.
         #[arg(long, default_value = "4KiB")]
         block_size: String,
-        /// Protection granularity: 0 keeps every write; with a duration such
-        /// as 1m, only each block's last write in every minute is history.
-        #[arg(long, default_value = "0")]
-        granularity: String,
+        #[command(flatten)]
+        policy: PolicyArgs,
         #[arg(long)]
         json: bool,
     },
@@ -127,9 +140,8 @@ enum VolumeCommand {
         file: PathBuf,
         #[arg(long, default_value = "4KiB")]
         block_size: String,
-        /// Protection granularity (see `volume create`).
-        #[arg(long, default_value = "0")]
-        granularity: String,
+        #[command(flatten)]
+        policy: PolicyArgs,
         #[arg(long)]
         json: bool,
     },
@@ -140,6 +152,10 @@ enum VolumeCommand {
         /// already thinned stays thinned.
         #[arg(long)]
         granularity: Option<String>,
+        /// Retention tiers `interval:age`, youngest first, e.g.
+        /// "all:6h, 10m:14d"; `forever` keeps all history.
+        #[arg(long)]
+        retention: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -292,12 +308,13 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
 
 fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
     match command {
-        VolumeCommand::Create { name, size, block_size, granularity, json } => {
+        VolumeCommand::Create { name, size, block_size, policy, json } => {
             let request = CreateVolume {
                 name,
                 size_bytes: parse_bytes(&size, "size")?,
                 block_size: Some(parse_block_size(&block_size)?),
-                granularity: Some(granularity),
+                granularity: Some(policy.granularity),
+                retention: Some(policy.retention),
             };
             let info = backend.create_volume(&request)?;
             if json {
@@ -314,9 +331,9 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
             );
             Ok(())
         }
-        VolumeCommand::Import { name, file, block_size, granularity, json } => {
+        VolumeCommand::Import { name, file, block_size, policy, json } => {
             let block_size = parse_block_size(&block_size)?;
-            let summary = backend.import_volume(&name, block_size, &granularity, &file)?;
+            let summary = backend.import_volume(&name, block_size, &policy.granularity, &policy.retention, &file)?;
             if json {
                 return output::json(&summary);
             }
@@ -329,11 +346,14 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
             );
             Ok(())
         }
-        VolumeCommand::Set { name, granularity, json } => {
-            if granularity.is_none() {
-                bail!("nothing to change: pass --granularity (0 for every write, or a duration like 1m)");
+        VolumeCommand::Set { name, granularity, retention, json } => {
+            if granularity.is_none() && retention.is_none() {
+                bail!(
+                    "nothing to change: pass --granularity (0 for every write, or a duration like 1m) \
+                     and/or --retention (tiers like \"all:6h, 10m:14d\", or forever)"
+                );
             }
-            let info = backend.update_volume(&name, &UpdateVolume { granularity })?;
+            let info = backend.update_volume(&name, &UpdateVolume { granularity, retention })?;
             if json {
                 return output::json(&info);
             }

@@ -66,10 +66,14 @@ pub fn volumes(volumes: &[VolumeInfo]) {
 
 /// What history a volume keeps, for people.
 pub fn kept_history(info: &VolumeInfo) -> String {
-    if info.granularity_nanos == 0 {
+    let writes = if info.granularity_nanos == 0 {
         "every write".to_owned()
     } else {
         format!("each block's last write per {}", info.granularity)
+    };
+    match info.retention.as_str() {
+        "forever" => writes,
+        retention => format!("{writes}, retention {retention}"),
     }
 }
 
@@ -88,6 +92,9 @@ pub fn volume_detail(detail: &VolumeDetail) {
     println!("last write      {}", info.last_write.as_deref().unwrap_or("never"));
     println!("bookmarks       {}", info.bookmark_count);
     println!("keeps           {}", kept_history(info));
+    if let Some(oldest) = &info.oldest_kept {
+        println!("oldest kept     {oldest} (older history dropped by retention; bookmarks stay)");
+    }
     println!(
         "state           {}",
         if info.poisoned { "POISONED (a write or fsync failed): restart the server" } else { "ok" }

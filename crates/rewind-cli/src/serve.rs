@@ -34,6 +34,11 @@ pub struct ServeArgs {
     /// Management API listening address.
     #[arg(long, default_value = "127.0.0.1:8080")]
     http: SocketAddr,
+    /// How often retention is applied: its clock advances and the index runs
+    /// it thins further are rewritten (shorter: space back sooner, more
+    /// rewriting).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    retention_interval: Duration,
 }
 
 pub fn now() -> Timestamp {
@@ -52,7 +57,10 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     let _lock = storage
         .lock_exclusive(LOCK_FILE)
         .with_context(|| format!("{} is in use by another rewind process", data_dir.display()))?;
-    let node = Arc::new(Node::open(Arc::new(storage), NodeConfig::default())?);
+    let mut config = NodeConfig::default();
+    config.volume.retention_interval_nanos =
+        u64::try_from(args.retention_interval.as_nanos()).context("--retention-interval is too long")?.max(1);
+    let node = Arc::new(Node::open(Arc::new(storage), config)?);
 
     let nbd = Server::new(Arc::new(EngineCatalog::new(Arc::clone(&node))), ServerConfig::default());
     let nbd_address = nbd.serve_tcp(args.nbd).with_context(|| format!("cannot listen for NBD on {}", args.nbd))?;

@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{require, run, run_failing, Server, REWIND};
+use common::nbd_client::NbdClient;
+use common::{require, run, run_failing, wait_for, Server, REWIND};
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
@@ -158,6 +159,49 @@ fn granularity_keeps_one_version_per_window_and_rounds_views_to_exact_points() {
     assert!(set.contains("now keeps every write"), "{set}");
     let info = json(&offline(&["volume", "info", "db", "--json"]));
     assert_eq!(info["granularity_nanos"], 0);
+}
+
+#[test]
+fn retention_drops_old_history_but_keeps_bookmarks_and_open_views() {
+    require("qemu-io");
+    require("nbdinfo");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), &["--retention-interval", "100ms"]);
+    let created =
+        json(&server.rewind(&["volume", "create", "db", "--size", "1MiB", "--retention", "all:2s", "--json"]));
+    assert_eq!(created["retention"], "all:2s");
+    assert_eq!(created["oldest_kept"], serde_json::Value::Null);
+    let error = failing(&server, &["volume", "set", "db", "--granularity", "1m", "--retention", "all:1h, 90s:1d"]);
+    assert!(error.contains("must be a multiple of the granularity"), "{error}");
+    let error = failing(&server, &["volume", "create", "bad", "--size", "1MiB", "--retention", "1h"]);
+    assert!(error.contains("write interval:age"), "{error}");
+
+    let write =
+        |pattern: u8| run("qemu-io", &["-f", "raw", "-c", &format!("write -P {pattern} 0 4k"), &server.uri("db")]);
+    write(1);
+    server.rewind(&["bookmark", "db", "kept"]);
+    write(2);
+    let old = json(&server.rewind(&["view", "db", "now", "--json"]));
+    let old_at = old["at_unix_nanos"].as_u64().unwrap().to_string();
+    // An open view pins its time: retention cannot change what it shows.
+    let mut held = NbdClient::connect(server.nbd, old["export"].as_str().unwrap()).unwrap();
+    write(3);
+    let newest = json(&server.rewind(&["view", "db", "now", "--json"]))["at_unix_nanos"].as_u64().unwrap();
+    // Once the oldest kept state is past every write, only pins keep older ones.
+    wait_for("retention to pass every write", || {
+        let info = json(&server.rewind(&["volume", "info", "db", "--json"]));
+        info["oldest_kept_unix_nanos"].as_u64().is_some_and(|oldest| oldest > newest)
+    });
+    let mut block = vec![0u8; 4096];
+    held.read(0, &mut block).unwrap();
+    assert!(block.iter().all(|&byte| byte == 2), "the open view still shows its time");
+    held.disconnect().unwrap();
+    let error = failing(&server, &["view", "db", &old_at]);
+    assert!(error.contains("keeps no history before") && error.contains("bookmark kept"), "{error}");
+    run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 1 0 4k", &server.uri("db@kept")]);
+    run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 3 0 4k", &server.uri("db")]);
+    let human = server.rewind(&["volume", "info", "db"]);
+    assert!(human.contains("retention all:2s") && human.contains("oldest kept"), "{human}");
 }
 
 #[test]

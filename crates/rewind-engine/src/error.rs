@@ -30,6 +30,11 @@ pub enum EngineError {
          the nearest points kept are {before} and {to}"
     )]
     HistoryDeleted { volume: String, requested: String, from: String, to: String, before: String },
+    #[error(
+        "volume {volume} keeps no history before {horizon} (its retention policy), so {requested} cannot be \
+         shown; the nearest points kept are {horizon} (the oldest state){before}"
+    )]
+    HistoryExpired { volume: String, requested: String, horizon: String, before: String },
     #[error("{requested} is in the future (it is now {now}); a view shows a time that has already happened")]
     InFuture { requested: String, now: String },
     #[error(transparent)]

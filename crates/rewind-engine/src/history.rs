@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use jiff::tz::TimeZone;
 use parking_lot::Mutex;
-use rewind_format::meta::{Bookmark, Bookmarks, TimelineBucket, TimelineFrame, VolumePolicy};
+use rewind_format::meta::{Bookmark, Bookmarks, RetentionTier, TimelineBucket, TimelineFrame, VolumePolicy};
 use rewind_index::Thinning;
 use rewind_io::{read_file, write_file_atomic, File, OpenMode, Storage};
 use rewind_types::{BookmarkName, Lsn, Timestamp};
 
-use crate::timespec::{parse_point_in_time, DisplayTime, PointInTime};
+use crate::timespec::{display_granularity, display_retention, parse_point_in_time, DisplayTime, PointInTime};
 use crate::{EngineError, Volume};
 
 struct TimelineFile {
@@ -28,6 +28,9 @@ pub(crate) struct History {
     policy: Mutex<VolumePolicy>,
     bookmarks_path: String,
     bookmarks: Mutex<Bookmarks>,
+    /// Times of open views, with how many: pinned like bookmarks while they
+    /// last, so retention never changes what an open view shows.
+    holds: Mutex<BTreeMap<Timestamp, usize>>,
     timeline: Mutex<TimelineFile>,
 }
 
@@ -48,6 +51,7 @@ impl History {
             policy: Mutex::new(policy),
             bookmarks_path,
             bookmarks: Mutex::new(Bookmarks::default()),
+            holds: Mutex::new(BTreeMap::new()),
             timeline: Mutex::new(timeline),
         })
     }
@@ -83,14 +87,21 @@ impl History {
             policy: Mutex::new(policy),
             bookmarks_path,
             bookmarks: Mutex::new(bookmarks),
+            holds: Mutex::new(BTreeMap::new()),
             timeline: Mutex::new(timeline),
         })
     }
 
-    /// What the index may thin: the policy's granularity, with the volume's
-    /// creation (its base state) and every bookmark kept exact.
+    /// What the index may thin: the policy's granularity and retention,
+    /// with the volume's creation (its base state, until retention passes
+    /// it), every bookmark and every open view kept exact.
     pub fn thinning(&self, created: Timestamp) -> Thinning {
-        thinning_of(&self.policy.lock(), created, &self.bookmarks.lock())
+        thinning_of(&self.policy.lock(), created, &self.bookmarks.lock(), &self.holds.lock())
+    }
+
+    /// The time retention was last applied as of.
+    pub fn retention_clock(&self) -> Timestamp {
+        self.policy.lock().retention_clock
     }
 
     /// The timeline file covers the journal up to this LSN.
@@ -261,11 +272,25 @@ impl Volume {
 
     /// The latest time at or before `at` whose state the policy keeps exactly:
     /// `at` itself with every-write granularity; otherwise the end of the
-    /// last complete granularity window, or a later bookmark. A time whose
-    /// history was deleted has none.
+    /// last complete window (granularity or retention tier), or a later
+    /// bookmark. A time whose history was deleted, or that retention has
+    /// dropped, has none.
     pub fn exact_time(&self, at: Timestamp) -> Result<Timestamp, EngineError> {
         let thinning = self.index.thinning();
         let exact = thinning.exact_at_or_before(at);
+        if let Some(horizon) = thinning.horizon.filter(|&horizon| exact < horizon && !thinning.is_pinned(exact)) {
+            let before = thinning.pin_before(at.min(horizon)).map_or(String::new(), |pin| {
+                let name = self.bookmarks().into_iter().find(|bookmark| bookmark.timestamp == pin);
+                let name = name.map_or(String::new(), |bookmark| format!(" (bookmark {})", bookmark.name));
+                format!(" and {}{name}", DisplayTime(pin))
+            });
+            return Err(EngineError::HistoryExpired {
+                volume: self.name().to_string(),
+                requested: DisplayTime(at).to_string(),
+                horizon: DisplayTime(horizon).to_string(),
+                before,
+            });
+        }
         match thinning.deleted_range(exact) {
             Some((from, to)) if exact < to => Err(EngineError::HistoryDeleted {
                 volume: self.name().to_string(),
@@ -276,6 +301,30 @@ impl Volume {
             }),
             _ => Ok(exact),
         }
+    }
+
+    /// Pins the exact time at or before `at` for as long as the returned hold
+    /// lives (an open view), so no later thinning can change its state.
+    pub(crate) fn hold_exact_time(&self, at: Timestamp) -> Result<Timestamp, EngineError> {
+        // The bookmarks lock serialises every change of what the index thins.
+        let bookmarks = self.history.bookmarks.lock();
+        let exact = self.exact_time(at)?;
+        *self.history.holds.lock().entry(exact).or_insert(0) += 1;
+        self.rethin(&self.history.policy.lock(), &bookmarks);
+        Ok(exact)
+    }
+
+    pub(crate) fn release_time(&self, at: Timestamp) {
+        let bookmarks = self.history.bookmarks.lock();
+        {
+            let mut holds = self.history.holds.lock();
+            let count = holds.get_mut(&at).expect("a released time is held");
+            *count -= 1;
+            if *count == 0 {
+                holds.remove(&at);
+            }
+        }
+        self.rethin(&self.history.policy.lock(), &bookmarks);
     }
 
     /// Deletes the history from `from` until `to` (MYCDP §3.3.3): each block
@@ -322,12 +371,103 @@ impl Volume {
         self.history.policy.lock().granularity_nanos
     }
 
-    /// Changes the protection granularity. History already thinned stays
-    /// thinned; from now on persists and merges thin to the new windows.
-    pub fn set_granularity(&self, granularity_nanos: u64) -> Result<(), EngineError> {
+    pub fn retention(&self) -> Vec<RetentionTier> {
+        self.history.policy.lock().retention.clone()
+    }
+
+    /// The oldest time whose state retention keeps (history before it is
+    /// gone but for bookmarks), if retention has dropped any.
+    pub fn retention_horizon(&self) -> Option<Timestamp> {
+        self.index.thinning().horizon
+    }
+
+    /// Changes the protection granularity and/or the retention tiers (empty:
+    /// keep history forever). History already thinned stays thinned; from
+    /// now on persists and merges thin to the new windows, and retention is
+    /// applied by the next maintenance pass.
+    pub fn set_policy(
+        &self,
+        granularity_nanos: Option<u64>,
+        retention: Option<Vec<RetentionTier>>,
+    ) -> Result<(), EngineError> {
         self.check_open()?;
+        let newest = self.timestamp_last();
         let bookmarks = self.history.bookmarks.lock();
-        self.change_policy(&bookmarks, |policy| policy.granularity_nanos = granularity_nanos)
+        let current = self.history.policy.lock().clone();
+        let mut next = current.clone();
+        next.granularity_nanos = granularity_nanos.unwrap_or(current.granularity_nanos);
+        next.retention = retention.unwrap_or(current.retention.clone());
+        let described = format!(
+            "granularity {} with retention {}",
+            display_granularity(next.granularity_nanos),
+            display_retention(&next.retention)
+        );
+        let refuse = |reason: String| EngineError::InvalidArgument(format!("{described} does not fit: {reason}"));
+        RetentionTier::check(&next.retention, next.granularity_nanos).map_err(refuse)?;
+        // What the old policy may already have thinned stays thinned.
+        let (tiers, horizon) = retention_windows(&current);
+        if current.granularity_nanos > 0 {
+            let granularity = current.granularity_nanos;
+            let window_end = (newest.unix_nanos() / granularity + 1).saturating_mul(granularity) - 1;
+            next.floors.push((granularity, Timestamp::from_unix_nanos(window_end)));
+        }
+        next.floors.extend(tiers);
+        next.horizon_floor = next.horizon_floor.max(horizon.unwrap_or(Timestamp::MIN));
+        prune_floors(&mut next);
+        if next.floors.len() > VolumePolicy::FLOORS_MAX {
+            return Err(refuse(format!("history would have more than {} window sizes", VolumePolicy::FLOORS_MAX)));
+        }
+        let intervals =
+            std::iter::once(next.granularity_nanos).chain(next.retention.iter().map(|tier| tier.interval_nanos));
+        for interval in intervals.filter(|&interval| interval > 0) {
+            if let Some(&(floor, until)) = next
+                .floors
+                .iter()
+                .find(|&&(floor, _)| !floor.is_multiple_of(interval) && !interval.is_multiple_of(floor))
+            {
+                return Err(refuse(format!(
+                    "history until {} already has windows of {}, and {} neither divides nor is a multiple of that",
+                    DisplayTime(until),
+                    display_granularity(floor),
+                    display_granularity(interval)
+                )));
+            }
+        }
+        self.change_policy(&bookmarks, |policy| *policy = next)
+    }
+
+    /// Moves retention's clock to `now` (durably, before any index run is
+    /// thinned with it) and rewrites the runs it thins further. Called by
+    /// maintenance every `retention_interval_nanos`.
+    pub(crate) fn apply_retention(&self, now: Timestamp) -> Result<bool, EngineError> {
+        let first_coarsening = {
+            let bookmarks = self.history.bookmarks.lock();
+            let policy = self.history.policy.lock().clone();
+            if policy.retention.is_empty() || now <= policy.retention_clock {
+                return Ok(false);
+            }
+            drop(policy);
+            let mut first_age = 0;
+            self.change_policy(&bookmarks, |policy| {
+                policy.retention_clock = now;
+                prune_floors(policy);
+                first_age = policy.retention.first().map_or(0, |tier| {
+                    if tier.interval_nanos > policy.granularity_nanos {
+                        0
+                    } else {
+                        tier.age_nanos
+                    }
+                });
+            })?;
+            now.saturating_sub_nanos(first_age)
+        };
+        // Versions in memory are thinned as they are persisted; of the runs,
+        // only those with history older than the first tier's age thin further.
+        self.index.seal();
+        let result =
+            self.index.persist(self.journal.lsn_durable()).and_then(|_| self.index.rewrite_before(first_coarsening));
+        let rewritten = result.map_err(|error| self.fail(error.into()))?;
+        Ok(rewritten > 0)
     }
 
     /// Changes the policy durably, then what the index thins. The caller
@@ -345,7 +485,7 @@ impl Volume {
 
     /// Tells the index what it may thin under `policy` and `bookmarks`.
     fn rethin(&self, policy: &VolumePolicy, bookmarks: &Bookmarks) {
-        self.index.set_thinning(thinning_of(policy, self.created(), bookmarks));
+        self.index.set_thinning(thinning_of(policy, self.created(), bookmarks, &self.history.holds.lock()));
     }
 
     /// The time a point names on this volume, checked to lie within its
@@ -420,12 +560,70 @@ impl Volume {
     }
 }
 
-fn thinning_of(policy: &VolumePolicy, created: Timestamp, bookmarks: &Bookmarks) -> Thinning {
-    let mut pins: Vec<Timestamp> =
-        std::iter::once(created).chain(bookmarks.entries.iter().map(|bookmark| bookmark.timestamp)).collect();
+fn thinning_of(
+    policy: &VolumePolicy,
+    created: Timestamp,
+    bookmarks: &Bookmarks,
+    holds: &BTreeMap<Timestamp, usize>,
+) -> Thinning {
+    let (mut tiers, horizon) = retention_windows(policy);
+    tiers.extend_from_slice(&policy.floors);
+    let horizon = horizon.max(Some(policy.horizon_floor)).filter(|&horizon| horizon > created);
+    // The creation is the base state until retention moves the base past it.
+    let base = horizon.is_none().then_some(created);
+    let mut pins: Vec<Timestamp> = base
+        .into_iter()
+        .chain(bookmarks.entries.iter().map(|bookmark| bookmark.timestamp))
+        .chain(holds.keys().copied())
+        .collect();
     pins.sort_unstable();
     pins.dedup();
-    Thinning { granularity_nanos: policy.granularity_nanos, pins, deleted: policy.deleted.clone() }
+    Thinning { granularity_nanos: policy.granularity_nanos, tiers, horizon, pins, deleted: policy.deleted.clone() }
+}
+
+/// Retention's windows as of its clock: each tier coarser than the one
+/// before applies to windows ending before the previous tier's age; the
+/// horizon is the last tier's age, moved back to a window end of the
+/// coarsest interval so no window straddles it.
+fn retention_windows(policy: &VolumePolicy) -> (Vec<(u64, Timestamp)>, Option<Timestamp>) {
+    let clock = policy.retention_clock;
+    let mut tiers = Vec::new();
+    let mut interval = policy.granularity_nanos;
+    let mut age_before = 0;
+    for tier in &policy.retention {
+        if tier.interval_nanos > interval {
+            interval = tier.interval_nanos;
+            tiers.push((interval, clock.saturating_sub_nanos(age_before)));
+        }
+        age_before = tier.age_nanos;
+    }
+    let horizon = policy.retention.last().and_then(|last| {
+        let horizon = clock.unix_nanos().checked_sub(last.age_nanos)?;
+        let aligned = match (horizon + 1).checked_div(interval) {
+            None => Some(horizon),
+            Some(windows) => (windows * interval).checked_sub(1),
+        };
+        aligned.map(Timestamp::from_unix_nanos)
+    });
+    (tiers, horizon)
+}
+
+/// Drops the window floors the policy's own windows (as of its clock) or
+/// horizon make redundant, and joins floors of the same interval.
+fn prune_floors(policy: &mut VolumePolicy) {
+    let (tiers, horizon) = retention_windows(policy);
+    let horizon = horizon.max(Some(policy.horizon_floor));
+    let granularity = policy.granularity_nanos;
+    let mut floors = std::mem::take(&mut policy.floors);
+    floors.sort_unstable_by_key(|&(interval, until)| (interval, std::cmp::Reverse(until)));
+    floors.dedup_by_key(|&mut (interval, _)| interval);
+    floors.retain(|&(interval, until)| {
+        let covered = interval <= granularity
+            || tiers.iter().any(|&(coarser, later)| coarser >= interval && later >= until)
+            || horizon.is_some_and(|horizon| until <= horizon);
+        !covered
+    });
+    policy.floors = floors;
 }
 
 /// `ranges` with `added` joined in: sorted, overlapping ones merged.

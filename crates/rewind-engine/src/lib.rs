@@ -28,7 +28,7 @@ pub use history::{TimelineReport, VolumeStats};
 pub use import::ImportReport;
 pub use node::{Node, NodeConfig, VolumeSpec, WorkSignal};
 pub use read::{BlockStatus, View};
-pub use rewind_format::meta::{Bookmark, Layout, TimelineBucket};
+pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, TimelineBucket};
 pub use volume::{Durability, Volume, VolumeConfig, ZeroMode};
 
 pub use rewind_types::{BlockSize, BookmarkName, Timestamp, VolumeName};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
-use rewind_format::meta::{Layout, VolumeMeta, VolumePolicy};
+use rewind_format::meta::{Layout, RetentionTier, VolumeMeta, VolumePolicy};
 use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::Storage;
 use rewind_types::{BlockSize, Timestamp, VolumeName};
@@ -31,8 +31,10 @@ pub struct VolumeSpec {
     pub name: VolumeName,
     pub size_bytes: u64,
     pub block_size: BlockSize,
-    /// Protection granularity (0 = every write); see [`Volume::set_granularity`].
+    /// Protection granularity (0 = every write); see [`Volume::set_policy`].
     pub granularity_nanos: u64,
+    /// Retention tiers (empty: forever); see [`Volume::set_policy`].
+    pub retention: Vec<RetentionTier>,
 }
 
 /// Wakes the embedder's maintenance loop when there is work to do.
@@ -110,6 +112,12 @@ impl Node {
                 spec.size_bytes
             )));
         }
+        RetentionTier::check(&spec.retention, spec.granularity_nanos).map_err(|reason| {
+            EngineError::InvalidArgument(format!(
+                "retention {} does not fit: {reason}",
+                crate::timespec::display_retention(&spec.retention)
+            ))
+        })?;
         let _admin = self.admin.lock();
         let name = spec.name.to_string();
         if self.volumes.read().contains_key(&name) {
@@ -130,7 +138,14 @@ impl Node {
             Arc::clone(&self.storage),
             &dir,
             meta,
-            VolumePolicy { granularity_nanos: spec.granularity_nanos, deleted: Vec::new() },
+            VolumePolicy {
+                granularity_nanos: spec.granularity_nanos,
+                retention: spec.retention,
+                retention_clock: now,
+                floors: Vec::new(),
+                horizon_floor: Timestamp::MIN,
+                deleted: Vec::new(),
+            },
             self.config.volume,
             Arc::clone(&self.cache),
             Arc::clone(&self.work),

@@ -32,6 +32,12 @@ pub struct View {
     at: Timestamp,
 }
 
+impl Drop for View {
+    fn drop(&mut self) {
+        self.volume.release_time(self.at);
+    }
+}
+
 impl View {
     pub fn at(&self) -> Timestamp {
         self.at
@@ -100,8 +106,12 @@ enum Overlay<'a> {
 const STATUS_BLOCKS_MAX: u64 = 1 << 18;
 
 impl Volume {
-    pub fn view(self: &Arc<Self>, at: Timestamp) -> View {
-        View { volume: Arc::clone(self), at }
+    /// A read-only view of the volume as it was at the latest exact point at
+    /// or before `at` (see [`Volume::exact_time`]). Its state is pinned while
+    /// it lives: retention and merges cannot change what it shows.
+    pub fn view(self: &Arc<Self>, at: Timestamp) -> Result<View, EngineError> {
+        let at = self.hold_exact_time(at)?;
+        Ok(View { volume: Arc::clone(self), at })
     }
 
     /// Reads the present contents at `offset`.

@@ -7,6 +7,7 @@ use std::str::FromStr;
 
 use jiff::civil::{DateTime, Time};
 use jiff::tz::TimeZone;
+use rewind_format::meta::{RetentionTier, VolumePolicy};
 use rewind_types::{BookmarkName, Timestamp};
 
 /// What a time expression names, before bookmarks are looked up.
@@ -87,6 +88,49 @@ pub fn display_granularity(nanos: u64) -> String {
     }
 }
 
+/// A retention policy: tiers `interval:age`, youngest first, separated by
+/// commas — `all:2h, 1m:24h, 1h:7d, 1d:30d` keeps every write for 2 hours,
+/// then one version per block per minute until a day old, and so on; history
+/// older than the last age is dropped (its state then is the oldest kept).
+/// `forever` (or nothing) keeps all history.
+pub fn parse_retention(text: &str) -> Result<Vec<RetentionTier>, String> {
+    let text = text.trim();
+    if text.is_empty() || text == "forever" {
+        return Ok(Vec::new());
+    }
+    let duration = |part: &str, what: &str| {
+        let nanos = humantime::parse_duration(part.trim())
+            .map_err(|error| format!("bad {what} {part:?} in retention {text:?}: {error}"))?
+            .as_nanos();
+        u64::try_from(nanos).map_err(|_| format!("{what} {part:?} is too long"))
+    };
+    let tiers = text.split(',').map(|tier| {
+        let (interval, age) = tier.split_once(':').ok_or_else(|| {
+            format!("bad retention tier {:?}: write interval:age, like all:2h or 1m:24h", tier.trim())
+        })?;
+        let interval_nanos = if interval.trim() == "all" { 0 } else { duration(interval, "interval")? };
+        Ok(RetentionTier { interval_nanos, age_nanos: duration(age, "age")? })
+    });
+    let tiers = tiers.collect::<Result<Vec<_>, String>>()?;
+    if tiers.len() > VolumePolicy::TIERS_MAX {
+        return Err(format!("{} retention tiers; at most {} are allowed", tiers.len(), VolumePolicy::TIERS_MAX));
+    }
+    Ok(tiers)
+}
+
+/// Retention for people: `all:2h, 1m:24h`, or `forever`.
+pub fn display_retention(tiers: &[RetentionTier]) -> String {
+    if tiers.is_empty() {
+        return "forever".to_owned();
+    }
+    let duration = |nanos| humantime::format_duration(std::time::Duration::from_nanos(nanos)).to_string();
+    let tier = |tier: &RetentionTier| {
+        let interval = if tier.interval_nanos == 0 { "all".to_owned() } else { duration(tier.interval_nanos) };
+        format!("{interval}:{}", duration(tier.age_nanos))
+    };
+    tiers.iter().map(tier).collect::<Vec<_>>().join(", ")
+}
+
 /// `-10m`, `-1h30m`, `10 minutes ago`, `2h ago`: `Some(Ok(nanoseconds))`;
 /// `None` if `text` is not relative at all.
 fn relative(text: &str) -> Option<Result<u64, String>> {
@@ -150,6 +194,21 @@ mod tests {
     #[test]
     fn granularities() {
         assert_eq!(parse_granularity("0"), Ok(0));
+        let tiers = parse_retention("all:2h, 1m:24h,1h:7d").unwrap();
+        let hour = 3_600_000_000_000;
+        assert_eq!(
+            tiers,
+            [
+                RetentionTier { interval_nanos: 0, age_nanos: 2 * hour },
+                RetentionTier { interval_nanos: hour / 60, age_nanos: 24 * hour },
+                RetentionTier { interval_nanos: hour, age_nanos: 7 * 24 * hour },
+            ]
+        );
+        assert_eq!(display_retention(&tiers), "all:2h, 1m:1day, 1h:7days");
+        assert_eq!(parse_retention("forever"), Ok(Vec::new()));
+        assert_eq!(display_retention(&[]), "forever");
+        assert!(parse_retention("1m").unwrap_err().contains("interval:age"));
+        assert!(parse_retention("all:soon").unwrap_err().contains("bad age"));
         assert_eq!(parse_granularity("5m"), Ok(300_000_000_000));
         assert_eq!(parse_granularity(" 1h30m "), Ok(5_400_000_000_000));
         let error = parse_granularity("5 parsecs").unwrap_err();

@@ -52,6 +52,10 @@ pub struct VolumeConfig {
     pub checkpoint_interval_nanos: u64,
     /// ...and after this many journal bytes, bounding recovery time.
     pub checkpoint_journal_bytes: u64,
+    /// Apply retention (advance its clock, rewrite the runs it thins) this
+    /// often (nanoseconds). Each pass rewrites the index runs old enough to
+    /// thin further, so this trades reclaim delay for rewrite work.
+    pub retention_interval_nanos: u64,
 }
 
 impl Default for VolumeConfig {
@@ -66,6 +70,7 @@ impl Default for VolumeConfig {
             memtable_versions_max: 1 << 20,
             checkpoint_interval_nanos: 30_000_000_000,
             checkpoint_journal_bytes: 1 << 30,
+            retention_interval_nanos: 600_000_000_000,
         }
     }
 }
@@ -766,6 +771,10 @@ impl Volume {
         }
         worked |= self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))? > 0;
         worked |= self.index.compact().map_err(|error| self.fail(error.into()))?;
+        let retention_due = self.history.retention_clock().saturating_add_nanos(self.config.retention_interval_nanos);
+        if now >= retention_due {
+            worked |= self.apply_retention(now)?;
+        }
         let lsn_last = Lsn(self.journal.lsn_next().0 - 1);
         let journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
         let since = now.unix_nanos().saturating_sub(maintenance.checkpoint_last.unix_nanos());

@@ -5,7 +5,10 @@
 //! acknowledged flush must survive every crash. A third of the cases have a
 //! protection granularity: then a view at `T` shows the latest time at or
 //! before `T` that the granularity keeps exact (a window end, a bookmark or
-//! the creation), and it must match the oracle there.
+//! the creation), and it must match the oracle there. Another third have
+//! retention tiers; the policy also changes at random. The engine must never
+//! drop a time its policies promised to keep, and must refuse the times they
+//! drop.
 //!
 //! Each case prints its seed; `REWIND_SEED=<n>` replays one case and
 //! `REWIND_SEEDS=<n>` runs that many.
@@ -15,8 +18,8 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rewind_engine::{
-    BlockSize, BookmarkName, Durability, EngineError, Node, NodeConfig, Timestamp, Volume, VolumeConfig, VolumeName,
-    VolumeSpec, ZeroMode,
+    BlockSize, BookmarkName, Durability, EngineError, Node, NodeConfig, RetentionTier, Timestamp, Volume, VolumeConfig,
+    VolumeName, VolumeSpec, ZeroMode,
 };
 use rewind_index::IndexConfig;
 use rewind_io::{SimConfig, SimStorage};
@@ -89,6 +92,7 @@ fn config(rng: &mut StdRng) -> NodeConfig {
             memtable_versions_max: rng.random_range(16..300),
             checkpoint_interval_nanos: rng.random_range(10_000..1_000_000),
             checkpoint_journal_bytes: rng.random_range(32 << 10..1 << 20),
+            retention_interval_nanos: rng.random_range(5_000..200_000),
         },
         index_cache_bytes: 64 * 4096,
     }
@@ -99,7 +103,9 @@ fn check_view(volume: &Arc<Volume>, oracle: &Oracle, at: Timestamp, rng: &mut St
     let offset = rng.random_range(0..size);
     let length = rng.random_range(1..=(size - offset).min(3 * oracle.block_bytes));
     let mut buf = vec![0u8; length as usize];
-    volume.view(at).read(offset, &mut buf).unwrap_or_else(|error| panic!("seed {seed}: view read: {error}"));
+    let view = volume.view(at).unwrap_or_else(|error| panic!("seed {seed}: view at {at:?}: {error}"));
+    assert_eq!(view.at(), at, "seed {seed}: views open at exact times");
+    view.read(offset, &mut buf).unwrap_or_else(|error| panic!("seed {seed}: view read: {error}"));
     let expected = &oracle.at(at)[offset as usize..(offset + length) as usize];
     assert!(buf == expected, "seed {seed}: view at {at:?} differs at offset {offset} length {length}");
 }
@@ -111,14 +117,53 @@ fn check_everything(volume: &Arc<Volume>, oracle: &Oracle, seed: u64) {
     for (at, _) in &oracle.states {
         // Times whose history was deleted are refused (checked in `run`).
         let Ok(exact) = volume.exact_time(*at) else { continue };
-        volume.view(exact).read(0, &mut image).unwrap();
+        volume.view(exact).unwrap().read(0, &mut image).unwrap();
         assert!(&image == oracle.at(exact), "seed {seed}: view at {at:?} (exact: {exact:?}) differs");
     }
 }
 
-/// Returns how many versions were thinned (by granularity or range deletes),
-/// and how many range deletes there were.
-fn run(seed: u64) -> (u64, u64) {
+/// A random retention policy whose intervals are powers of two times 1 µs
+/// (so any policy may follow any other): `(granularity, tiers)`.
+fn random_policy(rng: &mut StdRng) -> (u64, Vec<RetentionTier>) {
+    let granularity = [0, 0, 1_000, 2_000][rng.random_range(0..4)];
+    let mut tiers = Vec::new();
+    let mut age = 0;
+    let mut interval = granularity.max(1_000);
+    if rng.random_bool(0.7) {
+        age = rng.random_range(20_000..200_000);
+        tiers.push(RetentionTier { interval_nanos: 0, age_nanos: age });
+    }
+    for _ in 0..rng.random_range(0..3) {
+        interval <<= rng.random_range(1..3);
+        age += rng.random_range(50_000..400_000);
+        tiers.push(RetentionTier { interval_nanos: interval, age_nanos: age });
+    }
+    (granularity, tiers)
+}
+
+/// The newest time before which `tiers` (as of `now`) may drop history, and
+/// the time before which they must have dropped it (retention applied at
+/// most `interval` ago, rounded down to a window end).
+fn retention_bounds(tiers: &[RetentionTier], granularity: u64, now: Timestamp, interval: u64) -> Option<(u64, u64)> {
+    let last = tiers.last()?;
+    let coarsest = tiers.iter().map(|tier| tier.interval_nanos).max().unwrap_or(0).max(granularity);
+    let may = now.unix_nanos().checked_sub(last.age_nanos)?;
+    let must = may.saturating_sub(interval + coarsest);
+    Some((may, must))
+}
+
+/// What a case exercised.
+#[derive(Default, Debug)]
+struct Exercised {
+    /// Versions thinned (granularity, retention, range deletes).
+    thinned: u64,
+    range_deletes: u64,
+    policy_changes: u64,
+    /// Views refused because retention dropped their time.
+    expired: u64,
+}
+
+fn run(seed: u64) -> Exercised {
     println!("seed {seed}");
     let mut rng = StdRng::seed_from_u64(seed);
     let storage = SimStorage::new(SimConfig::default(), seed);
@@ -134,7 +179,18 @@ fn run(seed: u64) -> (u64, u64) {
         block_size: BlockSize::new(block_bytes).unwrap(),
         // Time advances up to 5 µs a step: windows of a few to a few dozen steps.
         granularity_nanos: if seed % 3 == 2 { rng.random_range(5_000..100_000) } else { 0 },
+        retention: Vec::new(),
     };
+    let spec = if seed % 3 == 1 {
+        let (granularity_nanos, retention) = random_policy(&mut rng);
+        VolumeSpec { granularity_nanos, retention, ..spec }
+    } else {
+        spec
+    };
+    // What the policies promised: no time at or after `promised` is dropped.
+    let mut promised = 0u64;
+    let mut coarsened = spec.granularity_nanos > 0 || !spec.retention.is_empty();
+    let retention_interval = config.volume.retention_interval_nanos;
     let mut volume = node.create_volume(spec, now).unwrap();
     let mut oracle = Oracle {
         states: vec![(now, vec![0; size as usize])],
@@ -145,7 +201,7 @@ fn run(seed: u64) -> (u64, u64) {
     let mut poisoned = false;
     let mut bookmarks: Vec<(BookmarkName, Timestamp)> = Vec::new();
     let mut deleted: Vec<(Timestamp, Timestamp)> = Vec::new();
-    let mut deletes = 0;
+    let mut exercised = Exercised::default();
     for step in 0..rng.random_range(50..400) {
         // Sometimes the clock stands still: the engine must still order versions.
         if rng.random_bool(0.7) {
@@ -191,6 +247,15 @@ fn run(seed: u64) -> (u64, u64) {
             63..=70 => {
                 let worked = node.maintain(now);
                 assert!(poisoned || worked.is_ok(), "seed {seed}: {worked:?}");
+                let retention = volume.retention();
+                if let Some((may, must)) =
+                    retention_bounds(&retention, volume.granularity_nanos(), now, retention_interval)
+                {
+                    promised = promised.max(may);
+                    let horizon = volume.retention_horizon().map_or(0, Timestamp::unix_nanos);
+                    let created = oracle.states[0].0.unix_nanos();
+                    assert!(poisoned || must <= created || horizon >= must, "seed {seed}: horizon {horizon} < {must}");
+                }
             }
             71..=72 if !poisoned => {
                 volume.checkpoint(now).unwrap();
@@ -236,10 +301,30 @@ fn run(seed: u64) -> (u64, u64) {
                         assert!(from < to && !bookmarked, "seed {seed}: deleted {from:?}..{to:?}");
                         oracle.durable = oracle.states.len() - 1;
                         deleted.push((from, to));
-                        deletes += 1;
+                        exercised.range_deletes += 1;
                     }
                     Err(EngineError::InvalidArgument(message)) => {
                         assert!(from == to || bookmarked, "seed {seed}: {message}");
+                    }
+                    Err(error) => panic!("seed {seed}: {error}"),
+                }
+            }
+            84 if !poisoned => {
+                // A policy change; intervals that do not nest with history's are refused.
+                let (granularity, tiers) = random_policy(&mut rng);
+                let before = (volume.granularity_nanos(), volume.retention());
+                match volume.set_policy(Some(granularity), Some(tiers.clone())) {
+                    Ok(()) => {
+                        for (granularity, tiers) in [before, (granularity, tiers.clone())] {
+                            if let Some((may, _)) = retention_bounds(&tiers, granularity, now, retention_interval) {
+                                promised = promised.max(may);
+                            }
+                        }
+                        coarsened |= granularity > 0 || !tiers.is_empty();
+                        exercised.policy_changes += 1;
+                    }
+                    Err(EngineError::InvalidArgument(message)) => {
+                        assert!(message.contains("neither divides"), "seed {seed}: {message}");
                     }
                     Err(error) => panic!("seed {seed}: {error}"),
                 }
@@ -278,7 +363,13 @@ fn run(seed: u64) -> (u64, u64) {
                     }
                     Err(EngineError::HistoryDeleted { .. }) => {
                         // With a granularity, rounding down can land in a deleted range too.
-                        assert!(in_deleted(at) || volume.granularity_nanos() > 0, "seed {seed}: {at:?} refused");
+                        assert!(in_deleted(at) || coarsened, "seed {seed}: {at:?} refused");
+                    }
+                    Err(EngineError::HistoryExpired { .. }) => {
+                        let horizon = volume.retention_horizon().expect("refused by retention").unix_nanos();
+                        assert!(horizon <= promised, "seed {seed}: dropped until {horizon}, promised {promised}");
+                        assert!(at.unix_nanos() < horizon + 200_000, "seed {seed}: {at:?} refused");
+                        exercised.expired += 1;
                     }
                     Err(error) => panic!("seed {seed}: {error}"),
                 }
@@ -296,21 +387,30 @@ fn run(seed: u64) -> (u64, u64) {
         assert!(volume.resolve_time(&future, now).unwrap_err().to_string().contains("future"));
     }
     let stats = volume.stats().unwrap();
-    if volume.granularity_nanos() == 0 && deletes == 0 {
+    if let Some(horizon) = volume.retention_horizon() {
+        assert!(horizon.unix_nanos() <= promised, "seed {seed}: dropped until {horizon:?}, promised {promised}");
+    }
+    if !coarsened && exercised.range_deletes == 0 {
         assert_eq!(stats.versions_thinned, 0, "seed {seed}");
     }
-    (stats.versions_thinned, deletes)
+    exercised.thinned = stats.versions_thinned;
+    exercised
 }
 
 #[test]
 fn engine_matches_the_oracle_through_crashes() {
     if let Ok(seed) = std::env::var("REWIND_SEED") {
-        let (thinned, deletes) = run(seed.parse().expect("REWIND_SEED is a number"));
-        println!("{thinned} versions thinned, {deletes} range deletes");
+        println!("{:?}", run(seed.parse().expect("REWIND_SEED is a number")));
         return;
     }
     let seeds: u64 = std::env::var("REWIND_SEEDS").map_or(150, |count| count.parse().expect("a number"));
-    let (thinned, deletes) = (0..seeds).map(run).fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
-    println!("{thinned} versions thinned, {deletes} range deletes");
-    assert!(seeds < 30 || (thinned > 100 && deletes > 30), "thinning and range deletes must be exercised");
+    let total = (0..seeds).map(run).fold(Exercised::default(), |total, case| Exercised {
+        thinned: total.thinned + case.thinned,
+        range_deletes: total.range_deletes + case.range_deletes,
+        policy_changes: total.policy_changes + case.policy_changes,
+        expired: total.expired + case.expired,
+    });
+    println!("{total:?}");
+    let enough = total.thinned > 100 && total.range_deletes > 30 && total.policy_changes > 30 && total.expired > 30;
+    assert!(seeds < 30 || enough, "thinning, range deletes, policy changes and retention must be exercised");
 }

@@ -267,19 +267,83 @@ pub struct VolumePolicy {
     /// Protection granularity in nanoseconds (IBM §3.1): per block, only the
     /// last write in each window of this length is history. 0 keeps every write.
     pub granularity_nanos: u64,
+    /// Retention tiers, youngest first: history younger than a tier's age is
+    /// kept at its interval; history older than the last tier's age is gone
+    /// but for the state at that age (the base). Empty: kept forever.
+    pub retention: Vec<RetentionTier>,
+    /// The time retention was last applied as of. Thinning only ever gets
+    /// coarser as this advances, and it is made durable before any index run
+    /// is thinned with it, so after a crash views never claim more than the
+    /// index holds.
+    pub retention_clock: Timestamp,
+    /// Windows history already has from earlier policies: `(interval,
+    /// until)` — every window of `interval` ending at or before `until` was
+    /// (or may have been) thinned to its last version. A finer policy cannot
+    /// bring those versions back, so they stay part of what the index thins.
+    pub floors: Vec<(u64, Timestamp)>,
+    /// History before this was dropped by an earlier retention policy.
+    pub horizon_floor: Timestamp,
     /// Deleted history (MYCDP §3.3.3): ranges `[from, to]` in which each block
     /// keeps only its last version. Sorted, disjoint.
     pub deleted: Vec<(Timestamp, Timestamp)>,
+}
+
+/// One retention tier: keep one version per block per `interval_nanos`
+/// (0: every version the granularity keeps) until history is `age_nanos` old.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetentionTier {
+    pub interval_nanos: u64,
+    pub age_nanos: u64,
+}
+
+impl RetentionTier {
+    /// Why `tiers` cannot be a retention policy under `granularity_nanos`,
+    /// if they cannot: ages must grow, and each interval must be a multiple
+    /// of the granularity and of the interval before it (so windows nest and
+    /// history only ever gets coarser as it ages).
+    pub fn check(tiers: &[RetentionTier], granularity_nanos: u64) -> Result<(), String> {
+        let mut interval_last = granularity_nanos;
+        let mut age_last = 0;
+        for tier in tiers {
+            if tier.age_nanos <= age_last {
+                return Err("each tier must keep history longer than the one before it".into());
+            }
+            if tier.interval_nanos != 0 {
+                if interval_last != 0 && !tier.interval_nanos.is_multiple_of(interval_last) {
+                    return Err(format!(
+                        "each interval must be a multiple of the granularity and of the interval before it \
+                         ({}ns is not a multiple of {}ns)",
+                        tier.interval_nanos, interval_last
+                    ));
+                }
+                interval_last = tier.interval_nanos;
+            } else if interval_last != granularity_nanos {
+                return Err("`all` must come before any coarser tier".into());
+            }
+            age_last = tier.age_nanos;
+        }
+        Ok(())
+    }
 }
 
 impl VolumePolicy {
     const MAGIC: [u8; 4] = *b"RWPO";
     const WHAT: &'static str = "volume policy";
     pub const DELETED_MAX: usize = 1 << 16;
+    pub const TIERS_MAX: usize = 64;
+    pub const FLOORS_MAX: usize = 256;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut payload = Writer::new();
-        payload.u64(self.granularity_nanos).u32(self.deleted.len() as u32);
+        payload.u64(self.granularity_nanos).u64(self.retention_clock.unix_nanos()).u32(self.retention.len() as u32);
+        for tier in &self.retention {
+            payload.u64(tier.interval_nanos).u64(tier.age_nanos);
+        }
+        payload.u64(self.horizon_floor.unix_nanos()).u32(self.floors.len() as u32);
+        for (interval, until) in &self.floors {
+            payload.u64(*interval).u64(until.unix_nanos());
+        }
+        payload.u32(self.deleted.len() as u32);
         for (from, to) in &self.deleted {
             payload.u64(from.unix_nanos()).u64(to.unix_nanos());
         }
@@ -289,6 +353,29 @@ impl VolumePolicy {
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
         let granularity_nanos = reader.u64()?;
+        let retention_clock = Timestamp::from_unix_nanos(reader.u64()?);
+        let count = reader.u32()? as usize;
+        if count > Self::TIERS_MAX {
+            return Err(reader.invalid(format!("{count} retention tiers")));
+        }
+        let mut retention = Vec::with_capacity(count);
+        for _ in 0..count {
+            retention.push(RetentionTier { interval_nanos: reader.u64()?, age_nanos: reader.u64()? });
+        }
+        RetentionTier::check(&retention, granularity_nanos).map_err(|reason| reader.invalid(reason))?;
+        let horizon_floor = Timestamp::from_unix_nanos(reader.u64()?);
+        let count = reader.u32()? as usize;
+        if count > Self::FLOORS_MAX {
+            return Err(reader.invalid(format!("{count} window floors")));
+        }
+        let mut floors = Vec::with_capacity(count);
+        for _ in 0..count {
+            let interval = reader.u64()?;
+            if interval == 0 {
+                return Err(reader.invalid("a window floor of 0 ns"));
+            }
+            floors.push((interval, Timestamp::from_unix_nanos(reader.u64()?)));
+        }
         let count = reader.u32()? as usize;
         if count > Self::DELETED_MAX {
             return Err(reader.invalid(format!("{count} deleted ranges")));
@@ -308,7 +395,7 @@ impl VolumePolicy {
                 reason: "deleted ranges overlap or are out of order".into(),
             });
         }
-        Ok(VolumePolicy { granularity_nanos, deleted })
+        Ok(VolumePolicy { granularity_nanos, retention, retention_clock, floors, horizon_floor, deleted })
     }
 }
 
@@ -448,6 +535,32 @@ mod tests {
             }],
         };
         assert_eq!(Bookmarks::decode(&bookmarks.encode()).unwrap(), bookmarks);
+
+        let at = Timestamp::from_unix_nanos;
+        let tier = |interval_nanos, age_nanos| RetentionTier { interval_nanos, age_nanos };
+        let policy = VolumePolicy {
+            granularity_nanos: 10,
+            retention: vec![tier(0, 100), tier(20, 200), tier(60, 900)],
+            retention_clock: at(1000),
+            floors: vec![(40, at(500))],
+            horizon_floor: at(30),
+            deleted: vec![(at(1), at(2))],
+        };
+        assert_eq!(VolumePolicy::decode(&policy.encode()).unwrap(), policy);
+        let not_nested = VolumePolicy { retention: vec![tier(20, 200), tier(50, 900)], ..policy.clone() };
+        assert!(VolumePolicy::decode(&not_nested.encode()).is_err());
+        let ages_shrink = VolumePolicy { retention: vec![tier(20, 200), tier(40, 100)], ..policy };
+        assert!(VolumePolicy::decode(&ages_shrink.encode()).is_err());
+    }
+
+    #[test]
+    fn retention_tiers_must_nest_and_age() {
+        let tier = |interval_nanos, age_nanos| RetentionTier { interval_nanos, age_nanos };
+        assert_eq!(RetentionTier::check(&[tier(0, 10), tier(5, 20), tier(15, 30)], 5), Ok(()));
+        assert!(RetentionTier::check(&[tier(5, 20), tier(0, 30)], 5).is_ok(), "all = the granularity");
+        assert!(RetentionTier::check(&[tier(10, 20), tier(0, 30)], 5).unwrap_err().contains("`all` must come"));
+        assert!(RetentionTier::check(&[tier(7, 20)], 5).unwrap_err().contains("multiple"));
+        assert!(RetentionTier::check(&[tier(10, 20), tier(10, 20)], 0).unwrap_err().contains("longer"));
     }
 
     #[test]

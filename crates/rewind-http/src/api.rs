@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use rewind_engine::timespec::{display_granularity, DisplayTime};
+use rewind_engine::timespec::{display_granularity, display_retention, DisplayTime};
 use rewind_engine::{Bookmark, EngineError, TimelineReport, Timestamp, Volume, VolumeStats};
 
 pub fn time(at: Timestamp) -> String {
@@ -34,6 +34,12 @@ pub struct VolumeInfo {
     /// of this length is history ("every write" for 0).
     pub granularity: String,
     pub granularity_nanos: u64,
+    /// Retention tiers `interval:age`, youngest first ("forever" if none).
+    pub retention: String,
+    /// The oldest state retention keeps (older history is gone but for
+    /// bookmarks), once retention has dropped any.
+    pub oldest_kept: Option<String>,
+    pub oldest_kept_unix_nanos: Option<u64>,
     /// The volume refuses writes after a failed fsync, until the server restarts.
     pub poisoned: bool,
     /// NBD export name of the live, writable volume.
@@ -44,6 +50,7 @@ impl VolumeInfo {
     pub fn of(volume: &Volume) -> VolumeInfo {
         let last = volume.timestamp_last();
         let written = last > volume.created();
+        let horizon = volume.retention_horizon();
         VolumeInfo {
             name: volume.name().to_string(),
             size_bytes: volume.size_bytes(),
@@ -56,6 +63,9 @@ impl VolumeInfo {
             bookmark_count: volume.bookmarks().len(),
             granularity: display_granularity(volume.granularity_nanos()),
             granularity_nanos: volume.granularity_nanos(),
+            retention: display_retention(&volume.retention()),
+            oldest_kept: horizon.map(time),
+            oldest_kept_unix_nanos: horizon.map(Timestamp::unix_nanos),
             poisoned: volume.is_poisoned(),
             export: volume.name().to_string(),
         }
@@ -129,12 +139,16 @@ pub struct CreateVolume {
     pub block_size: Option<u32>,
     /// `0` (every write, the default) or a duration like `5m`.
     pub granularity: Option<String>,
+    /// Tiers like `all:2h, 1m:24h, 1h:7d` (the default keeps all history).
+    pub retention: Option<String>,
 }
 
 /// `PATCH /v1/volumes/{name}`: what to change.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
 pub struct UpdateVolume {
     pub granularity: Option<String>,
+    /// Tiers like `all:6h, 10m:14d`, or `forever`.
+    pub retention: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use jiff::tz::TimeZone;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use rewind_engine::timespec::parse_granularity;
+use rewind_engine::timespec::{parse_granularity, parse_retention};
 use rewind_engine::{BlockSize, BookmarkName, EngineError, Node, Timestamp, VolumeName, VolumeSpec};
 
 use crate::api::{
@@ -123,6 +123,7 @@ fn volume_spec(
     size_bytes: u64,
     block_size: Option<u32>,
     granularity: Option<&str>,
+    retention: Option<&str>,
 ) -> Result<VolumeSpec, ApiError> {
     let name = VolumeName::new(name).map_err(|error| invalid(error.to_string()))?;
     let block_size = match block_size {
@@ -130,7 +131,8 @@ fn volume_spec(
         None => BlockSize::DEFAULT,
     };
     let granularity_nanos = granularity.map_or(Ok(0), parse_granularity).map_err(invalid)?;
-    Ok(VolumeSpec { name, size_bytes, block_size, granularity_nanos })
+    let retention = retention.map_or(Ok(Vec::new()), parse_retention).map_err(invalid)?;
+    Ok(VolumeSpec { name, size_bytes, block_size, granularity_nanos, retention })
 }
 
 async fn create_volume(
@@ -138,7 +140,13 @@ async fn create_volume(
     Json(request): Json<CreateVolume>,
 ) -> Result<(StatusCode, Json<VolumeInfo>), ApiError> {
     let node = Arc::clone(&state.node);
-    let spec = volume_spec(&request.name, request.size_bytes, request.block_size, request.granularity.as_deref())?;
+    let spec = volume_spec(
+        &request.name,
+        request.size_bytes,
+        request.block_size,
+        request.granularity.as_deref(),
+        request.retention.as_deref(),
+    )?;
     let volume = blocking(move || node.create_volume(spec, now())).await?;
     Ok((StatusCode::CREATED, Json(VolumeInfo::of(&volume))))
 }
@@ -160,11 +168,10 @@ async fn update_volume(
 ) -> Result<Json<VolumeInfo>, ApiError> {
     let node = Arc::clone(&state.node);
     let granularity_nanos = request.granularity.as_deref().map(parse_granularity).transpose().map_err(invalid)?;
+    let retention = request.retention.as_deref().map(parse_retention).transpose().map_err(invalid)?;
     blocking(move || {
         let volume = node.volume(&name)?;
-        if let Some(granularity_nanos) = granularity_nanos {
-            volume.set_granularity(granularity_nanos)?;
-        }
+        volume.set_policy(granularity_nanos, retention)?;
         Ok(VolumeInfo::of(&volume))
     })
     .await
@@ -181,6 +188,7 @@ async fn delete_volume(State(state): State<Shared>, Path(name): Path<String>) ->
 struct ImportQuery {
     block_size: Option<u32>,
     granularity: Option<String>,
+    retention: Option<String>,
 }
 
 /// Bridges the async request body to the engine's blocking `Read`.
@@ -215,7 +223,8 @@ async fn import_volume(
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
         .ok_or_else(|| invalid("an import needs a Content-Length: the image's size is the volume's size".into()))?;
-    let spec = volume_spec(&name, size_bytes, query.block_size, query.granularity.as_deref())?;
+    let spec =
+        volume_spec(&name, size_bytes, query.block_size, query.granularity.as_deref(), query.retention.as_deref())?;
     let creator = Arc::clone(&node);
     let volume = blocking(move || creator.create_volume(spec, now())).await?;
     let (sender, chunks) = mpsc::channel(8);

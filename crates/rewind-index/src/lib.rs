@@ -372,13 +372,20 @@ impl VersionIndex {
     /// history (after a range delete or a policy change). Returns whether
     /// there was a run to rewrite.
     pub fn rewrite_all(&self) -> Result<bool, IndexError> {
+        Ok(self.rewrite_before(Timestamp::MAX)? > 0)
+    }
+
+    /// Merges the runs holding versions at or before `until` (the oldest
+    /// ones: runs are in time order) into one, applying the current thinning.
+    /// Returns how many runs were rewritten.
+    pub fn rewrite_before(&self, until: Timestamp) -> Result<usize, IndexError> {
         let _compacting = self.compacting.lock();
         let runs = self.state.read().runs.clone();
-        if runs.is_empty() {
-            return Ok(false);
+        let count = runs.partition_point(|run| run.info().timestamp_min <= until);
+        if count > 0 {
+            self.merge(&runs[..count])?;
         }
-        self.merge(&runs)?;
-        Ok(true)
+        Ok(count)
     }
 
     /// Replaces `merged`, a contiguous group of runs, by one run.

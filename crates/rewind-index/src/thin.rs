@@ -10,6 +10,13 @@
 //! `from` and from `to` on reads exactly as before; times in `[from, to)` are
 //! gone.
 //!
+//! *Retention* (seed 002 §3.1 applied with age) coarsens older history:
+//! tiers of longer windows, each applying to windows that end before a time
+//! (its age ago); windows nest, so a version only ever moves to coarser
+//! windows as it ages, and thinning more later never contradicts thinning
+//! done earlier. Before the *horizon* each block keeps only its last version
+//! (the base), like a deleted range from the beginning of time.
+//!
 //! Dropping needs only the next version of the same block, which a stream
 //! sorted by `(block, time)` delivers right after it. A merge sees a subset
 //! of a block's versions; whatever it finds later in the same window
@@ -23,6 +30,14 @@ use crate::IndexError;
 pub struct Thinning {
     /// Window length in nanoseconds; 0 keeps every version.
     pub granularity_nanos: u64,
+    /// Coarser windows for older history: `(interval, until)` applies to
+    /// every window of `interval` that ends at or before `until`; the
+    /// coarsest that applies wins. Any two intervals (and the granularity)
+    /// divide one another, so windows nest.
+    pub tiers: Vec<(u64, Timestamp)>,
+    /// Before this time each block keeps only its last version at or before
+    /// it. A window end of every interval, so no window straddles it.
+    pub horizon: Option<Timestamp>,
     /// Times whose state must stay exact, sorted.
     pub pins: Vec<Timestamp>,
     /// Deleted ranges `[from, to]`, sorted and disjoint.
@@ -36,15 +51,27 @@ impl Thinning {
         if version.block != next.block {
             return false;
         }
+        let expired = self.horizon.is_some_and(|horizon| next.timestamp <= horizon);
         let deleted = self.deleted_range(version.timestamp).is_some_and(|(_, to)| next.timestamp <= to);
-        let granularity = self.granularity_nanos;
-        let same_window = granularity != 0
-            && version.timestamp.unix_nanos() / granularity == next.timestamp.unix_nanos() / granularity;
-        if !deleted && !same_window {
+        let window = self.window_nanos(version.timestamp);
+        let same_window =
+            window != 0 && version.timestamp.unix_nanos() / window == next.timestamp.unix_nanos() / window;
+        if !expired && !deleted && !same_window {
             return false;
         }
         let first_pin_at_or_after = self.pins.partition_point(|&pin| pin < version.timestamp);
         self.pins.get(first_pin_at_or_after).is_none_or(|&pin| pin >= next.timestamp)
+    }
+
+    /// The window length that applies at `at`: the coarsest tier whose
+    /// window around `at` ends early enough, else the granularity.
+    pub fn window_nanos(&self, at: Timestamp) -> u64 {
+        let applies = |&&(interval, until): &&(u64, Timestamp)| {
+            let window_end = (at.unix_nanos() / interval).saturating_add(1).saturating_mul(interval) - 1;
+            window_end <= until.unix_nanos()
+        };
+        let coarsest = self.tiers.iter().filter(applies).map(|&(interval, _)| interval).max();
+        coarsest.unwrap_or(0).max(self.granularity_nanos)
     }
 
     /// The deleted range `[from, to]` that holds `at`, if any.
@@ -54,20 +81,33 @@ impl Thinning {
     }
 
     /// The latest time at or before `at` that thinning keeps exact: the end
-    /// of the last complete window, or a later pin. (In the first window of
-    /// Unix time, with no pin, there is none: `at` itself is returned.)
+    /// of the last complete window that applies there, or a later pin. (In
+    /// the first window of Unix time, with no pin, there is none: `at` itself
+    /// is returned.) Whether history at that time still exists at all (the
+    /// horizon, deleted ranges) is the caller's question.
     pub fn exact_at_or_before(&self, at: Timestamp) -> Timestamp {
-        let granularity = self.granularity_nanos;
-        if granularity == 0 {
+        let window = self.window_nanos(at);
+        if window == 0 {
             return at;
         }
-        let window_end = match (at.unix_nanos() + 1) / granularity * granularity {
+        let window_end = match (at.unix_nanos() + 1) / window * window {
             0 => at,
             window_start => Timestamp::from_unix_nanos(window_start - 1),
         };
         let pins_at_or_before = self.pins.partition_point(|&pin| pin <= at);
         let pin = pins_at_or_before.checked_sub(1).map(|index| self.pins[index]);
         pin.map_or(window_end, |pin| pin.max(window_end))
+    }
+
+    /// Whether `at` is a pin.
+    pub fn is_pinned(&self, at: Timestamp) -> bool {
+        self.pins.binary_search(&at).is_ok()
+    }
+
+    /// The latest pin before `at`, if any.
+    pub fn pin_before(&self, at: Timestamp) -> Option<Timestamp> {
+        let before = self.pins.partition_point(|&pin| pin < at);
+        before.checked_sub(1).map(|index| self.pins[index])
     }
 }
 
@@ -158,6 +198,35 @@ mod tests {
         assert_eq!(thinning.deleted_range(at(10)), Some((at(10), at(20))));
         assert_eq!(thinning.deleted_range(at(20)), Some((at(10), at(20))));
         assert_eq!(thinning.deleted_range(at(21)), None);
+    }
+
+    #[test]
+    fn tiers_coarsen_only_whole_windows_old_enough() {
+        let at = Timestamp::from_unix_nanos;
+        // Windows of 100 for what ends by 1000, of 10 for the rest (granularity 1).
+        let thinning =
+            Thinning { granularity_nanos: 1, tiers: vec![(10, at(1500)), (100, at(1000))], ..Thinning::default() };
+        assert_eq!(thinning.window_nanos(at(950)), 100);
+        assert_eq!(thinning.window_nanos(at(1000)), 10, "its 100-window ends after 1000");
+        assert_eq!(thinning.window_nanos(at(1495)), 10);
+        assert_eq!(thinning.window_nanos(at(1500)), 1, "its 10-window ends after 1500");
+        let versions = [version(1, 905), version(1, 990), version(1, 1001), version(1, 1009), version(1, 1500)];
+        assert_eq!(kept(&thinning, &versions), (vec![(1, 990), (1, 1009), (1, 1500)], 2));
+        assert_eq!(thinning.exact_at_or_before(at(1004)).unix_nanos(), 999);
+        assert_eq!(thinning.exact_at_or_before(at(998)).unix_nanos(), 899);
+        assert_eq!(thinning.exact_at_or_before(at(1600)).unix_nanos(), 1600);
+    }
+
+    #[test]
+    fn before_the_horizon_each_block_keeps_its_base_and_pins() {
+        let at = Timestamp::from_unix_nanos;
+        let thinning = Thinning { horizon: Some(at(99)), pins: vec![at(30)], ..Thinning::default() };
+        let versions = [version(1, 10), version(1, 20), version(1, 40), version(1, 50), version(1, 150), version(2, 5)];
+        // 20 is the state at the pin 30; 50 the base; 150 is after the horizon.
+        assert_eq!(kept(&thinning, &versions), (vec![(1, 20), (1, 50), (1, 150), (2, 5)], 2));
+        assert!(thinning.is_pinned(at(30)) && !thinning.is_pinned(at(31)));
+        assert_eq!(thinning.pin_before(at(31)), Some(at(30)));
+        assert_eq!(thinning.pin_before(at(30)), None);
     }
 
     #[test]

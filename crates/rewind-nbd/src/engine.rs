@@ -82,10 +82,9 @@ impl Catalog for EngineCatalog {
             OpenError { kind: OpenErrorKind::NotFound, message }
         })?;
         let Some(time) = time else { return Ok(Arc::new(VolumeExport { volume })) };
-        let at = volume
-            .parse_time(time, now(), &self.zone)
-            .map_err(|error| OpenError { kind: OpenErrorKind::BadName, message: error.to_string() })?;
-        Ok(Arc::new(ViewExport { view: volume.view(at) }))
+        let bad_name = |error: EngineError| OpenError { kind: OpenErrorKind::BadName, message: error.to_string() };
+        let at = volume.parse_time(time, now(), &self.zone).map_err(bad_name)?;
+        Ok(Arc::new(ViewExport { view: volume.view(at).map_err(bad_name)? }))
     }
 }
 

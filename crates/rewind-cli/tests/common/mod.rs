@@ -26,9 +26,15 @@ pub fn require(tool: &str) {
 
 impl Server {
     pub fn start(data_dir: &Path) -> Server {
+        Server::start_with(data_dir, &[])
+    }
+
+    /// Starts `rewind serve` with more options.
+    pub fn start_with(data_dir: &Path, options: &[&str]) -> Server {
         let mut child = Command::new(REWIND)
             .args(["serve", "--nbd", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
+            .args(options)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
