@@ -6,7 +6,7 @@
 //! | GET | `/v1/health` | liveness and version |
 //! | GET, POST | `/v1/volumes` | list volumes; create one (`CreateVolume`) |
 //! | GET, PATCH, DELETE | `/v1/volumes/{name}` | details and stats; change the policy (`UpdateVolume`); delete with all history |
-//! | POST | `/v1/volumes/{name}/import?block_size=N&granularity=G` | create from a raw image sent as the body |
+//! | POST | `/v1/volumes/{name}/import?block_size=N&granularity=G&retention=R` | create from a raw image sent as the body |
 //! | GET | `/v1/volumes/{name}/timeline?bucket_seconds=N` | write activity and bookmarks |
 //! | GET, POST | `/v1/volumes/{name}/bookmarks` | list; create (`CreateBookmark`) |
 //! | DELETE | `/v1/volumes/{name}/bookmarks/{bookmark}` | delete a bookmark |
