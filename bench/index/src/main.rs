@@ -28,7 +28,7 @@ use anyhow::{ensure, Context};
 use clap::Parser;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use rewind_index::{IndexConfig, IndexStats, PageCache, VersionIndex};
+use rewind_index::{IndexConfig, IndexStats, PageCache, Thinning, VersionIndex};
 use rewind_io::{OsStorage, Storage};
 use rewind_types::{Lsn, Timestamp, Version};
 
@@ -77,6 +77,11 @@ struct Args {
     /// Feed the BTreeMap baseline only for stages up to this many versions (0: no baseline).
     #[arg(long, value_parser = parse_count, default_value = "1e7")]
     baseline_versions_max: u64,
+    /// After the last stage, time one retention pass over the whole index:
+    /// the oldest quarter of history dropped to its base, windows of this
+    /// many milliseconds for the next quarter (0: no pass).
+    #[arg(long, default_value_t = 100)]
+    retention_window_ms: u64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Print one JSON object per stage on stdout (the table goes to stderr).
@@ -184,6 +189,10 @@ fn main() -> anyhow::Result<()> {
     if args.baseline_versions_max > 0 {
         run_baseline(&args, &ingest.index, &mut stages, &out)?;
     }
+    if args.retention_window_ms > 0 {
+        let last = ingest.timestamp_persisted.context("no run was written")?;
+        retention_pass(&ingest.index, last, args.retention_window_ms * 1_000_000, &out)?;
+    }
     drop(ingest);
     out.finish(&args_summary(&args), &stages, start.elapsed().as_secs_f64());
     drop(data_dir);
@@ -237,6 +246,36 @@ impl Drop for DataDir {
 }
 
 /// Work done while growing the index by one stage.
+/// One retention pass as the engine's maintenance runs it (thinning set,
+/// every run rewritten), over all history up to `last`: prints versions kept,
+/// time and the peak RSS of the pass.
+fn retention_pass(index: &VersionIndex, last: Timestamp, window_nanos: u64, out: &report::Out) -> anyhow::Result<()> {
+    let span = last.unix_nanos() - TIMESTAMP_FIRST.unix_nanos();
+    let align = |nanos: u64| Timestamp::from_unix_nanos(((nanos + 1) / window_nanos * window_nanos).saturating_sub(1));
+    let horizon = align(TIMESTAMP_FIRST.unix_nanos() + span / 4);
+    let until = align(TIMESTAMP_FIRST.unix_nanos() + span / 2);
+    index.set_thinning(Thinning { tiers: vec![(window_nanos, until)], horizon: Some(horizon), ..Thinning::default() });
+    let before = index.stats().versions_in_runs;
+    let peak_reset = measure::reset_peak_resident();
+    let start = Instant::now();
+    index.rewrite_all()?;
+    let seconds = start.elapsed().as_secs_f64();
+    let after = index.stats().versions_in_runs;
+    let resident = measure::resident()?;
+    out.progress(&format!(
+        "retention pass over {} versions (oldest quarter to its base, {} ms windows for the next): kept {} \
+         (r = {:.3}) in {seconds:.1} s ({}/s), peak RSS {}{}",
+        report::count(before),
+        window_nanos / 1_000_000,
+        report::count(after),
+        after as f64 / before as f64,
+        report::count_f(before as f64 / seconds),
+        report::bytes(resident.hwm_bytes),
+        if peak_reset { " (during the pass)" } else { " (whole process)" }
+    ));
+    Ok(())
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Grown {
     pub version_count: u64,
