@@ -13,11 +13,10 @@ use jiff::tz::TimeZone;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use rewind_engine::timespec::{parse_granularity, parse_retention};
-use rewind_engine::{BlockSize, BookmarkName, Node, NodeConfig, VolumeName, VolumeSpec};
+use rewind_engine::{BookmarkName, Node, NodeConfig};
 use rewind_http::api::{
     time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, Health, ImportSummary,
-    Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
+    Policy, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -28,14 +27,7 @@ pub trait Backend {
     fn nbd_address(&self) -> Option<String>;
     fn list_volumes(&self) -> Result<Vec<VolumeInfo>>;
     fn create_volume(&self, request: &CreateVolume) -> Result<VolumeInfo>;
-    fn import_volume(
-        &self,
-        name: &str,
-        block_size: u32,
-        granularity: &str,
-        retention: &str,
-        file: &Path,
-    ) -> Result<ImportSummary>;
+    fn import_volume(&self, name: &str, block_size: u32, policy: &Policy, file: &Path) -> Result<ImportSummary>;
     fn volume(&self, name: &str) -> Result<VolumeDetail>;
     fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo>;
     fn delete_volume(&self, name: &str) -> Result<()>;
@@ -166,26 +158,22 @@ impl Backend for HttpBackend {
         self.post("/v1/volumes", request)
     }
 
-    fn import_volume(
-        &self,
-        name: &str,
-        block_size: u32,
-        granularity: &str,
-        retention: &str,
-        file: &Path,
-    ) -> Result<ImportSummary> {
+    fn import_volume(&self, name: &str, block_size: u32, policy: &Policy, file: &Path) -> Result<ImportSummary> {
         let source = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
         let size_bytes = source.metadata()?.len();
         let bar = progress_bar(size_bytes, "importing");
         let mut reader = ProgressReader { inner: source, bar: bar.clone() };
-        let response = self
+        let mut request = self
             .agent
             .post(&self.url(&format!("/v1/volumes/{name}/import")))
-            .query("block_size", block_size.to_string())
-            .query("granularity", granularity)
-            .query("retention", retention)
-            .header("Content-Length", size_bytes.to_string())
-            .send(ureq::SendBody::from_reader(&mut reader))?;
+            .query("block_size", block_size.to_string());
+        for (key, value) in [("granularity", &policy.granularity), ("retention", &policy.retention)] {
+            if let Some(value) = value {
+                request = request.query(key, value);
+            }
+        }
+        let response =
+            request.header("Content-Length", size_bytes.to_string()).send(ureq::SendBody::from_reader(&mut reader))?;
         bar.finish_and_clear();
         Self::decode(response)
     }
@@ -255,22 +243,6 @@ impl Drop for LocalBackend {
     }
 }
 
-fn spec(
-    name: &str,
-    size_bytes: u64,
-    block_size: Option<u32>,
-    granularity: Option<&str>,
-    retention: Option<&str>,
-) -> Result<VolumeSpec> {
-    Ok(VolumeSpec {
-        name: VolumeName::new(name)?,
-        size_bytes,
-        block_size: block_size.map(BlockSize::new).transpose()?.unwrap_or(BlockSize::DEFAULT),
-        granularity_nanos: granularity.map_or(Ok(0), parse_granularity).map_err(|error| anyhow!(error))?,
-        retention: retention.map_or(Ok(Vec::new()), parse_retention).map_err(|error| anyhow!(error))?,
-    })
-}
-
 impl Backend for LocalBackend {
     fn nbd_address(&self) -> Option<String> {
         None
@@ -281,29 +253,16 @@ impl Backend for LocalBackend {
     }
 
     fn create_volume(&self, request: &CreateVolume) -> Result<VolumeInfo> {
-        let spec = spec(
-            &request.name,
-            request.size_bytes,
-            request.block_size,
-            request.granularity.as_deref(),
-            request.retention.as_deref(),
-        )?;
-        let volume = self.node.create_volume(spec, now())?;
+        let volume = self.node.create_volume(request.spec().map_err(|error| anyhow!(error))?, now())?;
         Ok(VolumeInfo::of(&volume))
     }
 
-    fn import_volume(
-        &self,
-        name: &str,
-        block_size: u32,
-        granularity: &str,
-        retention: &str,
-        file: &Path,
-    ) -> Result<ImportSummary> {
+    fn import_volume(&self, name: &str, block_size: u32, policy: &Policy, file: &Path) -> Result<ImportSummary> {
         let mut source = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
         let size_bytes = source.metadata()?.len();
-        let spec = spec(name, size_bytes, Some(block_size), Some(granularity), Some(retention))?;
-        let volume = self.node.create_volume(spec, now())?;
+        let request =
+            CreateVolume { name: name.to_owned(), size_bytes, block_size: Some(block_size), policy: policy.clone() };
+        let volume = self.node.create_volume(request.spec().map_err(|error| anyhow!(error))?, now())?;
         let bar = progress_bar(size_bytes, "importing");
         let result = volume.import(now(), &mut source, &mut |done| bar.set_position(done));
         bar.finish_and_clear();
@@ -327,9 +286,8 @@ impl Backend for LocalBackend {
 
     fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo> {
         let volume = self.node.volume(name)?;
-        let granularity = request.granularity.as_deref().map(parse_granularity).transpose();
-        let retention = request.retention.as_deref().map(parse_retention).transpose();
-        volume.set_policy(granularity.map_err(|error| anyhow!(error))?, retention.map_err(|error| anyhow!(error))?)?;
+        let (granularity_nanos, retention) = request.parse().map_err(|error| anyhow!(error))?;
+        volume.set_policy(granularity_nanos, retention)?;
         Ok(VolumeInfo::of(&volume))
     }
 

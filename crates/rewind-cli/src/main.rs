@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use rewind_http::api::{CreateBookmark, CreateVolume, UpdateVolume};
+use rewind_http::api::{CreateBookmark, CreateVolume, Policy};
 
 use crate::backend::Backend;
 
@@ -115,6 +115,12 @@ struct PolicyArgs {
     /// (bookmarks stay). The default keeps all history.
     #[arg(long, default_value = "forever")]
     retention: String,
+}
+
+impl From<PolicyArgs> for Policy {
+    fn from(args: PolicyArgs) -> Policy {
+        Policy { granularity: Some(args.granularity), retention: Some(args.retention) }
+    }
 }
 
 #[derive(Subcommand)]
@@ -313,8 +319,7 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
                 name,
                 size_bytes: parse_bytes(&size, "size")?,
                 block_size: Some(parse_block_size(&block_size)?),
-                granularity: Some(policy.granularity),
-                retention: Some(policy.retention),
+                policy: policy.into(),
             };
             let info = backend.create_volume(&request)?;
             if json {
@@ -333,7 +338,7 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
         }
         VolumeCommand::Import { name, file, block_size, policy, json } => {
             let block_size = parse_block_size(&block_size)?;
-            let summary = backend.import_volume(&name, block_size, &policy.granularity, &policy.retention, &file)?;
+            let summary = backend.import_volume(&name, block_size, &policy.into(), &file)?;
             if json {
                 return output::json(&summary);
             }
@@ -353,7 +358,7 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
                      and/or --retention (tiers like \"all:6h, 10m:14d\", or forever)"
                 );
             }
-            let info = backend.update_volume(&name, &UpdateVolume { granularity, retention })?;
+            let info = backend.update_volume(&name, &Policy { granularity, retention })?;
             if json {
                 return output::json(&info);
             }

@@ -440,32 +440,27 @@ impl Volume {
     /// thinned with it) and rewrites the runs it thins further. Called by
     /// maintenance every `retention_interval_nanos`.
     pub(crate) fn apply_retention(&self, now: Timestamp) -> Result<bool, EngineError> {
-        let first_coarsening = {
+        let thins_until = {
             let bookmarks = self.history.bookmarks.lock();
-            let policy = self.history.policy.lock().clone();
-            if policy.retention.is_empty() || now <= policy.retention_clock {
-                return Ok(false);
+            {
+                let policy = self.history.policy.lock();
+                if policy.retention.is_empty() || now <= policy.retention_clock {
+                    return Ok(false);
+                }
             }
-            drop(policy);
-            let mut first_age = 0;
             self.change_policy(&bookmarks, |policy| {
                 policy.retention_clock = now;
                 prune_floors(policy);
-                first_age = policy.retention.first().map_or(0, |tier| {
-                    if tier.interval_nanos > policy.granularity_nanos {
-                        0
-                    } else {
-                        tier.age_nanos
-                    }
-                });
             })?;
-            now.saturating_sub_nanos(first_age)
+            let (tiers, horizon) = retention_windows(&self.history.policy.lock());
+            tiers.iter().map(|&(_, until)| until).chain(horizon).max()
         };
+        let Some(thins_until) = thins_until else { return Ok(false) };
         // Versions in memory are thinned as they are persisted; of the runs,
-        // only those with history older than the first tier's age thin further.
+        // only those with history in windows retention now reaches.
         self.index.seal();
         let result =
-            self.index.persist(self.journal.lsn_durable()).and_then(|_| self.index.rewrite_before(first_coarsening));
+            self.index.persist(self.journal.lsn_durable()).and_then(|_| self.index.rewrite_before(thins_until));
         let rewritten = result.map_err(|error| self.fail(error.into()))?;
         Ok(rewritten > 0)
     }

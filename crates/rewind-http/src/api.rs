@@ -5,8 +5,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use rewind_engine::timespec::{display_granularity, display_retention, DisplayTime};
-use rewind_engine::{Bookmark, EngineError, TimelineReport, Timestamp, Volume, VolumeStats};
+use rewind_engine::timespec::{
+    display_granularity, display_retention, parse_granularity, parse_retention, DisplayTime,
+};
+use rewind_engine::{
+    BlockSize, Bookmark, EngineError, RetentionTier, TimelineReport, Timestamp, Volume, VolumeName, VolumeSpec,
+    VolumeStats,
+};
 
 pub fn time(at: Timestamp) -> String {
     DisplayTime(at).to_string()
@@ -137,19 +142,49 @@ pub struct CreateVolume {
     pub size_bytes: u64,
     /// Defaults to 4096.
     pub block_size: Option<u32>,
+    #[serde(flatten)]
+    pub policy: Policy,
+}
+
+impl CreateVolume {
+    /// The engine's spec: 4 KiB blocks, every write and all history kept,
+    /// unless asked otherwise.
+    pub fn spec(&self) -> Result<VolumeSpec, String> {
+        let (granularity_nanos, retention) = self.policy.parse()?;
+        Ok(VolumeSpec {
+            name: VolumeName::new(&self.name).map_err(|error| error.to_string())?,
+            size_bytes: self.size_bytes,
+            block_size: self
+                .block_size
+                .map_or(Ok(BlockSize::DEFAULT), BlockSize::new)
+                .map_err(|error| error.to_string())?,
+            granularity_nanos: granularity_nanos.unwrap_or(0),
+            retention: retention.unwrap_or_default(),
+        })
+    }
+}
+
+/// What history a volume keeps, as people write it; what is absent stays
+/// as it is (or takes the default).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct Policy {
     /// `0` (every write, the default) or a duration like `5m`.
     pub granularity: Option<String>,
-    /// Tiers like `all:2h, 1m:24h, 1h:7d` (the default keeps all history).
+    /// Tiers like `all:2h, 1m:24h, 1h:7d`, or `forever` (the default).
     pub retention: Option<String>,
 }
 
-/// `PATCH /v1/volumes/{name}`: what to change.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
-pub struct UpdateVolume {
-    pub granularity: Option<String>,
-    /// Tiers like `all:6h, 10m:14d`, or `forever`.
-    pub retention: Option<String>,
+impl Policy {
+    /// Granularity in nanoseconds and retention tiers, each if given.
+    pub fn parse(&self) -> Result<(Option<u64>, Option<Vec<RetentionTier>>), String> {
+        let granularity_nanos = self.granularity.as_deref().map(parse_granularity).transpose()?;
+        let retention = self.retention.as_deref().map(parse_retention).transpose()?;
+        Ok((granularity_nanos, retention))
+    }
 }
+
+/// `PATCH /v1/volumes/{name}`: what to change.
+pub type UpdateVolume = Policy;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BookmarkInfo {

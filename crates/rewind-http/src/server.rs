@@ -14,12 +14,11 @@ use jiff::tz::TimeZone;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use rewind_engine::timespec::{parse_granularity, parse_retention};
-use rewind_engine::{BlockSize, BookmarkName, EngineError, Node, Timestamp, VolumeName, VolumeSpec};
+use rewind_engine::{BookmarkName, EngineError, Node, Timestamp};
 
 use crate::api::{
     time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, Health, ImportSummary,
-    Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
+    Policy, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
 };
 
 /// What the handlers share.
@@ -118,35 +117,12 @@ async fn list_volumes(State(state): State<Shared>) -> Result<Json<Vec<VolumeInfo
     blocking(move || Ok(node.volumes().iter().map(|volume| VolumeInfo::of(volume)).collect())).await.map(Json)
 }
 
-fn volume_spec(
-    name: &str,
-    size_bytes: u64,
-    block_size: Option<u32>,
-    granularity: Option<&str>,
-    retention: Option<&str>,
-) -> Result<VolumeSpec, ApiError> {
-    let name = VolumeName::new(name).map_err(|error| invalid(error.to_string()))?;
-    let block_size = match block_size {
-        Some(bytes) => BlockSize::new(bytes).map_err(|error| invalid(error.to_string()))?,
-        None => BlockSize::DEFAULT,
-    };
-    let granularity_nanos = granularity.map_or(Ok(0), parse_granularity).map_err(invalid)?;
-    let retention = retention.map_or(Ok(Vec::new()), parse_retention).map_err(invalid)?;
-    Ok(VolumeSpec { name, size_bytes, block_size, granularity_nanos, retention })
-}
-
 async fn create_volume(
     State(state): State<Shared>,
     Json(request): Json<CreateVolume>,
 ) -> Result<(StatusCode, Json<VolumeInfo>), ApiError> {
     let node = Arc::clone(&state.node);
-    let spec = volume_spec(
-        &request.name,
-        request.size_bytes,
-        request.block_size,
-        request.granularity.as_deref(),
-        request.retention.as_deref(),
-    )?;
+    let spec = request.spec().map_err(invalid)?;
     let volume = blocking(move || node.create_volume(spec, now())).await?;
     Ok((StatusCode::CREATED, Json(VolumeInfo::of(&volume))))
 }
@@ -167,8 +143,7 @@ async fn update_volume(
     Json(request): Json<UpdateVolume>,
 ) -> Result<Json<VolumeInfo>, ApiError> {
     let node = Arc::clone(&state.node);
-    let granularity_nanos = request.granularity.as_deref().map(parse_granularity).transpose().map_err(invalid)?;
-    let retention = request.retention.as_deref().map(parse_retention).transpose().map_err(invalid)?;
+    let (granularity_nanos, retention) = request.parse().map_err(invalid)?;
     blocking(move || {
         let volume = node.volume(&name)?;
         volume.set_policy(granularity_nanos, retention)?;
@@ -223,8 +198,10 @@ async fn import_volume(
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
         .ok_or_else(|| invalid("an import needs a Content-Length: the image's size is the volume's size".into()))?;
-    let spec =
-        volume_spec(&name, size_bytes, query.block_size, query.granularity.as_deref(), query.retention.as_deref())?;
+    let policy = Policy { granularity: query.granularity, retention: query.retention };
+    let spec = CreateVolume { name: name.clone(), size_bytes, block_size: query.block_size, policy }
+        .spec()
+        .map_err(invalid)?;
     let creator = Arc::clone(&node);
     let volume = blocking(move || creator.create_volume(spec, now())).await?;
     let (sender, chunks) = mpsc::channel(8);
