@@ -1,7 +1,10 @@
-//! The chunk store's packs: block versions named by the BLAKE3 hash of their
-//! bytes, compressed with zstd where that pays, in write-once, checksummed
-//! pack files (MYCDP's chunks, seed 004 §3.2; the byte layout is in
-//! `docs/format/pack.md`).
+//! The chunk store: block versions named by the BLAKE3 hash of their bytes,
+//! stored once per node however many versions and volumes share them,
+//! compressed with zstd where that pays, in write-once, checksummed pack
+//! files (MYCDP's chunks, seed 004 §3.2; byte layouts in
+//! `docs/format/pack.md` and `docs/format/chunk-store.md`). [`ChunkStore`]
+//! puts the pieces together: the chunk table, the dedup index, reference
+//! counts and garbage collection.
 //!
 //! A pack is written once, front to back, and sealed: footer, trailer,
 //! `fsync`, directory `fsync`. Nothing may refer to a chunk before its pack is
@@ -12,12 +15,19 @@
 //! Every read checks the stored bytes' CRC-32C, decompresses, and checks the
 //! BLAKE3 hash of the result against the chunk's name.
 
+mod dedup;
 mod pack;
+mod store;
+mod table;
 
+pub use dedup::DedupConfig;
 pub use pack::{compress, PackReader, PackWriter, SealedPack};
 pub use rewind_format::pack::{ChunkHash, Codec};
+pub use store::{ArchiveSession, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport};
 
 use std::io;
+
+use rewind_types::ChunkId;
 
 /// The BLAKE3 hash that names a chunk.
 pub fn chunk_hash(bytes: &[u8]) -> ChunkHash {
@@ -45,6 +55,14 @@ pub enum ChunkError {
     Unsealed { path: String, reason: String },
     #[error("chunk store corrupt in {path} at byte {offset}: {reason}")]
     Corrupt { path: String, offset: u64, reason: String },
+    /// History refers to a chunk the store cannot produce.
+    #[error("chunk {id} is missing from the chunk store: {reason}")]
+    Missing { id: ChunkId, reason: String },
+    #[error(
+        "the chunk store is poisoned by an earlier error ({cause}); no archiving or garbage collection \
+         until the server restarts"
+    )]
+    Poisoned { cause: String },
 }
 
 impl ChunkError {

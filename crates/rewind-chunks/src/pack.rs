@@ -9,6 +9,8 @@ use rewind_format::pack::{
 };
 use rewind_io::{File, OpenMode, Storage};
 
+use rewind_types::ChunkId;
+
 use crate::{chunk_hash, pack_name, ChunkError, ChunkLocation};
 
 /// zstd level: fast enough to keep up with the journal on one core, and most
@@ -85,21 +87,42 @@ impl PackWriter {
         })
     }
 
-    /// Adds a chunk whose hash is `hash` (the caller has hashed it to look it
-    /// up). Its location is valid once the pack is sealed.
-    pub fn add(&mut self, hash: ChunkHash, raw: &[u8]) -> Result<ChunkLocation, ChunkError> {
+    /// Adds chunk `id`, whose hash is `hash` (the caller has hashed it to look
+    /// it up), compressing it where that pays. Its location is valid once the
+    /// pack is sealed.
+    pub fn add(&mut self, id: ChunkId, hash: ChunkHash, raw: &[u8]) -> Result<ChunkLocation, ChunkError> {
         assert!(raw.len() <= CHUNK_BYTES_MAX as usize, "a chunk is at most one block");
         debug_assert_eq!(chunk_hash(raw), hash, "the caller's hash names these bytes");
-        let codec = compress(&mut self.compressor, raw, &mut self.stored);
-        let header = RecordHeader { codec, stored_bytes: self.stored.len() as u32, raw_bytes: raw.len() as u32, hash };
+        let mut stored = std::mem::take(&mut self.stored);
+        let codec = compress(&mut self.compressor, raw, &mut stored);
+        let location = self.add_stored(id, hash, codec, &stored, raw.len() as u32);
+        self.stored = stored;
+        location
+    }
+
+    /// Adds chunk `id` as it is stored elsewhere (repacking copies records
+    /// without compressing them again). The caller has verified the bytes.
+    pub fn add_stored(
+        &mut self,
+        id: ChunkId,
+        hash: ChunkHash,
+        codec: Codec,
+        stored: &[u8],
+        raw_bytes: u32,
+    ) -> Result<ChunkLocation, ChunkError> {
+        let header = RecordHeader { codec, stored_bytes: stored.len() as u32, raw_bytes, hash };
         let offset = self.bytes();
-        header.encode_record(&self.stored, &mut self.pending);
-        self.entries.push(FooterEntry { hash, offset, stored_bytes: header.stored_bytes, raw_bytes: header.raw_bytes });
-        self.raw_total += raw.len() as u64;
+        header.encode_record(stored, &mut self.pending);
+        self.entries.push(FooterEntry { hash, id, offset, stored_bytes: header.stored_bytes, raw_bytes });
+        self.raw_total += u64::from(raw_bytes);
         if self.pending.len() >= WRITE_BYTES {
             self.write_pending()?;
         }
-        Ok(ChunkLocation { pack: self.pack, offset, stored_bytes: header.stored_bytes, raw_bytes: header.raw_bytes })
+        Ok(ChunkLocation { pack: self.pack, offset, stored_bytes: header.stored_bytes, raw_bytes })
+    }
+
+    pub fn pack(&self) -> u64 {
+        self.pack
     }
 
     /// The pack's size so far.
@@ -150,11 +173,12 @@ pub struct PackReader {
     path: String,
     file: Arc<dyn File>,
     bytes: u64,
-    entries: Vec<FooterEntry>,
+    trailer: PackTrailer,
 }
 
 impl PackReader {
-    /// Opens pack `pack` in `dir`, checking its header, trailer and footer.
+    /// Opens pack `pack` in `dir`, checking its header and trailer (the
+    /// footer is read only by [`PackReader::footer`]).
     pub fn open(storage: &dyn Storage, dir: &str, pack: u64) -> Result<PackReader, ChunkError> {
         let path = format!("{dir}/{}", pack_name(pack));
         let file = storage.open_file(&path, OpenMode::Existing).map_err(ChunkError::io(&path))?;
@@ -163,23 +187,17 @@ impl PackReader {
         if bytes < (PACK_HEADER_BYTES + PACK_TRAILER_BYTES) as u64 {
             return Err(unsealed(format!("{bytes} bytes is too short for a header and a trailer")));
         }
+        let trailer_offset = bytes - PACK_TRAILER_BYTES as u64;
+        let mut trailer = [0; PACK_TRAILER_BYTES];
+        file.read_exact_at(&mut trailer, trailer_offset).map_err(ChunkError::io(&path))?;
+        let trailer = PackTrailer::decode(&trailer, bytes).map_err(|error| unsealed(error.to_string()))?;
         let mut header = [0; PACK_HEADER_BYTES];
         file.read_exact_at(&mut header, 0).map_err(ChunkError::io(&path))?;
         let header = PackHeader::decode(&header).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
         if header.pack != pack {
             return Err(ChunkError::corrupt(&path, 0, format!("the header names pack {}", header.pack)));
         }
-        let trailer_offset = bytes - PACK_TRAILER_BYTES as u64;
-        let mut trailer = [0; PACK_TRAILER_BYTES];
-        file.read_exact_at(&mut trailer, trailer_offset).map_err(ChunkError::io(&path))?;
-        let trailer = PackTrailer::decode(&trailer, bytes).map_err(|error| unsealed(error.to_string()))?;
-        let mut footer = vec![0; trailer.footer_bytes() as usize];
-        file.read_exact_at(&mut footer, trailer.footer_offset).map_err(ChunkError::io(&path))?;
-        let corrupt_footer = |reason: String| ChunkError::corrupt(&path, trailer.footer_offset, reason);
-        rewind_format::verify_crc("pack footer", trailer.footer_crc32c, crc32c(&footer))
-            .map_err(|error| corrupt_footer(error.to_string()))?;
-        let entries = FooterEntry::decode_all(&footer).map_err(|error| corrupt_footer(error.to_string()))?;
-        Ok(PackReader { pack, path, file, bytes, entries })
+        Ok(PackReader { pack, path, file, bytes, trailer })
     }
 
     pub fn pack(&self) -> u64 {
@@ -191,9 +209,28 @@ impl PackReader {
         self.bytes
     }
 
-    /// Every chunk in the pack, in the order written.
-    pub fn entries(&self) -> &[FooterEntry] {
-        &self.entries
+    pub fn chunk_count(&self) -> u32 {
+        self.trailer.entry_count
+    }
+
+    /// Every chunk in the pack, in the order written, read from the footer
+    /// and checked against the trailer's CRC.
+    pub fn footer(&self) -> Result<Vec<FooterEntry>, ChunkError> {
+        let mut footer = vec![0; self.trailer.footer_bytes() as usize];
+        self.file.read_exact_at(&mut footer, self.trailer.footer_offset).map_err(ChunkError::io(&self.path))?;
+        let corrupt = |reason: String| ChunkError::corrupt(&self.path, self.trailer.footer_offset, reason);
+        rewind_format::verify_crc("pack footer", self.trailer.footer_crc32c, crc32c(&footer))
+            .map_err(|error| corrupt(error.to_string()))?;
+        let entries = FooterEntry::decode_all(&footer).map_err(|error| corrupt(error.to_string()))?;
+        if let Some(entry) = entries.iter().find(|entry| entry.offset >= self.trailer.footer_offset) {
+            return Err(corrupt(format!("entry for chunk {} points past the records", entry.id)));
+        }
+        Ok(entries)
+    }
+
+    /// The pack's file.
+    pub fn path(&self) -> &str {
+        &self.path
     }
 
     pub fn location(&self, entry: &FooterEntry) -> ChunkLocation {
@@ -208,16 +245,29 @@ impl PackReader {
     /// Reads the chunk named `hash` at `location` into `out` (of its raw
     /// size), checking the record, the size, and the hash of the bytes.
     pub fn read(&self, location: ChunkLocation, hash: &ChunkHash, out: &mut [u8]) -> Result<(), ChunkError> {
+        let mut record = Vec::new();
+        self.read_record(location, hash, &mut record, out).map(|_| ())
+    }
+
+    /// Like [`PackReader::read`], also leaving the whole record in `record`;
+    /// returns how the chunk is stored (its stored bytes follow the header).
+    pub fn read_record(
+        &self,
+        location: ChunkLocation,
+        hash: &ChunkHash,
+        record: &mut Vec<u8>,
+        out: &mut [u8],
+    ) -> Result<Codec, ChunkError> {
         assert_eq!(location.pack, self.pack, "location in another pack");
         assert_eq!(out.len(), location.raw_bytes as usize, "buffer of the chunk's raw size");
         let corrupt = |reason: String| ChunkError::corrupt(&self.path, location.offset, reason);
-        let mut record = vec![0; RECORD_HEADER_BYTES + location.stored_bytes as usize];
+        record.resize(RECORD_HEADER_BYTES + location.stored_bytes as usize, 0);
         let inside = location.offset.checked_add(record.len() as u64).is_some_and(|end| end <= self.bytes);
         if !inside {
             return Err(corrupt(format!("a record of {} bytes does not fit in the pack", record.len())));
         }
-        self.file.read_exact_at(&mut record, location.offset).map_err(ChunkError::io(&self.path))?;
-        let (header, stored) = RecordHeader::decode_record(&record).map_err(|error| corrupt(error.to_string()))?;
+        self.file.read_exact_at(record, location.offset).map_err(ChunkError::io(&self.path))?;
+        let (header, stored) = RecordHeader::decode_record(record).map_err(|error| corrupt(error.to_string()))?;
         if header.hash != *hash
             || header.stored_bytes != location.stored_bytes
             || header.raw_bytes != location.raw_bytes
@@ -243,21 +293,22 @@ impl PackReader {
         if chunk_hash(out) != *hash {
             return Err(corrupt(format!("the bytes of chunk {} hash to something else", hex(hash))));
         }
-        Ok(())
+        Ok(header.codec)
     }
 
     /// Reads and checks every chunk (a scrub). Returns the number checked.
     pub fn verify(&self) -> Result<usize, ChunkError> {
+        let entries = self.footer()?;
         let mut out = Vec::new();
-        for entry in &self.entries {
+        for entry in &entries {
             out.resize(entry.raw_bytes as usize, 0);
             self.read(self.location(entry), &entry.hash, &mut out)?;
         }
-        Ok(self.entries.len())
+        Ok(entries.len())
     }
 }
 
 /// A hash as hex, for messages.
-fn hex(hash: &ChunkHash) -> impl std::fmt::Display {
+pub(crate) fn hex(hash: &ChunkHash) -> impl std::fmt::Display {
     blake3::Hash::from_bytes(*hash).to_hex()
 }

@@ -12,6 +12,7 @@ use rand::{RngCore, SeedableRng};
 use rewind_chunks::{chunk_hash, ChunkError, Codec, PackReader, PackWriter};
 use rewind_format::pack::RecordHeader;
 use rewind_io::OsStorage;
+use rewind_types::ChunkId;
 
 const FIXTURE_PACK: u64 = 0x2a;
 
@@ -33,8 +34,8 @@ fn fixtures_dir() -> PathBuf {
 fn write_fixture_pack(dir: &Path) -> PathBuf {
     let storage = OsStorage::new(dir).unwrap();
     let mut writer = PackWriter::create(&storage, ".", FIXTURE_PACK).unwrap();
-    for chunk in fixture_chunks() {
-        writer.add(chunk_hash(&chunk), &chunk).unwrap();
+    for (index, chunk) in fixture_chunks().iter().enumerate() {
+        writer.add(ChunkId(100 + index as u64), chunk_hash(chunk), chunk).unwrap();
     }
     writer.seal(&storage).unwrap();
     dir.join(rewind_chunks::pack_name(FIXTURE_PACK))
@@ -85,9 +86,11 @@ fn sealed_fixture_reads_back_every_chunk() {
     let (_dir, reader) = open_fixture("sealed.pack");
     let reader = reader.unwrap();
     let chunks = fixture_chunks();
-    assert_eq!(reader.entries().len(), chunks.len());
-    for (entry, chunk) in reader.entries().iter().zip(&chunks) {
+    let entries = reader.footer().unwrap();
+    assert_eq!(entries.len(), chunks.len());
+    for (index, (entry, chunk)) in entries.iter().zip(&chunks).enumerate() {
         assert_eq!(entry.hash, chunk_hash(chunk));
+        assert_eq!(entry.id, ChunkId(100 + index as u64));
         let mut out = vec![0; entry.raw_bytes as usize];
         reader.read(reader.location(entry), &entry.hash, &mut out).unwrap();
         assert_eq!(&out, chunk);
@@ -99,7 +102,8 @@ fn sealed_fixture_reads_back_every_chunk() {
 fn sealed_fixture_compresses_what_pays_and_stores_the_rest() {
     let (_dir, reader) = open_fixture("sealed.pack");
     let reader = reader.unwrap();
-    let stored: Vec<(u32, u32)> = reader.entries().iter().map(|entry| (entry.stored_bytes, entry.raw_bytes)).collect();
+    let stored: Vec<(u32, u32)> =
+        reader.footer().unwrap().iter().map(|entry| (entry.stored_bytes, entry.raw_bytes)).collect();
     assert!(stored[0].0 < 200, "repeated text compresses: {stored:?}");
     assert_eq!(stored[1], (4096, 4096), "random bytes are stored as they are");
     assert!(stored[2].0 < 100, "zeros compress: {stored:?}");
@@ -117,7 +121,8 @@ fn writing_the_fixture_today_reads_the_same() {
     let fresh = PackReader::open(&storage, ".", FIXTURE_PACK).unwrap();
     let (_fixture_dir, fixture) = open_fixture("sealed.pack");
     let fixture = fixture.unwrap();
-    let hashes = |reader: &PackReader| reader.entries().iter().map(|entry| entry.hash).collect::<Vec<_>>();
+    let hashes =
+        |reader: &PackReader| reader.footer().unwrap().iter().map(|entry| (entry.hash, entry.id)).collect::<Vec<_>>();
     assert_eq!(hashes(&fresh), hashes(&fixture));
     assert_eq!(fresh.verify().unwrap(), 4);
 }
@@ -126,7 +131,7 @@ fn writing_the_fixture_today_reads_the_same() {
 fn corrupt_fixture_fails_that_chunk_only() {
     let (_dir, reader) = open_fixture("corrupt.pack");
     let reader = reader.expect("the footer and trailer are intact");
-    let entries = reader.entries().to_vec();
+    let entries = reader.footer().unwrap();
     for (index, entry) in entries.iter().enumerate() {
         let mut out = vec![0; entry.raw_bytes as usize];
         let result = reader.read(reader.location(entry), &entry.hash, &mut out);
@@ -156,7 +161,7 @@ fn torn_fixture_is_unsealed_not_corrupt() {
 fn a_record_that_names_another_chunk_is_corruption() {
     let (_dir, reader) = open_fixture("sealed.pack");
     let reader = reader.unwrap();
-    let entry = reader.entries()[0];
+    let entry = reader.footer().unwrap()[0];
     let mut out = vec![0; entry.raw_bytes as usize];
     let error = reader.read(reader.location(&entry), &[9; 32], &mut out).unwrap_err();
     assert!(error.to_string().contains("not the chunk"), "{error}");
@@ -179,7 +184,7 @@ fn many_chunks_round_trip_through_a_large_pack() {
         } else {
             rng.fill_bytes(&mut chunk[..64]);
         }
-        let location = writer.add(chunk_hash(&chunk), &chunk).unwrap();
+        let location = writer.add(ChunkId(index as u64 + 1), chunk_hash(&chunk), &chunk).unwrap();
         chunks.push((location, chunk));
     }
     let sealed = writer.seal(&storage).unwrap();

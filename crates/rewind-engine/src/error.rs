@@ -1,5 +1,6 @@
 use std::io;
 
+use rewind_chunks::ChunkError;
 use rewind_index::IndexError;
 use rewind_journal::JournalError;
 
@@ -54,6 +55,8 @@ pub enum EngineError {
     Journal(#[from] JournalError),
     #[error(transparent)]
     Index(#[from] IndexError),
+    #[error(transparent)]
+    Chunks(#[from] ChunkError),
 }
 
 impl EngineError {
@@ -69,6 +72,7 @@ impl EngineError {
             EngineError::Corrupt { .. }
                 | EngineError::Journal(JournalError::Corrupt { .. })
                 | EngineError::Index(IndexError::Corrupt { .. })
+                | EngineError::Chunks(ChunkError::Corrupt { .. } | ChunkError::Missing { .. })
         )
     }
 }

@@ -167,6 +167,13 @@ pub struct VolumeStats {
     pub versions_thinned: u64,
     pub index_runs: u64,
     pub index_memory_bytes: u64,
+    /// Kept versions whose data is archived (in the chunk store, or zeros)
+    /// rather than in the journal: every version older than `archived_before`.
+    pub versions_archived: u64,
+    pub archived_before: Timestamp,
+    pub archive_passes: u64,
+    /// Journal bytes given back since the volume was opened.
+    pub journal_bytes_reclaimed: u64,
     pub journal_bytes: u64,
     pub lsn_last: u64,
     pub lsn_durable: u64,
@@ -363,7 +370,7 @@ impl Volume {
         self.flush()?;
         self.index.seal();
         self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
-        self.index.rewrite_all().map_err(|error| self.fail(error.into()))?;
+        self.releasing(|| self.index.rewrite_all())?;
         Ok(())
     }
 
@@ -459,9 +466,8 @@ impl Volume {
         // Versions in memory are thinned as they are persisted; of the runs,
         // only those with history in windows retention now reaches.
         self.index.seal();
-        let result =
-            self.index.persist(self.journal.lsn_durable()).and_then(|_| self.index.rewrite_before(thins_until));
-        let rewritten = result.map_err(|error| self.fail(error.into()))?;
+        self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
+        let rewritten = self.releasing(|| self.index.rewrite_before(thins_until))?;
         Ok(rewritten > 0)
     }
 
@@ -546,6 +552,11 @@ impl Volume {
             versions_in_runs: index.versions_in_runs,
             index_runs: index.run_count,
             index_memory_bytes: index.memory_bytes,
+            versions_archived: (index.versions_in_runs + index.versions_in_memory)
+                .saturating_sub(self.index.versions_unarchived()),
+            archived_before: self.index.archived_before(),
+            archive_passes: counter(&counters.archive_passes),
+            journal_bytes_reclaimed: counter(&counters.journal_bytes_reclaimed),
             journal_bytes: self.journal.size_bytes()?,
             lsn_last: self.journal.lsn_next().0 - 1,
             lsn_durable: self.journal.lsn_durable().0,

@@ -14,6 +14,7 @@
 //! [`Node::maintain`] (the server does so from a thread, the simulator from its
 //! event loop).
 
+mod archive;
 mod current;
 mod error;
 mod history;

@@ -1,15 +1,18 @@
-//! A node: one data directory holding volumes.
+//! A node: one data directory holding volumes and the chunk store they
+//! share (deduplication works across all of a node's volumes).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
+use rewind_chunks::{ChunkError, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport};
 use rewind_format::meta::{Layout, RetentionTier, VolumeMeta, VolumePolicy};
 use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::Storage;
-use rewind_types::{BlockSize, Timestamp, VolumeName};
+use rewind_types::{BlockSize, Timestamp, VersionData, VolumeName};
 
+use crate::volume::Shared;
 use crate::{EngineError, Volume, VolumeConfig};
 
 #[derive(Clone, Copy, Debug)]
@@ -17,11 +20,20 @@ pub struct NodeConfig {
     pub volume: VolumeConfig,
     /// Memory for cached version index pages, shared by all volumes.
     pub index_cache_bytes: u64,
+    pub chunks: ChunkStoreConfig,
+    /// Collect garbage in the chunk store at most this often (nanoseconds),
+    /// when there is any.
+    pub collect_interval_nanos: u64,
 }
 
 impl Default for NodeConfig {
     fn default() -> Self {
-        NodeConfig { volume: VolumeConfig::default(), index_cache_bytes: 64 << 20 }
+        NodeConfig {
+            volume: VolumeConfig::default(),
+            index_cache_bytes: 64 << 20,
+            chunks: ChunkStoreConfig::default(),
+            collect_interval_nanos: 300_000_000_000,
+        }
     }
 }
 
@@ -61,17 +73,18 @@ impl WorkSignal {
 }
 
 const VOLUMES_DIR: &str = "volumes";
+const CHUNKS_DIR: &str = "chunks";
 /// A volume size the 64-bit byte offsets of NBD and the formats can address.
 const VOLUME_BYTES_MAX: u64 = 1 << 60;
 
 pub struct Node {
     storage: Arc<dyn Storage>,
     config: NodeConfig,
-    cache: Arc<PageCache>,
+    shared: Shared,
     volumes: RwLock<BTreeMap<String, Arc<Volume>>>,
     /// Serialises creating and deleting volumes.
     admin: Mutex<()>,
-    work: Arc<WorkSignal>,
+    collect_last: Mutex<Option<Timestamp>>,
 }
 
 fn volume_dir(name: &str) -> String {
@@ -80,12 +93,17 @@ fn volume_dir(name: &str) -> String {
 
 impl Node {
     /// Opens (creating if needed) the data directory behind `storage` and
-    /// recovers every volume in it.
+    /// recovers every volume in it, then counts the chunks their history
+    /// refers to.
     pub fn open(storage: Arc<dyn Storage>, config: NodeConfig) -> Result<Node, EngineError> {
         storage.create_dir_all(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
         storage.sync_dir("").map_err(EngineError::io("."))?;
-        let cache = PageCache::new(config.index_cache_bytes);
-        let work = Arc::new(WorkSignal::default());
+        let chunks = Arc::new(ChunkStore::open(Arc::clone(&storage), CHUNKS_DIR, config.chunks)?);
+        let shared = Shared {
+            cache: PageCache::new(config.index_cache_bytes),
+            chunks: Arc::clone(&chunks),
+            work: Arc::new(WorkSignal::default()),
+        };
         let mut volumes = BTreeMap::new();
         for name in storage.list_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))? {
             let dir = volume_dir(&name);
@@ -96,11 +114,35 @@ impl Node {
                 storage.sync_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
                 continue;
             }
-            let volume =
-                Volume::open(Arc::clone(&storage), &dir, config.volume, Arc::clone(&cache), Arc::clone(&work))?;
+            let volume = Volume::open(Arc::clone(&storage), &dir, config.volume, &shared)?;
             volumes.insert(name, volume);
         }
-        Ok(Node { storage, config, cache, volumes: RwLock::new(volumes), admin: Mutex::new(()), work })
+        for volume in volumes.values() {
+            let block_bytes = volume.block_size().bytes();
+            let mut missing = None;
+            volume.index.for_each_archived(&mut |version| {
+                let VersionData::Chunk(id) = version.data else { unreachable!("archived versions") };
+                if let Err(error) = chunks.mark(id, block_bytes) {
+                    missing.get_or_insert(error);
+                }
+                Ok(())
+            })?;
+            if let Some(error) = missing {
+                return Err(EngineError::Corrupt {
+                    volume: volume.name().to_string(),
+                    detail: format!("its history refers to a chunk the store lacks: {error}"),
+                });
+            }
+        }
+        chunks.finish_open()?;
+        Ok(Node {
+            storage,
+            config,
+            shared,
+            volumes: RwLock::new(volumes),
+            admin: Mutex::new(()),
+            collect_last: Mutex::new(None),
+        })
     }
 
     pub fn create_volume(&self, spec: VolumeSpec, now: Timestamp) -> Result<Arc<Volume>, EngineError> {
@@ -147,8 +189,7 @@ impl Node {
                 deleted: Vec::new(),
             },
             self.config.volume,
-            Arc::clone(&self.cache),
-            Arc::clone(&self.work),
+            &self.shared,
         )?;
         self.storage.sync_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
         self.volumes.write().insert(name, Arc::clone(&volume));
@@ -161,6 +202,9 @@ impl Node {
         let _admin = self.admin.lock();
         let volume = self.volume(name)?;
         volume.close();
+        // Its chunks may be collected once the volume is gone; should the
+        // deletion not complete, the next start counts them again.
+        volume.release_all()?;
         self.volumes.write().remove(name);
         let dir = volume_dir(name);
         // Removing volume.meta first makes the deletion atomic: a crash
@@ -180,9 +224,9 @@ impl Node {
         self.volumes.read().values().cloned().collect()
     }
 
-    /// One round of background work on every volume. A volume that fails is
-    /// poisoned (and logged) without stopping work on the others; the first
-    /// error is returned.
+    /// One round of background work on every volume, then on the chunk
+    /// store. A volume that fails is poisoned (and logged) without stopping
+    /// work on the others; the first error is returned.
     pub fn maintain(&self, now: Timestamp) -> Result<bool, EngineError> {
         let mut worked = false;
         let mut first_error = None;
@@ -195,24 +239,53 @@ impl Node {
                 }
             }
         }
+        let collect_due = {
+            let last = self.collect_last.lock();
+            last.is_none_or(|last| {
+                now.unix_nanos().saturating_sub(last.unix_nanos()) >= self.config.collect_interval_nanos
+            })
+        };
+        if collect_due && !self.shared.chunks.is_poisoned() && self.shared.chunks.collection_due() {
+            *self.collect_last.lock() = Some(now);
+            match self.collect(&mut |_, _, _| {}) {
+                Ok(report) => worked |= report != CollectReport::default(),
+                Err(error) => {
+                    tracing::error!(%error, "garbage collection failed");
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
         first_error.map_or(Ok(worked), Err)
     }
 
-    /// Checkpoints every healthy volume (before a clean shutdown).
+    /// Collects garbage in the chunk store now (see [`ChunkStore::collect`]).
+    pub fn collect(&self, progress: &mut dyn FnMut(CollectPhase, u64, u64)) -> Result<CollectReport, EngineError> {
+        Ok(self.shared.chunks.collect(progress)?)
+    }
+
+    pub fn chunk_stats(&self) -> ChunkStats {
+        self.shared.chunks.stats()
+    }
+
+    /// Checkpoints every healthy volume and writes the dedup index's memory
+    /// out (before a clean shutdown).
     pub fn checkpoint_all(&self, now: Timestamp) -> Result<(), EngineError> {
         for volume in self.volumes() {
             if !volume.is_poisoned() {
                 volume.checkpoint(now)?;
             }
         }
-        Ok(())
+        match self.shared.chunks.flush_dedup() {
+            Ok(()) | Err(ChunkError::Poisoned { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
     }
 
     pub fn work_signal(&self) -> Arc<WorkSignal> {
-        Arc::clone(&self.work)
+        Arc::clone(&self.shared.work)
     }
 
     pub fn page_cache_stats(&self) -> PageCacheStats {
-        self.cache.stats()
+        self.shared.cache.stats()
     }
 }

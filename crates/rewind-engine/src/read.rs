@@ -14,12 +14,17 @@
 //! CRC check; the read is then planned and done again under the destage lock,
 //! and only a second failure is reported as corruption. Journal bytes never
 //! change, so a journal block that fails its check is corruption at once.
+//! Archived versions come from the chunk store, which checks the chunk's
+//! hash; the version's own CRC is checked too. A journal segment reclaimed
+//! between planning and reading (its versions were just archived) makes
+//! the read plan again: the index already points at the archived copies.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rewind_format::current::{BlockMeta, BlockState};
-use rewind_types::{BlockIndex, Timestamp, Version, VersionData};
+use rewind_journal::JournalError;
+use rewind_types::{BlockIndex, ChunkId, Timestamp, Version, VersionData};
 
 use crate::timespec::DisplayTime;
 use crate::volume::WriteState;
@@ -71,6 +76,7 @@ enum Source {
     Zero,
     Current { crc32c: u32 },
     Journal { segment: u32, offset: u32, crc32c: u32 },
+    Chunk { id: ChunkId, crc32c: u32 },
 }
 
 impl Source {
@@ -78,6 +84,7 @@ impl Source {
         match version.data {
             VersionData::Zero => Source::Zero,
             VersionData::Journal { segment, offset } => Source::Journal { segment, offset, crc32c: version.crc32c },
+            VersionData::Chunk(id) => Source::Chunk { id, crc32c: version.crc32c },
         }
     }
 
@@ -161,9 +168,9 @@ impl Volume {
             scratch.resize((count * block_bytes) as usize, 0);
             &mut scratch
         };
-        if let Err(Mismatch(_)) = self.read_blocks(at, overlay, first, count, target)? {
+        if let Err(Mismatch(_)) = self.read_blocks_replanning(at, overlay, first, count, target)? {
             let _no_destage = self.destage.lock();
-            if let Err(Mismatch(block)) = self.read_blocks(at, overlay, first, count, target)? {
+            if let Err(Mismatch(block)) = self.read_blocks_replanning(at, overlay, first, count, target)? {
                 return Err(self.corrupt_current(block));
             }
         }
@@ -179,6 +186,26 @@ impl Volume {
             volume: self.name().to_string(),
             detail: format!("block {block} in the current store fails its checksum"),
         }
+    }
+
+    /// [`Volume::read_blocks`], planned again if the journal segment a
+    /// version was planned from is reclaimed meanwhile.
+    fn read_blocks_replanning(
+        &self,
+        at: Option<Timestamp>,
+        overlay: Overlay<'_>,
+        first: BlockIndex,
+        count: u64,
+        target: &mut [u8],
+    ) -> Result<Result<(), Mismatch>, EngineError> {
+        const ATTEMPTS: usize = 3;
+        for attempt in 1.. {
+            match self.read_blocks(at, overlay, first, count, target) {
+                Err(EngineError::Journal(JournalError::Reclaimed { .. })) if attempt < ATTEMPTS => continue,
+                other => return other,
+            }
+        }
+        unreachable!("the last attempt returns")
     }
 
     fn read_blocks(
@@ -216,6 +243,20 @@ impl Volume {
                         if rewind_format::crc32c(block) != crc32c {
                             return Ok(Err(Mismatch(BlockIndex(first.0 + (start + index) as u64))));
                         }
+                    }
+                }
+                Source::Chunk { id, crc32c } => {
+                    let block = &mut target[bytes(end)];
+                    self.chunks.read(id, block)?;
+                    if rewind_format::crc32c(block) != crc32c {
+                        return Err(EngineError::Corrupt {
+                            volume: self.name().to_string(),
+                            detail: format!(
+                                "block {} as of {} (chunk {id}) fails its checksum",
+                                first.0 + start as u64,
+                                at.map_or("now".to_owned(), |at| DisplayTime(at).to_string()),
+                            ),
+                        });
                     }
                 }
                 Source::Journal { segment, offset, .. } => {

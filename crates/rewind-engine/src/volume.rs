@@ -4,7 +4,7 @@
 //! ```text
 //! write ──► journal (append; durable at commit) ──► current store (destage,
 //!   │                                               only durable records)
-//!   ├─────► version index (memtable → runs)
+//!   ├─────► version index (memtable → runs) ──► archive: chunk store
 //!   └─────► overlay: blocks whose newest versions are not destaged yet
 //! ```
 //!
@@ -19,6 +19,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use rewind_chunks::ChunkStore;
 use rewind_format::current::{BlockMeta, BlockState};
 use rewind_format::journal::{RecordKind, RECORD_HEADER_BYTES};
 use rewind_format::meta::{Checkpoint, TimelineBucket, VolumeMeta, VolumePolicy};
@@ -56,6 +57,12 @@ pub struct VolumeConfig {
     /// often (nanoseconds). Each pass rewrites the index runs old enough to
     /// thin further, so this trades reclaim delay for rewrite work.
     pub retention_interval_nanos: u64,
+    /// Move history from the journal into the chunk store this often
+    /// (nanoseconds), or sooner once `archive_bytes_soft` of it waits.
+    pub archive_interval_nanos: u64,
+    pub archive_bytes_soft: u64,
+    /// Versions younger than this (nanoseconds) stay in the journal.
+    pub archive_age_nanos: u64,
 }
 
 impl Default for VolumeConfig {
@@ -71,6 +78,9 @@ impl Default for VolumeConfig {
             checkpoint_interval_nanos: 30_000_000_000,
             checkpoint_journal_bytes: 1 << 30,
             retention_interval_nanos: 600_000_000_000,
+            archive_interval_nanos: 30_000_000_000,
+            archive_bytes_soft: 64 << 20,
+            archive_age_nanos: 1_000_000_000,
         }
     }
 }
@@ -102,6 +112,8 @@ pub(crate) struct Pending {
 
 pub(crate) struct WriteState {
     pub timestamp_last: Timestamp,
+    /// New versions get times at or after this: the last archive cutoff.
+    pub timestamp_floor: Timestamp,
     /// Per block, its versions not yet destaged, oldest first.
     pub overlay: FxHashMap<u64, smallvec::SmallVec<[Pending; 1]>>,
     pub timeline_unsaved: BTreeMap<u64, TimelineBucket>,
@@ -114,12 +126,16 @@ pub(crate) struct DestageState {
     pub lsn_applied: Lsn,
 }
 
-struct MaintenanceState {
+pub(crate) struct MaintenanceState {
     /// When maintenance first saw records that are not durable yet.
     undurable_since: Option<Timestamp>,
     checkpoint_last: Timestamp,
     checkpoint_lsn: Lsn,
     checkpoint_journal_bytes: u64,
+    /// Recovery starts in this journal segment: the ones before it may be
+    /// reclaimed once their history is archived.
+    pub replay_segment: u32,
+    pub archive_last: Timestamp,
 }
 
 #[derive(Default)]
@@ -133,6 +149,27 @@ pub(crate) struct Counters {
     pub flushes: AtomicU64,
     pub journal_bytes_appended: AtomicU64,
     pub checkpoints: AtomicU64,
+    pub archive_passes: AtomicU64,
+    pub versions_archived: AtomicU64,
+    pub journal_bytes_reclaimed: AtomicU64,
+}
+
+/// What a node's volumes share.
+pub(crate) struct Shared {
+    /// Cached version index pages.
+    pub cache: Arc<PageCache>,
+    pub chunks: Arc<ChunkStore>,
+    /// Wakes the maintenance loop.
+    pub work: Arc<WorkSignal>,
+}
+
+/// The storage parts a volume is assembled from.
+struct Parts {
+    journal: Journal,
+    index: VersionIndex,
+    current: CurrentStore,
+    history: History,
+    chunks: Arc<ChunkStore>,
 }
 
 /// The largest write record; larger writes become several records.
@@ -145,13 +182,14 @@ pub struct Volume {
     pub(crate) meta: VolumeMeta,
     pub(crate) dir: String,
     storage: Arc<dyn Storage>,
-    config: VolumeConfig,
+    pub(crate) config: VolumeConfig,
     pub(crate) journal: Journal,
     pub(crate) index: VersionIndex,
     pub(crate) current: CurrentStore,
+    pub(crate) chunks: Arc<ChunkStore>,
     pub(crate) write: Mutex<WriteState>,
     pub(crate) destage: Mutex<DestageState>,
-    maintenance: Mutex<MaintenanceState>,
+    pub(crate) maintenance: Mutex<MaintenanceState>,
     pub(crate) overlay_versions: AtomicUsize,
     poisoned: Mutex<Option<String>>,
     closed: AtomicBool,
@@ -168,13 +206,14 @@ impl Volume {
         meta: VolumeMeta,
         policy: VolumePolicy,
         config: VolumeConfig,
-        cache: Arc<PageCache>,
-        work: Arc<WorkSignal>,
+        shared: &Shared,
     ) -> Result<Arc<Volume>, EngineError> {
         storage.create_dir_all(dir).map_err(EngineError::io(dir))?;
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
+        let journal_dir = format!("{dir}/journal");
         let journal =
-            Journal::create(Arc::clone(&storage), &format!("{dir}/journal"), meta.block_size, config.journal)?;
+            Journal::create(Arc::clone(&storage), &journal_dir, meta.block_size, config.journal, meta.created)?;
+        let cache = Arc::clone(&shared.cache);
         let index = VersionIndex::create(Arc::clone(&storage), &format!("{dir}/index"), config.index, cache)?;
         let current = CurrentStore::open(&*storage, dir, meta.block_size, block_count, OpenMode::CreateNew)?;
         current.sync()?;
@@ -186,9 +225,8 @@ impl Volume {
         // Written last: a directory without it is an unfinished creation.
         let path = format!("{dir}/volume.meta");
         write_file_atomic(&*storage, &path, &meta.encode()).map_err(EngineError::io(&path))?;
-        let volume =
-            Volume::assemble(storage, dir, meta, config, journal, index, current, history, checkpoint, work, 0);
-        Ok(Arc::new(volume))
+        let parts = Parts { journal, index, current, history, chunks: Arc::clone(&shared.chunks) };
+        Ok(Arc::new(Volume::assemble(storage, dir, meta, config, parts, checkpoint, Arc::clone(&shared.work), 0)))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -197,21 +235,23 @@ impl Volume {
         dir: &str,
         meta: VolumeMeta,
         config: VolumeConfig,
-        journal: Journal,
-        index: VersionIndex,
-        current: CurrentStore,
-        history: History,
+        Parts { journal, index, current, history, chunks }: Parts,
         checkpoint: Checkpoint,
         work: Arc<WorkSignal>,
         timestamp_last_nanos: u64,
     ) -> Volume {
         let zero_block_crc32c = rewind_format::crc32c(&vec![0u8; meta.block_size.bytes() as usize]);
+        index.set_release_hook(Arc::new(crate::archive::ReleaseChunks {
+            chunks: Arc::clone(&chunks),
+            block_bytes: meta.block_size.bytes(),
+        }));
         Volume {
             dir: dir.to_owned(),
             storage,
             config,
             write: Mutex::new(WriteState {
                 timestamp_last: checkpoint.timestamp_last.max(Timestamp::from_unix_nanos(timestamp_last_nanos)),
+                timestamp_floor: index.archived_before(),
                 overlay: FxHashMap::default(),
                 timeline_unsaved: BTreeMap::new(),
                 crcs: Vec::new(),
@@ -223,10 +263,13 @@ impl Volume {
                 checkpoint_last: checkpoint.timestamp_last,
                 checkpoint_lsn: checkpoint.lsn,
                 checkpoint_journal_bytes: 0,
+                replay_segment: checkpoint.replay_from.segment,
+                archive_last: checkpoint.timestamp_last,
             }),
             journal,
             index,
             current,
+            chunks,
             overlay_versions: AtomicUsize::new(0),
             poisoned: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -244,8 +287,7 @@ impl Volume {
         storage: Arc<dyn Storage>,
         dir: &str,
         config: VolumeConfig,
-        cache: Arc<PageCache>,
-        work: Arc<WorkSignal>,
+        shared: &Shared,
     ) -> Result<Arc<Volume>, EngineError> {
         let meta_path = format!("{dir}/volume.meta");
         let bytes = read_file(&*storage, &meta_path).map_err(EngineError::io(&meta_path))?;
@@ -255,6 +297,7 @@ impl Volume {
         let bytes = read_file(&*storage, &checkpoint_path).map_err(EngineError::io(&checkpoint_path))?;
         let checkpoint = Checkpoint::decode(&bytes).map_err(|error| corrupt_file(&checkpoint_path, error))?;
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
+        let cache = Arc::clone(&shared.cache);
         let index = VersionIndex::open(Arc::clone(&storage), &format!("{dir}/index"), config.index, cache)?;
         let current = CurrentStore::open(&*storage, dir, meta.block_size, block_count, OpenMode::Existing)?;
         let history = History::open(&*storage, dir)?;
@@ -276,6 +319,7 @@ impl Volume {
             config.journal,
             checkpoint.replay_from,
             checkpoint.lsn.next(),
+            checkpoint.timestamp_last,
         )?;
         let block_bytes = meta.block_size.bytes() as usize;
         let zero_block_crc32c = rewind_format::crc32c(&vec![0u8; block_bytes]);
@@ -346,12 +390,9 @@ impl Volume {
             dir,
             meta,
             config,
-            journal,
-            index,
-            current,
-            history,
+            Parts { journal, index, current, history, chunks: Arc::clone(&shared.chunks) },
             checkpoint,
-            work,
+            Arc::clone(&shared.work),
             timestamp_last.unix_nanos(),
         );
         debug_assert_eq!(volume.zero_block_crc32c, zero_block_crc32c);
@@ -421,7 +462,7 @@ impl Volume {
     /// to report; corruption found while writing passes through unchanged.
     pub(crate) fn fail(&self, error: EngineError) -> EngineError {
         let poisons = match &error {
-            EngineError::Journal(JournalError::Corrupt { .. }) => false,
+            EngineError::Journal(JournalError::Corrupt { .. } | JournalError::Reclaimed { .. }) => false,
             EngineError::Journal(_) | EngineError::Io { .. } | EngineError::Index(_) => true,
             _ => false,
         };
@@ -485,7 +526,7 @@ impl Volume {
     }
 
     fn next_timestamp(state: &mut WriteState, now: Timestamp) -> Timestamp {
-        let timestamp = now.max(state.timestamp_last.next());
+        let timestamp = now.max(state.timestamp_last.next()).max(state.timestamp_floor);
         state.timestamp_last = timestamp;
         timestamp
     }
@@ -708,13 +749,14 @@ impl Volume {
             metas.extend(run.iter().map(|pending| BlockMeta {
                 state: match pending.version.data {
                     VersionData::Zero => BlockState::Zero,
-                    VersionData::Journal { .. } => BlockState::Data,
+                    VersionData::Journal { .. } | VersionData::Chunk(_) => BlockState::Data,
                 },
                 crc32c: pending.version.crc32c,
                 timestamp: pending.version.timestamp,
             }));
             match first.data {
                 VersionData::Zero => self.current.zero_blocks(first.block, &metas)?,
+                VersionData::Chunk(_) => unreachable!("the overlay holds versions in the journal"),
                 VersionData::Journal { segment, offset } => {
                     buffer.resize(run.len() * block_bytes as usize, 0);
                     self.journal.read(segment, u64::from(offset), &mut buffer)?;
@@ -770,10 +812,15 @@ impl Volume {
             self.index.seal();
         }
         worked |= self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))? > 0;
-        worked |= self.index.compact().map_err(|error| self.fail(error.into()))?;
+        worked |= self.releasing(|| self.index.compact())?;
         let retention_due = self.history.retention_clock().saturating_add_nanos(self.config.retention_interval_nanos);
         if now >= retention_due {
             worked |= self.apply_retention(now)?;
+        }
+        if self.archive_due(&maintenance, now) {
+            maintenance.archive_last = now;
+            worked |= self.archive(now)?;
+            worked |= self.reclaim_journal(maintenance.replay_segment)?;
         }
         let lsn_last = Lsn(self.journal.lsn_next().0 - 1);
         let journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
@@ -783,6 +830,8 @@ impl Volume {
         if lsn_last > maintenance.checkpoint_lsn && due {
             drop(maintenance);
             self.checkpoint(now)?;
+            let replay_segment = self.maintenance.lock().replay_segment;
+            self.reclaim_journal(replay_segment)?;
             worked = true;
         }
         Ok(worked)
@@ -814,6 +863,7 @@ impl Volume {
         result.map_err(|error| self.fail(error))?;
         maintenance.checkpoint_last = now;
         maintenance.checkpoint_lsn = lsn;
+        maintenance.replay_segment = replay_from.segment;
         maintenance.checkpoint_journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
         self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rewind_chunks::{ChunkStoreConfig, DedupConfig};
 use rewind_engine::{
     BlockSize, BookmarkName, Durability, EngineError, Node, NodeConfig, RetentionTier, Timestamp, Volume, VolumeConfig,
     VolumeName, VolumeSpec, ZeroMode,
@@ -93,8 +94,67 @@ fn config(rng: &mut StdRng) -> NodeConfig {
             checkpoint_interval_nanos: rng.random_range(10_000..1_000_000),
             checkpoint_journal_bytes: rng.random_range(32 << 10..1 << 20),
             retention_interval_nanos: rng.random_range(5_000..200_000),
+            archive_interval_nanos: rng.random_range(5_000..200_000),
+            archive_bytes_soft: rng.random_range(4 << 10..256 << 10),
+            archive_age_nanos: rng.random_range(0..50_000),
         },
         index_cache_bytes: 64 * 4096,
+        chunks: ChunkStoreConfig {
+            pack_bytes_target: rng.random_range(4 << 10..128 << 10),
+            dedup: DedupConfig {
+                memtable_entries_max: rng.random_range(4..256),
+                merge_fanin: rng.random_range(2..5),
+                ..DedupConfig::default()
+            },
+            repack_live_percent: rng.random_range(20..80),
+            open_packs_max: rng.random_range(1..8),
+        },
+        collect_interval_nanos: rng.random_range(5_000..500_000),
+    }
+}
+
+/// Restarts after a crash: reopens the node and trims the oracle to the
+/// records that survived, checking that every acknowledged one did, and that
+/// every time still reads as it did.
+fn restart(
+    storage: &SimStorage,
+    config: NodeConfig,
+    oracle: &mut Oracle,
+    bookmarks: &mut Vec<(BookmarkName, Timestamp)>,
+    seed: u64,
+    step: usize,
+) -> (Node, Arc<Volume>) {
+    storage.crash();
+    let node = Node::open(Arc::new(storage.clone()), config)
+        .unwrap_or_else(|error| panic!("seed {seed} step {step}: recovery failed: {error}"));
+    let volume = node.volume("v").unwrap();
+    let stats = volume.stats().unwrap();
+    let survivors = stats.lsn_last as usize;
+    assert!(
+        survivors >= oracle.durable,
+        "seed {seed} step {step}: {survivors} records survived but {} were acknowledged durable",
+        oracle.durable
+    );
+    assert!(survivors < oracle.states.len(), "seed {seed}: more records than written");
+    oracle.states.truncate(survivors + 1);
+    oracle.durable = survivors;
+    oracle.clock = volume.timestamp_last();
+    bookmarks.retain(|(name, _)| volume.bookmarks().iter().any(|bookmark| &bookmark.name == name));
+    check_everything(&volume, oracle, seed);
+    (node, volume)
+}
+
+/// Data for a write: random bytes, zeros, or one of a few block patterns
+/// (the same pattern makes the same block contents wherever it lands, so the
+/// chunk store deduplicates it).
+fn write_data(rng: &mut StdRng, offset: u64, length: u64, block_bytes: u64) -> Vec<u8> {
+    match rng.random_range(0..10) {
+        0..=3 => (0..length).map(|_| rng.random()).collect(),
+        4 => vec![0; length as usize],
+        _ => {
+            let pattern = rng.random_range(1..6u64);
+            (offset..offset + length).map(|at| (pattern * 37 + at % block_bytes % 29) as u8).collect()
+        }
     }
 }
 
@@ -161,6 +221,12 @@ struct Exercised {
     policy_changes: u64,
     /// Views refused because retention dropped their time.
     expired: u64,
+    archived: u64,
+    chunks_freed: u64,
+    dedup_hits: u64,
+    journal_bytes_reclaimed: u64,
+    /// Deaths in the middle of maintenance or collection.
+    deaths: u64,
 }
 
 fn run(seed: u64) -> Exercised {
@@ -211,7 +277,7 @@ fn run(seed: u64) -> Exercised {
             0..=44 => {
                 let offset = rng.random_range(0..size);
                 let length = rng.random_range(1..=(size - offset).min(4 * u64::from(block_bytes)));
-                let data: Vec<u8> = (0..length).map(|_| rng.random()).collect();
+                let data = write_data(&mut rng, offset, length, u64::from(block_bytes));
                 let durability = if rng.random_bool(0.1) { Durability::Fua } else { Durability::Buffered };
                 let result = volume.write(now, offset, &data, durability);
                 if poisoned {
@@ -333,24 +399,40 @@ fn run(seed: u64) -> Exercised {
                 // Power loss (or a failed fsync followed by a restart).
                 drop(volume);
                 drop(node);
-                storage.crash();
-                node = Node::open(Arc::new(storage.clone()), config)
-                    .unwrap_or_else(|error| panic!("seed {seed} step {step}: recovery failed: {error}"));
-                volume = node.volume("v").unwrap();
-                let stats = volume.stats().unwrap();
-                let survivors = stats.lsn_last as usize;
-                assert!(
-                    survivors >= oracle.durable,
-                    "seed {seed} step {step}: {survivors} records survived but {} were acknowledged durable",
-                    oracle.durable
-                );
-                assert!(survivors < oracle.states.len(), "seed {seed}: more records than written");
-                oracle.states.truncate(survivors + 1);
-                oracle.durable = survivors;
-                oracle.clock = volume.timestamp_last();
-                bookmarks.retain(|(name, _)| volume.bookmarks().iter().any(|bookmark| &bookmark.name == name));
+                (node, volume) = restart(&storage, config, &mut oracle, &mut bookmarks, seed, step);
                 poisoned = false;
-                check_everything(&volume, &oracle, seed);
+            }
+            85..=86 => {
+                // Garbage collection now (it also runs within maintenance).
+                match node.collect(&mut |_, done, total| assert!(done <= total)) {
+                    Ok(report) => exercised.chunks_freed += report.chunks_freed,
+                    Err(error) => assert!(poisoned, "seed {seed} step {step}: {error}"),
+                }
+            }
+            87..=88 => {
+                // The process dies at some step of maintenance: archiving,
+                // retention, merges, checkpoints, reclaiming the journal or
+                // collecting garbage.
+                storage.stop_after(rng.random_range(0..80));
+                let retention = volume.retention();
+                if let Some((may, _)) =
+                    retention_bounds(&retention, volume.granularity_nanos(), now, retention_interval)
+                {
+                    promised = promised.max(may);
+                }
+                let _ = node.maintain(now);
+                if rng.random_bool(0.5) {
+                    let _ = node.collect(&mut |_, _, _| {});
+                }
+                if storage.is_stopped() {
+                    drop(volume);
+                    drop(node);
+                    (node, volume) = restart(&storage, config, &mut oracle, &mut bookmarks, seed, step);
+                    poisoned = false;
+                    exercised.deaths += 1;
+                } else {
+                    storage.stop_after(u64::MAX);
+                }
             }
             _ => {
                 let (first, _) = oracle.states[0];
@@ -394,6 +476,17 @@ fn run(seed: u64) -> Exercised {
         assert_eq!(stats.versions_thinned, 0, "seed {seed}");
     }
     exercised.thinned = stats.versions_thinned;
+    exercised.archived = stats.versions_archived;
+    exercised.journal_bytes_reclaimed = stats.journal_bytes_reclaimed;
+    if !poisoned {
+        // Whatever garbage there is can be collected, and history still reads.
+        node.collect(&mut |_, _, _| {}).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        check_everything(&volume, &oracle, seed);
+    }
+    // Counted since the last restart.
+    let chunk_stats = node.chunk_stats();
+    exercised.dedup_hits = chunk_stats.dedup_hits;
+    exercised.chunks_freed += chunk_stats.chunks_freed;
     exercised
 }
 
@@ -409,8 +502,19 @@ fn engine_matches_the_oracle_through_crashes() {
         range_deletes: total.range_deletes + case.range_deletes,
         policy_changes: total.policy_changes + case.policy_changes,
         expired: total.expired + case.expired,
+        archived: total.archived + case.archived,
+        chunks_freed: total.chunks_freed + case.chunks_freed,
+        dedup_hits: total.dedup_hits + case.dedup_hits,
+        journal_bytes_reclaimed: total.journal_bytes_reclaimed + case.journal_bytes_reclaimed,
+        deaths: total.deaths + case.deaths,
     });
     println!("{total:?}");
     let enough = total.thinned > 100 && total.range_deletes > 30 && total.policy_changes > 30 && total.expired > 30;
     assert!(seeds < 30 || enough, "thinning, range deletes, policy changes and retention must be exercised");
+    let chunks = total.archived > 1000
+        && total.chunks_freed > 100
+        && total.dedup_hits > 100
+        && total.journal_bytes_reclaimed > 0
+        && total.deaths > 30;
+    assert!(seeds < 30 || chunks, "archiving, collection, dedup, journal reclaim and deaths must be exercised");
 }

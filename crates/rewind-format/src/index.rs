@@ -6,7 +6,7 @@
 //! first key of every data page, which readers keep in memory to find the one
 //! page that can hold a key.
 
-use rewind_types::{BlockIndex, Timestamp, Version, VersionData};
+use rewind_types::{BlockIndex, ChunkId, Timestamp, Version, VersionData};
 
 use crate::{crc32c, verify_crc, FormatError, Reader, Writer};
 
@@ -23,6 +23,7 @@ const CHECKSUM_OFFSET: usize = PAGE_BYTES - 4;
 
 const KIND_ZERO: u8 = 1;
 const KIND_JOURNAL: u8 = 2;
+const KIND_CHUNK: u8 = 3;
 
 /// The sort key of an entry.
 pub type Key = (u64, u64);
@@ -35,6 +36,7 @@ pub fn encode_entry(version: &Version, out: &mut [u8]) {
     let (kind, location) = match version.data {
         VersionData::Zero => (KIND_ZERO, 0),
         VersionData::Journal { segment, offset } => (KIND_JOURNAL, u64::from(segment) << 32 | u64::from(offset)),
+        VersionData::Chunk(id) => (KIND_CHUNK, id.0),
     };
     out[0..8].copy_from_slice(&version.block.0.to_le_bytes());
     out[8..16].copy_from_slice(&version.timestamp.unix_nanos().to_le_bytes());
@@ -53,6 +55,7 @@ pub fn decode_entry(bytes: &[u8]) -> Result<Version, FormatError> {
     let data = match reader.u8()? {
         KIND_ZERO => VersionData::Zero,
         KIND_JOURNAL => VersionData::Journal { segment: (location >> 32) as u32, offset: location as u32 },
+        KIND_CHUNK if location != 0 => VersionData::Chunk(ChunkId(location)),
         other => return Err(reader.invalid(format!("unknown version kind {other}"))),
     };
     Ok(Version { block, timestamp, data, crc32c })
@@ -264,10 +267,14 @@ mod tests {
 
     #[test]
     fn zero_entries_and_header_round_trip() {
-        let zero = Version { data: VersionData::Zero, ..version(9, 9) };
         let mut bytes = [0u8; ENTRY_BYTES];
-        encode_entry(&zero, &mut bytes);
-        assert_eq!(decode_entry(&bytes).unwrap(), zero);
+        for data in [VersionData::Zero, VersionData::Chunk(ChunkId(1 << 40))] {
+            let entry = Version { data, ..version(9, 9) };
+            encode_entry(&entry, &mut bytes);
+            assert_eq!(decode_entry(&bytes).unwrap(), entry);
+        }
+        bytes[16..24].fill(0);
+        assert!(decode_entry(&bytes).is_err(), "chunk ids start at 1");
         let header = RunHeader {
             entry_count: 128,
             data_page_count: 2,

@@ -26,6 +26,10 @@ pub struct SegmentHeader {
     pub block_size: BlockSize,
     /// LSN of the first record in this segment.
     pub lsn_first: Lsn,
+    /// Time of the last record before this segment (of the volume's
+    /// creation, for the first): the previous segment holds nothing newer,
+    /// which tells when it may be reclaimed.
+    pub timestamp_before: Timestamp,
 }
 
 impl SegmentHeader {
@@ -37,7 +41,8 @@ impl SegmentHeader {
             .u32(self.segment)
             .u32(self.block_size.bytes())
             .u64(self.lsn_first.0)
-            .zeros(CHECKSUM_OFFSET - 24);
+            .u64(self.timestamp_before.unix_nanos())
+            .zeros(CHECKSUM_OFFSET - 32);
         seal(writer.into_bytes(), &[])
     }
 
@@ -49,14 +54,15 @@ impl SegmentHeader {
         let segment = reader.u32()?;
         let block_size = reader.u32()?;
         let lsn_first = Lsn(reader.u64()?);
-        reader.take(CHECKSUM_OFFSET - 24)?;
+        let timestamp_before = Timestamp::from_unix_nanos(reader.u64()?);
+        reader.take(CHECKSUM_OFFSET - 32)?;
         let stored = reader.u32()?;
         verify_crc(WHAT, stored, crc32c(&bytes[..CHECKSUM_OFFSET]))?;
         if version != FORMAT_VERSION {
             return Err(FormatError::UnsupportedVersion { what: WHAT, found: version, supported: FORMAT_VERSION });
         }
         let block_size = BlockSize::new(block_size).map_err(|error| reader.invalid(error.to_string()))?;
-        Ok(SegmentHeader { segment, block_size, lsn_first })
+        Ok(SegmentHeader { segment, block_size, lsn_first, timestamp_before })
     }
 }
 
@@ -284,7 +290,12 @@ mod tests {
         let header = RecordHeader::decode(&record).unwrap();
         assert_eq!(header.record_bytes(), 64);
         RecordHeader::verify(&record, &[]).unwrap();
-        let segment = SegmentHeader { segment: 4, block_size: BlockSize::new(512).unwrap(), lsn_first: Lsn(77) };
+        let segment = SegmentHeader {
+            segment: 4,
+            block_size: BlockSize::new(512).unwrap(),
+            lsn_first: Lsn(77),
+            timestamp_before: Timestamp::from_unix_nanos(99),
+        };
         assert_eq!(SegmentHeader::decode(&segment.encode()).unwrap(), segment);
         let mut bad = segment.encode();
         bad[20] ^= 0x10;

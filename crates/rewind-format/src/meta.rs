@@ -10,7 +10,7 @@ use crate::{crc32c, verify_crc, FormatError, Reader, Writer};
 pub const FORMAT_VERSION: u32 = 1;
 const ENVELOPE_BYTES: usize = 16;
 
-fn seal_envelope(magic: [u8; 4], payload: Writer) -> Vec<u8> {
+pub(crate) fn seal_envelope(magic: [u8; 4], payload: Writer) -> Vec<u8> {
     let payload = payload.into_bytes();
     let mut writer = Writer::new();
     writer
@@ -23,7 +23,11 @@ fn seal_envelope(magic: [u8; 4], payload: Writer) -> Vec<u8> {
     bytes
 }
 
-fn open_envelope<'a>(what: &'static str, magic: [u8; 4], bytes: &'a [u8]) -> Result<Reader<'a>, FormatError> {
+pub(crate) fn open_envelope<'a>(
+    what: &'static str,
+    magic: [u8; 4],
+    bytes: &'a [u8],
+) -> Result<Reader<'a>, FormatError> {
     let mut reader = Reader::new(what, bytes);
     let found = reader.u32()?;
     if found != u32::from_le_bytes(magic) {
@@ -43,7 +47,7 @@ fn open_envelope<'a>(what: &'static str, magic: [u8; 4], bytes: &'a [u8]) -> Res
     Ok(Reader::new(what, &bytes[ENVELOPE_BYTES..]))
 }
 
-fn finish(reader: Reader<'_>) -> Result<(), FormatError> {
+pub(crate) fn finish(reader: Reader<'_>) -> Result<(), FormatError> {
     if reader.remaining() == 0 {
         Ok(())
     } else {
@@ -169,6 +173,10 @@ pub struct IndexManifest {
     pub run_id_next: u64,
     /// Versions dropped by thinning (granularity) since the volume was created.
     pub versions_thinned: u64,
+    /// Every version older than this is archived: its data is in the chunk
+    /// store (or it is a zero), not in the journal. Each run lies wholly
+    /// before it (an archived run) or wholly at or after it (a recent run).
+    pub archived_before: Timestamp,
     /// Oldest first; the time ranges of runs do not overlap.
     pub runs: Vec<RunInfo>,
 }
@@ -180,7 +188,12 @@ impl IndexManifest {
 
     pub fn encode(&self) -> Vec<u8> {
         let mut payload = Writer::new();
-        payload.u64(self.lsn_indexed.0).u64(self.run_id_next).u64(self.versions_thinned).u32(self.runs.len() as u32);
+        payload
+            .u64(self.lsn_indexed.0)
+            .u64(self.run_id_next)
+            .u64(self.versions_thinned)
+            .u64(self.archived_before.unix_nanos())
+            .u32(self.runs.len() as u32);
         for run in &self.runs {
             payload
                 .u64(run.id)
@@ -196,6 +209,7 @@ impl IndexManifest {
         let lsn_indexed = Lsn(reader.u64()?);
         let run_id_next = reader.u64()?;
         let versions_thinned = reader.u64()?;
+        let archived_before = Timestamp::from_unix_nanos(reader.u64()?);
         let count = reader.u32()? as usize;
         if count > Self::RUNS_MAX {
             return Err(reader.invalid(format!("{count} runs")));
@@ -214,7 +228,14 @@ impl IndexManifest {
         if !ordered || runs.iter().any(|run| run.id >= run_id_next || run.timestamp_min > run.timestamp_max) {
             return Err(FormatError::Invalid { what: Self::WHAT, reason: "runs are not in time order".into() });
         }
-        Ok(IndexManifest { lsn_indexed, run_id_next, versions_thinned, runs })
+        let straddles = |run: &RunInfo| run.timestamp_min < archived_before && run.timestamp_max >= archived_before;
+        if let Some(run) = runs.iter().find(|run| straddles(run)) {
+            return Err(FormatError::Invalid {
+                what: Self::WHAT,
+                reason: format!("run {} straddles the archive boundary {}", run.id, archived_before.unix_nanos()),
+            });
+        }
+        Ok(IndexManifest { lsn_indexed, run_id_next, versions_thinned, archived_before, runs })
     }
 }
 
@@ -522,11 +543,14 @@ mod tests {
             lsn_indexed: Lsn(3),
             run_id_next: 3,
             versions_thinned: 7,
+            archived_before: Timestamp::from_unix_nanos(6),
             runs: vec![run(1, 1, 5), run(2, 6, 9)],
         };
         assert_eq!(IndexManifest::decode(&manifest.encode()).unwrap(), manifest);
-        let overlapping = IndexManifest { runs: vec![run(1, 1, 5), run(2, 5, 9)], ..manifest };
+        let overlapping = IndexManifest { runs: vec![run(1, 1, 5), run(2, 5, 9)], ..manifest.clone() };
         assert!(IndexManifest::decode(&overlapping.encode()).is_err());
+        let straddling = IndexManifest { archived_before: Timestamp::from_unix_nanos(7), ..manifest };
+        assert!(IndexManifest::decode(&straddling.encode()).unwrap_err().to_string().contains("straddles"));
 
         let bookmarks = Bookmarks {
             entries: vec![Bookmark {

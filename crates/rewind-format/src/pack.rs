@@ -7,11 +7,13 @@
 //! its neighbours, and a pack whose trailer is missing or damaged (a crash
 //! while it was written) is told apart from one whose records are damaged.
 
+use rewind_types::ChunkId;
+
 use crate::{crc32c, crc32c_append, verify_crc, FormatError, Reader, Writer};
 
 pub const PACK_HEADER_BYTES: usize = 64;
 pub const RECORD_HEADER_BYTES: usize = 56;
-pub const FOOTER_ENTRY_BYTES: usize = 48;
+pub const FOOTER_ENTRY_BYTES: usize = 56;
 pub const PACK_TRAILER_BYTES: usize = 32;
 pub const PACK_MAGIC: u32 = u32::from_le_bytes(*b"RWPK");
 pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"RWPC");
@@ -134,10 +136,13 @@ impl RecordHeader {
     }
 }
 
-/// One footer entry: where a chunk's record is in the pack.
+/// One footer entry: which chunk a record holds and where it is in the pack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FooterEntry {
     pub hash: ChunkHash,
+    /// The id the chunk had when the pack was written. The chunk table is the
+    /// authority on where an id's chunk is; this lets it be rebuilt.
+    pub id: ChunkId,
     /// Byte offset of the record from the start of the pack.
     pub offset: u64,
     pub stored_bytes: u32,
@@ -147,7 +152,7 @@ pub struct FooterEntry {
 impl FooterEntry {
     pub fn encode(&self, out: &mut Vec<u8>) {
         let mut writer = Writer::new();
-        writer.slice(&self.hash).u64(self.offset).u32(self.stored_bytes).u32(self.raw_bytes);
+        writer.slice(&self.hash).u64(self.id.0).u64(self.offset).u32(self.stored_bytes).u32(self.raw_bytes);
         out.extend_from_slice(&writer.into_bytes());
     }
 
@@ -164,10 +169,14 @@ impl FooterEntry {
         let mut entries = Vec::with_capacity(bytes.len() / FOOTER_ENTRY_BYTES);
         while reader.remaining() > 0 {
             let hash = reader.take(32)?.try_into().expect("32 bytes");
+            let id = match reader.u64()? {
+                0 => return Err(reader.invalid("chunk id 0")),
+                id => ChunkId(id),
+            };
             let offset = reader.u64()?;
             let stored_bytes = reader.u32()?;
             let raw_bytes = reader.u32()?;
-            entries.push(FooterEntry { hash, offset, stored_bytes, raw_bytes });
+            entries.push(FooterEntry { hash, id, offset, stored_bytes, raw_bytes });
         }
         Ok(entries)
     }

@@ -19,6 +19,17 @@
 //! the newest, keeping their size classes ordered like the digits of a
 //! `fanin`-ary counter (see `merge_candidates`), so there are O(log N) runs.
 //!
+//! *Archiving* moves history out of the journal (MYCDP's archiver, seed 004
+//! §3.3.1): [`VersionIndex::archive`] merges the *recent* runs holding
+//! versions older than a cutoff, thinning as any merge does, hands the
+//! versions before the cutoff to an [`Archiver`] that stores their data
+//! elsewhere, and writes them as an *archived* run, the rest as a recent
+//! one. The manifest's `archived_before` separates the two groups: every
+//! run lies wholly on one side, and merges never mix them, so the journal
+//! bytes history needs are exactly those of the recent runs and memtables.
+//! Versions a merge drops whose data is archived are reported to the
+//! [`ReleaseHook`], which releases their chunks.
+//!
 //! Memory is bounded regardless of history length: the memtable by the
 //! engine's cap, each run by its fence (16 bytes per 127 versions, 12.6 MB
 //! for 10^8 versions), and pages by the shared [`PageCache`].
@@ -47,7 +58,7 @@ use parking_lot::{Mutex, RwLock};
 use rewind_format::meta::{IndexManifest, RunInfo};
 use rewind_format::FormatError;
 use rewind_io::{read_file, write_file_atomic, Storage};
-use rewind_types::{Lsn, Timestamp, Version};
+use rewind_types::{Lsn, Timestamp, Version, VersionData};
 
 use run::{Run, RunWriter};
 use thin::Thin;
@@ -59,6 +70,37 @@ pub enum IndexError {
     Io { path: String, source: io::Error },
     #[error("version index corrupt in {path}: {reason}")]
     Corrupt { path: String, reason: String },
+    /// The [`Archiver`] failed; it holds the cause.
+    #[error("archiving failed")]
+    ArchiveFailed,
+}
+
+/// Stores the data of versions an archive pass moves out of the journal.
+pub trait Archiver {
+    /// Replaces the data of `versions` (in key order, all older than the
+    /// cutoff, all in the journal) by where it is archived.
+    fn archive(&mut self, versions: &mut [Version]) -> Result<(), ArchiveFailed>;
+    /// Makes everything `archive` stored durable; the archived run that
+    /// refers to it is written after this returns.
+    fn finish(&mut self) -> Result<(), ArchiveFailed>;
+}
+
+/// An [`Archiver`] failed; it keeps the cause for its caller.
+#[derive(Debug)]
+pub struct ArchiveFailed;
+
+/// Told of each archived version ([`VersionData::Chunk`]) a merge drops,
+/// while the merge runs: before the new run durably replaces the old ones.
+pub trait ReleaseHook: Send + Sync {
+    fn release(&self, version: &Version);
+}
+
+/// What one archive pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArchiveReport {
+    pub versions_archived: u64,
+    pub versions_thinned: u64,
+    pub runs_rewritten: u64,
 }
 
 impl IndexError {
@@ -118,7 +160,11 @@ pub struct VersionIndex {
     run_id_next: AtomicU64,
     /// Read at the start of each persist and merge.
     thinning: RwLock<Thinning>,
+    release_hook: RwLock<Option<Arc<dyn ReleaseHook>>>,
 }
+
+/// Versions an archive pass hands its [`Archiver`] at a time.
+const ARCHIVE_BATCH_MAX: usize = 1 << 14;
 
 const MANIFEST: &str = "manifest";
 
@@ -135,7 +181,13 @@ impl VersionIndex {
         cache: Arc<PageCache>,
     ) -> Result<VersionIndex, IndexError> {
         storage.create_dir_all(dir).map_err(IndexError::io(dir))?;
-        let manifest = IndexManifest { lsn_indexed: Lsn::ZERO, run_id_next: 1, versions_thinned: 0, runs: Vec::new() };
+        let manifest = IndexManifest {
+            lsn_indexed: Lsn::ZERO,
+            run_id_next: 1,
+            versions_thinned: 0,
+            archived_before: Timestamp::MIN,
+            runs: Vec::new(),
+        };
         let path = format!("{dir}/{MANIFEST}");
         write_file_atomic(&*storage, &path, &manifest.encode()).map_err(IndexError::io(&path))?;
         Ok(VersionIndex::assemble(storage, dir, config, cache, manifest, Vec::new()))
@@ -188,7 +240,58 @@ impl VersionIndex {
             persisting: Mutex::new(()),
             compacting: Mutex::new(()),
             thinning: RwLock::new(Thinning::default()),
+            release_hook: RwLock::new(None),
         }
+    }
+
+    /// Who is told of archived versions merges drop.
+    pub fn set_release_hook(&self, hook: Arc<dyn ReleaseHook>) {
+        *self.release_hook.write() = Some(hook);
+    }
+
+    /// Every version older than this is archived.
+    pub fn archived_before(&self) -> Timestamp {
+        self.manifest.lock().archived_before
+    }
+
+    /// The oldest version not yet in a run, if any.
+    pub fn oldest_in_memory(&self) -> Option<Timestamp> {
+        let state = self.state.read();
+        state.frozen.first().and_then(|memtable| memtable.timestamp_min()).or_else(|| state.active.timestamp_min())
+    }
+
+    /// Versions in recent runs and memtables: those whose data may still be
+    /// in the journal.
+    pub fn versions_unarchived(&self) -> u64 {
+        let archived_before = self.archived_before();
+        let state = self.state.read();
+        let in_runs: u64 = state
+            .runs
+            .iter()
+            .filter(|run| run.info().timestamp_max >= archived_before)
+            .map(|run| run.info().entry_count)
+            .sum();
+        let in_memory: usize = state.frozen.iter().map(|memtable| memtable.len()).sum::<usize>() + state.active.len();
+        in_runs + in_memory as u64
+    }
+
+    /// Calls `visit` with every archived version in the runs (to count the
+    /// chunks history refers to).
+    pub fn for_each_archived(
+        &self,
+        visit: &mut dyn FnMut(&Version) -> Result<(), IndexError>,
+    ) -> Result<(), IndexError> {
+        let archived_before = self.archived_before();
+        let runs = self.state.read().runs.clone();
+        for run in runs.iter().filter(|run| run.info().timestamp_max < archived_before) {
+            let mut scan = run.scan();
+            while let Some(version) = scan.next_version()? {
+                if matches!(version.data, VersionData::Chunk(_)) {
+                    visit(&version)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// What later persists and merges drop. A pin must be set before any
@@ -285,8 +388,12 @@ impl VersionIndex {
                 return Ok(written);
             };
             let thinning = self.thinning();
-            let mut thin = Thin::new(memtable.sorted().into_iter().map(Ok), &thinning);
-            let (info, run) = self.write_run(&mut thin)?;
+            let mut thin = Thin::new(memtable.sorted().into_iter().map(Ok), &thinning, None);
+            let mut writer = None;
+            for version in &mut thin {
+                self.writer(&mut writer)?.push(version?)?;
+            }
+            let (info, run) = self.finish_run(writer.expect("a memtable keeps at least one version"))?;
             let mut manifest = self.manifest.lock();
             let mut next = manifest.clone();
             next.runs.push(info);
@@ -301,23 +408,6 @@ impl VersionIndex {
             state.runs.push(run);
             written += 1;
         }
-    }
-
-    /// Writes versions (in key order) as a new run, durably, and opens it.
-    fn write_run(
-        &self,
-        versions: impl Iterator<Item = Result<Version, IndexError>>,
-    ) -> Result<(RunInfo, Arc<Run>), IndexError> {
-        let id = self.run_id_next.fetch_add(1, Ordering::AcqRel);
-        let path = format!("{}/{}", self.dir, run_name(id));
-        let mut writer = RunWriter::create(&*self.storage, &path)?;
-        for version in versions {
-            writer.push(version?)?;
-        }
-        let info = writer.finish(id)?;
-        // The run's name becomes durable with the manifest that lists it (same directory).
-        let run = Arc::new(Run::open(&*self.storage, &path, info, Arc::clone(&self.cache))?);
-        Ok((info, run))
     }
 
     fn write_manifest(&self, manifest: &IndexManifest) -> Result<(), IndexError> {
@@ -358,19 +448,34 @@ impl VersionIndex {
         (end > self.config.runs_soft_max).then(|| end - self.config.merge_fanin..end)
     }
 
+    /// The runs, and where the recent ones begin.
+    fn runs_by_group(&self) -> (Vec<Arc<Run>>, usize) {
+        let archived_before = self.archived_before();
+        let runs = self.state.read().runs.clone();
+        let first_recent = runs.partition_point(|run| run.info().timestamp_max < archived_before);
+        (runs, first_recent)
+    }
+
     /// Runs one merge if the runs call for it; returns whether it did.
+    /// Archived and recent runs are merged separately.
     pub fn compact(&self) -> Result<bool, IndexError> {
         let _compacting = self.compacting.lock();
-        let runs = self.state.read().runs.clone();
+        let (runs, first_recent) = self.runs_by_group();
         let sizes: Vec<u64> = runs.iter().map(|run| run.info().entry_count).collect();
-        let Some(range) = self.merge_candidates(&sizes) else { return Ok(false) };
+        let range = match self.merge_candidates(&sizes[first_recent..]) {
+            Some(range) => first_recent + range.start..first_recent + range.end,
+            None => match self.merge_candidates(&sizes[..first_recent]) {
+                Some(range) => range,
+                None => return Ok(false),
+            },
+        };
         self.merge(&runs[range])?;
         Ok(true)
     }
 
-    /// Merges every run into one, applying the current thinning to all of
-    /// history (after a range delete or a policy change). Returns whether
-    /// there was a run to rewrite.
+    /// Merges every run into one per group, applying the current thinning
+    /// to all of history (after a range delete or a policy change). Returns
+    /// whether there was a run to rewrite.
     pub fn rewrite_all(&self) -> Result<bool, IndexError> {
         Ok(self.rewrite_before(Timestamp::MAX)? > 0)
     }
@@ -380,56 +485,158 @@ impl VersionIndex {
     /// Returns how many runs were rewritten.
     pub fn rewrite_before(&self, until: Timestamp) -> Result<usize, IndexError> {
         let _compacting = self.compacting.lock();
-        let runs = self.state.read().runs.clone();
+        let (runs, first_recent) = self.runs_by_group();
         let count = runs.partition_point(|run| run.info().timestamp_min <= until);
-        if count > 0 {
-            self.merge(&runs[..count])?;
+        for group in [&runs[..count.min(first_recent)], &runs[first_recent.min(count)..count]] {
+            if !group.is_empty() {
+                self.merge(group)?;
+            }
         }
+        Ok(count)
+    }
+
+    /// Archives every version older than `cutoff` (see the module
+    /// documentation). The caller guarantees that no version older than
+    /// `cutoff` is still in a memtable, nor will be inserted.
+    pub fn archive(&self, cutoff: Timestamp, archiver: &mut dyn Archiver) -> Result<ArchiveReport, IndexError> {
+        let _compacting = self.compacting.lock();
+        let archived_before = self.archived_before();
+        if cutoff <= archived_before {
+            return Ok(ArchiveReport::default());
+        }
+        assert!(
+            self.oldest_in_memory().is_none_or(|oldest| oldest >= cutoff),
+            "versions before the cutoff are in runs"
+        );
+        let (runs, first_recent) = self.runs_by_group();
+        let end = first_recent + runs[first_recent..].partition_point(|run| run.info().timestamp_min < cutoff);
+        let group = &runs[first_recent..end];
+        let mut report = ArchiveReport { runs_rewritten: group.len() as u64, ..ArchiveReport::default() };
+        let mut archived: Option<(RunWriter, u64)> = None;
+        let mut recent: Option<(RunWriter, u64)> = None;
+        let mut batch = Vec::with_capacity(ARCHIVE_BATCH_MAX.min(1024));
+        let thinning = self.thinning();
+        let hook = self.release_hook.read().clone();
+        let mut thin = Thin::new(merged_versions(group), &thinning, hook.as_deref());
+        for version in &mut thin {
+            let version = version?;
+            if version.timestamp < cutoff {
+                batch.push(version);
+                if batch.len() == ARCHIVE_BATCH_MAX {
+                    report.versions_archived += self.archive_batch(&mut batch, archiver, &mut archived)?;
+                }
+            } else {
+                self.writer(&mut recent)?.push(version)?;
+            }
+        }
+        report.versions_archived += self.archive_batch(&mut batch, archiver, &mut archived)?;
+        report.versions_thinned = thin.dropped;
+        archiver.finish().map_err(|ArchiveFailed| IndexError::ArchiveFailed)?;
+        let replacement = [archived, recent].into_iter().flatten().map(|writer| self.finish_run(writer));
+        let replacement = replacement.collect::<Result<Vec<_>, _>>()?;
+        self.replace_runs(group, replacement, thin.dropped, cutoff)?;
+        Ok(report)
+    }
+
+    /// The writer in `slot`, created (with the next run id) on first use.
+    fn writer<'a>(&self, slot: &'a mut Option<(RunWriter, u64)>) -> Result<&'a mut RunWriter, IndexError> {
+        if slot.is_none() {
+            let id = self.run_id_next.fetch_add(1, Ordering::AcqRel);
+            *slot = Some((RunWriter::create(&*self.storage, &format!("{}/{}", self.dir, run_name(id)))?, id));
+        }
+        Ok(&mut slot.as_mut().expect("created above").0)
+    }
+
+    /// Completes a run, durably, and opens it. (Its name becomes durable with
+    /// the manifest that lists it: same directory.)
+    fn finish_run(&self, (writer, id): (RunWriter, u64)) -> Result<(RunInfo, Arc<Run>), IndexError> {
+        let info = writer.finish(id)?;
+        let path = format!("{}/{}", self.dir, run_name(id));
+        Ok((info, Arc::new(Run::open(&*self.storage, &path, info, Arc::clone(&self.cache))?)))
+    }
+
+    /// Has `batch` archived (journal versions only) and written; returns how
+    /// many were archived.
+    fn archive_batch(
+        &self,
+        batch: &mut Vec<Version>,
+        archiver: &mut dyn Archiver,
+        writer: &mut Option<(RunWriter, u64)>,
+    ) -> Result<u64, IndexError> {
+        let mut journal: Vec<Version> =
+            batch.iter().filter(|version| matches!(version.data, VersionData::Journal { .. })).copied().collect();
+        archiver.archive(&mut journal).map_err(|ArchiveFailed| IndexError::ArchiveFailed)?;
+        let mut converted = journal.iter();
+        for version in batch.iter_mut() {
+            if matches!(version.data, VersionData::Journal { .. }) {
+                let archived = converted.next().expect("one answer per journal version");
+                assert_eq!((archived.block, archived.timestamp), (version.block, version.timestamp));
+                assert!(!matches!(archived.data, VersionData::Journal { .. }), "archived versions leave the journal");
+                *version = *archived;
+            }
+        }
+        if !batch.is_empty() {
+            let writer = self.writer(writer)?;
+            for version in batch.iter() {
+                writer.push(*version)?;
+            }
+        }
+        let count = journal.len() as u64;
+        batch.clear();
         Ok(count)
     }
 
     /// Replaces `merged`, a contiguous group of runs, by one run.
     fn merge(&self, merged: &[Arc<Run>]) -> Result<(), IndexError> {
-        let mut scans: Vec<_> = merged.iter().map(|run| run.scan()).collect();
-        let mut heap = BinaryHeap::new();
-        for (source, scan) in scans.iter_mut().enumerate() {
-            if let Some(version) = scan.next_version()? {
-                heap.push(Reverse((rewind_format::index::key_of(&version), source, VersionKey(version))));
-            }
-        }
-        let merged_versions = std::iter::from_fn(|| {
-            let Reverse((_, source, VersionKey(version))) = heap.pop()?;
-            match scans[source].next_version() {
-                Ok(Some(next)) => heap.push(Reverse((rewind_format::index::key_of(&next), source, VersionKey(next)))),
-                Ok(None) => {}
-                Err(error) => return Some(Err(error)),
-            }
-            Some(Ok(version))
-        });
         let thinning = self.thinning();
-        let mut thin = Thin::new(merged_versions, &thinning);
-        let (info, run) = self.write_run(&mut thin)?;
+        let hook = self.release_hook.read().clone();
+        let mut thin = Thin::new(merged_versions(merged), &thinning, hook.as_deref());
+        let mut writer = None;
+        for version in &mut thin {
+            self.writer(&mut writer)?.push(version?)?;
+        }
+        let replacement = writer.map(|writer| self.finish_run(writer)).transpose()?.into_iter().collect();
+        let archived_before = self.archived_before();
+        self.replace_runs(merged, replacement, thin.dropped, archived_before)
+    }
+
+    /// Durably replaces `old`, a contiguous group of runs, by `new` (in time
+    /// order, possibly none), then deletes the old files.
+    fn replace_runs(
+        &self,
+        old: &[Arc<Run>],
+        new: Vec<(RunInfo, Arc<Run>)>,
+        dropped: u64,
+        archived_before: Timestamp,
+    ) -> Result<(), IndexError> {
         {
             let mut manifest = self.manifest.lock();
-            let ids: Vec<u64> = merged.iter().map(|run| run.info().id).collect();
-            let first = manifest.runs.iter().position(|listed| listed.id == ids[0]).expect("merged runs are listed");
+            let ids: Vec<u64> = old.iter().map(|run| run.info().id).collect();
+            let first = match ids.first() {
+                Some(first) => {
+                    manifest.runs.iter().position(|listed| listed.id == *first).expect("merged runs are listed")
+                }
+                // Nothing replaced: new runs (none, for an archive pass over no run) go after the archived ones.
+                None => manifest.runs.partition_point(|run| run.timestamp_max < manifest.archived_before),
+            };
             let listed: Vec<u64> = manifest.runs[first..first + ids.len()].iter().map(|listed| listed.id).collect();
             assert_eq!(listed, ids, "only the merger removes runs, and runs stay in time order");
             let mut next = manifest.clone();
-            next.runs.splice(first..first + ids.len(), [info]);
-            next.versions_thinned += thin.dropped;
+            next.runs.splice(first..first + ids.len(), new.iter().map(|(info, _)| *info));
+            next.versions_thinned += dropped;
+            next.archived_before = archived_before;
             next.run_id_next = self.run_id_next.load(Ordering::Acquire);
             self.write_manifest(&next)?;
             *manifest = next;
             let mut state = self.state.write();
-            for (old, merged) in state.runs[first..first + ids.len()].iter().zip(merged) {
-                assert!(Arc::ptr_eq(old, merged), "state and manifest list the same runs");
+            for (listed, replaced) in state.runs[first..first + ids.len()].iter().zip(old) {
+                assert!(Arc::ptr_eq(listed, replaced), "state and manifest list the same runs");
             }
-            state.runs.splice(first..first + ids.len(), [run]);
+            state.runs.splice(first..first + ids.len(), new.into_iter().map(|(_, run)| run));
         }
-        for old in merged {
-            self.cache.forget_run(old.uid());
-            let path = format!("{}/{}", self.dir, run_name(old.info().id));
+        for run in old {
+            self.cache.forget_run(run.uid());
+            let path = format!("{}/{}", self.dir, run_name(run.info().id));
             self.storage.remove_file(&path).map_err(IndexError::io(&path))?;
         }
         Ok(())
@@ -452,6 +659,34 @@ impl VersionIndex {
     pub fn page_cache(&self) -> &Arc<PageCache> {
         &self.cache
     }
+}
+
+/// The versions of `runs` in key order (a k-way merge).
+fn merged_versions(runs: &[Arc<Run>]) -> impl Iterator<Item = Result<Version, IndexError>> + '_ {
+    let mut scans: Vec<_> = runs.iter().map(|run| run.scan()).collect();
+    let mut heap = BinaryHeap::new();
+    let mut first_error = None;
+    for (source, scan) in scans.iter_mut().enumerate() {
+        match scan.next_version() {
+            Ok(Some(version)) => {
+                heap.push(Reverse((rewind_format::index::key_of(&version), source, VersionKey(version))))
+            }
+            Ok(None) => {}
+            Err(error) => first_error = first_error.or(Some(error)),
+        }
+    }
+    std::iter::from_fn(move || {
+        if let Some(error) = first_error.take() {
+            return Some(Err(error));
+        }
+        let Reverse((_, source, VersionKey(version))) = heap.pop()?;
+        match scans[source].next_version() {
+            Ok(Some(next)) => heap.push(Reverse((rewind_format::index::key_of(&next), source, VersionKey(next)))),
+            Ok(None) => {}
+            Err(error) => return Some(Err(error)),
+        }
+        Some(Ok(version))
+    })
 }
 
 /// Heap entries compare by key and source only; the version rides along.

@@ -22,9 +22,9 @@
 //! of a block's versions; whatever it finds later in the same window
 //! supersedes, so merging in any grouping converges to the same history.
 
-use rewind_types::{Timestamp, Version};
+use rewind_types::{Timestamp, Version, VersionData};
 
-use crate::IndexError;
+use crate::{IndexError, ReleaseHook};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Thinning {
@@ -111,17 +111,19 @@ impl Thinning {
     }
 }
 
-/// Drops, from versions in key order, those the thinning supersedes.
+/// Drops, from versions in key order, those the thinning supersedes, and
+/// tells `release` of the archived ones.
 pub(crate) struct Thin<'a, I> {
     versions: I,
     thinning: &'a Thinning,
+    release: Option<&'a dyn ReleaseHook>,
     pending: Option<Version>,
     pub(crate) dropped: u64,
 }
 
 impl<'a, I: Iterator<Item = Result<Version, IndexError>>> Thin<'a, I> {
-    pub(crate) fn new(versions: I, thinning: &'a Thinning) -> Self {
-        Thin { versions, thinning, pending: None, dropped: 0 }
+    pub(crate) fn new(versions: I, thinning: &'a Thinning, release: Option<&'a dyn ReleaseHook>) -> Self {
+        Thin { versions, thinning, release, pending: None, dropped: 0 }
     }
 }
 
@@ -137,7 +139,12 @@ impl<I: Iterator<Item = Result<Version, IndexError>>> Iterator for Thin<'_, I> {
             };
             match self.pending.replace(next) {
                 None => continue,
-                Some(previous) if self.thinning.supersedes(&previous, &next) => self.dropped += 1,
+                Some(previous) if self.thinning.supersedes(&previous, &next) => {
+                    self.dropped += 1;
+                    if let (VersionData::Chunk(_), Some(release)) = (previous.data, self.release) {
+                        release.release(&previous);
+                    }
+                }
                 Some(previous) => return Some(Ok(previous)),
             }
         }
@@ -146,7 +153,7 @@ impl<I: Iterator<Item = Result<Version, IndexError>>> Iterator for Thin<'_, I> {
 
 #[cfg(test)]
 mod tests {
-    use rewind_types::{BlockIndex, VersionData};
+    use rewind_types::BlockIndex;
 
     use super::*;
 
@@ -160,7 +167,7 @@ mod tests {
     }
 
     fn kept(thinning: &Thinning, versions: &[Version]) -> (Vec<(u64, u64)>, u64) {
-        let mut thin = Thin::new(versions.iter().copied().map(Ok), thinning);
+        let mut thin = Thin::new(versions.iter().copied().map(Ok), thinning, None);
         let kept = thin.by_ref().map(|version| version.unwrap()).map(|v| (v.block.0, v.timestamp.unix_nanos()));
         let kept: Vec<_> = kept.collect();
         (kept, thin.dropped)

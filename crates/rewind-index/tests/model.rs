@@ -1,21 +1,69 @@
 //! The index against a `BTreeMap` of every version: whatever the sequence of
-//! inserts, seals, run writes, merges and reopenings, `find_le` answers as the
-//! oracle does — at every time, or with a granularity, at every time thinning
-//! keeps exact (window ends and pins).
+//! inserts, seals, run writes, merges, archive passes and reopenings,
+//! `find_le` answers as the oracle does — at every time, or with a
+//! granularity, at every time thinning keeps exact (window ends and pins).
+//! Archived versions come back with their archived data; every archived
+//! version a merge drops is released exactly once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rewind_index::{IndexConfig, PageCache, Thinning, VersionIndex};
+use rewind_index::{ArchiveFailed, Archiver, IndexConfig, PageCache, ReleaseHook, Thinning, VersionIndex};
 use rewind_io::{SimConfig, SimStorage, Storage};
-use rewind_types::{BlockIndex, Lsn, Timestamp, Version, VersionData};
+use rewind_types::{BlockIndex, ChunkId, Lsn, Timestamp, Version, VersionData};
+
+/// Archives journal versions as chunks with fresh ids, remembering which.
+#[derive(Default)]
+struct Chunks {
+    next: u64,
+    /// (block, time) → the chunk its version was archived as.
+    archived: HashMap<(u64, u64), ChunkId>,
+    released: BTreeSet<ChunkId>,
+}
+
+struct TestArchiver<'a>(&'a Mutex<Chunks>);
+
+impl Archiver for TestArchiver<'_> {
+    fn archive(&mut self, versions: &mut [Version]) -> Result<(), ArchiveFailed> {
+        let mut chunks = self.0.lock();
+        for version in versions {
+            assert!(matches!(version.data, VersionData::Journal { .. }), "only journal versions are archived");
+            chunks.next += 1;
+            let id = ChunkId(chunks.next);
+            chunks.archived.insert((version.block.0, version.timestamp.unix_nanos()), id);
+            version.data = VersionData::Chunk(id);
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), ArchiveFailed> {
+        Ok(())
+    }
+}
+
+struct Releases(Arc<Mutex<Chunks>>);
+
+impl ReleaseHook for Releases {
+    fn release(&self, version: &Version) {
+        let VersionData::Chunk(id) = version.data else { panic!("only archived versions are released") };
+        assert!(self.0.lock().released.insert(id), "chunk {id} released twice");
+    }
+}
 
 /// Times start well after the first window of any granularity drawn below.
 const TIME_START: u64 = 1_000_000;
 
-fn check(index: &VersionIndex, oracle: &BTreeMap<(u64, u64), Version>, rng: &mut StdRng, time_max: u64, seed: u64) {
+fn check(
+    index: &VersionIndex,
+    oracle: &BTreeMap<(u64, u64), Version>,
+    rng: &mut StdRng,
+    time_max: u64,
+    chunks: &Chunks,
+    seed: u64,
+) {
     let thinning = index.thinning();
     let at = thinning.exact_at_or_before(Timestamp::from_unix_nanos(rng.random_range(TIME_START..=time_max + 2)));
     if thinning.deleted_range(at).is_some_and(|(_, to)| at < to) {
@@ -24,7 +72,13 @@ fn check(index: &VersionIndex, oracle: &BTreeMap<(u64, u64), Version>, rng: &mut
     let blocks: Vec<u64> = (0..rng.random_range(1..40)).map(|_| rng.random_range(0..300)).collect();
     let found = index.find_le_many(&blocks, at).unwrap();
     for (block, found) in blocks.iter().zip(found) {
-        let expected = oracle.range((*block, 0)..=(*block, at.unix_nanos())).next_back().map(|(_, version)| *version);
+        let mut expected =
+            oracle.range((*block, 0)..=(*block, at.unix_nanos())).next_back().map(|(_, version)| *version);
+        if let Some(version) = expected.as_mut() {
+            if let Some(&id) = chunks.archived.get(&(version.block.0, version.timestamp.unix_nanos())) {
+                version.data = VersionData::Chunk(id);
+            }
+        }
         assert_eq!(found, expected, "seed {seed}: block {block} at {at:?}");
     }
 }
@@ -35,6 +89,7 @@ fn find_le_matches_the_oracle() {
     let mut reopens = 0;
     let mut thinned = 0;
     let mut deletes = 0;
+    let mut archived = 0;
     for seed in 0..40u64 {
         println!("seed {seed}");
         let mut rng = StdRng::seed_from_u64(seed);
@@ -42,6 +97,8 @@ fn find_le_matches_the_oracle() {
         let config = IndexConfig { merge_fanin: rng.random_range(2..5), runs_soft_max: rng.random_range(6..20) };
         let cache = PageCache::new(64 * 4096);
         let mut index = VersionIndex::create(Arc::clone(&storage), "index", config, Arc::clone(&cache)).unwrap();
+        let chunks = Arc::new(Mutex::new(Chunks::default()));
+        index.set_release_hook(Arc::new(Releases(Arc::clone(&chunks))));
         // Half the cases keep every version; the others a window of a few records.
         let granularity_nanos = if seed % 2 == 0 { 0 } else { rng.random_range(1..20_000) };
         index.set_thinning(Thinning { granularity_nanos, ..Thinning::default() });
@@ -112,14 +169,38 @@ fn find_le_matches_the_oracle() {
                     drop(index);
                     index = VersionIndex::open(Arc::clone(&storage), "index", config, Arc::clone(&cache)).unwrap();
                     index.set_thinning(thinning);
+                    index.set_release_hook(Arc::new(Releases(Arc::clone(&chunks))));
                     reopens += 1;
                 }
-                _ => check(&index, &oracle, &mut rng, time, seed),
+                95..=96 => {
+                    // Archive everything older than a cutoff that no memtable reaches.
+                    index.seal();
+                    index.persist(Lsn(lsn)).unwrap();
+                    let from = index.archived_before().unix_nanos().max(TIME_START);
+                    let cutoff = Timestamp::from_unix_nanos(rng.random_range(from..=time + 1));
+                    let report = index.archive(cutoff, &mut TestArchiver(&chunks)).unwrap();
+                    assert!(index.archived_before() >= cutoff, "seed {seed}");
+                    archived += report.versions_archived;
+                }
+                _ => check(&index, &oracle, &mut rng, time, &chunks.lock(), seed),
             }
         }
         for _ in 0..50 {
-            check(&index, &oracle, &mut rng, time, seed);
+            check(&index, &oracle, &mut rng, time, &chunks.lock(), seed);
         }
+        // Every archived version still in the index refers to its own chunk,
+        // which was never released; all the others were released.
+        let mut referenced = BTreeSet::new();
+        index
+            .for_each_archived(&mut |version| {
+                let VersionData::Chunk(id) = version.data else { unreachable!() };
+                assert!(referenced.insert(id), "seed {seed}: chunk {id} referenced twice");
+                Ok(())
+            })
+            .unwrap();
+        let chunks = chunks.lock();
+        assert!(referenced.is_disjoint(&chunks.released), "seed {seed}: a kept version's chunk was released");
+        assert_eq!(referenced.len() + chunks.released.len(), chunks.archived.len(), "seed {seed}: chunks leaked");
         let stats = index.stats();
         let kept = stats.versions_in_memory + stats.versions_in_runs;
         assert_eq!(kept + index.versions_thinned(), oracle.len() as u64, "seed {seed}: written = kept + thinned");
@@ -128,8 +209,9 @@ fn find_le_matches_the_oracle() {
         }
         thinned += index.versions_thinned();
     }
-    println!("{merges} merges, {reopens} reopenings, {deletes} range deletes, {thinned} versions thinned");
+    println!("{merges} merges, {reopens} reopenings, {deletes} range deletes, {thinned} versions thinned, {archived} archived");
     assert!(deletes > 20, "the test must exercise range deletes");
+    assert!(archived > 1000, "the test must exercise archiving");
     assert!(merges > 20 && reopens > 20, "the test must exercise merging and reopening");
     assert!(thinned > 1000, "the test must exercise thinning");
 }

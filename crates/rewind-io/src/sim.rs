@@ -17,7 +17,10 @@
 //!
 //! Faults: `fail_syncs` makes the next N `sync_data` calls fail with EIO and, as
 //! Linux does, forget the unsynced writes while reads keep showing them;
-//! `corrupt` flips bits in stored bytes.
+//! `corrupt` flips bits in stored bytes; `stop_after` lets N more changes
+//! through and then fails every call, as if the process had died right
+//! there — the test then calls `crash`, which puts a crash at any step of
+//! a multi-step operation.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
@@ -60,6 +63,34 @@ struct State {
     dirs: BTreeSet<String>,
     namespace_pending: Vec<NamespaceOp>,
     sync_failures_pending: u32,
+    /// Changes still allowed before every call fails (`stop_after`).
+    changes_until_stop: Option<u64>,
+}
+
+impl State {
+    /// Counts one change against `stop_after`; fails once it is used up.
+    fn change(&mut self) -> io::Result<()> {
+        match &mut self.changes_until_stop {
+            None => Ok(()),
+            Some(0) => Err(stopped()),
+            Some(left) => {
+                *left -= 1;
+                Ok(())
+            }
+        }
+    }
+
+    fn check_running(&self) -> io::Result<()> {
+        if self.changes_until_stop == Some(0) {
+            Err(stopped())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn stopped() -> io::Error {
+    io::Error::other("simulated process death (stop_after)")
 }
 
 #[derive(Default)]
@@ -102,6 +133,7 @@ impl SimStorage {
                 dirs,
                 namespace_pending: Vec::new(),
                 sync_failures_pending: 0,
+                changes_until_stop: None,
             })),
         }
     }
@@ -112,6 +144,7 @@ impl SimStorage {
         let mut state = self.state.lock();
         let state = &mut *state;
         state.epoch += 1;
+        state.changes_until_stop = None;
         for inode in state.inodes.values_mut() {
             let mut survived = std::mem::take(&mut inode.contents_durable);
             for op in std::mem::take(&mut inode.pending) {
@@ -147,6 +180,17 @@ impl SimStorage {
         state.names = state.names_durable.clone();
         let live: BTreeSet<u64> = state.names.values().copied().collect();
         state.inodes.retain(|inode, _| live.contains(inode));
+    }
+
+    /// Lets `changes` more changes (writes, syncs, creations, renames,
+    /// removals) through, then fails every call until [`SimStorage::crash`].
+    pub fn stop_after(&self, changes: u64) {
+        self.state.lock().changes_until_stop = Some(changes);
+    }
+
+    /// Whether a `stop_after` budget has run out.
+    pub fn is_stopped(&self) -> bool {
+        self.state.lock().changes_until_stop == Some(0)
     }
 
     /// Makes the next `count` calls to `sync_data` fail with EIO.
@@ -207,6 +251,12 @@ fn dir_of(path: &str) -> String {
     crate::parent_dir(path).to_owned()
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Change,
+}
+
 struct SimFile {
     state: Arc<Mutex<State>>,
     inode: u64,
@@ -214,10 +264,14 @@ struct SimFile {
 }
 
 impl SimFile {
-    fn with_inode<T>(&self, f: impl FnOnce(&mut Inode, &mut u32) -> io::Result<T>) -> io::Result<T> {
+    fn with_inode<T>(&self, access: Access, f: impl FnOnce(&mut Inode, &mut u32) -> io::Result<T>) -> io::Result<T> {
         let mut state = self.state.lock();
         if state.epoch != self.epoch {
             return Err(io::Error::other("handle from before a simulated crash"));
+        }
+        match access {
+            Access::Read => state.check_running()?,
+            Access::Change => state.change()?,
         }
         let state = &mut *state;
         match state.inodes.get_mut(&self.inode) {
@@ -230,7 +284,7 @@ impl SimFile {
 
 impl File for SimFile {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.with_inode(|inode, _| {
+        self.with_inode(Access::Read, |inode, _| {
             let end = offset.checked_add(buf.len() as u64).filter(|&end| end <= inode.contents.len() as u64);
             let Some(end) = end else {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past end of file"));
@@ -241,7 +295,7 @@ impl File for SimFile {
     }
 
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.with_inode(|inode, _| {
+        self.with_inode(Access::Change, |inode, _| {
             apply_write(&mut inode.contents, offset, data);
             inode.pending.push(DataOp::Write { offset, data: data.to_vec() });
             Ok(())
@@ -249,11 +303,11 @@ impl File for SimFile {
     }
 
     fn size_bytes(&self) -> io::Result<u64> {
-        self.with_inode(|inode, _| Ok(inode.contents.len() as u64))
+        self.with_inode(Access::Read, |inode, _| Ok(inode.contents.len() as u64))
     }
 
     fn set_len(&self, size_bytes: u64) -> io::Result<()> {
-        self.with_inode(|inode, _| {
+        self.with_inode(Access::Change, |inode, _| {
             inode.contents.resize(size_bytes as usize, 0);
             inode.pending.push(DataOp::SetLen(size_bytes));
             Ok(())
@@ -261,7 +315,7 @@ impl File for SimFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        self.with_inode(|inode, sync_failures_pending| {
+        self.with_inode(Access::Change, |inode, sync_failures_pending| {
             if *sync_failures_pending > 0 {
                 *sync_failures_pending -= 1;
                 inode.pending.clear();
@@ -274,7 +328,7 @@ impl File for SimFile {
     }
 
     fn punch_hole(&self, offset: u64, length: u64) -> io::Result<()> {
-        self.with_inode(|inode, _| {
+        self.with_inode(Access::Change, |inode, _| {
             apply_punch(&mut inode.contents, offset, length);
             inode.pending.push(DataOp::PunchHole { offset, length });
             Ok(())
@@ -290,6 +344,7 @@ const fn libc_eio() -> i32 {
 impl Storage for SimStorage {
     fn create_dir_all(&self, dir: &str) -> io::Result<()> {
         let mut state = self.state.lock();
+        state.change()?;
         let mut prefix = String::new();
         for part in dir.split('/').filter(|part| !part.is_empty()) {
             if !prefix.is_empty() {
@@ -303,6 +358,10 @@ impl Storage for SimStorage {
 
     fn open_file(&self, path: &str, mode: OpenMode) -> io::Result<Arc<dyn File>> {
         let mut state = self.state.lock();
+        match mode {
+            OpenMode::Existing => state.check_running()?,
+            OpenMode::CreateNew | OpenMode::OpenOrCreate => state.change()?,
+        }
         if !state.dirs.contains(crate::parent_dir(path)) {
             return Err(not_found(crate::parent_dir(path)));
         }
@@ -329,6 +388,7 @@ impl Storage for SimStorage {
 
     fn remove_file(&self, path: &str) -> io::Result<()> {
         let mut state = self.state.lock();
+        state.change()?;
         state.names.remove(path).ok_or_else(|| not_found(path))?;
         let op = NamespaceOp { dir: dir_of(path), kind: NamespaceOpKind::Unlink { name: path.to_owned() } };
         state.namespace_pending.push(op);
@@ -337,6 +397,7 @@ impl Storage for SimStorage {
 
     fn remove_dir_all(&self, dir: &str) -> io::Result<()> {
         let mut state = self.state.lock();
+        state.change()?;
         if !state.dirs.contains(dir) {
             return Err(not_found(dir));
         }
@@ -355,6 +416,7 @@ impl Storage for SimStorage {
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
         assert_eq!(crate::parent_dir(from), crate::parent_dir(to), "renames stay in one directory");
         let mut state = self.state.lock();
+        state.change()?;
         let inode = state.names.remove(from).ok_or_else(|| not_found(from))?;
         state.names.insert(to.to_owned(), inode);
         let op = NamespaceOp {
@@ -367,6 +429,7 @@ impl Storage for SimStorage {
 
     fn list_dir(&self, dir: &str) -> io::Result<Vec<String>> {
         let state = self.state.lock();
+        state.check_running()?;
         if !state.dirs.contains(dir) {
             return Err(not_found(dir));
         }
@@ -382,11 +445,13 @@ impl Storage for SimStorage {
 
     fn exists(&self, path: &str) -> io::Result<bool> {
         let state = self.state.lock();
+        state.check_running()?;
         Ok(state.names.contains_key(path) || state.dirs.contains(path))
     }
 
     fn sync_dir(&self, dir: &str) -> io::Result<()> {
         let mut state = self.state.lock();
+        state.change()?;
         let state = &mut *state;
         let pending = std::mem::take(&mut state.namespace_pending);
         for op in pending {
@@ -436,6 +501,22 @@ mod tests {
         }
         assert_eq!(outcomes.len(), 2, "seeds 0..32 should both keep and lose the name");
         drop(storage);
+    }
+
+    #[test]
+    fn stop_after_fails_everything_once_the_budget_is_spent() {
+        let storage = SimStorage::new(SimConfig { write_survival: 0.0, ..SimConfig::default() }, 1);
+        let file = storage.open_file("f", OpenMode::CreateNew).unwrap();
+        storage.sync_dir("").unwrap();
+        storage.stop_after(2);
+        file.write_all_at(b"ab", 0).unwrap();
+        file.sync_data().unwrap();
+        assert!(storage.is_stopped(), "the budget of two changes is spent");
+        assert!(file.write_all_at(b"c", 2).is_err());
+        assert!(storage.exists("f").is_err(), "a dead process reads nothing either");
+        storage.crash();
+        let file = storage.open_file("f", OpenMode::Existing).unwrap();
+        assert_eq!(file.size_bytes().unwrap(), 2, "what was synced before the stop survives");
     }
 
     #[test]

@@ -13,7 +13,11 @@
 //! appended.
 //!
 //! The journal is split into segment files (`journal/00000001.seg`, …) of at
-//! most `segment_bytes_max` bytes; a record never spans two segments.
+//! most `segment_bytes_max` bytes; a record never spans two segments. Once
+//! history has been archived out of a segment and recovery no longer starts
+//! in it, [`Journal::reclaim`] deletes it: each segment header records the
+//! time of the last record before it, which tells how old its predecessor's
+//! newest record is.
 //!
 //! Recovery ([`Journal::recover`]) replays records from a checkpointed
 //! position. At the first damaged record it decides between a *torn tail*
@@ -32,7 +36,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -70,6 +74,10 @@ pub enum JournalError {
          until the server restarts and recovers from the journal on disk"
     )]
     Poisoned,
+    /// The segment was deleted after its history was archived: whoever
+    /// looked the version up should look again.
+    #[error("journal segment {segment} was reclaimed (its history is archived)")]
+    Reclaimed { segment: u32 },
 }
 
 /// Where an appended record landed.
@@ -117,6 +125,8 @@ struct Tail {
     active: Batch,
     sealed: VecDeque<Arc<Batch>>,
     lsn_next: Lsn,
+    /// Time of the last record appended (or recovered).
+    timestamp_last: Timestamp,
 }
 
 /// What has been written to the segment files; guarded by the lock that
@@ -151,6 +161,8 @@ pub struct Journal {
     written_end: AtomicU64,
     poisoned: AtomicBool,
     files: Mutex<HashMap<u32, Arc<dyn File>>>,
+    /// Segments below this were reclaimed.
+    segment_first: AtomicU32,
 }
 
 /// How many segment files stay open for reading.
@@ -170,12 +182,14 @@ fn parse_segment_name(name: &str) -> Option<u32> {
 }
 
 impl Journal {
-    /// Creates an empty journal in `dir` whose first record will be LSN 1.
+    /// Creates an empty journal in `dir` whose first record will be LSN 1;
+    /// `created` is when the volume's history begins.
     pub fn create(
         storage: Arc<dyn Storage>,
         dir: &str,
         block_size: BlockSize,
         config: JournalConfig,
+        created: Timestamp,
     ) -> Result<Journal, JournalError> {
         assert!(config.segment_bytes_max <= u64::from(u32::MAX));
         let io = |path: &str| {
@@ -185,30 +199,38 @@ impl Journal {
         storage.create_dir_all(dir).map_err(io(dir))?;
         let path = format!("{dir}/{}", segment_name(1));
         let file = storage.open_file(&path, OpenMode::CreateNew).map_err(io(&path))?;
-        let header = SegmentHeader { segment: 1, block_size, lsn_first: Lsn(1) };
+        let header = SegmentHeader { segment: 1, block_size, lsn_first: Lsn(1), timestamp_before: created };
         file.write_all_at(&header.encode(), 0).map_err(io(&path))?;
         file.sync_data().map_err(io(&path))?;
         storage.sync_dir(dir).map_err(io(dir))?;
-        let journal = Journal::assemble(storage, dir, block_size, config, 1, SEGMENT_HEADER_BYTES as u64, Lsn(1));
+        let start = JournalPosition { segment: 1, offset: SEGMENT_HEADER_BYTES as u64 };
+        let journal = Journal::assemble(storage, dir, block_size, config, start, Lsn(1), created, 1);
         journal.files.lock().insert(1, file);
         Ok(journal)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
         storage: Arc<dyn Storage>,
         dir: &str,
         block_size: BlockSize,
         config: JournalConfig,
-        segment: u32,
-        end: u64,
+        JournalPosition { segment, offset: end }: JournalPosition,
         lsn_next: Lsn,
+        timestamp_last: Timestamp,
+        segment_first: u32,
     ) -> Journal {
         Journal {
             storage,
             dir: dir.to_owned(),
             block_size,
             config,
-            tail: Mutex::new(Tail { active: Batch::empty_at(segment, end), sealed: VecDeque::new(), lsn_next }),
+            tail: Mutex::new(Tail {
+                active: Batch::empty_at(segment, end),
+                sealed: VecDeque::new(),
+                lsn_next,
+                timestamp_last,
+            }),
             written: Mutex::new(Written {
                 lsn: Lsn(lsn_next.0 - 1),
                 end: JournalPosition { segment, offset: end },
@@ -221,11 +243,13 @@ impl Journal {
             written_end: AtomicU64::new(pack(segment, end)),
             poisoned: AtomicBool::new(false),
             files: Mutex::new(HashMap::new()),
+            segment_first: AtomicU32::new(segment_first),
         }
     }
 
     /// Starts recovering a journal: records from `from` on (which must be the
-    /// start of record `lsn_from`, or the end of the journal) are handed out by
+    /// start of record `lsn_from`, or the end of the journal; the record
+    /// before it has time `timestamp_before`) are handed out by
     /// [`Recovery::next_record`]; [`Recovery::finish`] then yields the journal.
     pub fn recover(
         storage: Arc<dyn Storage>,
@@ -234,9 +258,17 @@ impl Journal {
         config: JournalConfig,
         from: JournalPosition,
         lsn_from: Lsn,
+        timestamp_before: Timestamp,
     ) -> Result<Recovery, JournalError> {
+        let segment_first = {
+            let names = storage.list_dir(dir).map_err(|source| JournalError::Io { path: dir.to_owned(), source })?;
+            names.iter().filter_map(|name| parse_segment_name(name)).min().unwrap_or(from.segment)
+        };
+        let journal =
+            Journal::assemble(storage, dir, block_size, config, from, lsn_from, timestamp_before, segment_first);
         let mut recovery = Recovery {
-            journal: Journal::assemble(storage, dir, block_size, config, from.segment, from.offset, lsn_from),
+            journal,
+            timestamp_last: timestamp_before,
             segment: from.segment,
             offset: from.offset,
             lsn_expected: lsn_from,
@@ -357,6 +389,7 @@ impl Journal {
         assert_eq!((tail.active.bytes.len() - before) as u64, record_bytes);
         tail.active.lsn_last = lsn;
         tail.lsn_next = lsn.next();
+        tail.timestamp_last = timestamp;
         let data_offset = u32::try_from(record_offset + header_bytes).expect("segments are below 4 GiB");
         Ok(Appended { lsn, segment: tail.active.segment, data_offset })
     }
@@ -371,7 +404,12 @@ impl Journal {
             .map_err(self.io_error(path))
             .map_err(|error| self.poison(error))?;
         self.files.lock().insert(segment, file);
-        let header = SegmentHeader { segment, block_size: self.block_size, lsn_first: tail.lsn_next };
+        let header = SegmentHeader {
+            segment,
+            block_size: self.block_size,
+            lsn_first: tail.lsn_next,
+            timestamp_before: tail.timestamp_last,
+        };
         let mut next = Batch::empty_at(segment, 0);
         next.bytes.extend_from_slice(&header.encode());
         next.starts_segment = true;
@@ -514,6 +552,9 @@ impl Journal {
     /// Reads journal bytes (a block of a version) wherever they are: in the
     /// segment files or still in memory.
     pub fn read(&self, segment: u32, offset: u64, buf: &mut [u8]) -> Result<(), JournalError> {
+        if segment < self.segment_first.load(Ordering::Acquire) {
+            return Err(JournalError::Reclaimed { segment });
+        }
         let end = offset + buf.len() as u64;
         if pack(segment, end) > self.written_end.load(Ordering::Acquire) {
             let tail = self.tail.lock();
@@ -525,8 +566,48 @@ impl Journal {
             }
             // Written out since we looked: read it from the file.
         }
-        let file = self.file(segment)?;
+        let file = match self.file(segment) {
+            Err(JournalError::Io { source, .. })
+                if source.kind() == io::ErrorKind::NotFound && segment < self.segment_first.load(Ordering::Acquire) =>
+            {
+                return Err(JournalError::Reclaimed { segment });
+            }
+            other => other?,
+        };
         file.read_exact_at(buf, offset).map_err(self.segment_io_error(segment))
+    }
+
+    /// Deletes the oldest segments that no one needs any more: those before
+    /// segment `before` (where recovery starts) whose every record is older
+    /// than `archived_before` (the version index refers to none of them).
+    /// Returns the bytes freed.
+    pub fn reclaim(&self, before: u32, archived_before: Timestamp) -> Result<u64, JournalError> {
+        let mut freed = 0;
+        loop {
+            let segment = self.segment_first.load(Ordering::Acquire);
+            if segment + 1 > before.min(self.position_next().segment) {
+                return Ok(freed);
+            }
+            // The next segment's header tells the time of this one's last record.
+            let next = self.file(segment + 1)?;
+            let mut header = [0; SEGMENT_HEADER_BYTES];
+            next.read_exact_at(&mut header, 0).map_err(self.segment_io_error(segment + 1))?;
+            let header = SegmentHeader::decode(&header).map_err(|error| JournalError::Corrupt {
+                path: self.path(segment + 1),
+                offset: 0,
+                reason: error.to_string(),
+            })?;
+            if header.timestamp_before >= archived_before {
+                return Ok(freed);
+            }
+            let path = self.path(segment);
+            freed += self.file(segment)?.size_bytes().map_err(self.segment_io_error(segment))?;
+            // Readers that looked a version up in this segment now get `Reclaimed`.
+            self.segment_first.store(segment + 1, Ordering::Release);
+            self.files.lock().remove(&segment);
+            self.storage.remove_file(&path).map_err(self.io_error(path))?;
+            self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
+        }
     }
 }
 
@@ -563,6 +644,8 @@ pub struct RecoveryReport {
 /// Replays a journal after a restart; see [`Journal::recover`].
 pub struct Recovery {
     journal: Journal,
+    /// Time of the last record replayed (or before the first).
+    timestamp_last: Timestamp,
     segment: u32,
     offset: u64,
     lsn_expected: Lsn,
@@ -643,6 +726,7 @@ impl Recovery {
                     let record_offset = self.offset;
                     self.offset += header.record_bytes();
                     self.lsn_expected = header.lsn.next();
+                    self.timestamp_last = header.timestamp;
                     self.records_replayed += 1;
                     let data_offset = header.data_offset();
                     return Ok(Some(ReplayRecord {
@@ -726,9 +810,10 @@ impl Recovery {
             &self.journal.dir,
             self.journal.block_size,
             self.journal.config,
-            self.segment,
-            self.offset,
+            JournalPosition { segment: self.segment, offset: self.offset },
             self.lsn_expected,
+            self.timestamp_last,
+            self.journal.segment_first.load(Ordering::Acquire),
         );
         journal.files.lock().insert(self.segment, file);
         let report = RecoveryReport { records_replayed: self.records_replayed, truncated_bytes: self.truncated_bytes };

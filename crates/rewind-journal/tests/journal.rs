@@ -38,7 +38,7 @@ fn append(journal: &Journal, op: &Op, timestamp: u64) -> Lsn {
 
 fn replay(storage: &SimStorage, config: JournalConfig) -> Result<(Vec<Op>, Journal), JournalError> {
     let shared: Arc<dyn Storage> = Arc::new(storage.clone());
-    let mut recovery = Journal::recover(shared, "journal", block_size(), config, start(), Lsn(1))?;
+    let mut recovery = Journal::recover(shared, "journal", block_size(), config, start(), Lsn(1), Timestamp::MIN)?;
     let mut ops = Vec::new();
     while let Some(record) = recovery.next_record()? {
         let block = record.header.block_first.0;
@@ -68,7 +68,8 @@ fn committed_records_survive_every_crash_and_survivors_form_a_prefix() {
         let storage = SimStorage::new(SimConfig::default(), seed);
         let mut rng = StdRng::seed_from_u64(seed);
         let config = JournalConfig { segment_bytes_max: rng.random_range(2_000..20_000) };
-        let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config).unwrap();
+        let journal =
+            Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
         let mut appended = Vec::new();
         let mut committed = 0;
         for step in 0..rng.random_range(1..60) {
@@ -103,7 +104,8 @@ fn committed_records_survive_every_crash_and_survivors_form_a_prefix() {
 fn reads_see_records_before_and_after_they_reach_the_disk() {
     let storage = SimStorage::new(SimConfig::default(), 1);
     let journal =
-        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default()).unwrap();
+        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
+            .unwrap();
     let data: Vec<u8> = (0..BLOCK * 2).map(|i| (i % 251) as u8).collect();
     let appended = journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(7), &data, &mut Vec::new()).unwrap();
     let mut buf = vec![0u8; BLOCK as usize];
@@ -120,7 +122,8 @@ fn reads_see_records_before_and_after_they_reach_the_disk() {
 fn damage_to_an_acknowledged_record_is_corruption_not_a_torn_tail() {
     let storage = SimStorage::new(SimConfig::default(), 5);
     let journal =
-        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default()).unwrap();
+        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
+            .unwrap();
     let first = journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[1; 512], &mut Vec::new());
     journal.commit().unwrap();
     journal.append_write(Timestamp::from_unix_nanos(2), BlockIndex(1), &[2; 512], &mut Vec::new()).unwrap();
@@ -138,7 +141,8 @@ fn damage_to_an_acknowledged_record_is_corruption_not_a_torn_tail() {
 fn damage_to_the_unacknowledged_tail_is_cut_off() {
     let storage = SimStorage::new(SimConfig::default(), 5);
     let journal =
-        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default()).unwrap();
+        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
+            .unwrap();
     journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[1; 512], &mut Vec::new()).unwrap();
     journal.commit().unwrap();
     let second = journal.append_write(Timestamp::from_unix_nanos(2), BlockIndex(1), &[2; 512], &mut Vec::new());
@@ -158,7 +162,8 @@ fn damage_to_the_unacknowledged_tail_is_cut_off() {
 fn a_failed_fsync_poisons_the_journal() {
     let storage = SimStorage::new(SimConfig::default(), 9);
     let journal =
-        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default()).unwrap();
+        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
+            .unwrap();
     journal.append_zero(Timestamp::from_unix_nanos(1), BlockIndex(0), 1).unwrap();
     storage.fail_syncs(1);
     assert!(matches!(journal.commit(), Err(JournalError::Io { .. })));
@@ -168,4 +173,51 @@ fn a_failed_fsync_poisons_the_journal() {
         journal.append_zero(Timestamp::from_unix_nanos(2), BlockIndex(0), 1),
         Err(JournalError::Poisoned)
     ));
+}
+
+#[test]
+fn reclaim_deletes_only_old_segments_before_the_replay_point() {
+    let storage = SimStorage::new(SimConfig::default(), 9);
+    let config = JournalConfig { segment_bytes_max: 4_000 };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    // Three 512-byte blocks per record: two records per segment.
+    let mut appended = Vec::new();
+    for step in 1..=12u64 {
+        let data = vec![step as u8; 3 * BLOCK as usize];
+        let record = journal.append_write(Timestamp::from_unix_nanos(step * 10), BlockIndex(0), &data, &mut Vec::new());
+        appended.push(record.unwrap());
+    }
+    journal.commit().unwrap();
+    let segment_of = |step: usize| appended[step - 1].segment;
+    assert_eq!((segment_of(1), segment_of(3), segment_of(12)), (1, 2, 6));
+    // Nothing before the replay point may go, however old.
+    assert_eq!(journal.reclaim(1, Timestamp::MAX).unwrap(), 0);
+    // Segment 2 holds records 3 and 4 (times 30, 40): not all older than 35.
+    let freed = journal.reclaim(5, Timestamp::from_unix_nanos(35)).unwrap();
+    assert!(freed > 0);
+    let names = storage.list_dir("journal").unwrap();
+    assert_eq!(names.first().map(String::as_str), Some("00000002.seg"), "{names:?}");
+    let mut buf = vec![0; BLOCK as usize];
+    let error = journal.read(1, u64::from(appended[0].data_offset), &mut buf).unwrap_err();
+    assert!(matches!(error, JournalError::Reclaimed { segment: 1 }), "{error}");
+    journal.read(2, u64::from(appended[2].data_offset), &mut buf).unwrap();
+    assert_eq!(buf, vec![3; BLOCK as usize]);
+    // Up to the replay point when everything is archived.
+    journal.reclaim(5, Timestamp::MAX).unwrap();
+    assert_eq!(storage.list_dir("journal").unwrap().first().map(String::as_str), Some("00000005.seg"));
+    drop(journal);
+    // Recovery from the replay point does not miss the deleted segments.
+    let from = JournalPosition { segment: 5, offset: 64 };
+    let shared: Arc<dyn Storage> = Arc::new(storage.clone());
+    let mut recovery =
+        Journal::recover(shared, "journal", block_size(), config, from, Lsn(9), Timestamp::from_unix_nanos(80))
+            .unwrap();
+    let mut replayed = 0;
+    while recovery.next_record().unwrap().is_some() {
+        replayed += 1;
+    }
+    assert_eq!(replayed, 4);
+    let (journal, _) = recovery.finish().unwrap();
+    let error = journal.read(3, 64, &mut buf).unwrap_err();
+    assert!(matches!(error, JournalError::Reclaimed { segment: 3 }), "{error}");
 }

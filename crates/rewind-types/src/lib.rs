@@ -130,13 +130,29 @@ impl fmt::Display for InvalidBlockSize {
 
 impl std::error::Error for InvalidBlockSize {}
 
+/// A chunk in the node's chunk store: a block's bytes, stored once however
+/// many versions (of however many volumes) share them. Ids start at 1; an id
+/// freed by garbage collection may name another chunk later, which is why
+/// every read also checks the version's CRC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ChunkId(pub u64);
+
+impl fmt::Display for ChunkId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// Where the bytes of one block version live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum VersionData {
-    /// The block was zeroed (TRIM or WRITE_ZEROES); no bytes are stored.
+    /// The block was zeroed (TRIM or WRITE_ZEROES), or held only zeros when
+    /// it was archived; no bytes are stored.
     Zero,
     /// A block-sized payload at `offset` bytes into journal segment `segment`.
     Journal { segment: u32, offset: u32 },
+    /// Archived into the chunk store.
+    Chunk(ChunkId),
 }
 
 /// One version of one block: what the version index maps `(block, time)` to.

@@ -1,0 +1,943 @@
+//! The node's chunk store: every archived block version's bytes, stored once
+//! (MYCDP's Deduplicator, Chunk_Info and Archiver, seed 004 §3.2–3.3).
+//!
+//! ```text
+//! put(bytes) ── BLAKE3 ──► dedup index ── hit ──► count += 1, same id
+//!                               └── miss ──► new id, zstd, pack writer
+//! finish ──► seal packs ──► table slots ──► fsync table
+//! ```
+//!
+//! **Reference counts live in memory only, and are exact.** The version
+//! index runs of the volumes are the truth about which chunk ids history
+//! refers to; on open, the engine *marks* every id its runs refer to, so the
+//! counts start exact, and from then on they change in step with the runs:
+//! an archive pass counts its references before its run is written, a merge
+//! releases what it drops while it writes the run that no longer refers to
+//! it. Nothing about counts is ever written to disk, so no crash can leave
+//! them wrong — after a crash they are simply counted again.
+//!
+//! Garbage collection frees the ids whose count is zero and rewrites packs
+//! that are mostly dead. It must never free a chunk that a durable run still
+//! refers to. Merges release references *before* their new run replaces the
+//! old ones durably, so collection waits for every merge in flight: merges
+//! hold the *reference gate* shared ([`ChunkStore::hold_references`]),
+//! collection holds it exclusively. A merge that fails after releasing may
+//! have left counts too low: the caller then poisons collection
+//! ([`ChunkStore::poison_collection`]) until a restart counts again.
+//!
+//! Durability order, which recovery relies on:
+//! 1. a pack is sealed (fsync, directory fsync) before its chunks' slots are
+//!    written; slots are synced before any run refers to their ids;
+//! 2. a repack seals the new pack, records a repack intent, rewrites the
+//!    moved ids' slots, syncs the table, and only then deletes the old packs;
+//!    an intent found on open is completed from the new pack's footer;
+//! 3. a pack without a valid trailer can only be the newest, left by a crash
+//!    while it was written: nothing refers to it and it is deleted.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use rewind_format::chunks::{RepackIntent, TableSlot};
+use rewind_format::pack::{ChunkHash, Codec, FooterEntry, RECORD_HEADER_BYTES};
+use rewind_io::{read_file, write_file_atomic, Storage};
+use rewind_types::ChunkId;
+use rustc_hash::FxHashMap;
+
+use crate::dedup::{DedupConfig, DedupIndex};
+use crate::table::{slot_in, ChunkTable};
+use crate::{chunk_hash, pack_name, ChunkError, ChunkLocation, PackReader, PackWriter};
+
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkStoreConfig {
+    /// A pack is sealed once it holds about this many bytes.
+    pub pack_bytes_target: u64,
+    pub dedup: DedupConfig,
+    /// Collection rewrites packs whose live chunks take less than this
+    /// percentage of their bytes.
+    pub repack_live_percent: u64,
+    /// Sealed packs kept open for reading.
+    pub open_packs_max: usize,
+}
+
+impl Default for ChunkStoreConfig {
+    fn default() -> Self {
+        ChunkStoreConfig {
+            pack_bytes_target: 32 << 20,
+            dedup: DedupConfig::default(),
+            repack_live_percent: 50,
+            open_packs_max: 32,
+        }
+    }
+}
+
+/// `counts[id]` of an id with no chunk (never used, or freed).
+const FREE: u32 = u32::MAX;
+/// A count that has reached this stays: the chunk is kept for good (a
+/// pattern referenced four billion times) rather than the count wrapping.
+const STICKY: u32 = u32::MAX - 1;
+/// Table slots read at a time by scans: 1 MiB.
+const SCAN_IDS: u64 = 1 << 14;
+
+/// What collection knows of a sealed pack.
+#[derive(Clone, Copy, Debug, Default)]
+struct PackStats {
+    bytes: u64,
+    /// Stored bytes of the chunks in it that are not free (live or dead).
+    held_bytes: u64,
+}
+
+struct State {
+    /// Reference count by chunk id (index 0 unused).
+    counts: Vec<u32>,
+    /// No id below this is free.
+    free_hint: u64,
+    /// Ids with a count above zero, and at zero (dead, not yet collected).
+    live: u64,
+    dead: u64,
+    references: u64,
+    /// Σ references × raw size: what the archived versions would take
+    /// without deduplication or compression.
+    logical_bytes: u64,
+    /// Raw and stored bytes of the chunks that are not free.
+    held_raw_bytes: u64,
+    held_stored_bytes: u64,
+    dedup: DedupIndex,
+    /// Ids handed out by the session in progress, whose slots are not
+    /// written yet: their table slots may still describe what the id held
+    /// before it was freed.
+    unslotted: rustc_hash::FxHashSet<u64>,
+    pack_next: u64,
+    packs: BTreeMap<u64, PackStats>,
+    /// Packs that did not open, with why: a crash's unsealed leftover unless
+    /// history refers to them (decided by `finish_open`).
+    unreadable: BTreeMap<u64, String>,
+    /// The store has been opened and marked: puts and collection may run.
+    open: bool,
+}
+
+impl State {
+    fn reference(&mut self, id: ChunkId, raw_bytes: u32) {
+        let count = &mut self.counts[id.0 as usize];
+        assert_ne!(*count, FREE, "chunk {id} is referenced but free");
+        if *count == 0 {
+            self.dead -= 1;
+            self.live += 1;
+        }
+        if *count < STICKY {
+            *count += 1;
+        }
+        self.references += 1;
+        self.logical_bytes += u64::from(raw_bytes);
+    }
+
+    /// A new id, counted once.
+    fn allocate(&mut self) -> ChunkId {
+        let mut id = self.free_hint.max(1);
+        while (id as usize) < self.counts.len() && self.counts[id as usize] != FREE {
+            id += 1;
+        }
+        if id as usize == self.counts.len() {
+            self.counts.push(FREE);
+        }
+        self.free_hint = id + 1;
+        self.counts[id as usize] = 0;
+        self.dead += 1;
+        ChunkId(id)
+    }
+
+    fn is_live(&self, id: ChunkId) -> bool {
+        self.counts.get(id.0 as usize).is_some_and(|&count| count != FREE)
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    chunks_written: AtomicU64,
+    raw_bytes_written: AtomicU64,
+    stored_bytes_written: AtomicU64,
+    dedup_hits: AtomicU64,
+    collections: AtomicU64,
+    chunks_freed: AtomicU64,
+    packs_deleted: AtomicU64,
+    packs_rewritten: AtomicU64,
+}
+
+/// The chunk store of a node. See the module documentation.
+pub struct ChunkStore {
+    storage: Arc<dyn Storage>,
+    dir: String,
+    packs_dir: String,
+    config: ChunkStoreConfig,
+    table: ChunkTable,
+    state: Mutex<State>,
+    readers: Mutex<FxHashMap<u64, Arc<PackReader>>>,
+    gate: RwLock<()>,
+    /// One archive session or collection at a time.
+    writing: Mutex<()>,
+    poisoned: Mutex<Option<String>>,
+    collection_poisoned: Mutex<Option<String>>,
+    counters: Counters,
+}
+
+/// Sizes and ratios, for `rewind stats` and `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChunkStats {
+    /// Chunks that history refers to.
+    pub chunks_live: u64,
+    /// Chunks nothing refers to any more, not yet collected.
+    pub chunks_dead: u64,
+    /// References from versions to chunks.
+    pub references: u64,
+    /// Raw bytes of every referencing version: the archive's size without
+    /// deduplication or compression.
+    pub logical_bytes: u64,
+    /// Raw and stored (compressed) bytes of the chunks held.
+    pub unique_raw_bytes: u64,
+    pub unique_stored_bytes: u64,
+    pub pack_count: u64,
+    pub pack_bytes: u64,
+    /// Pack bytes that hold no live chunk: what collection can give back
+    /// (exact for collected chunks, estimated for dead ones).
+    pub reclaimable_bytes: u64,
+    pub table_bytes: u64,
+    pub dedup_entries: u64,
+    pub dedup_runs: u64,
+    /// Heap bytes of counts, dedup filters and fences, and the dedup table.
+    pub memory_bytes: u64,
+    /// Since the store was opened.
+    pub chunks_written: u64,
+    pub raw_bytes_written: u64,
+    pub stored_bytes_written: u64,
+    pub dedup_hits: u64,
+    pub collections: u64,
+    pub chunks_freed: u64,
+    pub packs_deleted: u64,
+    pub packs_rewritten: u64,
+    pub poisoned: Option<String>,
+}
+
+/// What one collection did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CollectReport {
+    pub chunks_freed: u64,
+    pub packs_deleted: u64,
+    pub packs_rewritten: u64,
+    pub packs_written: u64,
+    pub chunks_moved: u64,
+    /// Pack bytes before minus after.
+    pub bytes_reclaimed: u64,
+}
+
+/// Progress of a collection, for progress bars.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CollectPhase {
+    /// Freeing unreferenced chunks: ids scanned of all.
+    Sweep,
+    /// Rewriting packs: bytes of old packs done of all.
+    Repack,
+}
+
+const REPACK_INTENT: &str = "repack";
+
+impl ChunkStore {
+    /// Opens (creating if needed) the chunk store in `dir`, completing an
+    /// interrupted repack and deleting a pack a crash left unsealed. Every
+    /// id starts free: the caller marks each id history refers to with
+    /// [`ChunkStore::mark`], then calls [`ChunkStore::finish_open`].
+    pub fn open(storage: Arc<dyn Storage>, dir: &str, config: ChunkStoreConfig) -> Result<ChunkStore, ChunkError> {
+        assert!(config.pack_bytes_target > 0 && config.pack_bytes_target < 1 << 32);
+        let packs_dir = format!("{dir}/packs");
+        storage.create_dir_all(&packs_dir).map_err(ChunkError::io(&packs_dir))?;
+        storage.sync_dir(dir).map_err(ChunkError::io(dir))?;
+        let table = ChunkTable::open(&*storage, &format!("{dir}/table"))?;
+        finish_repack(&*storage, dir, &packs_dir, &table)?;
+        let mut packs = BTreeMap::new();
+        let mut unreadable = BTreeMap::new();
+        for name in storage.list_dir(&packs_dir).map_err(ChunkError::io(&packs_dir))? {
+            let Some(pack) = parse_pack_name(&name) else {
+                return Err(ChunkError::corrupt(&format!("{packs_dir}/{name}"), 0, "not a pack file"));
+            };
+            match PackReader::open(&*storage, &packs_dir, pack) {
+                Ok(reader) => {
+                    packs.insert(pack, PackStats { bytes: reader.bytes(), held_bytes: 0 });
+                }
+                Err(error @ (ChunkError::Unsealed { .. } | ChunkError::Corrupt { .. })) => {
+                    unreadable.insert(pack, error.to_string());
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        let mut dedup = DedupIndex::open(Arc::clone(&storage), &format!("{dir}/dedup"), config.dedup)?;
+        // The chunks of packs the dedup runs do not cover yet. These are the
+        // newest packs; one a crash cut short may have a valid trailer over a
+        // footer that never reached the disk.
+        let uncovered: Vec<u64> = packs.range(dedup.packs_covered() + 1..).map(|(&pack, _)| pack).collect();
+        for pack in uncovered {
+            let reader = PackReader::open(&*storage, &packs_dir, pack)?;
+            let footer = match reader.footer() {
+                Ok(footer) => footer,
+                Err(error @ ChunkError::Corrupt { .. }) => {
+                    packs.remove(&pack);
+                    unreadable.insert(pack, error.to_string());
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            for entry in footer {
+                let current = table.read(entry.id)?;
+                if current.is_some_and(|slot| slot.hash == entry.hash && slot.pack == pack) {
+                    dedup.insert(entry.hash, entry.id);
+                }
+            }
+        }
+        let newest = packs.keys().chain(unreadable.keys()).max().copied().unwrap_or(0);
+        let pack_next = newest.max(dedup.packs_covered()) + 1;
+        let state = State {
+            counts: vec![FREE; table.id_end() as usize],
+            free_hint: 1,
+            live: 0,
+            dead: 0,
+            references: 0,
+            logical_bytes: 0,
+            held_raw_bytes: 0,
+            held_stored_bytes: 0,
+            dedup,
+            unslotted: Default::default(),
+            pack_next,
+            packs,
+            unreadable,
+            open: false,
+        };
+        Ok(ChunkStore {
+            storage,
+            dir: dir.to_owned(),
+            packs_dir,
+            config,
+            table,
+            state: Mutex::new(state),
+            readers: Mutex::new(FxHashMap::default()),
+            gate: RwLock::new(()),
+            writing: Mutex::new(()),
+            poisoned: Mutex::new(None),
+            collection_poisoned: Mutex::new(None),
+            counters: Counters::default(),
+        })
+    }
+
+    /// Counts one reference from history to `id`, a chunk of `raw_bytes`,
+    /// while opening. An id the table never had is corruption of whatever
+    /// refers to it; the caller names that.
+    pub fn mark(&self, id: ChunkId, raw_bytes: u32) -> Result<(), ChunkError> {
+        let mut state = self.state.lock();
+        assert!(!state.open, "marking happens while opening");
+        let Some(count) = state.counts.get_mut(id.0 as usize).filter(|_| id.0 > 0) else {
+            return Err(ChunkError::Missing { id, reason: "the chunk table has no such id".into() });
+        };
+        if *count == FREE {
+            *count = 0;
+            state.dead += 1;
+        }
+        state.reference(id, raw_bytes);
+        Ok(())
+    }
+
+    /// Ends opening: checks that every referenced chunk has a valid slot in
+    /// a sealed pack (one sequential read of the table), counts what the
+    /// packs hold, and forgets dedup entries of unreferenced ids.
+    pub fn finish_open(&self) -> Result<(), ChunkError> {
+        let mut state = self.state.lock();
+        let mut bytes = Vec::new();
+        let id_end = state.counts.len() as u64;
+        let mut first = 1;
+        while first < id_end {
+            let count = SCAN_IDS.min(id_end - first);
+            let window = &state.counts[first as usize..(first + count) as usize];
+            if window.iter().all(|&count| count == FREE) {
+                first += count;
+                continue;
+            }
+            self.table.read_range(first, count, &mut bytes)?;
+            for index in 0..count as usize {
+                let id = ChunkId(first + index as u64);
+                if state.counts[id.0 as usize] == FREE {
+                    continue;
+                }
+                let slot = slot_in(&bytes, index, id)
+                    .map_err(|error| ChunkError::Missing { id, reason: format!("its table slot is damaged: {error}") })?
+                    .ok_or_else(|| ChunkError::Missing { id, reason: "its table slot was never written".into() })?;
+                if let Some(damage) = state.unreadable.get(&slot.pack) {
+                    return Err(ChunkError::Missing { id, reason: damage.clone() });
+                }
+                let Some(pack) = state.packs.get_mut(&slot.pack) else {
+                    let reason = format!("its pack {} does not exist", pack_name(slot.pack));
+                    return Err(ChunkError::Missing { id, reason });
+                };
+                if u64::from(slot.offset) + u64::from(slot.stored_bytes) > pack.bytes {
+                    let reason = format!("its slot points past the end of pack {}", pack_name(slot.pack));
+                    return Err(ChunkError::Missing { id, reason });
+                }
+                pack.held_bytes += u64::from(slot.stored_bytes);
+                state.held_raw_bytes += u64::from(slot.raw_bytes);
+                state.held_stored_bytes += u64::from(slot.stored_bytes);
+            }
+            first += count;
+        }
+        // Nothing refers to the packs that did not open: a crash left the
+        // newest one unsealed (its writes may reach the disk in any order).
+        let newest_sealed = state.packs.keys().next_back().copied().unwrap_or(0);
+        for (pack, damage) in std::mem::take(&mut state.unreadable) {
+            let path = format!("{}/{}", self.packs_dir, pack_name(pack));
+            if pack > newest_sealed {
+                tracing::info!(%path, %damage, "deleting a pack a crash left unfinished");
+            } else {
+                tracing::warn!(%path, %damage, "deleting a damaged pack that nothing refers to");
+            }
+            self.storage.remove_file(&path).map_err(ChunkError::io(&path))?;
+        }
+        self.storage.sync_dir(&self.packs_dir).map_err(ChunkError::io(&self.packs_dir))?;
+        let state = &mut *state;
+        let counts = &state.counts;
+        state.dedup.forget(|id| counts.get(id.0 as usize).is_some_and(|&count| count != FREE));
+        state.open = true;
+        Ok(())
+    }
+
+    /// Whether an earlier error stopped archiving and collection.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.lock().is_some()
+    }
+
+    fn check_poisoned(&self) -> Result<(), ChunkError> {
+        match &*self.poisoned.lock() {
+            Some(cause) => Err(ChunkError::Poisoned { cause: cause.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops every further write to the store until a restart, after an
+    /// error that may have left it inconsistent in memory.
+    fn fail(&self, error: ChunkError) -> ChunkError {
+        if matches!(error, ChunkError::Io { .. } | ChunkError::Corrupt { .. } | ChunkError::Unsealed { .. }) {
+            let cause = error.to_string();
+            tracing::error!(%cause, "chunk store poisoned: no more archiving or collection until restart");
+            self.poisoned.lock().get_or_insert(cause);
+        }
+        error
+    }
+
+    /// Holds off collection while a merge releases references (see the
+    /// module documentation).
+    pub fn hold_references(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read()
+    }
+
+    /// After a merge failed part-way, counts may be too low: no collection
+    /// until a restart counts again.
+    pub fn poison_collection(&self, cause: String) {
+        tracing::error!(%cause, "chunk collection suspended until restart");
+        self.collection_poisoned.lock().get_or_insert(cause);
+    }
+
+    /// Drops one reference to `id` (a version of `raw_bytes` history no
+    /// longer keeps). The caller holds [`ChunkStore::hold_references`].
+    pub fn release(&self, id: ChunkId, raw_bytes: u32) {
+        let mut state = self.state.lock();
+        let count = &mut state.counts[id.0 as usize];
+        assert!(*count != FREE && *count > 0, "chunk {id} released more often than referenced");
+        if *count < STICKY {
+            *count -= 1;
+            if *count == 0 {
+                state.live -= 1;
+                state.dead += 1;
+            }
+        }
+        state.references -= 1;
+        state.logical_bytes -= u64::from(raw_bytes);
+    }
+
+    /// Starts putting chunks; only one session or collection runs at a time.
+    pub fn session(&self) -> Result<ArchiveSession<'_>, ChunkError> {
+        let writing = self.writing.lock();
+        self.check_poisoned()?;
+        assert!(self.state.lock().open, "the store is open");
+        Ok(ArchiveSession {
+            store: self,
+            _writing: writing,
+            writer: None,
+            unsealed: Vec::new(),
+            sealed: Vec::new(),
+            done: false,
+        })
+    }
+
+    /// Reads chunk `id` into `out` (its raw size), checking the table slot,
+    /// the record's CRC and the BLAKE3 hash of the bytes.
+    pub fn read(&self, id: ChunkId, out: &mut [u8]) -> Result<(), ChunkError> {
+        // A repack may move the chunk and delete its old pack between our
+        // reading the slot and opening the pack: then read the slot again.
+        for attempt in 0..2 {
+            let Some(slot) = self.table.read(id)? else {
+                return Err(ChunkError::Missing { id, reason: "its table slot was never written".into() });
+            };
+            if slot.raw_bytes as usize != out.len() {
+                let reason = format!("it holds {} bytes, the version {}", slot.raw_bytes, out.len());
+                return Err(ChunkError::Missing { id, reason });
+            }
+            let reader = match self.reader(slot.pack) {
+                Ok(reader) => reader,
+                Err(ChunkError::Io { source, .. }) if attempt == 0 && source.kind() == std::io::ErrorKind::NotFound => {
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            let location = ChunkLocation {
+                pack: slot.pack,
+                offset: u64::from(slot.offset),
+                stored_bytes: slot.stored_bytes,
+                raw_bytes: slot.raw_bytes,
+            };
+            return reader.read(location, &slot.hash, out);
+        }
+        unreachable!("the second attempt returns")
+    }
+
+    fn reader(&self, pack: u64) -> Result<Arc<PackReader>, ChunkError> {
+        if let Some(reader) = self.readers.lock().get(&pack) {
+            return Ok(Arc::clone(reader));
+        }
+        let reader = Arc::new(PackReader::open(&*self.storage, &self.packs_dir, pack)?);
+        let mut readers = self.readers.lock();
+        if readers.len() >= self.config.open_packs_max {
+            let victim = *readers.keys().next().expect("not empty");
+            readers.remove(&victim);
+        }
+        readers.insert(pack, Arc::clone(&reader));
+        Ok(reader)
+    }
+
+    /// Finds a valid id holding `hash`.
+    fn find(&self, state: &State, hash: &ChunkHash) -> Result<Option<ChunkId>, ChunkError> {
+        if let Some(id) = state.dedup.find_in_memory(hash) {
+            return Ok(Some(id));
+        }
+        let mut candidates = Vec::new();
+        state.dedup.find_in_runs(hash, &mut candidates)?;
+        for id in candidates {
+            let slotted = state.is_live(id) && !state.unslotted.contains(&id.0);
+            if slotted && self.table.read(id)?.is_some_and(|slot| slot.hash == *hash) {
+                return Ok(Some(id));
+            }
+        }
+        Ok(None)
+    }
+
+    pub fn stats(&self) -> ChunkStats {
+        let state = self.state.lock();
+        let pack_bytes: u64 = state.packs.values().map(|pack| pack.bytes).sum();
+        let slack: u64 = state.packs.values().map(|pack| pack.bytes.saturating_sub(pack.held_bytes)).sum();
+        let held = state.live + state.dead;
+        let dead_estimate = (state.held_stored_bytes * state.dead).checked_div(held).unwrap_or(0);
+        let counter = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        ChunkStats {
+            chunks_live: state.live,
+            chunks_dead: state.dead,
+            references: state.references,
+            logical_bytes: state.logical_bytes,
+            unique_raw_bytes: state.held_raw_bytes,
+            unique_stored_bytes: state.held_stored_bytes,
+            pack_count: state.packs.len() as u64,
+            pack_bytes,
+            reclaimable_bytes: slack + dead_estimate,
+            table_bytes: self.table.id_end() * rewind_format::chunks::TABLE_SLOT_BYTES as u64,
+            dedup_entries: state.dedup.entry_count(),
+            dedup_runs: state.dedup.run_count() as u64,
+            memory_bytes: (state.counts.capacity() * 4) as u64 + state.dedup.memory_bytes(),
+            chunks_written: counter(&self.counters.chunks_written),
+            raw_bytes_written: counter(&self.counters.raw_bytes_written),
+            stored_bytes_written: counter(&self.counters.stored_bytes_written),
+            dedup_hits: counter(&self.counters.dedup_hits),
+            collections: counter(&self.counters.collections),
+            chunks_freed: counter(&self.counters.chunks_freed),
+            packs_deleted: counter(&self.counters.packs_deleted),
+            packs_rewritten: counter(&self.counters.packs_rewritten),
+            poisoned: self.poisoned.lock().clone().or_else(|| self.collection_poisoned.lock().clone()),
+        }
+    }
+
+    /// Whether a collection would free anything: dead chunks, or packs worth
+    /// rewriting.
+    pub fn collection_due(&self) -> bool {
+        let state = self.state.lock();
+        state.dead > 0 || state.packs.values().any(|pack| self.worth_rewriting(pack))
+    }
+
+    fn worth_rewriting(&self, pack: &PackStats) -> bool {
+        pack.held_bytes * 100 < pack.bytes * self.config.repack_live_percent
+    }
+
+    /// Garbage collection: frees every chunk nothing refers to, deletes packs
+    /// left empty, and rewrites the live chunks of mostly dead packs into new
+    /// ones. Waits for merges in flight; archiving waits for it.
+    pub fn collect(&self, progress: &mut dyn FnMut(CollectPhase, u64, u64)) -> Result<CollectReport, ChunkError> {
+        let _gate = self.gate.write();
+        let _writing = self.writing.lock();
+        self.check_poisoned()?;
+        if let Some(cause) = &*self.collection_poisoned.lock() {
+            return Err(ChunkError::Poisoned { cause: cause.clone() });
+        }
+        let mut report = CollectReport::default();
+        self.sweep(&mut report, progress).map_err(|error| self.fail(error))?;
+        self.repack(&mut report, progress).map_err(|error| self.fail(error))?;
+        self.counters.collections.fetch_add(1, Ordering::Relaxed);
+        self.counters.chunks_freed.fetch_add(report.chunks_freed, Ordering::Relaxed);
+        self.counters.packs_deleted.fetch_add(report.packs_deleted, Ordering::Relaxed);
+        self.counters.packs_rewritten.fetch_add(report.packs_rewritten, Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// Frees the ids whose count is zero, reading their slots window by
+    /// window to know what their packs lose.
+    fn sweep(
+        &self,
+        report: &mut CollectReport,
+        progress: &mut dyn FnMut(CollectPhase, u64, u64),
+    ) -> Result<(), ChunkError> {
+        let id_end = self.state.lock().counts.len() as u64;
+        assert!(id_end <= self.table.id_end().max(1), "every allocated id has a slot outside a session");
+        let mut bytes = Vec::new();
+        let mut first = 1;
+        while first < id_end {
+            let count = SCAN_IDS.min(id_end - first);
+            let has_dead = self.state.lock().counts[first as usize..(first + count) as usize].contains(&0);
+            if has_dead {
+                self.table.read_range(first, count, &mut bytes)?;
+                let mut state = self.state.lock();
+                for index in 0..count as usize {
+                    let id = ChunkId(first + index as u64);
+                    if state.counts[id.0 as usize] != 0 {
+                        continue;
+                    }
+                    state.counts[id.0 as usize] = FREE;
+                    state.dead -= 1;
+                    state.free_hint = state.free_hint.min(id.0);
+                    report.chunks_freed += 1;
+                    // A dead chunk's slot was valid when it was counted (open or put).
+                    let slot = slot_in(&bytes, index, id)
+                        .map_err(|error| ChunkError::corrupt(self.table.path(), id.0 * 64, error))?
+                        .ok_or_else(|| {
+                            ChunkError::corrupt(self.table.path(), id.0 * 64, "slot of a counted chunk is empty")
+                        })?;
+                    state.held_raw_bytes -= u64::from(slot.raw_bytes);
+                    state.held_stored_bytes -= u64::from(slot.stored_bytes);
+                    if let Some(pack) = state.packs.get_mut(&slot.pack) {
+                        pack.held_bytes -= u64::from(slot.stored_bytes);
+                    }
+                }
+            }
+            first += count;
+            progress(CollectPhase::Sweep, first - 1, id_end - 1);
+        }
+        let mut state = self.state.lock();
+        let state = &mut *state;
+        let counts = &state.counts;
+        state.dedup.forget(|id| counts.get(id.0 as usize).is_some_and(|&count| count != FREE));
+        Ok(())
+    }
+
+    /// Deletes packs that hold nothing, and rewrites those mostly dead (and
+    /// small ones) into packs of about the target size.
+    fn repack(
+        &self,
+        report: &mut CollectReport,
+        progress: &mut dyn FnMut(CollectPhase, u64, u64),
+    ) -> Result<(), ChunkError> {
+        let (empty, mut candidates): (Vec<u64>, Vec<(u64, PackStats)>) = {
+            let state = self.state.lock();
+            let empty =
+                state.packs.iter().filter(|(_, pack)| pack.held_bytes == 0).map(|(&number, _)| number).collect();
+            let small = |pack: &PackStats| pack.bytes < self.config.pack_bytes_target / 4;
+            let candidates: Vec<(u64, PackStats)> = state
+                .packs
+                .iter()
+                .filter(|(_, pack)| pack.held_bytes > 0 && (self.worth_rewriting(pack) || small(pack)))
+                .map(|(&number, &pack)| (number, pack))
+                .collect();
+            (empty, candidates)
+        };
+        if !empty.is_empty() {
+            self.replace_packs(0, &empty, &[])?;
+            let mut state = self.state.lock();
+            for pack in &empty {
+                report.bytes_reclaimed += state.packs.remove(pack).map_or(0, |stats| stats.bytes);
+            }
+            report.packs_deleted += empty.len() as u64;
+        }
+        // One small pack alone is not worth rewriting.
+        let worth_alone = |pack: &PackStats| self.worth_rewriting(pack);
+        if candidates.len() == 1 && !worth_alone(&candidates[0].1) {
+            candidates.clear();
+        }
+        let total: u64 = candidates.iter().map(|(_, pack)| pack.bytes).sum();
+        let mut done = 0;
+        let mut group: Vec<u64> = Vec::new();
+        let mut group_held = 0;
+        for (index, &(number, pack)) in candidates.iter().enumerate() {
+            group.push(number);
+            group_held += pack.held_bytes;
+            done += pack.bytes;
+            let last = index + 1 == candidates.len();
+            let next_overflows = candidates
+                .get(index + 1)
+                .is_some_and(|(_, next)| group_held + next.held_bytes > self.config.pack_bytes_target);
+            if last || next_overflows {
+                self.rewrite_group(&group, report)?;
+                group.clear();
+                group_held = 0;
+            }
+            progress(CollectPhase::Repack, done, total);
+        }
+        Ok(())
+    }
+
+    /// Copies the live chunks of `group` into one new pack, then replaces them.
+    fn rewrite_group(&self, group: &[u64], report: &mut CollectReport) -> Result<(), ChunkError> {
+        let number = {
+            let mut state = self.state.lock();
+            state.pack_next += 1;
+            state.pack_next - 1
+        };
+        let mut writer = PackWriter::create(&*self.storage, &self.packs_dir, number)?;
+        let mut moved: Vec<(ChunkId, TableSlot)> = Vec::new();
+        let (mut record, mut raw) = (Vec::new(), Vec::new());
+        let mut bytes_before = 0;
+        for &pack in group {
+            let reader = PackReader::open(&*self.storage, &self.packs_dir, pack)?;
+            bytes_before += reader.bytes();
+            for entry in reader.footer()? {
+                if !self.holds(pack, &entry)? {
+                    continue;
+                }
+                raw.resize(entry.raw_bytes as usize, 0);
+                let codec: Codec = reader.read_record(reader.location(&entry), &entry.hash, &mut record, &mut raw)?;
+                let stored = &record[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + entry.stored_bytes as usize];
+                let location = writer.add_stored(entry.id, entry.hash, codec, stored, entry.raw_bytes)?;
+                moved.push((entry.id, slot_of(entry.hash, location)));
+            }
+        }
+        let sealed = writer.seal(&*self.storage)?;
+        self.replace_packs(number, group, &moved)?;
+        let mut state = self.state.lock();
+        for pack in group {
+            state.packs.remove(pack);
+        }
+        let held_bytes = moved.iter().map(|(_, slot)| u64::from(slot.stored_bytes)).sum();
+        state.packs.insert(number, PackStats { bytes: sealed.bytes, held_bytes });
+        report.packs_rewritten += group.len() as u64;
+        report.packs_written += 1;
+        report.chunks_moved += moved.len() as u64;
+        report.bytes_reclaimed += bytes_before.saturating_sub(sealed.bytes);
+        Ok(())
+    }
+
+    /// Whether `entry` of `pack` is the live copy of its chunk.
+    fn holds(&self, pack: u64, entry: &FooterEntry) -> Result<bool, ChunkError> {
+        if !self.state.lock().is_live(entry.id) {
+            return Ok(false);
+        }
+        let slot = self.table.read(entry.id)?;
+        Ok(slot.is_some_and(|slot| slot.pack == pack && u64::from(slot.offset) == entry.offset))
+    }
+
+    /// Points `moved` ids at `new` (a sealed pack, or 0 for none) and deletes
+    /// the `old` packs, crash-safely through the repack intent.
+    fn replace_packs(&self, new: u64, old: &[u64], moved: &[(ChunkId, TableSlot)]) -> Result<(), ChunkError> {
+        let intent_path = format!("{}/{REPACK_INTENT}", self.dir);
+        let intent = RepackIntent { new, old: old.to_vec() };
+        write_file_atomic(&*self.storage, &intent_path, &intent.encode()).map_err(ChunkError::io(&intent_path))?;
+        for (id, slot) in moved {
+            self.table.write(*id, slot)?;
+        }
+        self.table.sync()?;
+        let mut readers = self.readers.lock();
+        for &pack in old {
+            readers.remove(&pack);
+            let path = format!("{}/{}", self.packs_dir, pack_name(pack));
+            self.storage.remove_file(&path).map_err(ChunkError::io(&path))?;
+        }
+        drop(readers);
+        self.storage.sync_dir(&self.packs_dir).map_err(ChunkError::io(&self.packs_dir))?;
+        self.storage.remove_file(&intent_path).map_err(ChunkError::io(&intent_path))?;
+        self.storage.sync_dir(&self.dir).map_err(ChunkError::io(&self.dir))
+    }
+
+    /// Writes the in-memory dedup entries out (before a clean shutdown, so
+    /// the next open reads fewer pack footers).
+    pub fn flush_dedup(&self) -> Result<(), ChunkError> {
+        let _writing = self.writing.lock();
+        self.check_poisoned()?;
+        let mut state = self.state.lock();
+        let covered = state.packs.keys().next_back().copied().unwrap_or(0);
+        let state = &mut *state;
+        let counts = &state.counts;
+        let is_live = |id: ChunkId| counts.get(id.0 as usize).is_some_and(|&count| count != FREE);
+        state.dedup.flush(covered, &is_live).map_err(|error| self.fail(error))
+    }
+}
+
+fn slot_of(hash: ChunkHash, location: ChunkLocation) -> TableSlot {
+    TableSlot {
+        hash,
+        pack: location.pack,
+        offset: u32::try_from(location.offset).expect("packs stay below 4 GiB"),
+        stored_bytes: location.stored_bytes,
+        raw_bytes: location.raw_bytes,
+    }
+}
+
+fn parse_pack_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".pack").filter(|digits| digits.len() == 16)?;
+    u64::from_str_radix(digits, 16).ok()
+}
+
+/// Completes a repack a crash interrupted (see [`ChunkStore::replace_packs`]).
+fn finish_repack(storage: &dyn Storage, dir: &str, packs_dir: &str, table: &ChunkTable) -> Result<(), ChunkError> {
+    let path = format!("{dir}/{REPACK_INTENT}");
+    if !storage.exists(&path).map_err(ChunkError::io(&path))? {
+        return Ok(());
+    }
+    let bytes = read_file(storage, &path).map_err(ChunkError::io(&path))?;
+    let intent = RepackIntent::decode(&bytes).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
+    tracing::info!(new = intent.new, old = ?intent.old, "completing an interrupted repack");
+    if intent.new != 0 {
+        // Sealed before the intent was written.
+        let reader = PackReader::open(storage, packs_dir, intent.new)?;
+        for entry in reader.footer()? {
+            table.write(entry.id, &slot_of(entry.hash, reader.location(&entry)))?;
+        }
+        table.sync()?;
+    }
+    for pack in intent.old {
+        let pack_path = format!("{packs_dir}/{}", pack_name(pack));
+        if storage.exists(&pack_path).map_err(ChunkError::io(&pack_path))? {
+            storage.remove_file(&pack_path).map_err(ChunkError::io(&pack_path))?;
+        }
+    }
+    storage.sync_dir(packs_dir).map_err(ChunkError::io(packs_dir))?;
+    storage.remove_file(&path).map_err(ChunkError::io(&path))?;
+    storage.sync_dir(dir).map_err(ChunkError::io(dir))
+}
+
+/// Puts chunks into the store: one archive pass of one volume. Chunks are
+/// readable, and may be referred to durably, once [`ArchiveSession::finish`]
+/// returns. A session dropped unfinished (an error part-way) poisons the
+/// store: ids it handed out have no slots.
+pub struct ArchiveSession<'a> {
+    store: &'a ChunkStore,
+    _writing: MutexGuard<'a, ()>,
+    writer: Option<PackWriter>,
+    /// Chunks in the open pack, and in packs sealed by this session.
+    unsealed: Vec<(ChunkId, TableSlot)>,
+    sealed: Vec<(ChunkId, TableSlot)>,
+    done: bool,
+}
+
+impl ArchiveSession<'_> {
+    /// Stores `raw` (or finds it stored) and counts one reference to it.
+    pub fn put(&mut self, raw: &[u8]) -> Result<ChunkId, ChunkError> {
+        let result = self.put_inner(raw);
+        result.map_err(|error| self.store.fail(error))
+    }
+
+    fn put_inner(&mut self, raw: &[u8]) -> Result<ChunkId, ChunkError> {
+        let store = self.store;
+        let hash = chunk_hash(raw);
+        let raw_bytes = u32::try_from(raw.len()).expect("chunks are blocks");
+        let id = {
+            let mut state = store.state.lock();
+            if let Some(id) = store.find(&state, &hash)? {
+                state.reference(id, raw_bytes);
+                store.counters.dedup_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(id);
+            }
+            let id = state.allocate();
+            state.reference(id, raw_bytes);
+            state.dedup.insert(hash, id);
+            state.unslotted.insert(id.0);
+            id
+        };
+        if self.writer.is_none() {
+            let number = {
+                let mut state = store.state.lock();
+                state.pack_next += 1;
+                state.pack_next - 1
+            };
+            self.writer = Some(PackWriter::create(&*store.storage, &store.packs_dir, number)?);
+        }
+        let writer = self.writer.as_mut().expect("opened above");
+        let location = writer.add(id, hash, raw)?;
+        self.unsealed.push((id, slot_of(hash, location)));
+        store.counters.chunks_written.fetch_add(1, Ordering::Relaxed);
+        store.counters.raw_bytes_written.fetch_add(u64::from(raw_bytes), Ordering::Relaxed);
+        store.counters.stored_bytes_written.fetch_add(u64::from(location.stored_bytes), Ordering::Relaxed);
+        if writer.bytes() >= store.config.pack_bytes_target {
+            self.seal()?;
+        }
+        Ok(id)
+    }
+
+    fn seal(&mut self) -> Result<(), ChunkError> {
+        let Some(writer) = self.writer.take() else { return Ok(()) };
+        let sealed = writer.seal(&*self.store.storage)?;
+        let mut state = self.store.state.lock();
+        let held_bytes: u64 = self.unsealed.iter().map(|(_, slot)| u64::from(slot.stored_bytes)).sum();
+        state.held_raw_bytes += self.unsealed.iter().map(|(_, slot)| u64::from(slot.raw_bytes)).sum::<u64>();
+        state.held_stored_bytes += held_bytes;
+        state.packs.insert(sealed.pack, PackStats { bytes: sealed.bytes, held_bytes });
+        self.sealed.append(&mut self.unsealed);
+        Ok(())
+    }
+
+    /// Seals the open pack and makes every new chunk's slot durable: from
+    /// now on runs may refer to the ids this session handed out.
+    pub fn finish(mut self) -> Result<(), ChunkError> {
+        let result = self.finish_inner();
+        self.done = true;
+        result.map_err(|error| self.store.fail(error))
+    }
+
+    fn finish_inner(&mut self) -> Result<(), ChunkError> {
+        self.seal()?;
+        if self.sealed.is_empty() {
+            return Ok(());
+        }
+        let store = self.store;
+        for (id, slot) in &self.sealed {
+            store.table.write(*id, slot)?;
+        }
+        store.table.sync()?;
+        let mut state = store.state.lock();
+        state.unslotted.clear();
+        if state.dedup.is_full() {
+            let covered = state.packs.keys().next_back().copied().unwrap_or(0);
+            let state = &mut *state;
+            let counts = &state.counts;
+            let is_live = |id: ChunkId| counts.get(id.0 as usize).is_some_and(|&count| count != FREE);
+            state.dedup.flush(covered, &is_live)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ArchiveSession<'_> {
+    fn drop(&mut self) {
+        let put_new_chunks = !(self.sealed.is_empty() && self.unsealed.is_empty());
+        if !self.done && put_new_chunks {
+            self.store.fail(ChunkError::Io {
+                path: self.store.dir.clone(),
+                source: std::io::Error::other("an archive pass stopped part-way"),
+            });
+        }
+    }
+}

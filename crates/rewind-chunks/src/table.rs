@@ -1,0 +1,95 @@
+//! The chunk table: chunk id → where its chunk is, one 64-byte slot per id
+//! at offset `id · 64` of `chunks/table` (slot 0 is the header).
+//!
+//! The table is the authority on locations; pack footers carry the ids too,
+//! so a repack interrupted by a crash is completed from the new pack's
+//! footer. Slots are written only for chunks in sealed packs, and synced
+//! before anything that refers to their ids is made durable. A slot that
+//! nothing refers to may be stale (its id was freed); nobody reads it.
+//!
+//! Reads are positional and take no lock; writes are serialised by the
+//! store.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rewind_format::chunks::{decode_table_header, encode_table_header, TableSlot, TABLE_SLOT_BYTES};
+use rewind_io::{File, OpenMode, Storage};
+use rewind_types::ChunkId;
+
+use crate::ChunkError;
+
+pub(crate) struct ChunkTable {
+    path: String,
+    file: Arc<dyn File>,
+    /// One past the highest id with a slot in the file.
+    id_end: AtomicU64,
+}
+
+const SLOT: u64 = TABLE_SLOT_BYTES as u64;
+
+impl ChunkTable {
+    pub fn open(storage: &dyn Storage, path: &str) -> Result<ChunkTable, ChunkError> {
+        let file = storage.open_file(path, OpenMode::OpenOrCreate).map_err(ChunkError::io(path))?;
+        let size = file.size_bytes().map_err(ChunkError::io(path))?;
+        if size < SLOT {
+            // New, or its creation was cut short: nothing can refer to it yet.
+            file.write_all_at(&encode_table_header(), 0).map_err(ChunkError::io(path))?;
+            file.sync_data().map_err(ChunkError::io(path))?;
+            storage.sync_dir(rewind_io::parent_dir(path)).map_err(ChunkError::io(path))?;
+        } else {
+            let mut header = [0; TABLE_SLOT_BYTES];
+            file.read_exact_at(&mut header, 0).map_err(ChunkError::io(path))?;
+            decode_table_header(&header).map_err(|error| ChunkError::corrupt(path, 0, error))?;
+        }
+        // A slot torn off the end by a crash belonged to a chunk nothing refers to.
+        let id_end = (size / SLOT).max(1);
+        Ok(ChunkTable { path: path.to_owned(), file, id_end: AtomicU64::new(id_end) })
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub fn id_end(&self) -> u64 {
+        self.id_end.load(Ordering::Acquire)
+    }
+
+    /// The slot of `id`, if it was ever written.
+    pub fn read(&self, id: ChunkId) -> Result<Option<TableSlot>, ChunkError> {
+        if id.0 == 0 || id.0 >= self.id_end() {
+            return Ok(None);
+        }
+        let mut bytes = [0; TABLE_SLOT_BYTES];
+        self.file.read_exact_at(&mut bytes, id.0 * SLOT).map_err(ChunkError::io(&self.path))?;
+        TableSlot::decode(&bytes, id).map_err(|error| ChunkError::corrupt(&self.path, id.0 * SLOT, error))
+    }
+
+    /// Reads the slots of ids `first..first + count` (all below `id_end`)
+    /// into `out` as raw bytes, for a sequential scan.
+    pub fn read_range(&self, first: u64, count: u64, out: &mut Vec<u8>) -> Result<(), ChunkError> {
+        assert!(first >= 1 && first + count <= self.id_end());
+        out.resize((count * SLOT) as usize, 0);
+        self.file.read_exact_at(out, first * SLOT).map_err(ChunkError::io(&self.path))
+    }
+
+    pub fn write(&self, id: ChunkId, slot: &TableSlot) -> Result<(), ChunkError> {
+        assert!(id.0 > 0);
+        self.file.write_all_at(&slot.encode(id), id.0 * SLOT).map_err(ChunkError::io(&self.path))?;
+        self.id_end.fetch_max(id.0 + 1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    pub fn sync(&self) -> Result<(), ChunkError> {
+        self.file.sync_data().map_err(ChunkError::io(&self.path))
+    }
+}
+
+/// Decodes slot `index` of a buffer filled by [`ChunkTable::read_range`].
+pub(crate) fn slot_in(
+    bytes: &[u8],
+    index: usize,
+    id: ChunkId,
+) -> Result<Option<TableSlot>, rewind_format::FormatError> {
+    TableSlot::decode(&bytes[index * TABLE_SLOT_BYTES..(index + 1) * TABLE_SLOT_BYTES], id)
+}

@@ -1,0 +1,239 @@
+//! Model test of the chunk store on the simulated disk. The test plays the
+//! engine: it puts chunks in archive sessions, keeps the references whose
+//! session finished as "durable history", releases some of them (as merges
+//! do, under the reference gate), collects garbage, and dies at random
+//! points — any step of a session or of a collection — after which the store
+//! is reopened and marked from the durable references. Every durable
+//! reference must read back its bytes; deduplication must find repeated
+//! contents; nothing the durable references hold may be collected.
+//!
+//! Each case prints its seed; `REWIND_SEED=<n>` replays one case and
+//! `REWIND_SEEDS=<n>` runs that many.
+
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use rewind_chunks::{ChunkError, ChunkStore, ChunkStoreConfig, CollectPhase, DedupConfig};
+use rewind_io::{SimConfig, SimStorage};
+use rewind_types::ChunkId;
+
+const BLOCK: usize = 512;
+
+fn config(rng: &mut StdRng) -> ChunkStoreConfig {
+    ChunkStoreConfig {
+        pack_bytes_target: rng.random_range(2_000..40_000),
+        dedup: DedupConfig {
+            memtable_entries_max: rng.random_range(4..64),
+            merge_fanin: rng.random_range(2..5),
+            bloom_bits_per_entry: 10,
+            bloom_hashes: 7,
+        },
+        repack_live_percent: rng.random_range(20..80),
+        open_packs_max: rng.random_range(1..8),
+    }
+}
+
+/// Contents drawn from a small pool, so some repeat (dedup), and half
+/// compressible.
+fn contents(rng: &mut StdRng, pool: u64) -> Vec<u8> {
+    let which = rng.random_range(0..pool);
+    let mut bytes = vec![(which % 251) as u8; BLOCK];
+    if which % 2 == 0 {
+        StdRng::seed_from_u64(which).fill_bytes(&mut bytes);
+    } else {
+        bytes[..8].copy_from_slice(&which.to_le_bytes());
+    }
+    bytes
+}
+
+fn open(storage: &SimStorage, config: ChunkStoreConfig, durable: &[(ChunkId, Vec<u8>)], seed: u64) -> ChunkStore {
+    let store = ChunkStore::open(Arc::new(storage.clone()), "chunks", config)
+        .unwrap_or_else(|error| panic!("seed {seed}: open: {error}"));
+    for (id, bytes) in durable {
+        store.mark(*id, bytes.len() as u32).unwrap_or_else(|error| panic!("seed {seed}: mark {id}: {error}"));
+    }
+    store.finish_open().unwrap_or_else(|error| panic!("seed {seed}: finish_open: {error}"));
+    store
+}
+
+fn check_reads(store: &ChunkStore, durable: &[(ChunkId, Vec<u8>)], seed: u64) {
+    let mut out = vec![0; BLOCK];
+    for (id, bytes) in durable {
+        store.read(*id, &mut out).unwrap_or_else(|error| panic!("seed {seed}: read {id}: {error}"));
+        assert!(
+            &out == bytes,
+            "seed {seed}: chunk {id} reads other bytes: {:?} instead of {:?}",
+            &out[..9],
+            &bytes[..9]
+        );
+    }
+}
+
+#[derive(Default, Debug)]
+struct Exercised {
+    dedup_hits: u64,
+    chunks_freed: u64,
+    packs_rewritten: u64,
+    deaths: u64,
+}
+
+fn run(seed: u64) -> Exercised {
+    println!("seed {seed}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let storage = SimStorage::new(SimConfig::default(), seed);
+    let config = config(&mut rng);
+    let pool = rng.random_range(20..400);
+    let mut durable: Vec<(ChunkId, Vec<u8>)> = Vec::new();
+    let mut store = open(&storage, config, &durable, seed);
+    let mut exercised = Exercised::default();
+    for step in 0..rng.random_range(20..120) {
+        // Sometimes the process dies a few changes into the next step.
+        let dies = rng.random_bool(0.15);
+        if dies {
+            storage.stop_after(rng.random_range(0..30));
+        }
+        let op = rng.random_range(0..10);
+        if std::env::var_os("REWIND_DEBUG").is_some() {
+            println!(
+                "step {step} op {op} dies {dies} durable {:?}",
+                durable.iter().map(|(id, b)| (id.0, b[0], b[8])).collect::<Vec<_>>()
+            );
+        }
+        let outcome: Result<(), ChunkError> = match op {
+            0..=4 => {
+                let count = rng.random_range(1..60);
+                let batch: Vec<Vec<u8>> = (0..count).map(|_| contents(&mut rng, pool)).collect();
+                (|| {
+                    let mut session = store.session()?;
+                    let mut ids = Vec::new();
+                    for bytes in &batch {
+                        ids.push(session.put(bytes)?);
+                    }
+                    session.finish()?;
+                    durable.extend(ids.into_iter().zip(batch));
+                    Ok(())
+                })()
+            }
+            5..=7 if !durable.is_empty() => {
+                // A merge drops some history.
+                let _gate = store.hold_references();
+                for _ in 0..rng.random_range(1..=durable.len()) {
+                    let (id, bytes) = durable.swap_remove(rng.random_range(0..durable.len()));
+                    store.release(id, bytes.len() as u32);
+                }
+                Ok(())
+            }
+            _ => {
+                store.collect(&mut |_: CollectPhase, done, total| assert!(done <= total, "seed {seed}")).map(|report| {
+                    exercised.chunks_freed += report.chunks_freed;
+                    exercised.packs_rewritten += report.packs_rewritten;
+                })
+            }
+        };
+        if dies && storage.is_stopped() {
+            // Failed part-way, or finished with its very last change and died.
+            drop(store);
+            storage.crash();
+            exercised.deaths += 1;
+            store = open(&storage, config, &durable, seed);
+        } else {
+            storage.stop_after(u64::MAX);
+            outcome.unwrap_or_else(|error| panic!("seed {seed} step {step}: {error}"));
+        }
+        check_reads(&store, &durable, seed);
+        let stats = store.stats();
+        assert_eq!(stats.references, durable.len() as u64, "seed {seed} step {step}");
+        assert_eq!(stats.logical_bytes, (durable.len() * BLOCK) as u64, "seed {seed}");
+        exercised.dedup_hits = exercised.dedup_hits.max(stats.dedup_hits);
+    }
+    // A final collection keeps exactly the referenced chunks.
+    storage.stop_after(u64::MAX);
+    store.collect(&mut |_, _, _| {}).unwrap();
+    let stats = store.stats();
+    let mut distinct: Vec<ChunkId> = durable.iter().map(|(id, _)| *id).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(stats.chunks_live, distinct.len() as u64, "seed {seed}");
+    assert_eq!(stats.chunks_dead, 0, "seed {seed}");
+    check_reads(&store, &durable, seed);
+    drop(store);
+    storage.crash();
+    let store = open(&storage, config, &durable, seed);
+    check_reads(&store, &durable, seed);
+    exercised
+}
+
+#[test]
+fn chunk_store_keeps_every_durable_reference_through_deaths() {
+    if let Ok(seed) = std::env::var("REWIND_SEED") {
+        println!("{:?}", run(seed.parse().expect("REWIND_SEED is a number")));
+        return;
+    }
+    let seeds: u64 = std::env::var("REWIND_SEEDS").map_or(200, |count| count.parse().expect("a number"));
+    let mut total = Exercised::default();
+    for seed in 0..seeds {
+        let case = run(seed);
+        total.dedup_hits += case.dedup_hits;
+        total.chunks_freed += case.chunks_freed;
+        total.packs_rewritten += case.packs_rewritten;
+        total.deaths += case.deaths;
+    }
+    println!("{total:?}");
+    assert!(
+        seeds < 50
+            || (total.dedup_hits > 100 && total.chunks_freed > 100 && total.packs_rewritten > 20 && total.deaths > 50),
+        "dedup, collection, repacking and deaths must be exercised"
+    );
+}
+
+#[test]
+fn dedup_finds_contents_across_sessions_and_reopening() {
+    let storage = SimStorage::new(SimConfig::default(), 1);
+    let config = ChunkStoreConfig {
+        dedup: DedupConfig { memtable_entries_max: 8, ..DedupConfig::default() },
+        ..ChunkStoreConfig::default()
+    };
+    let blocks: Vec<Vec<u8>> = (0..100u8).map(|byte| vec![byte; 4096]).collect();
+    let store = open(&storage, config, &[], 1);
+    let mut session = store.session().unwrap();
+    let first: Vec<ChunkId> = blocks.iter().map(|block| session.put(block).unwrap()).collect();
+    session.finish().unwrap();
+    let durable: Vec<(ChunkId, Vec<u8>)> = first.iter().copied().zip(blocks.iter().cloned()).collect();
+    drop(store);
+    storage.crash();
+    // The dedup index is found again (runs, and the footers of newer packs).
+    let store = open(&storage, config, &durable, 1);
+    let mut session = store.session().unwrap();
+    let again: Vec<ChunkId> = blocks.iter().map(|block| session.put(block).unwrap()).collect();
+    session.finish().unwrap();
+    assert_eq!(first, again, "the same contents get the same ids");
+    let stats = store.stats();
+    assert_eq!((stats.chunks_live, stats.references, stats.dedup_hits), (100, 200, 100));
+    assert_eq!(stats.logical_bytes, 200 * 4096);
+    assert!(stats.unique_stored_bytes < stats.unique_raw_bytes / 20, "runs of one byte compress: {stats:?}");
+}
+
+#[test]
+fn a_damaged_chunk_is_reported_not_returned() {
+    let storage = SimStorage::new(SimConfig::default(), 2);
+    let store = open(&storage, ChunkStoreConfig::default(), &[], 2);
+    let mut session = store.session().unwrap();
+    let block: Vec<u8> = (0..4096u32).map(|index| (index * 31 % 256) as u8).collect();
+    let id = session.put(&block).unwrap();
+    session.finish().unwrap();
+    let pack = storage_pack(&storage);
+    storage.corrupt(&pack, 64 + 56 + 10, 0x40).unwrap();
+    let mut out = vec![0; 4096];
+    let error = store.read(id, &mut out).unwrap_err();
+    assert!(matches!(error, ChunkError::Corrupt { .. }), "{error}");
+    let error = store.read(ChunkId(id.0 + 1), &mut out).unwrap_err();
+    assert!(matches!(error, ChunkError::Missing { .. }), "{error}");
+}
+
+fn storage_pack(storage: &SimStorage) -> String {
+    use rewind_io::Storage;
+    let names = storage.list_dir("chunks/packs").unwrap();
+    assert_eq!(names.len(), 1);
+    format!("chunks/packs/{}", names[0])
+}

@@ -1,0 +1,205 @@
+//! Archiving: moving history out of the journal into the node's chunk store
+//! (MYCDP's archiver, seed 004 §3.3.1), and giving the journal's space back.
+//!
+//! The journal is the fast, durable path for writes; it is a poor place to
+//! keep weeks of history (every version at full size, superseded ones too).
+//! An archive pass picks a *cutoff*: a time before which no version can
+//! still arrive and, with a granularity `g`, a multiple of `g`, so every
+//! window before it is closed and thinning has already dropped the versions
+//! it supersedes — those never reach the chunk store (IBM §3.1). The version
+//! index then merges its recent runs, hands each surviving version older
+//! than the cutoff to [`JournalArchiver`] (read from the journal, checked
+//! against its CRC, stored as a chunk or, if all zeros, as a zero), and
+//! writes them as an archived run once the chunks are durable.
+//!
+//! A journal segment is deleted once recovery starts after it (the
+//! checkpoint) and its newest record is older than the cutoff (no index
+//! entry refers to it). A view that looked a version up in it just before
+//! sees `JournalError::Reclaimed` and looks again.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rewind_chunks::{ArchiveSession, ChunkStore};
+use rewind_index::{ArchiveFailed, Archiver, IndexError, ReleaseHook};
+use rewind_types::{Timestamp, Version, VersionData};
+
+use crate::volume::MaintenanceState;
+use crate::{EngineError, Volume};
+
+/// Releases the chunks of archived versions the index drops.
+pub(crate) struct ReleaseChunks {
+    pub chunks: Arc<ChunkStore>,
+    pub block_bytes: u32,
+}
+
+impl ReleaseHook for ReleaseChunks {
+    fn release(&self, version: &Version) {
+        if let VersionData::Chunk(id) = version.data {
+            self.chunks.release(id, self.block_bytes);
+        }
+    }
+}
+
+/// Journal bytes read at once for neighbouring blocks.
+const READ_BYTES_MAX: usize = 1 << 20;
+
+/// Stores the journal data of versions as chunks.
+struct JournalArchiver<'a> {
+    volume: &'a Volume,
+    session: Option<ArchiveSession<'a>>,
+    buffer: Vec<u8>,
+    /// Why the last call failed.
+    error: Option<EngineError>,
+}
+
+impl JournalArchiver<'_> {
+    fn archive_versions(&mut self, versions: &mut [Version]) -> Result<(), EngineError> {
+        let volume = self.volume;
+        let block_bytes = volume.block_size().bytes() as usize;
+        let session = self.session.as_mut().expect("archiving until finished");
+        let mut start = 0;
+        while start < versions.len() {
+            let VersionData::Journal { segment, offset } = versions[start].data else {
+                unreachable!("only journal versions are archived")
+            };
+            // Neighbouring blocks written together lie side by side in the journal.
+            let mut end = start + 1;
+            while end < versions.len() && (end - start + 1) * block_bytes <= READ_BYTES_MAX {
+                let next = VersionData::Journal { segment, offset: offset + ((end - start) * block_bytes) as u32 };
+                if versions[end].data != next {
+                    break;
+                }
+                end += 1;
+            }
+            self.buffer.resize((end - start) * block_bytes, 0);
+            volume.journal.read(segment, u64::from(offset), &mut self.buffer)?;
+            for (version, block) in versions[start..end].iter_mut().zip(self.buffer.chunks_exact(block_bytes)) {
+                if rewind_format::crc32c(block) != version.crc32c {
+                    return Err(EngineError::Corrupt {
+                        volume: volume.name().to_string(),
+                        detail: format!(
+                            "journal data of block {} written at {} fails its checksum while being archived",
+                            version.block,
+                            crate::timespec::DisplayTime(version.timestamp)
+                        ),
+                    });
+                }
+                version.data = if block.iter().all(|&byte| byte == 0) {
+                    VersionData::Zero
+                } else {
+                    VersionData::Chunk(session.put(block)?)
+                };
+            }
+            start = end;
+        }
+        Ok(())
+    }
+}
+
+impl Archiver for JournalArchiver<'_> {
+    fn archive(&mut self, versions: &mut [Version]) -> Result<(), ArchiveFailed> {
+        self.archive_versions(versions).map_err(|error| {
+            self.error = Some(error);
+            ArchiveFailed
+        })
+    }
+
+    fn finish(&mut self) -> Result<(), ArchiveFailed> {
+        let session = self.session.take().expect("finished once");
+        session.finish().map_err(|error| {
+            self.error = Some(error.into());
+            ArchiveFailed
+        })
+    }
+}
+
+impl Volume {
+    /// Runs an index operation that may release archived chunks: collection
+    /// waits for it, and is suspended until restart if it fails part-way
+    /// (it may have released references its old runs still hold).
+    pub(crate) fn releasing<T>(&self, operation: impl FnOnce() -> Result<T, IndexError>) -> Result<T, EngineError> {
+        let _gate = self.chunks.hold_references();
+        operation().map_err(|error| {
+            self.chunks.poison_collection(format!("a merge of volume {} failed: {error}", self.name()));
+            self.fail(error.into())
+        })
+    }
+
+    pub(crate) fn archive_due(&self, maintenance: &MaintenanceState, now: Timestamp) -> bool {
+        let elapsed = now.unix_nanos().saturating_sub(maintenance.archive_last.unix_nanos());
+        let waiting = self.index.versions_unarchived() * u64::from(self.block_size().bytes());
+        elapsed >= self.config.archive_interval_nanos || waiting >= self.config.archive_bytes_soft
+    }
+
+    /// One archive pass (see the module documentation). Returns whether it
+    /// archived anything.
+    pub(crate) fn archive(&self, now: Timestamp) -> Result<bool, EngineError> {
+        if self.chunks.is_poisoned() {
+            return Ok(false);
+        }
+        // Everything durable into runs first: only runs are archived.
+        self.journal.commit().map_err(|error| self.fail(error.into()))?;
+        self.index.seal();
+        self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
+        let cutoff = {
+            let mut state = self.write.lock();
+            let mut cutoff = now.saturating_sub_nanos(self.config.archive_age_nanos);
+            if let Some(oldest) = self.index.oldest_in_memory() {
+                cutoff = cutoff.min(oldest);
+            }
+            let granularity = self.granularity_nanos();
+            if let Some(windows) = cutoff.unix_nanos().checked_div(granularity) {
+                cutoff = Timestamp::from_unix_nanos(windows * granularity);
+            }
+            if cutoff <= self.index.archived_before() {
+                return Ok(false);
+            }
+            // No later write may land before the cutoff, whatever its clock says.
+            state.timestamp_floor = state.timestamp_floor.max(cutoff);
+            cutoff
+        };
+        let _gate = self.chunks.hold_references();
+        let mut archiver =
+            JournalArchiver { volume: self, session: Some(self.chunks.session()?), buffer: Vec::new(), error: None };
+        let result = self.index.archive(cutoff, &mut archiver);
+        if let Some(session) = archiver.session.take() {
+            // The index failed before the chunks were made durable: make
+            // them so anyway, so the ids handed out stay valid (their counts
+            // are too high until restart, which only delays collection).
+            session.finish()?;
+        }
+        let report = match result {
+            Ok(report) => report,
+            Err(IndexError::ArchiveFailed) => return Err(archiver.error.take().expect("the archiver says why")),
+            Err(error) => return Err(self.fail(error.into())),
+        };
+        self.counters.archive_passes.fetch_add(1, Ordering::Relaxed);
+        self.counters.versions_archived.fetch_add(report.versions_archived, Ordering::Relaxed);
+        Ok(report.versions_archived > 0 || report.runs_rewritten > 0)
+    }
+
+    /// Deletes the journal segments recovery no longer needs and the index
+    /// no longer refers to. Returns whether it deleted any.
+    pub(crate) fn reclaim_journal(&self, replay_segment: u32) -> Result<bool, EngineError> {
+        let freed = self.journal.reclaim(replay_segment, self.index.archived_before())?;
+        self.counters.journal_bytes_reclaimed.fetch_add(freed, Ordering::Relaxed);
+        Ok(freed > 0)
+    }
+
+    /// Releases every chunk the volume's history refers to (it is being
+    /// deleted).
+    pub(crate) fn release_all(&self) -> Result<(), EngineError> {
+        // No archive pass may add references meanwhile.
+        let _maintenance = self.maintenance.lock();
+        let block_bytes = self.block_size().bytes();
+        self.releasing(|| {
+            self.index.for_each_archived(&mut |version| {
+                if let VersionData::Chunk(id) = version.data {
+                    self.chunks.release(id, block_bytes);
+                }
+                Ok(())
+            })
+        })
+    }
+}

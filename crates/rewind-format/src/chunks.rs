@@ -1,0 +1,425 @@
+//! Chunk store metadata (`docs/format/chunk-store.md`): the chunk table, the
+//! dedup index's runs and manifest, and the repack intent.
+//!
+//! The chunk table maps a [`ChunkId`] to where its chunk is: one fixed-size
+//! [`TableSlot`] per id at offset `id · 64` of `chunks/table`, so finding a
+//! chunk is one read. The dedup index maps a chunk's BLAKE3 hash to its id:
+//! immutable sorted runs of `(hash, id)` entries in checksummed pages, each
+//! with a *fence* (the first 8 hash bytes of every page) and a Bloom filter,
+//! so a hash that is not stored (the common case for new data) costs no
+//! read at all.
+
+use rewind_types::ChunkId;
+
+use crate::meta::{finish, open_envelope, seal_envelope};
+use crate::pack::ChunkHash;
+use crate::{crc32c, verify_crc, FormatError, Reader, Writer};
+
+pub const TABLE_SLOT_BYTES: usize = 64;
+pub const TABLE_MAGIC: u32 = u32::from_le_bytes(*b"RWCT");
+const SLOT_MAGIC: u32 = u32::from_le_bytes(*b"RWCS");
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Slot 0 of the chunk table: it names the file (ids start at 1).
+pub fn encode_table_header() -> [u8; TABLE_SLOT_BYTES] {
+    let mut writer = Writer::new();
+    writer.u32(TABLE_MAGIC).u32(FORMAT_VERSION);
+    writer.into_sealed(TABLE_SLOT_BYTES).try_into().expect("one slot")
+}
+
+pub fn decode_table_header(bytes: &[u8]) -> Result<(), FormatError> {
+    const WHAT: &str = "chunk table header";
+    let mut reader = Reader::new(WHAT, bytes);
+    reader.magic(TABLE_MAGIC)?;
+    let version = reader.u32()?;
+    reader.take(TABLE_SLOT_BYTES - 12)?;
+    let stored = reader.u32()?;
+    verify_crc(WHAT, stored, crc32c(&bytes[..TABLE_SLOT_BYTES - 4]))?;
+    check_version(WHAT, version)
+}
+
+fn check_version(what: &'static str, version: u32) -> Result<(), FormatError> {
+    if version == FORMAT_VERSION {
+        Ok(())
+    } else {
+        Err(FormatError::UnsupportedVersion { what, found: version, supported: FORMAT_VERSION })
+    }
+}
+
+/// Where one chunk is: the table's entry for its id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableSlot {
+    pub hash: ChunkHash,
+    pub pack: u64,
+    /// Byte offset of the chunk's record in the pack (packs stay below 4 GiB).
+    pub offset: u32,
+    pub stored_bytes: u32,
+    pub raw_bytes: u32,
+}
+
+impl TableSlot {
+    /// The slot of chunk `id`. The id is part of the checksummed bytes, so a
+    /// slot written at the wrong place does not pass for another id's.
+    pub fn encode(&self, id: ChunkId) -> [u8; TABLE_SLOT_BYTES] {
+        let mut writer = Writer::new();
+        writer
+            .slice(&self.hash)
+            .u64(self.pack)
+            .u32(self.offset)
+            .u32(self.stored_bytes)
+            .u32(self.raw_bytes)
+            .u32(SLOT_MAGIC)
+            .u32(0);
+        assert_eq!(writer.len(), 60);
+        let mut bytes: [u8; TABLE_SLOT_BYTES] = [0; TABLE_SLOT_BYTES];
+        bytes[..60].copy_from_slice(&writer.into_bytes());
+        let crc = crate::crc32c_append(crc32c(&bytes[..60]), &id.0.to_le_bytes());
+        bytes[60..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes the slot of `id`: `None` if it was never written (all zero).
+    pub fn decode(bytes: &[u8], id: ChunkId) -> Result<Option<TableSlot>, FormatError> {
+        const WHAT: &str = "chunk table slot";
+        if bytes.len() != TABLE_SLOT_BYTES {
+            return Err(FormatError::Truncated { what: WHAT, available: bytes.len(), needed: TABLE_SLOT_BYTES });
+        }
+        if bytes.iter().all(|&byte| byte == 0) {
+            return Ok(None);
+        }
+        let stored = u32::from_le_bytes(bytes[60..].try_into().expect("4"));
+        verify_crc(WHAT, stored, crate::crc32c_append(crc32c(&bytes[..60]), &id.0.to_le_bytes()))?;
+        let mut reader = Reader::new(WHAT, bytes);
+        let slot = TableSlot {
+            hash: reader.take(32)?.try_into().expect("32 bytes"),
+            pack: reader.u64()?,
+            offset: reader.u32()?,
+            stored_bytes: reader.u32()?,
+            raw_bytes: reader.u32()?,
+        };
+        reader.magic(SLOT_MAGIC)?;
+        if reader.u32()? != 0 {
+            return Err(reader.invalid("reserved bytes 56..60 are not zero"));
+        }
+        Ok(Some(slot))
+    }
+}
+
+pub const DEDUP_PAGE_BYTES: usize = 4096;
+pub const DEDUP_ENTRY_BYTES: usize = 40;
+pub const DEDUP_ENTRIES_PER_PAGE: usize = 102;
+pub const DEDUP_RUN_MAGIC: u32 = u32::from_le_bytes(*b"RWDX");
+const DEDUP_TRAILER_OFFSET: usize = DEDUP_ENTRIES_PER_PAGE * DEDUP_ENTRY_BYTES;
+const DEDUP_CHECKSUM_OFFSET: usize = DEDUP_PAGE_BYTES - 4;
+const _: () = assert!(DEDUP_TRAILER_OFFSET + 16 == DEDUP_PAGE_BYTES);
+
+/// A dedup index entry: chunk `id` has `hash`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DedupEntry {
+    pub hash: ChunkHash,
+    pub id: ChunkId,
+}
+
+/// The fence key of a hash: its first 8 bytes, big-endian, so keys order
+/// like the hashes.
+pub fn fence_key(hash: &ChunkHash) -> u64 {
+    u64::from_be_bytes(hash[..8].try_into().expect("8"))
+}
+
+/// Encodes one data page of a dedup run (entries sorted, 1..=102 of them).
+pub fn encode_dedup_page(page_number: u64, entries: &[DedupEntry], out: &mut [u8; DEDUP_PAGE_BYTES]) {
+    assert!(!entries.is_empty() && entries.len() <= DEDUP_ENTRIES_PER_PAGE);
+    out.fill(0);
+    for (slot, entry) in out.chunks_exact_mut(DEDUP_ENTRY_BYTES).zip(entries) {
+        slot[..32].copy_from_slice(&entry.hash);
+        slot[32..].copy_from_slice(&entry.id.0.to_le_bytes());
+    }
+    let trailer = &mut out[DEDUP_TRAILER_OFFSET..];
+    trailer[0..4].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    trailer[4..12].copy_from_slice(&page_number.to_le_bytes());
+    let checksum = crc32c(&out[..DEDUP_CHECKSUM_OFFSET]);
+    out[DEDUP_CHECKSUM_OFFSET..].copy_from_slice(&checksum.to_le_bytes());
+}
+
+/// Checks a dedup page (checksum, number, count) and decodes its entries.
+pub fn decode_dedup_page(bytes: &[u8], page_number: u64, out: &mut Vec<DedupEntry>) -> Result<(), FormatError> {
+    const WHAT: &str = "dedup index page";
+    if bytes.len() != DEDUP_PAGE_BYTES {
+        return Err(FormatError::Truncated { what: WHAT, available: bytes.len(), needed: DEDUP_PAGE_BYTES });
+    }
+    let stored = u32::from_le_bytes(bytes[DEDUP_CHECKSUM_OFFSET..].try_into().expect("4"));
+    verify_crc(WHAT, stored, crc32c(&bytes[..DEDUP_CHECKSUM_OFFSET]))?;
+    let mut reader = Reader::new(WHAT, &bytes[DEDUP_TRAILER_OFFSET..]);
+    let count = reader.u32()? as usize;
+    let number = reader.u64()?;
+    if number != page_number || count == 0 || count > DEDUP_ENTRIES_PER_PAGE {
+        return Err(reader.invalid(format!("page {page_number} says it is page {number} of {count} entries")));
+    }
+    out.clear();
+    for slot in bytes.chunks_exact(DEDUP_ENTRY_BYTES).take(count) {
+        let hash: ChunkHash = slot[..32].try_into().expect("32");
+        let id = u64::from_le_bytes(slot[32..].try_into().expect("8"));
+        if id == 0 || out.last().is_some_and(|last: &DedupEntry| last.hash > hash) {
+            return Err(reader.invalid("entries out of order or with chunk id 0"));
+        }
+        out.push(DedupEntry { hash, id: ChunkId(id) });
+    }
+    Ok(())
+}
+
+/// Page 0 of a dedup run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DedupRunHeader {
+    pub entry_count: u64,
+    pub data_page_count: u64,
+    pub bloom_bits: u64,
+    pub bloom_hashes: u32,
+    pub fence_crc32c: u32,
+    pub bloom_crc32c: u32,
+}
+
+impl DedupRunHeader {
+    pub fn encode(&self) -> [u8; DEDUP_PAGE_BYTES] {
+        let mut writer = Writer::new();
+        writer
+            .u32(DEDUP_RUN_MAGIC)
+            .u32(FORMAT_VERSION)
+            .u64(self.entry_count)
+            .u64(self.data_page_count)
+            .u64(self.bloom_bits)
+            .u32(self.bloom_hashes)
+            .u32(self.fence_crc32c)
+            .u32(self.bloom_crc32c);
+        writer.into_sealed(DEDUP_PAGE_BYTES).try_into().expect("one page")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        const WHAT: &str = "dedup run header";
+        if bytes.len() != DEDUP_PAGE_BYTES {
+            return Err(FormatError::Truncated { what: WHAT, available: bytes.len(), needed: DEDUP_PAGE_BYTES });
+        }
+        let mut reader = Reader::new(WHAT, bytes);
+        reader.magic(DEDUP_RUN_MAGIC)?;
+        let stored = u32::from_le_bytes(bytes[DEDUP_CHECKSUM_OFFSET..].try_into().expect("4"));
+        verify_crc(WHAT, stored, crc32c(&bytes[..DEDUP_CHECKSUM_OFFSET]))?;
+        check_version(WHAT, reader.u32()?)?;
+        let header = DedupRunHeader {
+            entry_count: reader.u64()?,
+            data_page_count: reader.u64()?,
+            bloom_bits: reader.u64()?,
+            bloom_hashes: reader.u32()?,
+            fence_crc32c: reader.u32()?,
+            bloom_crc32c: reader.u32()?,
+        };
+        let pages_needed = header.entry_count.div_ceil(DEDUP_ENTRIES_PER_PAGE as u64);
+        if header.entry_count == 0
+            || header.data_page_count != pages_needed
+            || header.bloom_bits == 0
+            || !header.bloom_bits.is_multiple_of(64)
+            || !(1..=BLOOM_HASHES_MAX).contains(&header.bloom_hashes)
+        {
+            return Err(reader.invalid(format!("inconsistent header {header:?}")));
+        }
+        Ok(header)
+    }
+
+    pub fn fence_offset(&self) -> u64 {
+        (1 + self.data_page_count) * DEDUP_PAGE_BYTES as u64
+    }
+
+    pub fn fence_bytes(&self) -> u64 {
+        self.data_page_count * 8
+    }
+
+    pub fn bloom_offset(&self) -> u64 {
+        self.fence_offset() + self.fence_bytes()
+    }
+
+    pub fn bloom_bytes(&self) -> u64 {
+        self.bloom_bits / 8
+    }
+}
+
+/// At most this many bit positions per key: each takes 4 bytes of the hash.
+pub const BLOOM_HASHES_MAX: u32 = 7;
+
+/// The Bloom filter bits a chunk hash sets. The hash is already uniform, so
+/// its bytes are the filter's hash functions: the `i`-th bit position is the
+/// little-endian `u32` at bytes `4i..4i+4`, modulo the filter's size.
+pub fn bloom_bits(hash: &ChunkHash, bloom_bits: u64, hashes: u32) -> impl Iterator<Item = u64> + '_ {
+    assert!(hashes <= BLOOM_HASHES_MAX);
+    (0..hashes as usize).map(move |index| {
+        let word = u32::from_le_bytes(hash[4 * index..4 * index + 4].try_into().expect("4"));
+        // Spread the 32 bits over filters larger than 2^32 bits too.
+        let wide = u64::from(word) << 32 | u64::from_le_bytes(hash[24..32].try_into().expect("8")) >> 32;
+        wide % bloom_bits
+    })
+}
+
+pub fn encode_fence(keys: &[u64]) -> Vec<u8> {
+    keys.iter().flat_map(|key| key.to_le_bytes()).collect()
+}
+
+pub fn decode_fence(bytes: &[u8], header: &DedupRunHeader) -> Result<Vec<u64>, FormatError> {
+    const WHAT: &str = "dedup run fence";
+    verify_crc(WHAT, header.fence_crc32c, crc32c(bytes))?;
+    let keys: Vec<u64> = bytes.chunks_exact(8).map(|key| u64::from_le_bytes(key.try_into().expect("8"))).collect();
+    if keys.len() as u64 != header.data_page_count || keys.windows(2).any(|pair| pair[0] > pair[1]) {
+        return Err(FormatError::Invalid { what: WHAT, reason: "keys are not in order".into() });
+    }
+    Ok(keys)
+}
+
+/// One dedup run, as listed in the manifest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DedupRunInfo {
+    pub id: u64,
+    pub entry_count: u64,
+}
+
+/// `chunks/dedup/manifest`: the dedup index's runs, and the packs they cover.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct DedupManifest {
+    /// Every chunk of every pack numbered up to this is in the runs; the
+    /// chunks of later packs are read back from the packs' footers on open.
+    pub packs_covered: u64,
+    pub run_id_next: u64,
+    pub runs: Vec<DedupRunInfo>,
+}
+
+impl DedupManifest {
+    const MAGIC: [u8; 4] = *b"RWDM";
+    const WHAT: &'static str = "dedup index manifest";
+    const RUNS_MAX: usize = 1 << 12;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut payload = Writer::new();
+        payload.u64(self.packs_covered).u64(self.run_id_next).u32(self.runs.len() as u32);
+        for run in &self.runs {
+            payload.u64(run.id).u64(run.entry_count);
+        }
+        seal_envelope(Self::MAGIC, payload)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
+        let packs_covered = reader.u64()?;
+        let run_id_next = reader.u64()?;
+        let count = reader.u32()? as usize;
+        if count > Self::RUNS_MAX {
+            return Err(reader.invalid(format!("{count} runs")));
+        }
+        let mut runs = Vec::with_capacity(count);
+        for _ in 0..count {
+            let run = DedupRunInfo { id: reader.u64()?, entry_count: reader.u64()? };
+            if run.id >= run_id_next || run.entry_count == 0 {
+                return Err(reader.invalid(format!("run {run:?} with next id {run_id_next}")));
+            }
+            runs.push(run);
+        }
+        finish(reader)?;
+        Ok(DedupManifest { packs_covered, run_id_next, runs })
+    }
+}
+
+/// `chunks/repack`: present while garbage collection moves the live chunks
+/// of `old` packs into the sealed pack `new` (0 when nothing was live) and
+/// deletes the old ones. Recovery completes the move: it points the table at
+/// `new`'s copies and deletes what is left of `old`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepackIntent {
+    pub new: u64,
+    pub old: Vec<u64>,
+}
+
+impl RepackIntent {
+    const MAGIC: [u8; 4] = *b"RWRP";
+    const WHAT: &'static str = "repack intent";
+    pub const OLD_MAX: usize = 1 << 12;
+
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.old.len() <= Self::OLD_MAX);
+        let mut payload = Writer::new();
+        payload.u64(self.new).u32(self.old.len() as u32);
+        for &pack in &self.old {
+            payload.u64(pack);
+        }
+        seal_envelope(Self::MAGIC, payload)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
+        let new = reader.u64()?;
+        let count = reader.u32()? as usize;
+        if count > Self::OLD_MAX {
+            return Err(reader.invalid(format!("{count} packs")));
+        }
+        let old = (0..count).map(|_| reader.u64()).collect::<Result<Vec<_>, _>>()?;
+        finish(reader)?;
+        Ok(RepackIntent { new, old })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_round_trip_and_know_their_place() {
+        let slot = TableSlot { hash: [9; 32], pack: 1 << 40, offset: 4096, stored_bytes: 100, raw_bytes: 4096 };
+        let bytes = slot.encode(ChunkId(77));
+        assert_eq!(TableSlot::decode(&bytes, ChunkId(77)).unwrap(), Some(slot));
+        assert!(TableSlot::decode(&bytes, ChunkId(78)).is_err(), "a slot read for another id");
+        assert_eq!(TableSlot::decode(&[0; TABLE_SLOT_BYTES], ChunkId(5)).unwrap(), None);
+        for bit in 0..TABLE_SLOT_BYTES * 8 {
+            let mut damaged = bytes;
+            damaged[bit / 8] ^= 1 << (bit % 8);
+            assert!(TableSlot::decode(&damaged, ChunkId(77)).is_err(), "bit {bit}");
+        }
+        decode_table_header(&encode_table_header()).unwrap();
+    }
+
+    #[test]
+    fn dedup_pages_round_trip_and_catch_damage() {
+        let entries: Vec<DedupEntry> = (0..DEDUP_ENTRIES_PER_PAGE as u8)
+            .map(|i| DedupEntry { hash: [i; 32], id: ChunkId(u64::from(i) + 1) })
+            .collect();
+        let mut page = [0u8; DEDUP_PAGE_BYTES];
+        encode_dedup_page(3, &entries, &mut page);
+        let mut decoded = Vec::new();
+        decode_dedup_page(&page, 3, &mut decoded).unwrap();
+        assert_eq!(decoded, entries);
+        assert!(decode_dedup_page(&page, 4, &mut decoded).is_err(), "misplaced page");
+        page[77] ^= 1;
+        assert!(decode_dedup_page(&page, 3, &mut decoded).is_err());
+    }
+
+    #[test]
+    fn run_header_manifest_and_intent_round_trip() {
+        let header = DedupRunHeader {
+            entry_count: 205,
+            data_page_count: 3,
+            bloom_bits: 2048,
+            bloom_hashes: 7,
+            fence_crc32c: 1,
+            bloom_crc32c: 2,
+        };
+        assert_eq!(DedupRunHeader::decode(&header.encode()).unwrap(), header);
+        assert!(DedupRunHeader::decode(&DedupRunHeader { data_page_count: 2, ..header }.encode()).is_err());
+        let manifest = DedupManifest {
+            packs_covered: 9,
+            run_id_next: 4,
+            runs: vec![DedupRunInfo { id: 1, entry_count: 10 }, DedupRunInfo { id: 3, entry_count: 5 }],
+        };
+        assert_eq!(DedupManifest::decode(&manifest.encode()).unwrap(), manifest);
+        let intent = RepackIntent { new: 12, old: vec![3, 5] };
+        assert_eq!(RepackIntent::decode(&intent.encode()).unwrap(), intent);
+    }
+
+    #[test]
+    fn bloom_positions_stay_inside_the_filter() {
+        let hash = [0xff; 32];
+        assert!(bloom_bits(&hash, 640, 7).all(|bit| bit < 640));
+        assert_eq!(bloom_bits(&hash, 640, 7).count(), 7);
+    }
+}
