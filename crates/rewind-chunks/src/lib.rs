@@ -23,7 +23,9 @@ mod table;
 pub use dedup::DedupConfig;
 pub use pack::{compress, PackReader, PackWriter, SealedPack};
 pub use rewind_format::pack::{ChunkHash, Codec};
-pub use store::{ArchiveSession, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport};
+pub use store::{
+    ArchiveSession, ChunkSet, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Measured,
+};
 
 use std::io;
 

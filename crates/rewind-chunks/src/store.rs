@@ -40,7 +40,9 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use rewind_format::chunks::{RepackIntent, TableSlot};
-use rewind_format::pack::{ChunkHash, Codec, FooterEntry, RECORD_HEADER_BYTES};
+use rewind_format::pack::{
+    ChunkHash, Codec, FooterEntry, FOOTER_ENTRY_BYTES, PACK_HEADER_BYTES, PACK_TRAILER_BYTES, RECORD_HEADER_BYTES,
+};
 use rewind_io::{read_file, write_file_atomic, Storage};
 use rewind_types::ChunkId;
 use rustc_hash::FxHashMap;
@@ -84,8 +86,40 @@ const SCAN_IDS: u64 = 1 << 14;
 #[derive(Clone, Copy, Debug, Default)]
 struct PackStats {
     bytes: u64,
-    /// Stored bytes of the chunks in it that are not free (live or dead).
+    /// Chunks in it that are not free (live or dead), and the bytes they
+    /// take: records and footer entries.
+    held_chunks: u64,
     held_bytes: u64,
+}
+
+impl PackStats {
+    fn new(bytes: u64) -> PackStats {
+        PackStats { bytes, held_chunks: 0, held_bytes: 0 }
+    }
+
+    fn hold(&mut self, stored_bytes: u32) {
+        self.held_chunks += 1;
+        self.held_bytes += footprint(stored_bytes);
+    }
+
+    fn free(&mut self, stored_bytes: u32) {
+        self.held_chunks -= 1;
+        self.held_bytes -= footprint(stored_bytes);
+    }
+
+    /// Bytes that hold no chunk: freed records and their footer entries.
+    fn slack(&self) -> u64 {
+        self.bytes.saturating_sub(PACK_OVERHEAD_BYTES + self.held_bytes)
+    }
+}
+
+/// A pack's header and trailer.
+const PACK_OVERHEAD_BYTES: u64 = (PACK_HEADER_BYTES + PACK_TRAILER_BYTES) as u64;
+
+/// The bytes a chunk of `stored_bytes` takes in a pack: its record and its
+/// footer entry.
+fn footprint(stored_bytes: u32) -> u64 {
+    (RECORD_HEADER_BYTES as u64 + u64::from(stored_bytes)).next_multiple_of(8) + FOOTER_ENTRY_BYTES as u64
 }
 
 struct State {
@@ -218,6 +252,48 @@ pub struct ChunkStats {
     pub poisoned: Option<String>,
 }
 
+/// A set of chunk ids, one bit each: what some history refers to, to be
+/// measured with [`ChunkStore::measure`].
+#[derive(Clone, Debug, Default)]
+pub struct ChunkSet {
+    bits: Vec<u64>,
+}
+
+impl ChunkSet {
+    pub fn insert(&mut self, id: ChunkId) {
+        let word = (id.0 / 64) as usize;
+        if word >= self.bits.len() {
+            self.bits.resize(word + 1, 0);
+        }
+        self.bits[word] |= 1 << (id.0 % 64);
+    }
+
+    fn contains(&self, id: u64) -> bool {
+        self.bits.get((id / 64) as usize).is_some_and(|word| word >> (id % 64) & 1 == 1)
+    }
+
+    /// Whether any id in `first..first + count` is in the set.
+    fn any_in(&self, first: u64, count: u64) -> bool {
+        (first / 64..=(first + count - 1) / 64).any(|word| self.bits.get(word as usize).is_some_and(|&bits| bits != 0))
+    }
+
+    pub fn len(&self) -> u64 {
+        self.bits.iter().map(|word| u64::from(word.count_ones())).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bits.iter().all(|&word| word == 0)
+    }
+}
+
+/// The distinct chunks of a [`ChunkSet`], and their size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Measured {
+    pub chunks: u64,
+    pub raw_bytes: u64,
+    pub stored_bytes: u64,
+}
+
 /// What one collection did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CollectReport {
@@ -261,7 +337,7 @@ impl ChunkStore {
             };
             match PackReader::open(&*storage, &packs_dir, pack) {
                 Ok(reader) => {
-                    packs.insert(pack, PackStats { bytes: reader.bytes(), held_bytes: 0 });
+                    packs.insert(pack, PackStats::new(reader.bytes()));
                 }
                 Err(error @ (ChunkError::Unsealed { .. } | ChunkError::Corrupt { .. })) => {
                     unreadable.insert(pack, error.to_string());
@@ -378,7 +454,7 @@ impl ChunkStore {
                     let reason = format!("its slot points past the end of pack {}", pack_name(slot.pack));
                     return Err(ChunkError::Missing { id, reason });
                 }
-                pack.held_bytes += u64::from(slot.stored_bytes);
+                pack.hold(slot.stored_bytes);
                 state.held_raw_bytes += u64::from(slot.raw_bytes);
                 state.held_stored_bytes += u64::from(slot.stored_bytes);
             }
@@ -536,7 +612,7 @@ impl ChunkStore {
     pub fn stats(&self) -> ChunkStats {
         let state = self.state.lock();
         let pack_bytes: u64 = state.packs.values().map(|pack| pack.bytes).sum();
-        let slack: u64 = state.packs.values().map(|pack| pack.bytes.saturating_sub(pack.held_bytes)).sum();
+        let slack: u64 = state.packs.values().map(PackStats::slack).sum();
         let held = state.live + state.dead;
         let dead_estimate = (state.held_stored_bytes * state.dead).checked_div(held).unwrap_or(0);
         let counter = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
@@ -566,6 +642,38 @@ impl ChunkStore {
         }
     }
 
+    /// The size of the chunks in `set`, read from the table window by window
+    /// (the windows holding none are skipped).
+    pub fn measure(&self, set: &ChunkSet) -> Result<Measured, ChunkError> {
+        let mut measured = Measured::default();
+        let mut bytes = Vec::new();
+        let id_end = self.table.id_end();
+        let mut first = 1;
+        while first < id_end {
+            let count = SCAN_IDS.min(id_end - first);
+            if set.any_in(first, count) {
+                self.table.read_range(first, count, &mut bytes)?;
+                for index in 0..count as usize {
+                    let id = ChunkId(first + index as u64);
+                    if !set.contains(id.0) {
+                        continue;
+                    }
+                    let slot = slot_in(&bytes, index, id).map_err(|error| ChunkError::Missing {
+                        id,
+                        reason: format!("its table slot is damaged: {error}"),
+                    })?;
+                    if let Some(slot) = slot {
+                        measured.chunks += 1;
+                        measured.raw_bytes += u64::from(slot.raw_bytes);
+                        measured.stored_bytes += u64::from(slot.stored_bytes);
+                    }
+                }
+            }
+            first += count;
+        }
+        Ok(measured)
+    }
+
     /// Whether a collection would free anything: dead chunks, or packs worth
     /// rewriting.
     pub fn collection_due(&self) -> bool {
@@ -574,7 +682,7 @@ impl ChunkStore {
     }
 
     fn worth_rewriting(&self, pack: &PackStats) -> bool {
-        pack.held_bytes * 100 < pack.bytes * self.config.repack_live_percent
+        (PACK_OVERHEAD_BYTES + pack.held_bytes) * 100 < pack.bytes * self.config.repack_live_percent
     }
 
     /// Garbage collection: frees every chunk nothing refers to, deletes packs
@@ -632,7 +740,7 @@ impl ChunkStore {
                     state.held_raw_bytes -= u64::from(slot.raw_bytes);
                     state.held_stored_bytes -= u64::from(slot.stored_bytes);
                     if let Some(pack) = state.packs.get_mut(&slot.pack) {
-                        pack.held_bytes -= u64::from(slot.stored_bytes);
+                        pack.free(slot.stored_bytes);
                     }
                 }
             }
@@ -656,12 +764,12 @@ impl ChunkStore {
         let (empty, mut candidates): (Vec<u64>, Vec<(u64, PackStats)>) = {
             let state = self.state.lock();
             let empty =
-                state.packs.iter().filter(|(_, pack)| pack.held_bytes == 0).map(|(&number, _)| number).collect();
+                state.packs.iter().filter(|(_, pack)| pack.held_chunks == 0).map(|(&number, _)| number).collect();
             let small = |pack: &PackStats| pack.bytes < self.config.pack_bytes_target / 4;
             let candidates: Vec<(u64, PackStats)> = state
                 .packs
                 .iter()
-                .filter(|(_, pack)| pack.held_bytes > 0 && (self.worth_rewriting(pack) || small(pack)))
+                .filter(|(_, pack)| pack.held_chunks > 0 && (self.worth_rewriting(pack) || small(pack)))
                 .map(|(&number, &pack)| (number, pack))
                 .collect();
             (empty, candidates)
@@ -732,8 +840,11 @@ impl ChunkStore {
         for pack in group {
             state.packs.remove(pack);
         }
-        let held_bytes = moved.iter().map(|(_, slot)| u64::from(slot.stored_bytes)).sum();
-        state.packs.insert(number, PackStats { bytes: sealed.bytes, held_bytes });
+        let mut stats = PackStats::new(sealed.bytes);
+        for (_, slot) in &moved {
+            stats.hold(slot.stored_bytes);
+        }
+        state.packs.insert(number, stats);
         report.packs_rewritten += group.len() as u64;
         report.packs_written += 1;
         report.chunks_moved += moved.len() as u64;
@@ -891,10 +1002,13 @@ impl ArchiveSession<'_> {
         let Some(writer) = self.writer.take() else { return Ok(()) };
         let sealed = writer.seal(&*self.store.storage)?;
         let mut state = self.store.state.lock();
-        let held_bytes: u64 = self.unsealed.iter().map(|(_, slot)| u64::from(slot.stored_bytes)).sum();
-        state.held_raw_bytes += self.unsealed.iter().map(|(_, slot)| u64::from(slot.raw_bytes)).sum::<u64>();
-        state.held_stored_bytes += held_bytes;
-        state.packs.insert(sealed.pack, PackStats { bytes: sealed.bytes, held_bytes });
+        let mut stats = PackStats::new(sealed.bytes);
+        for (_, slot) in &self.unsealed {
+            stats.hold(slot.stored_bytes);
+            state.held_raw_bytes += u64::from(slot.raw_bytes);
+            state.held_stored_bytes += u64::from(slot.stored_bytes);
+        }
+        state.packs.insert(sealed.pack, stats);
         self.sealed.append(&mut self.unsealed);
         Ok(())
     }

@@ -15,8 +15,9 @@ use serde::Serialize;
 
 use rewind_engine::{BookmarkName, Node, NodeConfig};
 use rewind_http::api::{
-    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, Health, ImportSummary,
-    Policy, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
+    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent, GcReport,
+    Health, ImportSummary, NodeReport, Policy, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
+    VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -37,6 +38,10 @@ pub trait Backend {
     fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()>;
     fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo>;
     fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory>;
+    fn volume_stats(&self, name: &str) -> Result<VolumeReport>;
+    fn node_stats(&self) -> Result<NodeReport>;
+    /// Collects garbage, reporting progress as (phase, done, total).
+    fn collect_garbage(&self, progress: &mut dyn FnMut(&str, u64, u64)) -> Result<GcReport>;
 }
 
 /// Talks to the server at `server`; if none answers and the user did not
@@ -167,7 +172,9 @@ impl Backend for HttpBackend {
             .agent
             .post(&self.url(&format!("/v1/volumes/{name}/import")))
             .query("block_size", block_size.to_string());
-        for (key, value) in [("granularity", &policy.granularity), ("retention", &policy.retention)] {
+        let fields =
+            [("granularity", &policy.granularity), ("retention", &policy.retention), ("space_max", &policy.space_max)];
+        for (key, value) in fields {
             if let Some(value) = value {
                 request = request.query(key, value);
             }
@@ -215,6 +222,30 @@ impl Backend for HttpBackend {
     fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory> {
         let url = self.url(&format!("/v1/volumes/{name}/history"));
         Self::decode(self.agent.delete(&url).query("from", from).query("to", to).call()?)
+    }
+
+    fn volume_stats(&self, name: &str) -> Result<VolumeReport> {
+        self.get(&format!("/v1/volumes/{name}/stats"))
+    }
+
+    fn node_stats(&self) -> Result<NodeReport> {
+        self.get("/v1/stats")
+    }
+
+    fn collect_garbage(&self, progress: &mut dyn FnMut(&str, u64, u64)) -> Result<GcReport> {
+        let mut response = self.agent.post(&self.url("/v1/gc")).send_empty()?;
+        if !response.status().is_success() {
+            return Self::decode(response);
+        }
+        let lines = std::io::BufReader::new(response.body_mut().as_reader());
+        for line in std::io::BufRead::lines(lines) {
+            match serde_json::from_str::<GcEvent>(&line?).context("unexpected answer from the server")? {
+                GcEvent::Progress { phase, done, total } => progress(&phase, done, total),
+                GcEvent::Done(report) => return Ok(report),
+                GcEvent::Failed { error } => bail!(error),
+            }
+        }
+        bail!("the server stopped answering before garbage collection finished")
     }
 }
 
@@ -286,8 +317,7 @@ impl Backend for LocalBackend {
 
     fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo> {
         let volume = self.node.volume(name)?;
-        let (granularity_nanos, retention) = request.parse().map_err(|error| anyhow!(error))?;
-        volume.set_policy(granularity_nanos, retention)?;
+        volume.set_policy(request.parse().map_err(|error| anyhow!(error))?)?;
         Ok(VolumeInfo::of(&volume))
     }
 
@@ -329,5 +359,23 @@ impl Backend for LocalBackend {
 
     fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory> {
         Ok(DeletedHistory::delete(&*self.node.volume(name)?, from, to, now())?)
+    }
+
+    fn volume_stats(&self, name: &str) -> Result<VolumeReport> {
+        let volume = self.node.volume(name)?;
+        Ok(VolumeReport::of(&volume, &volume.measure_space(now())?)?)
+    }
+
+    fn node_stats(&self) -> Result<NodeReport> {
+        Ok(NodeReport::measure(&self.node, now())?)
+    }
+
+    fn collect_garbage(&self, progress: &mut dyn FnMut(&str, u64, u64)) -> Result<GcReport> {
+        let report = self.node.collect(&mut |phase, done, total| {
+            if let GcEvent::Progress { phase, done, total } = GcEvent::progress(phase, done, total) {
+                progress(&phase, done, total);
+            }
+        })?;
+        Ok(report.into())
     }
 }

@@ -70,6 +70,22 @@ enum Command {
     /// Delete history: `rewind history delete VOLUME --from TIME --to TIME`.
     #[command(subcommand)]
     History(HistoryCommand),
+    /// Versions written and kept, deduplication and compression, and bytes
+    /// by place, for the node and every volume (or one: `rewind stats VOLUME`).
+    Stats {
+        volume: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Collect garbage now: free chunks no history refers to, rewrite mostly
+    /// dead packs (this also runs by itself every `--gc-interval`).
+    Gc {
+        /// Show a progress bar.
+        #[arg(long)]
+        progress: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Resolve a point in time to the NBD export that shows the volume as it was then.
     View {
         volume: String,
@@ -115,11 +131,15 @@ struct PolicyArgs {
     /// (bookmarks stay). The default keeps all history.
     #[arg(long, default_value = "forever")]
     retention: String,
+    /// The most bytes the archived history may take, e.g. 200GiB; past it
+    /// the oldest history goes first (bookmarks stay). `none`: no cap.
+    #[arg(long, default_value = "none")]
+    space_max: String,
 }
 
 impl From<PolicyArgs> for Policy {
     fn from(args: PolicyArgs) -> Policy {
-        Policy { granularity: Some(args.granularity), retention: Some(args.retention) }
+        Policy { granularity: Some(args.granularity), retention: Some(args.retention), space_max: Some(args.space_max) }
     }
 }
 
@@ -162,6 +182,9 @@ enum VolumeCommand {
         /// "all:6h, 10m:14d"; `forever` keeps all history.
         #[arg(long)]
         retention: Option<String>,
+        /// The most bytes the archived history may take, e.g. 200GiB, or `none`.
+        #[arg(long)]
+        space_max: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -285,6 +308,41 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
             output::timeline(&timeline);
             Ok(())
         }
+        Command::Stats { volume, json } => match volume {
+            Some(volume) => {
+                let report = backend.volume_stats(&volume)?;
+                if json {
+                    return output::json(&report);
+                }
+                output::volume_report(&report);
+                Ok(())
+            }
+            None => {
+                let report = backend.node_stats()?;
+                if json {
+                    return output::json(&report);
+                }
+                output::node_report(&report);
+                Ok(())
+            }
+        },
+        Command::Gc { progress, json } => {
+            let bar = progress.then(output::gc_progress_bar);
+            let report = backend.collect_garbage(&mut |phase, done, total| {
+                if let Some(bar) = &bar {
+                    output::gc_progress(bar, phase, done, total);
+                }
+            });
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            let report = report?;
+            if json {
+                return output::json(&report);
+            }
+            output::gc_report(&report);
+            Ok(())
+        }
         Command::View { volume, time, json } => {
             let view = backend.resolve_view(&volume, &time)?;
             if json {
@@ -351,14 +409,16 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
             );
             Ok(())
         }
-        VolumeCommand::Set { name, granularity, retention, json } => {
-            if granularity.is_none() && retention.is_none() {
+        VolumeCommand::Set { name, granularity, retention, space_max, json } => {
+            let policy = Policy { granularity, retention, space_max };
+            if policy.is_empty() {
                 bail!(
-                    "nothing to change: pass --granularity (0 for every write, or a duration like 1m) \
-                     and/or --retention (tiers like \"all:6h, 10m:14d\", or forever)"
+                    "nothing to change: pass --granularity (0 for every write, or a duration like 1m), \
+                     --retention (tiers like \"all:6h, 10m:14d\", or forever) and/or --space-max \
+                     (a size like 200GiB, or none)"
                 );
             }
-            let info = backend.update_volume(&name, &Policy { granularity, retention })?;
+            let info = backend.update_volume(&name, &policy)?;
             if json {
                 return output::json(&info);
             }

@@ -6,7 +6,10 @@ use anyhow::{bail, Context, Result};
 use indicatif::HumanBytes;
 use serde::Serialize;
 
-use rewind_http::api::{BookmarkInfo, Timeline, ViewInfo, VolumeDetail, VolumeInfo};
+use indicatif::{ProgressBar, ProgressStyle};
+use rewind_http::api::{
+    BookmarkInfo, GcReport, NodeReport, Timeline, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+};
 
 pub fn json(value: &impl Serialize) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
@@ -71,9 +74,13 @@ pub fn kept_history(info: &VolumeInfo) -> String {
     } else {
         format!("each block's last write per {}", info.granularity)
     };
-    match info.retention.as_str() {
+    let kept = match info.retention.as_str() {
         "forever" => writes,
         retention => format!("{writes}, retention {retention}"),
+    };
+    match info.space_max.as_str() {
+        "none" => kept,
+        space_max => format!("{kept}, at most {space_max} archived"),
     }
 }
 
@@ -113,10 +120,15 @@ pub fn volume_detail(detail: &VolumeDetail) {
         HumanBytes(stats.index_memory_bytes)
     );
     println!(
-        "journal         {} (LSN {} written, {} durable)",
+        "archived        {} versions in the chunk store, {} still in the journal",
+        stats.versions_archived, stats.versions_in_journal
+    );
+    println!(
+        "journal         {} (LSN {} written, {} durable; {} reclaimable at the next checkpoint)",
         HumanBytes(stats.journal_bytes),
         stats.lsn_last,
-        stats.lsn_durable
+        stats.lsn_durable,
+        HumanBytes(stats.journal_bytes_reclaimable)
     );
     println!("export          {} (and {}@TIME)", info.export, info.export);
 }
@@ -238,4 +250,143 @@ pub fn view(view: &ViewInfo, nbd_address: Option<&String>) {
     println!("  nbdinfo nbd://{address}/{}", view.export);
     println!("  nbdcopy nbd://{address}/{} restored.raw", view.export);
     println!("  qemu-img convert -f raw -O qcow2 nbd://{address}/{} restored.qcow2", view.export);
+}
+
+fn ratio(value: f64) -> String {
+    format!("{value:.2}x")
+}
+
+/// A volume's history, measured (`rewind stats VOLUME`).
+pub fn volume_report(report: &VolumeReport) {
+    println!("volume          {}", report.volume);
+    println!(
+        "versions        {} kept of {} written (r = {:.3}); {} dropped by granularity, retention and deletes",
+        report.versions_kept, report.versions_written, report.retained_fraction, report.versions_thinned
+    );
+    println!(
+        "archived        {} versions; {} still in the journal",
+        report.versions_archived, report.versions_in_journal
+    );
+    println!(
+        "chunk store     {} logical in {} distinct chunks: {} raw, {} in packs",
+        HumanBytes(report.logical_bytes),
+        report.unique_chunks,
+        HumanBytes(report.unique_raw_bytes),
+        HumanBytes(report.pack_bytes)
+    );
+    println!(
+        "ratios          dedup {}, compression {}, together {}",
+        ratio(report.dedup_ratio),
+        ratio(report.compression_ratio),
+        ratio(report.dedup_ratio * report.compression_ratio)
+    );
+    println!(
+        "journal         {} ({} reclaimable at the next checkpoint)",
+        HumanBytes(report.journal_bytes),
+        HumanBytes(report.journal_bytes_reclaimable)
+    );
+    println!("current store   {} (sparse)", HumanBytes(report.current_bytes));
+    println!("space cap       {}", report.space_max);
+    if let Some(oldest) = &report.oldest_kept {
+        println!("oldest kept     {oldest}");
+    }
+    println!("measured at     {}", report.measured_at);
+}
+
+/// The node and its volumes (`rewind stats`).
+pub fn node_report(report: &NodeReport) {
+    println!(
+        "versions        {} kept of {} written (r = {:.3})",
+        report.versions_kept, report.versions_written, report.retained_fraction
+    );
+    println!(
+        "chunks          {} live, {} dead (not yet collected), {} references",
+        report.chunks_live, report.chunks_dead, report.references
+    );
+    println!(
+        "chunk store     {} logical, {} distinct raw, {} stored in {} packs of {}",
+        HumanBytes(report.logical_bytes),
+        HumanBytes(report.unique_raw_bytes),
+        HumanBytes(report.unique_stored_bytes),
+        report.pack_count,
+        HumanBytes(report.pack_bytes)
+    );
+    println!(
+        "ratios          dedup {}, compression {}, together {}",
+        ratio(report.dedup_ratio),
+        ratio(report.compression_ratio),
+        ratio(report.dedup_ratio * report.compression_ratio)
+    );
+    println!(
+        "reclaimable     {} in packs (`rewind gc`), {} of journal (next checkpoints)",
+        HumanBytes(report.reclaimable_bytes),
+        HumanBytes(report.journal_bytes_reclaimable)
+    );
+    println!(
+        "bytes by place  journal {}, packs {}, current stores {} (sparse), chunk table {}",
+        HumanBytes(report.journal_bytes),
+        HumanBytes(report.pack_bytes),
+        HumanBytes(report.current_bytes),
+        HumanBytes(report.chunk_table_bytes)
+    );
+    println!(
+        "memory          {} for chunk counts and dedup filters ({} dedup entries)",
+        HumanBytes(report.chunk_memory_bytes),
+        report.dedup_index_entries
+    );
+    if let Some(cause) = &report.chunk_store_poisoned {
+        println!("STOPPED         archiving and collection stopped until restart: {cause}");
+    }
+    if report.volumes.is_empty() {
+        return;
+    }
+    println!();
+    let rows: Vec<Vec<String>> = report
+        .volumes
+        .iter()
+        .map(|volume| {
+            vec![
+                volume.volume.clone(),
+                volume.versions_written.to_string(),
+                volume.versions_kept.to_string(),
+                format!("{:.3}", volume.retained_fraction),
+                HumanBytes(volume.logical_bytes).to_string(),
+                HumanBytes(volume.pack_bytes).to_string(),
+                ratio(volume.dedup_ratio),
+                ratio(volume.compression_ratio),
+                HumanBytes(volume.journal_bytes).to_string(),
+                volume.space_max.clone(),
+            ]
+        })
+        .collect();
+    table(&["VOLUME", "WRITTEN", "KEPT", "R", "LOGICAL", "PACKS", "DEDUP", "COMPRESS", "JOURNAL", "CAP"], &rows);
+}
+
+pub fn gc_progress_bar() -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:30} {wide_bar} {pos}/{len} {percent}% ETA {eta}").expect("valid template"),
+    );
+    bar
+}
+
+pub fn gc_progress(bar: &ProgressBar, phase: &str, done: u64, total: u64) {
+    if bar.message() != phase {
+        bar.set_message(phase.to_owned());
+        bar.reset();
+    }
+    bar.set_length(total);
+    bar.set_position(done);
+}
+
+pub fn gc_report(report: &GcReport) {
+    println!(
+        "freed {} chunks; deleted {} packs, rewrote {} into {} ({} chunks moved); {} given back",
+        report.chunks_freed,
+        report.packs_deleted,
+        report.packs_rewritten,
+        report.packs_written,
+        report.chunks_moved,
+        HumanBytes(report.bytes_reclaimed)
+    );
 }

@@ -22,6 +22,9 @@ pub const LOCK_FILE: &str = "rewind.lock";
 
 /// How often maintenance runs when nothing wakes it earlier.
 const MAINTENANCE_PERIOD: Duration = Duration::from_millis(20);
+/// How often the slow work on history (archiving, retention, merges,
+/// garbage collection) looks for something to do.
+const HISTORY_PERIOD: Duration = Duration::from_secs(1);
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -34,11 +37,23 @@ pub struct ServeArgs {
     /// Management API listening address.
     #[arg(long, default_value = "127.0.0.1:8080")]
     http: SocketAddr,
-    /// How often retention is applied: its clock advances and the index runs
-    /// it thins further are rewritten (shorter: space back sooner, more
-    /// rewriting).
+    /// How often retention and space caps are applied: retention's clock
+    /// advances and the index runs it thins further are rewritten (shorter:
+    /// space back sooner, more rewriting).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     retention_interval: Duration,
+    /// How often history moves from the journal into the deduplicated,
+    /// compressed chunk store (sooner when 64 MiB of it waits).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    archive_interval: Duration,
+    /// How often garbage collection runs, when there is garbage.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    gc_interval: Duration,
+}
+
+fn nanos(duration: Duration, option: &str) -> Result<u64> {
+    let nanos = u64::try_from(duration.as_nanos()).with_context(|| format!("{option} is too long"))?;
+    Ok(nanos.max(1))
 }
 
 pub fn now() -> Timestamp {
@@ -58,8 +73,9 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         .lock_exclusive(LOCK_FILE)
         .with_context(|| format!("{} is in use by another rewind process", data_dir.display()))?;
     let mut config = NodeConfig::default();
-    config.volume.retention_interval_nanos =
-        u64::try_from(args.retention_interval.as_nanos()).context("--retention-interval is too long")?.max(1);
+    config.volume.retention_interval_nanos = nanos(args.retention_interval, "--retention-interval")?;
+    config.volume.archive_interval_nanos = nanos(args.archive_interval, "--archive-interval")?;
+    config.collect_interval_nanos = nanos(args.gc_interval, "--gc-interval")?;
     let node = Arc::new(Node::open(Arc::new(storage), config)?);
 
     let nbd = Server::new(Arc::new(EngineCatalog::new(Arc::clone(&node))), ServerConfig::default());
@@ -78,6 +94,18 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
                 // Failures poison the volume concerned and are logged by the node.
                 let _ = node.maintain(now());
                 work.wait(MAINTENANCE_PERIOD);
+            }
+        })?
+    };
+    let (history_stop, history_stopped) = std::sync::mpsc::channel::<()>();
+    let history = {
+        let node = Arc::clone(&node);
+        thread::Builder::new().name("history".into()).spawn(move || loop {
+            // Failures are logged by the node; a failing volume is poisoned.
+            let _ = node.maintain_history(now());
+            match history_stopped.recv_timeout(HISTORY_PERIOD) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                _ => return,
             }
         })?
     };
@@ -105,6 +133,8 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
 
     tracing::info!("shutting down");
     nbd.shutdown();
+    let _ = history_stop.send(());
+    history.join().expect("history thread does not panic");
     stopping.store(true, Ordering::Release);
     node.work_signal().notify();
     maintenance.join().expect("maintenance thread does not panic");

@@ -24,7 +24,7 @@ use rewind_chunks::{ArchiveSession, ChunkStore};
 use rewind_index::{ArchiveFailed, Archiver, IndexError, ReleaseHook};
 use rewind_types::{Timestamp, Version, VersionData};
 
-use crate::volume::MaintenanceState;
+use crate::volume::HistoryWork;
 use crate::{EngineError, Volume};
 
 /// Releases the chunks of archived versions the index drops.
@@ -126,8 +126,8 @@ impl Volume {
         })
     }
 
-    pub(crate) fn archive_due(&self, maintenance: &MaintenanceState, now: Timestamp) -> bool {
-        let elapsed = now.unix_nanos().saturating_sub(maintenance.archive_last.unix_nanos());
+    pub(crate) fn archive_due(&self, work: &HistoryWork, now: Timestamp) -> bool {
+        let elapsed = now.unix_nanos().saturating_sub(work.archive_last.unix_nanos());
         let waiting = self.index.versions_unarchived() * u64::from(self.block_size().bytes());
         elapsed >= self.config.archive_interval_nanos || waiting >= self.config.archive_bytes_soft
     }
@@ -191,7 +191,7 @@ impl Volume {
     /// deleted).
     pub(crate) fn release_all(&self) -> Result<(), EngineError> {
         // No archive pass may add references meanwhile.
-        let _maintenance = self.maintenance.lock();
+        let _history_work = self.history_work.lock();
         let block_bytes = self.block_size().bytes();
         self.releasing(|| {
             self.index.for_each_archived(&mut |version| {

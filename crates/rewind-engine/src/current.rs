@@ -51,6 +51,11 @@ impl CurrentStore {
         Ok(CurrentStore { data, meta, data_path, meta_path, block_size, block_count })
     }
 
+    /// The apparent size of both files.
+    pub fn size_bytes(&self) -> u64 {
+        self.block_count * (u64::from(self.block_size.bytes()) + BLOCK_META_BYTES as u64)
+    }
+
     fn check_range(&self, first: BlockIndex, count: u64) {
         assert!(first.0.checked_add(count).is_some_and(|end| end <= self.block_count), "range checked by caller");
     }

@@ -137,6 +137,14 @@ fn merge_buckets(into: &mut BTreeMap<u64, TimelineBucket>, from: impl IntoIterat
     }
 }
 
+/// What to change of a volume's policy; `None` leaves it as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyChange {
+    pub granularity_nanos: Option<u64>,
+    pub retention: Option<Vec<RetentionTier>>,
+    pub space_max_bytes: Option<u64>,
+}
+
 /// A volume's history at a glance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TimelineReport {
@@ -175,6 +183,11 @@ pub struct VolumeStats {
     /// Journal bytes given back since the volume was opened.
     pub journal_bytes_reclaimed: u64,
     pub journal_bytes: u64,
+    /// Journal bytes holding only archived history: given back at the next
+    /// checkpoint.
+    pub journal_bytes_reclaimable: u64,
+    /// The current store's files (sparse: unwritten blocks take no disk).
+    pub current_bytes: u64,
     pub lsn_last: u64,
     pub lsn_durable: u64,
     pub versions_pending_destage: u64,
@@ -388,22 +401,24 @@ impl Volume {
         self.index.thinning().horizon
     }
 
-    /// Changes the protection granularity and/or the retention tiers (empty:
-    /// keep history forever). History already thinned stays thinned; from
-    /// now on persists and merges thin to the new windows, and retention is
-    /// applied by the next maintenance pass.
-    pub fn set_policy(
-        &self,
-        granularity_nanos: Option<u64>,
-        retention: Option<Vec<RetentionTier>>,
-    ) -> Result<(), EngineError> {
+    /// The most bytes the volume's history may take (0: no cap).
+    pub fn space_max_bytes(&self) -> u64 {
+        self.history.policy.lock().space_max_bytes
+    }
+
+    /// Changes the protection granularity, the retention tiers (empty: keep
+    /// history forever) and/or the space cap. History already thinned stays
+    /// thinned; from now on persists and merges thin to the new windows, and
+    /// retention and the cap are applied by the next maintenance pass.
+    pub fn set_policy(&self, change: PolicyChange) -> Result<(), EngineError> {
         self.check_open()?;
         let newest = self.timestamp_last();
         let bookmarks = self.history.bookmarks.lock();
         let current = self.history.policy.lock().clone();
         let mut next = current.clone();
-        next.granularity_nanos = granularity_nanos.unwrap_or(current.granularity_nanos);
-        next.retention = retention.unwrap_or(current.retention.clone());
+        next.granularity_nanos = change.granularity_nanos.unwrap_or(current.granularity_nanos);
+        next.retention = change.retention.unwrap_or(current.retention.clone());
+        next.space_max_bytes = change.space_max_bytes.unwrap_or(current.space_max_bytes);
         let described = format!(
             "granularity {} with retention {}",
             display_granularity(next.granularity_nanos),
@@ -468,6 +483,40 @@ impl Volume {
         self.index.seal();
         self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
         let rewritten = self.releasing(|| self.index.rewrite_before(thins_until))?;
+        Ok(rewritten > 0)
+    }
+
+    /// Moves the horizon forward if the archived history is over the space
+    /// cap (see [`crate::space`]), and rewrites the runs that lets it thin.
+    /// Called by maintenance every `retention_interval_nanos`.
+    pub(crate) fn apply_space_cap(&self, now: Timestamp) -> Result<bool, EngineError> {
+        let Some(wanted) = self.horizon_for_space_cap(now)? else { return Ok(false) };
+        let horizon = {
+            let bookmarks = self.history.bookmarks.lock();
+            let policy = self.history.policy.lock().clone();
+            // A window end of every interval history has, so none straddles it.
+            let coarsest = std::iter::once(policy.granularity_nanos)
+                .chain(policy.retention.iter().map(|tier| tier.interval_nanos))
+                .chain(policy.floors.iter().map(|&(interval, _)| interval))
+                .max()
+                .unwrap_or(0)
+                .max(1);
+            let Some(horizon) = ((wanted.unix_nanos() + 1) / coarsest * coarsest).checked_sub(1) else {
+                return Ok(false);
+            };
+            let horizon = Timestamp::from_unix_nanos(horizon);
+            if self.retention_horizon().is_some_and(|current| current >= horizon) || horizon <= self.created() {
+                return Ok(false);
+            }
+            self.change_policy(&bookmarks, |policy| {
+                policy.horizon_floor = policy.horizon_floor.max(horizon);
+                prune_floors(policy);
+            })?;
+            horizon
+        };
+        self.index.seal();
+        self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
+        let rewritten = self.releasing(|| self.index.rewrite_before(horizon))?;
         Ok(rewritten > 0)
     }
 
@@ -558,6 +607,8 @@ impl Volume {
             archive_passes: counter(&counters.archive_passes),
             journal_bytes_reclaimed: counter(&counters.journal_bytes_reclaimed),
             journal_bytes: self.journal.size_bytes()?,
+            journal_bytes_reclaimable: self.journal.reclaimable_bytes(self.index.archived_before())?,
+            current_bytes: self.current.size_bytes(),
             lsn_last: self.journal.lsn_next().0 - 1,
             lsn_durable: self.journal.lsn_durable().0,
             versions_pending_destage: self.overlay_versions.load(Ordering::Relaxed) as u64,

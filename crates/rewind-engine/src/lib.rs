@@ -21,15 +21,18 @@ mod history;
 mod import;
 mod node;
 mod read;
+mod space;
 pub mod timespec;
 mod volume;
 
 pub use error::EngineError;
-pub use history::{TimelineReport, VolumeStats};
+pub use history::{PolicyChange, TimelineReport, VolumeStats};
 pub use import::ImportReport;
 pub use node::{Node, NodeConfig, VolumeSpec, WorkSignal};
 pub use read::{BlockStatus, View};
+pub use rewind_chunks::{ChunkError, ChunkStats, ChunkStoreConfig, CollectPhase, CollectReport, DedupConfig};
 pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, TimelineBucket};
+pub use space::VolumeSpace;
 pub use volume::{Durability, Volume, VolumeConfig, ZeroMode};
 
 pub use rewind_types::{BlockSize, BookmarkName, Timestamp, VolumeName};

@@ -47,6 +47,8 @@ pub struct VolumeSpec {
     pub granularity_nanos: u64,
     /// Retention tiers (empty: forever); see [`Volume::set_policy`].
     pub retention: Vec<RetentionTier>,
+    /// The most bytes history may take (0: no cap); see [`Volume::set_policy`].
+    pub space_max_bytes: u64,
 }
 
 /// Wakes the embedder's maintenance loop when there is work to do.
@@ -187,6 +189,7 @@ impl Node {
                 floors: Vec::new(),
                 horizon_floor: Timestamp::MIN,
                 deleted: Vec::new(),
+                space_max_bytes: spec.space_max_bytes,
             },
             self.config.volume,
             &self.shared,
@@ -224,14 +227,19 @@ impl Node {
         self.volumes.read().values().cloned().collect()
     }
 
-    /// One round of background work on every volume, then on the chunk
-    /// store. A volume that fails is poisoned (and logged) without stopping
-    /// work on the others; the first error is returned.
+    /// One round of the quick background work on every volume (commits,
+    /// destaging, index runs, checkpoints; see [`Volume::maintain`]). A
+    /// volume that fails is poisoned (and logged) without stopping work on
+    /// the others; the first error is returned.
     pub fn maintain(&self, now: Timestamp) -> Result<bool, EngineError> {
+        self.for_each_volume(|volume| volume.maintain(now))
+    }
+
+    fn for_each_volume(&self, work: impl Fn(&Volume) -> Result<bool, EngineError>) -> Result<bool, EngineError> {
         let mut worked = false;
         let mut first_error = None;
         for volume in self.volumes() {
-            match volume.maintain(now) {
+            match work(&volume) {
                 Ok(did) => worked |= did,
                 Err(error) => {
                     tracing::error!(volume = %volume.name(), %error, "maintenance failed");
@@ -239,6 +247,18 @@ impl Node {
                 }
             }
         }
+        first_error.map_or(Ok(worked), Err)
+    }
+
+    /// One round of the slow work on history on every volume (see
+    /// [`Volume::maintain_history`]), then garbage collection when due.
+    /// Embedders run it on a thread of its own, apart from [`Node::maintain`].
+    pub fn maintain_history(&self, now: Timestamp) -> Result<bool, EngineError> {
+        let mut first_error = None;
+        let mut worked = self.for_each_volume(|volume| volume.maintain_history(now)).unwrap_or_else(|error| {
+            first_error = Some(error);
+            true
+        });
         let collect_due = {
             let last = self.collect_last.lock();
             last.is_none_or(|last| {

@@ -9,8 +9,8 @@
 //! ```
 //!
 //! Locks, always taken in this order, never the other way round:
-//! `maintenance` → `write` → `destage`. The destager drops `destage` before it
-//! takes `write` to retire overlay entries.
+//! `history_work` → `maintenance` → `write` → `destage`. The destager drops
+//! `destage` before it takes `write` to retire overlay entries.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -135,7 +135,12 @@ pub(crate) struct MaintenanceState {
     /// Recovery starts in this journal segment: the ones before it may be
     /// reclaimed once their history is archived.
     pub replay_segment: u32,
+}
+
+/// When the slow work on history last ran.
+pub(crate) struct HistoryWork {
     pub archive_last: Timestamp,
+    space_checked: Timestamp,
 }
 
 #[derive(Default)]
@@ -190,10 +195,13 @@ pub struct Volume {
     pub(crate) write: Mutex<WriteState>,
     pub(crate) destage: Mutex<DestageState>,
     pub(crate) maintenance: Mutex<MaintenanceState>,
+    /// Taken by the slow work on history (never while holding `maintenance`).
+    pub(crate) history_work: Mutex<HistoryWork>,
     pub(crate) overlay_versions: AtomicUsize,
     poisoned: Mutex<Option<String>>,
     closed: AtomicBool,
     pub(crate) history: History,
+    pub(crate) space: Mutex<Option<crate::VolumeSpace>>,
     pub(crate) counters: Counters,
     work: Arc<WorkSignal>,
     zero_block_crc32c: u32,
@@ -264,7 +272,10 @@ impl Volume {
                 checkpoint_lsn: checkpoint.lsn,
                 checkpoint_journal_bytes: 0,
                 replay_segment: checkpoint.replay_from.segment,
+            }),
+            history_work: Mutex::new(HistoryWork {
                 archive_last: checkpoint.timestamp_last,
+                space_checked: checkpoint.timestamp_last,
             }),
             journal,
             index,
@@ -274,6 +285,7 @@ impl Volume {
             poisoned: Mutex::new(None),
             closed: AtomicBool::new(false),
             history,
+            space: Mutex::new(None),
             counters: Counters::default(),
             work,
             zero_block_crc32c,
@@ -812,16 +824,6 @@ impl Volume {
             self.index.seal();
         }
         worked |= self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))? > 0;
-        worked |= self.releasing(|| self.index.compact())?;
-        let retention_due = self.history.retention_clock().saturating_add_nanos(self.config.retention_interval_nanos);
-        if now >= retention_due {
-            worked |= self.apply_retention(now)?;
-        }
-        if self.archive_due(&maintenance, now) {
-            maintenance.archive_last = now;
-            worked |= self.archive(now)?;
-            worked |= self.reclaim_journal(maintenance.replay_segment)?;
-        }
         let lsn_last = Lsn(self.journal.lsn_next().0 - 1);
         let journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
         let since = now.unix_nanos().saturating_sub(maintenance.checkpoint_last.unix_nanos());
@@ -833,6 +835,34 @@ impl Volume {
             let replay_segment = self.maintenance.lock().replay_segment;
             self.reclaim_journal(replay_segment)?;
             worked = true;
+        }
+        Ok(worked)
+    }
+
+    /// The slow background work on history, called periodically by the
+    /// embedder on a thread of its own so that it never delays commits:
+    /// merges index runs, applies retention and the space cap, archives
+    /// history into the chunk store and gives journal space back. Returns
+    /// whether it did anything.
+    pub fn maintain_history(&self, now: Timestamp) -> Result<bool, EngineError> {
+        let mut work = self.history_work.lock();
+        if self.closed.load(Ordering::Acquire) || self.is_poisoned() {
+            return Ok(false);
+        }
+        let mut worked = self.releasing(|| self.index.compact())?;
+        let retention_due = self.history.retention_clock().saturating_add_nanos(self.config.retention_interval_nanos);
+        if now >= retention_due {
+            worked |= self.apply_retention(now)?;
+        }
+        if now >= work.space_checked.saturating_add_nanos(self.config.retention_interval_nanos) {
+            work.space_checked = now;
+            worked |= self.apply_space_cap(now)?;
+        }
+        if self.archive_due(&work, now) {
+            work.archive_last = now;
+            worked |= self.archive(now)?;
+            let replay_segment = self.maintenance.lock().replay_segment;
+            worked |= self.reclaim_journal(replay_segment)?;
         }
         Ok(worked)
     }

@@ -19,8 +19,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rewind_chunks::{ChunkStoreConfig, DedupConfig};
 use rewind_engine::{
-    BlockSize, BookmarkName, Durability, EngineError, Node, NodeConfig, RetentionTier, Timestamp, Volume, VolumeConfig,
-    VolumeName, VolumeSpec, ZeroMode,
+    BlockSize, BookmarkName, Durability, EngineError, Node, NodeConfig, PolicyChange, RetentionTier, Timestamp, Volume,
+    VolumeConfig, VolumeName, VolumeSpec, ZeroMode,
 };
 use rewind_index::IndexConfig;
 use rewind_io::{SimConfig, SimStorage};
@@ -227,6 +227,8 @@ struct Exercised {
     journal_bytes_reclaimed: u64,
     /// Deaths in the middle of maintenance or collection.
     deaths: u64,
+    /// Times refused because the space cap dropped them.
+    capped: u64,
 }
 
 fn run(seed: u64) -> Exercised {
@@ -246,6 +248,7 @@ fn run(seed: u64) -> Exercised {
         // Time advances up to 5 µs a step: windows of a few to a few dozen steps.
         granularity_nanos: if seed % 3 == 2 { rng.random_range(5_000..100_000) } else { 0 },
         retention: Vec::new(),
+        space_max_bytes: 0,
     };
     let spec = if seed % 3 == 1 {
         let (granularity_nanos, retention) = random_policy(&mut rng);
@@ -253,8 +256,10 @@ fn run(seed: u64) -> Exercised {
     } else {
         spec
     };
-    // What the policies promised: no time at or after `promised` is dropped.
+    // What the policies promised: no time at or after `promised` is dropped
+    // (a space cap, once set, may drop any history but bookmarks).
     let mut promised = 0u64;
+    let mut capped = false;
     let mut coarsened = spec.granularity_nanos > 0 || !spec.retention.is_empty();
     let retention_interval = config.volume.retention_interval_nanos;
     let mut volume = node.create_volume(spec, now).unwrap();
@@ -312,6 +317,8 @@ fn run(seed: u64) -> Exercised {
             }
             63..=70 => {
                 let worked = node.maintain(now);
+                assert!(poisoned || worked.is_ok(), "seed {seed}: {worked:?}");
+                let worked = node.maintain_history(now);
                 assert!(poisoned || worked.is_ok(), "seed {seed}: {worked:?}");
                 let retention = volume.retention();
                 if let Some((may, must)) =
@@ -379,8 +386,16 @@ fn run(seed: u64) -> Exercised {
                 // A policy change; intervals that do not nest with history's are refused.
                 let (granularity, tiers) = random_policy(&mut rng);
                 let before = (volume.granularity_nanos(), volume.retention());
-                match volume.set_policy(Some(granularity), Some(tiers.clone())) {
+                // Sometimes a space cap too: a few chunks' worth, or none.
+                let space_max_bytes = [0, 0, rng.random_range(1..40) * u64::from(block_bytes)][rng.random_range(0..3)];
+                let change = PolicyChange {
+                    granularity_nanos: Some(granularity),
+                    retention: Some(tiers.clone()),
+                    space_max_bytes: Some(space_max_bytes),
+                };
+                match volume.set_policy(change) {
                     Ok(()) => {
+                        capped |= space_max_bytes > 0;
                         for (granularity, tiers) in [before, (granularity, tiers.clone())] {
                             if let Some((may, _)) = retention_bounds(&tiers, granularity, now, retention_interval) {
                                 promised = promised.max(may);
@@ -421,6 +436,7 @@ fn run(seed: u64) -> Exercised {
                     promised = promised.max(may);
                 }
                 let _ = node.maintain(now);
+                let _ = node.maintain_history(now);
                 if rng.random_bool(0.5) {
                     let _ = node.collect(&mut |_, _, _| {});
                 }
@@ -449,8 +465,15 @@ fn run(seed: u64) -> Exercised {
                     }
                     Err(EngineError::HistoryExpired { .. }) => {
                         let horizon = volume.retention_horizon().expect("refused by retention").unix_nanos();
-                        assert!(horizon <= promised, "seed {seed}: dropped until {horizon}, promised {promised}");
-                        assert!(at.unix_nanos() < horizon + 200_000, "seed {seed}: {at:?} refused");
+                        assert!(
+                            capped || horizon <= promised,
+                            "seed {seed}: dropped until {horizon}, promised {promised}"
+                        );
+                        if horizon > promised {
+                            exercised.capped += 1;
+                        } else {
+                            assert!(at.unix_nanos() < horizon + 200_000, "seed {seed}: {at:?} refused");
+                        }
                         exercised.expired += 1;
                     }
                     Err(error) => panic!("seed {seed}: {error}"),
@@ -470,7 +493,10 @@ fn run(seed: u64) -> Exercised {
     }
     let stats = volume.stats().unwrap();
     if let Some(horizon) = volume.retention_horizon() {
-        assert!(horizon.unix_nanos() <= promised, "seed {seed}: dropped until {horizon:?}, promised {promised}");
+        assert!(
+            capped || horizon.unix_nanos() <= promised,
+            "seed {seed}: dropped until {horizon:?}, promised {promised}"
+        );
     }
     if !coarsened && exercised.range_deletes == 0 {
         assert_eq!(stats.versions_thinned, 0, "seed {seed}");
@@ -507,6 +533,7 @@ fn engine_matches_the_oracle_through_crashes() {
         dedup_hits: total.dedup_hits + case.dedup_hits,
         journal_bytes_reclaimed: total.journal_bytes_reclaimed + case.journal_bytes_reclaimed,
         deaths: total.deaths + case.deaths,
+        capped: total.capped + case.capped,
     });
     println!("{total:?}");
     let enough = total.thinned > 100 && total.range_deletes > 30 && total.policy_changes > 30 && total.expired > 30;
@@ -515,6 +542,7 @@ fn engine_matches_the_oracle_through_crashes() {
         && total.chunks_freed > 100
         && total.dedup_hits > 100
         && total.journal_bytes_reclaimed > 0
-        && total.deaths > 30;
-    assert!(seeds < 30 || chunks, "archiving, collection, dedup, journal reclaim and deaths must be exercised");
+        && total.deaths > 30
+        && total.capped > 10;
+    assert!(seeds < 30 || chunks, "archiving, collection, dedup, journal reclaim, deaths and caps must be exercised");
 }

@@ -307,6 +307,9 @@ pub struct VolumePolicy {
     /// Deleted history (MYCDP §3.3.3): ranges `[from, to]` in which each block
     /// keeps only its last version. Sorted, disjoint.
     pub deleted: Vec<(Timestamp, Timestamp)>,
+    /// The most bytes the volume's history may take (0: no cap). Past it,
+    /// the oldest history goes first: the horizon floor moves forward.
+    pub space_max_bytes: u64,
 }
 
 /// One retention tier: keep one version per block per `interval_nanos`
@@ -368,6 +371,7 @@ impl VolumePolicy {
         for (from, to) in &self.deleted {
             payload.u64(from.unix_nanos()).u64(to.unix_nanos());
         }
+        payload.u64(self.space_max_bytes);
         seal_envelope(Self::MAGIC, payload)
     }
 
@@ -407,6 +411,7 @@ impl VolumePolicy {
             let to = Timestamp::from_unix_nanos(reader.u64()?);
             deleted.push((from, to));
         }
+        let space_max_bytes = reader.u64()?;
         finish(reader)?;
         let ordered =
             deleted.iter().all(|(from, to)| from < to) && deleted.windows(2).all(|pair| pair[0].1 < pair[1].0);
@@ -416,7 +421,15 @@ impl VolumePolicy {
                 reason: "deleted ranges overlap or are out of order".into(),
             });
         }
-        Ok(VolumePolicy { granularity_nanos, retention, retention_clock, floors, horizon_floor, deleted })
+        Ok(VolumePolicy {
+            granularity_nanos,
+            retention,
+            retention_clock,
+            floors,
+            horizon_floor,
+            deleted,
+            space_max_bytes,
+        })
     }
 }
 
@@ -569,6 +582,7 @@ mod tests {
             floors: vec![(40, at(500))],
             horizon_floor: at(30),
             deleted: vec![(at(1), at(2))],
+            space_max_bytes: 200 << 30,
         };
         assert_eq!(VolumePolicy::decode(&policy.encode()).unwrap(), policy);
         let not_nested = VolumePolicy { retention: vec![tier(20, 200), tier(50, 900)], ..policy.clone() };

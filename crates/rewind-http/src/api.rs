@@ -9,8 +9,8 @@ use rewind_engine::timespec::{
     display_granularity, display_retention, parse_granularity, parse_retention, DisplayTime,
 };
 use rewind_engine::{
-    BlockSize, Bookmark, EngineError, RetentionTier, TimelineReport, Timestamp, Volume, VolumeName, VolumeSpec,
-    VolumeStats,
+    BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, EngineError, PolicyChange, TimelineReport, Timestamp,
+    Volume, VolumeName, VolumeSpace, VolumeSpec, VolumeStats,
 };
 
 pub fn time(at: Timestamp) -> String {
@@ -41,8 +41,11 @@ pub struct VolumeInfo {
     pub granularity_nanos: u64,
     /// Retention tiers `interval:age`, youngest first ("forever" if none).
     pub retention: String,
+    /// The most bytes the archived history may take ("none" if no cap).
+    pub space_max: String,
+    pub space_max_bytes: u64,
     /// The oldest state retention keeps (older history is gone but for
-    /// bookmarks), once retention has dropped any.
+    /// bookmarks), once retention or the space cap has dropped any.
     pub oldest_kept: Option<String>,
     pub oldest_kept_unix_nanos: Option<u64>,
     /// The volume refuses writes after a failed fsync, until the server restarts.
@@ -69,11 +72,49 @@ impl VolumeInfo {
             granularity: display_granularity(volume.granularity_nanos()),
             granularity_nanos: volume.granularity_nanos(),
             retention: display_retention(&volume.retention()),
+            space_max: display_space_max(volume.space_max_bytes()),
+            space_max_bytes: volume.space_max_bytes(),
             oldest_kept: horizon.map(time),
             oldest_kept_unix_nanos: horizon.map(Timestamp::unix_nanos),
             poisoned: volume.is_poisoned(),
             export: volume.name().to_string(),
         }
+    }
+}
+
+/// A space cap as people write it: `none` or a size like `200GiB`.
+pub fn display_space_max(bytes: u64) -> String {
+    if bytes == 0 {
+        "none".to_owned()
+    } else {
+        human_bytes(bytes)
+    }
+}
+
+/// Parses a space cap: `none` (or `0`) for no cap, or a size like `200GiB`.
+pub fn parse_space_max(text: &str) -> Result<u64, String> {
+    if text.trim().eq_ignore_ascii_case("none") {
+        return Ok(0);
+    }
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(text.trim())
+        .map_err(|error| format!("cannot read the space cap {text:?} ({error}); write it like 200GiB, 500GB or none"))
+}
+
+/// Bytes in binary units with one decimal: `1.5 GiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
     }
 }
 
@@ -96,7 +137,15 @@ pub struct Stats {
     pub retained_fraction: f64,
     pub index_runs: u64,
     pub index_memory_bytes: u64,
+    /// Kept versions archived (in the chunk store, or zeros), and those
+    /// whose data is still in the journal.
+    pub versions_archived: u64,
+    pub versions_in_journal: u64,
     pub journal_bytes: u64,
+    /// Journal bytes holding only archived history, given back at the next
+    /// checkpoint.
+    pub journal_bytes_reclaimable: u64,
+    pub current_bytes: u64,
     pub lsn_last: u64,
     pub lsn_durable: u64,
     pub versions_pending_destage: u64,
@@ -121,7 +170,11 @@ impl From<VolumeStats> for Stats {
             retained_fraction: if written == 0 { 1.0 } else { kept as f64 / written as f64 },
             index_runs: stats.index_runs,
             index_memory_bytes: stats.index_memory_bytes,
+            versions_archived: stats.versions_archived,
+            versions_in_journal: kept - stats.versions_archived,
             journal_bytes: stats.journal_bytes,
+            journal_bytes_reclaimable: stats.journal_bytes_reclaimable,
+            current_bytes: stats.current_bytes,
             lsn_last: stats.lsn_last,
             lsn_durable: stats.lsn_durable,
             versions_pending_destage: stats.versions_pending_destage,
@@ -150,7 +203,7 @@ impl CreateVolume {
     /// The engine's spec: 4 KiB blocks, every write and all history kept,
     /// unless asked otherwise.
     pub fn spec(&self) -> Result<VolumeSpec, String> {
-        let (granularity_nanos, retention) = self.policy.parse()?;
+        let policy = self.policy.parse()?;
         Ok(VolumeSpec {
             name: VolumeName::new(&self.name).map_err(|error| error.to_string())?,
             size_bytes: self.size_bytes,
@@ -158,8 +211,9 @@ impl CreateVolume {
                 .block_size
                 .map_or(Ok(BlockSize::DEFAULT), BlockSize::new)
                 .map_err(|error| error.to_string())?,
-            granularity_nanos: granularity_nanos.unwrap_or(0),
-            retention: retention.unwrap_or_default(),
+            granularity_nanos: policy.granularity_nanos.unwrap_or(0),
+            retention: policy.retention.unwrap_or_default(),
+            space_max_bytes: policy.space_max_bytes.unwrap_or(0),
         })
     }
 }
@@ -172,14 +226,23 @@ pub struct Policy {
     pub granularity: Option<String>,
     /// Tiers like `all:2h, 1m:24h, 1h:7d`, or `forever` (the default).
     pub retention: Option<String>,
+    /// The most bytes the archived history may take, like `200GiB`, or
+    /// `none` (the default).
+    pub space_max: Option<String>,
 }
 
 impl Policy {
-    /// Granularity in nanoseconds and retention tiers, each if given.
-    pub fn parse(&self) -> Result<(Option<u64>, Option<Vec<RetentionTier>>), String> {
-        let granularity_nanos = self.granularity.as_deref().map(parse_granularity).transpose()?;
-        let retention = self.retention.as_deref().map(parse_retention).transpose()?;
-        Ok((granularity_nanos, retention))
+    /// What the request changes.
+    pub fn parse(&self) -> Result<PolicyChange, String> {
+        Ok(PolicyChange {
+            granularity_nanos: self.granularity.as_deref().map(parse_granularity).transpose()?,
+            retention: self.retention.as_deref().map(parse_retention).transpose()?,
+            space_max_bytes: self.space_max.as_deref().map(parse_space_max).transpose()?,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.granularity.is_none() && self.retention.is_none() && self.space_max.is_none()
     }
 }
 
@@ -333,5 +396,204 @@ impl DeletedHistory {
             versions: stats.versions_in_memory + stats.versions_in_runs,
             versions_thinned: stats.versions_thinned,
         })
+    }
+}
+
+/// `GET /v1/volumes/{name}/stats` (and part of `GET /v1/stats`): a volume's
+/// history, measured when asked.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct VolumeReport {
+    pub volume: String,
+    /// Versions written since creation, kept, and dropped by granularity,
+    /// retention, the space cap and history deletes.
+    pub versions_written: u64,
+    pub versions_kept: u64,
+    pub versions_thinned: u64,
+    /// r = kept / written (IBM §3.1).
+    pub retained_fraction: f64,
+    pub versions_archived: u64,
+    pub versions_in_journal: u64,
+    /// Archived versions that refer to chunks, times the block size: their
+    /// size without deduplication or compression.
+    pub logical_bytes: u64,
+    /// The distinct chunks they refer to (shared ones count for every volume
+    /// that refers to them), before and after compression.
+    pub unique_chunks: u64,
+    pub unique_raw_bytes: u64,
+    pub pack_bytes: u64,
+    /// logical / unique raw, and unique raw / stored.
+    pub dedup_ratio: f64,
+    pub compression_ratio: f64,
+    pub journal_bytes: u64,
+    pub journal_bytes_reclaimable: u64,
+    pub current_bytes: u64,
+    pub space_max: String,
+    pub space_max_bytes: u64,
+    pub oldest_kept: Option<String>,
+    pub measured_at: String,
+}
+
+impl VolumeReport {
+    pub fn of(volume: &Volume, space: &VolumeSpace) -> Result<VolumeReport, EngineError> {
+        let stats: Stats = volume.stats()?.into();
+        let block_bytes = volume.block_size().bytes();
+        Ok(VolumeReport {
+            volume: volume.name().to_string(),
+            versions_written: stats.versions_written,
+            versions_kept: stats.versions,
+            versions_thinned: stats.versions_written - stats.versions,
+            retained_fraction: stats.retained_fraction,
+            versions_archived: stats.versions_archived,
+            versions_in_journal: stats.versions_in_journal,
+            logical_bytes: space.logical_bytes(block_bytes),
+            unique_chunks: space.chunks,
+            unique_raw_bytes: space.chunk_raw_bytes,
+            pack_bytes: space.chunk_stored_bytes,
+            dedup_ratio: space.dedup_ratio(block_bytes),
+            compression_ratio: space.compression_ratio(),
+            journal_bytes: stats.journal_bytes,
+            journal_bytes_reclaimable: stats.journal_bytes_reclaimable,
+            current_bytes: stats.current_bytes,
+            space_max: display_space_max(volume.space_max_bytes()),
+            space_max_bytes: volume.space_max_bytes(),
+            oldest_kept: volume.retention_horizon().map(time),
+            measured_at: time(space.measured_at),
+        })
+    }
+}
+
+/// `GET /v1/stats`: the node's chunk store and every volume.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NodeReport {
+    /// Chunks history refers to, and those nothing refers to any more that
+    /// garbage collection has not freed yet.
+    pub chunks_live: u64,
+    pub chunks_dead: u64,
+    pub references: u64,
+    /// What the archived versions would take without deduplication or
+    /// compression, what their distinct chunks take raw, and stored.
+    pub logical_bytes: u64,
+    pub unique_raw_bytes: u64,
+    pub unique_stored_bytes: u64,
+    pub dedup_ratio: f64,
+    pub compression_ratio: f64,
+    pub pack_count: u64,
+    pub pack_bytes: u64,
+    /// Pack bytes garbage collection can give back.
+    pub reclaimable_bytes: u64,
+    pub chunk_table_bytes: u64,
+    pub dedup_index_entries: u64,
+    /// Heap memory of reference counts and the dedup index's filters.
+    pub chunk_memory_bytes: u64,
+    pub journal_bytes: u64,
+    pub journal_bytes_reclaimable: u64,
+    pub current_bytes: u64,
+    pub versions_written: u64,
+    pub versions_kept: u64,
+    pub retained_fraction: f64,
+    /// Since the server started.
+    pub chunks_written: u64,
+    pub dedup_hits: u64,
+    pub collections: u64,
+    pub chunks_freed: u64,
+    /// Why archiving and collection stopped, if they did.
+    pub chunk_store_poisoned: Option<String>,
+    pub volumes: Vec<VolumeReport>,
+}
+
+fn ratio(numerator: u64, denominator: u64) -> f64 {
+    if denominator == 0 {
+        1.0
+    } else {
+        numerator as f64 / denominator as f64
+    }
+}
+
+impl NodeReport {
+    /// Measures every volume (see [`Volume::measure_space`]) and the store.
+    pub fn measure(node: &rewind_engine::Node, now: Timestamp) -> Result<NodeReport, EngineError> {
+        let volumes = node
+            .volumes()
+            .iter()
+            .map(|volume| VolumeReport::of(volume, &volume.measure_space(now)?))
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        Ok(NodeReport::of(&node.chunk_stats(), volumes))
+    }
+
+    pub fn of(chunks: &ChunkStats, volumes: Vec<VolumeReport>) -> NodeReport {
+        let sum = |field: fn(&VolumeReport) -> u64| volumes.iter().map(field).sum::<u64>();
+        let (written, kept) = (sum(|report| report.versions_written), sum(|report| report.versions_kept));
+        NodeReport {
+            chunks_live: chunks.chunks_live,
+            chunks_dead: chunks.chunks_dead,
+            references: chunks.references,
+            logical_bytes: chunks.logical_bytes,
+            unique_raw_bytes: chunks.unique_raw_bytes,
+            unique_stored_bytes: chunks.unique_stored_bytes,
+            dedup_ratio: ratio(chunks.logical_bytes, chunks.unique_raw_bytes),
+            compression_ratio: ratio(chunks.unique_raw_bytes, chunks.unique_stored_bytes),
+            pack_count: chunks.pack_count,
+            pack_bytes: chunks.pack_bytes,
+            reclaimable_bytes: chunks.reclaimable_bytes,
+            chunk_table_bytes: chunks.table_bytes,
+            dedup_index_entries: chunks.dedup_entries,
+            chunk_memory_bytes: chunks.memory_bytes,
+            journal_bytes: sum(|report| report.journal_bytes),
+            journal_bytes_reclaimable: sum(|report| report.journal_bytes_reclaimable),
+            current_bytes: sum(|report| report.current_bytes),
+            versions_written: written,
+            versions_kept: kept,
+            retained_fraction: if written == 0 { 1.0 } else { kept as f64 / written as f64 },
+            chunks_written: chunks.chunks_written,
+            dedup_hits: chunks.dedup_hits,
+            collections: chunks.collections,
+            chunks_freed: chunks.chunks_freed,
+            chunk_store_poisoned: chunks.poisoned.clone(),
+            volumes,
+        }
+    }
+}
+
+/// One line of the `POST /v1/gc` stream (newline-delimited JSON): progress,
+/// then the result or an error.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum GcEvent {
+    Progress { phase: String, done: u64, total: u64 },
+    Done(GcReport),
+    Failed { error: String },
+}
+
+impl GcEvent {
+    pub fn progress(phase: CollectPhase, done: u64, total: u64) -> GcEvent {
+        let phase = match phase {
+            CollectPhase::Sweep => "freeing unreferenced chunks",
+            CollectPhase::Repack => "rewriting packs",
+        };
+        GcEvent::Progress { phase: phase.to_owned(), done, total }
+    }
+}
+
+/// What a garbage collection did.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GcReport {
+    pub chunks_freed: u64,
+    pub packs_deleted: u64,
+    pub packs_rewritten: u64,
+    pub packs_written: u64,
+    pub chunks_moved: u64,
+    pub bytes_reclaimed: u64,
+}
+
+impl From<CollectReport> for GcReport {
+    fn from(report: CollectReport) -> Self {
+        GcReport {
+            chunks_freed: report.chunks_freed,
+            packs_deleted: report.packs_deleted,
+            packs_rewritten: report.packs_rewritten,
+            packs_written: report.packs_written,
+            chunks_moved: report.chunks_moved,
+            bytes_reclaimed: report.bytes_reclaimed,
+        }
     }
 }

@@ -46,9 +46,27 @@ fn render(node: &Node) -> String {
             "gauge",
             "Unix time of the oldest state retention keeps (0: retention has dropped nothing).",
         ),
+        ("rewind_volume_versions_archived", "gauge", "Kept versions archived into the chunk store (or zeros)."),
         ("rewind_volume_index_runs", "gauge", "Version index runs on disk."),
         ("rewind_volume_index_memory_bytes", "gauge", "Memory pinned by the version index."),
         ("rewind_volume_journal_bytes", "gauge", "Bytes in the journal."),
+        (
+            "rewind_volume_journal_reclaimable_bytes",
+            "gauge",
+            "Journal bytes holding only archived history, given back at the next checkpoint.",
+        ),
+        (
+            "rewind_volume_journal_reclaimed_bytes_total",
+            "counter",
+            "Journal bytes given back since the server started.",
+        ),
+        ("rewind_volume_current_bytes", "gauge", "Apparent size of the current store (sparse files)."),
+        (
+            "rewind_volume_pack_bytes",
+            "gauge",
+            "Stored bytes of the distinct chunks the volume's history refers to, as last measured (0: not yet).",
+        ),
+        ("rewind_volume_space_max_bytes", "gauge", "Space cap of the archived history (0: none)."),
         ("rewind_volume_pending_destage_versions", "gauge", "Versions not yet copied to the current store."),
         ("rewind_volume_size_bytes", "gauge", "Volume size."),
         ("rewind_volume_poisoned", "gauge", "1 if the volume refuses writes after a failed fsync."),
@@ -71,9 +89,15 @@ fn render(node: &Node) -> String {
             stats.versions_thinned,
             volume.granularity_nanos(),
             volume.retention_horizon().map_or(0, |horizon| horizon.unix_seconds()),
+            stats.versions_archived,
             stats.index_runs,
             stats.index_memory_bytes,
             stats.journal_bytes,
+            stats.journal_bytes_reclaimable,
+            stats.journal_bytes_reclaimed,
+            stats.current_bytes,
+            volume.space().map_or(0, |space| space.chunk_stored_bytes),
+            volume.space_max_bytes(),
             stats.versions_pending_destage,
             volume.size_bytes(),
             u64::from(stats.poisoned),
@@ -82,6 +106,58 @@ fn render(node: &Node) -> String {
         for (family, value) in families.iter_mut().zip(values) {
             family.samples.push((label.clone(), value));
         }
+    }
+    let chunks = node.chunk_stats();
+    let node_families: [(&'static str, &'static str, &'static str, u64); 16] = [
+        ("rewind_chunks_live", "gauge", "Chunks history refers to.", chunks.chunks_live),
+        ("rewind_chunks_dead", "gauge", "Chunks nothing refers to, not yet collected.", chunks.chunks_dead),
+        ("rewind_chunk_references", "gauge", "References from versions to chunks.", chunks.references),
+        (
+            "rewind_chunk_logical_bytes",
+            "gauge",
+            "Archived versions' bytes without deduplication or compression.",
+            chunks.logical_bytes,
+        ),
+        ("rewind_chunk_unique_raw_bytes", "gauge", "Raw bytes of the chunks held.", chunks.unique_raw_bytes),
+        (
+            "rewind_chunk_unique_stored_bytes",
+            "gauge",
+            "Stored (compressed) bytes of the chunks held.",
+            chunks.unique_stored_bytes,
+        ),
+        ("rewind_chunk_packs", "gauge", "Pack files.", chunks.pack_count),
+        ("rewind_chunk_pack_bytes", "gauge", "Bytes in pack files.", chunks.pack_bytes),
+        (
+            "rewind_chunk_reclaimable_bytes",
+            "gauge",
+            "Pack bytes garbage collection can give back.",
+            chunks.reclaimable_bytes,
+        ),
+        (
+            "rewind_chunk_memory_bytes",
+            "gauge",
+            "Heap memory of reference counts and dedup filters.",
+            chunks.memory_bytes,
+        ),
+        ("rewind_chunks_written_total", "counter", "Chunks stored since the server started.", chunks.chunks_written),
+        (
+            "rewind_chunk_dedup_hits_total",
+            "counter",
+            "Archived versions whose bytes were already stored.",
+            chunks.dedup_hits,
+        ),
+        ("rewind_chunk_collections_total", "counter", "Garbage collections run.", chunks.collections),
+        ("rewind_chunks_freed_total", "counter", "Chunks freed by garbage collection.", chunks.chunks_freed),
+        ("rewind_chunk_packs_deleted_total", "counter", "Packs deleted by garbage collection.", chunks.packs_deleted),
+        (
+            "rewind_chunk_store_poisoned",
+            "gauge",
+            "1 if an error stopped archiving and collection.",
+            u64::from(chunks.poisoned.is_some()),
+        ),
+    ];
+    for (name, kind, help, value) in node_families {
+        families.push(Family { name, kind, help, samples: vec![(String::new(), value)] });
     }
     let cache = node.page_cache_stats();
     families.push(Family {

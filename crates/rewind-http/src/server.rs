@@ -17,8 +17,8 @@ use tokio::sync::mpsc;
 use rewind_engine::{BookmarkName, EngineError, Node, Timestamp};
 
 use crate::api::{
-    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, Health, ImportSummary,
-    Policy, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
+    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent, Health,
+    ImportSummary, NodeReport, Policy, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
 };
 
 /// What the handlers share.
@@ -53,7 +53,10 @@ impl IntoResponse for ApiError {
             EngineError::VolumeExists(_) | EngineError::BookmarkExists { .. } => (StatusCode::CONFLICT, "conflict"),
             EngineError::Poisoned { .. } | EngineError::Closed(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             error if error.is_corruption() => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt"),
-            EngineError::Io { .. } | EngineError::Journal(_) | EngineError::Index(_) => {
+            EngineError::Chunks(rewind_engine::ChunkError::Poisoned { .. }) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            EngineError::Io { .. } | EngineError::Journal(_) | EngineError::Index(_) | EngineError::Chunks(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "io")
             }
             _ => (StatusCode::BAD_REQUEST, "invalid"),
@@ -90,6 +93,9 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/bookmarks/{bookmark}", delete(delete_bookmark))
         .route("/v1/volumes/{name}/view", get(resolve_view))
         .route("/v1/volumes/{name}/history", delete(delete_history))
+        .route("/v1/volumes/{name}/stats", get(volume_stats))
+        .route("/v1/stats", get(node_stats))
+        .route("/v1/gc", post(collect_garbage))
         .route("/metrics", get(crate::metrics::metrics))
         .with_state(Arc::new(state))
 }
@@ -143,10 +149,10 @@ async fn update_volume(
     Json(request): Json<UpdateVolume>,
 ) -> Result<Json<VolumeInfo>, ApiError> {
     let node = Arc::clone(&state.node);
-    let (granularity_nanos, retention) = request.parse().map_err(invalid)?;
+    let change = request.parse().map_err(invalid)?;
     blocking(move || {
         let volume = node.volume(&name)?;
-        volume.set_policy(granularity_nanos, retention)?;
+        volume.set_policy(change)?;
         Ok(VolumeInfo::of(&volume))
     })
     .await
@@ -162,8 +168,8 @@ async fn delete_volume(State(state): State<Shared>, Path(name): Path<String>) ->
 #[derive(Deserialize)]
 struct ImportQuery {
     block_size: Option<u32>,
-    granularity: Option<String>,
-    retention: Option<String>,
+    #[serde(flatten)]
+    policy: Policy,
 }
 
 /// Bridges the async request body to the engine's blocking `Read`.
@@ -198,8 +204,7 @@ async fn import_volume(
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
         .ok_or_else(|| invalid("an import needs a Content-Length: the image's size is the volume's size".into()))?;
-    let policy = Policy { granularity: query.granularity, retention: query.retention };
-    let spec = CreateVolume { name: name.clone(), size_bytes, block_size: query.block_size, policy }
+    let spec = CreateVolume { name: name.clone(), size_bytes, block_size: query.block_size, policy: query.policy }
         .spec()
         .map_err(invalid)?;
     let creator = Arc::clone(&node);
@@ -238,6 +243,54 @@ async fn import_volume(
             Err(ApiError(error))
         }
     }
+}
+
+async fn volume_stats(State(state): State<Shared>, Path(name): Path<String>) -> Result<Json<VolumeReport>, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || {
+        let volume = node.volume(&name)?;
+        VolumeReport::of(&volume, &volume.measure_space(now())?)
+    })
+    .await
+    .map(Json)
+}
+
+async fn node_stats(State(state): State<Shared>) -> Result<Json<NodeReport>, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || NodeReport::measure(&node, now())).await.map(Json)
+}
+
+/// Collects garbage now, streaming progress as newline-delimited JSON
+/// ([`GcEvent`]): the work can take minutes on a large store.
+async fn collect_garbage(State(state): State<Shared>) -> Response {
+    let node = Arc::clone(&state.node);
+    let (sender, events) = mpsc::channel::<GcEvent>(16);
+    tokio::task::spawn_blocking(move || {
+        let mut last_sent = std::time::Instant::now();
+        let mut progress = |phase, done, total| {
+            // Progress at most ten times a second; the bar interpolates.
+            if done == total || last_sent.elapsed() >= std::time::Duration::from_millis(100) {
+                last_sent = std::time::Instant::now();
+                let _ = sender.blocking_send(GcEvent::progress(phase, done, total));
+            }
+        };
+        let last = match node.collect(&mut progress) {
+            Ok(report) => GcEvent::Done(report.into()),
+            Err(error) => GcEvent::Failed { error: error.to_string() },
+        };
+        let _ = sender.blocking_send(last);
+    });
+    let lines = tokio_stream_of(events).map(|event| {
+        let mut line = serde_json::to_vec(&event).expect("events serialize");
+        line.push(b'\n');
+        Ok::<_, io::Error>(Bytes::from(line))
+    });
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response()
+}
+
+/// The receiver as a stream.
+fn tokio_stream_of<T: Send + 'static>(mut receiver: mpsc::Receiver<T>) -> impl futures_util::Stream<Item = T> {
+    futures_util::stream::poll_fn(move |context| receiver.poll_recv(context))
 }
 
 #[derive(Deserialize)]

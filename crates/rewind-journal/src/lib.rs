@@ -58,7 +58,9 @@ pub struct JournalConfig {
 
 impl Default for JournalConfig {
     fn default() -> Self {
-        JournalConfig { segment_bytes_max: 1 << 30 }
+        // Small enough that archived history gives its journal space back soon,
+        // large enough for the biggest record (32 MiB) and few files.
+        JournalConfig { segment_bytes_max: 64 << 20 }
     }
 }
 
@@ -577,6 +579,34 @@ impl Journal {
         file.read_exact_at(buf, offset).map_err(self.segment_io_error(segment))
     }
 
+    /// Bytes of the segments whose records are all older than
+    /// `archived_before`: what [`Journal::reclaim`] can delete once recovery
+    /// starts after them.
+    pub fn reclaimable_bytes(&self, archived_before: Timestamp) -> Result<u64, JournalError> {
+        let current = self.position_next().segment;
+        let mut bytes = 0;
+        for segment in self.segment_first.load(Ordering::Acquire)..current {
+            if self.segment_timestamp_before(segment + 1)? >= archived_before {
+                break;
+            }
+            bytes += self.file(segment)?.size_bytes().map_err(self.segment_io_error(segment))?;
+        }
+        Ok(bytes)
+    }
+
+    /// The time of the last record before `segment` (from its header).
+    fn segment_timestamp_before(&self, segment: u32) -> Result<Timestamp, JournalError> {
+        let mut header = [0; SEGMENT_HEADER_BYTES];
+        // The newest segment's header may still be in memory.
+        self.read(segment, 0, &mut header)?;
+        let header = SegmentHeader::decode(&header).map_err(|error| JournalError::Corrupt {
+            path: self.path(segment),
+            offset: 0,
+            reason: error.to_string(),
+        })?;
+        Ok(header.timestamp_before)
+    }
+
     /// Deletes the oldest segments that no one needs any more: those before
     /// segment `before` (where recovery starts) whose every record is older
     /// than `archived_before` (the version index refers to none of them).
@@ -589,15 +619,7 @@ impl Journal {
                 return Ok(freed);
             }
             // The next segment's header tells the time of this one's last record.
-            let next = self.file(segment + 1)?;
-            let mut header = [0; SEGMENT_HEADER_BYTES];
-            next.read_exact_at(&mut header, 0).map_err(self.segment_io_error(segment + 1))?;
-            let header = SegmentHeader::decode(&header).map_err(|error| JournalError::Corrupt {
-                path: self.path(segment + 1),
-                offset: 0,
-                reason: error.to_string(),
-            })?;
-            if header.timestamp_before >= archived_before {
+            if self.segment_timestamp_before(segment + 1)? >= archived_before {
                 return Ok(freed);
             }
             let path = self.path(segment);
