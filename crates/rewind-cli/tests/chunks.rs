@@ -1,0 +1,154 @@
+//! History that lasts, end to end with the real server and real clients:
+//! history archived into the deduplicated, compressed chunk store (across
+//! volumes), views reading it back, `rewind stats` and `rewind gc`, the
+//! space cap, and a `kill -9` after all of it.
+
+mod common;
+
+use std::path::Path;
+
+use common::{pattern, require, run, run_failing, wait_for, Server};
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
+}
+
+fn stats(server: &Server, volume: &str) -> serde_json::Value {
+    json(&server.rewind(&["stats", volume, "--json"]))
+}
+
+/// Waits until the archive pass has moved all of `volume`'s history out of
+/// the journal.
+fn wait_archived(server: &Server, volume: &str) {
+    wait_for(&format!("{volume}'s history to be archived"), || {
+        stats(server, volume)["versions_in_journal"].as_u64() == Some(0)
+    });
+}
+
+/// 8 MiB of incompressible bytes, then 8 MiB of numbered lines of text:
+/// no two blocks alike, but each compresses well.
+fn write_image(path: &Path) {
+    let mut image = pattern(1, 8 << 20);
+    let mut line = 0;
+    while image.len() < 16 << 20 {
+        image.extend(format!("line {line:08}: Rewind keeps every write, and compresses what it keeps.\n").bytes());
+        line += 1;
+    }
+    image.truncate(16 << 20);
+    std::fs::write(path, image).unwrap();
+}
+
+#[test]
+fn archived_history_is_deduplicated_compressed_and_reads_back() {
+    require("qemu-img");
+    require("qemu-io");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let image = dir.path().join("image.raw");
+    write_image(&image);
+    let image = image.to_str().unwrap();
+    let mut server = Server::start_with(&data, &["--archive-interval", "100ms", "--gc-interval", "1h"]);
+    for volume in ["db", "copy"] {
+        server.rewind(&["volume", "create", volume, "--size", "16MiB"]);
+        run("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", image, &server.uri(volume)]);
+        server.rewind(&["bookmark", volume, "imported"]);
+    }
+    // Bytes only `db` ever held, overwritten at once: garbage once their
+    // history is deleted.
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x33 0 4M", &server.uri("db")]);
+    let before_unique = server.rewind(&["bookmark", "db", "before-unique", "--json"]);
+    let before_unique = json(&before_unique)["at"].as_str().unwrap().to_owned();
+    std::fs::write(dir.path().join("unique.raw"), pattern(7, 2 << 20)).unwrap();
+    let unique = dir.path().join("unique.raw");
+    run("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", unique.to_str().unwrap(), &server.uri("db")]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x44 0 4M", &server.uri("db")]);
+    let after_unique = json(&server.rewind(&["bookmark", "db", "after-unique", "--json"]));
+    let after_unique = after_unique["at"].as_str().unwrap().to_owned();
+    wait_archived(&server, "db");
+    wait_archived(&server, "copy");
+
+    // The same 16 MiB in two volumes is stored once, and the text compresses.
+    let node = json(&server.rewind(&["stats", "--json"]));
+    assert!(node["dedup_ratio"].as_f64().unwrap() > 1.9, "{node:#}");
+    assert!(node["compression_ratio"].as_f64().unwrap() > 1.5, "{node:#}");
+    assert!(node["pack_bytes"].as_u64().unwrap() < 14 << 20, "{node:#}");
+    let db = stats(&server, "db");
+    assert_eq!(db["versions_kept"], db["versions_written"], "every write is kept: {db:#}");
+    assert_eq!(db["retained_fraction"], 1.0);
+    let human = server.rewind(&["stats"]);
+    assert!(human.contains("dedup") && human.contains("copy"), "{human}");
+
+    // Views read the archived history back, checked against the image.
+    for volume in ["db", "copy"] {
+        run("qemu-img", &["compare", "-f", "raw", "-F", "raw", image, &server.uri(&format!("{volume}@imported"))]);
+    }
+    run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 0x33 0 4M", &server.uri("db@before-unique")]);
+
+    // Deleting the history that held the unique bytes makes them garbage;
+    // what `copy` shares survives collection.
+    server.rewind(&["bookmark", "delete", "db", "before-unique"]);
+    server.rewind(&["history", "delete", "db", "--from", &before_unique, "--to", &after_unique, "--yes"]);
+    let collected = json(&server.rewind(&["gc", "--json"]));
+    assert!(collected["chunks_freed"].as_u64().unwrap() >= 512, "2 MiB of unique 4 KiB chunks: {collected:#}");
+    let human = server.rewind(&["gc", "--progress"]);
+    assert!(human.contains("freed 0 chunks"), "nothing left to free: {human}");
+    for volume in ["db", "copy"] {
+        run("qemu-img", &["compare", "-f", "raw", "-F", "raw", image, &server.uri(&format!("{volume}@imported"))]);
+    }
+
+    // A crash: on restart every chunk history refers to is counted again.
+    let live = json(&server.rewind(&["stats", "--json"]))["chunks_live"].clone();
+    server.kill();
+    let server = Server::start_with(&data, &["--archive-interval", "100ms"]);
+    let node = json(&server.rewind(&["stats", "--json"]));
+    assert_eq!(node["chunks_live"], live, "{node:#}");
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", image, &server.uri("copy@imported")]);
+    run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 0x44 0 4M", &server.uri("db@after-unique")]);
+    let metrics = run("curl", &["-sf", &format!("{}/metrics", server.api())]);
+    assert!(metrics.contains("rewind_chunks_live ") && metrics.contains("rewind_chunk_dedup_hits_total"), "{metrics}");
+}
+
+#[test]
+fn a_space_cap_drops_the_oldest_history_but_keeps_bookmarks() {
+    require("qemu-img");
+    require("qemu-io");
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = vec!["--archive-interval", "100ms", "--retention-interval", "200ms"];
+    options.extend(["--gc-interval", "100ms"]);
+    let server = Server::start_with(&dir.path().join("data"), &options);
+    server.rewind(&["volume", "create", "cap", "--size", "4MiB"]);
+    let mut times = Vec::new();
+    for generation in 0..4u64 {
+        let file = dir.path().join(format!("generation-{generation}.raw"));
+        std::fs::write(&file, pattern(100 + generation, 4 << 20)).unwrap();
+        run("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", file.to_str().unwrap(), &server.uri("cap")]);
+        let name = format!("generation-{generation}");
+        let mark = json(&server.rewind(&["bookmark", "cap", &name, "--json"]));
+        times.push(mark["at"].as_str().unwrap().to_owned());
+    }
+    // Keep one bookmark; the others only named times to come back to.
+    for generation in [1, 2] {
+        server.rewind(&["bookmark", "delete", "cap", &format!("generation-{generation}")]);
+    }
+    wait_archived(&server, "cap");
+    assert!(stats(&server, "cap")["pack_bytes"].as_u64().unwrap() >= 16 << 20);
+    let info = json(&server.rewind(&["volume", "set", "cap", "--space-max", "10MiB", "--json"]));
+    assert_eq!(info["space_max_bytes"], 10 << 20);
+    wait_for("the cap to drop old history", || {
+        let report = stats(&server, "cap");
+        !report["oldest_kept"].is_null() && report["pack_bytes"].as_u64().unwrap() <= 10 << 20
+    });
+    let error = run_failing(common::REWIND, &["view", "cap", &times[1], "--server", &server.api()]);
+    assert!(error.contains("keeps no history before") && error.contains("nearest points kept"), "{error}");
+    // Bookmarks stay, and so does the present.
+    for generation in [0, 3] {
+        let file = dir.path().join(format!("generation-{generation}.raw"));
+        let view = server.uri(&format!("cap@generation-{generation}"));
+        run("qemu-img", &["compare", "-f", "raw", "-F", "raw", file.to_str().unwrap(), &view]);
+    }
+    let info = server.rewind(&["volume", "info", "cap"]);
+    assert!(info.contains("at most 10.0 MiB archived"), "{info}");
+    let error =
+        run_failing(common::REWIND, &["volume", "set", "cap", "--space-max", "lots", "--server", &server.api()]);
+    assert!(error.contains("cannot read the space cap"), "{error}");
+}
