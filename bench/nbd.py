@@ -6,9 +6,13 @@ Writes a table of throughput ratios (Rewind / nbdkit file; min, median and max
 over the runs) into BENCHMARKS.md between the `nbd` markers. Not a test: no
 thresholds fail it, it reports.
 
-    python3 bench/nbd.py --runs 3 --size 1G --runtime 15
+    python3 bench/nbd.py --runs 3 --size 1G --runtime 15 --core 41e2a30
 
-Every-write history is on in Rewind (it is always on).
+Every-write history is on in Rewind (it is always on), and so is archiving
+into the deduplicated, compressed chunk store (every 5 s here, so that it
+runs during the jobs). With `--core REV`, the Rewind of that revision (before
+the chunk store) runs as a third server in the same run, built once into a
+git worktree beside the repository.
 """
 
 import argparse
@@ -126,16 +130,30 @@ def environment():
     }
 
 
-def settle(http, view_results):
-    """Brings both servers to rest before a job, so that no job pays for the
+def settle(https, view_results):
+    """Brings the servers to rest before a job, so that no job pays for the
     previous one's deferred work: `sync` makes the kernel write back the dirty
-    pages (nbdkit's writes live there), and Rewind's destager catches up with
-    the journal. Records how long Rewind took to catch up."""
+    pages (nbdkit's writes live there), Rewind's destager catches up with the
+    journal, and its archiver with the history (servers without a chunk store
+    report no `versions_in_journal`). Records how long that took."""
     start = time.perf_counter()
     subprocess.run(["sync"], check=True)
-    while api(http, "GET", "/v1/volumes/bench")["stats"]["versions_pending_destage"] > 0:
-        time.sleep(0.05)
+    for http in https:
+        while True:
+            stats = api(http, "GET", "/v1/volumes/bench")["stats"]
+            if stats["versions_pending_destage"] == 0 and stats.get("versions_in_journal", 0) == 0:
+                break
+            time.sleep(0.05)
     view_results.setdefault("settle", []).append(time.perf_counter() - start)
+
+
+def build_core(revision):
+    """Builds `rewind` at `revision` in a worktree beside the repository."""
+    tree = ROOT.parent / f"rewind-core-{revision}"
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), revision], check=True)
+    subprocess.run(["cargo", "build", "--release", "-p", "rewind-cli"], cwd=tree, check=True)
+    return tree / "target" / "release" / "rewind"
 
 
 def run_once(args, run_index, results, view_results):
@@ -147,19 +165,30 @@ def run_once(args, run_index, results, view_results):
     base_file = work / "nbdkit.img"
     with open(base_file, "wb") as f:
         f.truncate(size)
-    base_port, rewind_port, http_port = 10900, 10901, 10902
+    base_port, rewind_port, http_port, core_port, core_http_port = 10900, 10901, 10902, 10903, 10904
     nbdkit = Process(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(base_port), "file", str(base_file)])
     wait_port(base_port)
-    rewind = Process(
-        [str(REWIND), "serve", "--data-dir", str(work / "rewind"), "--nbd", f"127.0.0.1:{rewind_port}",
-         "--http", f"127.0.0.1:{http_port}"],
-        ready_pattern=[r"listening http"],
-        env={**os.environ, "RUST_LOG": "warn"},
-    )
-    http = f"127.0.0.1:{http_port}"
-    api(http, "POST", "/v1/volumes", {"name": "bench", "size_bytes": size})
+    servers = [nbdkit]
+
+    def start_rewind(binary, data, nbd_port, api_port, options=()):
+        process = Process(
+            [str(binary), "serve", "--data-dir", str(work / data), "--nbd", f"127.0.0.1:{nbd_port}",
+             "--http", f"127.0.0.1:{api_port}", *options],
+            ready_pattern=[r"listening http"],
+            env={**os.environ, "RUST_LOG": "warn"},
+        )
+        servers.append(process)
+        http = f"127.0.0.1:{api_port}"
+        api(http, "POST", "/v1/volumes", {"name": "bench", "size_bytes": size})
+        return http
+
+    http = start_rewind(REWIND, "rewind", rewind_port, http_port, ["--archive-interval", "5s"])
+    https = [http]
     targets = {"nbdkit": f"nbd://127.0.0.1:{base_port}/", "rewind": f"nbd://127.0.0.1:{rewind_port}/bench"}
-    order = ["nbdkit", "rewind"] if run_index % 2 == 0 else ["rewind", "nbdkit"]
+    if args.core_binary:
+        https.append(start_rewind(args.core_binary, "core", core_port, core_http_port))
+        targets["core"] = f"nbd://127.0.0.1:{core_port}/bench"
+    order = list(targets) if run_index % 2 == 0 else list(reversed(targets))
     try:
         # Unmeasured fill, so reads read data.
         for target in order:
@@ -171,15 +200,15 @@ def run_once(args, run_index, results, view_results):
                     # Every block rewritten once, in random order (fio's random map).
                     fio(targets[target], "overwrite", ["--rw=randwrite", "--bs=4k", "--iodepth=32"], size)
             for target in order:
-                settle(http, view_results)
+                settle(https, view_results)
                 job = fio(targets[target], name, job_args, size, runtime=args.runtime)
                 results.setdefault(name, {}).setdefault(target, []).append(throughput(job, direction))
                 print(f"run {run_index} {name:28} {target:7} {throughput(job, direction) / 2**20:10.1f} MiB/s", flush=True)
         # A view at a time before the overwrite, against the live volume now.
         view_uri = f"nbd://127.0.0.1:{rewind_port}/bench@{bookmark['at']}"
-        settle(http, view_results)
+        settle(https, view_results)
         live = fio(targets["rewind"], "live-read", ["--rw=read", "--bs=1m", "--iodepth=4"], size, runtime=args.runtime)
-        settle(http, view_results)
+        settle(https, view_results)
         old = fio(view_uri, "view-read", ["--rw=read", "--bs=1m", "--iodepth=4", "--readonly"], size,
                   runtime=args.runtime)
         view_results.setdefault("seqread", []).append(throughput(old, "read") / throughput(live, "read"))
@@ -192,9 +221,12 @@ def run_once(args, run_index, results, view_results):
         view_results.setdefault("open", []).append((open_view, open_live, open_base))
         stats = api(http, "GET", "/v1/volumes/bench")["stats"]
         view_results.setdefault("versions", []).append(stats["versions"])
+        view_results.setdefault("archived", []).append(stats["versions_archived"])
+        node = api(http, "GET", "/v1/stats")
+        view_results.setdefault("chunks", []).append(node)
     finally:
-        rewind.stop()
-        nbdkit.stop()
+        for server in servers:
+            server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -207,20 +239,25 @@ def table(args, results, view_results, env):
         "<!-- nbd:begin (written by bench/nbd.py; do not edit by hand) -->",
         "## Block I/O over NBD: Rewind vs `nbdkit file`",
         "",
-        f"`python3 bench/nbd.py --runs {args.runs} --size {args.size} --runtime {args.runtime}` on "
+        f"`python3 bench/nbd.py --runs {args.runs} --size {args.size} --runtime {args.runtime}"
+        + (f" --core {args.core}" if args.core else "") + "` on "
         f"{env['date']}, commit {env['commit']}: {env['cpu']}, {env['memory']}, Linux {env['kernel']}, "
         f"{env['fio']}, nbdkit {env['nbdkit']}.",
         "",
-        "Each job runs against both servers in the same run, interleaved (the order alternates between runs); "
-        f"{args.runtime} s per job after a 2 s ramp, volume and file of {args.size} on the same disk, filled first. "
-        "Before each job both servers are brought to rest: `sync` (the kernel writes back nbdkit's dirty pages) "
-        "and Rewind's destager catches up with the journal (median "
+        "Each job runs against every server in the same run, interleaved (the order alternates between runs); "
+        f"{args.runtime} s per job after a 2 s ramp, volumes and file of {args.size} on the same disk, filled "
+        "first. Before each job the servers are brought to rest: `sync` (the kernel writes back nbdkit's dirty "
+        "pages), Rewind's destager catches up with the journal and its archiver with the history (median "
         f"{statistics.median(view_results['settle']):.1f} s, max {max(view_results['settle']):.1f} s, sync included). "
-        "Rewind keeps every write's history throughout. Ratio = Rewind throughput / nbdkit throughput, "
-        f"min / median / max over {args.runs} runs.",
+        "Rewind keeps every write's history throughout and archives it into the deduplicated, compressed chunk "
+        "store every 5 s, during the jobs. Ratio = Rewind throughput / nbdkit throughput, "
+        f"min / median / max over {args.runs} runs."
+        + (f" *Core* is Rewind at commit {args.core} (journal and current store, no chunk store), run alongside."
+           if args.core_binary else ""),
         "",
-        "| job | nbdkit file (median) | Rewind (median) | ratio min / median / max | target | |",
-        "|---|---:|---:|---|---:|---|",
+        "| job | nbdkit file (median) | Rewind (median) | ratio min / median / max | target | |"
+        + (" core (median) | core ÷ nbdkit (median) | Rewind ÷ core min / median / max |" if args.core_binary else ""),
+        "|---|---:|---:|---|---:|---|" + ("---:|---:|---|" if args.core_binary else ""),
     ]
     for name, _args, _direction, target in JOBS:
         base = results[name]["nbdkit"]
@@ -228,10 +265,19 @@ def table(args, results, view_results, env):
         ratios = [o / b for o, b in zip(ours, base)]
         low, median, high = spread(ratios)
         mark = "met" if median >= target else "**missed**"
-        lines.append(
+        line = (
             f"| {name} | {statistics.median(base) / 2**20:.0f} MiB/s | {statistics.median(ours) / 2**20:.0f} MiB/s | "
             f"{low:.2f} / {median:.2f} / {high:.2f} | ≥ {target} | {mark} |"
         )
+        if args.core_binary:
+            core = results[name]["core"]
+            core_low, core_median, core_high = spread([o / c for o, c in zip(ours, core)])
+            line += (
+                f" {statistics.median(core) / 2**20:.0f} MiB/s | "
+                f"{statistics.median([c / b for c, b in zip(core, base)]):.2f} | "
+                f"{core_low:.2f} / {core_median:.2f} / {core_high:.2f} |"
+            )
+        lines.append(line)
     low, median, high = spread(view_results["seqread"])
     lines += [
         "",
@@ -253,8 +299,23 @@ def table(args, results, view_results, env):
     )
     lines.append(
         f"| versions in the history when the views were read | {min(view_results['versions']):,} – "
-        f"{max(view_results['versions']):,} | |"
+        f"{max(view_results['versions']):,} (archived: {min(view_results['archived']):,} – "
+        f"{max(view_results['archived']):,}) | |"
     )
+    chunks = view_results["chunks"]
+    lines += [
+        "",
+        "The chunk store at the end of each run (fio's default buffers: random bytes, lightly scrambled per "
+        "write, so little deduplicates or compresses):",
+        "",
+        "| run | logical history | stored in packs | dedup | compression |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for index, node in enumerate(chunks):
+        lines.append(
+            f"| {index} | {node['logical_bytes'] / 2**30:.1f} GiB | {node['pack_bytes'] / 2**30:.1f} GiB | "
+            f"{node['dedup_ratio']:.2f} | {node['compression_ratio']:.2f} |"
+        )
     lines.append("<!-- nbd:end -->")
     return "\n".join(lines)
 
@@ -274,12 +335,14 @@ def main():
     parser.add_argument("--runtime", type=int, default=15)
     parser.add_argument("--dir", default=str(ROOT / "target" / "bench-nbd"))
     parser.add_argument("--no-build", action="store_true")
+    parser.add_argument("--core", help="also run Rewind at this revision (e.g. 41e2a30, before the chunk store)")
     args = parser.parse_args()
     for tool in ["fio", "nbdkit", "nbdinfo"]:
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing: apt-get install fio nbdkit libnbd-bin")
     if not args.no_build:
         subprocess.run(["cargo", "build", "--release", "-p", "rewind-cli"], cwd=ROOT, check=True)
+    args.core_binary = build_core(args.core) if args.core else None
     env = environment()
     results, view_results = {}, {}
     for run_index in range(args.runs):

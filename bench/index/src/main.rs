@@ -14,13 +14,11 @@
 //! the index's.
 
 mod baseline;
-mod measure;
 mod report;
 mod workload;
 
 use std::collections::VecDeque;
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,14 +31,12 @@ use rewind_io::{OsStorage, Storage};
 use rewind_types::{Lsn, Timestamp, Version};
 
 use baseline::BTreeBaseline;
-use measure::{CacheDrop, DiskUsage, IoCounters, Latency, Resident};
+use rewind_bench_common::measure::{self, CacheDrop, DiskUsage, IoCounters, Latency, Resident};
+use rewind_bench_common::{parse_count, DataDir};
 use workload::{RecordExtent, Workload, TIMESTAMP_FIRST};
 
 /// The index's directory inside the storage root.
 const INDEX_DIR: &str = "index";
-/// Marks a data directory as this benchmark's, so `--dir` never removes
-/// anything else.
-const MARKER_FILE: &str = ".rewind-bench-index";
 /// Records remembered for the lookups of recently written blocks.
 const RECENT_RECORDS_MAX: usize = 4096;
 /// Lookups compared between the index and the baseline, per stage.
@@ -90,17 +86,6 @@ struct Args {
 }
 
 /// Accepts `1000000`, `1e6` and `2.5e7`.
-fn parse_count(text: &str) -> Result<u64, String> {
-    if let Ok(count) = text.parse::<u64>() {
-        return Ok(count);
-    }
-    let value: f64 = text.parse().map_err(|_| format!("{text:?} is not a count"))?;
-    if value.fract() != 0.0 || !(0.0..=9e18).contains(&value) {
-        return Err(format!("{text:?} is not a whole, non-negative count"));
-    }
-    Ok(value as u64)
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ensure!(!args.stages.is_empty(), "--stages is empty");
@@ -207,41 +192,6 @@ fn args_summary(args: &Args) -> report::Config {
         seed: args.seed,
         dir: args.dir.display().to_string(),
         index_config: IndexConfig::default(),
-    }
-}
-
-/// The benchmark's data directory: created empty, removed when dropped.
-struct DataDir {
-    path: PathBuf,
-}
-
-impl DataDir {
-    fn fresh(path: &Path) -> anyhow::Result<DataDir> {
-        if path.exists() {
-            let marked = path.join(MARKER_FILE).exists();
-            let empty = fs::read_dir(path)?.next().is_none();
-            ensure!(
-                marked || empty,
-                "{} exists and is not index-bench's (no {MARKER_FILE}); not removing it",
-                path.display()
-            );
-            fs::remove_dir_all(path).with_context(|| format!("removing {}", path.display()))?;
-        }
-        fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;
-        fs::write(path.join(MARKER_FILE), b"index-bench data directory\n")?;
-        Ok(DataDir { path: path.to_path_buf() })
-    }
-
-    fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for DataDir {
-    fn drop(&mut self) {
-        if let Err(error) = fs::remove_dir_all(&self.path) {
-            eprintln!("warning: could not remove {}: {error}", self.path.display());
-        }
     }
 }
 

@@ -99,6 +99,9 @@ fn archived_history_is_deduplicated_compressed_and_reads_back() {
     // A crash: on restart every chunk history refers to is counted again.
     let live = json(&server.rewind(&["stats", "--json"]))["chunks_live"].clone();
     server.kill();
+    // Offline, straight on the data directory, and after a restart.
+    let offline = run(common::REWIND, &["stats", "--json", "--offline", "--data-dir", data.to_str().unwrap()]);
+    assert_eq!(json(&offline)["chunks_live"], live, "{offline}");
     let server = Server::start_with(&data, &["--archive-interval", "100ms"]);
     let node = json(&server.rewind(&["stats", "--json"]));
     assert_eq!(node["chunks_live"], live, "{node:#}");

@@ -260,10 +260,9 @@ impl Node {
             true
         });
         let collect_due = {
-            let last = self.collect_last.lock();
-            last.is_none_or(|last| {
-                now.unix_nanos().saturating_sub(last.unix_nanos()) >= self.config.collect_interval_nanos
-            })
+            // The first collection comes one interval after the node opened.
+            let last = *self.collect_last.lock().get_or_insert(now);
+            now.unix_nanos().saturating_sub(last.unix_nanos()) >= self.config.collect_interval_nanos
         };
         if collect_due && !self.shared.chunks.is_poisoned() && self.shared.chunks.collection_due() {
             *self.collect_last.lock() = Some(now);
