@@ -121,10 +121,6 @@ impl PackWriter {
         Ok(ChunkLocation { pack: self.pack, offset, stored_bytes: header.stored_bytes, raw_bytes })
     }
 
-    pub fn pack(&self) -> u64 {
-        self.pack
-    }
-
     /// The pack's size so far.
     pub fn bytes(&self) -> u64 {
         self.written + self.pending.len() as u64
@@ -209,10 +205,6 @@ impl PackReader {
         self.bytes
     }
 
-    pub fn chunk_count(&self) -> u32 {
-        self.trailer.entry_count
-    }
-
     /// Every chunk in the pack, in the order written, read from the footer
     /// and checked against the trailer's CRC.
     pub fn footer(&self) -> Result<Vec<FooterEntry>, ChunkError> {
@@ -226,11 +218,6 @@ impl PackReader {
             return Err(corrupt(format!("entry for chunk {} points past the records", entry.id)));
         }
         Ok(entries)
-    }
-
-    /// The pack's file.
-    pub fn path(&self) -> &str {
-        &self.path
     }
 
     pub fn location(&self, entry: &FooterEntry) -> ChunkLocation {
@@ -259,14 +246,33 @@ impl PackReader {
         out: &mut [u8],
     ) -> Result<Codec, ChunkError> {
         assert_eq!(location.pack, self.pack, "location in another pack");
+        record.resize(RECORD_HEADER_BYTES + location.stored_bytes as usize, 0);
+        self.read_span(location.offset, record)?;
+        self.decode(location, hash, record, out)
+    }
+
+    /// Reads `buf.len()` bytes at `offset` (one or more neighbouring
+    /// records, to be checked with [`PackReader::decode`]).
+    pub fn read_span(&self, offset: u64, buf: &mut [u8]) -> Result<(), ChunkError> {
+        let inside = offset.checked_add(buf.len() as u64).is_some_and(|end| end <= self.bytes);
+        if !inside {
+            let reason = format!("{} bytes at {offset} do not fit in a pack of {} bytes", buf.len(), self.bytes);
+            return Err(ChunkError::corrupt(&self.path, offset, reason));
+        }
+        self.file.read_exact_at(buf, offset).map_err(ChunkError::io(&self.path))
+    }
+
+    /// Checks the record `record` (read from `location`) and that it holds
+    /// chunk `hash`, and decompresses it into `out` (of its raw size).
+    pub fn decode(
+        &self,
+        location: ChunkLocation,
+        hash: &ChunkHash,
+        record: &[u8],
+        out: &mut [u8],
+    ) -> Result<Codec, ChunkError> {
         assert_eq!(out.len(), location.raw_bytes as usize, "buffer of the chunk's raw size");
         let corrupt = |reason: String| ChunkError::corrupt(&self.path, location.offset, reason);
-        record.resize(RECORD_HEADER_BYTES + location.stored_bytes as usize, 0);
-        let inside = location.offset.checked_add(record.len() as u64).is_some_and(|end| end <= self.bytes);
-        if !inside {
-            return Err(corrupt(format!("a record of {} bytes does not fit in the pack", record.len())));
-        }
-        self.file.read_exact_at(record, location.offset).map_err(ChunkError::io(&self.path))?;
         let (header, stored) = RecordHeader::decode_record(record).map_err(|error| corrupt(error.to_string()))?;
         if header.hash != *hash
             || header.stored_bytes != location.stored_bytes

@@ -276,14 +276,6 @@ impl ChunkSet {
     fn any_in(&self, first: u64, count: u64) -> bool {
         (first / 64..=(first + count - 1) / 64).any(|word| self.bits.get(word as usize).is_some_and(|&bits| bits != 0))
     }
-
-    pub fn len(&self) -> u64 {
-        self.bits.iter().map(|word| u64::from(word.count_ones())).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.bits.iter().all(|&word| word == 0)
-    }
 }
 
 /// The distinct chunks of a [`ChunkSet`], and their size.
@@ -577,6 +569,110 @@ impl ChunkStore {
             return reader.read(location, &slot.hash, out);
         }
         unreachable!("the second attempt returns")
+    }
+
+    /// Reads chunks `ids`, each of `out.len() / ids.len()` raw bytes, into
+    /// consecutive pieces of `out`, checked as [`ChunkStore::read`] checks
+    /// one. Neighbouring table slots are read together, and so are
+    /// neighbouring records of a pack: history archived together lies
+    /// together, so a view's sequential read stays close to sequential I/O.
+    pub fn read_many(&self, ids: &[ChunkId], out: &mut [u8]) -> Result<(), ChunkError> {
+        /// Ids apart by at most this share one read of the table...
+        const SLOT_SPAN_IDS_MAX: u64 = 256;
+        /// ...and records of a pack within this many bytes one read of the pack.
+        const RECORD_SPAN_BYTES_MAX: u64 = 1 << 20;
+        const RECORD_GAP_BYTES_MAX: u64 = 4096;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        assert_eq!(out.len() % ids.len(), 0, "chunks of one size");
+        let chunk_bytes = out.len() / ids.len();
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_unstable_by_key(|&index| ids[index]);
+        let mut slots = vec![None; ids.len()];
+        let mut bytes = Vec::new();
+        let mut start = 0;
+        while start < order.len() {
+            let first = ids[order[start]].0;
+            let mut end = start + 1;
+            while end < order.len() && ids[order[end]].0 - first < SLOT_SPAN_IDS_MAX {
+                end += 1;
+            }
+            let last = ids[order[end - 1]].0;
+            if first == 0 || last >= self.table.id_end() {
+                let id = if first == 0 { ids[order[start]] } else { ids[order[end - 1]] };
+                return Err(ChunkError::Missing { id, reason: "its table slot was never written".into() });
+            }
+            self.table.read_range(first, last - first + 1, &mut bytes)?;
+            for &index in &order[start..end] {
+                let id = ids[index];
+                let slot = slot_in(&bytes, (id.0 - first) as usize, id)
+                    .map_err(|error| ChunkError::Missing { id, reason: format!("its table slot is damaged: {error}") })?
+                    .ok_or_else(|| ChunkError::Missing { id, reason: "its table slot was never written".into() })?;
+                if slot.raw_bytes as usize != chunk_bytes {
+                    let reason = format!("it holds {} bytes, the version {chunk_bytes}", slot.raw_bytes);
+                    return Err(ChunkError::Missing { id, reason });
+                }
+                slots[index] = Some(slot);
+            }
+            start = end;
+        }
+        let slot = |index: usize| slots[index].expect("every slot read above");
+        order.sort_unstable_by_key(|&index| (slot(index).pack, slot(index).offset));
+        let record_end =
+            |slot: TableSlot| u64::from(slot.offset) + (RECORD_HEADER_BYTES as u64 + u64::from(slot.stored_bytes));
+        let mut start = 0;
+        while start < order.len() {
+            let first = slot(order[start]);
+            let mut span_end = record_end(first);
+            let mut end = start + 1;
+            while end < order.len() {
+                let next = slot(order[end]);
+                let near = next.pack == first.pack && u64::from(next.offset) <= span_end + RECORD_GAP_BYTES_MAX;
+                if !near || record_end(next).max(span_end) - u64::from(first.offset) > RECORD_SPAN_BYTES_MAX {
+                    break;
+                }
+                span_end = span_end.max(record_end(next));
+                end += 1;
+            }
+            let group = &order[start..end];
+            let reader = match self.reader(first.pack) {
+                Ok(reader) => Some(reader),
+                // Repacked meanwhile: read these one by one, through fresh slots.
+                Err(ChunkError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
+                Err(error) => return Err(error),
+            };
+            match reader {
+                Some(reader) => {
+                    bytes.resize((span_end - u64::from(first.offset)) as usize, 0);
+                    reader.read_span(u64::from(first.offset), &mut bytes)?;
+                    for &index in group {
+                        let slot = slot(index);
+                        let at = (u64::from(slot.offset) - u64::from(first.offset)) as usize;
+                        let record = &bytes[at..at + RECORD_HEADER_BYTES + slot.stored_bytes as usize];
+                        let location = ChunkLocation {
+                            pack: slot.pack,
+                            offset: u64::from(slot.offset),
+                            stored_bytes: slot.stored_bytes,
+                            raw_bytes: slot.raw_bytes,
+                        };
+                        reader.decode(
+                            location,
+                            &slot.hash,
+                            record,
+                            &mut out[index * chunk_bytes..(index + 1) * chunk_bytes],
+                        )?;
+                    }
+                }
+                None => {
+                    for &index in group {
+                        self.read(ids[index], &mut out[index * chunk_bytes..(index + 1) * chunk_bytes])?;
+                    }
+                }
+            }
+            start = end;
+        }
+        Ok(())
     }
 
     fn reader(&self, pack: u64) -> Result<Arc<PackReader>, ChunkError> {

@@ -68,6 +68,13 @@ fn check_reads(store: &ChunkStore, durable: &[(ChunkId, Vec<u8>)], seed: u64) {
             &bytes[..9]
         );
     }
+    // All at once, as a view's read asks for them (duplicates included).
+    let ids: Vec<ChunkId> = durable.iter().map(|(id, _)| *id).collect();
+    let mut all = vec![0; BLOCK * ids.len()];
+    store.read_many(&ids, &mut all).unwrap_or_else(|error| panic!("seed {seed}: read_many: {error}"));
+    for ((id, bytes), out) in durable.iter().zip(all.chunks_exact(BLOCK)) {
+        assert!(out == bytes.as_slice(), "seed {seed}: chunk {id} reads other bytes through read_many");
+    }
 }
 
 #[derive(Default, Debug)]

@@ -245,18 +245,31 @@ impl Volume {
                         }
                     }
                 }
-                Source::Chunk { id, crc32c } => {
-                    let block = &mut target[bytes(end)];
-                    self.chunks.read(id, block)?;
-                    if rewind_format::crc32c(block) != crc32c {
-                        return Err(EngineError::Corrupt {
-                            volume: self.name().to_string(),
-                            detail: format!(
-                                "block {} as of {} (chunk {id}) fails its checksum",
-                                first.0 + start as u64,
-                                at.map_or("now".to_owned(), |at| DisplayTime(at).to_string()),
-                            ),
-                        });
+                Source::Chunk { .. } => {
+                    while end < sources.len() && matches!(sources[end], Source::Chunk { .. }) {
+                        end += 1;
+                    }
+                    let ids: Vec<ChunkId> = sources[start..end]
+                        .iter()
+                        .map(|source| match source {
+                            Source::Chunk { id, .. } => *id,
+                            _ => unreachable!("chunk sources only"),
+                        })
+                        .collect();
+                    let range = bytes(end);
+                    self.chunks.read_many(&ids, &mut target[range.clone()])?;
+                    for (index, block) in target[range].chunks_exact(block_bytes).enumerate() {
+                        let Source::Chunk { id, crc32c } = sources[start + index] else { unreachable!() };
+                        if rewind_format::crc32c(block) != crc32c {
+                            return Err(EngineError::Corrupt {
+                                volume: self.name().to_string(),
+                                detail: format!(
+                                    "block {} as of {} (chunk {id}) fails its checksum",
+                                    first.0 + (start + index) as u64,
+                                    at.map_or("now".to_owned(), |at| DisplayTime(at).to_string()),
+                                ),
+                            });
+                        }
                     }
                 }
                 Source::Journal { segment, offset, .. } => {

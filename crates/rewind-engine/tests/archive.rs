@@ -58,3 +58,74 @@ fn every_write_is_archived_without_a_granularity() {
     assert_eq!(chunks, 11, "the ten and the one after");
     assert_eq!(block, vec![10; 4096]);
 }
+
+/// The two background threads of a server (quick maintenance and the slow
+/// work on history), a writer and a reader of views, all at once on small
+/// journal segments: archiving, checkpoints and reclaiming race each other,
+/// and every result must still be right.
+#[test]
+fn background_work_runs_concurrently_with_writes_and_views() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::thread;
+
+    let storage = SimStorage::new(SimConfig::default(), 2);
+    let mut config = NodeConfig::default();
+    config.volume.journal.segment_bytes_max = 64 << 10;
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_interval_nanos = 1;
+    config.volume.checkpoint_interval_nanos = 1;
+    config.collect_interval_nanos = 1;
+    let node = Arc::new(Node::open(Arc::new(storage), config).unwrap());
+    let clock = Arc::new(AtomicU64::new(1_000 * SECOND));
+    let now = {
+        let clock = Arc::clone(&clock);
+        move || Timestamp::from_unix_nanos(clock.fetch_add(1_000, Ordering::Relaxed))
+    };
+    let spec = VolumeSpec {
+        name: VolumeName::new("v").unwrap(),
+        size_bytes: 64 * 4096,
+        block_size: BlockSize::new(4096).unwrap(),
+        granularity_nanos: 0,
+        retention: Vec::new(),
+        space_max_bytes: 0,
+    };
+    let volume = node.create_volume(spec, now()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let background = |work: fn(&Node, Timestamp) -> Result<bool, rewind_engine::EngineError>| {
+        let (node, stop, now) = (Arc::clone(&node), Arc::clone(&stop), now.clone());
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                work(&node, now()).unwrap();
+            }
+        })
+    };
+    let maintenance = background(Node::maintain);
+    let history = background(Node::maintain_history);
+    // Writes of 1–4 blocks, each block stamped with the write's number.
+    let mut written = Vec::new();
+    for write in 0..3_000u32 {
+        let block = u64::from(write * 7 % 61);
+        let blocks = 1 + write as usize % 4;
+        let data: Vec<u8> = (0..blocks * 4096).map(|at| (write as usize + at / 4096) as u8).collect();
+        volume.write(now(), block * 4096, &data, Durability::Buffered).unwrap();
+        if write % 100 == 0 {
+            volume.flush().unwrap();
+            written.push((volume.timestamp_last(), {
+                let mut image = vec![0; 64 * 4096];
+                volume.read(0, &mut image).unwrap();
+                image
+            }));
+            // An earlier time, read through a view while the background runs.
+            let (at, image) = &written[write as usize / 100 / 2];
+            let mut view = vec![0; 64 * 4096];
+            volume.view(*at).unwrap().read(0, &mut view).unwrap();
+            assert!(&view == image, "the view at write {write}'s earlier point differs");
+            volume.stats().unwrap();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    maintenance.join().unwrap();
+    history.join().unwrap();
+    let stats = volume.stats().unwrap();
+    assert!(stats.versions_archived > 0 && stats.journal_bytes_reclaimed > 0, "{stats:?}");
+}

@@ -108,7 +108,7 @@ fn render(node: &Node) -> String {
         }
     }
     let chunks = node.chunk_stats();
-    let node_families: [(&'static str, &'static str, &'static str, u64); 16] = [
+    let node_families: [(&'static str, &'static str, &'static str, u64); 20] = [
         ("rewind_chunks_live", "gauge", "Chunks history refers to.", chunks.chunks_live),
         ("rewind_chunks_dead", "gauge", "Chunks nothing refers to, not yet collected.", chunks.chunks_dead),
         ("rewind_chunk_references", "gauge", "References from versions to chunks.", chunks.references),
@@ -133,6 +133,7 @@ fn render(node: &Node) -> String {
             "Pack bytes garbage collection can give back.",
             chunks.reclaimable_bytes,
         ),
+        ("rewind_chunk_dedup_runs", "gauge", "Runs of the dedup index on disk.", chunks.dedup_runs),
         (
             "rewind_chunk_memory_bytes",
             "gauge",
@@ -140,6 +141,18 @@ fn render(node: &Node) -> String {
             chunks.memory_bytes,
         ),
         ("rewind_chunks_written_total", "counter", "Chunks stored since the server started.", chunks.chunks_written),
+        (
+            "rewind_chunk_raw_bytes_written_total",
+            "counter",
+            "Raw bytes of the chunks stored.",
+            chunks.raw_bytes_written,
+        ),
+        (
+            "rewind_chunk_stored_bytes_written_total",
+            "counter",
+            "Bytes the chunks stored took after compression.",
+            chunks.stored_bytes_written,
+        ),
         (
             "rewind_chunk_dedup_hits_total",
             "counter",
@@ -149,6 +162,12 @@ fn render(node: &Node) -> String {
         ("rewind_chunk_collections_total", "counter", "Garbage collections run.", chunks.collections),
         ("rewind_chunks_freed_total", "counter", "Chunks freed by garbage collection.", chunks.chunks_freed),
         ("rewind_chunk_packs_deleted_total", "counter", "Packs deleted by garbage collection.", chunks.packs_deleted),
+        (
+            "rewind_chunk_packs_rewritten_total",
+            "counter",
+            "Mostly dead packs rewritten by garbage collection.",
+            chunks.packs_rewritten,
+        ),
         (
             "rewind_chunk_store_poisoned",
             "gauge",

@@ -165,6 +165,8 @@ pub struct Journal {
     files: Mutex<HashMap<u32, Arc<dyn File>>>,
     /// Segments below this were reclaimed.
     segment_first: AtomicU32,
+    /// Serialises reclaiming, and looking at what can be reclaimed.
+    reclaiming: Mutex<()>,
 }
 
 /// How many segment files stay open for reading.
@@ -246,6 +248,7 @@ impl Journal {
             poisoned: AtomicBool::new(false),
             files: Mutex::new(HashMap::new()),
             segment_first: AtomicU32::new(segment_first),
+            reclaiming: Mutex::new(()),
         }
     }
 
@@ -583,6 +586,7 @@ impl Journal {
     /// `archived_before`: what [`Journal::reclaim`] can delete once recovery
     /// starts after them.
     pub fn reclaimable_bytes(&self, archived_before: Timestamp) -> Result<u64, JournalError> {
+        let _reclaiming = self.reclaiming.lock();
         let current = self.position_next().segment;
         let mut bytes = 0;
         for segment in self.segment_first.load(Ordering::Acquire)..current {
@@ -612,6 +616,8 @@ impl Journal {
     /// than `archived_before` (the version index refers to none of them).
     /// Returns the bytes freed.
     pub fn reclaim(&self, before: u32, archived_before: Timestamp) -> Result<u64, JournalError> {
+        // Several threads reclaim (after checkpoints, after archive passes).
+        let _reclaiming = self.reclaiming.lock();
         let mut freed = 0;
         loop {
             let segment = self.segment_first.load(Ordering::Acquire);
