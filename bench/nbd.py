@@ -25,11 +25,9 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-REWIND = ROOT / "target" / "release" / "rewind"
+from benchlib import REWIND, ROOT, api, environment, write_section
 
 # name, fio arguments, what is measured, target ratio (from BRIEF.md)
 JOBS = [
@@ -93,13 +91,6 @@ def wait_port(port):
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def api(http, method, path, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://{http}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request) as response:
-        text = response.read()
-        return json.loads(text) if text else None
 
 
 def nbdinfo_seconds(uri, repeat=15):
@@ -116,18 +107,6 @@ def parse_size(text):
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
-def environment():
-    def sh(command):
-        return subprocess.run(command, shell=True, capture_output=True, text=True).stdout.strip()
-    return {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": sh("git -C %s rev-parse --short HEAD" % ROOT),
-        "cpu": sh("nproc") + " × " + sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip(),
-        "memory": sh("free -g | awk '/Mem:/ {print $2}'") + " GiB",
-        "kernel": sh("uname -r"),
-        "fio": sh("fio --version"),
-        "nbdkit": sh("nbdkit --version"),
-    }
 
 
 def settle(https, view_results):
@@ -320,12 +299,6 @@ def table(args, results, view_results, env):
     return "\n".join(lines)
 
 
-def write_section(section):
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    pattern = re.compile(r"<!-- nbd:begin.*?<!-- nbd:end -->", re.S)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
 
 
 def main():
@@ -348,7 +321,7 @@ def main():
     for run_index in range(args.runs):
         run_once(args, run_index, results, view_results)
     section = table(args, results, view_results, env)
-    write_section(section)
+    write_section("nbd", section)
     print(section)
 
 

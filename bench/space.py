@@ -18,30 +18,19 @@ makes the root filesystem; run as root: it mounts.)
 """
 
 import argparse
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-REWIND = ROOT / "target" / "release" / "rewind"
+from benchlib import REWIND, ROOT, api, environment, write_section
 
 # (dedupe percentage, compress percentage) settings for fio
 FIO_SETTINGS = [(0, 0), (50, 0), (0, 50), (50, 50), (80, 80)]
 
 
-def api(http, method, path, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://{http}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request) as response:
-        text = response.read()
-        return json.loads(text) if text else None
 
 
 def wait_archived(http, volume):
@@ -126,14 +115,6 @@ def os_image_part(http, nbd, rootfs, work):
     return steps
 
 
-def environment():
-    def sh(command):
-        return subprocess.run(command, shell=True, capture_output=True, text=True).stdout.strip()
-    return {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": sh(f"git -C {ROOT} rev-parse --short HEAD"),
-        "fio": sh("fio --version"),
-    }
 
 
 def section(fio_rows, os_steps, rootfs_bytes, env):
@@ -187,12 +168,6 @@ def section(fio_rows, os_steps, rootfs_bytes, env):
     return "\n".join(lines)
 
 
-def write_section(text):
-    path = ROOT / "BENCHMARKS.md"
-    body = path.read_text()
-    pattern = re.compile(r"<!-- space:begin.*?<!-- space:end -->", re.S)
-    body = pattern.sub(lambda _: text, body) if pattern.search(body) else body.rstrip() + "\n\n" + text + "\n"
-    path.write_text(body)
 
 
 def main():
@@ -230,7 +205,7 @@ def main():
         server.wait(timeout=120)
         shutil.rmtree(work, ignore_errors=True)
     text = section(fio_rows, os_steps, rootfs_bytes, env)
-    write_section(text)
+    write_section("space", text)
     print(text)
 
 

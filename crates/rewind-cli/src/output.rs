@@ -256,6 +256,15 @@ fn ratio(value: f64) -> String {
     format!("{value:.2}x")
 }
 
+fn ratios(dedup: f64, compression: f64) {
+    println!(
+        "ratios          dedup {}, compression {}, together {}",
+        ratio(dedup),
+        ratio(compression),
+        ratio(dedup * compression)
+    );
+}
+
 /// A volume's history, measured (`rewind stats VOLUME`).
 pub fn volume_report(report: &VolumeReport) {
     println!("volume          {}", report.volume);
@@ -274,12 +283,7 @@ pub fn volume_report(report: &VolumeReport) {
         HumanBytes(report.unique_raw_bytes),
         HumanBytes(report.pack_bytes)
     );
-    println!(
-        "ratios          dedup {}, compression {}, together {}",
-        ratio(report.dedup_ratio),
-        ratio(report.compression_ratio),
-        ratio(report.dedup_ratio * report.compression_ratio)
-    );
+    ratios(report.dedup_ratio, report.compression_ratio);
     println!(
         "journal         {} ({} reclaimable at the next checkpoint)",
         HumanBytes(report.journal_bytes),
@@ -311,12 +315,7 @@ pub fn node_report(report: &NodeReport) {
         report.pack_count,
         HumanBytes(report.pack_bytes)
     );
-    println!(
-        "ratios          dedup {}, compression {}, together {}",
-        ratio(report.dedup_ratio),
-        ratio(report.compression_ratio),
-        ratio(report.dedup_ratio * report.compression_ratio)
-    );
+    ratios(report.dedup_ratio, report.compression_ratio);
     println!(
         "reclaimable     {} in packs (`rewind gc`), {} of journal (next checkpoints)",
         HumanBytes(report.reclaimable_bytes),

@@ -32,7 +32,7 @@ pub use node::{Node, NodeConfig, VolumeSpec, WorkSignal};
 pub use read::{BlockStatus, View};
 pub use rewind_chunks::{ChunkError, ChunkStats, ChunkStoreConfig, CollectPhase, CollectReport, DedupConfig};
 pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, TimelineBucket};
-pub use space::VolumeSpace;
+pub use space::{ratio, VolumeSpace};
 pub use volume::{Durability, Volume, VolumeConfig, ZeroMode};
 
 pub use rewind_types::{BlockSize, BookmarkName, Timestamp, VolumeName};

@@ -53,7 +53,9 @@ impl VolumeSpace {
     }
 }
 
-fn ratio(numerator: u64, denominator: u64) -> f64 {
+/// `numerator / denominator`, or 1 when there is nothing to divide by: a
+/// ratio of sizes where an empty store neither gains nor loses.
+pub fn ratio(numerator: u64, denominator: u64) -> f64 {
     if denominator == 0 {
         1.0
     } else {

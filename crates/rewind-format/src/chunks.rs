@@ -35,15 +35,7 @@ pub fn decode_table_header(bytes: &[u8]) -> Result<(), FormatError> {
     reader.take(TABLE_SLOT_BYTES - 12)?;
     let stored = reader.u32()?;
     verify_crc(WHAT, stored, crc32c(&bytes[..TABLE_SLOT_BYTES - 4]))?;
-    check_version(WHAT, version)
-}
-
-fn check_version(what: &'static str, version: u32) -> Result<(), FormatError> {
-    if version == FORMAT_VERSION {
-        Ok(())
-    } else {
-        Err(FormatError::UnsupportedVersion { what, found: version, supported: FORMAT_VERSION })
-    }
+    crate::check_version(WHAT, version, FORMAT_VERSION)
 }
 
 /// Where one chunk is: the table's entry for its id.
@@ -202,7 +194,7 @@ impl DedupRunHeader {
         reader.magic(DEDUP_RUN_MAGIC)?;
         let stored = u32::from_le_bytes(bytes[DEDUP_CHECKSUM_OFFSET..].try_into().expect("4"));
         verify_crc(WHAT, stored, crc32c(&bytes[..DEDUP_CHECKSUM_OFFSET]))?;
-        check_version(WHAT, reader.u32()?)?;
+        crate::check_version(WHAT, reader.u32()?, FORMAT_VERSION)?;
         let header = DedupRunHeader {
             entry_count: reader.u64()?,
             data_page_count: reader.u64()?,

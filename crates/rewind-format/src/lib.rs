@@ -39,6 +39,15 @@ pub enum FormatError {
     Invalid { what: &'static str, reason: String },
 }
 
+/// Checks that a structure's format version is the one this build reads.
+pub(crate) fn check_version(what: &'static str, found: u32, supported: u32) -> Result<(), FormatError> {
+    if found == supported {
+        Ok(())
+    } else {
+        Err(FormatError::UnsupportedVersion { what, found, supported })
+    }
+}
+
 /// Checks a stored checksum against the computed one.
 pub fn verify_crc(what: &'static str, stored: u32, computed: u32) -> Result<(), FormatError> {
     if stored == computed {

@@ -46,16 +46,8 @@ impl PackHeader {
         reader.take(PACK_HEADER_BYTES - 4 - 16)?;
         let stored = reader.u32()?;
         verify_crc(WHAT, stored, crc32c(&bytes[..PACK_HEADER_BYTES - 4]))?;
-        check_version(WHAT, version)?;
+        crate::check_version(WHAT, version, FORMAT_VERSION)?;
         Ok(PackHeader { pack })
-    }
-}
-
-fn check_version(what: &'static str, version: u32) -> Result<(), FormatError> {
-    if version == FORMAT_VERSION {
-        Ok(())
-    } else {
-        Err(FormatError::UnsupportedVersion { what, found: version, supported: FORMAT_VERSION })
     }
 }
 

@@ -9,8 +9,8 @@ use rewind_engine::timespec::{
     display_granularity, display_retention, parse_granularity, parse_retention, DisplayTime,
 };
 use rewind_engine::{
-    BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, EngineError, PolicyChange, TimelineReport, Timestamp,
-    Volume, VolumeName, VolumeSpace, VolumeSpec, VolumeStats,
+    ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, EngineError, PolicyChange, TimelineReport,
+    Timestamp, Volume, VolumeName, VolumeSpace, VolumeSpec, VolumeStats,
 };
 
 pub fn time(at: Timestamp) -> String {
@@ -167,7 +167,7 @@ impl From<VolumeStats> for Stats {
             versions: kept,
             versions_in_memory: stats.versions_in_memory,
             versions_written: written,
-            retained_fraction: if written == 0 { 1.0 } else { kept as f64 / written as f64 },
+            retained_fraction: ratio(kept, written),
             index_runs: stats.index_runs,
             index_memory_bytes: stats.index_memory_bytes,
             versions_archived: stats.versions_archived,
@@ -501,14 +501,6 @@ pub struct NodeReport {
     pub volumes: Vec<VolumeReport>,
 }
 
-fn ratio(numerator: u64, denominator: u64) -> f64 {
-    if denominator == 0 {
-        1.0
-    } else {
-        numerator as f64 / denominator as f64
-    }
-}
-
 impl NodeReport {
     /// Measures every volume (see [`Volume::measure_space`]) and the store.
     pub fn measure(node: &rewind_engine::Node, now: Timestamp) -> Result<NodeReport, EngineError> {
@@ -543,7 +535,7 @@ impl NodeReport {
             current_bytes: sum(|report| report.current_bytes),
             versions_written: written,
             versions_kept: kept,
-            retained_fraction: if written == 0 { 1.0 } else { kept as f64 / written as f64 },
+            retained_fraction: ratio(kept, written),
             chunks_written: chunks.chunks_written,
             dedup_hits: chunks.dedup_hits,
             collections: chunks.collections,
