@@ -8,7 +8,9 @@
 //!   appended to it; reads that miss the cache read it through the map.
 //! - **SplitStream**: writes are split above the cache into a current store
 //!   (its own cache, which absorbs every overwrite) and a history store (a
-//!   cache that keeps what the granularity retains).
+//!   cache that keeps what the granularity retains). The two caches are the
+//!   configured size each and see the same writes, so their pages come and
+//!   go together: one cache stands for both.
 //! - **SplitDownStream**: one cache; each version it lets go is written to
 //!   both stores.
 //! - **Checkpointing**: one cache; a version it lets go is written in place
@@ -96,6 +98,15 @@ pub struct ReplayConfig {
     pub block_bytes: u64,
 }
 
+/// What all architectures share in one replay.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplaySetup {
+    pub granularity_nanos: u64,
+    pub offset_nanos: u64,
+    pub cache: CacheConfig,
+    pub block_bytes: u64,
+}
+
 /// Device I/Os of one store.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreIo {
@@ -137,7 +148,7 @@ impl StoreIo {
     }
 }
 
-/// What a replay counted.
+/// What a replay counted for one architecture.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Replay {
     pub requests: u64,
@@ -162,8 +173,7 @@ pub struct Replay {
 impl Replay {
     /// Device I/Os that writes cause, per block written (the paper's measure).
     pub fn write_ios_per_write(&self) -> f64 {
-        let ios =
-            self.current.writes + self.current.reads_for_writes + self.history.writes + self.history.reads_for_writes;
+        let ios = self.current.writes + self.current.reads_for_writes + self.history.writes + self.history.reads_for_writes;
         ios as f64 / self.block_writes.max(1) as f64
     }
 
@@ -186,17 +196,19 @@ struct Version {
     window: u64,
 }
 
+/// One pass of a trace through the cache, counting for every architecture
+/// at once: the cache behaves the same for all of them (a write to a dirty
+/// page replaces its data, whatever becomes of the replaced version); only
+/// what each does with the versions it lets go differs.
 struct Replayer {
-    config: ReplayConfig,
-    result: Replay,
-    /// The main cache (the only one but for SplitStream's history cache).
+    setup: ReplaySetup,
+    /// Counts by architecture, in `Architecture::ALL` order.
+    results: [Replay; 6],
     cache: ControllerCache<Version>,
-    /// SplitStream: the history side's cache.
-    history_cache: ControllerCache<Version>,
     /// The window of each block's last write (for `retained`).
     last_window: FxHashMap<u64, u64>,
-    /// The window of the version the current store holds (absent: the
-    /// state before the trace).
+    /// Checkpointing: the window of the version the current store holds
+    /// (absent: the state before the trace).
     current_window: FxHashMap<u64, u64>,
     /// COW: the window in which each block was last copied to history.
     copied_window: FxHashMap<u64, u64>,
@@ -206,11 +218,23 @@ struct Replayer {
     writes_so_far: u64,
 }
 
+fn at(architecture: Architecture) -> usize {
+    architecture as usize
+}
+
 impl Replayer {
+    fn result(&mut self, architecture: Architecture) -> &mut Replay {
+        &mut self.results[at(architecture)]
+    }
+
+    fn each(&mut self, count: impl Fn(&mut Replay)) {
+        self.results.iter_mut().for_each(count);
+    }
+
     fn window(&self, time_nanos: u64) -> u64 {
-        match self.config.granularity_nanos {
+        match self.setup.granularity_nanos {
             0 => self.writes_so_far,
-            granularity => (time_nanos + granularity - self.config.offset_nanos % granularity) / granularity,
+            granularity => (time_nanos + granularity - self.setup.offset_nanos % granularity) / granularity,
         }
     }
 
@@ -218,86 +242,59 @@ impl Replayer {
         self.writes_so_far += 1;
         let window = self.window(time_nanos);
         self.snapshots_until(window);
-        self.result.block_writes += 1;
-        if let Some(previous) = self.last_window.insert(block, window) {
-            if previous != window {
-                self.result.retained += 1;
-            }
+        self.each(|result| result.block_writes += 1);
+        if self.last_window.insert(block, window).is_some_and(|previous| previous != window) {
+            self.each(|result| result.retained += 1);
         }
-        let version = Version { window };
-        match self.config.architecture {
-            Architecture::Logging | Architecture::SplitDownStream | Architecture::Checkpointing => {
-                let outcome = self.cache.write(block, version);
-                if let Some(replaced) = outcome.replaced {
-                    if replaced.window != window {
-                        self.incurred(block, replaced);
-                    }
-                }
-                for (block, version) in outcome.destaged {
-                    self.result.evicted += 1;
-                    self.incurred(block, version);
-                }
+        // COW: the first write since the snapshot keeps what it overwrites.
+        if self.copied_window.insert(block, window) != Some(window) {
+            let cached = self.cache.holds(block);
+            let cow = self.result(Architecture::Cow);
+            if !cached {
+                cow.current.read_for_write(block);
             }
-            Architecture::SplitStream => {
-                // The current side absorbs every overwrite.
-                for (block, _) in self.cache.write(block, version).destaged {
-                    self.result.evicted += 1;
-                    self.result.current.write(block);
-                }
-                let outcome = self.history_cache.write(block, version);
-                if let Some(replaced) = outcome.replaced.filter(|replaced| replaced.window != window) {
-                    self.incurred(block, replaced);
-                }
-                for (block, version) in outcome.destaged {
-                    self.incurred(block, version);
-                }
-            }
-            Architecture::Cow => {
-                if self.copied_window.insert(block, window) != Some(window) {
-                    // The first write since the snapshot: keep what it overwrites.
-                    if !self.cache.holds(block) {
-                        self.result.current.read_for_write(block);
-                    }
-                    self.result.history.write(block);
-                }
-                for (block, _) in self.cache.write(block, version).destaged {
-                    self.result.evicted += 1;
-                    self.result.current.write(block);
-                }
-            }
-            Architecture::Row => {
-                self.redirected.insert(block);
-                let outcome = self.cache.write(block, version);
-                if let Some(replaced) = outcome.replaced.filter(|replaced| replaced.window != window) {
-                    self.incurred(block, replaced);
-                }
-                for (block, version) in outcome.destaged {
-                    self.result.evicted += 1;
-                    self.incurred(block, version);
-                }
-            }
+            cow.history.write(block);
+        }
+        self.redirected.insert(block);
+        let outcome = self.cache.write(block, Version { window });
+        if let Some(replaced) = outcome.replaced.filter(|replaced| replaced.window != window) {
+            self.let_go(block, replaced, Departure::Retained);
+        }
+        for (block, version) in outcome.destaged {
+            self.each(|result| result.evicted += 1);
+            self.let_go(block, version, Departure::Destaged);
         }
     }
 
-    /// A version leaves the (history) cache for the stores.
-    fn incurred(&mut self, block: u64, version: Version) {
-        self.result.incurred += 1;
-        match self.config.architecture {
-            Architecture::Logging | Architecture::SplitStream | Architecture::Row => self.result.history.write(block),
-            Architecture::SplitDownStream => {
-                self.result.current.write(block);
-                self.result.history.write(block);
-            }
-            Architecture::Checkpointing => {
-                let overwritten = self.current_window.insert(block, version.window);
-                if overwritten != Some(version.window) {
-                    // What the current store held is retained: copy it first.
-                    self.result.current.read_for_write(block);
-                    self.result.history.write(block);
-                }
-                self.result.current.write(block);
-            }
-            Architecture::Cow => unreachable!("COW's cache writes in place"),
+    /// A version leaves the cache: retained when a write of a later window
+    /// replaced it in a dirty page, destaged when the cache needed room (or
+    /// at the end).
+    fn let_go(&mut self, block: u64, version: Version, departure: Departure) {
+        for architecture in [Architecture::Logging, Architecture::SplitStream, Architecture::Row] {
+            let result = self.result(architecture);
+            result.incurred += 1;
+            result.history.write(block);
+        }
+        let split_down_stream = self.result(Architecture::SplitDownStream);
+        split_down_stream.incurred += 1;
+        split_down_stream.current.write(block);
+        split_down_stream.history.write(block);
+        let overwritten = self.current_window.insert(block, version.window);
+        let checkpointing = self.result(Architecture::Checkpointing);
+        checkpointing.incurred += 1;
+        if overwritten != Some(version.window) {
+            // What the current store held is retained: copy it first.
+            checkpointing.current.read_for_write(block);
+            checkpointing.history.write(block);
+        }
+        checkpointing.current.write(block);
+        // The architectures whose current store absorbs every overwrite
+        // write only what the cache destages.
+        if departure == Departure::Destaged {
+            self.result(Architecture::SplitStream).current.write(block);
+            let cow = self.result(Architecture::Cow);
+            cow.incurred += 1;
+            cow.current.write(block);
         }
     }
 
@@ -305,13 +302,13 @@ impl Replayer {
     /// blocks redirected since the last one back into the source.
     fn snapshots_until(&mut self, window: u64) {
         let Some(previous) = self.window_now.replace(window) else { return };
-        if previous == window || !matches!(self.config.architecture, Architecture::Cow | Architecture::Row) {
+        if previous == window {
             return;
         }
-        self.result.snapshots += window - previous;
-        if self.config.architecture == Architecture::Row {
-            self.merge();
+        for architecture in [Architecture::Cow, Architecture::Row] {
+            self.result(architecture).snapshots += window - previous;
         }
+        self.merge();
     }
 
     /// ROW: copies every block written since the last merge from the
@@ -320,61 +317,65 @@ impl Replayer {
         let mut blocks: Vec<u64> = self.redirected.drain().collect();
         blocks.sort_unstable();
         for block in blocks {
-            if !self.cache.holds(block) {
-                self.result.history.read_for_write(block);
-                self.result.merge_ios += 1;
+            let cached = self.cache.holds(block);
+            let row = &mut self.results[at(Architecture::Row)];
+            if !cached {
+                row.history.read_for_write(block);
+                row.merge_ios += 1;
             }
-            self.result.current.write(block);
-            self.result.merge_ios += 1;
+            row.current.write(block);
+            row.merge_ios += 1;
         }
     }
 
     fn read(&mut self, block: u64, time_nanos: u64) {
         let window = self.window(time_nanos);
         self.snapshots_until(window);
-        self.result.block_reads += 1;
+        self.each(|result| result.block_reads += 1);
         if self.cache.read(block) {
             return;
         }
-        match self.config.architecture {
-            Architecture::Logging => self.result.history.read(block),
-            Architecture::Row if self.redirected.contains(&block) => self.result.history.read(block),
-            _ => self.result.current.read(block),
+        for architecture in Architecture::ALL {
+            let from_history = match architecture {
+                Architecture::Logging => true,
+                Architecture::Row => self.redirected.contains(&block),
+                _ => false,
+            };
+            let result = self.result(architecture);
+            if from_history {
+                result.history.read(block);
+            } else {
+                result.current.read(block);
+            }
         }
     }
 
-    fn finish(mut self) -> Replay {
-        let flushed = self.cache.flush();
-        for (block, version) in flushed {
-            match self.config.architecture {
-                Architecture::SplitStream | Architecture::Cow => self.result.current.write(block),
-                _ => self.incurred(block, version),
-            }
+    fn finish(mut self) -> [Replay; 6] {
+        for (block, version) in self.cache.flush() {
+            self.let_go(block, version, Departure::Destaged);
         }
-        for (block, version) in self.history_cache.flush() {
-            self.incurred(block, version);
-        }
-        if self.config.architecture == Architecture::Row {
-            self.merge();
-        }
+        self.merge();
         // Each block's last write is retained: the trace ends at a window end.
-        self.result.retained += self.last_window.len() as u64;
-        self.result
+        let blocks = self.last_window.len() as u64;
+        self.each(|result| result.retained += blocks);
+        self.results
     }
 }
 
-/// Replays `requests` (in time order) through one architecture.
-pub fn replay(requests: impl IntoIterator<Item = Request>, config: ReplayConfig) -> Replay {
-    assert!(config.block_bytes > 0);
-    let history_cache = match config.architecture {
-        Architecture::SplitStream => config.cache,
-        _ => CacheConfig { pages: 0, dirty_fraction: 0.0 },
-    };
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Departure {
+    Retained,
+    Destaged,
+}
+
+/// Replays `requests` (in time order) once, counting for every
+/// architecture; the results are in `Architecture::ALL` order.
+pub fn replay_all(requests: impl IntoIterator<Item = Request>, setup: ReplaySetup) -> [Replay; 6] {
+    assert!(setup.block_bytes > 0);
     let mut replayer = Replayer {
-        config,
-        result: Replay::default(),
-        cache: ControllerCache::new(config.cache),
-        history_cache: ControllerCache::new(history_cache),
+        setup,
+        results: Default::default(),
+        cache: ControllerCache::new(setup.cache),
         last_window: FxHashMap::default(),
         current_window: FxHashMap::default(),
         copied_window: FxHashMap::default(),
@@ -383,11 +384,12 @@ pub fn replay(requests: impl IntoIterator<Item = Request>, config: ReplayConfig)
         writes_so_far: 0,
     };
     for request in requests {
-        replayer.result.requests += 1;
-        if request.op == Op::Write {
-            replayer.result.write_requests += 1;
-        }
-        for block in request.blocks(config.block_bytes) {
+        let is_write = request.op == Op::Write;
+        replayer.each(|result| {
+            result.requests += 1;
+            result.write_requests += u64::from(is_write);
+        });
+        for block in request.blocks(setup.block_bytes) {
             match request.op {
                 Op::Write => replayer.write(block, request.time_nanos),
                 Op::Read => replayer.read(block, request.time_nanos),
@@ -395,6 +397,25 @@ pub fn replay(requests: impl IntoIterator<Item = Request>, config: ReplayConfig)
         }
     }
     replayer.finish()
+}
+
+/// Replays `requests` (in time order) through one architecture.
+pub fn replay(requests: impl IntoIterator<Item = Request>, config: ReplayConfig) -> Replay {
+    let setup = ReplaySetup {
+        granularity_nanos: config.granularity_nanos,
+        offset_nanos: config.offset_nanos,
+        cache: config.cache,
+        block_bytes: config.block_bytes,
+    };
+    let [logging, split_stream, split_down_stream, checkpointing, cow, row] = replay_all(requests, setup);
+    match config.architecture {
+        Architecture::Logging => logging,
+        Architecture::SplitStream => split_stream,
+        Architecture::SplitDownStream => split_down_stream,
+        Architecture::Checkpointing => checkpointing,
+        Architecture::Cow => cow,
+        Architecture::Row => row,
+    }
 }
 
 #[cfg(test)]
