@@ -173,7 +173,8 @@ pub struct Replay {
 impl Replay {
     /// Device I/Os that writes cause, per block written (the paper's measure).
     pub fn write_ios_per_write(&self) -> f64 {
-        let ios = self.current.writes + self.current.reads_for_writes + self.history.writes + self.history.reads_for_writes;
+        let ios =
+            self.current.writes + self.current.reads_for_writes + self.history.writes + self.history.reads_for_writes;
         ios as f64 / self.block_writes.max(1) as f64
     }
 
