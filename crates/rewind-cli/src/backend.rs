@@ -17,7 +17,7 @@ use rewind_engine::{BookmarkName, Node, NodeConfig};
 use rewind_http::api::{
     time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent, GcReport,
     Health, ImportSummary, NodeReport, Policy, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
-    VolumeReport,
+    VolumeReport, WriteHistory,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -33,6 +33,7 @@ pub trait Backend {
     fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo>;
     fn delete_volume(&self, name: &str) -> Result<()>;
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline>;
+    fn write_history(&self, name: &str) -> Result<WriteHistory>;
     fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>>;
     fn create_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<BookmarkInfo>;
     fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()>;
@@ -201,6 +202,10 @@ impl Backend for HttpBackend {
         self.get(&format!("/v1/volumes/{name}/timeline?bucket_seconds={bucket_seconds}"))
     }
 
+    fn write_history(&self, name: &str) -> Result<WriteHistory> {
+        self.get(&format!("/v1/volumes/{name}/writes"))
+    }
+
     fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>> {
         self.get(&format!("/v1/volumes/{name}/bookmarks"))
     }
@@ -327,6 +332,11 @@ impl Backend for LocalBackend {
 
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline> {
         Ok(Timeline::of(name, &self.node.volume(name)?.timeline(), bucket_seconds))
+    }
+
+    fn write_history(&self, name: &str) -> Result<WriteHistory> {
+        let volume = self.node.volume(name)?;
+        Ok(WriteHistory::of(&volume)?)
     }
 
     fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>> {

@@ -2,6 +2,7 @@
 //! together: the real filesystem, the engine, the NBD and HTTP servers.
 
 mod backend;
+mod lab;
 mod output;
 mod serve;
 
@@ -86,6 +87,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The CDP architectures lab: replay block traces through the six
+    /// layouts, analyse them against the papers' models, generate traces.
+    #[command(subcommand)]
+    Lab(lab::LabCommand),
+    /// Block traces of protected volumes: `rewind trace export VOLUME > VOLUME.trace`.
+    #[command(subcommand)]
+    Trace(TraceCommand),
     /// Resolve a point in time to the NBD export that shows the volume as it was then.
     View {
         volume: String,
@@ -95,6 +103,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum TraceCommand {
+    /// Write the volume's kept history as a trace (csv: `time,op,size,lbn`)
+    /// on standard output, for `rewind lab replay` and `rewind lab analyze`.
+    /// Writes thinned by granularity or retention are not in it.
+    Export { volume: String },
 }
 
 #[derive(Subcommand)]
@@ -279,17 +295,20 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli, server_given: bool) -> Result<()> {
-    if let Command::Serve(args) = cli.command {
-        return serve::serve(&cli.data_dir, args);
-    }
-    let creates = matches!(cli.command, Command::Volume(VolumeCommand::Create { .. } | VolumeCommand::Import { .. }));
+    let command = match cli.command {
+        Command::Serve(args) => return serve::serve(&cli.data_dir, args),
+        Command::Lab(command) => return lab::run(command),
+        command => command,
+    };
+    let creates = matches!(command, Command::Volume(VolumeCommand::Create { .. } | VolumeCommand::Import { .. }));
     let backend = if cli.offline {
         backend::local(&cli.data_dir, creates)?
     } else {
         backend::connect(&cli.server, server_given, &cli.data_dir, creates)?
     };
-    match cli.command {
-        Command::Serve(_) => unreachable!("handled above"),
+    match command {
+        Command::Serve(_) | Command::Lab(_) => unreachable!("handled above"),
+        Command::Trace(TraceCommand::Export { volume }) => lab::export(&backend.write_history(&volume)?),
         Command::Volume(command) => volume(&*backend, command),
         Command::Bookmark(args) => bookmark(&*backend, args),
         Command::Timeline { volume, bucket, json } => {

@@ -127,7 +127,7 @@ fn granularity_keeps_one_version_per_window_and_rounds_views_to_exact_points() {
     assert_eq!(created["granularity"], "1h");
     assert_eq!(created["granularity_nanos"], 3_600_000_000_000u64);
     let error = failing(&server, &["volume", "create", "bad", "--size", "1MiB", "--granularity", "often"]);
-    assert!(error.contains("use 0 (every write) or a duration"), "{error}");
+    assert!(error.contains("use 0 or ew (every write) or a duration"), "{error}");
 
     // Ten writes of block 0 within (almost certainly) one hour-long window.
     for pattern in 1..=10 {

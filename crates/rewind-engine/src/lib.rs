@@ -24,6 +24,7 @@ mod read;
 mod space;
 pub mod timespec;
 mod volume;
+mod writes;
 
 pub use error::EngineError;
 pub use history::{PolicyChange, TimelineReport, VolumeStats};
@@ -34,5 +35,6 @@ pub use rewind_chunks::{ChunkError, ChunkStats, ChunkStoreConfig, CollectPhase, 
 pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, TimelineBucket};
 pub use space::{ratio, VolumeSpace};
 pub use volume::{Durability, Volume, VolumeConfig, ZeroMode};
+pub use writes::WriteExtent;
 
 pub use rewind_types::{BlockSize, BookmarkName, Timestamp, VolumeName};

@@ -66,15 +66,15 @@ pub fn parse_point_in_time(input: &str, now: Timestamp, zone: &TimeZone) -> Resu
     BookmarkName::new(text).map(PointInTime::Bookmark).map_err(|invalid| error(invalid.reason))
 }
 
-/// A protection granularity: `0` (every write), or a duration such as `1s`,
-/// `5m`, `1h30m`. In nanoseconds.
+/// A protection granularity: `0` or `ew` (every write, the IBM paper's
+/// term), or a duration such as `1s`, `5m`, `1h30m`. In nanoseconds.
 pub fn parse_granularity(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    if text == "0" {
+    if text == "0" || text == "ew" {
         return Ok(0);
     }
     let duration = humantime::parse_duration(text).map_err(|error| {
-        format!("bad granularity {text:?}: {error}; use 0 (every write) or a duration like 1s, 5m, 1h")
+        format!("bad granularity {text:?}: {error}; use 0 or ew (every write) or a duration like 1s, 5m, 1h")
     })?;
     u64::try_from(duration.as_nanos()).map_err(|_| format!("granularity {text:?} is too long"))
 }
@@ -212,7 +212,7 @@ mod tests {
         assert_eq!(parse_granularity("5m"), Ok(300_000_000_000));
         assert_eq!(parse_granularity(" 1h30m "), Ok(5_400_000_000_000));
         let error = parse_granularity("5 parsecs").unwrap_err();
-        assert!(error.contains("use 0 (every write) or a duration"), "{error}");
+        assert!(error.contains("use 0 or ew (every write) or a duration"), "{error}");
         assert_eq!(display_granularity(0), "every write");
         assert_eq!(display_granularity(300_000_000_000), "5m");
     }

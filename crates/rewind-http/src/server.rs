@@ -19,6 +19,7 @@ use rewind_engine::{BookmarkName, EngineError, Node, Timestamp};
 use crate::api::{
     time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent, Health,
     ImportSummary, NodeReport, Policy, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    WriteHistory,
 };
 
 /// What the handlers share.
@@ -89,6 +90,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}", get(volume_detail).patch(update_volume).delete(delete_volume))
         .route("/v1/volumes/{name}/import", post(import_volume).layer(DefaultBodyLimit::disable()))
         .route("/v1/volumes/{name}/timeline", get(timeline))
+        .route("/v1/volumes/{name}/writes", get(write_history))
         .route("/v1/volumes/{name}/bookmarks", get(list_bookmarks).post(create_bookmark))
         .route("/v1/volumes/{name}/bookmarks/{bookmark}", delete(delete_bookmark))
         .route("/v1/volumes/{name}/view", get(resolve_view))
@@ -311,6 +313,16 @@ async fn timeline(
     blocking(move || {
         let volume = node.volume(&name)?;
         Ok(Timeline::of(&name, &volume.timeline(), bucket_seconds))
+    })
+    .await
+    .map(Json)
+}
+
+async fn write_history(State(state): State<Shared>, Path(name): Path<String>) -> Result<Json<WriteHistory>, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || {
+        let volume = node.volume(&name)?;
+        WriteHistory::of(&volume)
     })
     .await
     .map(Json)

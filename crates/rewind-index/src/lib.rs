@@ -168,6 +168,19 @@ const ARCHIVE_BATCH_MAX: usize = 1 << 14;
 
 const MANIFEST: &str = "manifest";
 
+fn scan_runs<'a>(
+    runs: impl Iterator<Item = &'a Arc<Run>>,
+    visit: &mut dyn FnMut(&Version) -> Result<(), IndexError>,
+) -> Result<(), IndexError> {
+    for run in runs {
+        let mut scan = run.scan();
+        while let Some(version) = scan.next_version()? {
+            visit(&version)?;
+        }
+    }
+    Ok(())
+}
+
 fn run_name(id: u64) -> String {
     format!("{id:010}.run")
 }
@@ -283,15 +296,28 @@ impl VersionIndex {
     ) -> Result<(), IndexError> {
         let archived_before = self.archived_before();
         let runs = self.state.read().runs.clone();
-        for run in runs.iter().filter(|run| run.info().timestamp_max < archived_before) {
-            let mut scan = run.scan();
-            while let Some(version) = scan.next_version()? {
-                if matches!(version.data, VersionData::Chunk(_)) {
-                    visit(&version)?;
-                }
-            }
+        let archived = runs.iter().filter(|run| run.info().timestamp_max < archived_before);
+        scan_runs(archived, &mut |version| match version.data {
+            VersionData::Chunk(_) => visit(version),
+            _ => Ok(()),
+        })
+    }
+
+    /// Calls `visit` with every version the index holds, run by run and
+    /// then the memtables (so in no particular order).
+    pub fn for_each_version(
+        &self,
+        visit: &mut dyn FnMut(&Version) -> Result<(), IndexError>,
+    ) -> Result<(), IndexError> {
+        let (runs, frozen, active) = {
+            let state = self.state.read();
+            (state.runs.clone(), state.frozen.clone(), state.active.sorted())
+        };
+        scan_runs(runs.iter(), visit)?;
+        for memtable in frozen {
+            memtable.sorted().iter().try_for_each(&mut *visit)?;
         }
-        Ok(())
+        active.iter().try_for_each(visit)
     }
 
     /// What later persists and merges drop. A pin must be set before any

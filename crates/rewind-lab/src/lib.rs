@@ -13,8 +13,10 @@
 //!
 //! Pure computation and files: no engine, no network.
 
+pub mod analysis;
 pub mod cache;
 pub mod model;
 pub mod replay;
+pub mod report;
 pub mod spc1;
 pub mod trace;

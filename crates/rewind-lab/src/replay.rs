@@ -108,7 +108,7 @@ pub struct ReplaySetup {
 }
 
 /// Device I/Os of one store.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StoreIo {
     /// Reads that serve read requests (cache misses).
     pub reads: u64,
@@ -117,6 +117,7 @@ pub struct StoreIo {
     pub writes: u64,
     /// Of all the I/Os, those to the block after the previous one's.
     pub sequential: u64,
+    #[serde(skip)]
     last_block: Option<u64>,
 }
 
@@ -149,7 +150,7 @@ impl StoreIo {
 }
 
 /// What a replay counted for one architecture.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Replay {
     pub requests: u64,
     pub write_requests: u64,
@@ -171,11 +172,17 @@ pub struct Replay {
 }
 
 impl Replay {
-    /// Device I/Os that writes cause, per block written (the paper's measure).
+    /// Device I/Os that writes cause, per block written (the paper's
+    /// measure); ROW's merges are counted apart ([`Replay::merge_ios_per_write`]).
     pub fn write_ios_per_write(&self) -> f64 {
         let ios =
             self.current.writes + self.current.reads_for_writes + self.history.writes + self.history.reads_for_writes;
-        ios as f64 / self.block_writes.max(1) as f64
+        (ios - self.merge_ios) as f64 / self.block_writes.max(1) as f64
+    }
+
+    /// ROW: the I/Os of merging snapshots back, per block written.
+    pub fn merge_ios_per_write(&self) -> f64 {
+        self.merge_ios as f64 / self.block_writes.max(1) as f64
     }
 
     pub fn retained_fraction(&self) -> f64 {
