@@ -3,6 +3,7 @@ they ran on, and writing their section of BENCHMARKS.md."""
 
 import json
 import re
+import signal
 import subprocess
 import time
 import urllib.request
@@ -45,3 +46,52 @@ def write_section(marker, section):
     pattern = re.compile(rf"<!-- {marker}:begin.*?<!-- {marker}:end -->", re.S)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
     path.write_text(text)
+
+
+def fio(uri, name, args, size, runtime=None, extra=()):
+    command = [
+        "fio", "--output-format=json", f"--name={name}", "--ioengine=nbd", f"--uri={uri}",
+        f"--size={size}", "--randseed=1", *args, *extra,
+    ]
+    if runtime:
+        command += ["--time_based", f"--runtime={runtime}", "--ramp_time=2"]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    # fio may print warnings before the JSON.
+    result = json.loads(output[output.index("{"):])
+    job = result["jobs"][0]
+    if job["error"]:
+        raise RuntimeError(f"fio {name} failed: error {job['error']}")
+    return job
+
+
+def throughput(job, direction):
+    return job[direction]["bw_bytes"]
+
+
+class Process:
+    def __init__(self, command, ready_pattern=None, **kwargs):
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, **kwargs)
+        self.lines = []
+        if ready_pattern:
+            while True:
+                line = self.process.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"{command[0]} exited before it was ready")
+                self.lines.append(line)
+                if all(re.search(p, "".join(self.lines)) for p in ready_pattern):
+                    break
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=120)
+
+
+def wait_port(port):
+    import socket
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")

@@ -16,18 +16,15 @@ git worktree beside the repository.
 """
 
 import argparse
-import json
 import os
-import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchlib import REWIND, ROOT, api, environment, write_section
+from benchlib import REWIND, ROOT, Process, api, environment, fio, throughput, wait_port, write_section
 
 # name, fio arguments, what is measured, target ratio (from BRIEF.md)
 JOBS = [
@@ -40,57 +37,6 @@ JOBS = [
     # After `overwrite` below has rewritten every block with random 4 KiB writes.
     ("seqread-1m-after-overwrite", ["--rw=read", "--bs=1m", "--iodepth=4"], "read", 0.9),
 ]
-
-
-def fio(uri, name, args, size, runtime=None, extra=()):
-    command = [
-        "fio", "--output-format=json", f"--name={name}", "--ioengine=nbd", f"--uri={uri}",
-        f"--size={size}", "--randseed=1", *args, *extra,
-    ]
-    if runtime:
-        command += ["--time_based", f"--runtime={runtime}", "--ramp_time=2"]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    # fio may print warnings before the JSON.
-    result = json.loads(output[output.index("{"):])
-    job = result["jobs"][0]
-    if job["error"]:
-        raise RuntimeError(f"fio {name} failed: error {job['error']}")
-    return job
-
-
-def throughput(job, direction):
-    return job[direction]["bw_bytes"]
-
-
-class Process:
-    def __init__(self, command, ready_pattern=None, **kwargs):
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, **kwargs)
-        self.lines = []
-        if ready_pattern:
-            while True:
-                line = self.process.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"{command[0]} exited before it was ready")
-                self.lines.append(line)
-                if all(re.search(p, "".join(self.lines)) for p in ready_pattern):
-                    break
-
-    def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=120)
-
-
-def wait_port(port):
-    import socket
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
-
-
 
 
 def nbdinfo_seconds(uri, repeat=15):

@@ -17,7 +17,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use rewind_bench_common::{measure, parse_count, DataDir};
 use rewind_engine::{
-    BlockSize, Durability, Node, NodeConfig, PolicyChange, RetentionTier, Timestamp, VolumeName, VolumeSpec,
+    BlockSize, Durability, Layout, Node, NodeConfig, PolicyChange, RetentionTier, Timestamp, VolumeName, VolumeSpec,
 };
 use rewind_io::OsStorage;
 use serde_json::json;
@@ -61,6 +61,7 @@ pub fn run(dir: &Path, args: &HistoryArgs, json: bool) -> anyhow::Result<()> {
         granularity_nanos: 0,
         retention: Vec::new(),
         space_max_bytes: 0,
+        layout: Layout::Journaled,
     };
     let volume = node.create_volume(spec, created)?;
     let block_bytes = args.block_bytes as usize;

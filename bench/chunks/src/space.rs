@@ -28,7 +28,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use rewind_bench_common::{parse_count, DataDir};
 use rewind_engine::timespec::{display_granularity, parse_granularity};
-use rewind_engine::{BlockSize, Durability, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
+use rewind_engine::{BlockSize, Durability, Layout, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
 use rewind_io::OsStorage;
 use serde_json::json;
 
@@ -139,6 +139,7 @@ pub fn run(dir: &Path, args: &SpaceArgs, json: bool) -> anyhow::Result<()> {
             granularity_nanos: granularity,
             retention: Vec::new(),
             space_max_bytes: 0,
+            layout: Layout::Journaled,
         };
         let volume = node.create_volume(spec, start)?;
         let mut rng = SmallRng::seed_from_u64(args.seed ^ 0x5eed);

@@ -16,8 +16,8 @@ use serde::Serialize;
 use rewind_engine::{BookmarkName, Node, NodeConfig};
 use rewind_http::api::{
     time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent, GcReport,
-    Health, ImportSummary, NodeReport, Policy, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
-    VolumeReport, WriteHistory,
+    Health, ImportSummary, NodeReport, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    WriteHistory,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -28,7 +28,8 @@ pub trait Backend {
     fn nbd_address(&self) -> Option<String>;
     fn list_volumes(&self) -> Result<Vec<VolumeInfo>>;
     fn create_volume(&self, request: &CreateVolume) -> Result<VolumeInfo>;
-    fn import_volume(&self, name: &str, block_size: u32, policy: &Policy, file: &Path) -> Result<ImportSummary>;
+    /// Creates `request`'s volume with the file's size and imports the file into it.
+    fn import_volume(&self, request: &CreateVolume, file: &Path) -> Result<ImportSummary>;
     fn volume(&self, name: &str) -> Result<VolumeDetail>;
     fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo>;
     fn delete_volume(&self, name: &str) -> Result<()>;
@@ -164,17 +165,21 @@ impl Backend for HttpBackend {
         self.post("/v1/volumes", request)
     }
 
-    fn import_volume(&self, name: &str, block_size: u32, policy: &Policy, file: &Path) -> Result<ImportSummary> {
+    fn import_volume(&self, volume: &CreateVolume, file: &Path) -> Result<ImportSummary> {
         let source = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
         let size_bytes = source.metadata()?.len();
         let bar = progress_bar(size_bytes, "importing");
         let mut reader = ProgressReader { inner: source, bar: bar.clone() };
-        let mut request = self
-            .agent
-            .post(&self.url(&format!("/v1/volumes/{name}/import")))
-            .query("block_size", block_size.to_string());
-        let fields =
-            [("granularity", &policy.granularity), ("retention", &policy.retention), ("space_max", &policy.space_max)];
+        let mut request = self.agent.post(&self.url(&format!("/v1/volumes/{}/import", volume.name)));
+        let policy = &volume.policy;
+        let block_size = volume.block_size.map(|bytes| bytes.to_string());
+        let fields = [
+            ("block_size", &block_size),
+            ("layout", &volume.layout),
+            ("granularity", &policy.granularity),
+            ("retention", &policy.retention),
+            ("space_max", &policy.space_max),
+        ];
         for (key, value) in fields {
             if let Some(value) = value {
                 request = request.query(key, value);
@@ -293,11 +298,10 @@ impl Backend for LocalBackend {
         Ok(VolumeInfo::of(&volume))
     }
 
-    fn import_volume(&self, name: &str, block_size: u32, policy: &Policy, file: &Path) -> Result<ImportSummary> {
+    fn import_volume(&self, request: &CreateVolume, file: &Path) -> Result<ImportSummary> {
         let mut source = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
         let size_bytes = source.metadata()?.len();
-        let request =
-            CreateVolume { name: name.to_owned(), size_bytes, block_size: Some(block_size), policy: policy.clone() };
+        let request = CreateVolume { size_bytes, ..request.clone() };
         let volume = self.node.create_volume(request.spec().map_err(|error| anyhow!(error))?, now())?;
         let bar = progress_bar(size_bytes, "importing");
         let result = volume.import(now(), &mut source, &mut |done| bar.set_position(done));
@@ -309,7 +313,7 @@ impl Backend for LocalBackend {
                 bytes_written: report.bytes_written,
             }),
             Err(error) => {
-                self.node.delete_volume(name)?;
+                self.node.delete_volume(&request.name)?;
                 Err(error.into())
             }
         }

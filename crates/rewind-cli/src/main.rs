@@ -153,6 +153,44 @@ struct PolicyArgs {
     space_max: String,
 }
 
+/// How a new volume stores its writes.
+#[derive(Args)]
+struct ShapeArgs {
+    /// Block size: a power of two from 512 B to 64 KiB.
+    #[arg(long, default_value = "4KiB")]
+    block_size: String,
+    /// Where writes go: journaled (journal, then the current store),
+    /// logging (history only; the present is read through the map), cow
+    /// (copy-on-write: in place, each block copied to history at its first
+    /// overwrite after a snapshot) or row (redirect-on-write: the current
+    /// store is merged at each snapshot). Snapshots are every granularity
+    /// window end and every bookmark.
+    #[arg(long, default_value = "journaled")]
+    layout: String,
+    /// The unit COW copies and ROW redirects (the block size), e.g. 16KiB.
+    #[arg(long, conflicts_with = "block_size")]
+    snap_block: Option<String>,
+}
+
+impl ShapeArgs {
+    fn request(self, name: String, size_bytes: u64, policy: PolicyArgs) -> Result<CreateVolume> {
+        let block_size = match &self.snap_block {
+            Some(_) if !["cow", "row"].contains(&self.layout.as_str()) => {
+                bail!("--snap-block is the unit of a snapshot layout (cow, row); for {} use --block-size", self.layout)
+            }
+            Some(snap_block) => snap_block,
+            None => &self.block_size,
+        };
+        Ok(CreateVolume {
+            name,
+            size_bytes,
+            block_size: Some(parse_block_size(block_size)?),
+            layout: Some(self.layout),
+            policy: policy.into(),
+        })
+    }
+}
+
 impl From<PolicyArgs> for Policy {
     fn from(args: PolicyArgs) -> Policy {
         Policy { granularity: Some(args.granularity), retention: Some(args.retention), space_max: Some(args.space_max) }
@@ -167,9 +205,8 @@ enum VolumeCommand {
         /// Size, e.g. 10GiB, 512MiB, 1TB.
         #[arg(long)]
         size: String,
-        /// Block size: a power of two from 512 B to 64 KiB.
-        #[arg(long, default_value = "4KiB")]
-        block_size: String,
+        #[command(flatten)]
+        shape: ShapeArgs,
         #[command(flatten)]
         policy: PolicyArgs,
         #[arg(long)]
@@ -180,8 +217,8 @@ enum VolumeCommand {
         name: String,
         /// A raw disk image; the volume gets its size.
         file: PathBuf,
-        #[arg(long, default_value = "4KiB")]
-        block_size: String,
+        #[command(flatten)]
+        shape: ShapeArgs,
         #[command(flatten)]
         policy: PolicyArgs,
         #[arg(long)]
@@ -391,31 +428,27 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
 
 fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
     match command {
-        VolumeCommand::Create { name, size, block_size, policy, json } => {
-            let request = CreateVolume {
-                name,
-                size_bytes: parse_bytes(&size, "size")?,
-                block_size: Some(parse_block_size(&block_size)?),
-                policy: policy.into(),
-            };
+        VolumeCommand::Create { name, size, shape, policy, json } => {
+            let request = shape.request(name, parse_bytes(&size, "size")?, policy)?;
             let info = backend.create_volume(&request)?;
             if json {
                 return output::json(&info);
             }
             let address = backend.nbd_address().unwrap_or_else(|| "127.0.0.1:10809 (once `rewind serve` runs)".into());
             println!(
-                "created volume {} ({}, {} blocks, keeps {}): nbd://{address}/{}",
+                "created volume {} ({}, {} layout, {} blocks, keeps {}): nbd://{address}/{}",
                 info.name,
                 indicatif::HumanBytes(info.size_bytes),
+                info.layout,
                 indicatif::HumanBytes(u64::from(info.block_size)),
                 output::kept_history(&info),
                 info.export
             );
             Ok(())
         }
-        VolumeCommand::Import { name, file, block_size, policy, json } => {
-            let block_size = parse_block_size(&block_size)?;
-            let summary = backend.import_volume(&name, block_size, &policy.into(), &file)?;
+        VolumeCommand::Import { name, file, shape, policy, json } => {
+            let request = shape.request(name, 0, policy)?;
+            let summary = backend.import_volume(&request, &file)?;
             if json {
                 return output::json(&summary);
             }

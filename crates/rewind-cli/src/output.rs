@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rewind_http::api::{
-    BookmarkInfo, GcReport, NodeReport, Timeline, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    BookmarkInfo, GcReport, NodeReport, StoreIo, Timeline, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
 };
 
 pub fn json(value: &impl Serialize) -> Result<()> {
@@ -295,6 +295,34 @@ pub fn volume_report(report: &VolumeReport) {
         println!("oldest kept     {oldest}");
     }
     println!("measured at     {}", report.measured_at);
+    store_io(&report.io);
+}
+
+/// Device I/O by store since the server started.
+fn store_io(io: &StoreIo) {
+    println!(
+        "device I/O      {:<8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>8}",
+        "store", "reads", "read", "writes", "written", "seq", "syncs"
+    );
+    let stores = [
+        ("journal", Some(io.journal)),
+        ("current", Some(io.current)),
+        ("index", Some(io.index)),
+        ("chunks", io.chunks),
+    ];
+    for (name, store) in stores {
+        let Some(store) = store else { continue };
+        let all = store.reads + store.writes;
+        println!(
+            "                {name:<8} {:>10} {:>10} {:>10} {:>10} {:>6.1}% {:>8}",
+            store.reads,
+            HumanBytes(store.read_bytes).to_string(),
+            store.writes,
+            HumanBytes(store.write_bytes).to_string(),
+            100.0 * store.sequential as f64 / all.max(1) as f64,
+            store.syncs
+        );
+    }
 }
 
 /// The node and its volumes (`rewind stats`).
@@ -336,6 +364,7 @@ pub fn node_report(report: &NodeReport) {
     if let Some(cause) = &report.chunk_store_poisoned {
         println!("STOPPED         archiving and collection stopped until restart: {cause}");
     }
+    store_io(&report.io);
     if report.volumes.is_empty() {
         return;
     }

@@ -1,4 +1,4 @@
-//! The lab from the command line: a protected volume's history exported as
+//! The lab from the command line, and the engine's own device I/O counts: a protected volume's history exported as
 //! a trace and replayed, an SPC-1-like trace generated and analysed into a
 //! report, and bad traces refused with their line.
 
@@ -19,6 +19,15 @@ fn a_volumes_history_is_a_trace_the_lab_replays() {
     run("qemu-io", &["-f", "raw", "-c", "write -P 1 0 64k", &server.uri("db")]);
     run("qemu-io", &["-f", "raw", "-c", "write -P 2 1M 8k", &server.uri("db")]);
     run("qemu-io", &["-f", "raw", "-c", "write -P 3 0 4k", &server.uri("db")]);
+
+    // Device I/O by store: the journal took every byte, synced at each flush.
+    let stats = json(&server.rewind(&["stats", "db", "--json"]));
+    let journal = &stats["io"]["journal"];
+    assert!(journal["write_bytes"].as_u64().unwrap() >= (64 + 8 + 4) << 10, "{stats}");
+    assert!(journal["syncs"].as_u64().unwrap() >= 3, "{stats}");
+    let metrics = ureq::get(&format!("{}/metrics", server.api())).call().unwrap().into_body().read_to_string().unwrap();
+    assert!(metrics.contains("rewind_store_write_bytes_total{volume=\"db\",store=\"journal\"}"), "{metrics}");
+    assert!(metrics.contains("rewind_store_reads_total{store=\"chunks\"}"), "{metrics}");
 
     let trace = server.rewind(&["trace", "export", "db"]);
     let rows: Vec<Vec<&str>> =

@@ -135,7 +135,8 @@ impl Volume {
     /// One archive pass (see the module documentation). Returns whether it
     /// archived anything.
     pub(crate) fn archive(&self, now: Timestamp) -> Result<bool, EngineError> {
-        if self.chunks.is_poisoned() {
+        // COW copies history straight into the chunk store: nothing waits in the journal.
+        if self.chunks.is_poisoned() || self.layout().copies_before_overwrite() {
             return Ok(false);
         }
         // Everything durable into runs first: only runs are archived.
@@ -182,7 +183,12 @@ impl Volume {
     /// Deletes the journal segments recovery no longer needs and the index
     /// no longer refers to. Returns whether it deleted any.
     pub(crate) fn reclaim_journal(&self, replay_segment: u32) -> Result<bool, EngineError> {
-        let freed = self.journal.reclaim(replay_segment, self.index.archived_before())?;
+        // In COW the index never refers to the journal: recovery alone needs it.
+        let unreferenced_before = match self.layout().copies_before_overwrite() {
+            true => Timestamp::MAX,
+            false => self.index.archived_before(),
+        };
+        let freed = self.journal.reclaim(replay_segment, unreferenced_before)?;
         self.counters.journal_bytes_reclaimed.fetch_add(freed, Ordering::Relaxed);
         Ok(freed > 0)
     }
@@ -194,7 +200,7 @@ impl Volume {
         let _history_work = self.history_work.lock();
         let block_bytes = self.block_size().bytes();
         self.releasing(|| {
-            self.index.for_each_archived(&mut |version| {
+            self.index.for_each_chunk(&mut |version| {
                 if let VersionData::Chunk(id) = version.data {
                     self.chunks.release(id, block_bytes);
                 }

@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use jiff::tz::TimeZone;
 use parking_lot::Mutex;
-use rewind_format::meta::{Bookmark, Bookmarks, RetentionTier, TimelineBucket, TimelineFrame, VolumePolicy};
+use rewind_format::meta::{Bookmark, Bookmarks, Layout, RetentionTier, TimelineBucket, TimelineFrame, VolumePolicy};
 use rewind_index::Thinning;
 use rewind_io::{read_file, write_file_atomic, File, OpenMode, Storage};
 use rewind_types::{BookmarkName, Lsn, Timestamp};
 
+use crate::current::CurrentStore;
 use crate::timespec::{display_granularity, display_retention, parse_point_in_time, DisplayTime, PointInTime};
 use crate::{EngineError, Volume};
 
@@ -223,6 +224,7 @@ impl Volume {
                 Bookmarks::COUNT_MAX
             )));
         }
+        let snapshot_now = at.is_none();
         let at = match at {
             // A time in the past is kept exact only if it is already (see `exact_time`).
             Some(at) => self.exact_time(self.check_in_history(at, now)?)?,
@@ -239,6 +241,11 @@ impl Volume {
         self.save_bookmarks(&next)?;
         *bookmarks = next;
         self.rethin(&self.history.policy.lock(), &bookmarks);
+        drop(bookmarks);
+        if snapshot_now && self.layout() == Layout::Row {
+            // A bookmark is an on-demand snapshot: ROW merges at each.
+            self.destage_durable()?;
+        }
         Ok(bookmark)
     }
 
@@ -608,7 +615,7 @@ impl Volume {
             journal_bytes_reclaimed: counter(&counters.journal_bytes_reclaimed),
             journal_bytes: self.journal.size_bytes()?,
             journal_bytes_reclaimable: self.journal.reclaimable_bytes(self.index.archived_before())?,
-            current_bytes: self.current.size_bytes(),
+            current_bytes: self.current.as_ref().map_or(0, CurrentStore::size_bytes),
             lsn_last: self.journal.lsn_next().0 - 1,
             lsn_durable: self.journal.lsn_durable().0,
             versions_pending_destage: self.overlay_versions.load(Ordering::Relaxed) as u64,

@@ -15,7 +15,9 @@
 //! event loop).
 
 mod archive;
+mod copy;
 mod current;
+mod device_io;
 mod error;
 mod history;
 mod import;
@@ -26,6 +28,7 @@ pub mod timespec;
 mod volume;
 mod writes;
 
+pub use device_io::VolumeIoStats;
 pub use error::EngineError;
 pub use history::{PolicyChange, TimelineReport, VolumeStats};
 pub use import::ImportReport;
@@ -33,6 +36,7 @@ pub use node::{Node, NodeConfig, VolumeSpec, WorkSignal};
 pub use read::{BlockStatus, View};
 pub use rewind_chunks::{ChunkError, ChunkStats, ChunkStoreConfig, CollectPhase, CollectReport, DedupConfig};
 pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, TimelineBucket};
+pub use rewind_io::IoStats;
 pub use space::{ratio, VolumeSpace};
 pub use volume::{Durability, Volume, VolumeConfig, ZeroMode};
 pub use writes::WriteExtent;

@@ -9,7 +9,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use rewind_chunks::{ChunkError, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport};
 use rewind_format::meta::{Layout, RetentionTier, VolumeMeta, VolumePolicy};
 use rewind_index::{PageCache, PageCacheStats};
-use rewind_io::Storage;
+use rewind_io::{CountingStorage, IoStats, Storage};
 use rewind_types::{BlockSize, Timestamp, VersionData, VolumeName};
 
 use crate::volume::Shared;
@@ -49,6 +49,8 @@ pub struct VolumeSpec {
     pub retention: Vec<RetentionTier>,
     /// The most bytes history may take (0: no cap); see [`Volume::set_policy`].
     pub space_max_bytes: u64,
+    /// Where writes go (see [`Layout`]); fixed at creation.
+    pub layout: Layout,
 }
 
 /// Wakes the embedder's maintenance loop when there is work to do.
@@ -81,6 +83,8 @@ const VOLUME_BYTES_MAX: u64 = 1 << 60;
 
 pub struct Node {
     storage: Arc<dyn Storage>,
+    /// Counts the chunk store's device I/O: the history's data.
+    chunk_io: Arc<CountingStorage>,
     config: NodeConfig,
     shared: Shared,
     volumes: RwLock<BTreeMap<String, Arc<Volume>>>,
@@ -100,7 +104,8 @@ impl Node {
     pub fn open(storage: Arc<dyn Storage>, config: NodeConfig) -> Result<Node, EngineError> {
         storage.create_dir_all(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
         storage.sync_dir("").map_err(EngineError::io("."))?;
-        let chunks = Arc::new(ChunkStore::open(Arc::clone(&storage), CHUNKS_DIR, config.chunks)?);
+        let chunk_io = Arc::new(CountingStorage::new(Arc::clone(&storage)));
+        let chunks = Arc::new(ChunkStore::open(Arc::clone(&chunk_io) as Arc<dyn Storage>, CHUNKS_DIR, config.chunks)?);
         let shared = Shared {
             cache: PageCache::new(config.index_cache_bytes),
             chunks: Arc::clone(&chunks),
@@ -122,7 +127,7 @@ impl Node {
         for volume in volumes.values() {
             let block_bytes = volume.block_size().bytes();
             let mut missing = None;
-            volume.index.for_each_archived(&mut |version| {
+            volume.index.for_each_chunk(&mut |version| {
                 let VersionData::Chunk(id) = version.data else { unreachable!("archived versions") };
                 if let Err(error) = chunks.mark(id, block_bytes) {
                     missing.get_or_insert(error);
@@ -137,8 +142,12 @@ impl Node {
             }
         }
         chunks.finish_open()?;
+        for volume in volumes.values().filter(|volume| volume.layout().copies_before_overwrite()) {
+            volume.checkpoint(volume.timestamp_last())?;
+        }
         Ok(Node {
             storage,
+            chunk_io,
             config,
             shared,
             volumes: RwLock::new(volumes),
@@ -176,7 +185,7 @@ impl Node {
             size_bytes: spec.size_bytes,
             block_size: spec.block_size,
             created: now,
-            layout: Layout::Journaled,
+            layout: spec.layout,
         };
         let volume = Volume::create(
             Arc::clone(&self.storage),
@@ -284,6 +293,11 @@ impl Node {
 
     pub fn chunk_stats(&self) -> ChunkStats {
         self.shared.chunks.stats()
+    }
+
+    /// Device I/O of the chunk store (packs, chunk table, dedup index) since the node opened.
+    pub fn chunk_io_stats(&self) -> IoStats {
+        self.chunk_io.counters().stats()
     }
 
     /// Checkpoints every healthy volume and writes the dedup index's memory

@@ -1,6 +1,8 @@
 //! Reading a volume: the present, and views of the past.
 //!
-//! A read first *plans* where each block comes from, then reads. For the
+//! A read first *plans* where each block comes from, then reads. In the
+//! Logging layout, which has no current store, every block comes from the
+//! version index, the present as well as the past. Otherwise, for the
 //! present, a block comes from the overlay (its newest version is not in the
 //! current store yet: read it from the journal) or from the current store. For
 //! a view at `T`, the same holds for every block whose newest version is at or
@@ -181,7 +183,7 @@ impl Volume {
         Ok(())
     }
 
-    fn corrupt_current(&self, block: BlockIndex) -> EngineError {
+    pub(crate) fn corrupt_current(&self, block: BlockIndex) -> EngineError {
         EngineError::Corrupt {
             volume: self.name().to_string(),
             detail: format!("block {block} in the current store fails its checksum"),
@@ -237,7 +239,8 @@ impl Volume {
                         end += 1;
                     }
                     let range = bytes(end);
-                    self.current.read_data(BlockIndex(first.0 + start as u64), &mut target[range.clone()])?;
+                    let current = self.current.as_ref().expect("planned from the current store");
+                    current.read_data(BlockIndex(first.0 + start as u64), &mut target[range.clone()])?;
                     for (index, block) in target[range].chunks_exact(block_bytes).enumerate() {
                         let Source::Current { crc32c } = sources[start + index] else { unreachable!() };
                         if rewind_format::crc32c(block) != crc32c {
@@ -314,14 +317,26 @@ impl Volume {
         first: BlockIndex,
         count: u64,
     ) -> Result<Result<Vec<Source>, Mismatch>, EngineError> {
+        let Some(current) = &self.current else {
+            // Logging: the map is the only way to the present, too.
+            let blocks: Vec<u64> = (first.0..first.0 + count).collect();
+            let found = self.index.find_le_many(&blocks, at.unwrap_or(Timestamp::MAX))?;
+            return Ok(Ok(found
+                .iter()
+                .map(|version| version.as_ref().map_or(Source::Zero, Source::of_version))
+                .collect()));
+        };
         let mut metas = Vec::with_capacity(count as usize);
-        if let Err(index) = self.current.read_meta(first, count, &mut metas)? {
+        if let Err(index) = current.read_meta(first, count, &mut metas)? {
             return Ok(Err(Mismatch(BlockIndex(first.0 + index))));
         }
+        // Per block, its newest overlay version at or before `at`.
         let newest_pending = |state: &WriteState| -> Vec<Option<Version>> {
             (first.0..first.0 + count)
                 .map(|block| {
-                    state.overlay.get(&block).and_then(|pending| pending.last()).map(|pending| pending.version)
+                    let pending = state.overlay.get(&block)?;
+                    let visible = pending.iter().rev().find(|entry| at.is_none_or(|at| entry.version.timestamp <= at));
+                    visible.map(|entry| entry.version)
                 })
                 .collect()
         };
@@ -333,15 +348,21 @@ impl Volume {
         let mut sources = Vec::with_capacity(count as usize);
         let mut from_history = Vec::new();
         for (index, meta) in metas.iter().enumerate() {
-            let (timestamp, source) = match pending.get(index).copied().flatten() {
-                Some(version) => (version.timestamp, Source::of_version(&version)),
-                None => (meta.timestamp, Source::of_meta(meta)),
+            // The overlay's versions are newer than the current store's, and
+            // the index's (before them) older: the first that is not after
+            // `at` is the one. (In COW the index holds only what was copied
+            // out, so versions still in the overlay must be found there.)
+            let source = match pending.get(index).copied().flatten() {
+                Some(version) => Some(Source::of_version(&version)),
+                None if at.is_none_or(|at| meta.timestamp <= at) => Some(Source::of_meta(meta)),
+                None => None,
             };
-            if at.is_none_or(|at| timestamp <= at) {
-                sources.push(source);
-            } else {
-                sources.push(Source::Zero);
-                from_history.push(index);
+            match source {
+                Some(source) => sources.push(source),
+                None => {
+                    sources.push(Source::Zero);
+                    from_history.push(index);
+                }
             }
         }
         if let Some(at) = at.filter(|_| !from_history.is_empty()) {

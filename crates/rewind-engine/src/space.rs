@@ -69,7 +69,7 @@ impl Volume {
     pub fn measure_space(&self, now: Timestamp) -> Result<VolumeSpace, EngineError> {
         let mut set = rewind_chunks::ChunkSet::default();
         let mut chunk_references = 0;
-        self.index.for_each_archived(&mut |version| {
+        self.index.for_each_chunk(&mut |version| {
             if let VersionData::Chunk(id) = version.data {
                 set.insert(id);
                 chunk_references += 1;

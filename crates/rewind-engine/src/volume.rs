@@ -22,13 +22,14 @@ use rustc_hash::FxHashMap;
 use rewind_chunks::ChunkStore;
 use rewind_format::current::{BlockMeta, BlockState};
 use rewind_format::journal::{RecordKind, RECORD_HEADER_BYTES};
-use rewind_format::meta::{Checkpoint, TimelineBucket, VolumeMeta, VolumePolicy};
+use rewind_format::meta::{Checkpoint, Layout, TimelineBucket, VolumeMeta, VolumePolicy};
 use rewind_index::{IndexConfig, PageCache, VersionIndex};
 use rewind_io::{read_file, write_file_atomic, OpenMode, Storage};
 use rewind_journal::{Journal, JournalConfig, JournalError};
 use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp, Version, VersionData};
 
 use crate::current::CurrentStore;
+use crate::device_io::{VolumeIo, VolumeIoStats};
 use crate::history::History;
 use crate::node::WorkSignal;
 use crate::EngineError;
@@ -132,6 +133,8 @@ pub(crate) struct MaintenanceState {
     checkpoint_last: Timestamp,
     checkpoint_lsn: Lsn,
     checkpoint_journal_bytes: u64,
+    /// ROW: when the redirected blocks were last merged into the current store.
+    merged_at: Timestamp,
     /// Recovery starts in this journal segment: the ones before it may be
     /// reclaimed once their history is archived.
     pub replay_segment: u32,
@@ -172,9 +175,10 @@ pub(crate) struct Shared {
 struct Parts {
     journal: Journal,
     index: VersionIndex,
-    current: CurrentStore,
+    current: Option<CurrentStore>,
     history: History,
     chunks: Arc<ChunkStore>,
+    io: VolumeIo,
 }
 
 /// The largest write record; larger writes become several records.
@@ -190,8 +194,10 @@ pub struct Volume {
     pub(crate) config: VolumeConfig,
     pub(crate) journal: Journal,
     pub(crate) index: VersionIndex,
-    pub(crate) current: CurrentStore,
+    /// The present, at natural offsets; none in the Logging layout.
+    pub(crate) current: Option<CurrentStore>,
     pub(crate) chunks: Arc<ChunkStore>,
+    io: VolumeIo,
     pub(crate) write: Mutex<WriteState>,
     pub(crate) destage: Mutex<DestageState>,
     pub(crate) maintenance: Mutex<MaintenanceState>,
@@ -218,13 +224,21 @@ impl Volume {
     ) -> Result<Arc<Volume>, EngineError> {
         storage.create_dir_all(dir).map_err(EngineError::io(dir))?;
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
+        let io = VolumeIo::new(&storage);
         let journal_dir = format!("{dir}/journal");
-        let journal =
-            Journal::create(Arc::clone(&storage), &journal_dir, meta.block_size, config.journal, meta.created)?;
+        let journal = Journal::create(io.journal(), &journal_dir, meta.block_size, config.journal, meta.created)?;
         let cache = Arc::clone(&shared.cache);
-        let index = VersionIndex::create(Arc::clone(&storage), &format!("{dir}/index"), config.index, cache)?;
-        let current = CurrentStore::open(&*storage, dir, meta.block_size, block_count, OpenMode::CreateNew)?;
-        current.sync()?;
+        let index_config = IndexConfig { late_entries: meta.layout.copies_before_overwrite(), ..config.index };
+        let index = VersionIndex::create(io.index(), &format!("{dir}/index"), index_config, cache)?;
+        let current = match meta.layout.has_current_store() {
+            true => {
+                let current =
+                    CurrentStore::open(&*io.current(), dir, meta.block_size, block_count, OpenMode::CreateNew)?;
+                current.sync()?;
+                Some(current)
+            }
+            false => None,
+        };
         let history = History::create(&*storage, dir, policy)?;
         index.set_thinning(history.thinning(meta.created));
         let checkpoint =
@@ -233,8 +247,9 @@ impl Volume {
         // Written last: a directory without it is an unfinished creation.
         let path = format!("{dir}/volume.meta");
         write_file_atomic(&*storage, &path, &meta.encode()).map_err(EngineError::io(&path))?;
-        let parts = Parts { journal, index, current, history, chunks: Arc::clone(&shared.chunks) };
-        Ok(Arc::new(Volume::assemble(storage, dir, meta, config, parts, checkpoint, Arc::clone(&shared.work), 0)))
+        let parts = Parts { journal, index, current, history, chunks: Arc::clone(&shared.chunks), io };
+        let work = Arc::clone(&shared.work);
+        Ok(Arc::new(Volume::assemble(storage, dir, meta, config, parts, checkpoint, work, 0, Vec::new())))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -243,11 +258,17 @@ impl Volume {
         dir: &str,
         meta: VolumeMeta,
         config: VolumeConfig,
-        Parts { journal, index, current, history, chunks }: Parts,
+        Parts { journal, index, current, history, chunks, io }: Parts,
         checkpoint: Checkpoint,
         work: Arc<WorkSignal>,
         timestamp_last_nanos: u64,
+        recovered: Vec<Pending>,
     ) -> Volume {
+        let recovered_count = recovered.len();
+        let mut overlay: FxHashMap<u64, smallvec::SmallVec<[Pending; 1]>> = FxHashMap::default();
+        for pending in recovered {
+            overlay.entry(pending.version.block.0).or_default().push(pending);
+        }
         let zero_block_crc32c = rewind_format::crc32c(&vec![0u8; meta.block_size.bytes() as usize]);
         index.set_release_hook(Arc::new(crate::archive::ReleaseChunks {
             chunks: Arc::clone(&chunks),
@@ -260,7 +281,7 @@ impl Volume {
             write: Mutex::new(WriteState {
                 timestamp_last: checkpoint.timestamp_last.max(Timestamp::from_unix_nanos(timestamp_last_nanos)),
                 timestamp_floor: index.archived_before(),
-                overlay: FxHashMap::default(),
+                overlay,
                 timeline_unsaved: BTreeMap::new(),
                 crcs: Vec::new(),
                 versions: Vec::new(),
@@ -271,6 +292,7 @@ impl Volume {
                 checkpoint_last: checkpoint.timestamp_last,
                 checkpoint_lsn: checkpoint.lsn,
                 checkpoint_journal_bytes: 0,
+                merged_at: checkpoint.timestamp_last,
                 replay_segment: checkpoint.replay_from.segment,
             }),
             history_work: Mutex::new(HistoryWork {
@@ -281,7 +303,8 @@ impl Volume {
             index,
             current,
             chunks,
-            overlay_versions: AtomicUsize::new(0),
+            io,
+            overlay_versions: AtomicUsize::new(recovered_count),
             poisoned: Mutex::new(None),
             closed: AtomicBool::new(false),
             history,
@@ -310,12 +333,18 @@ impl Volume {
         let checkpoint = Checkpoint::decode(&bytes).map_err(|error| corrupt_file(&checkpoint_path, error))?;
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
         let cache = Arc::clone(&shared.cache);
-        let index = VersionIndex::open(Arc::clone(&storage), &format!("{dir}/index"), config.index, cache)?;
-        let current = CurrentStore::open(&*storage, dir, meta.block_size, block_count, OpenMode::Existing)?;
+        let io = VolumeIo::new(&storage);
+        let index_config = IndexConfig { late_entries: meta.layout.copies_before_overwrite(), ..config.index };
+        let index = VersionIndex::open(io.index(), &format!("{dir}/index"), index_config, cache)?;
+        let current = match meta.layout.has_current_store() {
+            true => Some(CurrentStore::open(&*io.current(), dir, meta.block_size, block_count, OpenMode::Existing)?),
+            false => None,
+        };
         let history = History::open(&*storage, dir)?;
         index.set_thinning(history.thinning(meta.created));
         let lsn_indexed = index.lsn_indexed();
-        if lsn_indexed < checkpoint.lsn {
+        // In COW only copy records are indexed: the last may be older.
+        if lsn_indexed < checkpoint.lsn && !meta.layout.copies_before_overwrite() {
             return Err(EngineError::Corrupt {
                 volume: volume_name,
                 detail: format!(
@@ -325,7 +354,7 @@ impl Volume {
             });
         }
         let mut recovery = Journal::recover(
-            Arc::clone(&storage),
+            io.journal(),
             &format!("{dir}/journal"),
             meta.block_size,
             config.journal,
@@ -339,8 +368,18 @@ impl Volume {
         let mut timeline = BTreeMap::new();
         let mut versions = Vec::new();
         let mut metas = Vec::new();
+        // COW: writes since the checkpoint go back to the overlay, to be
+        // destaged with their copies; its copy records go back to the index.
+        let copies_history = meta.layout.copies_before_overwrite();
+        let mut recovered = Vec::new();
         while let Some(record) = recovery.next_record()? {
             let header = record.header;
+            if header.kind == RecordKind::Copy {
+                if header.lsn > lsn_indexed {
+                    index.insert(header.lsn, &record.copies()?);
+                }
+                continue;
+            }
             let first = header.block_first;
             if first.0 + u64::from(header.block_count) > block_count {
                 return Err(EngineError::Corrupt {
@@ -361,16 +400,22 @@ impl Volume {
                         )
                     }
                     RecordKind::Zero => (VersionData::Zero, zero_block_crc32c, BlockState::Zero),
+                    RecordKind::Copy => unreachable!("handled above"),
                 };
                 let block = BlockIndex(first.0 + u64::from(index));
                 versions.push(Version { block, timestamp: header.timestamp, data, crc32c });
                 metas.push(BlockMeta { state, crc32c, timestamp: header.timestamp });
             }
-            match header.kind {
-                RecordKind::Write => current.write_blocks(first, record.data, &metas)?,
-                RecordKind::Zero => current.zero_blocks(first, &metas)?,
+            // Re-applied (for ROW, an early merge) unless COW must copy first.
+            match (&current, header.kind) {
+                (None, _) => {}
+                (Some(_), _) if copies_history => {
+                    recovered.extend(versions.iter().map(|version| Pending { lsn: header.lsn, version: *version }));
+                }
+                (Some(current), RecordKind::Write) => current.write_blocks(first, record.data, &metas)?,
+                (Some(current), _) => current.zero_blocks(first, &metas)?,
             }
-            if header.lsn > lsn_indexed {
+            if header.lsn > lsn_indexed && !copies_history {
                 index.insert(header.lsn, &versions);
             }
             if header.lsn > history.timeline_lsn() {
@@ -402,15 +447,20 @@ impl Volume {
             dir,
             meta,
             config,
-            Parts { journal, index, current, history, chunks: Arc::clone(&shared.chunks) },
+            Parts { journal, index, current, history, chunks: Arc::clone(&shared.chunks), io },
             checkpoint,
             Arc::clone(&shared.work),
             timestamp_last.unix_nanos(),
+            recovered,
         );
         debug_assert_eq!(volume.zero_block_crc32c, zero_block_crc32c);
         volume.write.lock().timeline_unsaved = timeline;
-        // Make the replay durable so the next start need not repeat it.
-        volume.checkpoint(timestamp_last)?;
+        // Make the replay durable so the next start need not repeat it. In
+        // COW that destages, which copies into the chunk store: the node
+        // does it once the store has counted its references.
+        if !volume.layout().copies_before_overwrite() {
+            volume.checkpoint(timestamp_last)?;
+        }
         Ok(Arc::new(volume))
     }
 
@@ -583,11 +633,15 @@ impl Volume {
     fn record_versions(&self, state: &mut WriteState, lsn: Lsn, journal_bytes: u64, zero: bool) {
         let versions = std::mem::take(&mut state.versions);
         let first = versions.first().expect("records cover blocks");
-        self.index.insert(lsn, &versions);
-        for version in &versions {
-            state.overlay.entry(version.block.0).or_default().push(Pending { lsn, version: *version });
+        if !self.meta.layout.copies_before_overwrite() {
+            self.index.insert(lsn, &versions);
         }
-        self.overlay_versions.fetch_add(versions.len(), Ordering::Relaxed);
+        if self.current.is_some() {
+            for version in &versions {
+                state.overlay.entry(version.block.0).or_default().push(Pending { lsn, version: *version });
+            }
+            self.overlay_versions.fetch_add(versions.len(), Ordering::Relaxed);
+        }
         let bytes = versions.len() as u64 * u64::from(self.meta.block_size.bytes());
         add_to_timeline(&mut state.timeline_unsaved, first.timestamp, zero, bytes);
         self.counters.journal_bytes_appended.fetch_add(journal_bytes, Ordering::Relaxed);
@@ -697,18 +751,34 @@ impl Volume {
     pub(crate) fn destage_durable(&self) -> Result<(), EngineError> {
         let (lsn_durable, _) = self.journal.durable_point();
         let mut destage = self.destage.lock();
+        if self.current.is_none() {
+            // Logging: the index is the present; nothing is destaged.
+            destage.lsn_applied = destage.lsn_applied.max(lsn_durable);
+            return Ok(());
+        }
         if destage.lsn_applied >= lsn_durable && self.overlay_versions.load(Ordering::Relaxed) == 0 {
             return Ok(());
         }
-        let mut newest: Vec<Pending> = {
+        let copies = self.meta.layout.copies_before_overwrite();
+        let (mut newest, mut chains): (Vec<Pending>, Vec<Vec<Pending>>) = {
             let state = self.write.lock();
-            state
+            let durable = |pending: &smallvec::SmallVec<[Pending; 1]>| -> Vec<Pending> {
+                pending.iter().take_while(|entry| entry.lsn <= lsn_durable).copied().collect()
+            };
+            let newest = state
                 .overlay
                 .values()
                 .filter_map(|pending| pending.iter().rev().find(|entry| entry.lsn <= lsn_durable).copied())
-                .collect()
+                .collect();
+            let chains = match copies {
+                true => state.overlay.values().map(durable).filter(|chain| !chain.is_empty()).collect(),
+                false => Vec::new(),
+            };
+            (newest, chains)
         };
         newest.sort_unstable_by_key(|pending| pending.version.block);
+        chains.sort_unstable_by_key(|chain| chain[0].version.block);
+        self.copy_before_overwrite(&chains).map_err(|error| self.fail(error))?;
         self.apply_to_current(&newest).map_err(|error| self.fail(error))?;
         destage.lsn_applied = destage.lsn_applied.max(lsn_durable);
         drop(destage);
@@ -732,6 +802,7 @@ impl Volume {
     /// neighbours whose journal bytes are contiguous.
     fn apply_to_current(&self, versions: &[Pending]) -> Result<(), EngineError> {
         const RUN_BYTES_MAX: usize = 8 << 20;
+        let current = self.current.as_ref().expect("only layouts with a current store have an overlay");
         let block_bytes = self.meta.block_size.bytes();
         let mut buffer = Vec::new();
         let mut metas = Vec::new();
@@ -767,7 +838,7 @@ impl Volume {
                 timestamp: pending.version.timestamp,
             }));
             match first.data {
-                VersionData::Zero => self.current.zero_blocks(first.block, &metas)?,
+                VersionData::Zero => current.zero_blocks(first.block, &metas)?,
                 VersionData::Chunk(_) => unreachable!("the overlay holds versions in the journal"),
                 VersionData::Journal { segment, offset } => {
                     buffer.resize(run.len() * block_bytes as usize, 0);
@@ -783,7 +854,7 @@ impl Volume {
                             });
                         }
                     }
-                    self.current.write_blocks(first.block, &buffer, &metas)?;
+                    current.write_blocks(first.block, &buffer, &metas)?;
                 }
             }
             start = end;
@@ -815,9 +886,11 @@ impl Volume {
         } else {
             maintenance.undurable_since = None;
         }
-        if self.overlay_versions.load(Ordering::Relaxed) > 0 {
+        let merge_due = self.merge_due(&maintenance, now);
+        if self.overlay_versions.load(Ordering::Relaxed) > 0 && merge_due {
             let before = self.overlay_versions.load(Ordering::Relaxed);
             self.destage_durable()?;
+            maintenance.merged_at = now;
             worked |= self.overlay_versions.load(Ordering::Relaxed) < before;
         }
         if self.index.active_len() >= self.config.memtable_versions_max {
@@ -827,7 +900,9 @@ impl Volume {
         let lsn_last = Lsn(self.journal.lsn_next().0 - 1);
         let journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
         let since = now.unix_nanos().saturating_sub(maintenance.checkpoint_last.unix_nanos());
-        let due = since >= self.config.checkpoint_interval_nanos
+        // A checkpoint destages everything: in ROW, a merge, so only at a
+        // snapshot, unless the journal since the last one grows too long.
+        let due = (since >= self.config.checkpoint_interval_nanos && merge_due)
             || journal_bytes - maintenance.checkpoint_journal_bytes >= self.config.checkpoint_journal_bytes;
         if lsn_last > maintenance.checkpoint_lsn && due {
             drop(maintenance);
@@ -837,6 +912,18 @@ impl Volume {
             worked = true;
         }
         Ok(worked)
+    }
+
+    /// Whether versions may be destaged now. Continuously, but in ROW only
+    /// at snapshots: with a granularity g the source is merged once a
+    /// window ends (every window end is a snapshot), at every write's
+    /// granularity at every pass.
+    fn merge_due(&self, maintenance: &MaintenanceState, now: Timestamp) -> bool {
+        if self.meta.layout != Layout::Row {
+            return true;
+        }
+        let window = self.granularity_nanos();
+        window == 0 || now.unix_nanos() / window > maintenance.merged_at.unix_nanos() / window
     }
 
     /// The slow background work on history, called periodically by the
@@ -885,13 +972,16 @@ impl Volume {
             {
                 let destage = self.destage.lock();
                 assert!(destage.lsn_applied >= lsn, "destaged through the sealed LSN");
-                self.current.sync()?;
+                if let Some(current) = &self.current {
+                    current.sync()?;
+                }
             }
             self.history.save_timeline(lsn, timeline)?;
             write_checkpoint(&*self.storage, &self.dir, &Checkpoint { lsn, replay_from, timestamp_last })
         })();
         result.map_err(|error| self.fail(error))?;
         maintenance.checkpoint_last = now;
+        maintenance.merged_at = now;
         maintenance.checkpoint_lsn = lsn;
         maintenance.replay_segment = replay_from.segment;
         maintenance.checkpoint_journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
@@ -901,6 +991,11 @@ impl Volume {
 
     pub(crate) fn storage(&self) -> &dyn Storage {
         &*self.storage
+    }
+
+    /// Device I/O of the volume's stores since it was opened.
+    pub fn io_stats(&self) -> VolumeIoStats {
+        self.io.stats()
     }
 
     /// Time of the newest version (the volume's creation if none).

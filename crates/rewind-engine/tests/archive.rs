@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use rewind_engine::{BlockSize, Durability, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
+use rewind_engine::{BlockSize, Durability, Layout, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
 use rewind_io::{SimConfig, SimStorage};
 
 const SECOND: u64 = 1_000_000_000;
@@ -27,6 +27,7 @@ fn archive_ten_writes(granularity_nanos: u64) -> (u64, Vec<u8>) {
         granularity_nanos,
         retention: Vec::new(),
         space_max_bytes: 0,
+        layout: Layout::Journaled,
     };
     let volume = node.create_volume(spec, start).unwrap();
     for write in 1..=10u8 {
@@ -88,6 +89,7 @@ fn background_work_runs_concurrently_with_writes_and_views() {
         granularity_nanos: 0,
         retention: Vec::new(),
         space_max_bytes: 0,
+        layout: Layout::Journaled,
     };
     let volume = node.create_volume(spec, now()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));

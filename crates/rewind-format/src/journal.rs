@@ -6,7 +6,7 @@
 //! and the CRC array, so a reader verifies a whole record, or one block of it
 //! against its own CRC without reading its neighbours.
 
-use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp};
+use rewind_types::{BlockIndex, BlockSize, ChunkId, Lsn, Timestamp, Version, VersionData};
 
 use crate::{crc32c, crc32c_append, verify_crc, FormatError, Reader, Writer};
 
@@ -73,7 +73,15 @@ pub enum RecordKind {
     Write = 1,
     /// Blocks that now read as zeros (TRIM, WRITE_ZEROES); no payload.
     Zero = 2,
+    /// Versions copied to history before they were overwritten (the COW
+    /// layout): `block_count` entries of [`COPY_ENTRY_BYTES`] where a write
+    /// record has its CRC array, each a block, its version's own time, and
+    /// where its bytes now are (a chunk, or zeros). No payload.
+    Copy = 3,
 }
+
+/// Bytes of one entry of a copy record.
+pub const COPY_ENTRY_BYTES: usize = 32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecordHeader {
@@ -96,6 +104,7 @@ impl RecordHeader {
         match self.kind {
             RecordKind::Write => (self.block_count as usize * 4).next_multiple_of(8),
             RecordKind::Zero => 0,
+            RecordKind::Copy => self.block_count as usize * COPY_ENTRY_BYTES,
         }
     }
 
@@ -107,7 +116,7 @@ impl RecordHeader {
     pub fn data_bytes(&self) -> u64 {
         match self.kind {
             RecordKind::Write => u64::from(self.block_count) * u64::from(self.block_size.bytes()),
-            RecordKind::Zero => 0,
+            RecordKind::Zero | RecordKind::Copy => 0,
         }
     }
 
@@ -141,6 +150,7 @@ impl RecordHeader {
         let kind = match reader.u8()? {
             1 => RecordKind::Write,
             2 => RecordKind::Zero,
+            3 => RecordKind::Copy,
             other => return Err(reader.invalid(format!("unknown record kind {other}"))),
         };
         let shift = reader.u8()?;
@@ -235,6 +245,50 @@ pub fn append_zero_record(out: &mut Vec<u8>, stamp: RecordStamp, block_count: u3
     out.extend_from_slice(&seal(header.encode_unsealed(), &[]));
 }
 
+/// Appends a copy record of `versions` (each in the chunk store or zeros) to `out`.
+pub fn append_copy_record(out: &mut Vec<u8>, stamp: RecordStamp, versions: &[Version]) {
+    let header = stamp.header(RecordKind::Copy, u32::try_from(versions.len()).expect("bounded batches"));
+    assert!(header.block_count > 0);
+    let mut entries = Writer::new();
+    for version in versions {
+        let (kind, chunk) = match version.data {
+            VersionData::Zero => (0, 0),
+            VersionData::Chunk(ChunkId(id)) => (1, id),
+            VersionData::Journal { .. } => panic!("copies are in the chunk store or zeros"),
+        };
+        entries
+            .u64(version.block.0)
+            .u64(version.timestamp.unix_nanos())
+            .u64(chunk)
+            .u32(version.crc32c)
+            .u8(kind)
+            .zeros(3);
+    }
+    let entries = entries.into_bytes();
+    out.extend_from_slice(&seal(header.encode_unsealed(), &entries));
+    out.extend_from_slice(&entries);
+}
+
+/// The versions of a copy record, from its entry area (verified with the header).
+pub fn copy_entries(entries: &[u8]) -> Result<Vec<Version>, FormatError> {
+    let mut reader = Reader::new("journal copy record", entries);
+    let mut versions = Vec::with_capacity(entries.len() / COPY_ENTRY_BYTES);
+    while reader.remaining() > 0 {
+        let block = BlockIndex(reader.u64()?);
+        let timestamp = Timestamp::from_unix_nanos(reader.u64()?);
+        let chunk = reader.u64()?;
+        let crc32c = reader.u32()?;
+        let data = match reader.u8()? {
+            0 => VersionData::Zero,
+            1 => VersionData::Chunk(ChunkId(chunk)),
+            other => return Err(reader.invalid(format!("unknown copy kind {other}"))),
+        };
+        reader.take(3)?;
+        versions.push(Version { block, timestamp, data, crc32c });
+    }
+    Ok(versions)
+}
+
 /// Completes a 60-byte header with its checksum over the header and `covered`.
 fn seal(mut header: Vec<u8>, covered: &[u8]) -> [u8; RECORD_HEADER_BYTES] {
     assert_eq!(header.len(), CHECKSUM_OFFSET);
@@ -281,6 +335,38 @@ mod tests {
             RecordHeader::verify(&damaged[..RECORD_HEADER_BYTES], crc_area),
             Err(FormatError::Checksum { .. })
         ));
+    }
+
+    #[test]
+    fn copy_record_round_trips_and_its_entries_are_checksummed() {
+        let versions = [
+            Version {
+                block: BlockIndex(7),
+                timestamp: Timestamp::from_unix_nanos(3),
+                data: VersionData::Zero,
+                crc32c: 11,
+            },
+            Version {
+                block: BlockIndex(2),
+                timestamp: Timestamp::from_unix_nanos(4),
+                data: VersionData::Chunk(ChunkId(99)),
+                crc32c: 12,
+            },
+        ];
+        let mut record = Vec::new();
+        append_copy_record(&mut record, stamp(6, 0), &versions);
+        let header = RecordHeader::decode(&record).unwrap();
+        assert_eq!(
+            (header.kind, header.block_count, header.record_bytes() as usize),
+            (RecordKind::Copy, 2, record.len())
+        );
+        let entries = &record[RECORD_HEADER_BYTES..header.data_offset()];
+        RecordHeader::verify(&record[..RECORD_HEADER_BYTES], entries).unwrap();
+        assert_eq!(copy_entries(entries).unwrap(), versions);
+        let mut damaged = record.clone();
+        damaged[RECORD_HEADER_BYTES + 40] ^= 1;
+        let entries = &damaged[RECORD_HEADER_BYTES..header.data_offset()];
+        assert!(RecordHeader::verify(&damaged[..RECORD_HEADER_BYTES], entries).is_err());
     }
 
     #[test]

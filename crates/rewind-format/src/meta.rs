@@ -55,7 +55,10 @@ pub(crate) fn finish(reader: Reader<'_>) -> Result<(), FormatError> {
     }
 }
 
-/// Where a volume puts each write: the seam for the layouts of the CDP papers.
+/// Where a volume puts each write: the layouts of the CDP papers (IBM §2,
+/// Xiao et al. §2). In every layout the journal is the write-ahead log (the
+/// papers' non-volatile cache) and the version index is the map of history.
+/// Codes 2–4 are kept for SplitStream, SplitDownStream and Checkpointing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 #[non_exhaustive]
@@ -63,6 +66,55 @@ pub enum Layout {
     /// Every write goes to the journal (history, durability) and, once
     /// durable, to the current store (fast reads of the present).
     Journaled = 0,
+    /// IBM's Logging: one store, the history (the journal, then the chunk
+    /// store); no current store: the present is read through the map.
+    Logging = 1,
+    /// Xiao's copy-on-write: the current store is written in place; before a
+    /// version there is overwritten, if history keeps it (it is the last of
+    /// its window, or a bookmark's), it is copied to the chunk store. The
+    /// version index holds the copies only, filed as they are made.
+    Cow = 5,
+    /// Xiao's redirect-on-write: writes are redirected to the journal; the
+    /// current store (the source) stays as of the last snapshot until the
+    /// blocks redirected since are merged back into it, at the next one.
+    Row = 6,
+}
+
+impl Layout {
+    /// Every layout, in code order.
+    pub const ALL: [Layout; 4] = [Layout::Journaled, Layout::Logging, Layout::Cow, Layout::Row];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Journaled => "journaled",
+            Layout::Logging => "logging",
+            Layout::Cow => "cow",
+            Layout::Row => "row",
+        }
+    }
+
+    /// A layout by its name, or an error listing the names.
+    pub fn parse(name: &str) -> Result<Layout, String> {
+        Layout::ALL.into_iter().find(|layout| layout.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = Layout::ALL.iter().map(|layout| layout.name()).collect();
+            format!("unknown layout {name:?}; Rewind has {}", names.join(", "))
+        })
+    }
+
+    fn from_code(code: u8) -> Option<Layout> {
+        Layout::ALL.into_iter().find(|layout| *layout as u8 == code)
+    }
+
+    /// Whether the layout keeps the present in a current store.
+    pub fn has_current_store(self) -> bool {
+        self != Layout::Logging
+    }
+
+    /// Whether history is what is copied out of the current store before it
+    /// is overwritten, rather than every write as it comes.
+    pub fn copies_before_overwrite(self) -> bool {
+        self == Layout::Cow
+    }
 }
 
 /// `volume.meta`: what a volume is. Written once at creation.
@@ -97,10 +149,8 @@ impl VolumeMeta {
         let size_bytes = reader.u64()?;
         let block_size = BlockSize::new(reader.u32()?).map_err(|error| reader.invalid(error.to_string()))?;
         let created = Timestamp::from_unix_nanos(reader.u64()?);
-        let layout = match reader.u8()? {
-            0 => Layout::Journaled,
-            other => return Err(reader.invalid(format!("unknown layout {other}"))),
-        };
+        let code = reader.u8()?;
+        let layout = Layout::from_code(code).ok_or_else(|| reader.invalid(format!("unknown layout {code}")))?;
         if size_bytes % u64::from(block_size.bytes()) != 0 {
             return Err(reader.invalid("size is not a whole number of blocks"));
         }
@@ -177,8 +227,12 @@ pub struct IndexManifest {
     /// store (or it is a zero), not in the journal. Each run lies wholly
     /// before it (an archived run) or wholly at or after it (a recent run).
     pub archived_before: Timestamp,
-    /// Oldest first; the time ranges of runs do not overlap.
+    /// Oldest first; the time ranges of runs do not overlap, unless
+    /// `late_entries`.
     pub runs: Vec<RunInfo>,
+    /// The index takes versions late (the COW layout files them when they
+    /// are copied): runs overlap in time, and none refers to the journal.
+    pub late_entries: bool,
 }
 
 impl IndexManifest {
@@ -201,6 +255,7 @@ impl IndexManifest {
                 .u64(run.timestamp_min.unix_nanos())
                 .u64(run.timestamp_max.unix_nanos());
         }
+        payload.u8(u8::from(self.late_entries));
         seal_envelope(Self::MAGIC, payload)
     }
 
@@ -223,19 +278,30 @@ impl IndexManifest {
                 timestamp_max: Timestamp::from_unix_nanos(reader.u64()?),
             });
         }
+        // Absent in manifests written before COW existed.
+        let late_entries = match reader.remaining() {
+            0 => false,
+            _ => match reader.u8()? {
+                0 => false,
+                1 => true,
+                other => return Err(reader.invalid(format!("late entries flag {other}"))),
+            },
+        };
         finish(reader)?;
-        let ordered = runs.windows(2).all(|pair| pair[0].timestamp_max < pair[1].timestamp_min);
+        let ordered = late_entries || runs.windows(2).all(|pair| pair[0].timestamp_max < pair[1].timestamp_min);
         if !ordered || runs.iter().any(|run| run.id >= run_id_next || run.timestamp_min > run.timestamp_max) {
             return Err(FormatError::Invalid { what: Self::WHAT, reason: "runs are not in time order".into() });
         }
-        let straddles = |run: &RunInfo| run.timestamp_min < archived_before && run.timestamp_max >= archived_before;
+        let straddles = |run: &RunInfo| {
+            !late_entries && run.timestamp_min < archived_before && run.timestamp_max >= archived_before
+        };
         if let Some(run) = runs.iter().find(|run| straddles(run)) {
             return Err(FormatError::Invalid {
                 what: Self::WHAT,
                 reason: format!("run {} straddles the archive boundary {}", run.id, archived_before.unix_nanos()),
             });
         }
-        Ok(IndexManifest { lsn_indexed, run_id_next, versions_thinned, archived_before, runs })
+        Ok(IndexManifest { lsn_indexed, run_id_next, versions_thinned, archived_before, runs, late_entries })
     }
 }
 
@@ -558,10 +624,14 @@ mod tests {
             versions_thinned: 7,
             archived_before: Timestamp::from_unix_nanos(6),
             runs: vec![run(1, 1, 5), run(2, 6, 9)],
+            late_entries: false,
         };
         assert_eq!(IndexManifest::decode(&manifest.encode()).unwrap(), manifest);
         let overlapping = IndexManifest { runs: vec![run(1, 1, 5), run(2, 5, 9)], ..manifest.clone() };
         assert!(IndexManifest::decode(&overlapping.encode()).is_err());
+        // With late entries (COW) runs overlap.
+        let late = IndexManifest { late_entries: true, archived_before: Timestamp::MIN, ..overlapping };
+        assert_eq!(IndexManifest::decode(&late.encode()).unwrap(), late);
         let straddling = IndexManifest { archived_before: Timestamp::from_unix_nanos(7), ..manifest };
         assert!(IndexManifest::decode(&straddling.encode()).unwrap_err().to_string().contains("straddles"));
 

@@ -9,8 +9,8 @@ use rewind_engine::timespec::{
     display_granularity, display_retention, parse_granularity, parse_retention, DisplayTime,
 };
 use rewind_engine::{
-    ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, EngineError, PolicyChange, TimelineReport,
-    Timestamp, Volume, VolumeName, VolumeSpace, VolumeSpec, VolumeStats,
+    ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, EngineError, IoStats, Layout, PolicyChange,
+    TimelineReport, Timestamp, Volume, VolumeIoStats, VolumeName, VolumeSpace, VolumeSpec, VolumeStats,
 };
 
 pub fn time(at: Timestamp) -> String {
@@ -63,7 +63,7 @@ impl VolumeInfo {
             name: volume.name().to_string(),
             size_bytes: volume.size_bytes(),
             block_size: volume.block_size().bytes(),
-            layout: "journaled".to_owned(),
+            layout: volume.layout().name().to_owned(),
             created: time(volume.created()),
             created_unix_nanos: volume.created().unix_nanos(),
             last_write: written.then(|| time(last)),
@@ -195,6 +195,9 @@ pub struct CreateVolume {
     pub size_bytes: u64,
     /// Defaults to 4096.
     pub block_size: Option<u32>,
+    /// journaled (the default), logging, cow or row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
     #[serde(flatten)]
     pub policy: Policy,
 }
@@ -214,6 +217,7 @@ impl CreateVolume {
             granularity_nanos: policy.granularity_nanos.unwrap_or(0),
             retention: policy.retention.unwrap_or_default(),
             space_max_bytes: policy.space_max_bytes.unwrap_or(0),
+            layout: self.layout.as_deref().map_or(Ok(Layout::Journaled), Layout::parse)?,
         })
     }
 }
@@ -455,6 +459,54 @@ pub struct VolumeReport {
     pub space_max_bytes: u64,
     pub oldest_kept: Option<String>,
     pub measured_at: String,
+    /// Device I/O by store since the server started.
+    pub io: StoreIo,
+}
+
+/// Device I/O of one store since the server started.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeviceIo {
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
+    /// Reads and writes that began where the store's previous one ended, and the rest.
+    pub sequential: u64,
+    pub random: u64,
+    pub syncs: u64,
+}
+
+impl From<IoStats> for DeviceIo {
+    fn from(io: IoStats) -> DeviceIo {
+        DeviceIo {
+            reads: io.reads,
+            read_bytes: io.read_bytes,
+            writes: io.writes,
+            write_bytes: io.write_bytes,
+            sequential: io.sequential,
+            random: io.random(),
+            syncs: io.syncs,
+        }
+    }
+}
+
+/// Device I/O by store. History is the index (its map) and the chunk store
+/// (its data, shared by the node's volumes); versions not yet archived are
+/// read from the journal.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StoreIo {
+    pub journal: DeviceIo,
+    pub current: DeviceIo,
+    pub index: DeviceIo,
+    /// Node reports only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<DeviceIo>,
+}
+
+impl StoreIo {
+    fn of(io: VolumeIoStats) -> StoreIo {
+        StoreIo { journal: io.journal.into(), current: io.current.into(), index: io.index.into(), chunks: None }
+    }
 }
 
 impl VolumeReport {
@@ -482,6 +534,7 @@ impl VolumeReport {
             space_max_bytes: volume.space_max_bytes(),
             oldest_kept: volume.retention_horizon().map(time),
             measured_at: time(space.measured_at),
+            io: StoreIo::of(volume.io_stats()),
         })
     }
 }
@@ -522,6 +575,8 @@ pub struct NodeReport {
     pub chunks_freed: u64,
     /// Why archiving and collection stopped, if they did.
     pub chunk_store_poisoned: Option<String>,
+    /// Device I/O by store, all volumes summed, and the chunk store's.
+    pub io: StoreIo,
     pub volumes: Vec<VolumeReport>,
 }
 
@@ -533,10 +588,19 @@ impl NodeReport {
             .iter()
             .map(|volume| VolumeReport::of(volume, &volume.measure_space(now)?))
             .collect::<Result<Vec<_>, EngineError>>()?;
-        Ok(NodeReport::of(&node.chunk_stats(), volumes))
+        let io_all = node.volumes().iter().fold(VolumeIoStats::default(), |sum, volume| {
+            let io = volume.io_stats();
+            VolumeIoStats {
+                journal: sum.journal + io.journal,
+                current: sum.current + io.current,
+                index: sum.index + io.index,
+            }
+        });
+        let io = StoreIo { chunks: Some(node.chunk_io_stats().into()), ..StoreIo::of(io_all) };
+        Ok(NodeReport::of(&node.chunk_stats(), io, volumes))
     }
 
-    pub fn of(chunks: &ChunkStats, volumes: Vec<VolumeReport>) -> NodeReport {
+    pub fn of(chunks: &ChunkStats, io: StoreIo, volumes: Vec<VolumeReport>) -> NodeReport {
         let sum = |field: fn(&VolumeReport) -> u64| volumes.iter().map(field).sum::<u64>();
         let (written, kept) = (sum(|report| report.versions_written), sum(|report| report.versions_kept));
         NodeReport {
@@ -565,6 +629,7 @@ impl NodeReport {
             collections: chunks.collections,
             chunks_freed: chunks.chunks_freed,
             chunk_store_poisoned: chunks.poisoned.clone(),
+            io,
             volumes,
         }
     }

@@ -6,13 +6,14 @@
 //! | GET | `/v1/health` | liveness and version |
 //! | GET, POST | `/v1/volumes` | list volumes; create one (`CreateVolume`) |
 //! | GET, PATCH, DELETE | `/v1/volumes/{name}` | details and stats; change the policy (`UpdateVolume`); delete with all history |
-//! | POST | `/v1/volumes/{name}/import?block_size=N&granularity=G&retention=R&space_max=S` | create from a raw image sent as the body |
+//! | POST | `/v1/volumes/{name}/import?block_size=N&layout=L&granularity=G&retention=R&space_max=S` | create from a raw image sent as the body |
 //! | GET | `/v1/volumes/{name}/timeline?bucket_seconds=N` | write activity and bookmarks |
+//! | GET | `/v1/volumes/{name}/writes` | the writes its history keeps, oldest first (`WriteHistory`: what `rewind trace export` writes as a trace) |
 //! | GET, POST | `/v1/volumes/{name}/bookmarks` | list; create (`CreateBookmark`) |
 //! | DELETE | `/v1/volumes/{name}/bookmarks/{bookmark}` | delete a bookmark |
 //! | GET | `/v1/volumes/{name}/view?at=TIME` | resolve a point in time to its NBD export |
 //! | DELETE | `/v1/volumes/{name}/history?from=TIME&to=TIME` | delete history, keeping each block's last version in the range |
-//! | GET | `/v1/volumes/{name}/stats` | the volume's history measured now (`VolumeReport`) |
+//! | GET | `/v1/volumes/{name}/stats` | the volume's history measured now, and its device I/O by store (`VolumeReport`) |
 //! | GET | `/v1/stats` | the chunk store and every volume (`NodeReport`) |
 //! | POST | `/v1/gc` | garbage-collect now; progress, then the result, as newline-delimited JSON (`GcEvent`) |
 //! | GET | `/metrics` | Prometheus text format |

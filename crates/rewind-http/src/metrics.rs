@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 
-use rewind_engine::Node;
+use rewind_engine::{IoStats, Node};
 
 use crate::ApiState;
 
@@ -22,6 +22,39 @@ pub async fn metrics(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
     let text =
         tokio::task::spawn_blocking(move || render(&state.node)).await.expect("metrics rendering does not panic");
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+/// Device I/O by store: each volume's journal, current store and index,
+/// and the node's chunk store.
+fn store_io_families(node: &Node) -> Vec<Family> {
+    let mut stores: Vec<(String, IoStats)> = Vec::new();
+    for volume in node.volumes() {
+        let io = volume.io_stats();
+        for (store, stats) in [("journal", io.journal), ("current", io.current), ("index", io.index)] {
+            stores.push((format!("volume=\"{}\",store=\"{store}\"", volume.name()), stats));
+        }
+    }
+    stores.push(("store=\"chunks\"".to_owned(), node.chunk_io_stats()));
+    type Field = (&'static str, &'static str, fn(&IoStats) -> u64);
+    let fields: [Field; 6] = [
+        ("rewind_store_reads_total", "Device reads, by store.", |io| io.reads),
+        ("rewind_store_read_bytes_total", "Bytes read from the device, by store.", |io| io.read_bytes),
+        ("rewind_store_writes_total", "Device writes, by store.", |io| io.writes),
+        ("rewind_store_write_bytes_total", "Bytes written to the device, by store.", |io| io.write_bytes),
+        ("rewind_store_sequential_total", "Reads and writes that began where the store's previous one ended.", |io| {
+            io.sequential
+        }),
+        ("rewind_store_syncs_total", "fsyncs (data and directories), by store.", |io| io.syncs),
+    ];
+    fields
+        .into_iter()
+        .map(|(name, help, field)| Family {
+            name,
+            kind: "counter",
+            help,
+            samples: stores.iter().map(|(labels, stats)| (labels.clone(), field(stats))).collect(),
+        })
+        .collect()
 }
 
 fn render(node: &Node) -> String {
@@ -178,6 +211,7 @@ fn render(node: &Node) -> String {
     for (name, kind, help, value) in node_families {
         families.push(Family { name, kind, help, samples: vec![(String::new(), value)] });
     }
+    families.extend(store_io_families(node));
     let cache = node.page_cache_stats();
     families.push(Family {
         name: "rewind_index_cache_hits_total",

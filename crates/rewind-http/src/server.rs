@@ -170,6 +170,7 @@ async fn delete_volume(State(state): State<Shared>, Path(name): Path<String>) ->
 #[derive(Deserialize)]
 struct ImportQuery {
     block_size: Option<u32>,
+    layout: Option<String>,
     #[serde(flatten)]
     policy: Policy,
 }
@@ -206,9 +207,15 @@ async fn import_volume(
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
         .ok_or_else(|| invalid("an import needs a Content-Length: the image's size is the volume's size".into()))?;
-    let spec = CreateVolume { name: name.clone(), size_bytes, block_size: query.block_size, policy: query.policy }
-        .spec()
-        .map_err(invalid)?;
+    let spec = CreateVolume {
+        name: name.clone(),
+        size_bytes,
+        block_size: query.block_size,
+        layout: query.layout,
+        policy: query.policy,
+    }
+    .spec()
+    .map_err(invalid)?;
     let creator = Arc::clone(&node);
     let volume = blocking(move || creator.create_volume(spec, now())).await?;
     let (sender, chunks) = mpsc::channel(8);

@@ -119,11 +119,17 @@ pub struct IndexConfig {
     pub merge_fanin: usize,
     /// Past this many runs, the newest are merged whatever their sizes.
     pub runs_soft_max: usize,
+    /// Versions may arrive late: filed when they reach history (copied
+    /// before an overwrite) rather than when written, so only each block's
+    /// own versions arrive in time order, and memtables and runs overlap in
+    /// time. Lookups then consult every source; nothing refers to the
+    /// journal, so nothing is archived.
+    pub late_entries: bool,
 }
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        IndexConfig { merge_fanin: 4, runs_soft_max: 48 }
+        IndexConfig { merge_fanin: 4, runs_soft_max: 48, late_entries: false }
     }
 }
 
@@ -200,6 +206,7 @@ impl VersionIndex {
             versions_thinned: 0,
             archived_before: Timestamp::MIN,
             runs: Vec::new(),
+            late_entries: config.late_entries,
         };
         let path = format!("{dir}/{MANIFEST}");
         write_file_atomic(&*storage, &path, &manifest.encode()).map_err(IndexError::io(&path))?;
@@ -217,6 +224,13 @@ impl VersionIndex {
         let path = format!("{dir}/{MANIFEST}");
         let bytes = read_file(&*storage, &path).map_err(IndexError::io(&path))?;
         let manifest = IndexManifest::decode(&bytes).map_err(IndexError::corrupt(&path))?;
+        if manifest.late_entries != config.late_entries {
+            let reason = format!(
+                "the index was made with late entries {}, opened with {}",
+                manifest.late_entries, config.late_entries
+            );
+            return Err(IndexError::Corrupt { path, reason });
+        }
         let mut runs = Vec::with_capacity(manifest.runs.len());
         for info in &manifest.runs {
             let path = format!("{dir}/{}", run_name(info.id));
@@ -288,16 +302,10 @@ impl VersionIndex {
         in_runs + in_memory as u64
     }
 
-    /// Calls `visit` with every archived version in the runs (to count the
-    /// chunks history refers to).
-    pub fn for_each_archived(
-        &self,
-        visit: &mut dyn FnMut(&Version) -> Result<(), IndexError>,
-    ) -> Result<(), IndexError> {
-        let archived_before = self.archived_before();
-        let runs = self.state.read().runs.clone();
-        let archived = runs.iter().filter(|run| run.info().timestamp_max < archived_before);
-        scan_runs(archived, &mut |version| match version.data {
+    /// Calls `visit` with every version whose data is in the chunk store
+    /// (to count, measure or release the chunks history refers to).
+    pub fn for_each_chunk(&self, visit: &mut dyn FnMut(&Version) -> Result<(), IndexError>) -> Result<(), IndexError> {
+        self.for_each_version(&mut |version| match version.data {
             VersionData::Chunk(_) => visit(version),
             _ => Ok(()),
         })
@@ -341,9 +349,10 @@ impl VersionIndex {
     }
 
     /// Adds the versions of journal record `lsn` (all with one time, later
-    /// than every version already in the index).
+    /// than every version already in the index; with `late_entries`, of any
+    /// times, each later than every version of its block).
     pub fn insert(&self, lsn: Lsn, versions: &[Version]) {
-        self.state.write().active.insert(lsn, versions);
+        self.state.write().active.insert(lsn, versions, self.config.late_entries);
     }
 
     /// Versions in the live memtable.
@@ -366,6 +375,9 @@ impl VersionIndex {
     /// For each block of `blocks`, the newest version at or before `at`
     /// (fastest when `blocks` ascend: neighbours share index pages).
     pub fn find_le_many(&self, blocks: &[u64], at: Timestamp) -> Result<Vec<Option<Version>>, IndexError> {
+        if self.config.late_entries {
+            return self.find_le_many_everywhere(blocks, at);
+        }
         let mut found = vec![None; blocks.len()];
         let (frozen, runs) = {
             let state = self.state.read();
@@ -398,6 +410,35 @@ impl VersionIndex {
         Ok(found)
     }
 
+    /// With late entries no source can be skipped: the newest version at or
+    /// before `at` may be in any of them.
+    fn find_le_many_everywhere(&self, blocks: &[u64], at: Timestamp) -> Result<Vec<Option<Version>>, IndexError> {
+        let newer = |found: &mut Option<Version>, candidate: Option<Version>| {
+            if candidate.is_some_and(|candidate| found.is_none_or(|found| candidate.timestamp > found.timestamp)) {
+                *found = candidate;
+            }
+        };
+        let mut found = vec![None; blocks.len()];
+        let runs = {
+            let state = self.state.read();
+            for memtable in state.frozen.iter().map(|memtable| &**memtable).chain([&state.active]) {
+                for (slot, &block) in found.iter_mut().zip(blocks) {
+                    newer(slot, memtable.find_le(block, at));
+                }
+            }
+            state.runs.clone()
+        };
+        let mut in_run = vec![None; blocks.len()];
+        for run in runs.iter().filter(|run| run.info().timestamp_min <= at) {
+            in_run.fill(None);
+            run.find_le_many(blocks, at, &mut in_run)?;
+            for (slot, candidate) in found.iter_mut().zip(&in_run) {
+                newer(slot, *candidate);
+            }
+        }
+        Ok(found)
+    }
+
     /// The newest version of `block` at or before `at`.
     pub fn find_le(&self, block: u64, at: Timestamp) -> Result<Option<Version>, IndexError> {
         Ok(self.find_le_many(&[block], at)?.pop().expect("one answer"))
@@ -414,7 +455,9 @@ impl VersionIndex {
                 return Ok(written);
             };
             let thinning = self.thinning();
-            let mut thin = Thin::new(memtable.sorted().into_iter().map(Ok), &thinning, None);
+            // Late entries are in the chunk store: what thinning drops is released.
+            let hook = self.release_hook.read().clone();
+            let mut thin = Thin::new(memtable.sorted().into_iter().map(Ok), &thinning, hook.as_deref());
             let mut writer = None;
             for version in &mut thin {
                 self.writer(&mut writer)?.push(version?)?;
@@ -512,7 +555,11 @@ impl VersionIndex {
     pub fn rewrite_before(&self, until: Timestamp) -> Result<usize, IndexError> {
         let _compacting = self.compacting.lock();
         let (runs, first_recent) = self.runs_by_group();
-        let count = runs.partition_point(|run| run.info().timestamp_min <= until);
+        let count = match self.config.late_entries {
+            // Runs overlap in time: any may hold versions before `until`.
+            true => runs.len(),
+            false => runs.partition_point(|run| run.info().timestamp_min <= until),
+        };
         for group in [&runs[..count.min(first_recent)], &runs[first_recent.min(count)..count]] {
             if !group.is_empty() {
                 self.merge(group)?;

@@ -1,6 +1,8 @@
 //! The append buffer: the newest versions, in memory, in arrival order, with a
 //! per-block list for lookups. Arrival order is time order, because a volume's
-//! version times strictly increase.
+//! version times strictly increase — unless the index takes *late* entries
+//! (the COW layout files a version when it is copied, long after it was
+//! written): then only each block's own versions arrive in time order.
 
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -14,6 +16,8 @@ pub struct Memtable {
     by_block: FxHashMap<u64, SmallVec<[u32; 2]>>,
     /// LSN of the last journal record whose versions are in here.
     lsn_last: Lsn,
+    timestamp_min: Option<Timestamp>,
+    timestamp_max: Option<Timestamp>,
 }
 
 impl Memtable {
@@ -30,25 +34,35 @@ impl Memtable {
     }
 
     pub fn timestamp_min(&self) -> Option<Timestamp> {
-        self.versions.first().map(|version| version.timestamp)
+        self.timestamp_min
     }
 
     pub fn timestamp_max(&self) -> Option<Timestamp> {
-        self.versions.last().map(|version| version.timestamp)
+        self.timestamp_max
     }
 
-    /// Adds the versions of journal record `lsn`, which all carry the same time.
-    pub fn insert(&mut self, lsn: Lsn, versions: &[Version]) {
+    /// Adds the versions of journal record `lsn`: all of one time, later than
+    /// any here, or (`late`) of any times, each later than its block's.
+    pub fn insert(&mut self, lsn: Lsn, versions: &[Version], late: bool) {
         assert!(lsn > self.lsn_last, "records arrive in LSN order");
         let Some(first) = versions.first() else { return };
-        if let Some(last) = self.versions.last() {
-            assert!(first.timestamp > last.timestamp, "version times strictly increase");
+        if !late {
+            assert!(self.timestamp_max.is_none_or(|last| first.timestamp > last), "version times strictly increase");
         }
         for version in versions {
-            assert_eq!(version.timestamp, first.timestamp);
+            assert!(late || version.timestamp == first.timestamp, "a record's versions share its time");
             let position = u32::try_from(self.versions.len()).expect("memtables stay below 4G versions");
+            let positions = self.by_block.entry(version.block.0).or_default();
+            if let Some(&last) = positions.last() {
+                assert!(
+                    self.versions[last as usize].timestamp < version.timestamp,
+                    "a block's versions arrive in time order"
+                );
+            }
             self.versions.push(*version);
-            self.by_block.entry(version.block.0).or_default().push(position);
+            positions.push(position);
+            self.timestamp_min = Some(self.timestamp_min.map_or(version.timestamp, |min| min.min(version.timestamp)));
+            self.timestamp_max = Some(self.timestamp_max.map_or(version.timestamp, |max| max.max(version.timestamp)));
         }
         self.lsn_last = lsn;
     }

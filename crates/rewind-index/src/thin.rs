@@ -47,7 +47,7 @@ pub struct Thinning {
 impl Thinning {
     /// Whether `next` (the following version of the same block or of
     /// another) makes `version` superfluous history.
-    fn supersedes(&self, version: &Version, next: &Version) -> bool {
+    pub fn supersedes(&self, version: &Version, next: &Version) -> bool {
         if version.block != next.block {
             return false;
         }

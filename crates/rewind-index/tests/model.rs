@@ -94,7 +94,11 @@ fn find_le_matches_the_oracle() {
         println!("seed {seed}");
         let mut rng = StdRng::seed_from_u64(seed);
         let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(SimConfig::default(), seed));
-        let config = IndexConfig { merge_fanin: rng.random_range(2..5), runs_soft_max: rng.random_range(6..20) };
+        let config = IndexConfig {
+            merge_fanin: rng.random_range(2..5),
+            runs_soft_max: rng.random_range(6..20),
+            late_entries: false,
+        };
         let cache = PageCache::new(64 * 4096);
         let mut index = VersionIndex::create(Arc::clone(&storage), "index", config, Arc::clone(&cache)).unwrap();
         let chunks = Arc::new(Mutex::new(Chunks::default()));
@@ -192,7 +196,7 @@ fn find_le_matches_the_oracle() {
         // which was never released; all the others were released.
         let mut referenced = BTreeSet::new();
         index
-            .for_each_archived(&mut |version| {
+            .for_each_chunk(&mut |version| {
                 let VersionData::Chunk(id) = version.data else { unreachable!() };
                 assert!(referenced.insert(id), "seed {seed}: chunk {id} referenced twice");
                 Ok(())
@@ -248,7 +252,7 @@ fn runs_stay_logarithmic_whatever_the_seal_sizes() {
         println!("seed {seed}");
         let mut rng = StdRng::seed_from_u64(seed);
         let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(SimConfig::default(), seed));
-        let config = IndexConfig { merge_fanin: 4, runs_soft_max: 1000 };
+        let config = IndexConfig { merge_fanin: 4, runs_soft_max: 1000, late_entries: false };
         let index = VersionIndex::create(storage, "index", config, PageCache::new(1 << 20)).unwrap();
         let (mut time, mut lsn, mut total) = (0u64, 0u64, 0u64);
         let mut runs_max = 0;

@@ -16,9 +16,11 @@
 //! - All methods may be called concurrently; writes to disjoint ranges do not
 //!   interfere.
 
+mod counting;
 mod os;
 mod sim;
 
+pub use counting::{CountingStorage, IoCounters, IoStats};
 pub use os::{DirLock, OsStorage};
 pub use sim::{SimConfig, SimStorage};
 

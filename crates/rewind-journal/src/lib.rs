@@ -41,13 +41,13 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rewind_format::journal::{
-    append_write_record, append_zero_record, block_crc, RecordHeader, RecordKind, RecordStamp, SegmentHeader,
-    RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+    append_copy_record, append_write_record, append_zero_record, block_crc, copy_entries, RecordHeader, RecordKind,
+    RecordStamp, SegmentHeader, COPY_ENTRY_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
 };
 use rewind_format::meta::JournalPosition;
 use rewind_format::FormatError;
 use rewind_io::{File, OpenMode, Storage};
-use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp};
+use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp, Version};
 
 #[derive(Clone, Copy, Debug)]
 pub struct JournalConfig {
@@ -365,6 +365,14 @@ impl Journal {
         })
     }
 
+    /// Appends a copy record of `versions` (see `RecordKind::Copy`), stamped
+    /// with the newest time so far.
+    pub fn append_copy(&self, versions: &[Version]) -> Result<Appended, JournalError> {
+        let header_bytes = (RECORD_HEADER_BYTES + versions.len() * COPY_ENTRY_BYTES) as u64;
+        let timestamp = self.tail.lock().timestamp_last;
+        self.append(timestamp, BlockIndex(0), header_bytes, 0, |out, stamp| append_copy_record(out, stamp, versions))
+    }
+
     fn append(
         &self,
         timestamp: Timestamp,
@@ -441,6 +449,8 @@ impl Journal {
 
     /// Bytes in the segment files and in memory.
     pub fn size_bytes(&self) -> Result<u64, JournalError> {
+        // Segments listed must not be reclaimed before they are measured.
+        let _reclaiming = self.reclaiming.lock();
         let tail = self.tail.lock();
         let in_memory = tail.active.bytes.len() as u64 + tail.sealed.iter().map(|b| b.bytes.len() as u64).sum::<u64>();
         let (segment_last, unwritten_from) = match tail.sealed.front() {
@@ -653,6 +663,16 @@ pub struct ReplayRecord<'a> {
 impl ReplayRecord<'_> {
     pub fn block_crc(&self, index: u32) -> u32 {
         block_crc(self.crc_area, index)
+    }
+
+    /// The versions of a copy record.
+    pub fn copies(&self) -> Result<Vec<Version>, JournalError> {
+        debug_assert_eq!(self.header.kind, RecordKind::Copy);
+        copy_entries(self.crc_area).map_err(|error| JournalError::Corrupt {
+            path: format!("segment {}", self.segment),
+            offset: self.offset,
+            reason: error.to_string(),
+        })
     }
 
     /// Offset of the record's first block of data within the segment.

@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use rewind_format::meta::JournalPosition;
 use rewind_io::{SimConfig, SimStorage, Storage};
 use rewind_journal::{Journal, JournalConfig, JournalError};
-use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp};
+use rewind_types::{BlockIndex, BlockSize, ChunkId, Lsn, Timestamp, Version, VersionData};
 
 const BLOCK: u32 = 512;
 
@@ -24,6 +24,7 @@ fn start() -> JournalPosition {
 enum Op {
     Write { block: u64, data: Vec<u8> },
     Zero { block: u64, count: u32 },
+    Copy { versions: Vec<Version> },
 }
 
 fn append(journal: &Journal, op: &Op, timestamp: u64) -> Lsn {
@@ -33,6 +34,7 @@ fn append(journal: &Journal, op: &Op, timestamp: u64) -> Lsn {
             journal.append_write(timestamp, BlockIndex(*block), data, &mut Vec::new()).unwrap().lsn
         }
         Op::Zero { block, count } => journal.append_zero(timestamp, BlockIndex(*block), *count).unwrap().lsn,
+        Op::Copy { versions } => journal.append_copy(versions).unwrap().lsn,
     }
 }
 
@@ -45,6 +47,7 @@ fn replay(storage: &SimStorage, config: JournalConfig) -> Result<(Vec<Op>, Journ
         ops.push(match record.header.kind {
             rewind_format::journal::RecordKind::Write => Op::Write { block, data: record.data.to_vec() },
             rewind_format::journal::RecordKind::Zero => Op::Zero { block, count: record.header.block_count },
+            rewind_format::journal::RecordKind::Copy => Op::Copy { versions: record.copies()? },
         });
     }
     let (journal, _report) = recovery.finish()?;
@@ -52,7 +55,17 @@ fn replay(storage: &SimStorage, config: JournalConfig) -> Result<(Vec<Op>, Journ
 }
 
 fn random_op(rng: &mut StdRng) -> Op {
-    if rng.random_bool(0.8) {
+    if rng.random_bool(0.1) {
+        let versions = (0..rng.random_range(1..5u64))
+            .map(|index| Version {
+                block: BlockIndex(index),
+                timestamp: Timestamp::from_unix_nanos(rng.random_range(1..1000)),
+                data: if rng.random_bool(0.5) { VersionData::Zero } else { VersionData::Chunk(ChunkId(rng.random())) },
+                crc32c: rng.random(),
+            })
+            .collect();
+        Op::Copy { versions }
+    } else if rng.random_bool(0.8) {
         let blocks = rng.random_range(1..=4usize);
         let fill: u8 = rng.random();
         Op::Write { block: rng.random_range(0..64), data: vec![fill; blocks * BLOCK as usize] }

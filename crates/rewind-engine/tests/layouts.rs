@@ -1,0 +1,144 @@
+//! What distinguishes the layouts, counted in device I/O per store:
+//! Logging never has a current store and reads the present through the
+//! map; ROW leaves the current store (the source) as of the last snapshot
+//! and merges the redirected blocks at the next one — a window end or a
+//! bookmark; COW copies a block out of the current store at its first
+//! overwrite after a snapshot. All read exactly what was written, before and
+//! after a restart.
+
+use std::sync::Arc;
+
+use rewind_engine::{
+    BlockSize, BookmarkName, Durability, Layout, Node, NodeConfig, Timestamp, Volume, VolumeName, VolumeSpec,
+};
+use rewind_io::{SimConfig, SimStorage, Storage};
+
+const SECOND: u64 = 1_000_000_000;
+
+fn create(storage: &SimStorage, layout: Layout, granularity_nanos: u64, start: Timestamp) -> (Node, Arc<Volume>) {
+    let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+    let spec = VolumeSpec {
+        name: VolumeName::new("v").unwrap(),
+        size_bytes: 1 << 20,
+        block_size: BlockSize::new(4096).unwrap(),
+        granularity_nanos,
+        retention: Vec::new(),
+        space_max_bytes: 0,
+        layout,
+    };
+    let volume = node.create_volume(spec, start).unwrap();
+    (node, volume)
+}
+
+fn read(volume: &Volume, offset: u64) -> Vec<u8> {
+    let mut block = vec![0; 4096];
+    volume.read(offset, &mut block).unwrap();
+    block
+}
+
+#[test]
+fn logging_keeps_no_current_store_and_reads_the_present_through_the_map() {
+    let storage = SimStorage::new(SimConfig::default(), 1);
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    let (node, volume) = create(&storage, Layout::Logging, 0, start);
+    assert!(!storage.exists("volumes/v/current.img").unwrap(), "no current store");
+    let first = start.saturating_add_nanos(SECOND);
+    volume.write(first, 0, &[1; 8192], Durability::Fua).unwrap();
+    volume.write(first.saturating_add_nanos(1), 4096, &[2; 4096], Durability::Fua).unwrap();
+    node.maintain(start.saturating_add_nanos(60 * SECOND)).unwrap();
+    node.checkpoint_all(start.saturating_add_nanos(61 * SECOND)).unwrap();
+    assert_eq!(
+        (read(&volume, 0), read(&volume, 4096), read(&volume, 8192)),
+        (vec![1; 4096], vec![2; 4096], vec![0; 4096])
+    );
+    let io = volume.io_stats();
+    assert_eq!((io.current.reads, io.current.writes), (0, 0), "{io:?}");
+    assert!(io.journal.reads >= 2, "the present comes from the history: {io:?}");
+    let mut view = vec![0; 4096];
+    volume.view(first).unwrap().read(4096, &mut view).unwrap();
+    assert_eq!(view, vec![1; 4096]);
+    assert_eq!(volume.stats().unwrap().current_bytes, 0);
+
+    drop((volume, node));
+    let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+    let volume = node.volume("v").unwrap();
+    assert_eq!(volume.layout(), Layout::Logging);
+    assert_eq!((read(&volume, 0), read(&volume, 4096)), (vec![1; 4096], vec![2; 4096]));
+}
+
+#[test]
+fn row_merges_redirected_blocks_into_the_source_only_at_snapshots() {
+    let storage = SimStorage::new(SimConfig::default(), 2);
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    // Snapshots every minute (the granularity's window ends).
+    let (node, volume) = create(&storage, Layout::Row, 60 * SECOND, start);
+    let written = start.saturating_add_nanos(SECOND);
+    volume.write(written, 0, &[7; 4096], Durability::Fua).unwrap();
+    node.maintain(start.saturating_add_nanos(10 * SECOND)).unwrap();
+    let io = volume.io_stats();
+    assert_eq!(io.current.writes, 0, "before the window ends the write stays redirected: {io:?}");
+    assert_eq!(read(&volume, 0), vec![7; 4096], "read through the redirection");
+    assert!(volume.io_stats().journal.reads >= 1);
+
+    node.maintain(start.saturating_add_nanos(61 * SECOND)).unwrap();
+    let merged = volume.io_stats().current.writes;
+    assert!(merged > 0, "the window's end merges the redirected block");
+    let current_reads = volume.io_stats().current.reads;
+    assert_eq!(read(&volume, 0), vec![7; 4096]);
+    assert!(volume.io_stats().current.reads > current_reads, "now read from the source");
+
+    // A bookmark is an on-demand snapshot: it merges at once.
+    let again = start.saturating_add_nanos(62 * SECOND);
+    volume.write(again, 4096, &[8; 4096], Durability::Buffered).unwrap();
+    volume.create_bookmark(BookmarkName::new("snap").unwrap(), None, again.saturating_add_nanos(1)).unwrap();
+    assert!(volume.io_stats().current.writes > merged, "the bookmark merged the new block");
+
+    volume.write(start.saturating_add_nanos(63 * SECOND), 0, &[9; 4096], Durability::Fua).unwrap();
+    drop((volume, node));
+    let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+    let volume = node.volume("v").unwrap();
+    assert_eq!((read(&volume, 0), read(&volume, 4096)), (vec![9; 4096], vec![8; 4096]));
+    let mut view = vec![0; 4096];
+    volume.view(again.saturating_add_nanos(1)).unwrap().read(0, &mut view).unwrap();
+    assert_eq!(view, vec![7; 4096], "the bookmarked snapshot");
+}
+
+#[test]
+fn cow_copies_a_block_out_of_the_current_store_at_its_first_overwrite_after_a_snapshot() {
+    let storage = SimStorage::new(SimConfig::default(), 3);
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    // Snapshots every minute.
+    let (node, volume) = create(&storage, Layout::Cow, 60 * SECOND, start);
+    let at = |seconds: u64| start.saturating_add_nanos(seconds * SECOND);
+    volume.write(at(1), 0, &[1; 4096], Durability::Fua).unwrap();
+    node.maintain(at(2)).unwrap();
+    let before = volume.io_stats();
+    assert!(before.current.writes > 0, "written in place");
+    // Overwritten within the same window: nothing to keep, nothing copied.
+    volume.write(at(3), 0, &[2; 4096], Durability::Fua).unwrap();
+    node.maintain(at(4)).unwrap();
+    assert_eq!(node.chunk_stats().chunks_written, 0);
+    // (The destager looks at the block's metadata, but not at its data.)
+    let data_read = |io: rewind_engine::VolumeIoStats| io.current.read_bytes - before.current.read_bytes;
+    assert!(data_read(volume.io_stats()) < 4096, "no copy read");
+    // The first overwrite after the window's end copies the snapshot's block out first.
+    volume.write(at(61), 0, &[3; 4096], Durability::Fua).unwrap();
+    node.maintain(at(62)).unwrap();
+    assert_eq!(node.chunk_stats().chunks_written, 1);
+    let io = volume.io_stats();
+    assert!(data_read(io) >= 4096, "the copy read the old block in place: {io:?}");
+    // Once more in the new window: no copy.
+    volume.write(at(63), 0, &[4; 4096], Durability::Fua).unwrap();
+    node.maintain(at(64)).unwrap();
+    assert_eq!(node.chunk_stats().chunks_written, 1);
+    assert_eq!(read(&volume, 0), vec![4; 4096]);
+    let mut view = vec![0; 4096];
+    volume.view(at(60)).unwrap().read(0, &mut view).unwrap();
+    assert_eq!(view, vec![2; 4096], "the snapshot at the window's end");
+
+    drop((volume, node));
+    let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+    let volume = node.volume("v").unwrap();
+    volume.view(at(60)).unwrap().read(0, &mut view).unwrap();
+    assert_eq!((read(&volume, 0), view), (vec![4; 4096], vec![2; 4096]));
+}
