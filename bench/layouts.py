@@ -29,17 +29,17 @@ from benchlib import REWIND, ROOT, Process, api, environment, fio, wait_port, wr
 
 WRITE_RATIOS = [0, 20, 40, 60, 80, 100]
 SNAP_BLOCKS_KIB = [1, 2, 4, 8, 64]
-PGBENCH_LAYOUTS = ["journaled", "logging", "cow", "row"]
+PGBENCH_LAYOUTS = ["journaled", "logging", "checkpointing", "cow", "row"]
 NBD_PORT, HTTP_PORT, BASE_PORT = 10920, 10921, 10922
 
 
 def mean_response_us(job):
-    """Mean completion latency over reads and writes, in µs."""
+    """Mean response time (submission to completion) over reads and writes, in µs."""
     total, count = 0.0, 0
     for direction in ("read", "write"):
         ios = job[direction]["total_ios"]
         if ios:
-            total += job[direction]["clat_ns"]["mean"] * ios
+            total += job[direction]["lat_ns"]["mean"] * ios
             count += ios
     return total / count / 1000
 
@@ -53,10 +53,10 @@ def start_nbdkit(work, size):
     return process, f"nbd://127.0.0.1:{BASE_PORT}/"
 
 
-def start_rewind(work, size, layout, block_bytes, granularity):
+def start_rewind(work, size, layout, block_bytes, granularity, binary=REWIND):
     shutil.rmtree(work / "rewind", ignore_errors=True)
     process = Process(
-        [str(REWIND), "serve", "--data-dir", str(work / "rewind"), "--nbd", f"127.0.0.1:{NBD_PORT}",
+        [str(binary), "serve", "--data-dir", str(work / "rewind"), "--nbd", f"127.0.0.1:{NBD_PORT}",
          "--http", f"127.0.0.1:{HTTP_PORT}"],
         ready_pattern=[r"listening http"],
         env={**os.environ, "RUST_LOG": "warn"},
@@ -73,29 +73,28 @@ def iometer_like(uri, size, ratio, runtime):
 
 
 def snapshots_run(args, run_index, results):
+    """Per snap_block: nbdkit, COW and ROW, each filled, then every write
+    ratio; the order alternates between runs."""
     work = Path(args.dir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     size = args.size_mib << 20
     fill = ["--rw=write", "--bs=1m", "--iodepth=4"]
-    nbdkit, base_uri = start_nbdkit(work, size)
-    try:
-        fio(base_uri, "fill", fill, size)
-        for ratio in WRITE_RATIOS:
-            value = iometer_like(base_uri, size, ratio, args.runtime)
-            results.setdefault(("nbdkit", 0, ratio), []).append(value)
-            print(f"run {run_index} nbdkit        ratio {ratio:3}% {value:9.1f} µs", flush=True)
-    finally:
-        nbdkit.stop()
     for snap_kib in SNAP_BLOCKS_KIB:
-        for layout in ("cow", "row"):
-            server, uri = start_rewind(work, size, layout, snap_kib << 10, "1s")
+        targets = ["nbdkit", "cow", "row"]
+        if run_index % 2:
+            targets.reverse()
+        for target in targets:
+            if target == "nbdkit":
+                server, uri = start_nbdkit(work, size)
+            else:
+                server, uri = start_rewind(work, size, target, snap_kib << 10, "1s", args.rewind)
             try:
                 fio(uri, "fill", fill, size)
                 for ratio in WRITE_RATIOS:
                     value = iometer_like(uri, size, ratio, args.runtime)
-                    results.setdefault((layout, snap_kib, ratio), []).append(value)
-                    print(f"run {run_index} {layout} {snap_kib:2} KiB ratio {ratio:3}% {value:9.1f} µs", flush=True)
+                    results.setdefault((target, snap_kib, ratio), []).append(value)
+                    print(f"run {run_index} {target:6} {snap_kib:2} KiB ratio {ratio:3}% {value:9.1f} µs", flush=True)
             finally:
                 server.stop()
     shutil.rmtree(work, ignore_errors=True)
@@ -160,7 +159,7 @@ def pgbench_run(args, run_index, results):
         if target == "nbdkit":
             server, uri = start_nbdkit(work, size)
         else:
-            server, uri = start_rewind(work, size, target, 4096, "1s")
+            server, uri = start_rewind(work, size, target, 4096, "1s", args.rewind)
         try:
             tps = pgbench_on(uri, work / "fs", args)
         finally:
@@ -185,28 +184,33 @@ def table(args, snapshots, pgbench, env):
         f"### Response time by write ratio (fio randrw 4 KiB, queue depth 1, {args.size_mib} MiB volume, "
         f"{args.runtime} s per point, a snapshot every second)",
         "",
-        "Mean response time as a ratio to `nbdkit file` at the same write ratio (lower is faster); "
-        "nbdkit's own in µs in the first row.",
+        "Mean response time as a ratio to `nbdkit file` at the same write ratio, measured beside each "
+        "snap_block size (lower is faster); nbdkit's own in µs. At queue depth 1 on this VM the response "
+        "time is dominated by wake-ups, so absolute µs drift between runs: read the ratios.",
         "",
         "| layout | snap_block | " + " | ".join(f"{ratio}% writes" for ratio in WRITE_RATIOS) + " |",
         "|---|---|" + "---|" * len(WRITE_RATIOS),
     ]
-    base = {ratio: snapshots[("nbdkit", 0, ratio)] for ratio in WRITE_RATIOS}
-    lines.append("| nbdkit file (µs) | — | " + " | ".join(
-        f"{statistics.median(base[ratio]):.0f}" for ratio in WRITE_RATIOS) + " |")
     for snap_kib in SNAP_BLOCKS_KIB:
+        base = {ratio: statistics.median(snapshots[("nbdkit", snap_kib, ratio)]) for ratio in WRITE_RATIOS}
+        lines.append(f"| nbdkit file (µs) | (beside {snap_kib} KiB) | " + " | ".join(
+            f"{base[ratio]:.0f}" for ratio in WRITE_RATIOS) + " |")
         for layout in ("cow", "row"):
             cells = []
             for ratio in WRITE_RATIOS:
-                ratios = [value / statistics.median(base[ratio]) for value in snapshots[(layout, snap_kib, ratio)]]
-                cells.append(spread(ratios))
+                cells.append(spread([value / base[ratio] for value in snapshots[(layout, snap_kib, ratio)]]))
             lines.append(f"| {layout} | {snap_kib} KiB | " + " | ".join(cells) + " |")
     lines += ["", "Where COW and ROW cross (the write ratio above which ROW answers faster, by medians):", ""]
     for snap_kib in SNAP_BLOCKS_KIB:
         cow = [statistics.median(snapshots[("cow", snap_kib, ratio)]) for ratio in WRITE_RATIOS]
         row = [statistics.median(snapshots[("row", snap_kib, ratio)]) for ratio in WRITE_RATIOS]
-        faster = [ratio for ratio, c, r in zip(WRITE_RATIOS, cow, row) if r < c]
-        where = f"from {faster[0]}% writes" if faster else "never in 0–100%"
+        # The least write ratio from which ROW stays faster.
+        threshold = None
+        for ratio, c, r in reversed(list(zip(WRITE_RATIOS, cow, row))):
+            if r >= c:
+                break
+            threshold = ratio
+        where = f"from {threshold}% writes on" if threshold is not None else "at no write ratio up to 100%"
         lines.append(f"- snap_block {snap_kib} KiB: ROW faster {where} "
                      f"(COW/ROW at 0%: {cow[0] / row[0]:.2f}, at 100%: {cow[-1] / row[-1]:.2f})")
     lines += [
@@ -236,6 +240,7 @@ def main():
     parser.add_argument("--pg-size-mib", type=int, default=1024)
     parser.add_argument("--dir", default=str(ROOT / "target" / "bench-layouts"))
     parser.add_argument("--no-build", action="store_true")
+    parser.add_argument("--rewind", default=str(REWIND), help="the rewind binary to run")
     args = parser.parse_args()
     for tool in ["fio", "nbdkit", "nbdfuse", "pgbench", "initdb", "runuser"]:
         if not shutil.which(tool):

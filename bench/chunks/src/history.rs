@@ -62,6 +62,7 @@ pub fn run(dir: &Path, args: &HistoryArgs, json: bool) -> anyhow::Result<()> {
         retention: Vec::new(),
         space_max_bytes: 0,
         layout: Layout::Journaled,
+        cache_bytes: 0,
     };
     let volume = node.create_volume(spec, created)?;
     let block_bytes = args.block_bytes as usize;

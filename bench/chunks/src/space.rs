@@ -140,6 +140,7 @@ pub fn run(dir: &Path, args: &SpaceArgs, json: bool) -> anyhow::Result<()> {
             retention: Vec::new(),
             space_max_bytes: 0,
             layout: Layout::Journaled,
+            cache_bytes: 0,
         };
         let volume = node.create_volume(spec, start)?;
         let mut rng = SmallRng::seed_from_u64(args.seed ^ 0x5eed);

@@ -176,6 +176,7 @@ impl Backend for HttpBackend {
         let fields = [
             ("block_size", &block_size),
             ("layout", &volume.layout),
+            ("cache", &volume.cache),
             ("granularity", &policy.granularity),
             ("retention", &policy.retention),
             ("space_max", &policy.space_max),

@@ -160,7 +160,11 @@ struct ShapeArgs {
     #[arg(long, default_value = "4KiB")]
     block_size: String,
     /// Where writes go: journaled (journal, then the current store),
-    /// logging (history only; the present is read through the map), cow
+    /// logging (history only; the present is read through the map),
+    /// split-stream and split-down-stream (behind a controller cache, each
+    /// version let go to history; split-down-stream writes them all to the
+    /// current store too), checkpointing (as cow, behind a controller cache
+    /// that absorbs overwrites of recently written blocks), cow
     /// (copy-on-write: in place, each block copied to history at its first
     /// overwrite after a snapshot) or row (redirect-on-write: the current
     /// store is merged at each snapshot). Snapshots are every granularity
@@ -170,6 +174,9 @@ struct ShapeArgs {
     /// The unit COW copies and ROW redirects (the block size), e.g. 16KiB.
     #[arg(long, conflicts_with = "block_size")]
     snap_block: Option<String>,
+    /// The controller cache of split-stream, split-down-stream and checkpointing (3% of it may be dirty), e.g. 64MiB.
+    #[arg(long)]
+    cache: Option<String>,
 }
 
 impl ShapeArgs {
@@ -186,6 +193,7 @@ impl ShapeArgs {
             size_bytes,
             block_size: Some(parse_block_size(block_size)?),
             layout: Some(self.layout),
+            cache: self.cache,
             policy: policy.into(),
         })
     }

@@ -76,7 +76,7 @@ fn exercise(layout: &str, create: &[&str]) {
         assert_eq!(stats["io"]["current"]["writes"], 0, "logging has no current store: {stats}");
         assert_eq!(stats["current_bytes"], 0);
     }
-    if layout == "cow" {
+    if layout == "cow" || layout == "checkpointing" {
         // fio overwrote the imaged blocks after a snapshot: each was copied out first.
         assert!(stats["io"]["current"]["read_bytes"].as_u64().unwrap() >= 16 << 20, "{stats}");
     }
@@ -97,6 +97,21 @@ fn journaled_through_real_clients() {
 #[test]
 fn logging_through_real_clients() {
     exercise("logging", &[]);
+}
+
+#[test]
+fn split_stream_through_real_clients() {
+    exercise("split-stream", &["--cache", "16MiB", "--granularity", "2s"]);
+}
+
+#[test]
+fn split_down_stream_through_real_clients() {
+    exercise("split-down-stream", &["--cache", "16MiB"]);
+}
+
+#[test]
+fn checkpointing_through_real_clients() {
+    exercise("checkpointing", &["--cache", "16MiB", "--granularity", "2s"]);
 }
 
 #[test]
@@ -127,6 +142,10 @@ fn snap_block_belongs_to_snapshot_layouts_and_layouts_are_named() {
     ]);
     let error = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && error.contains("--snap-block"), "{error}");
+    let output =
+        server.rewind_output(&["volume", "create", "a", "--size", "1MiB", "--layout", "row", "--cache", "1MiB"]);
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && error.contains("split-stream, split-down-stream"), "{error}");
     let output = server.rewind_output(&["volume", "create", "a", "--size", "1MiB", "--layout", "lvm"]);
     let error = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && error.contains("unknown layout \"lvm\"") && error.contains("row"), "{error}");

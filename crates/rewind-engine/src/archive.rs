@@ -136,7 +136,7 @@ impl Volume {
     /// archived anything.
     pub(crate) fn archive(&self, now: Timestamp) -> Result<bool, EngineError> {
         // COW copies history straight into the chunk store: nothing waits in the journal.
-        if self.chunks.is_poisoned() || self.layout().copies_before_overwrite() {
+        if self.chunks.is_poisoned() || self.layout().history_at_destage() {
             return Ok(false);
         }
         // Everything durable into runs first: only runs are archived.
@@ -184,7 +184,7 @@ impl Volume {
     /// no longer refers to. Returns whether it deleted any.
     pub(crate) fn reclaim_journal(&self, replay_segment: u32) -> Result<bool, EngineError> {
         // In COW the index never refers to the journal: recovery alone needs it.
-        let unreferenced_before = match self.layout().copies_before_overwrite() {
+        let unreferenced_before = match self.layout().history_at_destage() {
             true => Timestamp::MAX,
             false => self.index.archived_before(),
         };

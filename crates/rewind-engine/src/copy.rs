@@ -1,16 +1,25 @@
-//! Copy-on-write (the COW layout, Xiao et al. §2): the current store is
-//! written in place, and history is what is copied out of it before it is
-//! overwritten.
+//! History filed as versions leave the overlay — the layouts in which the
+//! journal is only the write-ahead log (the papers' non-volatile cache) and
+//! history is written to the chunk store as the destager lets versions go:
 //!
-//! When the destager is about to overwrite a block, it looks at the block's
-//! versions in order: the one in the current store, then those waiting in
-//! the overlay. Each that history keeps — not superseded, under the volume's
-//! thinning, by the next (it is the last of its window, or a bookmark's) —
-//! is copied into the chunk store: from the current store (the read and the
-//! write that make COW's first write after a snapshot cost three I/Os) or,
-//! if it never reached the current store, from the journal. With a
-//! granularity g a snapshot is every window end, so a block is copied at
-//! most once per window; at every-write granularity every overwrite copies.
+//! - **COW** (Xiao et al. §2) and **Checkpointing** (IBM §2.7): before the
+//!   destager overwrites a block, it looks at the block's versions in
+//!   order: the one in the current store, then those waiting in the
+//!   overlay. Each that history keeps — not superseded, under the volume's
+//!   thinning, by the next (it is the last of its window, or a bookmark's)
+//!   — is copied into the chunk store: from the current store (the read and
+//!   the write that make COW's first write after a snapshot cost three
+//!   I/Os) or, if it never reached the current store, from the journal.
+//!   With a granularity g a snapshot is every window end, so a block is
+//!   copied at most once per window; at every-write granularity every
+//!   overwrite copies.
+//! - **SplitStream** and **SplitDownStream** (IBM §2.5–2.6): every version
+//!   the destager lets go — each the overlay supersedes that history keeps,
+//!   and the one it destages — is written to the chunk store from the
+//!   journal; the current store's version is already there. (Versions the
+//!   window later supersedes are dropped by thinning: that is the paper's
+//!   d ≥ r.) SplitDownStream writes the kept superseded ones to the current
+//!   store too, in order, before the newest.
 //!
 //! The write-ahead rule for history: the chunks are made durable, then a
 //! copy record naming them is appended to the journal and committed, and
@@ -32,16 +41,26 @@ enum Origin {
     Zero,
 }
 
+/// What a destage files in history.
+struct Filing {
+    /// The versions to file, and where their bytes are now.
+    wanted: Vec<(Version, Origin)>,
+    /// Of them, those from the overlay that a newer one supersedes.
+    let_go: Vec<Pending>,
+}
+
 /// Versions one copy record lists at most.
 const COPY_RECORD_VERSIONS_MAX: usize = 1 << 14;
 
 impl Volume {
-    /// Copies what history keeps of the blocks about to be overwritten;
-    /// `chains` holds, per block, its durable overlay versions, oldest first.
-    pub(crate) fn copy_before_overwrite(&self, chains: &[Vec<Pending>]) -> Result<(), EngineError> {
-        let wanted = self.versions_to_copy(chains)?;
+    /// Files in history what the layout keeps of the blocks about to be
+    /// destaged; `chains` holds, per block, its durable overlay versions,
+    /// oldest first. Returns the superseded overlay versions it kept (for
+    /// SplitDownStream to write down too), oldest first per block.
+    pub(crate) fn file_history(&self, chains: &[Vec<Pending>]) -> Result<Vec<Pending>, EngineError> {
+        let Filing { wanted, let_go } = self.versions_to_file(chains)?;
         if wanted.is_empty() {
-            return Ok(());
+            return Ok(let_go);
         }
         let copies = {
             let _gate = self.chunks.hold_references();
@@ -78,36 +97,39 @@ impl Volume {
             }
         }
         self.journal.commit()?;
-        Ok(())
+        Ok(let_go)
     }
 
-    /// The versions of `chains`' blocks that history keeps and that are
-    /// about to leave: every one but each block's newest.
-    fn versions_to_copy(&self, chains: &[Vec<Pending>]) -> Result<Vec<(Version, Origin)>, EngineError> {
-        let current = self.current.as_ref().expect("COW has a current store");
+    /// What to file in history of `chains`' blocks (see the module documentation).
+    fn versions_to_file(&self, chains: &[Vec<Pending>]) -> Result<Filing, EngineError> {
+        let current = self.current.as_ref().expect("these layouts have a current store");
+        let copies_current = self.layout().copies_current_version();
         let thinning = self.index.thinning();
         let mut wanted = Vec::new();
+        let mut let_go = Vec::new();
         let mut metas = Vec::new();
         let mut sequence: Vec<(Version, Origin)> = Vec::new();
         for chain in chains {
             let block = chain.first().expect("chains are not empty").version.block;
-            if let Err(index) = current.read_meta(block, 1, &mut metas)? {
-                return Err(self.corrupt_current(BlockIndex(block.0 + index)));
-            }
-            let meta: BlockMeta = metas[0];
             sequence.clear();
-            // The current store's version comes before the overlay's, unless
-            // the destager wrote an overlay version there before a crash:
-            // then what it holds was never synced, and the journal speaks for
-            // it (the version it replaced was filed, if kept, before that).
-            let oldest_pending = chain.first().expect("chains are not empty").version.timestamp;
-            if meta.timestamp < oldest_pending {
-                let in_current =
-                    Version { block, timestamp: meta.timestamp, data: VersionData::Zero, crc32c: meta.crc32c };
-                match meta.state {
-                    BlockState::Unwritten => {}
-                    BlockState::Zero => sequence.push((in_current, Origin::Zero)),
-                    BlockState::Data => sequence.push((in_current, Origin::Current)),
+            if copies_current {
+                if let Err(index) = current.read_meta(block, 1, &mut metas)? {
+                    return Err(self.corrupt_current(BlockIndex(block.0 + index)));
+                }
+                let meta: BlockMeta = metas[0];
+                // The current store's version comes before the overlay's,
+                // unless the destager wrote an overlay version there before a
+                // crash: then what it holds was never synced, and the journal
+                // speaks for it (the version it replaced was filed, if kept,
+                // before that).
+                if meta.timestamp < chain.first().expect("chains are not empty").version.timestamp {
+                    let in_current =
+                        Version { block, timestamp: meta.timestamp, data: VersionData::Zero, crc32c: meta.crc32c };
+                    match meta.state {
+                        BlockState::Unwritten => {}
+                        BlockState::Zero => sequence.push((in_current, Origin::Zero)),
+                        BlockState::Data => sequence.push((in_current, Origin::Current)),
+                    }
                 }
             }
             for pending in chain {
@@ -118,19 +140,27 @@ impl Volume {
                 };
                 sequence.push((pending.version, origin));
             }
-            for pair in sequence.windows(2) {
+            let from_overlay = sequence.len() - chain.len();
+            for (index, pair) in sequence.windows(2).enumerate() {
                 if !thinning.supersedes(&pair[0].0, &pair[1].0) {
                     wanted.push(pair[0]);
+                    if index >= from_overlay {
+                        let_go.push(chain[index - from_overlay]);
+                    }
                 }
             }
+            if !copies_current {
+                // The version destaged leaves the cache for both stores.
+                wanted.push(*sequence.last().expect("chains are not empty"));
+            }
         }
-        Ok(wanted)
+        Ok(Filing { wanted, let_go })
     }
 
     fn read_for_copy(&self, version: &Version, origin: Origin, block: &mut [u8]) -> Result<(), EngineError> {
         let place = match origin {
             Origin::Current => {
-                self.current.as_ref().expect("COW has a current store").read_data(version.block, block)?;
+                self.current.as_ref().expect("these layouts have a current store").read_data(version.block, block)?;
                 "the current store".to_owned()
             }
             Origin::Journal { segment, offset } => {

@@ -51,7 +51,13 @@ pub struct VolumeSpec {
     pub space_max_bytes: u64,
     /// Where writes go (see [`Layout`]); fixed at creation.
     pub layout: Layout,
+    /// The controller cache of split-stream, split-down-stream and
+    /// checkpointing volumes (0: 64 MiB); only for those layouts.
+    pub cache_bytes: u64,
 }
+
+/// The controller cache of a volume with one, created without a size.
+pub const CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 
 /// Wakes the embedder's maintenance loop when there is work to do.
 #[derive(Default)]
@@ -142,7 +148,7 @@ impl Node {
             }
         }
         chunks.finish_open()?;
-        for volume in volumes.values().filter(|volume| volume.layout().copies_before_overwrite()) {
+        for volume in volumes.values().filter(|volume| volume.layout().history_at_destage()) {
             volume.checkpoint(volume.timestamp_last())?;
         }
         Ok(Node {
@@ -163,6 +169,13 @@ impl Node {
                 "a volume's size must be a positive multiple of its block size ({block_bytes} bytes) \
                  and at most {VOLUME_BYTES_MAX} bytes; {} is not",
                 spec.size_bytes
+            )));
+        }
+        if spec.cache_bytes > 0 && !spec.layout.has_controller_cache() {
+            return Err(EngineError::InvalidArgument(format!(
+                "a controller cache size is for the layouts with one (split-stream, split-down-stream, \
+                 checkpointing), not {}",
+                spec.layout.name()
             )));
         }
         RetentionTier::check(&spec.retention, spec.granularity_nanos).map_err(|reason| {
@@ -186,6 +199,10 @@ impl Node {
             block_size: spec.block_size,
             created: now,
             layout: spec.layout,
+            cache_bytes: match spec.cache_bytes {
+                0 if spec.layout.has_controller_cache() => CACHE_BYTES_DEFAULT,
+                bytes => bytes,
+            },
         };
         let volume = Volume::create(
             Arc::clone(&self.storage),

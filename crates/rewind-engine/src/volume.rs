@@ -228,7 +228,7 @@ impl Volume {
         let journal_dir = format!("{dir}/journal");
         let journal = Journal::create(io.journal(), &journal_dir, meta.block_size, config.journal, meta.created)?;
         let cache = Arc::clone(&shared.cache);
-        let index_config = IndexConfig { late_entries: meta.layout.copies_before_overwrite(), ..config.index };
+        let index_config = IndexConfig { late_entries: meta.layout.history_at_destage(), ..config.index };
         let index = VersionIndex::create(io.index(), &format!("{dir}/index"), index_config, cache)?;
         let current = match meta.layout.has_current_store() {
             true => {
@@ -334,7 +334,7 @@ impl Volume {
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
         let cache = Arc::clone(&shared.cache);
         let io = VolumeIo::new(&storage);
-        let index_config = IndexConfig { late_entries: meta.layout.copies_before_overwrite(), ..config.index };
+        let index_config = IndexConfig { late_entries: meta.layout.history_at_destage(), ..config.index };
         let index = VersionIndex::open(io.index(), &format!("{dir}/index"), index_config, cache)?;
         let current = match meta.layout.has_current_store() {
             true => Some(CurrentStore::open(&*io.current(), dir, meta.block_size, block_count, OpenMode::Existing)?),
@@ -344,7 +344,7 @@ impl Volume {
         index.set_thinning(history.thinning(meta.created));
         let lsn_indexed = index.lsn_indexed();
         // In COW only copy records are indexed: the last may be older.
-        if lsn_indexed < checkpoint.lsn && !meta.layout.copies_before_overwrite() {
+        if lsn_indexed < checkpoint.lsn && !meta.layout.history_at_destage() {
             return Err(EngineError::Corrupt {
                 volume: volume_name,
                 detail: format!(
@@ -370,7 +370,7 @@ impl Volume {
         let mut metas = Vec::new();
         // COW: writes since the checkpoint go back to the overlay, to be
         // destaged with their copies; its copy records go back to the index.
-        let copies_history = meta.layout.copies_before_overwrite();
+        let copies_history = meta.layout.history_at_destage();
         let mut recovered = Vec::new();
         while let Some(record) = recovery.next_record()? {
             let header = record.header;
@@ -458,7 +458,7 @@ impl Volume {
         // Make the replay durable so the next start need not repeat it. In
         // COW that destages, which copies into the chunk store: the node
         // does it once the store has counted its references.
-        if !volume.layout().copies_before_overwrite() {
+        if !volume.layout().history_at_destage() {
             volume.checkpoint(timestamp_last)?;
         }
         Ok(Arc::new(volume))
@@ -482,6 +482,11 @@ impl Volume {
 
     pub fn layout(&self) -> rewind_format::meta::Layout {
         self.meta.layout
+    }
+
+    /// The controller cache size of split-stream, split-down-stream and checkpointing (0 for the others).
+    pub fn cache_bytes(&self) -> u64 {
+        self.meta.cache_bytes
     }
 
     pub fn is_poisoned(&self) -> bool {
@@ -633,7 +638,7 @@ impl Volume {
     fn record_versions(&self, state: &mut WriteState, lsn: Lsn, journal_bytes: u64, zero: bool) {
         let versions = std::mem::take(&mut state.versions);
         let first = versions.first().expect("records cover blocks");
-        if !self.meta.layout.copies_before_overwrite() {
+        if !self.meta.layout.history_at_destage() {
             self.index.insert(lsn, &versions);
         }
         if self.current.is_some() {
@@ -749,6 +754,14 @@ impl Volume {
     /// Copies the newest durable version of every overlay block into the
     /// current store and retires what it copied.
     pub(crate) fn destage_durable(&self) -> Result<(), EngineError> {
+        self.destage(None)
+    }
+
+    /// Destages as [`Volume::destage_durable`] does, but (with
+    /// `dirty_max`) only the least recently written blocks, until at most
+    /// that many remain in the overlay: the IBM controller cache's LRW
+    /// destaging, which lets overwrites of the blocks it keeps be absorbed.
+    fn destage(&self, dirty_max: Option<usize>) -> Result<(), EngineError> {
         let (lsn_durable, _) = self.journal.durable_point();
         let mut destage = self.destage.lock();
         if self.current.is_none() {
@@ -759,28 +772,44 @@ impl Volume {
         if destage.lsn_applied >= lsn_durable && self.overlay_versions.load(Ordering::Relaxed) == 0 {
             return Ok(());
         }
-        let copies = self.meta.layout.copies_before_overwrite();
+        let copies = self.meta.layout.history_at_destage();
         let (mut newest, mut chains): (Vec<Pending>, Vec<Vec<Pending>>) = {
             let state = self.write.lock();
-            let durable = |pending: &smallvec::SmallVec<[Pending; 1]>| -> Vec<Pending> {
+            let mut blocks: Vec<&smallvec::SmallVec<[Pending; 1]>> = state.overlay.values().collect();
+            if let Some(dirty_max) = dirty_max {
+                if blocks.len() <= dirty_max {
+                    return Ok(());
+                }
+                // Least recently written first; the rest stay cached.
+                blocks.sort_unstable_by_key(|pending| pending.last().map(|entry| entry.lsn));
+                blocks.truncate(blocks.len() - dirty_max);
+            }
+            let durable = |pending: &&smallvec::SmallVec<[Pending; 1]>| -> Vec<Pending> {
                 pending.iter().take_while(|entry| entry.lsn <= lsn_durable).copied().collect()
             };
-            let newest = state
-                .overlay
-                .values()
+            let newest = blocks
+                .iter()
                 .filter_map(|pending| pending.iter().rev().find(|entry| entry.lsn <= lsn_durable).copied())
                 .collect();
             let chains = match copies {
-                true => state.overlay.values().map(durable).filter(|chain| !chain.is_empty()).collect(),
+                true => blocks.iter().map(durable).filter(|chain| !chain.is_empty()).collect(),
                 false => Vec::new(),
             };
             (newest, chains)
         };
         newest.sort_unstable_by_key(|pending| pending.version.block);
         chains.sort_unstable_by_key(|chain| chain[0].version.block);
-        self.copy_before_overwrite(&chains).map_err(|error| self.fail(error))?;
+        let let_go = self.file_history(&chains).map_err(|error| self.fail(error))?;
+        if self.meta.layout == Layout::SplitDownStream {
+            // Every version let go goes down to the current store too, in order.
+            for wave in waves(let_go) {
+                self.apply_to_current(&wave).map_err(|error| self.fail(error))?;
+            }
+        }
         self.apply_to_current(&newest).map_err(|error| self.fail(error))?;
-        destage.lsn_applied = destage.lsn_applied.max(lsn_durable);
+        if dirty_max.is_none() {
+            destage.lsn_applied = destage.lsn_applied.max(lsn_durable);
+        }
         drop(destage);
         let mut state = self.write.lock();
         let mut retired = 0;
@@ -889,7 +918,7 @@ impl Volume {
         let merge_due = self.merge_due(&maintenance, now);
         if self.overlay_versions.load(Ordering::Relaxed) > 0 && merge_due {
             let before = self.overlay_versions.load(Ordering::Relaxed);
-            self.destage_durable()?;
+            self.destage(self.dirty_blocks_max())?;
             maintenance.merged_at = now;
             worked |= self.overlay_versions.load(Ordering::Relaxed) < before;
         }
@@ -912,6 +941,15 @@ impl Volume {
             worked = true;
         }
         Ok(worked)
+    }
+
+    /// The layouts with the IBM controller cache keep up to 3% of its pages
+    /// dirty (`--cache`); the others destage everything.
+    fn dirty_blocks_max(&self) -> Option<usize> {
+        self.meta.layout.has_controller_cache().then(|| {
+            let pages = self.meta.cache_bytes / u64::from(self.meta.block_size.bytes());
+            (pages * 3 / 100) as usize
+        })
     }
 
     /// Whether versions may be destaged now. Continuously, but in ROW only
@@ -1002,6 +1040,25 @@ impl Volume {
     pub fn timestamp_last(&self) -> Timestamp {
         self.write.lock().timestamp_last
     }
+}
+
+/// `versions` (several per block, oldest first) as rounds of at most one per
+/// block, sorted by block: the order in which they may be written.
+fn waves(versions: Vec<Pending>) -> Vec<Vec<Pending>> {
+    let mut rounds: Vec<Vec<Pending>> = Vec::new();
+    let mut seen: FxHashMap<u64, usize> = FxHashMap::default();
+    for pending in versions {
+        let round = seen.entry(pending.version.block.0).or_insert(0);
+        if rounds.len() <= *round {
+            rounds.push(Vec::new());
+        }
+        rounds[*round].push(pending);
+        *round += 1;
+    }
+    for round in &mut rounds {
+        round.sort_unstable_by_key(|pending| pending.version.block);
+    }
+    rounds
 }
 
 /// Bytes of a write record's CRC array for `data_bytes` of blocks.

@@ -28,6 +28,7 @@ fn archive_ten_writes(granularity_nanos: u64) -> (u64, Vec<u8>) {
         retention: Vec::new(),
         space_max_bytes: 0,
         layout: Layout::Journaled,
+        cache_bytes: 0,
     };
     let volume = node.create_volume(spec, start).unwrap();
     for write in 1..=10u8 {
@@ -90,6 +91,7 @@ fn background_work_runs_concurrently_with_writes_and_views() {
         retention: Vec::new(),
         space_max_bytes: 0,
         layout: Layout::Journaled,
+        cache_bytes: 0,
     };
     let volume = node.create_volume(spec, now()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));

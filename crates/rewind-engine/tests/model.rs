@@ -8,8 +8,8 @@
 //! the creation), and it must match the oracle there. Another third have
 //! retention tiers; the policy also changes at random. The engine must never
 //! drop a time its policies promised to keep, and must refuse the times they
-//! drop. The cases go round the layouts (journaled, logging, cow, row): each
-//! must keep the same promises.
+//! drop. The cases go round the seven layouts: each must keep the same
+//! promises.
 //!
 //! Each case prints its seed; `REWIND_SEED=<n>` replays one case and
 //! `REWIND_SEEDS=<n>` runs that many.
@@ -259,6 +259,11 @@ fn run(seed: u64) -> Exercised {
         retention: Vec::new(),
         space_max_bytes: 0,
         layout,
+        // A controller cache: up to a few dozen dirty blocks.
+        cache_bytes: match layout.has_controller_cache() {
+            true => u64::from(block_bytes) * rng.random_range(1..2000),
+            false => 0,
+        },
     };
     let spec = if seed % 3 == 1 {
         let (granularity_nanos, retention) = random_policy(&mut rng);

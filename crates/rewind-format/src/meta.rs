@@ -58,7 +58,6 @@ pub(crate) fn finish(reader: Reader<'_>) -> Result<(), FormatError> {
 /// Where a volume puts each write: the layouts of the CDP papers (IBM §2,
 /// Xiao et al. §2). In every layout the journal is the write-ahead log (the
 /// papers' non-volatile cache) and the version index is the map of history.
-/// Codes 2–4 are kept for SplitStream, SplitDownStream and Checkpointing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 #[non_exhaustive]
@@ -69,6 +68,20 @@ pub enum Layout {
     /// IBM's Logging: one store, the history (the journal, then the chunk
     /// store); no current store: the present is read through the map.
     Logging = 1,
+    /// IBM's SplitStream: behind the controller cache, the current store
+    /// gets only the newest version of each block it destages, the history
+    /// every version the cache lets go that the granularity keeps (from the
+    /// journal, as it leaves).
+    SplitStream = 2,
+    /// IBM's SplitDownStream: behind the controller cache, every version it
+    /// lets go that the granularity keeps is written to both the current
+    /// store and the history.
+    SplitDownStream = 3,
+    /// IBM's Checkpointing: as COW (history is copied out of the current
+    /// store before an overwrite), behind the IBM controller cache: only the
+    /// least recently written blocks beyond its dirty limit are destaged, so
+    /// overwrites of the others are absorbed.
+    Checkpointing = 4,
     /// Xiao's copy-on-write: the current store is written in place; before a
     /// version there is overwritten, if history keeps it (it is the last of
     /// its window, or a bookmark's), it is copied to the chunk store. The
@@ -82,12 +95,23 @@ pub enum Layout {
 
 impl Layout {
     /// Every layout, in code order.
-    pub const ALL: [Layout; 4] = [Layout::Journaled, Layout::Logging, Layout::Cow, Layout::Row];
+    pub const ALL: [Layout; 7] = [
+        Layout::Journaled,
+        Layout::Logging,
+        Layout::SplitStream,
+        Layout::SplitDownStream,
+        Layout::Checkpointing,
+        Layout::Cow,
+        Layout::Row,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Layout::Journaled => "journaled",
             Layout::Logging => "logging",
+            Layout::SplitStream => "split-stream",
+            Layout::SplitDownStream => "split-down-stream",
+            Layout::Checkpointing => "checkpointing",
             Layout::Cow => "cow",
             Layout::Row => "row",
         }
@@ -110,10 +134,25 @@ impl Layout {
         self != Layout::Logging
     }
 
-    /// Whether history is what is copied out of the current store before it
-    /// is overwritten, rather than every write as it comes.
-    pub fn copies_before_overwrite(self) -> bool {
-        self == Layout::Cow
+    /// Whether history is filed as versions leave the overlay (the papers'
+    /// cache) rather than as they are written: the version index then takes
+    /// late entries, and the journal is only the write-ahead log.
+    pub fn history_at_destage(self) -> bool {
+        matches!(self, Layout::SplitStream | Layout::SplitDownStream | Layout::Checkpointing | Layout::Cow)
+    }
+
+    /// Whether the version in the current store is copied to history before
+    /// it is overwritten (Checkpointing, COW), rather than each version being
+    /// written to history as it leaves the cache (SplitStream,
+    /// SplitDownStream).
+    pub fn copies_current_version(self) -> bool {
+        matches!(self, Layout::Checkpointing | Layout::Cow)
+    }
+
+    /// Whether the overlay behaves as the IBM controller cache, destaging
+    /// only the least recently written blocks beyond its dirty limit.
+    pub fn has_controller_cache(self) -> bool {
+        matches!(self, Layout::SplitStream | Layout::SplitDownStream | Layout::Checkpointing)
     }
 }
 
@@ -126,6 +165,9 @@ pub struct VolumeMeta {
     /// When protection began: no view exists before this time.
     pub created: Timestamp,
     pub layout: Layout,
+    /// Checkpointing: the controller cache's size in bytes (3% of its pages
+    /// may be dirty); 0 for the other layouts.
+    pub cache_bytes: u64,
 }
 
 impl VolumeMeta {
@@ -139,7 +181,8 @@ impl VolumeMeta {
             .u64(self.size_bytes)
             .u32(self.block_size.bytes())
             .u64(self.created.unix_nanos())
-            .u8(self.layout as u8);
+            .u8(self.layout as u8)
+            .u64(self.cache_bytes);
         seal_envelope(Self::MAGIC, payload)
     }
 
@@ -151,11 +194,13 @@ impl VolumeMeta {
         let created = Timestamp::from_unix_nanos(reader.u64()?);
         let code = reader.u8()?;
         let layout = Layout::from_code(code).ok_or_else(|| reader.invalid(format!("unknown layout {code}")))?;
+        // Absent in metadata written before Checkpointing existed.
+        let cache_bytes = if reader.remaining() > 0 { reader.u64()? } else { 0 };
         if size_bytes % u64::from(block_size.bytes()) != 0 {
             return Err(reader.invalid("size is not a whole number of blocks"));
         }
         finish(reader)?;
-        Ok(VolumeMeta { name, size_bytes, block_size, created, layout })
+        Ok(VolumeMeta { name, size_bytes, block_size, created, layout, cache_bytes })
     }
 }
 
@@ -595,6 +640,7 @@ mod tests {
             block_size: BlockSize::DEFAULT,
             created: Timestamp::from_unix_nanos(42),
             layout: Layout::Journaled,
+            cache_bytes: 0,
         };
         let bytes = meta.encode();
         assert_eq!(VolumeMeta::decode(&bytes).unwrap(), meta);

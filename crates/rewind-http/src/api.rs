@@ -28,6 +28,8 @@ pub struct VolumeInfo {
     pub size_bytes: u64,
     pub block_size: u32,
     pub layout: String,
+    /// The controller cache of split-stream, split-down-stream and checkpointing volumes (0 for the others).
+    pub cache_bytes: u64,
     /// When protection began: the earliest time a view can show.
     pub created: String,
     pub created_unix_nanos: u64,
@@ -64,6 +66,7 @@ impl VolumeInfo {
             size_bytes: volume.size_bytes(),
             block_size: volume.block_size().bytes(),
             layout: volume.layout().name().to_owned(),
+            cache_bytes: volume.cache_bytes(),
             created: time(volume.created()),
             created_unix_nanos: volume.created().unix_nanos(),
             last_write: written.then(|| time(last)),
@@ -100,6 +103,16 @@ pub fn parse_space_max(text: &str) -> Result<u64, String> {
         .with_binary()
         .parse_size(text.trim())
         .map_err(|error| format!("cannot read the space cap {text:?} ({error}); write it like 200GiB, 500GB or none"))
+}
+
+/// Parses a controller cache size like `64MiB`.
+fn parse_cache(text: &str) -> Result<u64, String> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(text.trim())
+        .ok()
+        .filter(|&bytes| bytes > 0)
+        .ok_or_else(|| format!("cannot read the cache size {text:?}; write it like 64MiB or 4GiB"))
 }
 
 /// Bytes in binary units with one decimal: `1.5 GiB`.
@@ -195,9 +208,12 @@ pub struct CreateVolume {
     pub size_bytes: u64,
     /// Defaults to 4096.
     pub block_size: Option<u32>,
-    /// journaled (the default), logging, cow or row.
+    /// journaled (the default), logging, checkpointing, cow or row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
+    /// The controller cache of split-stream, split-down-stream and checkpointing, e.g. `64MiB` (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
     #[serde(flatten)]
     pub policy: Policy,
 }
@@ -218,6 +234,7 @@ impl CreateVolume {
             retention: policy.retention.unwrap_or_default(),
             space_max_bytes: policy.space_max_bytes.unwrap_or(0),
             layout: self.layout.as_deref().map_or(Ok(Layout::Journaled), Layout::parse)?,
+            cache_bytes: self.cache.as_deref().map_or(Ok(0), parse_cache)?,
         })
     }
 }

@@ -171,6 +171,7 @@ async fn delete_volume(State(state): State<Shared>, Path(name): Path<String>) ->
 struct ImportQuery {
     block_size: Option<u32>,
     layout: Option<String>,
+    cache: Option<String>,
     #[serde(flatten)]
     policy: Policy,
 }
@@ -212,6 +213,7 @@ async fn import_volume(
         size_bytes,
         block_size: query.block_size,
         layout: query.layout,
+        cache: query.cache,
         policy: query.policy,
     }
     .spec()
