@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ from benchlib import REWIND, ROOT, Process, api, environment, fio, wait_port, wr
 
 WRITE_RATIOS = [0, 20, 40, 60, 80, 100]
 SNAP_BLOCKS_KIB = [1, 2, 4, 8, 64]
-PGBENCH_LAYOUTS = ["journaled", "logging", "checkpointing", "cow", "row"]
+PGBENCH_LAYOUTS = ["journaled", "logging", "split-stream", "split-down-stream", "checkpointing", "cow", "row"]
 NBD_PORT, HTTP_PORT, BASE_PORT = 10920, 10921, 10922
 
 
@@ -53,7 +54,7 @@ def start_nbdkit(work, size):
     return process, f"nbd://127.0.0.1:{BASE_PORT}/"
 
 
-def start_rewind(work, size, layout, block_bytes, granularity, binary=REWIND):
+def start_rewind(work, size, layout, block_bytes, granularity, binary):
     shutil.rmtree(work / "rewind", ignore_errors=True)
     process = Process(
         [str(binary), "serve", "--data-dir", str(work / "rewind"), "--nbd", f"127.0.0.1:{NBD_PORT}",
@@ -72,6 +73,13 @@ def iometer_like(uri, size, ratio, runtime):
     return mean_response_us(fio(uri, f"mix-{ratio}", args, size, runtime=runtime))
 
 
+def start(target, work, size, block_bytes, args):
+    """`nbdkit file`, or Rewind with a volume of layout `target`."""
+    if target == "nbdkit":
+        return start_nbdkit(work, size)
+    return start_rewind(work, size, target, block_bytes, "1s", args.rewind)
+
+
 def snapshots_run(args, run_index, results):
     """Per snap_block: nbdkit, COW and ROW, each filled, then every write
     ratio; the order alternates between runs."""
@@ -85,10 +93,7 @@ def snapshots_run(args, run_index, results):
         if run_index % 2:
             targets.reverse()
         for target in targets:
-            if target == "nbdkit":
-                server, uri = start_nbdkit(work, size)
-            else:
-                server, uri = start_rewind(work, size, target, snap_kib << 10, "1s", args.rewind)
+            server, uri = start(target, work, size, snap_kib << 10, args)
             try:
                 fio(uri, "fill", fill, size)
                 for ratio in WRITE_RATIOS:
@@ -156,10 +161,7 @@ def pgbench_run(args, run_index, results):
     if run_index % 2:
         targets.reverse()
     for target in targets:
-        if target == "nbdkit":
-            server, uri = start_nbdkit(work, size)
-        else:
-            server, uri = start_rewind(work, size, target, 4096, "1s", args.rewind)
+        server, uri = start(target, work, size, 4096, args)
         try:
             tps = pgbench_on(uri, work / "fs", args)
         finally:
@@ -185,8 +187,9 @@ def table(args, snapshots, pgbench, env):
         f"{args.runtime} s per point, a snapshot every second)",
         "",
         "Mean response time as a ratio to `nbdkit file` at the same write ratio, measured beside each "
-        "snap_block size (lower is faster); nbdkit's own in µs. At queue depth 1 on this VM the response "
-        "time is dominated by wake-ups, so absolute µs drift between runs: read the ratios.",
+        "snap_block size (lower is faster); nbdkit's own in µs. The CPUs are held out of idle states "
+        "(`/dev/cpu_dma_latency` 0) for the whole run: at queue depth 1 a wake-up otherwise costs more "
+        "than the I/O.",
         "",
         "| layout | snap_block | " + " | ".join(f"{ratio}% writes" for ratio in WRITE_RATIOS) + " |",
         "|---|---|" + "---|" * len(WRITE_RATIOS),
@@ -230,6 +233,16 @@ def table(args, snapshots, pgbench, env):
     return "\n".join(lines)
 
 
+def hold_cpus_awake():
+    """Keeps the CPUs out of idle states while the file stays open (PM QoS
+    `cpu_dma_latency` 0): at queue depth 1 on this VM, waking an idle CPU
+    otherwise costs more than the I/O (nbdkit's mean read time halves), and
+    any server with a background thread would look faster than it is."""
+    qos = open("/dev/cpu_dma_latency", "wb", buffering=0)
+    qos.write(struct.pack("i", 0))
+    return qos
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
@@ -248,10 +261,12 @@ def main():
     if not args.no_build:
         subprocess.run(["cargo", "build", "--release", "-p", "rewind-cli"], cwd=ROOT, check=True)
     env = environment()
+    awake = hold_cpus_awake()
     snapshots, pgbench = {}, {}
     for run_index in range(args.runs):
         snapshots_run(args, run_index, snapshots)
         pgbench_run(args, run_index, pgbench)
+    awake.close()
     section = table(args, snapshots, pgbench, env)
     write_section("layouts", section)
     print(section)

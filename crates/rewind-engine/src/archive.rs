@@ -75,16 +75,7 @@ impl JournalArchiver<'_> {
             self.buffer.resize((end - start) * block_bytes, 0);
             volume.journal.read(segment, u64::from(offset), &mut self.buffer)?;
             for (version, block) in versions[start..end].iter_mut().zip(self.buffer.chunks_exact(block_bytes)) {
-                if rewind_format::crc32c(block) != version.crc32c {
-                    return Err(EngineError::Corrupt {
-                        volume: volume.name().to_string(),
-                        detail: format!(
-                            "journal data of block {} written at {} fails its checksum while being archived",
-                            version.block,
-                            crate::timespec::DisplayTime(version.timestamp)
-                        ),
-                    });
-                }
+                volume.check_version_bytes(version, block, "the journal", "being archived")?;
                 version.data = if block.iter().all(|&byte| byte == 0) {
                     VersionData::Zero
                 } else {

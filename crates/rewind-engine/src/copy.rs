@@ -169,16 +169,6 @@ impl Volume {
             }
             Origin::Zero => unreachable!("zeros are not read"),
         };
-        if rewind_format::crc32c(block) != version.crc32c {
-            return Err(EngineError::Corrupt {
-                volume: self.name().to_string(),
-                detail: format!(
-                    "block {} written at {} ({place}) fails its checksum while being copied to history",
-                    version.block,
-                    crate::timespec::DisplayTime(version.timestamp)
-                ),
-            });
-        }
-        Ok(())
+        self.check_version_bytes(version, block, &place, "being copied to history")
     }
 }

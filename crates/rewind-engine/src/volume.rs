@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
+use rewind_cache::{CacheConfig, ControllerCache};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use rewind_chunks::ChunkStore;
 use rewind_format::current::{BlockMeta, BlockState};
@@ -118,6 +119,12 @@ pub(crate) struct WriteState {
     /// Per block, its versions not yet destaged, oldest first.
     pub overlay: FxHashMap<u64, smallvec::SmallVec<[Pending; 1]>>,
     pub timeline_unsaved: BTreeMap<u64, TimelineBucket>,
+    /// The IBM controller cache of split-stream, split-down-stream and
+    /// checkpointing, fed every block written: its dirty pages are the
+    /// overlay's blocks, and...
+    cache: Option<ControllerCache<()>>,
+    /// ...the blocks it has destaged (let go), for the destager.
+    let_go: FxHashSet<u64>,
     crcs: Vec<u32>,
     versions: Vec<Version>,
 }
@@ -180,6 +187,9 @@ struct Parts {
     chunks: Arc<ChunkStore>,
     io: VolumeIo,
 }
+
+/// The share of the controller cache's pages that may be dirty (IBM §4.1).
+const CACHE_DIRTY_FRACTION: f64 = 0.03;
 
 /// The largest write record; larger writes become several records.
 const RECORD_BYTES_MAX: usize = 32 << 20;
@@ -283,6 +293,11 @@ impl Volume {
                 timestamp_floor: index.archived_before(),
                 overlay,
                 timeline_unsaved: BTreeMap::new(),
+                cache: meta.layout.has_controller_cache().then(|| {
+                    let block_bytes = u64::from(meta.block_size.bytes());
+                    ControllerCache::new(CacheConfig::new(meta.cache_bytes, block_bytes, CACHE_DIRTY_FRACTION))
+                }),
+                let_go: FxHashSet::default(),
                 crcs: Vec::new(),
                 versions: Vec::new(),
             }),
@@ -647,6 +662,15 @@ impl Volume {
             }
             self.overlay_versions.fetch_add(versions.len(), Ordering::Relaxed);
         }
+        if let Some(cache) = &mut state.cache {
+            for version in &versions {
+                let block = version.block.0;
+                let outcome = cache.write(block, ());
+                // Dirty again: what it was let go with is superseded in the overlay.
+                state.let_go.remove(&block);
+                state.let_go.extend(outcome.destaged.iter().map(|&(destaged, ())| destaged));
+            }
+        }
         let bytes = versions.len() as u64 * u64::from(self.meta.block_size.bytes());
         add_to_timeline(&mut state.timeline_unsaved, first.timestamp, zero, bytes);
         self.counters.journal_bytes_appended.fetch_add(journal_bytes, Ordering::Relaxed);
@@ -754,14 +778,14 @@ impl Volume {
     /// Copies the newest durable version of every overlay block into the
     /// current store and retires what it copied.
     pub(crate) fn destage_durable(&self) -> Result<(), EngineError> {
-        self.destage(None)
+        self.destage(false)
     }
 
     /// Destages as [`Volume::destage_durable`] does, but (with
-    /// `dirty_max`) only the least recently written blocks, until at most
-    /// that many remain in the overlay: the IBM controller cache's LRW
-    /// destaging, which lets overwrites of the blocks it keeps be absorbed.
-    fn destage(&self, dirty_max: Option<usize>) -> Result<(), EngineError> {
+    /// `cached_only`) only the blocks the controller cache has let go —
+    /// the least recently written beyond its dirty limit — so overwrites of
+    /// the blocks it keeps are absorbed.
+    fn destage(&self, cached_only: bool) -> Result<(), EngineError> {
         let (lsn_durable, _) = self.journal.durable_point();
         let mut destage = self.destage.lock();
         if self.current.is_none() {
@@ -774,16 +798,18 @@ impl Volume {
         }
         let copies = self.meta.layout.history_at_destage();
         let (mut newest, mut chains): (Vec<Pending>, Vec<Vec<Pending>>) = {
-            let state = self.write.lock();
-            let mut blocks: Vec<&smallvec::SmallVec<[Pending; 1]>> = state.overlay.values().collect();
-            if let Some(dirty_max) = dirty_max {
-                if blocks.len() <= dirty_max {
-                    return Ok(());
+            let mut state = self.write.lock();
+            if !cached_only {
+                // Everything leaves: the cache is clean again.
+                if let Some(cache) = &mut state.cache {
+                    cache.flush();
                 }
-                // Least recently written first; the rest stay cached.
-                blocks.sort_unstable_by_key(|pending| pending.last().map(|entry| entry.lsn));
-                blocks.truncate(blocks.len() - dirty_max);
+                state.let_go.clear();
             }
+            let blocks: Vec<&smallvec::SmallVec<[Pending; 1]>> = match cached_only {
+                true => state.let_go.iter().filter_map(|block| state.overlay.get(block)).collect(),
+                false => state.overlay.values().collect(),
+            };
             let durable = |pending: &&smallvec::SmallVec<[Pending; 1]>| -> Vec<Pending> {
                 pending.iter().take_while(|entry| entry.lsn <= lsn_durable).copied().collect()
             };
@@ -807,7 +833,7 @@ impl Volume {
             }
         }
         self.apply_to_current(&newest).map_err(|error| self.fail(error))?;
-        if dirty_max.is_none() {
+        if !cached_only {
             destage.lsn_applied = destage.lsn_applied.max(lsn_durable);
         }
         drop(destage);
@@ -815,12 +841,15 @@ impl Volume {
         let mut retired = 0;
         for applied in &newest {
             let block = applied.version.block.0;
-            let pending = state.overlay.get_mut(&block).expect("only the destager removes entries");
+            // Another destager (a bookmark's merge, a writer's backpressure)
+            // may have retired it meanwhile, having written as new a version.
+            let Some(pending) = state.overlay.get_mut(&block) else { continue };
             let keep_from = pending.iter().position(|entry| entry.lsn > applied.lsn).unwrap_or(pending.len());
             retired += keep_from;
             pending.drain(..keep_from);
             if pending.is_empty() {
                 state.overlay.remove(&block);
+                state.let_go.remove(&block);
             }
         }
         self.overlay_versions.fetch_sub(retired, Ordering::Relaxed);
@@ -918,7 +947,7 @@ impl Volume {
         let merge_due = self.merge_due(&maintenance, now);
         if self.overlay_versions.load(Ordering::Relaxed) > 0 && merge_due {
             let before = self.overlay_versions.load(Ordering::Relaxed);
-            self.destage(self.dirty_blocks_max())?;
+            self.destage(self.meta.layout.has_controller_cache())?;
             maintenance.merged_at = now;
             worked |= self.overlay_versions.load(Ordering::Relaxed) < before;
         }
@@ -941,15 +970,6 @@ impl Volume {
             worked = true;
         }
         Ok(worked)
-    }
-
-    /// The layouts with the IBM controller cache keep up to 3% of its pages
-    /// dirty (`--cache`); the others destage everything.
-    fn dirty_blocks_max(&self) -> Option<usize> {
-        self.meta.layout.has_controller_cache().then(|| {
-            let pages = self.meta.cache_bytes / u64::from(self.meta.block_size.bytes());
-            (pages * 3 / 100) as usize
-        })
     }
 
     /// Whether versions may be destaged now. Continuously, but in ROW only
@@ -1034,6 +1054,28 @@ impl Volume {
     /// Device I/O of the volume's stores since it was opened.
     pub fn io_stats(&self) -> VolumeIoStats {
         self.io.stats()
+    }
+
+    /// Checks `bytes` against `version`'s CRC; a mismatch is corruption,
+    /// reported with the block, its time, where it was read and what for.
+    pub(crate) fn check_version_bytes(
+        &self,
+        version: &Version,
+        bytes: &[u8],
+        place: &str,
+        doing: &str,
+    ) -> Result<(), EngineError> {
+        if rewind_format::crc32c(bytes) == version.crc32c {
+            return Ok(());
+        }
+        Err(EngineError::Corrupt {
+            volume: self.name().to_string(),
+            detail: format!(
+                "block {} written at {} ({place}) fails its checksum while {doing}",
+                version.block,
+                crate::timespec::DisplayTime(version.timestamp)
+            ),
+        })
     }
 
     /// Time of the newest version (the volume's creation if none).

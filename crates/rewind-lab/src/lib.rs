@@ -13,8 +13,10 @@
 //!
 //! Pure computation and files: no engine, no network.
 
+/// The controller cache, shared with the engine's cached layouts.
+pub use rewind_cache as cache;
+
 pub mod analysis;
-pub mod cache;
 pub mod model;
 pub mod replay;
 pub mod report;
