@@ -176,20 +176,15 @@ pub fn export(history: &WriteHistory) -> Result<()> {
     )
 }
 
-/// Writes a csv trace to standard output; a reader that stops early (`| head`) is no error.
+/// Writes a csv trace to standard output.
 fn write_trace(comment: &str, requests: impl Iterator<Item = Request>) -> Result<()> {
-    let written = (|| -> std::io::Result<()> {
-        let stdout = std::io::stdout().lock();
-        let mut writer = CsvWriter::new(std::io::BufWriter::with_capacity(1 << 20, stdout), comment)?;
-        for request in requests {
-            writer.write(&request)?;
-        }
-        writer.finish()?.flush()
-    })();
-    match written {
-        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        written => Ok(written?),
+    let stdout = std::io::stdout().lock();
+    let mut writer = CsvWriter::new(std::io::BufWriter::with_capacity(1 << 20, stdout), comment)?;
+    for request in requests {
+        writer.write(&request)?;
     }
+    writer.finish()?.flush()?;
+    Ok(())
 }
 
 pub fn run(command: LabCommand) -> Result<()> {

@@ -339,7 +339,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// Commands other than `serve` end quietly when their reader goes away
+/// (`rewind trace export db | head`), as Unix tools do; the server keeps
+/// Rust's default of seeing EPIPE as an error on the one socket.
+fn die_on_broken_pipe() {
+    // SAFETY: restoring a signal's default disposition before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn run(cli: Cli, server_given: bool) -> Result<()> {
+    if !matches!(cli.command, Command::Serve(_)) {
+        die_on_broken_pipe();
+    }
     let command = match cli.command {
         Command::Serve(args) => return serve::serve(&cli.data_dir, args),
         Command::Lab(command) => return lab::run(command),
@@ -442,9 +455,12 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
             if json {
                 return output::json(&info);
             }
-            let address = backend.nbd_address().unwrap_or_else(|| "127.0.0.1:10809 (once `rewind serve` runs)".into());
+            let (address, when) = match backend.nbd_address() {
+                Some(address) => (address, ""),
+                None => ("127.0.0.1:10809".into(), " once `rewind serve` runs"),
+            };
             println!(
-                "created volume {} ({}, {} layout, {} blocks, keeps {}): nbd://{address}/{}",
+                "created volume {} ({}, {} layout, {} blocks, keeps {}): nbd://{address}/{}{when}",
                 info.name,
                 indicatif::HumanBytes(info.size_bytes),
                 info.layout,

@@ -57,6 +57,7 @@ pub fn volumes(volumes: &[VolumeInfo]) {
                 volume.name.clone(),
                 HumanBytes(volume.size_bytes).to_string(),
                 HumanBytes(u64::from(volume.block_size)).to_string(),
+                volume.layout.clone(),
                 volume.created.clone(),
                 volume.last_write.clone().unwrap_or_else(|| "-".into()),
                 volume.bookmark_count.to_string(),
@@ -64,7 +65,7 @@ pub fn volumes(volumes: &[VolumeInfo]) {
             ]
         })
         .collect();
-    table(&["NAME", "SIZE", "BLOCK", "PROTECTED SINCE", "LAST WRITE", "BOOKMARKS", "STATE"], &rows);
+    table(&["NAME", "SIZE", "BLOCK", "LAYOUT", "PROTECTED SINCE", "LAST WRITE", "BOOKMARKS", "STATE"], &rows);
 }
 
 /// What history a volume keeps, for people.
@@ -95,6 +96,9 @@ pub fn volume_detail(detail: &VolumeDetail) {
         HumanBytes(u64::from(info.block_size))
     );
     println!("layout          {}", info.layout);
+    if info.cache_bytes > 0 {
+        println!("cache           {} (controller cache, 3% dirty)", HumanBytes(info.cache_bytes));
+    }
     println!("protected since {}", info.created);
     println!("last write      {}", info.last_write.as_deref().unwrap_or("never"));
     println!("bookmarks       {}", info.bookmark_count);
