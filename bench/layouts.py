@@ -203,7 +203,7 @@ def table(args, snapshots, pgbench, env):
             for ratio in WRITE_RATIOS:
                 cells.append(spread([value / base[ratio] for value in snapshots[(layout, snap_kib, ratio)]]))
             lines.append(f"| {layout} | {snap_kib} KiB | " + " | ".join(cells) + " |")
-    lines += ["", "Where COW and ROW cross (the write ratio above which ROW answers faster, by medians):", ""]
+    lines += ["", "Where COW and ROW cross (by medians):", ""]
     for snap_kib in SNAP_BLOCKS_KIB:
         cow = [statistics.median(snapshots[("cow", snap_kib, ratio)]) for ratio in WRITE_RATIOS]
         row = [statistics.median(snapshots[("row", snap_kib, ratio)]) for ratio in WRITE_RATIOS]
@@ -213,8 +213,9 @@ def table(args, snapshots, pgbench, env):
             if r >= c:
                 break
             threshold = ratio
-        where = f"from {threshold}% writes on" if threshold is not None else "at no write ratio up to 100%"
-        lines.append(f"- snap_block {snap_kib} KiB: ROW faster {where} "
+        faster = ", ".join(f"{ratio}%" for ratio, c, r in zip(WRITE_RATIOS, cow, row) if r < c) or "none"
+        where = f"stays faster from {threshold}% writes on" if threshold is not None else "is slower at 100% writes"
+        lines.append(f"- snap_block {snap_kib} KiB: ROW {where}; faster at {faster} "
                      f"(COW/ROW at 0%: {cow[0] / row[0]:.2f}, at 100%: {cow[-1] / row[-1]:.2f})")
     lines += [
         "",
