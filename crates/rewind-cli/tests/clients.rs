@@ -1,6 +1,6 @@
 //! Real NBD clients against a real `rewind serve`: nbdinfo, nbdcopy, qemu-img,
 //! qemu-io, fio with verification, and a filesystem through nbdfuse and a
-//! loop device.
+//! loop device — each against every layout.
 
 mod common;
 
@@ -10,6 +10,23 @@ use std::process::Command;
 
 use common::{pattern, require, run, run_failing, run_failing_with_env, Server};
 
+/// The layouts: every test here runs against each (the guarantees are the same).
+const LAYOUTS: [&str; 7] = ["journaled", "logging", "split-stream", "split-down-stream", "checkpointing", "cow", "row"];
+
+fn in_every_layout(test: fn(&str)) {
+    for layout in LAYOUTS {
+        println!("layout {layout}");
+        test(layout);
+    }
+}
+
+/// `rewind volume create|import …` arguments, in `layout`.
+fn in_layout<'a>(args: &[&'a str], layout: &'a str) -> Vec<&'a str> {
+    let mut all = args.to_vec();
+    all.extend(["--layout", layout]);
+    all
+}
+
 fn bookmark_time(server: &Server, volume: &str, name: &str) -> String {
     let json = server.rewind(&["bookmark", volume, name, "--json"]);
     let value: serde_json::Value = serde_json::from_str(&json).expect("bookmark JSON");
@@ -18,10 +35,14 @@ fn bookmark_time(server: &Server, volume: &str, name: &str) -> String {
 
 #[test]
 fn nbdinfo_shows_volumes_views_and_clear_errors() {
+    in_every_layout(nbdinfo_shows_volumes_views_and_clear_errors_in);
+}
+
+fn nbdinfo_shows_volumes_views_and_clear_errors_in(layout: &str) {
     require("nbdinfo");
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    server.rewind(&["volume", "create", "db", "--size", "64MiB"]);
+    server.rewind(&in_layout(&["volume", "create", "db", "--size", "64MiB"], layout));
     let info = run("nbdinfo", &["--json", &server.uri("db")]);
     let info: serde_json::Value = serde_json::from_str(&info).unwrap();
     let export = &info["exports"][0];
@@ -62,11 +83,15 @@ fn nbdinfo_shows_volumes_views_and_clear_errors() {
 
 #[test]
 fn qemu_img_convert_compare_and_views_keep_the_past() {
+    in_every_layout(qemu_img_convert_compare_and_views_keep_the_past_in);
+}
+
+fn qemu_img_convert_compare_and_views_keep_the_past_in(layout: &str) {
     require("qemu-img");
     require("qemu-io");
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
-    server.rewind(&["volume", "create", "db", "--size", "32MiB"]);
+    server.rewind(&in_layout(&["volume", "create", "db", "--size", "32MiB"], layout));
     // An image with data and zero regions.
     let original = dir.path().join("original.raw");
     let mut bytes = pattern(1, 32 << 20);
@@ -99,10 +124,14 @@ fn qemu_img_convert_compare_and_views_keep_the_past() {
 
 #[test]
 fn qemu_io_patterns_zeroes_and_unaligned_requests() {
+    in_every_layout(qemu_io_patterns_zeroes_and_unaligned_requests_in);
+}
+
+fn qemu_io_patterns_zeroes_and_unaligned_requests_in(layout: &str) {
     require("qemu-io");
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    server.rewind(&["volume", "create", "db", "--size", "16MiB", "--block-size", "4KiB"]);
+    server.rewind(&in_layout(&["volume", "create", "db", "--size", "16MiB", "--block-size", "4KiB"], layout));
     let uri = server.uri("db");
     run(
         "qemu-io",
@@ -146,19 +175,23 @@ fn qemu_io_patterns_zeroes_and_unaligned_requests() {
 
 #[test]
 fn nbdcopy_both_ways_and_import() {
+    in_every_layout(nbdcopy_both_ways_and_import_in);
+}
+
+fn nbdcopy_both_ways_and_import_in(layout: &str) {
     require("nbdcopy");
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let image = dir.path().join("image.raw");
     fs::write(&image, pattern(7, 8 << 20)).unwrap();
-    let imported = server.rewind(&["volume", "import", "vm1", image.to_str().unwrap(), "--json"]);
+    let imported = server.rewind(&in_layout(&["volume", "import", "vm1", image.to_str().unwrap(), "--json"], layout));
     let imported: serde_json::Value = serde_json::from_str(&imported).unwrap();
     assert_eq!(imported["bytes_read"], 8 << 20);
     let out = dir.path().join("out.raw");
     run("nbdcopy", &[&server.uri("vm1"), out.to_str().unwrap()]);
     assert!(fs::read(&out).unwrap() == fs::read(&image).unwrap(), "nbdcopy out of an imported volume");
 
-    server.rewind(&["volume", "create", "copy", "--size", "8MiB"]);
+    server.rewind(&in_layout(&["volume", "create", "copy", "--size", "8MiB"], layout));
     run("nbdcopy", &[image.to_str().unwrap(), &server.uri("copy")]);
     let back = dir.path().join("back.raw");
     run("nbdcopy", &[&server.uri("copy"), back.to_str().unwrap()]);
@@ -167,10 +200,14 @@ fn nbdcopy_both_ways_and_import() {
 
 #[test]
 fn fio_verifies_the_live_volume_and_a_view() {
+    in_every_layout(fio_verifies_the_live_volume_and_a_view_in);
+}
+
+fn fio_verifies_the_live_volume_and_a_view_in(layout: &str) {
     require("fio");
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    server.rewind(&["volume", "create", "db", "--size", "64MiB"]);
+    server.rewind(&in_layout(&["volume", "create", "db", "--size", "64MiB"], layout));
     let fio = |uri: &str, extra: &[&str]| {
         let mut args = vec![
             "--name=verify",
@@ -219,12 +256,16 @@ fn unmount_all(mounts: &[&Path]) {
 
 #[test]
 fn a_filesystem_as_it_was_at_a_bookmark() {
+    in_every_layout(a_filesystem_as_it_was_at_a_bookmark_in);
+}
+
+fn a_filesystem_as_it_was_at_a_bookmark_in(layout: &str) {
     require("nbdfuse");
     require("mkfs.ext4");
     require("losetup");
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
-    server.rewind(&["volume", "create", "fs", "--size", "256MiB"]);
+    server.rewind(&in_layout(&["volume", "create", "fs", "--size", "256MiB"], layout));
     let fuse = dir.path().join("fuse");
     let fuse_view = dir.path().join("fuse-view");
     let mnt = dir.path().join("mnt");
@@ -322,13 +363,17 @@ impl Drop for FsTest {
 
 #[test]
 fn hostile_clients_do_not_disturb_others_or_the_volume() {
+    in_every_layout(hostile_clients_do_not_disturb_others_or_the_volume_in);
+}
+
+fn hostile_clients_do_not_disturb_others_or_the_volume_in(layout: &str) {
     use std::io::{Read, Write};
     require("nbdcopy");
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let image = dir.path().join("image.raw");
     fs::write(&image, pattern(21, 4 << 20)).unwrap();
-    server.rewind(&["volume", "import", "db", image.to_str().unwrap()]);
+    server.rewind(&in_layout(&["volume", "import", "db", image.to_str().unwrap()], layout));
     // Garbage instead of a handshake, a stalled handshake, and a client that
     // negotiates and then claims a 3 GiB write and disconnects mid-payload.
     let mut garbage = std::net::TcpStream::connect(server.nbd).unwrap();
