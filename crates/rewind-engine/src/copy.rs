@@ -28,7 +28,7 @@
 //! came between the record and the overwrite) is not made twice.
 
 use rewind_format::current::{BlockMeta, BlockState};
-use rewind_types::{BlockIndex, Version, VersionData};
+use rewind_types::{Version, VersionData};
 
 use crate::volume::Pending;
 use crate::{EngineError, Volume};
@@ -113,10 +113,9 @@ impl Volume {
             let block = chain.first().expect("chains are not empty").version.block;
             sequence.clear();
             if copies_current {
-                if let Err(index) = current.read_meta(block, 1, &mut metas)? {
-                    return Err(self.corrupt_current(BlockIndex(block.0 + index)));
-                }
-                let meta: BlockMeta = metas[0];
+                current.read_meta(block, 1, &mut metas)?;
+                // The destager (this thread) is the only writer of the entry.
+                let meta: BlockMeta = metas[0].ok_or_else(|| self.corrupt_current(block))?;
                 // The current store's version comes before the overlay's,
                 // unless the destager wrote an overlay version there before a
                 // crash: then what it holds was never synced, and the journal

@@ -60,28 +60,23 @@ impl CurrentStore {
         assert!(first.0.checked_add(count).is_some_and(|end| end <= self.block_count), "range checked by caller");
     }
 
-    /// Reads the metadata of `count` blocks from `first`; `Err(index)` names
-    /// the first entry that fails its check (which a concurrent update can
-    /// cause, so the caller retries before calling it corruption).
+    /// Reads the metadata of `count` blocks from `first`; `None` for an
+    /// entry that fails its check (which a concurrent update can cause, so
+    /// a caller that needs the entry retries before calling it corruption).
     pub fn read_meta(
         &self,
         first: BlockIndex,
         count: u64,
-        out: &mut Vec<BlockMeta>,
-    ) -> Result<Result<(), u64>, EngineError> {
+        out: &mut Vec<Option<BlockMeta>>,
+    ) -> Result<(), EngineError> {
         self.check_range(first, count);
         let mut bytes = vec![0u8; count as usize * BLOCK_META_BYTES];
         self.meta
             .read_exact_at(&mut bytes, first.0 * BLOCK_META_BYTES as u64)
             .map_err(EngineError::io(&self.meta_path))?;
         out.clear();
-        for (index, entry) in bytes.chunks_exact(BLOCK_META_BYTES).enumerate() {
-            match BlockMeta::decode(entry) {
-                Ok(meta) => out.push(meta),
-                Err(_) => return Ok(Err(index as u64)),
-            }
-        }
-        Ok(Ok(()))
+        out.extend(bytes.chunks_exact(BLOCK_META_BYTES).map(|entry| BlockMeta::decode(entry).ok()));
+        Ok(())
     }
 
     pub fn read_data(&self, first: BlockIndex, buf: &mut [u8]) -> Result<(), EngineError> {

@@ -14,7 +14,9 @@
 //! The current store is read without locks. Should the destager rewrite a
 //! block between our reading its metadata and its data, the block fails its
 //! CRC check; the read is then planned and done again under the destage lock,
-//! and only a second failure is reported as corruption. Journal bytes never
+//! and only a second failure is reported as corruption. A read under the
+//! write lock (a read-modify-write) needs no second try: the destager writes
+//! only blocks in the overlay, and none leaves it meanwhile. Journal bytes never
 //! change, so a journal block that fails its check is corruption at once.
 //! Archived versions come from the chunk store, which checks the chunk's
 //! hash; the version's own CRC is checked too. A journal segment reclaimed
@@ -170,7 +172,14 @@ impl Volume {
             scratch.resize((count * block_bytes) as usize, 0);
             &mut scratch
         };
-        if let Err(Mismatch(_)) = self.read_blocks_replanning(at, overlay, first, count, target)? {
+        if let Err(Mismatch(block)) = self.read_blocks_replanning(at, overlay, first, count, target)? {
+            if let Overlay::Held(_) = overlay {
+                // Under the write lock no block leaves the overlay, and the
+                // destager writes only blocks in it: this one is not being
+                // rewritten. (Waiting for the destager here, which takes the
+                // write lock while it holds its own, could deadlock.)
+                return Err(self.corrupt_current(block));
+            }
             let _no_destage = self.destage.lock();
             if let Err(Mismatch(block)) = self.read_blocks_replanning(at, overlay, first, count, target)? {
                 return Err(self.corrupt_current(block));
@@ -326,10 +335,6 @@ impl Volume {
                 .map(|version| version.as_ref().map_or(Source::Zero, Source::of_version))
                 .collect()));
         };
-        let mut metas = Vec::with_capacity(count as usize);
-        if let Err(index) = current.read_meta(first, count, &mut metas)? {
-            return Ok(Err(Mismatch(BlockIndex(first.0 + index))));
-        }
         // Per block, its newest overlay version at or before `at`.
         let newest_pending = |state: &WriteState| -> Vec<Option<Version>> {
             (first.0..first.0 + count)
@@ -345,6 +350,8 @@ impl Volume {
             Overlay::Lock if self.overlay_versions.load(Ordering::Relaxed) == 0 => Vec::new(),
             Overlay::Lock => newest_pending(&self.write.lock()),
         };
+        let mut metas = Vec::with_capacity(count as usize);
+        current.read_meta(first, count, &mut metas)?;
         let mut sources = Vec::with_capacity(count as usize);
         let mut from_history = Vec::new();
         for (index, meta) in metas.iter().enumerate() {
@@ -352,10 +359,11 @@ impl Volume {
             // the index's (before them) older: the first that is not after
             // `at` is the one. (In COW the index holds only what was copied
             // out, so versions still in the overlay must be found there.)
-            let source = match pending.get(index).copied().flatten() {
-                Some(version) => Some(Source::of_version(&version)),
-                None if at.is_none_or(|at| meta.timestamp <= at) => Some(Source::of_meta(meta)),
-                None => None,
+            let source = match (pending.get(index).copied().flatten(), meta) {
+                (Some(version), _) => Some(Source::of_version(&version)),
+                (None, None) => return Ok(Err(Mismatch(BlockIndex(first.0 + index as u64)))),
+                (None, Some(meta)) if at.is_none_or(|at| meta.timestamp <= at) => Some(Source::of_meta(meta)),
+                (None, Some(_)) => None,
             };
             match source {
                 Some(source) => sources.push(source),
@@ -415,5 +423,59 @@ impl Volume {
             position = block_end;
         }
         Ok(extents)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+
+    use rewind_io::{SimConfig, SimStorage};
+    use rewind_types::{BlockSize, VolumeName};
+
+    use crate::{Durability, EngineError, Layout, Node, NodeConfig, Timestamp, VolumeSpec};
+
+    const SECOND: u64 = 1_000_000_000;
+
+    /// The destager takes the write lock while it holds its own, so a
+    /// read-modify-write (under the write lock) that met a bad block and
+    /// waited for the destager before calling it corruption could deadlock.
+    #[test]
+    fn a_partial_write_over_a_corrupt_block_reports_it_without_waiting_for_the_destager() {
+        let storage = SimStorage::new(SimConfig::default(), 1);
+        let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+        let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+        let spec = VolumeSpec {
+            name: VolumeName::new("v").unwrap(),
+            size_bytes: 1 << 20,
+            block_size: BlockSize::new(4096).unwrap(),
+            granularity_nanos: 0,
+            retention: Vec::new(),
+            space_max_bytes: 0,
+            layout: Layout::Journaled,
+            cache_bytes: 0,
+        };
+        let volume = node.create_volume(spec, start).unwrap();
+        volume.write(start.saturating_add_nanos(SECOND), 0, &[1; 4096], Durability::Fua).unwrap();
+        node.checkpoint_all(start.saturating_add_nanos(2 * SECOND)).unwrap();
+        storage.corrupt("volumes/v/current.img", 100, 0xff).unwrap();
+
+        let destaging = volume.destage.lock();
+        let (sender, receiver) = mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let written = volume.write(start.saturating_add_nanos(3 * SECOND), 10, &[2; 10], Durability::Buffered);
+                sender.send(written).unwrap();
+            });
+            // A deadline for the failure only: success arrives on the channel.
+            let outcome = receiver.recv_timeout(Duration::from_secs(30));
+            drop(destaging);
+            let written = outcome.expect("the partial write waited for the destager");
+            assert!(
+                matches!(&written, Err(EngineError::Corrupt { detail, .. }) if detail.contains("block 0 in the current store")),
+                "{written:?}"
+            );
+        });
     }
 }

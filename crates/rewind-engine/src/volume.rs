@@ -9,8 +9,10 @@
 //! ```
 //!
 //! Locks, always taken in this order, never the other way round:
-//! `history_work` → `maintenance` → `write` → `destage`. The destager drops
-//! `destage` before it takes `write` to retire overlay entries.
+//! `history_work` → `maintenance` → `destage` → `write`. A destage pass
+//! takes `write` briefly to collect versions from the overlay and to
+//! retire them; a read under `write` (a read-modify-write) never waits for
+//! `destage` (see the read path).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -836,14 +838,13 @@ impl Volume {
         if !cached_only {
             destage.lsn_applied = destage.lsn_applied.max(lsn_durable);
         }
-        drop(destage);
+        // Retired before `destage` is let go, so no other pass (a bookmark's
+        // merge, a writer's backpressure) applies or files them again.
         let mut state = self.write.lock();
         let mut retired = 0;
         for applied in &newest {
             let block = applied.version.block.0;
-            // Another destager (a bookmark's merge, a writer's backpressure)
-            // may have retired it meanwhile, having written as new a version.
-            let Some(pending) = state.overlay.get_mut(&block) else { continue };
+            let pending = state.overlay.get_mut(&block).expect("only the destager removes overlay entries");
             let keep_from = pending.iter().position(|entry| entry.lsn > applied.lsn).unwrap_or(pending.len());
             retired += keep_from;
             pending.drain(..keep_from);
