@@ -15,9 +15,9 @@ use serde::Serialize;
 
 use rewind_engine::{BookmarkName, Node, NodeConfig};
 use rewind_http::api::{
-    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent, GcReport,
-    Health, ImportSummary, NodeReport, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
-    WriteHistory,
+    kept_write, time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent,
+    GcReport, Health, ImportSummary, KeptWrite, NodeReport, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
+    VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -34,7 +34,8 @@ pub trait Backend {
     fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo>;
     fn delete_volume(&self, name: &str) -> Result<()>;
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline>;
-    fn write_history(&self, name: &str) -> Result<WriteHistory>;
+    /// Hands `each` the writes the volume's history keeps, oldest first.
+    fn write_history(&self, name: &str, each: &mut dyn FnMut(KeptWrite) -> Result<()>) -> Result<()>;
     fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>>;
     fn create_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<BookmarkInfo>;
     fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()>;
@@ -104,8 +105,11 @@ impl HttpBackend {
     }
 
     fn decode<T: DeserializeOwned>(mut response: ureq::http::Response<ureq::Body>) -> Result<T> {
+        // ureq stops at 10 MB by default; a timeline of months by the minute is more.
+        const ANSWER_BYTES_MAX: u64 = 1 << 30;
         if response.status().is_success() {
-            return response.body_mut().read_json::<T>().context("unexpected answer from the server");
+            let body = response.body_mut().with_config().limit(ANSWER_BYTES_MAX);
+            return body.read_json::<T>().context("unexpected answer from the server");
         }
         let status = response.status();
         match response.body_mut().read_json::<ErrorBody>() {
@@ -208,8 +212,16 @@ impl Backend for HttpBackend {
         self.get(&format!("/v1/volumes/{name}/timeline?bucket_seconds={bucket_seconds}"))
     }
 
-    fn write_history(&self, name: &str) -> Result<WriteHistory> {
-        self.get(&format!("/v1/volumes/{name}/writes"))
+    fn write_history(&self, name: &str, each: &mut dyn FnMut(KeptWrite) -> Result<()>) -> Result<()> {
+        let mut response = self.agent.get(&self.url(&format!("/v1/volumes/{name}/writes"))).call()?;
+        if !response.status().is_success() {
+            return Self::decode(response);
+        }
+        let lines = std::io::BufReader::with_capacity(1 << 20, response.body_mut().as_reader());
+        for line in std::io::BufRead::lines(lines) {
+            each(serde_json::from_str(&line?).context("unexpected answer from the server")?)?;
+        }
+        Ok(())
     }
 
     fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>> {
@@ -339,9 +351,8 @@ impl Backend for LocalBackend {
         Ok(Timeline::of(name, &self.node.volume(name)?.timeline(), bucket_seconds))
     }
 
-    fn write_history(&self, name: &str) -> Result<WriteHistory> {
-        let volume = self.node.volume(name)?;
-        Ok(WriteHistory::of(&volume)?)
+    fn write_history(&self, name: &str, each: &mut dyn FnMut(KeptWrite) -> Result<()>) -> Result<()> {
+        self.node.volume(name)?.write_history()?.into_iter().try_for_each(|write| each(kept_write(&write)))
     }
 
     fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>> {

@@ -366,7 +366,7 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
     };
     match command {
         Command::Serve(_) | Command::Lab(_) => unreachable!("handled above"),
-        Command::Trace(TraceCommand::Export { volume }) => lab::export(&backend.write_history(&volume)?),
+        Command::Trace(TraceCommand::Export { volume }) => lab::export(&*backend, &volume),
         Command::Volume(command) => volume(&*backend, command),
         Command::Bookmark(args) => bookmark(&*backend, args),
         Command::Timeline { volume, bucket, json } => {

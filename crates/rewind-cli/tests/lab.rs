@@ -56,6 +56,37 @@ fn a_volumes_history_is_a_trace_the_lab_replays() {
     }
 }
 
+/// Streamed, not one document: a history of 400,000 writes is 16 MB of
+/// JSON, past what a client reads as one answer (the export used to fail).
+#[test]
+fn a_long_history_exports_every_write() {
+    require("fio");
+    const WRITES: usize = 400_000;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    server.rewind(&["volume", "create", "db", "--size", "1GiB"]);
+    let uri = format!("--uri={}", server.uri("db"));
+    let ios = format!("--number_ios={WRITES}");
+    // Blocks may be written more than once: each write is a version of its own.
+    let args = [
+        "--name=many",
+        "--ioengine=nbd",
+        "--rw=randwrite",
+        "--bs=4k",
+        "--iodepth=32",
+        "--size=1G",
+        "--io_size=4G",
+        "--norandommap",
+        &ios,
+        &uri,
+    ];
+    run("fio", &args);
+    let trace = server.rewind(&["trace", "export", "db"]);
+    let rows: Vec<&str> = trace.lines().filter(|line| !line.starts_with('#')).skip(1).collect();
+    assert_eq!(rows.len(), WRITES, "one row per write: {}", &trace[..trace.len().min(300)]);
+    assert!(rows.iter().all(|row| row.contains(",W,4096,")), "{}", &trace[..trace.len().min(300)]);
+}
+
 #[test]
 fn an_spc1_trace_is_generated_seeded_and_analysed_into_a_report() {
     let dir = tempfile::tempdir().unwrap();

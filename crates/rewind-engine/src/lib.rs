@@ -39,6 +39,6 @@ pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, TimelineBucket};
 pub use rewind_io::IoStats;
 pub use space::{ratio, VolumeSpace};
 pub use volume::{Durability, Volume, VolumeConfig, ZeroMode};
-pub use writes::WriteExtent;
+pub use writes::{WriteExtent, WriteExtents, WriteHistory};
 
 pub use rewind_types::{BlockSize, BookmarkName, Timestamp, VolumeName};

@@ -297,28 +297,14 @@ pub struct CreateBookmark {
     pub at: Option<String>,
 }
 
-/// A volume's kept writes, oldest first: what `rewind trace export` writes
-/// as a trace.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct WriteHistory {
-    pub volume: String,
-    pub block_size: u32,
-    /// `[unix nanoseconds, offset bytes, length bytes]` each.
-    pub writes: Vec<[u64; 3]>,
-}
+/// One write a volume's history keeps — `[unix nanoseconds, offset bytes,
+/// length bytes]` — as `GET /v1/volumes/{name}/writes` streams them:
+/// newline-delimited JSON, one per line, oldest first (what `rewind trace
+/// export` writes as a trace). A long history holds millions.
+pub type KeptWrite = [u64; 3];
 
-impl WriteHistory {
-    pub fn of(volume: &rewind_engine::Volume) -> Result<WriteHistory, EngineError> {
-        let writes = volume.write_history()?;
-        Ok(WriteHistory {
-            volume: volume.name().to_string(),
-            block_size: volume.block_size().bytes(),
-            writes: writes
-                .iter()
-                .map(|write| [write.time.unix_nanos(), write.offset_bytes, write.length_bytes])
-                .collect(),
-        })
-    }
+pub fn kept_write(write: &rewind_engine::WriteExtent) -> KeptWrite {
+    [write.time.unix_nanos(), write.offset_bytes, write.length_bytes]
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 //! | GET, PATCH, DELETE | `/v1/volumes/{name}` | details and stats; change the policy (`UpdateVolume`); delete with all history |
 //! | POST | `/v1/volumes/{name}/import?block_size=N&layout=L&granularity=G&retention=R&space_max=S` | create from a raw image sent as the body |
 //! | GET | `/v1/volumes/{name}/timeline?bucket_seconds=N` | write activity and bookmarks |
-//! | GET | `/v1/volumes/{name}/writes` | the writes its history keeps, oldest first (`WriteHistory`: what `rewind trace export` writes as a trace) |
+//! | GET | `/v1/volumes/{name}/writes` | the writes its history keeps, oldest first, as newline-delimited JSON (`KeptWrite` per line: what `rewind trace export` writes as a trace) |
 //! | GET, POST | `/v1/volumes/{name}/bookmarks` | list; create (`CreateBookmark`) |
 //! | DELETE | `/v1/volumes/{name}/bookmarks/{bookmark}` | delete a bookmark |
 //! | GET | `/v1/volumes/{name}/view?at=TIME` | resolve a point in time to its NBD export |

@@ -19,7 +19,6 @@ use rewind_engine::{BookmarkName, EngineError, Node, Timestamp};
 use crate::api::{
     time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent, Health,
     ImportSummary, NodeReport, Policy, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
-    WriteHistory,
 };
 
 /// What the handlers share.
@@ -327,14 +326,22 @@ async fn timeline(
     .map(Json)
 }
 
-async fn write_history(State(state): State<Shared>, Path(name): Path<String>) -> Result<Json<WriteHistory>, ApiError> {
+/// The writes a volume's history keeps, oldest first, streamed as
+/// newline-delimited JSON ([`KeptWrite`](crate::api::KeptWrite) per line):
+/// a long history has millions, more than one JSON document should hold.
+async fn write_history(State(state): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
+    const WRITES_PER_CHUNK: usize = 8192;
     let node = Arc::clone(&state.node);
-    blocking(move || {
-        let volume = node.volume(&name)?;
-        WriteHistory::of(&volume)
-    })
-    .await
-    .map(Json)
+    let history = blocking(move || node.volume(&name)?.write_history()).await?;
+    let chunks = futures_util::stream::iter(history).chunks(WRITES_PER_CHUNK).map(|writes| {
+        let mut text = Vec::with_capacity(WRITES_PER_CHUNK * 40);
+        for write in &writes {
+            serde_json::to_writer(&mut text, &crate::api::kept_write(write)).expect("numbers serialize");
+            text.push(b'\n');
+        }
+        Ok::<_, io::Error>(Bytes::from(text))
+    });
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(chunks)).into_response())
 }
 
 async fn list_bookmarks(
