@@ -513,7 +513,9 @@ fn run(seed: u64) -> Exercised {
             "seed {seed}: dropped until {horizon:?}, promised {promised}"
         );
     }
-    if !coarsened && exercised.range_deletes == 0 {
+    if !coarsened && !capped && exercised.range_deletes == 0 {
+        // Nothing asked for fewer versions: none was dropped. (A space cap
+        // that bites drops the oldest.)
         assert_eq!(stats.versions_thinned, 0, "seed {seed}");
     }
     exercised.thinned = stats.versions_thinned;
