@@ -17,7 +17,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use rewind_bench_common::{measure, parse_count, DataDir};
 use rewind_engine::{
-    BlockSize, Durability, Layout, Node, NodeConfig, PolicyChange, RetentionTier, Timestamp, VolumeName, VolumeSpec,
+    BlockSize, Durability, Node, NodeConfig, PolicyChange, RetentionTier, Timestamp, VolumeName, VolumeSpec,
 };
 use rewind_io::OsStorage;
 use serde_json::json;
@@ -54,16 +54,11 @@ pub fn run(dir: &Path, args: &HistoryArgs, json: bool) -> anyhow::Result<()> {
     config.collect_interval_nanos = u64::MAX;
     let node = Node::open(Arc::new(OsStorage::new(data_dir.path())?), config)?;
     let created = Timestamp::from_unix_nanos(1_700_000_000 * 1_000_000_000);
-    let spec = VolumeSpec {
-        name: VolumeName::new("history")?,
-        size_bytes: args.blocks * u64::from(args.block_bytes),
-        block_size: BlockSize::new(args.block_bytes).map_err(|error| anyhow::anyhow!("{error}"))?,
-        granularity_nanos: 0,
-        retention: Vec::new(),
-        space_max_bytes: 0,
-        layout: Layout::Journaled,
-        cache_bytes: 0,
-    };
+    let spec = VolumeSpec::new(
+        VolumeName::new("history")?,
+        args.blocks * u64::from(args.block_bytes),
+        BlockSize::new(args.block_bytes).map_err(|error| anyhow::anyhow!("{error}"))?,
+    );
     let volume = node.create_volume(spec, created)?;
     let block_bytes = args.block_bytes as usize;
     let mut rng = SmallRng::seed_from_u64(args.seed);

@@ -28,7 +28,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use rewind_bench_common::{parse_count, DataDir};
 use rewind_engine::timespec::{display_granularity, parse_granularity};
-use rewind_engine::{BlockSize, Durability, Layout, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
+use rewind_engine::{BlockSize, Durability, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
 use rewind_io::OsStorage;
 use serde_json::json;
 
@@ -133,14 +133,8 @@ pub fn run(dir: &Path, args: &SpaceArgs, json: bool) -> anyhow::Result<()> {
         // Windows start at multiples of g; the workload starts at a round hour.
         let start = Timestamp::from_unix_nanos(1_700_000_000 / 3600 * 3600 * 1_000_000_000);
         let spec = VolumeSpec {
-            name: VolumeName::new("space")?,
-            size_bytes: args.blocks * BLOCK_BYTES,
-            block_size: BlockSize::DEFAULT,
             granularity_nanos: granularity,
-            retention: Vec::new(),
-            space_max_bytes: 0,
-            layout: Layout::Journaled,
-            cache_bytes: 0,
+            ..VolumeSpec::new(VolumeName::new("space")?, args.blocks * BLOCK_BYTES, BlockSize::DEFAULT)
         };
         let volume = node.create_volume(spec, start)?;
         let mut rng = SmallRng::seed_from_u64(args.seed ^ 0x5eed);

@@ -56,6 +56,23 @@ pub struct VolumeSpec {
     pub cache_bytes: u64,
 }
 
+impl VolumeSpec {
+    /// A volume in the default layout that keeps every write forever, with
+    /// no space cap; set the rest with struct update syntax.
+    pub fn new(name: VolumeName, size_bytes: u64, block_size: BlockSize) -> VolumeSpec {
+        VolumeSpec {
+            name,
+            size_bytes,
+            block_size,
+            granularity_nanos: 0,
+            retention: Vec::new(),
+            space_max_bytes: 0,
+            layout: Layout::Journaled,
+            cache_bytes: 0,
+        }
+    }
+}
+
 /// The controller cache of a volume with one, created without a size.
 pub const CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 

@@ -434,7 +434,7 @@ mod tests {
     use rewind_io::{SimConfig, SimStorage};
     use rewind_types::{BlockSize, VolumeName};
 
-    use crate::{Durability, EngineError, Layout, Node, NodeConfig, Timestamp, VolumeSpec};
+    use crate::{Durability, EngineError, Node, NodeConfig, Timestamp, VolumeSpec};
 
     const SECOND: u64 = 1_000_000_000;
 
@@ -446,16 +446,7 @@ mod tests {
         let storage = SimStorage::new(SimConfig::default(), 1);
         let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
         let start = Timestamp::from_unix_nanos(1_000 * SECOND);
-        let spec = VolumeSpec {
-            name: VolumeName::new("v").unwrap(),
-            size_bytes: 1 << 20,
-            block_size: BlockSize::new(4096).unwrap(),
-            granularity_nanos: 0,
-            retention: Vec::new(),
-            space_max_bytes: 0,
-            layout: Layout::Journaled,
-            cache_bytes: 0,
-        };
+        let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
         let volume = node.create_volume(spec, start).unwrap();
         volume.write(start.saturating_add_nanos(SECOND), 0, &[1; 4096], Durability::Fua).unwrap();
         node.checkpoint_all(start.saturating_add_nanos(2 * SECOND)).unwrap();

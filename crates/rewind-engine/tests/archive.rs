@@ -21,14 +21,8 @@ fn archive_ten_writes(granularity_nanos: u64) -> (u64, Vec<u8>) {
     let node = Node::open(Arc::new(storage), config).unwrap();
     let start = Timestamp::from_unix_nanos(1_000 * SECOND);
     let spec = VolumeSpec {
-        name: VolumeName::new("v").unwrap(),
-        size_bytes: 1 << 20,
-        block_size: BlockSize::new(4096).unwrap(),
         granularity_nanos,
-        retention: Vec::new(),
-        space_max_bytes: 0,
-        layout: Layout::Journaled,
-        cache_bytes: 0,
+        ..VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap())
     };
     let volume = node.create_volume(spec, start).unwrap();
     for write in 1..=10u8 {
@@ -92,15 +86,10 @@ fn concurrently(layout: Layout) {
         move || Timestamp::from_unix_nanos(clock.fetch_add(1_000, Ordering::Relaxed))
     };
     let spec = VolumeSpec {
-        name: VolumeName::new("v").unwrap(),
-        size_bytes: 64 * 4096,
-        block_size: BlockSize::new(4096).unwrap(),
-        granularity_nanos: 0,
-        retention: Vec::new(),
-        space_max_bytes: 0,
         layout,
         // 8 dirty pages.
         cache_bytes: if layout.has_controller_cache() { 280 * 4096 } else { 0 },
+        ..VolumeSpec::new(VolumeName::new("v").unwrap(), 64 * 4096, BlockSize::new(4096).unwrap())
     };
     let volume = node.create_volume(spec, now()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));

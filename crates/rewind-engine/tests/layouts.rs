@@ -29,14 +29,10 @@ fn create_with_cache(
 ) -> (Node, Arc<Volume>) {
     let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
     let spec = VolumeSpec {
-        name: VolumeName::new("v").unwrap(),
-        size_bytes: 1 << 20,
-        block_size: BlockSize::new(4096).unwrap(),
         granularity_nanos,
-        retention: Vec::new(),
-        space_max_bytes: 0,
         layout,
         cache_bytes,
+        ..VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap())
     };
     let volume = node.create_volume(spec, start).unwrap();
     (node, volume)

@@ -251,19 +251,15 @@ fn run(seed: u64) -> Exercised {
     let mut now = Timestamp::from_unix_nanos(1_000_000);
     let mut node = Node::open(Arc::new(storage.clone()), config).unwrap();
     let spec = VolumeSpec {
-        name: VolumeName::new("v").unwrap(),
-        size_bytes: size,
-        block_size: BlockSize::new(block_bytes).unwrap(),
         // Time advances up to 5 µs a step: windows of a few to a few dozen steps.
         granularity_nanos: if seed % 3 == 2 { rng.random_range(5_000..100_000) } else { 0 },
-        retention: Vec::new(),
-        space_max_bytes: 0,
         layout,
         // A controller cache: up to a few dozen dirty blocks.
         cache_bytes: match layout.has_controller_cache() {
             true => u64::from(block_bytes) * rng.random_range(1..2000),
             false => 0,
         },
+        ..VolumeSpec::new(VolumeName::new("v").unwrap(), size, BlockSize::new(block_bytes).unwrap())
     };
     let spec = if seed % 3 == 1 {
         let (granularity_nanos, retention) = random_policy(&mut rng);
