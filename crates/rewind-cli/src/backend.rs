@@ -13,7 +13,7 @@ use jiff::tz::TimeZone;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use rewind_engine::{BookmarkName, Node, NodeConfig};
+use rewind_engine::{BookmarkName, InUse, Node, NodeConfig};
 use rewind_http::api::{
     kept_write, time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent,
     GcReport, Health, ImportSummary, KeptWrite, NodeReport, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
@@ -32,7 +32,7 @@ pub trait Backend {
     fn import_volume(&self, request: &CreateVolume, file: &Path) -> Result<ImportSummary>;
     fn volume(&self, name: &str) -> Result<VolumeDetail>;
     fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo>;
-    fn delete_volume(&self, name: &str) -> Result<()>;
+    fn delete_volume(&self, name: &str, in_use: InUse) -> Result<()>;
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline>;
     /// Hands `each` the writes the volume's history keeps, oldest first.
     fn write_history(&self, name: &str, each: &mut dyn FnMut(KeptWrite) -> Result<()>) -> Result<()>;
@@ -204,8 +204,9 @@ impl Backend for HttpBackend {
         Self::decode(self.agent.patch(&self.url(&format!("/v1/volumes/{name}"))).send_json(request)?)
     }
 
-    fn delete_volume(&self, name: &str) -> Result<()> {
-        Self::decode_empty(self.agent.delete(&self.url(&format!("/v1/volumes/{name}"))).call()?)
+    fn delete_volume(&self, name: &str, in_use: InUse) -> Result<()> {
+        let force = in_use == InUse::Force;
+        Self::decode_empty(self.agent.delete(&self.url(&format!("/v1/volumes/{name}?force={force}"))).call()?)
     }
 
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline> {
@@ -326,7 +327,7 @@ impl Backend for LocalBackend {
                 bytes_written: report.bytes_written,
             }),
             Err(error) => {
-                self.node.delete_volume(&request.name)?;
+                self.node.delete_volume(&request.name, InUse::Force)?;
                 Err(error.into())
             }
         }
@@ -343,8 +344,8 @@ impl Backend for LocalBackend {
         Ok(VolumeInfo::of(&volume))
     }
 
-    fn delete_volume(&self, name: &str) -> Result<()> {
-        Ok(self.node.delete_volume(name)?)
+    fn delete_volume(&self, name: &str, in_use: InUse) -> Result<()> {
+        Ok(self.node.delete_volume(name, in_use)?)
     }
 
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline> {

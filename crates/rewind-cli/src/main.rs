@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use rewind_engine::InUse;
 use rewind_http::api::{CreateBookmark, CreateVolume, Policy};
 
 use crate::backend::Backend;
@@ -266,6 +267,9 @@ enum VolumeCommand {
         /// Do not ask (required when not on a terminal).
         #[arg(long)]
         yes: bool,
+        /// Delete it even while clients are connected to it (they get errors from then on).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -517,11 +521,11 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
             output::volume_detail(&detail);
             Ok(())
         }
-        VolumeCommand::Delete { name, yes } => {
+        VolumeCommand::Delete { name, yes, force } => {
             if !yes && !output::confirm(&format!("delete volume {name} and all of its history?"))? {
                 bail!("not deleted (pass --yes to delete without asking)");
             }
-            backend.delete_volume(&name)?;
+            backend.delete_volume(&name, if force { InUse::Force } else { InUse::Refuse })?;
             println!("deleted volume {name}");
             Ok(())
         }

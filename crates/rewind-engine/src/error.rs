@@ -45,6 +45,13 @@ pub enum EngineError {
          restart the server to recover it from its journal"
     )]
     Poisoned { volume: String, cause: String },
+    #[error(
+        "volume {volume} is in use by {}: {}; disconnect them first, or force it (`--force`), \
+         which ends their sessions with errors",
+        if clients.len() == 1 { "a client".to_owned() } else { format!("{} clients", clients.len()) },
+        clients.join(", ")
+    )]
+    InUse { volume: String, clients: Vec<String> },
     #[error("volume {0} has been deleted")]
     Closed(String),
     #[error("data corruption in volume {volume}: {detail}")]

@@ -15,6 +15,7 @@
 //! event loop).
 
 mod archive;
+mod clients;
 mod copy;
 mod current;
 mod device_io;
@@ -28,6 +29,7 @@ pub mod timespec;
 mod volume;
 mod writes;
 
+pub use clients::{Attachment, InUse};
 pub use device_io::VolumeIoStats;
 pub use error::EngineError;
 pub use history::{PolicyChange, TimelineReport, VolumeStats};

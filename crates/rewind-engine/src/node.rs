@@ -13,7 +13,7 @@ use rewind_io::{CountingStorage, IoStats, Storage};
 use rewind_types::{BlockSize, Timestamp, VersionData, VolumeName};
 
 use crate::volume::Shared;
-use crate::{EngineError, Volume, VolumeConfig};
+use crate::{EngineError, InUse, Volume, VolumeConfig};
 
 #[derive(Clone, Copy, Debug)]
 pub struct NodeConfig {
@@ -242,11 +242,16 @@ impl Node {
         Ok(volume)
     }
 
-    /// Deletes a volume and all its history. Clients still connected to it
-    /// get errors from then on.
-    pub fn delete_volume(&self, name: &str) -> Result<(), EngineError> {
+    /// Deletes a volume and all its history. With clients attached (see
+    /// [`Volume::attach`]) it refuses, naming them, unless forced; forced,
+    /// they get errors from then on.
+    pub fn delete_volume(&self, name: &str, in_use: InUse) -> Result<(), EngineError> {
         let _admin = self.admin.lock();
         let volume = self.volume(name)?;
+        let clients = volume.clients();
+        if !clients.is_empty() && in_use == InUse::Refuse {
+            return Err(EngineError::InUse { volume: name.to_owned(), clients });
+        }
         volume.close();
         // Its chunks may be collected once the volume is gone; should the
         // deletion not complete, the next start counts them again.

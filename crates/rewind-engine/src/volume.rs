@@ -221,6 +221,7 @@ pub struct Volume {
     pub(crate) history: History,
     pub(crate) space: Mutex<Option<crate::VolumeSpace>>,
     pub(crate) counters: Counters,
+    pub(crate) clients: crate::clients::Clients,
     work: Arc<WorkSignal>,
     zero_block_crc32c: u32,
 }
@@ -327,6 +328,7 @@ impl Volume {
             history,
             space: Mutex::new(None),
             counters: Counters::default(),
+            clients: crate::clients::Clients::default(),
             work,
             zero_block_crc32c,
             meta,

@@ -14,7 +14,7 @@ use jiff::tz::TimeZone;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use rewind_engine::{BookmarkName, EngineError, Node, Timestamp};
+use rewind_engine::{BookmarkName, EngineError, InUse, Node, Timestamp};
 
 use crate::api::{
     time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent, Health,
@@ -50,7 +50,9 @@ impl IntoResponse for ApiError {
             EngineError::VolumeNotFound(_) | EngineError::BookmarkNotFound { .. } => {
                 (StatusCode::NOT_FOUND, "not_found")
             }
-            EngineError::VolumeExists(_) | EngineError::BookmarkExists { .. } => (StatusCode::CONFLICT, "conflict"),
+            EngineError::VolumeExists(_) | EngineError::BookmarkExists { .. } | EngineError::InUse { .. } => {
+                (StatusCode::CONFLICT, "conflict")
+            }
             EngineError::Poisoned { .. } | EngineError::Closed(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             error if error.is_corruption() => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt"),
             EngineError::Chunks(rewind_engine::ChunkError::Poisoned { .. }) => {
@@ -160,9 +162,21 @@ async fn update_volume(
     .map(Json)
 }
 
-async fn delete_volume(State(state): State<Shared>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+#[derive(Deserialize)]
+struct DeleteQuery {
+    /// Delete even with clients connected (they get errors from then on).
+    #[serde(default)]
+    force: bool,
+}
+
+async fn delete_volume(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    Query(query): Query<DeleteQuery>,
+) -> Result<StatusCode, ApiError> {
     let node = Arc::clone(&state.node);
-    blocking(move || node.delete_volume(&name)).await?;
+    let in_use = if query.force { InUse::Force } else { InUse::Refuse };
+    blocking(move || node.delete_volume(&name, in_use)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -249,7 +263,7 @@ async fn import_volume(
         Err(error) => {
             // An import is all or nothing.
             let name = volume.name().to_string();
-            blocking(move || node.delete_volume(&name)).await?;
+            blocking(move || node.delete_volume(&name, InUse::Force)).await?;
             Err(ApiError(error))
         }
     }
