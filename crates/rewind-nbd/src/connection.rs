@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use crate::export::{Export, OpenError, OpenErrorKind};
+use crate::export::{Client, Export, OpenError, OpenErrorKind};
 use crate::protocol::{self as p, Session};
 use crate::server::{Shared, OPTIONS_PER_HANDSHAKE_MAX};
 use crate::transmission::{self, Stats};
@@ -179,6 +179,8 @@ struct Connection<S> {
     shared: Arc<Shared>,
     reader: BufReader<DeadlineReader<S>>,
     replies: ReplyWriter<S>,
+    /// Who is connected: the catalog decides access by it.
+    client: Client,
     /// Option payloads during the handshake (at most `OPTION_BYTES_MAX`).
     option_data: Vec<u8>,
     // Handshake state.
@@ -189,7 +191,7 @@ struct Connection<S> {
 }
 
 /// Serves one accepted connection until it ends, logging how it ended.
-pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>) {
+pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client) {
     let config = shared.config;
     let setup = (|| {
         // The listener is non-blocking; on some systems accepted sockets
@@ -214,6 +216,7 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>) {
             DeadlineReader { stream: read_half, deadline: Some(deadline) },
         ),
         replies: ReplyWriter { stream, assembled: Vec::new(), message: String::new() },
+        client,
         option_data: Vec::new(),
         no_zeroes: false,
         structured: false,
@@ -332,7 +335,7 @@ impl<S: Transport> Connection<S> {
                     self.option_invalid(option, p::OptionError::UnexpectedData)?;
                     return Ok(None);
                 }
-                for listing in self.shared.catalog.list() {
+                for listing in self.shared.catalog.list(&self.client) {
                     let assembled = &mut self.replies.assembled;
                     p::push_rep_server(assembled, &listing.name, &listing.description);
                     // Bounded memory however many exports there are.
@@ -484,7 +487,7 @@ impl<S: Transport> Connection<S> {
     /// Opens `name` and works out what to advertise; on failure returns the
     /// option reply type and the message for the client.
     fn open(&self, name: &str) -> std::result::Result<Opened, (u32, String)> {
-        let export = self.shared.catalog.open(name).map_err(|OpenError { kind, message }| {
+        let export = self.shared.catalog.open(name, &self.client).map_err(|OpenError { kind, message }| {
             let reply_type = match kind {
                 OpenErrorKind::NotFound | OpenErrorKind::BadName => p::REP_ERR_UNKNOWN,
                 OpenErrorKind::Unavailable if self.shared.is_stopping() => p::REP_ERR_SHUTDOWN,

@@ -11,10 +11,10 @@ use std::time::SystemTime;
 
 use jiff::tz::TimeZone;
 use rewind_engine::timespec::DisplayTime;
-use rewind_engine::{Durability, EngineError, Node, Timestamp, View, Volume, ZeroMode};
+use rewind_engine::{Attachment, Durability, EngineError, Node, Timestamp, View, Volume, ZeroMode};
 
 use crate::{
-    BlockSizes, Catalog, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
+    BlockSizes, Catalog, Client, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
     ZeroFlags,
 };
 
@@ -46,7 +46,7 @@ impl EngineCatalog {
 }
 
 impl Catalog for EngineCatalog {
-    fn list(&self) -> Vec<ExportListing> {
+    fn list(&self, _client: &Client) -> Vec<ExportListing> {
         let mut listings = Vec::new();
         for volume in self.node.volumes() {
             listings.push(ExportListing {
@@ -67,7 +67,7 @@ impl Catalog for EngineCatalog {
         listings
     }
 
-    fn open(&self, name: &str) -> Result<Arc<dyn Export>, OpenError> {
+    fn open(&self, name: &str, client: &Client) -> Result<Arc<dyn Export>, OpenError> {
         let (volume_name, time) = match name.split_once('@') {
             Some((volume, time)) => (volume, Some(time)),
             None => (name, None),
@@ -81,10 +81,12 @@ impl Catalog for EngineCatalog {
             };
             OpenError { kind: OpenErrorKind::NotFound, message }
         })?;
-        let Some(time) = time else { return Ok(Arc::new(VolumeExport { volume })) };
+        // Attached while the export lives, so deleting the volume names this client.
+        let attachment = volume.attach(format!("nbd {client} ({name})"));
+        let Some(time) = time else { return Ok(Arc::new(VolumeExport { volume, _attachment: attachment })) };
         let bad_name = |error: EngineError| OpenError { kind: OpenErrorKind::BadName, message: error.to_string() };
         let at = volume.parse_time(time, now(), &self.zone).map_err(bad_name)?;
-        Ok(Arc::new(ViewExport { view: volume.view(at).map_err(bad_name)? }))
+        Ok(Arc::new(ViewExport { view: volume.view(at).map_err(bad_name)?, _attachment: attachment }))
     }
 }
 
@@ -107,6 +109,7 @@ fn extents(statuses: Vec<rewind_engine::BlockStatus>) -> Vec<Extent> {
 
 struct VolumeExport {
     volume: Arc<Volume>,
+    _attachment: Attachment,
 }
 
 impl Export for VolumeExport {
@@ -175,6 +178,7 @@ impl Export for VolumeExport {
 
 struct ViewExport {
     view: View,
+    _attachment: Attachment,
 }
 
 impl ViewExport {

@@ -171,6 +171,26 @@ pub trait Export: Send + Sync {
 /// The set of exports a server offers. Opening resolves a name at connect time,
 /// so a view name like `db@-10m` means ten minutes before that client connected.
 pub trait Catalog: Send + Sync {
-    fn list(&self) -> Vec<ExportListing>;
-    fn open(&self, name: &str) -> Result<Arc<dyn Export>, OpenError>;
+    /// The exports `client` may open.
+    fn list(&self, client: &Client) -> Vec<ExportListing>;
+    fn open(&self, name: &str, client: &Client) -> Result<Arc<dyn Export>, OpenError>;
+}
+
+/// Who is asking: what the catalog may decide access by, and how the
+/// client is named to people (logs, `rewind volume delete`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Client {
+    /// `127.0.0.1:51234` for TCP, `unix` for a Unix socket.
+    pub peer: String,
+    /// Who the client proved to be (its TLS certificate's subject), if anyone.
+    pub identity: Option<String>,
+}
+
+impl fmt::Display for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.identity {
+            Some(identity) => write!(f, "{identity} at {}", self.peer),
+            None => f.write_str(&self.peer),
+        }
+    }
 }

@@ -25,7 +25,7 @@ pub mod server;
 mod transmission;
 
 pub use export::{
-    BlockSizes, Catalog, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
+    BlockSizes, Catalog, Client, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
     ZeroFlags,
 };
 pub use server::{Server, ServerConfig};

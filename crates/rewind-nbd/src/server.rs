@@ -93,7 +93,7 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use tracing::{error, info, info_span, warn};
 
 use crate::connection::{self, Transport};
-use crate::export::Catalog;
+use crate::export::{Catalog, Client};
 pub use crate::transmission::{BUFFER_BYTES_PER_CONNECTION_MAX, INLINE_BYTES_MAX};
 
 /// Most options one handshake may send. Real clients need a handful (nbdinfo
@@ -405,7 +405,7 @@ fn admit<S: IntoControl>(shared: &Arc<Shared>, stream: S, peer: String) {
         let _deregister = Deregister { shared: Arc::clone(&thread_shared), id };
         let _span = info_span!("nbd_connection", id, peer = %peer).entered();
         info!("connection opened");
-        connection::serve(stream, thread_shared);
+        connection::serve(stream, thread_shared, Client { peer, identity: None });
     });
     match spawned {
         Ok(thread) => table.threads.push(thread),

@@ -21,8 +21,8 @@ use common::*;
 use rewind_nbd::protocol as p;
 use rewind_nbd::server::INLINE_BYTES_MAX;
 use rewind_nbd::{
-    BlockSizes, Catalog, Export, ExportError, ExportListing, Extent, OpenError, OpenErrorKind, Server, ServerConfig,
-    ZeroFlags,
+    BlockSizes, Catalog, Client, Export, ExportError, ExportListing, Extent, OpenError, OpenErrorKind, Server,
+    ServerConfig, ZeroFlags,
 };
 
 const GATED_BYTES: usize = 8 << 20;
@@ -200,10 +200,10 @@ impl Export for GatedExport {
 struct GatedCatalog(Arc<GatedExport>);
 
 impl Catalog for GatedCatalog {
-    fn list(&self) -> Vec<ExportListing> {
+    fn list(&self, _client: &Client) -> Vec<ExportListing> {
         vec![ExportListing { name: "gated".into(), description: String::new() }]
     }
-    fn open(&self, name: &str) -> Result<Arc<dyn Export>, OpenError> {
+    fn open(&self, name: &str, _client: &Client) -> Result<Arc<dyn Export>, OpenError> {
         match name {
             "gated" => Ok(Arc::clone(&self.0) as Arc<dyn Export>),
             _ => Err(OpenError { kind: OpenErrorKind::NotFound, message: "no such export".into() }),

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use rewind_nbd::protocol as p;
 use rewind_nbd::{
-    BlockSizes, Catalog, Export, ExportError, ExportListing, Extent, OpenError, OpenErrorKind, Server, ServerConfig,
-    ZeroFlags,
+    BlockSizes, Catalog, Client, Export, ExportError, ExportListing, Extent, OpenError, OpenErrorKind, Server,
+    ServerConfig, ZeroFlags,
 };
 
 /// An export whose `flush` and `read` wait until the test lets them go, and
@@ -78,10 +78,10 @@ struct GateCatalog {
 }
 
 impl Catalog for GateCatalog {
-    fn list(&self) -> Vec<ExportListing> {
+    fn list(&self, _client: &Client) -> Vec<ExportListing> {
         vec![ExportListing { name: "gate".into(), description: String::new() }]
     }
-    fn open(&self, name: &str) -> Result<Arc<dyn Export>, OpenError> {
+    fn open(&self, name: &str, _client: &Client) -> Result<Arc<dyn Export>, OpenError> {
         match name {
             "gate" => Ok(Arc::clone(&self.gate) as Arc<dyn Export>),
             "stopping" => {

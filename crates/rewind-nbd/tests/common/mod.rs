@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use rewind_nbd::protocol as p;
 use rewind_nbd::{
-    BlockSizes, Catalog, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind, Server,
-    ServerConfig, ZeroFlags,
+    BlockSizes, Catalog, Client, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
+    Server, ServerConfig, ZeroFlags,
 };
 
 /// Granularity at which the sparse export tracks what was written.
@@ -234,14 +234,14 @@ impl TestCatalog {
 }
 
 impl Catalog for TestCatalog {
-    fn list(&self) -> Vec<ExportListing> {
+    fn list(&self, _client: &Client) -> Vec<ExportListing> {
         self.exports
             .iter()
             .map(|(name, export)| ExportListing { name: name.clone(), description: export.description.clone() })
             .collect()
     }
 
-    fn open(&self, name: &str) -> Result<Arc<dyn Export>, OpenError> {
+    fn open(&self, name: &str, _client: &Client) -> Result<Arc<dyn Export>, OpenError> {
         if name == TOO_OLD {
             return Err(OpenError { kind: OpenErrorKind::BadName, message: TOO_OLD_MESSAGE.into() });
         }
