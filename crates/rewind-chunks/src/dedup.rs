@@ -24,7 +24,8 @@ use rewind_format::chunks::{
     DedupRunHeader, DedupRunInfo, DEDUP_ENTRIES_PER_PAGE, DEDUP_PAGE_BYTES,
 };
 use rewind_format::pack::ChunkHash;
-use rewind_io::{read_file, write_file_atomic, File, OpenMode, Storage};
+use rewind_format::meta::healed;
+use rewind_io::{read_file_healing, write_file_atomic, File, OpenMode, Storage};
 use rewind_types::ChunkId;
 use rustc_hash::FxHashMap;
 
@@ -164,7 +165,7 @@ impl DedupIndex {
         storage.create_dir_all(dir).map_err(ChunkError::io(dir))?;
         let path = format!("{dir}/{MANIFEST}");
         let manifest = if storage.exists(&path).map_err(ChunkError::io(&path))? {
-            let bytes = read_file(&*storage, &path).map_err(ChunkError::io(&path))?;
+            let bytes = read_file_healing(&*storage, &path, healed).map_err(ChunkError::io(&path))?;
             DedupManifest::decode(&bytes).map_err(|error| ChunkError::corrupt(&path, 0, error))?
         } else {
             let manifest = DedupManifest { packs_covered: 0, run_id_next: 1, runs: Vec::new() };

@@ -43,7 +43,8 @@ use rewind_format::chunks::{RepackIntent, TableSlot};
 use rewind_format::pack::{
     ChunkHash, Codec, FooterEntry, FOOTER_ENTRY_BYTES, PACK_HEADER_BYTES, PACK_TRAILER_BYTES, RECORD_HEADER_BYTES,
 };
-use rewind_io::{read_file, write_file_atomic, Storage};
+use rewind_format::meta::healed;
+use rewind_io::{read_file_healing, write_file_atomic, Storage};
 use rewind_types::ChunkId;
 use rustc_hash::FxHashMap;
 
@@ -1014,7 +1015,7 @@ fn finish_repack(storage: &dyn Storage, dir: &str, packs_dir: &str, table: &Chun
     if !storage.exists(&path).map_err(ChunkError::io(&path))? {
         return Ok(());
     }
-    let bytes = read_file(storage, &path).map_err(ChunkError::io(&path))?;
+    let bytes = read_file_healing(storage, &path, healed).map_err(ChunkError::io(&path))?;
     let intent = RepackIntent::decode(&bytes).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
     tracing::info!(new = intent.new, old = ?intent.old, "completing an interrupted repack");
     if intent.new != 0 {

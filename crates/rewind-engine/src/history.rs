@@ -9,7 +9,8 @@ use jiff::tz::TimeZone;
 use parking_lot::Mutex;
 use rewind_format::meta::{Bookmark, Bookmarks, Layout, RetentionTier, TimelineBucket, TimelineFrame, VolumePolicy};
 use rewind_index::Thinning;
-use rewind_io::{read_file, write_file_atomic, File, OpenMode, Storage};
+use rewind_format::meta::healed;
+use rewind_io::{read_file, read_file_healing, write_file_atomic, File, OpenMode, Storage};
 use rewind_types::{BookmarkName, Lsn, Timestamp};
 
 use crate::current::CurrentStore;
@@ -63,10 +64,11 @@ impl History {
             detail: format!("{path}: {error}"),
         };
         let policy_path = format!("{dir}/policy");
-        let bytes = read_file(storage, &policy_path).map_err(EngineError::io(&policy_path))?;
+        let bytes = read_file_healing(storage, &policy_path, healed).map_err(EngineError::io(&policy_path))?;
         let policy = VolumePolicy::decode(&bytes).map_err(|error| corrupt(&policy_path, error))?;
         let bookmarks_path = format!("{dir}/bookmarks");
-        let bytes = read_file(storage, &bookmarks_path).map_err(EngineError::io(&bookmarks_path))?;
+        let bytes =
+            read_file_healing(storage, &bookmarks_path, healed).map_err(EngineError::io(&bookmarks_path))?;
         let bookmarks = Bookmarks::decode(&bytes).map_err(|error| corrupt(&bookmarks_path, error))?;
         let path = format!("{dir}/timeline");
         let file = storage.open_file(&path, OpenMode::Existing).map_err(EngineError::io(&path))?;

@@ -27,7 +27,8 @@ use rewind_format::current::{BlockMeta, BlockState};
 use rewind_format::journal::{RecordKind, RECORD_HEADER_BYTES};
 use rewind_format::meta::{Checkpoint, Layout, TimelineBucket, VolumeMeta, VolumePolicy};
 use rewind_index::{IndexConfig, PageCache, VersionIndex};
-use rewind_io::{read_file, write_file_atomic, OpenMode, Storage};
+use rewind_format::meta::healed;
+use rewind_io::{read_file_healing, write_file_atomic, OpenMode, Storage};
 use rewind_journal::{Journal, JournalConfig, JournalError};
 use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp, Version, VersionData};
 
@@ -344,11 +345,12 @@ impl Volume {
         shared: &Shared,
     ) -> Result<Arc<Volume>, EngineError> {
         let meta_path = format!("{dir}/volume.meta");
-        let bytes = read_file(&*storage, &meta_path).map_err(EngineError::io(&meta_path))?;
+        let bytes = read_file_healing(&*storage, &meta_path, healed).map_err(EngineError::io(&meta_path))?;
         let meta = VolumeMeta::decode(&bytes).map_err(|error| corrupt_file(&meta_path, error))?;
         let volume_name = meta.name.to_string();
         let checkpoint_path = format!("{dir}/checkpoint");
-        let bytes = read_file(&*storage, &checkpoint_path).map_err(EngineError::io(&checkpoint_path))?;
+        let bytes =
+            read_file_healing(&*storage, &checkpoint_path, healed).map_err(EngineError::io(&checkpoint_path))?;
         let checkpoint = Checkpoint::decode(&bytes).map_err(|error| corrupt_file(&checkpoint_path, error))?;
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
         let cache = Arc::clone(&shared.cache);

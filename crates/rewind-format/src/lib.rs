@@ -31,8 +31,11 @@ pub enum FormatError {
     BadMagic { what: &'static str, found: u32 },
     #[error("{what}: unsupported format version {found} (this build reads version {supported})")]
     UnsupportedVersion { what: &'static str, found: u32, supported: u32 },
-    #[error("{what}: checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    #[error("{what}: damaged (checksum mismatch: stored {stored:#010x}, computed {computed:#010x})")]
     Checksum { what: &'static str, stored: u32, computed: u32 },
+    /// The bytes are all there but not what was written.
+    #[error("{what}: damaged: {reason}")]
+    Damaged { what: &'static str, reason: String },
     #[error("{what}: truncated ({available} bytes, need {needed})")]
     Truncated { what: &'static str, available: usize, needed: usize },
     #[error("{what}: {reason}")]

@@ -1,13 +1,18 @@
-//! Small metadata files (`docs/format/metadata.md`): each is one envelope
-//! (magic, format version, payload length, payload CRC-32C, payload), written
-//! whole and atomically. The timeline is the exception: an append-only file of
-//! self-checking frames.
+//! Small metadata files (`docs/format/metadata.md`): each holds its
+//! contents twice — two identical copies of one envelope (magic, format
+//! version, payload length, CRC-32C of all of it, payload) — written whole
+//! and atomically. One damaged copy costs nothing: the other is read, and
+//! the file can be rewritten from it ([`healed`]); only both copies damaged
+//! makes the file unreadable (ZFS keeps its metadata twice for the same
+//! reason). The timeline is the exception: an append-only file of
+//! self-checking frames, derived statistics that are not worth two copies.
 
 use rewind_types::{BlockSize, BookmarkName, Lsn, Timestamp, VolumeName};
 
 use crate::{crc32c, verify_crc, FormatError, Reader, Writer};
 
 pub const FORMAT_VERSION: u32 = 1;
+/// Bytes of one copy's envelope header: magic, version, length, checksum.
 const ENVELOPE_BYTES: usize = 16;
 
 pub(crate) fn seal_envelope(magic: [u8; 4], payload: Writer) -> Vec<u8> {
@@ -16,19 +21,39 @@ pub(crate) fn seal_envelope(magic: [u8; 4], payload: Writer) -> Vec<u8> {
     writer
         .u32(u32::from_le_bytes(magic))
         .u32(FORMAT_VERSION)
-        .u32(u32::try_from(payload.len()).expect("metadata is small"))
-        .u32(crc32c(&payload));
-    let mut bytes = writer.into_bytes();
-    bytes.extend_from_slice(&payload);
+        .u32(u32::try_from(payload.len()).expect("metadata is small"));
+    let mut copy = writer.into_bytes();
+    let checksum = crc32c::crc32c_append(crc32c(&copy), &payload);
+    copy.extend_from_slice(&checksum.to_le_bytes());
+    copy.extend_from_slice(&payload);
+    let mut bytes = copy.clone();
+    bytes.extend_from_slice(&copy);
     bytes
 }
 
-pub(crate) fn open_envelope<'a>(
-    what: &'static str,
-    magic: [u8; 4],
-    bytes: &'a [u8],
-) -> Result<Reader<'a>, FormatError> {
-    let mut reader = Reader::new(what, bytes);
+/// The two copies of a metadata file: its two halves.
+fn copies<'a>(what: &'static str, bytes: &'a [u8]) -> Result<[&'a [u8]; 2], FormatError> {
+    if bytes.len() < 2 * ENVELOPE_BYTES {
+        return Err(FormatError::Truncated { what, available: bytes.len(), needed: 2 * ENVELOPE_BYTES });
+    }
+    if bytes.len() % 2 != 0 {
+        return Err(FormatError::Damaged {
+            what,
+            reason: format!("{} bytes cannot be two equal copies: cut short or extended", bytes.len()),
+        });
+    }
+    let (first, second) = bytes.split_at(bytes.len() / 2);
+    Ok([first, second])
+}
+
+/// Verifies one copy and returns its payload. The checksum covers the
+/// header too, and is checked first: a flipped length field reads as
+/// damage, not as a short file.
+fn open_copy<'a>(what: &'static str, magic: [u8; 4], copy: &'a [u8]) -> Result<&'a [u8], FormatError> {
+    let (header, payload) = copy.split_at(ENVELOPE_BYTES);
+    let stored = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes"));
+    verify_crc(what, stored, crc32c::crc32c_append(crc32c(&header[..12]), payload))?;
+    let mut reader = Reader::new(what, header);
     let found = reader.u32()?;
     if found != u32::from_le_bytes(magic) {
         return Err(FormatError::BadMagic { what, found });
@@ -38,13 +63,46 @@ pub(crate) fn open_envelope<'a>(
         return Err(FormatError::UnsupportedVersion { what, found: version, supported: FORMAT_VERSION });
     }
     let length = reader.u32()? as usize;
-    let stored = reader.u32()?;
-    let payload = reader.take(length)?;
-    if reader.remaining() != 0 {
-        return Err(reader.invalid(format!("{} bytes after the payload", reader.remaining())));
+    if length != payload.len() {
+        return Err(reader.invalid(format!("payload of {} bytes where the header says {length}", payload.len())));
     }
-    verify_crc(what, stored, crc32c(payload))?;
-    Ok(Reader::new(what, &bytes[ENVELOPE_BYTES..]))
+    Ok(payload)
+}
+
+pub(crate) fn open_envelope<'a>(
+    what: &'static str,
+    magic: [u8; 4],
+    bytes: &'a [u8],
+) -> Result<Reader<'a>, FormatError> {
+    let [first, second] = copies(what, bytes)?;
+    match open_copy(what, magic, first) {
+        Ok(payload) => Ok(Reader::new(what, payload)),
+        Err(first_error) => match open_copy(what, magic, second) {
+            Ok(payload) => Ok(Reader::new(what, payload)),
+            Err(second_error) if first_error == second_error => Err(first_error),
+            Err(second_error) => Err(FormatError::Damaged {
+                what,
+                reason: format!("both copies are unreadable (first: {first_error}; second: {second_error})"),
+            }),
+        },
+    }
+}
+
+/// If exactly one copy of a metadata file is damaged and the other is
+/// intact, the bytes to rewrite it with (the intact copy, twice) and what
+/// was wrong; `None` when both copies are intact (or neither is).
+pub fn healed(bytes: &[u8]) -> Option<(Vec<u8>, String)> {
+    let intact = |copy: &[u8]| -> Result<(), FormatError> {
+        let magic = copy[..4].try_into().expect("4 bytes");
+        open_copy("metadata copy", magic, copy).map(|_| ())
+    };
+    let [first, second] = copies("metadata file", bytes).ok()?;
+    let (good, bad, damage) = match (intact(first), intact(second)) {
+        (Ok(()), Err(error)) => (first, "second", error),
+        (Err(error), Ok(())) => (second, "first", error),
+        _ => return None,
+    };
+    Some(([good, good].concat(), format!("its {bad} copy was damaged ({damage}) and is rewritten from the other")))
 }
 
 pub(crate) fn finish(reader: Reader<'_>) -> Result<(), FormatError> {
@@ -644,12 +702,28 @@ mod tests {
         };
         let bytes = meta.encode();
         assert_eq!(VolumeMeta::decode(&bytes).unwrap(), meta);
-        for at in [0, 5, 9, 13, 20, bytes.len() - 1] {
+        assert_eq!(healed(&bytes), None, "both copies intact");
+        let half = bytes.len() / 2;
+        for at in [0, 5, 9, 13, 20, half - 1] {
+            for copy in [0, half] {
+                // One damaged copy: the other is read, and the file can be healed.
+                let mut damaged = bytes.clone();
+                damaged[copy + at] ^= 0x40;
+                assert_eq!(VolumeMeta::decode(&damaged).unwrap(), meta, "flip at {}", copy + at);
+                let (rewritten, why) = healed(&damaged).expect("one copy is damaged");
+                assert_eq!(rewritten, bytes);
+                assert!(why.contains(if copy == 0 { "first" } else { "second" }) && why.contains("damaged"), "{why}");
+            }
+            // Both damaged: an error that says so, never "truncated".
             let mut damaged = bytes.clone();
             damaged[at] ^= 0x40;
-            assert!(VolumeMeta::decode(&damaged).is_err(), "flip at {at} must be caught");
+            damaged[half + at] ^= 0x04;
+            let error = VolumeMeta::decode(&damaged).unwrap_err().to_string();
+            assert!(error.contains("damaged") && !error.contains("truncated"), "{error}");
+            assert_eq!(healed(&damaged), None);
         }
-        assert!(VolumeMeta::decode(&bytes[..bytes.len() - 1]).is_err());
+        assert!(VolumeMeta::decode(&bytes[..bytes.len() - 1]).unwrap_err().to_string().contains("cut short"));
+        assert!(VolumeMeta::decode(&bytes[..20]).unwrap_err().to_string().contains("truncated"));
 
         let checkpoint = Checkpoint {
             lsn: Lsn(5),

@@ -55,9 +55,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use rewind_format::meta::{IndexManifest, RunInfo};
+use rewind_format::meta::{healed, IndexManifest, RunInfo};
 use rewind_format::FormatError;
-use rewind_io::{read_file, write_file_atomic, Storage};
+use rewind_io::{read_file_healing, write_file_atomic, Storage};
 use rewind_types::{Lsn, Timestamp, Version, VersionData};
 
 use run::{Run, RunWriter};
@@ -222,7 +222,7 @@ impl VersionIndex {
         cache: Arc<PageCache>,
     ) -> Result<VersionIndex, IndexError> {
         let path = format!("{dir}/{MANIFEST}");
-        let bytes = read_file(&*storage, &path).map_err(IndexError::io(&path))?;
+        let bytes = read_file_healing(&*storage, &path, healed).map_err(IndexError::io(&path))?;
         let manifest = IndexManifest::decode(&bytes).map_err(IndexError::corrupt(&path))?;
         if manifest.late_entries != config.late_entries {
             let reason = format!(

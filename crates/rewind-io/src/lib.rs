@@ -88,6 +88,27 @@ pub fn read_file(storage: &dyn Storage, path: &str) -> io::Result<Vec<u8>> {
     Ok(contents)
 }
 
+/// Reads a small file that keeps two copies of its contents. When `heal`
+/// (`rewind_format::meta::healed`) finds one copy damaged and the other
+/// intact, the file is rewritten from the intact one and a warning logged; a
+/// rewrite that fails (a full disk, say) is only logged: the intact copy was
+/// read, and the next read tries again.
+pub fn read_file_healing(
+    storage: &dyn Storage,
+    path: &str,
+    heal: impl Fn(&[u8]) -> Option<(Vec<u8>, String)>,
+) -> io::Result<Vec<u8>> {
+    let contents = read_file(storage, path)?;
+    if let Some((healed, damage)) = heal(&contents) {
+        match write_file_atomic(storage, path, &healed) {
+            Ok(()) => tracing::warn!(%path, %damage, "repaired a damaged metadata copy"),
+            Err(error) => tracing::warn!(%path, %damage, %error, "a metadata copy is damaged; rewriting it failed"),
+        }
+        return Ok(healed);
+    }
+    Ok(contents)
+}
+
 /// The directory part of a `/`-separated relative path ("" for the root).
 pub fn parent_dir(path: &str) -> &str {
     path.rfind('/').map_or("", |slash| &path[..slash])
