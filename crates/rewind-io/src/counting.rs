@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::{File, OpenMode, Storage};
+use crate::{File, OpenMode, Space, Storage};
 
 /// What one store's I/O has been since the store was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -122,6 +122,10 @@ impl File for CountingFile {
         Ok(())
     }
 
+    fn allocate(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.inner.allocate(offset, length)
+    }
+
     fn size_bytes(&self) -> io::Result<u64> {
         self.inner.size_bytes()
     }
@@ -176,6 +180,10 @@ impl Storage for CountingStorage {
         self.inner.sync_dir(dir)?;
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn space(&self) -> io::Result<Space> {
+        self.inner.space()
     }
 }
 

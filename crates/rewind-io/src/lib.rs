@@ -15,6 +15,12 @@
 //!   have dropped the dirty pages); callers must treat the file as poisoned.
 //! - All methods may be called concurrently; writes to disjoint ranges do not
 //!   interfere.
+//! - `File::allocate` reserves disk space for a range, so that writing it
+//!   later cannot run out of space: the full-disk error comes then, cleanly,
+//!   before any data is in flight, and never from a later `sync_data`.
+//!   Writers allocate before they write; that is what makes a failed sync a
+//!   device failure (poison) rather than a full disk (an error of the
+//!   request, see [`is_transient`]).
 
 mod counting;
 mod os;
@@ -41,6 +47,9 @@ pub enum OpenMode {
 pub trait File: Send + Sync {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
+    /// Reserves disk space for `offset..offset+length` without changing the
+    /// file's size (the range reads as before until written).
+    fn allocate(&self, offset: u64, length: u64) -> io::Result<()>;
     fn size_bytes(&self) -> io::Result<u64>;
     fn set_len(&self, size_bytes: u64) -> io::Result<()>;
     fn sync_data(&self) -> io::Result<()>;
@@ -61,6 +70,28 @@ pub trait Storage: Send + Sync {
     fn exists(&self, path: &str) -> io::Result<bool>;
     /// Makes creations, renames and removals of entries in `dir` durable.
     fn sync_dir(&self, dir: &str) -> io::Result<()>;
+    /// The size of the filesystem holding the storage, and what is free on it.
+    fn space(&self) -> io::Result<Space>;
+}
+
+/// What a filesystem holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Space {
+    pub total_bytes: u64,
+    /// What an unprivileged writer may still use.
+    pub free_bytes: u64,
+}
+
+/// Whether `error` is a condition that passes: a full disk or quota, no
+/// file descriptors or memory left, a call to retry. Such an error fails
+/// the request that met it and nothing else; anything else from a write or
+/// a sync (EIO, say) means the device may have lost data.
+pub fn is_transient(error: &io::Error) -> bool {
+    use io::ErrorKind::*;
+    const EMFILE: i32 = 24;
+    const ENFILE: i32 = 23;
+    matches!(error.kind(), StorageFull | QuotaExceeded | OutOfMemory | WouldBlock | Interrupted)
+        || matches!(error.raw_os_error(), Some(EMFILE | ENFILE))
 }
 
 /// Replaces the file at `path` with `contents` so that after a crash it holds
@@ -133,6 +164,9 @@ mod tests {
         let mut past = [0u8; 4];
         let error = file.read_exact_at(&mut past, 13).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+        file.allocate(0, 8192).unwrap();
+        assert_eq!(file.size_bytes().unwrap(), 15, "allocating keeps the size");
+        assert!(storage.space().unwrap().free_bytes > 0);
         file.set_len(8192).unwrap();
         file.write_all_at(&[7; 8192], 0).unwrap();
         file.punch_hole(4096, 4096).unwrap();

@@ -2,22 +2,33 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustix::fs::{fallocate, flock, FallocateFlags, FlockOperation};
+use rustix::fs::{fallocate, flock, statvfs, FallocateFlags, FlockOperation};
 
-use crate::{File, OpenMode, Storage};
+use crate::{File, OpenMode, Space, Storage};
+
+/// Volumes are private: only the user Rewind runs as may enter the data
+/// directory or read what is in it.
+const DIR_MODE: u32 = 0o700;
+const FILE_MODE: u32 = 0o600;
 
 pub struct OsStorage {
     root: PathBuf,
 }
 
 impl OsStorage {
-    /// Uses `root` (created if missing) as the storage root.
+    /// Uses `root` (created if missing) as the storage root, and makes it
+    /// private (mode 0700) if it was not.
     pub fn new(root: &Path) -> io::Result<Self> {
-        fs::create_dir_all(root)?;
+        fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(root)?;
+        let mode = fs::metadata(root)?.permissions().mode() & 0o777;
+        if mode != DIR_MODE {
+            fs::set_permissions(root, fs::Permissions::from_mode(DIR_MODE))?;
+            tracing::warn!(root = %root.display(), "the data directory was mode {mode:o}; it is 700 now");
+        }
         Ok(OsStorage { root: root.to_path_buf() })
     }
 
@@ -33,7 +44,12 @@ impl OsStorage {
     /// Takes an exclusive advisory lock on `relative`, so that two processes
     /// never open the same data directory. Held until the guard is dropped.
     pub fn lock_exclusive(&self, relative: &str) -> io::Result<DirLock> {
-        let file = fs::OpenOptions::new().create(true).truncate(false).write(true).open(self.path(relative))?;
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(FILE_MODE)
+            .open(self.path(relative))?;
         flock(&file, FlockOperation::NonBlockingLockExclusive).map_err(io::Error::from)?;
         Ok(DirLock { _file: file })
     }
@@ -55,6 +71,16 @@ impl File for OsFile {
 
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.file.write_all_at(data, offset)
+    }
+
+    fn allocate(&self, offset: u64, length: u64) -> io::Result<()> {
+        match fallocate(&self.file, FallocateFlags::KEEP_SIZE, offset, length) {
+            Ok(()) => Ok(()),
+            // Filesystems that cannot reserve space: writes may then meet a
+            // full disk at sync time, which poisons (as it must).
+            Err(rustix::io::Errno::OPNOTSUPP) => Ok(()),
+            Err(errno) => Err(errno.into()),
+        }
     }
 
     fn size_bytes(&self) -> io::Result<u64> {
@@ -91,12 +117,12 @@ impl File for OsFile {
 
 impl Storage for OsStorage {
     fn create_dir_all(&self, dir: &str) -> io::Result<()> {
-        fs::create_dir_all(self.path(dir))
+        fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(self.path(dir))
     }
 
     fn open_file(&self, path: &str, mode: OpenMode) -> io::Result<Arc<dyn File>> {
         let mut options = fs::OpenOptions::new();
-        options.read(true).write(true);
+        options.read(true).write(true).mode(FILE_MODE);
         match mode {
             OpenMode::Existing => {}
             OpenMode::CreateNew => {
@@ -142,5 +168,13 @@ impl Storage for OsStorage {
 
     fn sync_dir(&self, dir: &str) -> io::Result<()> {
         fs::File::open(self.path(dir))?.sync_all()
+    }
+
+    fn space(&self) -> io::Result<Space> {
+        let stats = statvfs(&self.root)?;
+        Ok(Space {
+            total_bytes: stats.f_blocks.saturating_mul(stats.f_frsize),
+            free_bytes: stats.f_bavail.saturating_mul(stats.f_frsize),
+        })
     }
 }

@@ -17,6 +17,10 @@
 //!
 //! Faults: `fail_syncs` makes the next N `sync_data` calls fail with EIO and, as
 //! Linux does, forget the unsynced writes while reads keep showing them;
+//! `set_capacity` gives the disk a size: a write or `allocate` that would need
+//! more space than is free fails with ENOSPC and changes nothing (space is
+//! counted per file as the larger of its length and what was allocated, and
+//! given back when the file is removed);
 //! `corrupt` flips bits in stored bytes; `stop_after` lets N more changes
 //! through and then fails every call, as if the process had died right
 //! there — the test then calls `crash`, which puts a crash at any step of
@@ -30,7 +34,7 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{File, OpenMode, Storage};
+use crate::{File, OpenMode, Space, Storage};
 
 #[derive(Clone, Copy, Debug)]
 pub struct SimConfig {
@@ -65,6 +69,8 @@ struct State {
     sync_failures_pending: u32,
     /// Changes still allowed before every call fails (`stop_after`).
     changes_until_stop: Option<u64>,
+    /// The disk's size (`set_capacity`); `None`: unlimited.
+    capacity_bytes: Option<u64>,
 }
 
 impl State {
@@ -78,6 +84,22 @@ impl State {
                 Ok(())
             }
         }
+    }
+
+    /// Bytes the live files take.
+    fn used_bytes(&self) -> u64 {
+        let live: BTreeSet<u64> = self.names.values().copied().collect();
+        live.iter().filter_map(|inode| self.inodes.get(inode)).map(Inode::footprint).sum()
+    }
+
+    /// Fails with ENOSPC if growing one file's footprint from `before` to
+    /// `after` bytes does not fit.
+    fn check_space(&self, before: u64, after: u64) -> io::Result<()> {
+        let Some(capacity) = self.capacity_bytes else { return Ok(()) };
+        if after <= before || self.used_bytes() - before + after <= capacity {
+            return Ok(());
+        }
+        Err(io::Error::new(io::ErrorKind::StorageFull, "no space left on the simulated disk"))
     }
 
     fn check_running(&self) -> io::Result<()> {
@@ -98,6 +120,15 @@ struct Inode {
     contents: Vec<u8>,
     contents_durable: Vec<u8>,
     pending: Vec<DataOp>,
+    /// The end of the space reserved by `allocate`.
+    allocated_end: u64,
+}
+
+impl Inode {
+    /// The disk space the file takes.
+    fn footprint(&self) -> u64 {
+        (self.contents.len() as u64).max(self.allocated_end)
+    }
 }
 
 enum DataOp {
@@ -134,6 +165,7 @@ impl SimStorage {
                 namespace_pending: Vec::new(),
                 sync_failures_pending: 0,
                 changes_until_stop: None,
+                capacity_bytes: None,
             })),
         }
     }
@@ -191,6 +223,16 @@ impl SimStorage {
     /// Whether a `stop_after` budget has run out.
     pub fn is_stopped(&self) -> bool {
         self.state.lock().changes_until_stop == Some(0)
+    }
+
+    /// Gives the disk a size (`None`: unlimited); see the module documentation.
+    pub fn set_capacity(&self, capacity_bytes: Option<u64>) {
+        self.state.lock().capacity_bytes = capacity_bytes;
+    }
+
+    /// Bytes the files take now.
+    pub fn used_bytes(&self) -> u64 {
+        self.state.lock().used_bytes()
     }
 
     /// Makes the next `count` calls to `sync_data` fail with EIO.
@@ -280,6 +322,14 @@ impl SimFile {
             None => Err(io::Error::other("file was removed")),
         }
     }
+
+    /// Fails with ENOSPC unless the file may grow to take `end` bytes.
+    fn check_growth(&self, end: u64) -> io::Result<()> {
+        let state = self.state.lock();
+        let Some(inode) = state.inodes.get(&self.inode) else { return Ok(()) };
+        let before = inode.footprint();
+        state.check_space(before, before.max(end))
+    }
 }
 
 impl File for SimFile {
@@ -295,9 +345,18 @@ impl File for SimFile {
     }
 
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.check_growth(offset + data.len() as u64)?;
         self.with_inode(Access::Change, |inode, _| {
             apply_write(&mut inode.contents, offset, data);
             inode.pending.push(DataOp::Write { offset, data: data.to_vec() });
+            Ok(())
+        })
+    }
+
+    fn allocate(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.check_growth(offset + length)?;
+        self.with_inode(Access::Change, |inode, _| {
+            inode.allocated_end = inode.allocated_end.max(offset + length);
             Ok(())
         })
     }
@@ -307,6 +366,7 @@ impl File for SimFile {
     }
 
     fn set_len(&self, size_bytes: u64) -> io::Result<()> {
+        self.check_growth(size_bytes)?;
         self.with_inode(Access::Change, |inode, _| {
             inode.contents.resize(size_bytes as usize, 0);
             inode.pending.push(DataOp::SetLen(size_bytes));
@@ -463,6 +523,16 @@ impl Storage for SimStorage {
         }
         Ok(())
     }
+
+    fn space(&self) -> io::Result<Space> {
+        let state = self.state.lock();
+        state.check_running()?;
+        let used_bytes = state.used_bytes();
+        Ok(match state.capacity_bytes {
+            Some(capacity) => Space { total_bytes: capacity, free_bytes: capacity.saturating_sub(used_bytes) },
+            None => Space { total_bytes: u64::MAX, free_bytes: u64::MAX - used_bytes },
+        })
+    }
 }
 
 #[cfg(test)]
@@ -517,6 +587,24 @@ mod tests {
         storage.crash();
         let file = storage.open_file("f", OpenMode::Existing).unwrap();
         assert_eq!(file.size_bytes().unwrap(), 2, "what was synced before the stop survives");
+    }
+
+    #[test]
+    fn a_full_disk_refuses_growth_and_recovers_when_space_is_freed() {
+        let storage = SimStorage::new(SimConfig::default(), 1);
+        storage.set_capacity(Some(10_000));
+        let a = storage.open_file("a", OpenMode::CreateNew).unwrap();
+        a.allocate(0, 8_000).unwrap();
+        assert_eq!(storage.space().unwrap().free_bytes, 2_000);
+        a.write_all_at(&[1; 8_000], 0).unwrap(); // inside what was allocated
+        let b = storage.open_file("b", OpenMode::CreateNew).unwrap();
+        let error = b.write_all_at(&[2; 3_000], 0).unwrap_err();
+        assert!(crate::is_transient(&error), "{error}");
+        assert_eq!(b.size_bytes().unwrap(), 0, "a refused write changes nothing");
+        assert!(b.allocate(0, 3_000).is_err());
+        storage.remove_file("a").unwrap();
+        b.write_all_at(&[2; 3_000], 0).unwrap();
+        assert_eq!(storage.used_bytes(), 3_000);
     }
 
     #[test]
