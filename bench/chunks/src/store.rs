@@ -12,7 +12,7 @@ use clap::Args;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rewind_bench_common::{measure, parse_count, DataDir};
-use rewind_chunks::{ChunkStore, ChunkStoreConfig};
+use rewind_chunks::{ChunkStore, ChunkStoreConfig, Counting};
 use rewind_io::OsStorage;
 use rewind_types::ChunkId;
 use serde_json::json;
@@ -51,7 +51,7 @@ pub fn run(dir: &Path, args: &StoreArgs, json: bool) -> anyhow::Result<()> {
     let storage = Arc::new(OsStorage::new(data_dir.path())?);
     let config = ChunkStoreConfig::default();
     let store = ChunkStore::open(storage.clone(), "chunks", config)?;
-    store.finish_open()?;
+    store.finish_open(Counting::Exact)?;
     let mut bytes = Vec::new();
     say(format!("putting {} distinct chunks of {} B", args.chunks, args.chunk_bytes));
     let ((), put_seconds, put_peak) = timed(|| {
@@ -126,7 +126,7 @@ pub fn run(dir: &Path, args: &StoreArgs, json: bool) -> anyhow::Result<()> {
         for index in 0..total {
             store.mark(ChunkId(index + 1), args.chunk_bytes as u32)?;
         }
-        store.finish_open()?;
+        store.finish_open(Counting::Exact)?;
         Ok(store)
     })?;
     let after_open = measure::resident()?;

@@ -23,8 +23,8 @@ use rewind_format::chunks::{
     bloom_bits, decode_dedup_page, decode_fence, encode_dedup_page, encode_fence, fence_key, DedupEntry, DedupManifest,
     DedupRunHeader, DedupRunInfo, DEDUP_ENTRIES_PER_PAGE, DEDUP_PAGE_BYTES,
 };
-use rewind_format::pack::ChunkHash;
 use rewind_format::meta::healed;
+use rewind_format::pack::ChunkHash;
 use rewind_io::{read_file_healing, write_file_atomic, File, OpenMode, Storage};
 use rewind_types::ChunkId;
 use rustc_hash::FxHashMap;
@@ -185,6 +185,29 @@ impl DedupIndex {
             }
         }
         Ok(DedupIndex { storage, dir: dir.to_owned(), config, memtable: FxHashMap::default(), runs, manifest })
+    }
+
+    /// Starts the index afresh, after its manifest or a run was found
+    /// damaged: every run is removed and the new, empty manifest covers no
+    /// pack, so the caller adds the chunks of every pack again (the index is
+    /// derived data: every entry is in a pack's footer and the chunk table).
+    pub fn reset(storage: Arc<dyn Storage>, dir: &str, config: DedupConfig) -> Result<DedupIndex, ChunkError> {
+        storage.create_dir_all(dir).map_err(ChunkError::io(dir))?;
+        for name in storage.list_dir(dir).map_err(ChunkError::io(dir))? {
+            let path = format!("{dir}/{name}");
+            storage.remove_file(&path).map_err(ChunkError::io(&path))?;
+        }
+        let manifest = DedupManifest { packs_covered: 0, run_id_next: 1, runs: Vec::new() };
+        let path = format!("{dir}/{MANIFEST}");
+        write_file_atomic(&*storage, &path, &manifest.encode()).map_err(ChunkError::io(&path))?;
+        Ok(DedupIndex {
+            storage,
+            dir: dir.to_owned(),
+            config,
+            memtable: FxHashMap::default(),
+            runs: Vec::new(),
+            manifest,
+        })
     }
 
     pub fn packs_covered(&self) -> u64 {
@@ -375,7 +398,7 @@ impl DedupIndex {
             if page.len() == DEDUP_ENTRIES_PER_PAGE {
                 flush_page(&mut page, &mut out, &mut fence);
                 if out.len() >= 1 << 20 {
-                    file.write_all_at(&out, written).map_err(ChunkError::io(&path))?;
+                    rewind_io::write_reserved(&*file, &out, written).map_err(ChunkError::io(&path))?;
                     written += out.len() as u64;
                     out.clear();
                 }
@@ -393,7 +416,7 @@ impl DedupIndex {
         let bloom_bytes: Vec<u8> = bloom.iter().flat_map(|word| word.to_le_bytes()).collect();
         out.extend_from_slice(&fence_bytes);
         out.extend_from_slice(&bloom_bytes);
-        file.write_all_at(&out, written).map_err(ChunkError::io(&path))?;
+        rewind_io::write_reserved(&*file, &out, written).map_err(ChunkError::io(&path))?;
         let header = DedupRunHeader {
             entry_count,
             data_page_count: fence.len() as u64,
@@ -402,8 +425,8 @@ impl DedupIndex {
             fence_crc32c: rewind_format::crc32c(&fence_bytes),
             bloom_crc32c: rewind_format::crc32c(&bloom_bytes),
         };
-        file.write_all_at(&header.encode(), 0).map_err(ChunkError::io(&path))?;
-        file.sync_data().map_err(ChunkError::io(&path))?;
+        rewind_io::write_reserved(&*file, &header.encode(), 0).map_err(ChunkError::io(&path))?;
+        file.sync_data().map_err(ChunkError::sync(&path))?;
         // The name becomes durable with the manifest that lists it (same directory).
         let info = DedupRunInfo { id, entry_count };
         Ok(Some(DedupRun { info, path, file, header, fence, bloom }))

@@ -24,7 +24,8 @@ pub use dedup::DedupConfig;
 pub use pack::{compress, PackReader, PackWriter, SealedPack};
 pub use rewind_format::pack::{ChunkHash, Codec};
 pub use store::{
-    ArchiveSession, ChunkSet, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Measured,
+    ArchiveSession, ChunkSet, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting,
+    Measured, OpenReport,
 };
 
 use std::io;
@@ -51,6 +52,9 @@ pub struct ChunkLocation {
 pub enum ChunkError {
     #[error("chunk store I/O error on {path}: {source}")]
     Io { path: String, source: io::Error },
+    /// A sync failed: the device may have dropped what it was asked to keep.
+    #[error("the chunk store could not make {path} durable: {source}")]
+    SyncFailed { path: String, source: io::Error },
     /// The pack has no valid trailer: it was being written when the process
     /// stopped. Corruption if anything refers to it.
     #[error("pack {path} was never sealed: {reason}")]
@@ -61,10 +65,14 @@ pub enum ChunkError {
     #[error("chunk {id} is missing from the chunk store: {reason}")]
     Missing { id: ChunkId, reason: String },
     #[error(
-        "the chunk store is poisoned by an earlier error ({cause}); no archiving or garbage collection \
+        "the chunk store is poisoned by a failed sync ({cause}); no archiving or garbage collection \
          until the server restarts"
     )]
     Poisoned { cause: String },
+    /// Reference counts may be wrong after an earlier failure; collection
+    /// waits until they have been counted again.
+    #[error("garbage collection waits for every chunk reference to be counted again ({cause})")]
+    CountsStale { cause: String },
 }
 
 impl ChunkError {
@@ -72,8 +80,18 @@ impl ChunkError {
         move |source| ChunkError::Io { path: path.to_owned(), source }
     }
 
+    fn sync(path: &str) -> impl FnOnce(io::Error) -> ChunkError + '_ {
+        move |source| ChunkError::SyncFailed { path: path.to_owned(), source }
+    }
+
     fn corrupt(path: &str, offset: u64, reason: impl ToString) -> ChunkError {
         ChunkError::Corrupt { path: path.to_owned(), offset, reason: reason.to_string() }
+    }
+
+    /// Whether the error is a condition that passes (a full disk, no file
+    /// descriptors left): the operation may be tried again later.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ChunkError::Io { source, .. } if rewind_io::is_transient(source))
     }
 }
 

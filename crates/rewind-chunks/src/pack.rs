@@ -131,10 +131,19 @@ impl PackWriter {
     }
 
     fn write_pending(&mut self) -> Result<(), ChunkError> {
+        // Space first: a full disk fails here, never at the seal's sync.
+        let length = self.pending.len() as u64;
+        self.file.allocate(self.written, length).map_err(ChunkError::io(&self.path))?;
         self.file.write_all_at(&self.pending, self.written).map_err(ChunkError::io(&self.path))?;
         self.written += self.pending.len() as u64;
         self.pending.clear();
         Ok(())
+    }
+
+    /// Deletes the unfinished pack (an archive pass or a repack failed).
+    pub fn discard(self, storage: &dyn Storage) -> Result<(), ChunkError> {
+        drop(self.file);
+        storage.remove_file(&self.path).map_err(ChunkError::io(&self.path))
     }
 
     /// Writes the footer and trailer and makes the pack and its name durable.
@@ -152,8 +161,8 @@ impl PackWriter {
         self.pending.extend_from_slice(&footer);
         self.pending.extend_from_slice(&trailer.encode());
         self.write_pending()?;
-        self.file.sync_data().map_err(ChunkError::io(&self.path))?;
-        storage.sync_dir(&self.dir).map_err(ChunkError::io(&self.dir))?;
+        self.file.sync_data().map_err(ChunkError::sync(&self.path))?;
+        storage.sync_dir(&self.dir).map_err(ChunkError::sync(&self.dir))?;
         Ok(SealedPack {
             pack: self.pack,
             chunk_count: trailer.entry_count,
@@ -169,7 +178,9 @@ pub struct PackReader {
     path: String,
     file: Arc<dyn File>,
     bytes: u64,
-    trailer: PackTrailer,
+    /// `None` for a pack whose trailer or footer is damaged: its records
+    /// are still read where the chunk table says they are.
+    trailer: Option<PackTrailer>,
 }
 
 impl PackReader {
@@ -187,13 +198,25 @@ impl PackReader {
         let mut trailer = [0; PACK_TRAILER_BYTES];
         file.read_exact_at(&mut trailer, trailer_offset).map_err(ChunkError::io(&path))?;
         let trailer = PackTrailer::decode(&trailer, bytes).map_err(|error| unsealed(error.to_string()))?;
+        let mut reader = PackReader::open_records(storage, dir, pack)?;
+        reader.trailer = Some(trailer);
+        Ok(reader)
+    }
+
+    /// Opens pack `pack` for reading records at known offsets, checking its
+    /// header only: for a sealed pack whose trailer or footer is damaged
+    /// (its chunks are found through the chunk table).
+    pub fn open_records(storage: &dyn Storage, dir: &str, pack: u64) -> Result<PackReader, ChunkError> {
+        let path = format!("{dir}/{}", pack_name(pack));
+        let file = storage.open_file(&path, OpenMode::Existing).map_err(ChunkError::io(&path))?;
+        let bytes = file.size_bytes().map_err(ChunkError::io(&path))?;
         let mut header = [0; PACK_HEADER_BYTES];
-        file.read_exact_at(&mut header, 0).map_err(ChunkError::io(&path))?;
+        file.read_exact_at(&mut header, 0).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
         let header = PackHeader::decode(&header).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
         if header.pack != pack {
             return Err(ChunkError::corrupt(&path, 0, format!("the header names pack {}", header.pack)));
         }
-        Ok(PackReader { pack, path, file, bytes, trailer })
+        Ok(PackReader { pack, path, file, bytes, trailer: None })
     }
 
     pub fn pack(&self) -> u64 {
@@ -208,13 +231,20 @@ impl PackReader {
     /// Every chunk in the pack, in the order written, read from the footer
     /// and checked against the trailer's CRC.
     pub fn footer(&self) -> Result<Vec<FooterEntry>, ChunkError> {
-        let mut footer = vec![0; self.trailer.footer_bytes() as usize];
-        self.file.read_exact_at(&mut footer, self.trailer.footer_offset).map_err(ChunkError::io(&self.path))?;
-        let corrupt = |reason: String| ChunkError::corrupt(&self.path, self.trailer.footer_offset, reason);
-        rewind_format::verify_crc("pack footer", self.trailer.footer_crc32c, crc32c(&footer))
+        let Some(trailer) = &self.trailer else {
+            return Err(ChunkError::corrupt(
+                &self.path,
+                self.bytes,
+                "its trailer is damaged, so its footer cannot be found",
+            ));
+        };
+        let mut footer = vec![0; trailer.footer_bytes() as usize];
+        self.file.read_exact_at(&mut footer, trailer.footer_offset).map_err(ChunkError::io(&self.path))?;
+        let corrupt = |reason: String| ChunkError::corrupt(&self.path, trailer.footer_offset, reason);
+        rewind_format::verify_crc("pack footer", trailer.footer_crc32c, crc32c(&footer))
             .map_err(|error| corrupt(error.to_string()))?;
         let entries = FooterEntry::decode_all(&footer).map_err(|error| corrupt(error.to_string()))?;
-        if let Some(entry) = entries.iter().find(|entry| entry.offset >= self.trailer.footer_offset) {
+        if let Some(entry) = entries.iter().find(|entry| entry.offset >= trailer.footer_offset) {
             return Err(corrupt(format!("entry for chunk {} points past the records", entry.id)));
         }
         Ok(entries)

@@ -22,8 +22,22 @@
 //! old ones durably, so collection waits for every merge in flight: merges
 //! hold the *reference gate* shared ([`ChunkStore::hold_references`]),
 //! collection holds it exclusively. A merge that fails after releasing may
-//! have left counts too low: the caller then poisons collection
-//! ([`ChunkStore::poison_collection`]) until a restart counts again.
+//! have left counts too low, an archive pass that fails after putting chunks
+//! too high: either asks for a *recount* ([`ChunkStore::request_recount`]),
+//! and collection refuses to run until the embedder has counted every
+//! reference again ([`ChunkStore::recount`]) — online, as opening does.
+//!
+//! Faults stay small. A failed sync poisons the store (no archiving or
+//! collection until restart: the device may have dropped what it was asked
+//! to keep); anything else fails only the operation that met it. A full
+//! disk fails an archive pass cleanly — its unfinished pack is deleted, the
+//! chunks it put are forgotten by the dedup index — and the next pass tries
+//! again. Damage is repaired from what is derived from what: a damaged
+//! dedup run from the pack footers (the index is rebuilt), a damaged table
+//! slot from the footer that lists the id, a pack whose trailer or footer
+//! is damaged is read through the table and rewritten by the next
+//! collection; a chunk that can be found nowhere is *missing*, which fails
+//! only the reads of the history that needs it.
 //!
 //! Durability order, which recovery relies on:
 //! 1. a pack is sealed (fsync, directory fsync) before its chunks' slots are
@@ -40,10 +54,10 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use rewind_format::chunks::{RepackIntent, TableSlot};
+use rewind_format::meta::healed;
 use rewind_format::pack::{
     ChunkHash, Codec, FooterEntry, FOOTER_ENTRY_BYTES, PACK_HEADER_BYTES, PACK_TRAILER_BYTES, RECORD_HEADER_BYTES,
 };
-use rewind_format::meta::healed;
 use rewind_io::{read_file_healing, write_file_atomic, Storage};
 use rewind_types::ChunkId;
 use rustc_hash::FxHashMap;
@@ -91,11 +105,14 @@ struct PackStats {
     /// take: records and footer entries.
     held_chunks: u64,
     held_bytes: u64,
+    /// Its trailer or footer is damaged: its chunks are read where the
+    /// table says, and collection rewrites it (finding them by the table).
+    footer_damaged: bool,
 }
 
 impl PackStats {
     fn new(bytes: u64) -> PackStats {
-        PackStats { bytes, held_chunks: 0, held_bytes: 0 }
+        PackStats { bytes, held_chunks: 0, held_bytes: 0, footer_damaged: false }
     }
 
     fn hold(&mut self, stored_bytes: u32) {
@@ -150,6 +167,12 @@ struct State {
     unreadable: BTreeMap<u64, String>,
     /// The store has been opened and marked: puts and collection may run.
     open: bool,
+    /// Why the counts may be wrong: collection waits for a recount.
+    recount: Option<String>,
+    /// Why the dedup index must be rebuilt before the next lookup.
+    dedup_damage: Option<String>,
+    /// Ids history refers to whose chunk is nowhere to be found, with why.
+    missing: BTreeMap<u64, String>,
 }
 
 impl State {
@@ -211,8 +234,8 @@ pub struct ChunkStore {
     gate: RwLock<()>,
     /// One archive session or collection at a time.
     writing: Mutex<()>,
+    /// Set by a failed sync; see the module documentation.
     poisoned: Mutex<Option<String>>,
-    collection_poisoned: Mutex<Option<String>>,
     counters: Counters,
 }
 
@@ -251,6 +274,33 @@ pub struct ChunkStats {
     pub packs_deleted: u64,
     pub packs_rewritten: u64,
     pub poisoned: Option<String>,
+    /// Why collection waits for a recount of references, if it does.
+    pub recount_pending: Option<String>,
+    /// Chunks history refers to that are damaged or missing.
+    pub chunks_missing: u64,
+    /// Packs read through the table because their footer is damaged.
+    pub packs_footer_damaged: u64,
+}
+
+/// How opening (or a recount) counts the chunks nothing referred to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counting {
+    /// Every reference was marked: chunks with none are free.
+    Exact,
+    /// Some history could not be read (a damaged volume): every chunk with
+    /// a valid slot is kept, and collection waits for an exact recount.
+    Conservative,
+}
+
+/// What opening or a recount found wrong, and mended.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Chunks history refers to that can be found nowhere, with why.
+    pub missing: Vec<(ChunkId, String)>,
+    /// Table slots rewritten from the pack footer that lists their id.
+    pub slots_repaired: u64,
+    /// Packs history needs whose trailer or footer is damaged.
+    pub packs_footer_damaged: Vec<u64>,
 }
 
 /// A set of chunk ids, one bit each: what some history refers to, to be
@@ -314,51 +364,53 @@ impl ChunkStore {
     /// Opens (creating if needed) the chunk store in `dir`, completing an
     /// interrupted repack and deleting a pack a crash left unsealed. Every
     /// id starts free: the caller marks each id history refers to with
-    /// [`ChunkStore::mark`], then calls [`ChunkStore::finish_open`].
+    /// [`ChunkStore::mark`], then calls [`ChunkStore::finish_open`]. Damage
+    /// to what is derived (the dedup index, a table header) is repaired
+    /// here; packs that do not open are decided on by `finish_open`.
     pub fn open(storage: Arc<dyn Storage>, dir: &str, config: ChunkStoreConfig) -> Result<ChunkStore, ChunkError> {
         assert!(config.pack_bytes_target > 0 && config.pack_bytes_target < 1 << 32);
         let packs_dir = format!("{dir}/packs");
         storage.create_dir_all(&packs_dir).map_err(ChunkError::io(&packs_dir))?;
-        storage.sync_dir(dir).map_err(ChunkError::io(dir))?;
+        storage.sync_dir(dir).map_err(ChunkError::sync(dir))?;
         let table = ChunkTable::open(&*storage, &format!("{dir}/table"))?;
         finish_repack(&*storage, dir, &packs_dir, &table)?;
         let mut packs = BTreeMap::new();
         let mut unreadable = BTreeMap::new();
         for name in storage.list_dir(&packs_dir).map_err(ChunkError::io(&packs_dir))? {
             let Some(pack) = parse_pack_name(&name) else {
-                return Err(ChunkError::corrupt(&format!("{packs_dir}/{name}"), 0, "not a pack file"));
+                tracing::warn!(path = %format!("{packs_dir}/{name}"), "ignoring a file that is not a pack");
+                continue;
             };
             match PackReader::open(&*storage, &packs_dir, pack) {
                 Ok(reader) => {
                     packs.insert(pack, PackStats::new(reader.bytes()));
                 }
-                Err(error @ (ChunkError::Unsealed { .. } | ChunkError::Corrupt { .. })) => {
+                Err(error) => {
                     unreadable.insert(pack, error.to_string());
                 }
-                Err(error) => return Err(error),
             }
         }
-        let mut dedup = DedupIndex::open(Arc::clone(&storage), &format!("{dir}/dedup"), config.dedup)?;
+        let dedup_dir = format!("{dir}/dedup");
+        let mut dedup = match DedupIndex::open(Arc::clone(&storage), &dedup_dir, config.dedup) {
+            Ok(dedup) => dedup,
+            Err(error @ ChunkError::Corrupt { .. }) => {
+                tracing::warn!(%error, "the dedup index is damaged; rebuilding it from the pack footers");
+                DedupIndex::reset(Arc::clone(&storage), &dedup_dir, config.dedup)?
+            }
+            Err(error) => return Err(error),
+        };
         // The chunks of packs the dedup runs do not cover yet. These are the
         // newest packs; one a crash cut short may have a valid trailer over a
         // footer that never reached the disk.
         let uncovered: Vec<u64> = packs.range(dedup.packs_covered() + 1..).map(|(&pack, _)| pack).collect();
         for pack in uncovered {
-            let reader = PackReader::open(&*storage, &packs_dir, pack)?;
-            let footer = match reader.footer() {
-                Ok(footer) => footer,
-                Err(error @ ChunkError::Corrupt { .. }) => {
+            match index_footer(&*storage, &packs_dir, pack, &table, &mut dedup) {
+                Ok(()) => {}
+                Err(error @ (ChunkError::Corrupt { .. } | ChunkError::Io { .. })) => {
                     packs.remove(&pack);
                     unreadable.insert(pack, error.to_string());
-                    continue;
                 }
                 Err(error) => return Err(error),
-            };
-            for entry in footer {
-                let current = table.read(entry.id)?;
-                if current.is_some_and(|slot| slot.hash == entry.hash && slot.pack == pack) {
-                    dedup.insert(entry.hash, entry.id);
-                }
             }
         }
         let newest = packs.keys().chain(unreadable.keys()).max().copied().unwrap_or(0);
@@ -378,6 +430,9 @@ impl ChunkStore {
             packs,
             unreadable,
             open: false,
+            recount: None,
+            dedup_damage: None,
+            missing: BTreeMap::new(),
         };
         Ok(ChunkStore {
             storage,
@@ -390,68 +445,160 @@ impl ChunkStore {
             gate: RwLock::new(()),
             writing: Mutex::new(()),
             poisoned: Mutex::new(None),
-            collection_poisoned: Mutex::new(None),
             counters: Counters::default(),
         })
     }
 
     /// Counts one reference from history to `id`, a chunk of `raw_bytes`,
-    /// while opening. An id the table never had is corruption of whatever
-    /// refers to it; the caller names that.
+    /// while opening. An id the table never had is missing; the caller
+    /// names what refers to it.
     pub fn mark(&self, id: ChunkId, raw_bytes: u32) -> Result<(), ChunkError> {
         let mut state = self.state.lock();
-        assert!(!state.open, "marking happens while opening");
-        let Some(count) = state.counts.get_mut(id.0 as usize).filter(|_| id.0 > 0) else {
-            return Err(ChunkError::Missing { id, reason: "the chunk table has no such id".into() });
-        };
-        if *count == FREE {
-            *count = 0;
-            state.dead += 1;
-        }
-        state.reference(id, raw_bytes);
-        Ok(())
+        assert!(!state.open, "marking happens while opening or recounting");
+        mark_in(&mut state, id, raw_bytes)
     }
 
     /// Ends opening: checks that every referenced chunk has a valid slot in
-    /// a sealed pack (one sequential read of the table), counts what the
-    /// packs hold, and forgets dedup entries of unreferenced ids.
-    pub fn finish_open(&self) -> Result<(), ChunkError> {
+    /// a sealed pack (one sequential read of the table), mends what can be
+    /// mended from what it is derived from, counts what the packs hold, and
+    /// forgets dedup entries of unreferenced ids. What cannot be mended is
+    /// reported, never an error: only the history that needs it is lost.
+    pub fn finish_open(&self, counting: Counting) -> Result<OpenReport, ChunkError> {
         let mut state = self.state.lock();
+        let report = self.settle(&mut state, counting)?;
+        if counting == Counting::Conservative {
+            state.recount.get_or_insert_with(|| "some history could not be read to count its chunks".into());
+        }
+        state.open = true;
+        Ok(report)
+    }
+
+    /// Counts every reference again, online: `count` marks each chunk id
+    /// the history of every volume refers to (as opening does). Waits for
+    /// merges and archive passes in flight, and holds them off meanwhile.
+    pub fn recount<E: From<ChunkError>>(
+        &self,
+        counting: Counting,
+        count: impl FnOnce(&mut dyn FnMut(ChunkId, u32)) -> Result<(), E>,
+    ) -> Result<OpenReport, E> {
+        let _gate = self.gate.write();
+        let _writing = self.writing.lock();
+        {
+            let mut state = self.state.lock();
+            assert!(state.open, "recounting an open store");
+            let id_end = self.table.id_end() as usize;
+            state.counts.clear();
+            state.counts.resize(id_end, FREE);
+            state.free_hint = 1;
+            (state.live, state.dead, state.references, state.logical_bytes) = (0, 0, 0, 0);
+            (state.held_raw_bytes, state.held_stored_bytes) = (0, 0);
+            for pack in state.packs.values_mut() {
+                (pack.held_chunks, pack.held_bytes) = (0, 0);
+            }
+            state.unslotted.clear();
+            state.missing.clear();
+            state.open = false;
+        }
+        let mut missing = Vec::new();
+        count(&mut |id, raw_bytes| {
+            if let Err(ChunkError::Missing { id, reason }) = mark_in(&mut self.state.lock(), id, raw_bytes) {
+                missing.push((id, reason));
+            }
+        })?;
+        let mut state = self.state.lock();
+        let mut report = self.settle(&mut state, counting)?;
+        for (id, reason) in missing {
+            state.missing.insert(id.0, reason.clone());
+            report.missing.push((id, reason));
+        }
+        state.recount = match counting {
+            Counting::Exact => None,
+            Counting::Conservative => Some("some history could not be read to count its chunks".into()),
+        };
+        state.open = true;
+        tracing::info!(live = state.live, dead = state.dead, "recounted the chunk store's references");
+        Ok(report)
+    }
+
+    /// Why collection waits for a recount (see [`ChunkStore::recount`]), if it does.
+    pub fn recount_pending(&self) -> Option<String> {
+        self.state.lock().recount.clone()
+    }
+
+    /// Asks for a recount before the next collection: counts may be wrong
+    /// after `cause`.
+    pub fn request_recount(&self, cause: String) {
+        tracing::warn!(%cause, "garbage collection will count every chunk reference again first");
+        self.state.lock().recount.get_or_insert(cause);
+    }
+
+    /// The table scan of opening and recounting (see `finish_open`).
+    fn settle(&self, state: &mut State, counting: Counting) -> Result<OpenReport, ChunkError> {
+        let mut report = OpenReport::default();
         let mut bytes = Vec::new();
-        let id_end = state.counts.len() as u64;
+        // Referenced ids whose slot is unusable, with why: mended from the
+        // footers below, or missing.
+        let mut unslotted: BTreeMap<u64, String> = BTreeMap::new();
+        let id_end = self.table.id_end().min(state.counts.len() as u64);
         let mut first = 1;
         while first < id_end {
             let count = SCAN_IDS.min(id_end - first);
             let window = &state.counts[first as usize..(first + count) as usize];
-            if window.iter().all(|&count| count == FREE) {
+            if counting == Counting::Exact && window.iter().all(|&count| count == FREE) {
                 first += count;
                 continue;
             }
             self.table.read_range(first, count, &mut bytes)?;
             for index in 0..count as usize {
                 let id = ChunkId(first + index as u64);
-                if state.counts[id.0 as usize] == FREE {
+                let referenced = state.counts[id.0 as usize] != FREE;
+                let slot = match slot_in(&bytes, index, id) {
+                    Ok(Some(slot)) => slot,
+                    Ok(None) if referenced => {
+                        unslotted.insert(id.0, "its table slot was never written".into());
+                        continue;
+                    }
+                    Err(error) if referenced => {
+                        unslotted.insert(id.0, format!("its table slot is damaged: {error}"));
+                        continue;
+                    }
+                    Ok(None) | Err(_) => continue,
+                };
+                if !referenced && counting == Counting::Exact {
                     continue;
                 }
-                let slot = slot_in(&bytes, index, id)
-                    .map_err(|error| ChunkError::Missing { id, reason: format!("its table slot is damaged: {error}") })?
-                    .ok_or_else(|| ChunkError::Missing { id, reason: "its table slot was never written".into() })?;
-                if let Some(damage) = state.unreadable.get(&slot.pack) {
-                    return Err(ChunkError::Missing { id, reason: damage.clone() });
+                match self.pack_for(state, slot.pack) {
+                    Ok(pack) if u64::from(slot.offset) + u64::from(slot.stored_bytes) <= pack.bytes => {
+                        pack.hold(slot.stored_bytes);
+                    }
+                    Ok(_) if referenced => {
+                        let reason = format!("its slot points past the end of pack {}", pack_name(slot.pack));
+                        state.missing.insert(id.0, reason);
+                        continue;
+                    }
+                    Err(reason) if referenced => {
+                        state.missing.insert(id.0, reason);
+                        continue;
+                    }
+                    _ => continue,
                 }
-                let Some(pack) = state.packs.get_mut(&slot.pack) else {
-                    let reason = format!("its pack {} does not exist", pack_name(slot.pack));
-                    return Err(ChunkError::Missing { id, reason });
-                };
-                if u64::from(slot.offset) + u64::from(slot.stored_bytes) > pack.bytes {
-                    let reason = format!("its slot points past the end of pack {}", pack_name(slot.pack));
-                    return Err(ChunkError::Missing { id, reason });
+                if !referenced {
+                    // Conservative: kept, as if something referred to it.
+                    state.counts[id.0 as usize] = 0;
+                    state.dead += 1;
                 }
-                pack.hold(slot.stored_bytes);
                 state.held_raw_bytes += u64::from(slot.raw_bytes);
                 state.held_stored_bytes += u64::from(slot.stored_bytes);
             }
             first += count;
+        }
+        if !unslotted.is_empty() {
+            report.slots_repaired = self.mend_slots(state, &mut unslotted)?;
+        }
+        state.missing.extend(unslotted);
+        for (&id, reason) in &state.missing {
+            tracing::error!(chunk = id, %reason, "history refers to a chunk that is damaged or missing");
+            report.missing.push((ChunkId(id), reason.clone()));
         }
         // Nothing refers to the packs that did not open: a crash left the
         // newest one unsealed (its writes may reach the disk in any order).
@@ -465,15 +612,80 @@ impl ChunkStore {
             }
             self.storage.remove_file(&path).map_err(ChunkError::io(&path))?;
         }
-        self.storage.sync_dir(&self.packs_dir).map_err(ChunkError::io(&self.packs_dir))?;
-        let state = &mut *state;
+        self.storage.sync_dir(&self.packs_dir).map_err(ChunkError::sync(&self.packs_dir))?;
+        report.packs_footer_damaged =
+            state.packs.iter().filter(|(_, pack)| pack.footer_damaged).map(|(&pack, _)| pack).collect();
         let counts = &state.counts;
         state.dedup.forget(|id| counts.get(id.0 as usize).is_some_and(|&count| count != FREE));
-        state.open = true;
-        Ok(())
+        Ok(report)
     }
 
-    /// Whether an earlier error stopped archiving and collection.
+    /// The stats of `pack` if its chunks can be read: a sealed pack, or one
+    /// whose trailer or footer is damaged but whose records are there (it is
+    /// then read through the table, and rewritten by the next collection).
+    fn pack_for<'s>(&self, state: &'s mut State, pack: u64) -> Result<&'s mut PackStats, String> {
+        if let Some(damage) = state.unreadable.remove(&pack) {
+            match PackReader::open_records(&*self.storage, &self.packs_dir, pack) {
+                Ok(reader) => {
+                    tracing::warn!(
+                        pack = %pack_name(pack),
+                        %damage,
+                        "a pack history needs has a damaged trailer or footer; its chunks are read where the \
+                         chunk table says, and the next garbage collection rewrites it"
+                    );
+                    let stats = PackStats { footer_damaged: true, ..PackStats::new(reader.bytes()) };
+                    state.packs.insert(pack, stats);
+                }
+                Err(error) => {
+                    state.unreadable.insert(pack, damage.clone());
+                    return Err(format!("its pack {} is unreadable: {damage}; {error}", pack_name(pack)));
+                }
+            }
+        }
+        state.packs.get_mut(&pack).ok_or_else(|| format!("its pack {} does not exist", pack_name(pack)))
+    }
+
+    /// Rewrites the table slots of `ids` (referenced, with unusable slots)
+    /// from the footers that list them, newest pack first (a chunk moved or
+    /// an id reused is in a newer pack), checking each record before
+    /// trusting it. Returns how many were mended; the rest stay in `ids`.
+    fn mend_slots(&self, state: &mut State, ids: &mut BTreeMap<u64, String>) -> Result<u64, ChunkError> {
+        let mut mended = 0;
+        let packs: Vec<u64> = state.packs.keys().rev().copied().collect();
+        let mut raw = Vec::new();
+        for pack in packs {
+            if ids.is_empty() {
+                break;
+            }
+            let Ok(reader) = PackReader::open(&*self.storage, &self.packs_dir, pack) else { continue };
+            let Ok(footer) = reader.footer() else { continue };
+            for entry in footer {
+                if !ids.contains_key(&entry.id.0) {
+                    continue;
+                }
+                raw.resize(entry.raw_bytes as usize, 0);
+                if reader.read(reader.location(&entry), &entry.hash, &mut raw).is_err() {
+                    continue;
+                }
+                let slot = slot_of(entry.hash, reader.location(&entry));
+                self.table.reserve(entry.id.0 + 1)?;
+                self.table.write(entry.id, &slot)?;
+                let reason = ids.remove(&entry.id.0).expect("checked above");
+                tracing::warn!(chunk = entry.id.0, %reason, pack = %pack_name(pack), "rewrote a chunk table slot from its pack's footer");
+                let stats = state.packs.get_mut(&pack).expect("listed above");
+                stats.hold(slot.stored_bytes);
+                state.held_raw_bytes += u64::from(slot.raw_bytes);
+                state.held_stored_bytes += u64::from(slot.stored_bytes);
+                mended += 1;
+            }
+        }
+        if mended > 0 {
+            self.table.sync()?;
+        }
+        Ok(mended)
+    }
+
+    /// Whether a failed sync stopped archiving and collection.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned.lock().is_some()
     }
@@ -485,10 +697,10 @@ impl ChunkStore {
         }
     }
 
-    /// Stops every further write to the store until a restart, after an
-    /// error that may have left it inconsistent in memory.
+    /// Poisons the store after a failed sync (see the module documentation);
+    /// other errors pass through.
     fn fail(&self, error: ChunkError) -> ChunkError {
-        if matches!(error, ChunkError::Io { .. } | ChunkError::Corrupt { .. } | ChunkError::Unsealed { .. }) {
+        if let ChunkError::SyncFailed { .. } = error {
             let cause = error.to_string();
             tracing::error!(%cause, "chunk store poisoned: no more archiving or collection until restart");
             self.poisoned.lock().get_or_insert(cause);
@@ -500,13 +712,6 @@ impl ChunkStore {
     /// module documentation).
     pub fn hold_references(&self) -> RwLockReadGuard<'_, ()> {
         self.gate.read()
-    }
-
-    /// After a merge failed part-way, counts may be too low: no collection
-    /// until a restart counts again.
-    pub fn poison_collection(&self, cause: String) {
-        tracing::error!(%cause, "chunk collection suspended until restart");
-        self.collection_poisoned.lock().get_or_insert(cause);
     }
 
     /// Drops one reference to `id` (a version of `raw_bytes` history no
@@ -530,15 +735,49 @@ impl ChunkStore {
     pub fn session(&self) -> Result<ArchiveSession<'_>, ChunkError> {
         let writing = self.writing.lock();
         self.check_poisoned()?;
-        assert!(self.state.lock().open, "the store is open");
+        let mut state = self.state.lock();
+        assert!(state.open, "the store is open");
+        if let Some(damage) = state.dedup_damage.clone() {
+            tracing::warn!(%damage, "rebuilding the dedup index from the chunk table");
+            self.rebuild_dedup(&mut state)?;
+        }
+        drop(state);
         Ok(ArchiveSession {
             store: self,
             _writing: writing,
             writer: None,
             unsealed: Vec::new(),
             sealed: Vec::new(),
+            new_ids: Vec::new(),
             done: false,
         })
+    }
+
+    /// Replaces the dedup index by one built from the chunk table: every
+    /// chunk that is not free, by its hash. The caller holds `writing`.
+    fn rebuild_dedup(&self, state: &mut State) -> Result<(), ChunkError> {
+        let mut dedup =
+            DedupIndex::reset(Arc::clone(&self.storage), &format!("{}/dedup", self.dir), self.config.dedup)?;
+        let mut bytes = Vec::new();
+        let id_end = self.table.id_end().min(state.counts.len() as u64);
+        let mut first = 1;
+        while first < id_end {
+            let count = SCAN_IDS.min(id_end - first);
+            self.table.read_range(first, count, &mut bytes)?;
+            for index in 0..count as usize {
+                let id = ChunkId(first + index as u64);
+                let held = state.counts[id.0 as usize] != FREE && !state.unslotted.contains(&id.0);
+                if let (true, Ok(Some(slot))) = (held, slot_in(&bytes, index, id)) {
+                    dedup.insert(slot.hash, id);
+                }
+            }
+            first += count;
+        }
+        let covered = state.packs.keys().next_back().copied().unwrap_or(0);
+        dedup.flush(covered, &|_| true)?;
+        state.dedup = dedup;
+        state.dedup_damage = None;
+        Ok(())
     }
 
     /// Reads chunk `id` into `out` (its raw size), checking the table slot,
@@ -680,7 +919,11 @@ impl ChunkStore {
         if let Some(reader) = self.readers.lock().get(&pack) {
             return Ok(Arc::clone(reader));
         }
-        let reader = Arc::new(PackReader::open(&*self.storage, &self.packs_dir, pack)?);
+        let footer_damaged = self.state.lock().packs.get(&pack).is_some_and(|stats| stats.footer_damaged);
+        let reader = Arc::new(match footer_damaged {
+            true => PackReader::open_records(&*self.storage, &self.packs_dir, pack)?,
+            false => PackReader::open(&*self.storage, &self.packs_dir, pack)?,
+        });
         let mut readers = self.readers.lock();
         if readers.len() >= self.config.open_packs_max {
             let victim = *readers.keys().next().expect("not empty");
@@ -690,13 +933,17 @@ impl ChunkStore {
         Ok(reader)
     }
 
-    /// Finds a valid id holding `hash`.
-    fn find(&self, state: &State, hash: &ChunkHash) -> Result<Option<ChunkId>, ChunkError> {
+    /// Finds a valid id holding `hash`. A damaged dedup run fails the
+    /// lookup and has the index rebuilt before the next session.
+    fn find(&self, state: &mut State, hash: &ChunkHash) -> Result<Option<ChunkId>, ChunkError> {
         if let Some(id) = state.dedup.find_in_memory(hash) {
             return Ok(Some(id));
         }
         let mut candidates = Vec::new();
-        state.dedup.find_in_runs(hash, &mut candidates)?;
+        if let Err(error) = state.dedup.find_in_runs(hash, &mut candidates) {
+            state.dedup_damage.get_or_insert_with(|| error.to_string());
+            return Err(error);
+        }
         for id in candidates {
             let slotted = state.is_live(id) && !state.unslotted.contains(&id.0);
             if slotted && self.table.read(id)?.is_some_and(|slot| slot.hash == *hash) {
@@ -735,7 +982,10 @@ impl ChunkStore {
             chunks_freed: counter(&self.counters.chunks_freed),
             packs_deleted: counter(&self.counters.packs_deleted),
             packs_rewritten: counter(&self.counters.packs_rewritten),
-            poisoned: self.poisoned.lock().clone().or_else(|| self.collection_poisoned.lock().clone()),
+            poisoned: self.poisoned.lock().clone(),
+            recount_pending: state.recount.clone(),
+            chunks_missing: state.missing.len() as u64,
+            packs_footer_damaged: state.packs.values().filter(|pack| pack.footer_damaged).count() as u64,
         }
     }
 
@@ -778,8 +1028,10 @@ impl ChunkStore {
         state.dead > 0 || state.packs.values().any(|pack| self.worth_rewriting(pack))
     }
 
+    /// Mostly dead, or damaged in its footer (rewriting mends it).
     fn worth_rewriting(&self, pack: &PackStats) -> bool {
-        (PACK_OVERHEAD_BYTES + pack.held_bytes) * 100 < pack.bytes * self.config.repack_live_percent
+        pack.footer_damaged
+            || (PACK_OVERHEAD_BYTES + pack.held_bytes) * 100 < pack.bytes * self.config.repack_live_percent
     }
 
     /// Garbage collection: frees every chunk nothing refers to, deletes packs
@@ -789,8 +1041,8 @@ impl ChunkStore {
         let _gate = self.gate.write();
         let _writing = self.writing.lock();
         self.check_poisoned()?;
-        if let Some(cause) = &*self.collection_poisoned.lock() {
-            return Err(ChunkError::Poisoned { cause: cause.clone() });
+        if let Some(cause) = self.state.lock().recount.clone() {
+            return Err(ChunkError::CountsStale { cause });
         }
         let mut report = CollectReport::default();
         self.sweep(&mut report, progress).map_err(|error| self.fail(error))?;
@@ -828,6 +1080,10 @@ impl ChunkStore {
                     state.dead -= 1;
                     state.free_hint = state.free_hint.min(id.0);
                     report.chunks_freed += 1;
+                    // A missing chunk history no longer needs has nothing to give back.
+                    if state.missing.remove(&id.0).is_some() {
+                        continue;
+                    }
                     // A dead chunk's slot was valid when it was counted (open or put).
                     let slot = slot_in(&bytes, index, id)
                         .map_err(|error| ChunkError::corrupt(self.table.path(), id.0 * 64, error))?
@@ -915,22 +1171,33 @@ impl ChunkStore {
         };
         let mut writer = PackWriter::create(&*self.storage, &self.packs_dir, number)?;
         let mut moved: Vec<(ChunkId, TableSlot)> = Vec::new();
-        let (mut record, mut raw) = (Vec::new(), Vec::new());
-        let mut bytes_before = 0;
-        for &pack in group {
-            let reader = PackReader::open(&*self.storage, &self.packs_dir, pack)?;
-            bytes_before += reader.bytes();
-            for entry in reader.footer()? {
-                if !self.holds(pack, &entry)? {
-                    continue;
+        let copied = (|| {
+            let (mut record, mut raw) = (Vec::new(), Vec::new());
+            let mut bytes_before = 0;
+            for &pack in group {
+                let reader = self.reader(pack)?;
+                bytes_before += reader.bytes();
+                for entry in self.live_entries(&reader)? {
+                    raw.resize(entry.raw_bytes as usize, 0);
+                    let location = reader.location(&entry);
+                    let codec: Codec = reader.read_record(location, &entry.hash, &mut record, &mut raw)?;
+                    let stored = &record[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + entry.stored_bytes as usize];
+                    let location = writer.add_stored(entry.id, entry.hash, codec, stored, entry.raw_bytes)?;
+                    moved.push((entry.id, slot_of(entry.hash, location)));
                 }
-                raw.resize(entry.raw_bytes as usize, 0);
-                let codec: Codec = reader.read_record(reader.location(&entry), &entry.hash, &mut record, &mut raw)?;
-                let stored = &record[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + entry.stored_bytes as usize];
-                let location = writer.add_stored(entry.id, entry.hash, codec, stored, entry.raw_bytes)?;
-                moved.push((entry.id, slot_of(entry.hash, location)));
             }
-        }
+            Ok(bytes_before)
+        })();
+        let bytes_before = match copied {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                // Nothing refers to the new pack yet: it goes, the old ones stay.
+                if let Err(discard) = writer.discard(&*self.storage) {
+                    tracing::warn!(%discard, "cannot delete the unfinished pack of a failed repack");
+                }
+                return Err(error);
+            }
+        };
         let sealed = writer.seal(&*self.storage)?;
         self.replace_packs(number, group, &moved)?;
         let mut state = self.state.lock();
@@ -949,6 +1216,42 @@ impl ChunkStore {
         Ok(())
     }
 
+    /// The live chunks of the pack `reader` reads: the footer's entries
+    /// the table still points at, or, for a pack whose footer is damaged,
+    /// every live id the table points into it (one scan of the table).
+    fn live_entries(&self, reader: &PackReader) -> Result<Vec<FooterEntry>, ChunkError> {
+        let pack = reader.pack();
+        if !self.state.lock().packs.get(&pack).is_some_and(|stats| stats.footer_damaged) {
+            let mut live = Vec::new();
+            for entry in reader.footer()? {
+                if self.holds(pack, &entry)? {
+                    live.push(entry);
+                }
+            }
+            return Ok(live);
+        }
+        let mut live = Vec::new();
+        let mut bytes = Vec::new();
+        let id_end = self.table.id_end();
+        let mut first = 1;
+        while first < id_end {
+            let count = SCAN_IDS.min(id_end - first);
+            self.table.read_range(first, count, &mut bytes)?;
+            for index in 0..count as usize {
+                let id = ChunkId(first + index as u64);
+                if let (true, Ok(Some(slot))) = (self.state.lock().is_live(id), slot_in(&bytes, index, id)) {
+                    if slot.pack == pack {
+                        let offset = u64::from(slot.offset);
+                        let (stored_bytes, raw_bytes) = (slot.stored_bytes, slot.raw_bytes);
+                        live.push(FooterEntry { hash: slot.hash, id, offset, stored_bytes, raw_bytes });
+                    }
+                }
+            }
+            first += count;
+        }
+        Ok(live)
+    }
+
     /// Whether `entry` of `pack` is the live copy of its chunk.
     fn holds(&self, pack: u64, entry: &FooterEntry) -> Result<bool, ChunkError> {
         if !self.state.lock().is_live(entry.id) {
@@ -964,6 +1267,18 @@ impl ChunkStore {
         let intent_path = format!("{}/{REPACK_INTENT}", self.dir);
         let intent = RepackIntent { new, old: old.to_vec() };
         write_file_atomic(&*self.storage, &intent_path, &intent.encode()).map_err(ChunkError::io(&intent_path))?;
+        // From here on the intent must be carried out; a failure part-way
+        // leaves it to the next start (which completes it), so it poisons.
+        self.carry_out(old, moved, &intent_path).map_err(|error| match error {
+            ChunkError::SyncFailed { .. } => error,
+            other => ChunkError::SyncFailed {
+                path: intent_path.clone(),
+                source: std::io::Error::other(format!("a repack stopped after its intent was written: {other}")),
+            },
+        })
+    }
+
+    fn carry_out(&self, old: &[u64], moved: &[(ChunkId, TableSlot)], intent_path: &str) -> Result<(), ChunkError> {
         for (id, slot) in moved {
             self.table.write(*id, slot)?;
         }
@@ -975,9 +1290,9 @@ impl ChunkStore {
             self.storage.remove_file(&path).map_err(ChunkError::io(&path))?;
         }
         drop(readers);
-        self.storage.sync_dir(&self.packs_dir).map_err(ChunkError::io(&self.packs_dir))?;
-        self.storage.remove_file(&intent_path).map_err(ChunkError::io(&intent_path))?;
-        self.storage.sync_dir(&self.dir).map_err(ChunkError::io(&self.dir))
+        self.storage.sync_dir(&self.packs_dir).map_err(ChunkError::sync(&self.packs_dir))?;
+        self.storage.remove_file(intent_path).map_err(ChunkError::io(intent_path))?;
+        self.storage.sync_dir(&self.dir).map_err(ChunkError::sync(&self.dir))
     }
 
     /// Writes the in-memory dedup entries out (before a clean shutdown, so
@@ -1039,8 +1354,9 @@ fn finish_repack(storage: &dyn Storage, dir: &str, packs_dir: &str, table: &Chun
 
 /// Puts chunks into the store: one archive pass of one volume. Chunks are
 /// readable, and may be referred to durably, once [`ArchiveSession::finish`]
-/// returns. A session dropped unfinished (an error part-way) poisons the
-/// store: ids it handed out have no slots.
+/// returns. A session that fails, or is dropped or abandoned unfinished,
+/// deletes its unfinished pack and has the dedup index forget the chunks it
+/// put; nothing durable refers to them, and the next recount frees them.
 pub struct ArchiveSession<'a> {
     store: &'a ChunkStore,
     _writing: MutexGuard<'a, ()>,
@@ -1048,6 +1364,8 @@ pub struct ArchiveSession<'a> {
     /// Chunks in the open pack, and in packs sealed by this session.
     unsealed: Vec<(ChunkId, TableSlot)>,
     sealed: Vec<(ChunkId, TableSlot)>,
+    /// Ids this session handed out (their slots are written by `finish`).
+    new_ids: Vec<ChunkId>,
     done: bool,
 }
 
@@ -1055,7 +1373,33 @@ impl ArchiveSession<'_> {
     /// Stores `raw` (or finds it stored) and counts one reference to it.
     pub fn put(&mut self, raw: &[u8]) -> Result<ChunkId, ChunkError> {
         let result = self.put_inner(raw);
-        result.map_err(|error| self.store.fail(error))
+        result.map_err(|error| self.abandon_with(error))
+    }
+
+    /// Gives up: nothing it put will be referred to (the archive pass that
+    /// uses it failed).
+    pub fn abandon(mut self) {
+        let error = ChunkError::Io { path: self.store.dir.clone(), source: std::io::Error::other("abandoned") };
+        self.abandon_with(error);
+    }
+
+    fn abandon_with(&mut self, error: ChunkError) -> ChunkError {
+        let store = self.store;
+        self.done = true;
+        if let Some(writer) = self.writer.take() {
+            if let Err(discard) = writer.discard(&*store.storage) {
+                tracing::warn!(%discard, "cannot delete the unfinished pack of a failed archive pass");
+            }
+        }
+        if !self.new_ids.is_empty() || !self.sealed.is_empty() {
+            let mut state = store.state.lock();
+            let forgotten: rustc_hash::FxHashSet<u64> = self.new_ids.iter().map(|id| id.0).collect();
+            // They stay unslotted, so no lookup hands them out, until a
+            // recount frees them.
+            state.dedup.forget(|id| !forgotten.contains(&id.0));
+            state.recount.get_or_insert_with(|| format!("an archive pass stopped part-way: {error}"));
+        }
+        store.fail(error)
     }
 
     fn put_inner(&mut self, raw: &[u8]) -> Result<ChunkId, ChunkError> {
@@ -1064,7 +1408,7 @@ impl ArchiveSession<'_> {
         let raw_bytes = u32::try_from(raw.len()).expect("chunks are blocks");
         let id = {
             let mut state = store.state.lock();
-            if let Some(id) = store.find(&state, &hash)? {
+            if let Some(id) = store.find(&mut state, &hash)? {
                 state.reference(id, raw_bytes);
                 store.counters.dedup_hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(id);
@@ -1073,6 +1417,7 @@ impl ArchiveSession<'_> {
             state.reference(id, raw_bytes);
             state.dedup.insert(hash, id);
             state.unslotted.insert(id.0);
+            self.new_ids.push(id);
             id
         };
         if self.writer.is_none() {
@@ -1114,8 +1459,13 @@ impl ArchiveSession<'_> {
     /// now on runs may refer to the ids this session handed out.
     pub fn finish(mut self) -> Result<(), ChunkError> {
         let result = self.finish_inner();
-        self.done = true;
-        result.map_err(|error| self.store.fail(error))
+        match result {
+            Ok(()) => {
+                self.done = true;
+                Ok(())
+            }
+            Err(error) => Err(self.abandon_with(error)),
+        }
     }
 
     fn finish_inner(&mut self) -> Result<(), ChunkError> {
@@ -1124,18 +1474,26 @@ impl ArchiveSession<'_> {
             return Ok(());
         }
         let store = self.store;
+        let id_end = self.sealed.iter().map(|(id, _)| id.0 + 1).max().expect("not empty");
+        store.table.reserve(id_end)?;
         for (id, slot) in &self.sealed {
             store.table.write(*id, slot)?;
         }
         store.table.sync()?;
         let mut state = store.state.lock();
-        state.unslotted.clear();
+        for id in &self.new_ids {
+            state.unslotted.remove(&id.0);
+        }
         if state.dedup.is_full() {
             let covered = state.packs.keys().next_back().copied().unwrap_or(0);
             let state = &mut *state;
             let counts = &state.counts;
             let is_live = |id: ChunkId| counts.get(id.0 as usize).is_some_and(|&count| count != FREE);
-            state.dedup.flush(covered, &is_live)?;
+            // The entries stay in memory if this fails (a full disk, say);
+            // the next session's flush writes them.
+            if let Err(error) = state.dedup.flush(covered, &is_live) {
+                tracing::warn!(%error, "cannot write the dedup index's memory out yet");
+            }
         }
         Ok(())
     }
@@ -1143,12 +1501,43 @@ impl ArchiveSession<'_> {
 
 impl Drop for ArchiveSession<'_> {
     fn drop(&mut self) {
-        let put_new_chunks = !(self.sealed.is_empty() && self.unsealed.is_empty());
-        if !self.done && put_new_chunks {
-            self.store.fail(ChunkError::Io {
-                path: self.store.dir.clone(),
-                source: std::io::Error::other("an archive pass stopped part-way"),
-            });
+        if !self.done {
+            let error =
+                ChunkError::Io { path: self.store.dir.clone(), source: std::io::Error::other("stopped part-way") };
+            self.abandon_with(error);
         }
     }
+}
+
+/// Counts one reference to `id` (see [`ChunkStore::mark`]).
+fn mark_in(state: &mut State, id: ChunkId, raw_bytes: u32) -> Result<(), ChunkError> {
+    let Some(count) = state.counts.get_mut(id.0 as usize).filter(|_| id.0 > 0) else {
+        return Err(ChunkError::Missing { id, reason: "the chunk table has no such id".into() });
+    };
+    if *count == FREE {
+        *count = 0;
+        state.dead += 1;
+    }
+    state.reference(id, raw_bytes);
+    Ok(())
+}
+
+/// Adds the chunks of `pack`'s footer that the table agrees are its live
+/// copies to `dedup` (opening, for packs the dedup runs do not cover).
+fn index_footer(
+    storage: &dyn Storage,
+    packs_dir: &str,
+    pack: u64,
+    table: &ChunkTable,
+    dedup: &mut DedupIndex,
+) -> Result<(), ChunkError> {
+    let reader = PackReader::open(storage, packs_dir, pack)?;
+    for entry in reader.footer()? {
+        // A damaged slot is mended (or reported) once references are counted.
+        let current = table.read(entry.id).unwrap_or(None);
+        if current.is_some_and(|slot| slot.hash == entry.hash && slot.pack == pack) {
+            dedup.insert(entry.hash, entry.id);
+        }
+    }
+    Ok(())
 }

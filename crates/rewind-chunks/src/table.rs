@@ -35,12 +35,17 @@ impl ChunkTable {
         if size < SLOT {
             // New, or its creation was cut short: nothing can refer to it yet.
             file.write_all_at(&encode_table_header(), 0).map_err(ChunkError::io(path))?;
-            file.sync_data().map_err(ChunkError::io(path))?;
-            storage.sync_dir(rewind_io::parent_dir(path)).map_err(ChunkError::io(path))?;
+            file.sync_data().map_err(ChunkError::sync(path))?;
+            storage.sync_dir(rewind_io::parent_dir(path)).map_err(ChunkError::sync(path))?;
         } else {
             let mut header = [0; TABLE_SLOT_BYTES];
             file.read_exact_at(&mut header, 0).map_err(ChunkError::io(path))?;
-            decode_table_header(&header).map_err(|error| ChunkError::corrupt(path, 0, error))?;
+            if let Err(error) = decode_table_header(&header) {
+                // The header holds nothing but the format: write it again.
+                tracing::warn!(%path, %error, "rewriting the chunk table's damaged header");
+                file.write_all_at(&encode_table_header(), 0).map_err(ChunkError::io(path))?;
+                file.sync_data().map_err(ChunkError::sync(path))?;
+            }
         }
         // A slot torn off the end by a crash belonged to a chunk nothing refers to.
         let id_end = (size / SLOT).max(1);
@@ -73,6 +78,12 @@ impl ChunkTable {
         self.file.read_exact_at(out, first * SLOT).map_err(ChunkError::io(&self.path))
     }
 
+    /// Reserves disk space for the slots of every id below `id_end`, so
+    /// writing them cannot meet a full disk.
+    pub fn reserve(&self, id_end: u64) -> Result<(), ChunkError> {
+        self.file.allocate(0, id_end * SLOT).map_err(ChunkError::io(&self.path))
+    }
+
     pub fn write(&self, id: ChunkId, slot: &TableSlot) -> Result<(), ChunkError> {
         assert!(id.0 > 0);
         self.file.write_all_at(&slot.encode(id), id.0 * SLOT).map_err(ChunkError::io(&self.path))?;
@@ -81,7 +92,7 @@ impl ChunkTable {
     }
 
     pub fn sync(&self) -> Result<(), ChunkError> {
-        self.file.sync_data().map_err(ChunkError::io(&self.path))
+        self.file.sync_data().map_err(ChunkError::sync(&self.path))
     }
 }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
-use rewind_chunks::{ChunkError, ChunkStore, ChunkStoreConfig, CollectPhase, DedupConfig};
+use rewind_chunks::{ChunkError, ChunkStore, ChunkStoreConfig, CollectPhase, Counting, DedupConfig};
 use rewind_io::{SimConfig, SimStorage};
 use rewind_types::ChunkId;
 
@@ -53,7 +53,7 @@ fn open(storage: &SimStorage, config: ChunkStoreConfig, durable: &[(ChunkId, Vec
     for (id, bytes) in durable {
         store.mark(*id, bytes.len() as u32).unwrap_or_else(|error| panic!("seed {seed}: mark {id}: {error}"));
     }
-    store.finish_open().unwrap_or_else(|error| panic!("seed {seed}: finish_open: {error}"));
+    store.finish_open(Counting::Exact).unwrap_or_else(|error| panic!("seed {seed}: finish_open: {error}"));
     store
 }
 

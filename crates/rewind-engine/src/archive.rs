@@ -107,12 +107,12 @@ impl Archiver for JournalArchiver<'_> {
 
 impl Volume {
     /// Runs an index operation that may release archived chunks: collection
-    /// waits for it, and is suspended until restart if it fails part-way
-    /// (it may have released references its old runs still hold).
+    /// waits for it, and counts every reference again first if it fails
+    /// part-way (it may have released references its old runs still hold).
     pub(crate) fn releasing<T>(&self, operation: impl FnOnce() -> Result<T, IndexError>) -> Result<T, EngineError> {
         let _gate = self.chunks.hold_references();
         operation().map_err(|error| {
-            self.chunks.poison_collection(format!("a merge of volume {} failed: {error}", self.name()));
+            self.chunks.request_recount(format!("a merge of volume {} failed: {error}", self.name()));
             self.fail(error.into())
         })
     }
@@ -156,10 +156,9 @@ impl Volume {
             JournalArchiver { volume: self, session: Some(self.chunks.session()?), buffer: Vec::new(), error: None };
         let result = self.index.archive(cutoff, &mut archiver);
         if let Some(session) = archiver.session.take() {
-            // The index failed before the chunks were made durable: make
-            // them so anyway, so the ids handed out stay valid (their counts
-            // are too high until restart, which only delays collection).
-            session.finish()?;
+            // The index failed before the chunks were made durable: no run
+            // will refer to them.
+            session.abandon();
         }
         let report = match result {
             Ok(report) => report,

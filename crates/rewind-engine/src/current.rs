@@ -88,7 +88,8 @@ impl CurrentStore {
     pub fn write_blocks(&self, first: BlockIndex, data: &[u8], metas: &[BlockMeta]) -> Result<(), EngineError> {
         assert_eq!(data.len(), metas.len() * self.block_size.bytes() as usize);
         self.check_range(first, metas.len() as u64);
-        self.data.write_all_at(data, self.block_size.offset_of(first)).map_err(EngineError::io(&self.data_path))?;
+        rewind_io::write_reserved(&*self.data, data, self.block_size.offset_of(first))
+            .map_err(EngineError::io(&self.data_path))?;
         self.write_meta(first, metas)
     }
 
@@ -105,7 +106,8 @@ impl CurrentStore {
         for (meta, slot) in metas.iter().zip(bytes.chunks_exact_mut(BLOCK_META_BYTES)) {
             meta.encode(slot);
         }
-        self.meta.write_all_at(&bytes, first.0 * BLOCK_META_BYTES as u64).map_err(EngineError::io(&self.meta_path))
+        rewind_io::write_reserved(&*self.meta, &bytes, first.0 * BLOCK_META_BYTES as u64)
+            .map_err(EngineError::io(&self.meta_path))
     }
 
     pub fn sync(&self) -> Result<(), EngineError> {

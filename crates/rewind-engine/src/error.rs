@@ -52,6 +52,19 @@ pub enum EngineError {
         clients.join(", ")
     )]
     InUse { volume: String, clients: Vec<String> },
+    #[error(
+        "volume {volume} is damaged and not served: {problem}; `rewind volume repair {volume}` rebuilds what can \
+         be rebuilt and says what cannot, `rewind volume delete {volume}` removes it"
+    )]
+    Damaged { volume: String, problem: String },
+    #[error(
+        "garbage collection waits while {} damaged ({}): the chunks their history refers to are not counted; \
+         repair or delete {}",
+        if volumes.len() == 1 { "a volume is" } else { "volumes are" },
+        volumes.join(", "),
+        if volumes.len() == 1 { "it" } else { "them" }
+    )]
+    CollectionWaits { volumes: Vec<String> },
     #[error("volume {0} has been deleted")]
     Closed(String),
     #[error("data corruption in volume {volume}: {detail}")]

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use jiff::tz::TimeZone;
 use parking_lot::Mutex;
+use rewind_format::meta::healed;
 use rewind_format::meta::{Bookmark, Bookmarks, Layout, RetentionTier, TimelineBucket, TimelineFrame, VolumePolicy};
 use rewind_index::Thinning;
-use rewind_format::meta::healed;
 use rewind_io::{read_file, read_file_healing, write_file_atomic, File, OpenMode, Storage};
 use rewind_types::{BookmarkName, Lsn, Timestamp};
 
@@ -67,8 +67,7 @@ impl History {
         let bytes = read_file_healing(storage, &policy_path, healed).map_err(EngineError::io(&policy_path))?;
         let policy = VolumePolicy::decode(&bytes).map_err(|error| corrupt(&policy_path, error))?;
         let bookmarks_path = format!("{dir}/bookmarks");
-        let bytes =
-            read_file_healing(storage, &bookmarks_path, healed).map_err(EngineError::io(&bookmarks_path))?;
+        let bytes = read_file_healing(storage, &bookmarks_path, healed).map_err(EngineError::io(&bookmarks_path))?;
         let bookmarks = Bookmarks::decode(&bytes).map_err(|error| corrupt(&bookmarks_path, error))?;
         let path = format!("{dir}/timeline");
         let file = storage.open_file(&path, OpenMode::Existing).map_err(EngineError::io(&path))?;
@@ -121,7 +120,7 @@ impl History {
         let frame = TimelineFrame { lsn_last: lsn, buckets: delta.values().copied().collect() };
         let bytes = frame.encode();
         let path = timeline.path.clone();
-        timeline.file.write_all_at(&bytes, timeline.length).map_err(EngineError::io(&path))?;
+        rewind_io::write_reserved(&*timeline.file, &bytes, timeline.length).map_err(EngineError::io(&path))?;
         timeline.file.sync_data().map_err(EngineError::io(&path))?;
         timeline.length += bytes.len() as u64;
         timeline.lsn_last = lsn;

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
-use rewind_chunks::{ChunkError, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport};
+use rewind_chunks::{ChunkError, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting};
 use rewind_format::meta::{Layout, RetentionTier, VolumeMeta, VolumePolicy};
 use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::{CountingStorage, IoStats, Storage};
-use rewind_types::{BlockSize, Timestamp, VersionData, VolumeName};
+use rewind_types::{BlockSize, Timestamp, VolumeName};
 
 use crate::volume::Shared;
 use crate::{EngineError, InUse, Volume, VolumeConfig};
@@ -99,10 +99,30 @@ impl WorkSignal {
     }
 }
 
+impl DamagedVolume {
+    /// What is known of the volume `name` that failed to open with `error`.
+    fn new(storage: &dyn Storage, name: &str, error: &EngineError) -> DamagedVolume {
+        let path = format!("{}/volume.meta", volume_dir(name));
+        let meta = rewind_io::read_file(storage, &path).ok().and_then(|bytes| VolumeMeta::decode(&bytes).ok());
+        DamagedVolume { name: name.to_owned(), meta, problem: error.to_string() }
+    }
+}
+
 const VOLUMES_DIR: &str = "volumes";
 const CHUNKS_DIR: &str = "chunks";
 /// A volume size the 64-bit byte offsets of NBD and the formats can address.
 const VOLUME_BYTES_MAX: u64 = 1 << 60;
+
+/// A volume that could not be opened: not served, shown with what is wrong
+/// so that an operator can repair or delete it (the node serves the others).
+#[derive(Clone, Debug)]
+pub struct DamagedVolume {
+    pub name: String,
+    /// What it is, if its metadata could be read.
+    pub meta: Option<VolumeMeta>,
+    /// What stopped it opening.
+    pub problem: String,
+}
 
 pub struct Node {
     storage: Arc<dyn Storage>,
@@ -111,6 +131,9 @@ pub struct Node {
     config: NodeConfig,
     shared: Shared,
     volumes: RwLock<BTreeMap<String, Arc<Volume>>>,
+    /// Volumes that did not open. While there are any, the chunks their
+    /// history refers to are uncounted, so nothing is collected.
+    damaged: RwLock<BTreeMap<String, DamagedVolume>>,
     /// Serialises creating and deleting volumes.
     admin: Mutex<()>,
     collect_last: Mutex<Option<Timestamp>>,
@@ -123,7 +146,10 @@ fn volume_dir(name: &str) -> String {
 impl Node {
     /// Opens (creating if needed) the data directory behind `storage` and
     /// recovers every volume in it, then counts the chunks their history
-    /// refers to.
+    /// refers to. A volume that does not open is set aside as damaged (see
+    /// [`Node::damaged_volumes`]) and the others are served; history that
+    /// refers to a chunk that is damaged or missing fails only the reads
+    /// that need it (see [`Volume::history_damage`]).
     pub fn open(storage: Arc<dyn Storage>, config: NodeConfig) -> Result<Node, EngineError> {
         storage.create_dir_all(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
         storage.sync_dir("").map_err(EngineError::io("."))?;
@@ -135,6 +161,7 @@ impl Node {
             work: Arc::new(WorkSignal::default()),
         };
         let mut volumes = BTreeMap::new();
+        let mut damaged = BTreeMap::new();
         for name in storage.list_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))? {
             let dir = volume_dir(&name);
             let meta = format!("{dir}/volume.meta");
@@ -144,29 +171,60 @@ impl Node {
                 storage.sync_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
                 continue;
             }
-            let volume = Volume::open(Arc::clone(&storage), &dir, config.volume, &shared)?;
-            volumes.insert(name, volume);
-        }
-        for volume in volumes.values() {
-            let block_bytes = volume.block_size().bytes();
-            let mut missing = None;
-            volume.index.for_each_chunk(&mut |version| {
-                let VersionData::Chunk(id) = version.data else { unreachable!("archived versions") };
-                if let Err(error) = chunks.mark(id, block_bytes) {
-                    missing.get_or_insert(error);
+            match Volume::open(Arc::clone(&storage), &dir, config.volume, &shared) {
+                Ok(volume) => {
+                    volumes.insert(name, volume);
                 }
-                Ok(())
-            })?;
-            if let Some(error) = missing {
-                return Err(EngineError::Corrupt {
-                    volume: volume.name().to_string(),
-                    detail: format!("its history refers to a chunk the store lacks: {error}"),
-                });
+                Err(error) => {
+                    let damage = DamagedVolume::new(&*storage, &name, &error);
+                    tracing::error!(volume = %name, problem = %damage.problem, "volume is damaged; serving the others");
+                    damaged.insert(name, damage);
+                }
             }
         }
-        chunks.finish_open()?;
+        let mut missing_by_volume = Vec::new();
+        for volume in volumes.values() {
+            let mut missing = Vec::new();
+            let counted = volume.mark_chunks(&mut |id, raw_bytes| {
+                if let Err(error) = chunks.mark(id, raw_bytes) {
+                    missing.push(error.to_string());
+                }
+            });
+            if let Err(error) = counted {
+                // Its history cannot be read to the end: uncounted, like a damaged volume's.
+                let problem = format!("its version index cannot be read: {error}");
+                tracing::error!(volume = %volume.name(), %problem, "volume is damaged; serving the others");
+                damaged.insert(
+                    volume.name().to_string(),
+                    DamagedVolume { name: volume.name().to_string(), meta: Some(volume.meta.clone()), problem },
+                );
+            }
+            missing_by_volume.push((volume.name().to_string(), missing));
+        }
+        for name in damaged.keys() {
+            volumes.remove(name);
+        }
+        let counting = if damaged.is_empty() { Counting::Exact } else { Counting::Conservative };
+        let report = chunks.finish_open(counting)?;
+        for (name, missing) in missing_by_volume {
+            if let (Some(volume), Some(first)) = (volumes.get(&name), missing.first()) {
+                tracing::error!(volume = %name, count = missing.len(), first = %first, "history refers to chunks the store lacks");
+                volume.note_history_damage(&format!(
+                    "{} archived versions refer to chunks the store lacks ({first})",
+                    missing.len()
+                ));
+            }
+        }
+        if !report.missing.is_empty() {
+            let missing: rustc_hash::FxHashSet<u64> = report.missing.iter().map(|(id, _)| id.0).collect();
+            for volume in volumes.values() {
+                volume.attribute_missing_chunks(&missing, &report.missing)?;
+            }
+        }
         for volume in volumes.values().filter(|volume| volume.layout().history_at_destage()) {
-            volume.checkpoint(volume.timestamp_last())?;
+            if let Err(error) = volume.checkpoint(volume.timestamp_last()) {
+                tracing::warn!(volume = %volume.name(), %error, "cannot checkpoint after recovery yet; maintenance tries again");
+            }
         }
         Ok(Node {
             storage,
@@ -174,9 +232,15 @@ impl Node {
             config,
             shared,
             volumes: RwLock::new(volumes),
+            damaged: RwLock::new(damaged),
             admin: Mutex::new(()),
             collect_last: Mutex::new(None),
         })
+    }
+
+    /// Volumes that did not open, with what is wrong.
+    pub fn damaged_volumes(&self) -> Vec<DamagedVolume> {
+        self.damaged.read().values().cloned().collect()
     }
 
     pub fn create_volume(&self, spec: VolumeSpec, now: Timestamp) -> Result<Arc<Volume>, EngineError> {
@@ -203,7 +267,7 @@ impl Node {
         })?;
         let _admin = self.admin.lock();
         let name = spec.name.to_string();
-        if self.volumes.read().contains_key(&name) {
+        if self.volumes.read().contains_key(&name) || self.damaged.read().contains_key(&name) {
             return Err(EngineError::VolumeExists(name));
         }
         let dir = volume_dir(&name);
@@ -247,6 +311,12 @@ impl Node {
     /// they get errors from then on.
     pub fn delete_volume(&self, name: &str, in_use: InUse) -> Result<(), EngineError> {
         let _admin = self.admin.lock();
+        if self.damaged.read().contains_key(name) {
+            // Nothing of it is open, and its references were never counted.
+            self.remove_volume_dir(name)?;
+            self.damaged.write().remove(name);
+            return Ok(());
+        }
         let volume = self.volume(name)?;
         let clients = volume.clients();
         if !clients.is_empty() && in_use == InUse::Refuse {
@@ -257,18 +327,30 @@ impl Node {
         // deletion not complete, the next start counts them again.
         volume.release_all()?;
         self.volumes.write().remove(name);
+        self.remove_volume_dir(name)
+    }
+
+    fn remove_volume_dir(&self, name: &str) -> Result<(), EngineError> {
         let dir = volume_dir(name);
         // Removing volume.meta first makes the deletion atomic: a crash
         // part-way leaves an unfinished volume, which opening removes.
         let meta = format!("{dir}/volume.meta");
-        self.storage.remove_file(&meta).map_err(EngineError::io(&meta))?;
-        self.storage.sync_dir(&dir).map_err(EngineError::io(&dir))?;
+        if self.storage.exists(&meta).map_err(EngineError::io(&meta))? {
+            self.storage.remove_file(&meta).map_err(EngineError::io(&meta))?;
+            self.storage.sync_dir(&dir).map_err(EngineError::io(&dir))?;
+        }
         self.storage.remove_dir_all(&dir).map_err(EngineError::io(&dir))?;
         self.storage.sync_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))
     }
 
     pub fn volume(&self, name: &str) -> Result<Arc<Volume>, EngineError> {
-        self.volumes.read().get(name).cloned().ok_or_else(|| EngineError::VolumeNotFound(name.to_owned()))
+        if let Some(volume) = self.volumes.read().get(name) {
+            return Ok(Arc::clone(volume));
+        }
+        match self.damaged.read().get(name) {
+            Some(damage) => Err(EngineError::Damaged { volume: name.to_owned(), problem: damage.problem.clone() }),
+            None => Err(EngineError::VolumeNotFound(name.to_owned())),
+        }
     }
 
     pub fn volumes(&self) -> Vec<Arc<Volume>> {
@@ -312,7 +394,8 @@ impl Node {
             let last = *self.collect_last.lock().get_or_insert(now);
             now.unix_nanos().saturating_sub(last.unix_nanos()) >= self.config.collect_interval_nanos
         };
-        if collect_due && !self.shared.chunks.is_poisoned() && self.shared.chunks.collection_due() {
+        let collectable = !self.shared.chunks.is_poisoned() && self.damaged.read().is_empty();
+        if collect_due && collectable && self.shared.chunks.collection_due() {
             *self.collect_last.lock() = Some(now);
             match self.collect(&mut |_, _, _| {}) {
                 Ok(report) => worked |= report != CollectReport::default(),
@@ -325,9 +408,39 @@ impl Node {
         first_error.map_or(Ok(worked), Err)
     }
 
-    /// Collects garbage in the chunk store now (see [`ChunkStore::collect`]).
+    /// Collects garbage in the chunk store now (see [`ChunkStore::collect`]),
+    /// counting every reference again first if an earlier failure left the
+    /// counts in doubt. Refused while a volume is damaged: the chunks its
+    /// history refers to are not counted.
     pub fn collect(&self, progress: &mut dyn FnMut(CollectPhase, u64, u64)) -> Result<CollectReport, EngineError> {
+        let damaged: Vec<String> = self.damaged.read().keys().cloned().collect();
+        if !damaged.is_empty() {
+            return Err(EngineError::CollectionWaits { volumes: damaged });
+        }
+        if self.shared.chunks.recount_pending().is_some() {
+            self.recount_chunks()?;
+        }
         Ok(self.shared.chunks.collect(progress)?)
+    }
+
+    /// Counts every chunk reference of every volume again (see
+    /// [`ChunkStore::recount`]).
+    fn recount_chunks(&self) -> Result<(), EngineError> {
+        let counting = if self.damaged.read().is_empty() { Counting::Exact } else { Counting::Conservative };
+        let volumes = self.volumes();
+        let report = self.shared.chunks.recount(counting, |mark| {
+            for volume in &volumes {
+                volume.mark_chunks(mark)?;
+            }
+            Ok::<(), EngineError>(())
+        })?;
+        if !report.missing.is_empty() {
+            let missing: rustc_hash::FxHashSet<u64> = report.missing.iter().map(|(id, _)| id.0).collect();
+            for volume in &volumes {
+                volume.attribute_missing_chunks(&missing, &report.missing)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn chunk_stats(&self) -> ChunkStats {

@@ -25,9 +25,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use rewind_chunks::ChunkStore;
 use rewind_format::current::{BlockMeta, BlockState};
 use rewind_format::journal::{RecordKind, RECORD_HEADER_BYTES};
+use rewind_format::meta::healed;
 use rewind_format::meta::{Checkpoint, Layout, TimelineBucket, VolumeMeta, VolumePolicy};
 use rewind_index::{IndexConfig, PageCache, VersionIndex};
-use rewind_format::meta::healed;
 use rewind_io::{read_file_healing, write_file_atomic, OpenMode, Storage};
 use rewind_journal::{Journal, JournalConfig, JournalError};
 use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp, Version, VersionData};
@@ -223,6 +223,7 @@ pub struct Volume {
     pub(crate) space: Mutex<Option<crate::VolumeSpace>>,
     pub(crate) counters: Counters,
     pub(crate) clients: crate::clients::Clients,
+    pub(crate) damage: crate::damage::HistoryDamage,
     work: Arc<WorkSignal>,
     zero_block_crc32c: u32,
 }
@@ -330,6 +331,7 @@ impl Volume {
             space: Mutex::new(None),
             counters: Counters::default(),
             clients: crate::clients::Clients::default(),
+            damage: crate::damage::HistoryDamage::default(),
             work,
             zero_block_crc32c,
             meta,

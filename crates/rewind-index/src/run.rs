@@ -225,7 +225,7 @@ impl RunWriter {
     }
 
     fn flush_out(&mut self) -> Result<(), IndexError> {
-        self.file.write_all_at(&self.out, self.out_offset).map_err(IndexError::io(&self.path))?;
+        rewind_io::write_reserved(&*self.file, &self.out, self.out_offset).map_err(IndexError::io(&self.path))?;
         self.out_offset += self.out.len() as u64;
         self.out.clear();
         Ok(())
@@ -248,7 +248,7 @@ impl RunWriter {
             timestamp_max: self.timestamp_max,
             fence_crc32c: rewind_format::crc32c(&fence),
         };
-        self.file.write_all_at(&header.encode(), 0).map_err(IndexError::io(&self.path))?;
+        rewind_io::write_reserved(&*self.file, &header.encode(), 0).map_err(IndexError::io(&self.path))?;
         self.file.sync_data().map_err(IndexError::io(&self.path))?;
         Ok(RunInfo {
             id,

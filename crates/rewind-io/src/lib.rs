@@ -103,11 +103,18 @@ pub fn write_file_atomic(storage: &dyn Storage, path: &str, contents: &[u8]) -> 
         storage.remove_file(&temporary)?;
     }
     let file = storage.open_file(&temporary, OpenMode::CreateNew)?;
-    file.write_all_at(contents, 0)?;
+    write_reserved(&*file, contents, 0)?;
     file.sync_data()?;
     drop(file);
     storage.rename(&temporary, path)?;
     storage.sync_dir(parent_dir(path))
+}
+
+/// Writes `data` at `offset` after reserving its space (see
+/// [`File::allocate`]), so a full disk fails this call and not a later sync.
+pub fn write_reserved(file: &dyn File, data: &[u8], offset: u64) -> io::Result<()> {
+    file.allocate(offset, data.len() as u64)?;
+    file.write_all_at(data, offset)
 }
 
 /// Reads a whole (small) file.
