@@ -483,29 +483,37 @@ impl ChunkStore {
     ) -> Result<OpenReport, E> {
         let _gate = self.gate.write();
         let _writing = self.writing.lock();
-        {
-            let mut state = self.state.lock();
-            assert!(state.open, "recounting an open store");
-            let id_end = self.table.id_end() as usize;
-            state.counts.clear();
-            state.counts.resize(id_end, FREE);
-            state.free_hint = 1;
-            (state.live, state.dead, state.references, state.logical_bytes) = (0, 0, 0, 0);
-            (state.held_raw_bytes, state.held_stored_bytes) = (0, 0);
-            for pack in state.packs.values_mut() {
-                (pack.held_chunks, pack.held_bytes) = (0, 0);
-            }
-            state.unslotted.clear();
-            state.missing.clear();
-            state.open = false;
-        }
+        // Counted apart and put in place only once complete: a recount that
+        // fails leaves the counts as they were (in doubt, so collection
+        // still waits), and never frees an id history refers to.
+        let id_end = self.table.id_end() as usize;
+        let mut counts = vec![FREE; id_end];
+        let (mut references, mut logical_bytes) = (0u64, 0u64);
         let mut missing = Vec::new();
-        count(&mut |id, raw_bytes| {
-            if let Err(ChunkError::Missing { id, reason }) = mark_in(&mut self.state.lock(), id, raw_bytes) {
-                missing.push((id, reason));
+        count(&mut |id, raw_bytes| match counts.get_mut(id.0 as usize).filter(|_| id.0 > 0) {
+            Some(count) => {
+                *count = match *count {
+                    FREE => 1,
+                    STICKY => STICKY,
+                    other => other + 1,
+                };
+                references += 1;
+                logical_bytes += u64::from(raw_bytes);
             }
+            None => missing.push((id, "the chunk table has no such id".to_owned())),
         })?;
         let mut state = self.state.lock();
+        state.live = counts.iter().filter(|&&count| count != FREE && count > 0).count() as u64;
+        state.dead = 0;
+        state.counts = counts;
+        (state.references, state.logical_bytes) = (references, logical_bytes);
+        state.free_hint = 1;
+        (state.held_raw_bytes, state.held_stored_bytes) = (0, 0);
+        for pack in state.packs.values_mut() {
+            (pack.held_chunks, pack.held_bytes) = (0, 0);
+        }
+        state.unslotted.clear();
+        state.missing.clear();
         let mut report = self.settle(&mut state, counting)?;
         for (id, reason) in missing {
             state.missing.insert(id.0, reason.clone());
@@ -515,7 +523,6 @@ impl ChunkStore {
             Counting::Exact => None,
             Counting::Conservative => Some("some history could not be read to count its chunks".into()),
         };
-        state.open = true;
         tracing::info!(live = state.live, dead = state.dead, "recounted the chunk store's references");
         Ok(report)
     }
@@ -718,8 +725,14 @@ impl ChunkStore {
     /// longer keeps). The caller holds [`ChunkStore::hold_references`].
     pub fn release(&self, id: ChunkId, raw_bytes: u32) {
         let mut state = self.state.lock();
+        let count = state.counts.get(id.0 as usize).copied().unwrap_or(FREE);
+        if count == FREE || count == 0 {
+            // A merge that failed part-way released what its retry releases
+            // again: the counts are in doubt until the recount it asked for.
+            assert!(state.recount.is_some(), "chunk {id} released more often than referenced");
+            return;
+        }
         let count = &mut state.counts[id.0 as usize];
-        assert!(*count != FREE && *count > 0, "chunk {id} released more often than referenced");
         if *count < STICKY {
             *count -= 1;
             if *count == 0 {

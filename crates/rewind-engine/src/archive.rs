@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use rewind_chunks::{ArchiveSession, ChunkStore};
 use rewind_index::{ArchiveFailed, Archiver, IndexError, ReleaseHook};
-use rewind_types::{Timestamp, Version, VersionData};
+use rewind_types::{Lsn, Timestamp, Version, VersionData};
 
 use crate::volume::HistoryWork;
 use crate::{EngineError, Volume};
@@ -117,6 +117,13 @@ impl Volume {
         })
     }
 
+    /// Writes the sealed memtables whose records are durable up to `lsn`
+    /// as runs. In the layouts that file history late, that thins versions
+    /// already in the chunk store, which releases them: see `releasing`.
+    pub(crate) fn persist_index(&self, lsn: Lsn) -> Result<usize, EngineError> {
+        self.releasing(|| self.index.persist(lsn))
+    }
+
     pub(crate) fn archive_due(&self, work: &HistoryWork, now: Timestamp) -> bool {
         let elapsed = now.unix_nanos().saturating_sub(work.archive_last.unix_nanos());
         let waiting = self.index.versions_unarchived() * u64::from(self.block_size().bytes());
@@ -133,7 +140,7 @@ impl Volume {
         // Everything durable into runs first: only runs are archived.
         self.journal.commit().map_err(|error| self.fail(error.into()))?;
         self.index.seal();
-        self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
+        self.persist_index(self.journal.lsn_durable())?;
         let cutoff = {
             let mut state = self.write.lock();
             let mut cutoff = now.saturating_sub_nanos(self.config.archive_age_nanos);

@@ -65,6 +65,16 @@ pub enum EngineError {
         if volumes.len() == 1 { "it" } else { "them" }
     )]
     CollectionWaits { volumes: Vec<String> },
+    #[error(
+        "volume {volume} cannot take more data now: {detail}; writes resume by themselves once there is room — \
+         free some with `rewind history delete`, a shorter `--retention`, `rewind gc` or `rewind volume delete`"
+    )]
+    NoSpace { volume: String, detail: String },
+    #[error(
+        "volume {volume} has not finished recovering from a crash: that needs free space on the data \
+         directory's filesystem; its present is served, views of its past wait until then"
+    )]
+    RecoveryPending { volume: String },
     #[error("volume {0} has been deleted")]
     Closed(String),
     #[error("data corruption in volume {volume}: {detail}")]
@@ -82,6 +92,32 @@ pub enum EngineError {
 impl EngineError {
     pub(crate) fn io(path: &str) -> impl FnOnce(io::Error) -> EngineError + '_ {
         move |source| EngineError::Io { path: path.to_owned(), source }
+    }
+
+    /// The I/O error underneath, if this is one.
+    pub fn io_error(&self) -> Option<&io::Error> {
+        match self {
+            EngineError::Io { source, .. }
+            | EngineError::Journal(JournalError::Io { source, .. })
+            | EngineError::Index(IndexError::Io { source, .. })
+            | EngineError::Chunks(ChunkError::Io { source, .. }) => Some(source),
+            _ => None,
+        }
+    }
+
+    /// Whether this is a condition that passes — a full disk or quota, no
+    /// file descriptors or memory left — which fails the request that met
+    /// it and poisons nothing (see `rewind_io::is_transient`).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, EngineError::NoSpace { .. }) || self.io_error().is_some_and(rewind_io::is_transient)
+    }
+
+    /// Whether the disk (or quota) is full: NBD clients are told ENOSPC.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, EngineError::NoSpace { .. })
+            || self
+                .io_error()
+                .is_some_and(|error| matches!(error.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded))
     }
 
     /// Whether stored data failed a check (as opposed to a bad request or an

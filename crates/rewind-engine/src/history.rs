@@ -112,7 +112,7 @@ impl History {
     }
 
     /// Durably appends the activity of the records up to `lsn`.
-    pub fn save_timeline(&self, lsn: Lsn, delta: BTreeMap<u64, TimelineBucket>) -> Result<(), EngineError> {
+    pub fn save_timeline(&self, lsn: Lsn, delta: &BTreeMap<u64, TimelineBucket>) -> Result<(), EngineError> {
         if delta.is_empty() {
             return Ok(());
         }
@@ -124,12 +124,15 @@ impl History {
         timeline.file.sync_data().map_err(EngineError::io(&path))?;
         timeline.length += bytes.len() as u64;
         timeline.lsn_last = lsn;
-        merge_buckets(&mut timeline.buckets, delta);
+        merge_buckets(&mut timeline.buckets, delta.iter().map(|(&minute, &bucket)| (minute, bucket)));
         Ok(())
     }
 }
 
-fn merge_buckets(into: &mut BTreeMap<u64, TimelineBucket>, from: impl IntoIterator<Item = (u64, TimelineBucket)>) {
+pub(crate) fn merge_buckets(
+    into: &mut BTreeMap<u64, TimelineBucket>,
+    from: impl IntoIterator<Item = (u64, TimelineBucket)>,
+) {
     for (minute, bucket) in from {
         let total = into.entry(minute).or_insert(TimelineBucket { minute, ..TimelineBucket::default() });
         total.write_count += bucket.write_count;
@@ -390,7 +393,7 @@ impl Volume {
         // runs by rewriting them all.
         self.flush()?;
         self.index.seal();
-        self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
+        self.persist_index(self.journal.lsn_durable())?;
         self.releasing(|| self.index.rewrite_all())?;
         Ok(())
     }
@@ -489,7 +492,7 @@ impl Volume {
         // Versions in memory are thinned as they are persisted; of the runs,
         // only those with history in windows retention now reaches.
         self.index.seal();
-        self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
+        self.persist_index(self.journal.lsn_durable())?;
         let rewritten = self.releasing(|| self.index.rewrite_before(thins_until))?;
         Ok(rewritten > 0)
     }
@@ -523,7 +526,7 @@ impl Volume {
             horizon
         };
         self.index.seal();
-        self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
+        self.persist_index(self.journal.lsn_durable())?;
         let rewritten = self.releasing(|| self.index.rewrite_before(horizon))?;
         Ok(rewritten > 0)
     }

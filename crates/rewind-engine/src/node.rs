@@ -12,6 +12,7 @@ use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::{CountingStorage, IoStats, Storage};
 use rewind_types::{BlockSize, Timestamp, VolumeName};
 
+use crate::reserve::{Reserve, SpaceGauge, SpaceReport, SpaceState};
 use crate::volume::Shared;
 use crate::{EngineError, InUse, Volume, VolumeConfig};
 
@@ -24,6 +25,8 @@ pub struct NodeConfig {
     /// Collect garbage in the chunk store at most this often (nanoseconds),
     /// when there is any.
     pub collect_interval_nanos: u64,
+    /// Free space client writes leave alone (see [`Reserve`]).
+    pub reserve: Reserve,
 }
 
 impl Default for NodeConfig {
@@ -33,6 +36,7 @@ impl Default for NodeConfig {
             index_cache_bytes: 64 << 20,
             chunks: ChunkStoreConfig::default(),
             collect_interval_nanos: 300_000_000_000,
+            reserve: Reserve::default(),
         }
     }
 }
@@ -159,7 +163,17 @@ impl Node {
             cache: PageCache::new(config.index_cache_bytes),
             chunks: Arc::clone(&chunks),
             work: Arc::new(WorkSignal::default()),
+            space: Arc::new(SpaceGauge::default()),
         };
+        let space = storage.space().map_err(EngineError::io("."))?;
+        if let (_, SpaceState::Exhausted | SpaceState::Low) = shared.space.update(space, config.reserve) {
+            let report = shared.space.report();
+            tracing::warn!(
+                free_bytes = report.free_bytes,
+                reserve_bytes = report.reserve_bytes,
+                "the data directory's filesystem is nearly full"
+            );
+        }
         let mut volumes = BTreeMap::new();
         let mut damaged = BTreeMap::new();
         for name in storage.list_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))? {
@@ -222,9 +236,24 @@ impl Node {
             }
         }
         for volume in volumes.values().filter(|volume| volume.layout().history_at_destage()) {
-            if let Err(error) = volume.checkpoint(volume.timestamp_last()) {
-                tracing::warn!(volume = %volume.name(), %error, "cannot checkpoint after recovery yet; maintenance tries again");
+            match volume.checkpoint(volume.timestamp_last()) {
+                Ok(()) => {}
+                Err(error) if error.is_transient() => {
+                    tracing::warn!(volume = %volume.name(), %error, "cannot finish recovery yet; maintenance tries again");
+                    volume.unsettle();
+                }
+                Err(error) => {
+                    let problem = format!("recovery failed: {error}");
+                    let meta = Some(volume.meta.clone());
+                    damaged.insert(
+                        volume.name().to_string(),
+                        DamagedVolume { name: volume.name().to_string(), meta, problem },
+                    );
+                }
             }
+        }
+        for name in damaged.keys() {
+            volumes.remove(name);
         }
         Ok(Node {
             storage,
@@ -241,6 +270,12 @@ impl Node {
     /// Volumes that did not open, with what is wrong.
     pub fn damaged_volumes(&self) -> Vec<DamagedVolume> {
         self.damaged.read().values().cloned().collect()
+    }
+
+    /// Free space on the data directory's filesystem against the reserve,
+    /// as of the last maintenance pass.
+    pub fn space(&self) -> SpaceReport {
+        self.shared.space.report()
     }
 
     pub fn create_volume(&self, spec: VolumeSpec, now: Timestamp) -> Result<Arc<Volume>, EngineError> {
@@ -265,6 +300,9 @@ impl Node {
                 crate::timespec::display_retention(&spec.retention)
             ))
         })?;
+        if let Some(refusal) = self.shared.space.refusal() {
+            return Err(EngineError::NoSpace { volume: spec.name.to_string(), detail: refusal });
+        }
         let _admin = self.admin.lock();
         let name = spec.name.to_string();
         if self.volumes.read().contains_key(&name) || self.damaged.read().contains_key(&name) {
@@ -362,17 +400,64 @@ impl Node {
     /// volume that fails is poisoned (and logged) without stopping work on
     /// the others; the first error is returned.
     pub fn maintain(&self, now: Timestamp) -> Result<bool, EngineError> {
-        self.for_each_volume(|volume| volume.maintain(now))
+        self.measure_space();
+        self.for_each_volume(now, |volume| volume.maintain(now))
     }
 
-    fn for_each_volume(&self, work: impl Fn(&Volume) -> Result<bool, EngineError>) -> Result<bool, EngineError> {
+    /// Measures the free space against the reserve, logging when that
+    /// changes (see `crate::reserve`).
+    fn measure_space(&self) {
+        let space = match self.storage.space() {
+            Ok(space) => space,
+            Err(error) => {
+                tracing::warn!(%error, "cannot measure the data directory's free space");
+                return;
+            }
+        };
+        let (before, after) = self.shared.space.update(space, self.config.reserve);
+        if before == after {
+            return;
+        }
+        let report = self.shared.space.report();
+        let (free, reserve) = (report.free_bytes, report.reserve_bytes);
+        match after {
+            SpaceState::Exhausted => tracing::error!(
+                free_bytes = free,
+                reserve_bytes = reserve,
+                "free space is below the reserve: writes to volumes are refused (ENOSPC) until space is freed"
+            ),
+            SpaceState::Low => tracing::warn!(
+                free_bytes = free,
+                reserve_bytes = reserve,
+                "free space is low: less than twice the reserve; writes are refused below the reserve"
+            ),
+            SpaceState::Ok => {
+                tracing::info!(free_bytes = free, reserve_bytes = reserve, "free space is back above twice the reserve")
+            }
+        }
+    }
+
+    /// Runs `work` on every volume. A failure fails that volume's work only
+    /// (a transient one is retried by the next pass; see
+    /// [`Volume::note_fault`] for how often it is logged); the first is
+    /// returned.
+    fn for_each_volume(
+        &self,
+        now: Timestamp,
+        work: impl Fn(&Volume) -> Result<bool, EngineError>,
+    ) -> Result<bool, EngineError> {
         let mut worked = false;
         let mut first_error = None;
         for volume in self.volumes() {
             match work(&volume) {
-                Ok(did) => worked |= did,
+                Ok(did) => {
+                    worked |= did;
+                    volume.clear_fault();
+                }
                 Err(error) => {
-                    tracing::error!(volume = %volume.name(), %error, "maintenance failed");
+                    if volume.note_fault(&error, now) {
+                        tracing::error!(volume = %volume.name(), %error, "maintenance failed");
+                    }
                     first_error.get_or_insert(error);
                 }
             }
@@ -385,7 +470,7 @@ impl Node {
     /// Embedders run it on a thread of its own, apart from [`Node::maintain`].
     pub fn maintain_history(&self, now: Timestamp) -> Result<bool, EngineError> {
         let mut first_error = None;
-        let mut worked = self.for_each_volume(|volume| volume.maintain_history(now)).unwrap_or_else(|error| {
+        let mut worked = self.for_each_volume(now, |volume| volume.maintain_history(now)).unwrap_or_else(|error| {
             first_error = Some(error);
             true
         });

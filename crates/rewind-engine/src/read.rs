@@ -121,6 +121,7 @@ impl Volume {
     /// or before `at` (see [`Volume::exact_time`]). Its state is pinned while
     /// it lives: retention and merges cannot change what it shows.
     pub fn view(self: &Arc<Self>, at: Timestamp) -> Result<View, EngineError> {
+        self.check_settled()?;
         let at = self.hold_exact_time(at)?;
         Ok(View { volume: Arc::clone(self), at })
     }
@@ -156,6 +157,9 @@ impl Volume {
     ) -> Result<(), EngineError> {
         self.check_open()?;
         self.check_range(offset, buf.len() as u64)?;
+        if at.is_some() {
+            self.check_settled()?;
+        }
         if buf.is_empty() {
             return Ok(());
         }
@@ -392,6 +396,9 @@ impl Volume {
     ) -> Result<Vec<BlockStatus>, EngineError> {
         self.check_open()?;
         self.check_range(offset, length)?;
+        if at.is_some() {
+            self.check_settled()?;
+        }
         if length == 0 {
             return Ok(Vec::new());
         }

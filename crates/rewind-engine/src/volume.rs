@@ -68,6 +68,10 @@ pub struct VolumeConfig {
     pub archive_bytes_soft: u64,
     /// Versions younger than this (nanoseconds) stay in the journal.
     pub archive_age_nanos: u64,
+    /// Once the journal has been quiet this long (nanoseconds) after a
+    /// commit, a vouch record makes damage to the last acknowledged writes
+    /// detectable (see `rewind_journal`); 0 never vouches.
+    pub vouch_after_nanos: u64,
 }
 
 impl Default for VolumeConfig {
@@ -86,6 +90,7 @@ impl Default for VolumeConfig {
             archive_interval_nanos: 30_000_000_000,
             archive_bytes_soft: 64 << 20,
             archive_age_nanos: 1_000_000_000,
+            vouch_after_nanos: 100_000_000,
         }
     }
 }
@@ -140,6 +145,8 @@ pub(crate) struct DestageState {
 pub(crate) struct MaintenanceState {
     /// When maintenance first saw records that are not durable yet.
     undurable_since: Option<Timestamp>,
+    /// The durable LSN maintenance last saw, and since when it has not moved.
+    quiet: (Lsn, Timestamp),
     checkpoint_last: Timestamp,
     checkpoint_lsn: Lsn,
     checkpoint_journal_bytes: u64,
@@ -179,6 +186,8 @@ pub(crate) struct Shared {
     pub chunks: Arc<ChunkStore>,
     /// Wakes the maintenance loop.
     pub work: Arc<WorkSignal>,
+    /// The free space client writes may use.
+    pub space: Arc<crate::reserve::SpaceGauge>,
 }
 
 /// The storage parts a volume is assembled from.
@@ -187,8 +196,30 @@ struct Parts {
     index: VersionIndex,
     current: Option<CurrentStore>,
     history: History,
-    chunks: Arc<ChunkStore>,
     io: VolumeIo,
+}
+
+/// What recovery hands the volume it opens.
+struct Recovered {
+    /// Time of the newest record replayed.
+    timestamp_last: Timestamp,
+    /// Versions replayed that go back to the overlay (COW and the other
+    /// layouts that file history as it leaves the overlay).
+    pending: Vec<Pending>,
+    /// The journal tail cut off, if any.
+    dropped: Option<rewind_journal::DroppedTail>,
+    /// Some records could not be re-applied to the current store.
+    unsettled: bool,
+}
+
+/// A transient failure of a volume's work, for `rewind volume info` and
+/// for logging it once rather than at every retry.
+#[derive(Clone, Debug)]
+pub(crate) struct Fault {
+    pub what: String,
+    pub since: Timestamp,
+    /// When it was last logged.
+    pub logged: Timestamp,
 }
 
 /// The share of the controller cache's pages that may be dirty (IBM §4.1).
@@ -224,6 +255,17 @@ pub struct Volume {
     pub(crate) counters: Counters,
     pub(crate) clients: crate::clients::Clients,
     pub(crate) damage: crate::damage::HistoryDamage,
+    /// The last transient failure of this volume's work (a full disk, no
+    /// descriptors): it is retried by itself; cleared by the next success.
+    fault: Mutex<Option<Fault>>,
+    /// What recovery cut off the journal's tail when the volume was opened.
+    recovered: Option<rewind_journal::DroppedTail>,
+    /// False after a crash until everything replayed is in the current store
+    /// again (the first checkpoint): until then a block may be torn there by
+    /// the crash, covered for the present by the overlay but not for views,
+    /// so views wait (see [`Volume::check_settled`]).
+    settled: AtomicBool,
+    disk: Arc<crate::reserve::SpaceGauge>,
     work: Arc<WorkSignal>,
     zero_block_crc32c: u32,
 }
@@ -262,9 +304,10 @@ impl Volume {
         // Written last: a directory without it is an unfinished creation.
         let path = format!("{dir}/volume.meta");
         write_file_atomic(&*storage, &path, &meta.encode()).map_err(EngineError::io(&path))?;
-        let parts = Parts { journal, index, current, history, chunks: Arc::clone(&shared.chunks), io };
-        let work = Arc::clone(&shared.work);
-        Ok(Arc::new(Volume::assemble(storage, dir, meta, config, parts, checkpoint, work, 0, Vec::new())))
+        let parts = Parts { journal, index, current, history, io };
+        let recovered =
+            Recovered { timestamp_last: meta.created, pending: Vec::new(), dropped: None, unsettled: false };
+        Ok(Arc::new(Volume::assemble(storage, dir, meta, config, parts, checkpoint, shared, recovered)))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -273,15 +316,15 @@ impl Volume {
         dir: &str,
         meta: VolumeMeta,
         config: VolumeConfig,
-        Parts { journal, index, current, history, chunks, io }: Parts,
+        Parts { journal, index, current, history, io }: Parts,
         checkpoint: Checkpoint,
-        work: Arc<WorkSignal>,
-        timestamp_last_nanos: u64,
-        recovered: Vec<Pending>,
+        shared: &Shared,
+        Recovered { timestamp_last, pending, dropped: recovered, unsettled }: Recovered,
     ) -> Volume {
-        let recovered_count = recovered.len();
+        let chunks = Arc::clone(&shared.chunks);
+        let recovered_count = pending.len();
         let mut overlay: FxHashMap<u64, smallvec::SmallVec<[Pending; 1]>> = FxHashMap::default();
-        for pending in recovered {
+        for pending in pending {
             overlay.entry(pending.version.block.0).or_default().push(pending);
         }
         let zero_block_crc32c = rewind_format::crc32c(&vec![0u8; meta.block_size.bytes() as usize]);
@@ -294,7 +337,7 @@ impl Volume {
             storage,
             config,
             write: Mutex::new(WriteState {
-                timestamp_last: checkpoint.timestamp_last.max(Timestamp::from_unix_nanos(timestamp_last_nanos)),
+                timestamp_last: checkpoint.timestamp_last.max(timestamp_last),
                 timestamp_floor: index.archived_before(),
                 overlay,
                 timeline_unsaved: BTreeMap::new(),
@@ -309,6 +352,7 @@ impl Volume {
             destage: Mutex::new(DestageState { lsn_applied: journal.lsn_durable() }),
             maintenance: Mutex::new(MaintenanceState {
                 undurable_since: None,
+                quiet: (Lsn::ZERO, checkpoint.timestamp_last),
                 checkpoint_last: checkpoint.timestamp_last,
                 checkpoint_lsn: checkpoint.lsn,
                 checkpoint_journal_bytes: 0,
@@ -332,7 +376,11 @@ impl Volume {
             counters: Counters::default(),
             clients: crate::clients::Clients::default(),
             damage: crate::damage::HistoryDamage::default(),
-            work,
+            fault: Mutex::new(None),
+            recovered,
+            settled: AtomicBool::new(!unsettled),
+            disk: Arc::clone(&shared.space),
+            work: Arc::clone(&shared.work),
             zero_block_crc32c,
             meta,
         }
@@ -395,6 +443,9 @@ impl Volume {
         // destaged with their copies; its copy records go back to the index.
         let copies_history = meta.layout.history_at_destage();
         let mut recovered = Vec::new();
+        // Records that could not be re-applied to the current store (a full
+        // disk) wait in the overlay, as COW's do, and the volume is unsettled.
+        let mut unsettled = false;
         while let Some(record) = recovery.next_record()? {
             let header = record.header;
             if header.kind == RecordKind::Copy {
@@ -424,19 +475,39 @@ impl Volume {
                     }
                     RecordKind::Zero => (VersionData::Zero, zero_block_crc32c, BlockState::Zero),
                     RecordKind::Copy => unreachable!("handled above"),
+                    RecordKind::Vouch => unreachable!("recovery reads vouch records itself"),
                 };
                 let block = BlockIndex(first.0 + u64::from(index));
                 versions.push(Version { block, timestamp: header.timestamp, data, crc32c });
                 metas.push(BlockMeta { state, crc32c, timestamp: header.timestamp });
             }
             // Re-applied (for ROW, an early merge) unless COW must copy first.
+            let lsn = header.lsn;
+            let pending = |versions: &Vec<Version>| -> Vec<Pending> {
+                versions.iter().map(|&version| Pending { lsn, version }).collect()
+            };
             match (&current, header.kind) {
                 (None, _) => {}
-                (Some(_), _) if copies_history => {
-                    recovered.extend(versions.iter().map(|version| Pending { lsn: header.lsn, version: *version }));
+                (Some(_), _) if copies_history || unsettled => recovered.extend(pending(&versions)),
+                (Some(current), kind) => {
+                    let applied = match kind {
+                        RecordKind::Write => current.write_blocks(first, record.data, &metas),
+                        _ => current.zero_blocks(first, &metas),
+                    };
+                    match applied {
+                        Ok(()) => {}
+                        Err(error) if error.is_transient() => {
+                            tracing::warn!(
+                                volume = %volume_name, %error,
+                                "cannot re-apply the journal to the current store; the rest waits in memory, and \
+                                 views wait until it is applied"
+                            );
+                            unsettled = true;
+                            recovered.extend(pending(&versions));
+                        }
+                        Err(error) => return Err(error),
+                    }
                 }
-                (Some(current), RecordKind::Write) => current.write_blocks(first, record.data, &metas)?,
-                (Some(current), _) => current.zero_blocks(first, &metas)?,
             }
             if header.lsn > lsn_indexed && !copies_history {
                 index.insert(header.lsn, &versions);
@@ -457,32 +528,41 @@ impl Volume {
                 ),
             });
         }
-        if report.records_replayed > 0 || report.truncated_bytes > 0 {
-            tracing::info!(
-                volume = %meta.name,
-                records = report.records_replayed,
-                truncated_bytes = report.truncated_bytes,
-                "recovered volume from its journal"
-            );
+        if report.records_replayed > 0 {
+            tracing::info!(volume = %meta.name, records = report.records_replayed, "recovered volume from its journal");
         }
-        let volume = Volume::assemble(
-            storage,
-            dir,
-            meta,
-            config,
-            Parts { journal, index, current, history, chunks: Arc::clone(&shared.chunks), io },
-            checkpoint,
-            Arc::clone(&shared.work),
-            timestamp_last.unix_nanos(),
-            recovered,
-        );
+        if let Some(dropped) = &report.dropped {
+            let lsn = dropped.lsn_first;
+            let bytes = dropped.bytes;
+            let reason = &dropped.reason;
+            match dropped.whole {
+                true => tracing::warn!(
+                    volume = %meta.name, lsn_from = %lsn, bytes, %reason,
+                    "dropped the end of the journal: a record there was whole but failed its checks, which could \
+                     be a torn write or damage, and no later record vouched for it"
+                ),
+                false => tracing::info!(
+                    volume = %meta.name, lsn_from = %lsn, bytes, %reason,
+                    "dropped a torn write from the end of the journal"
+                ),
+            }
+        }
+        let recovered = Recovered { timestamp_last, pending: recovered, dropped: report.dropped, unsettled };
+        let parts = Parts { journal, index, current, history, io };
+        let volume = Volume::assemble(storage, dir, meta, config, parts, checkpoint, shared, recovered);
         debug_assert_eq!(volume.zero_block_crc32c, zero_block_crc32c);
         volume.write.lock().timeline_unsaved = timeline;
         // Make the replay durable so the next start need not repeat it. In
         // COW that destages, which copies into the chunk store: the node
-        // does it once the store has counted its references.
+        // does it once the store has counted its references. On a full disk
+        // it waits: recovery itself needs no new space.
         if !volume.layout().history_at_destage() {
-            volume.checkpoint(timestamp_last)?;
+            if let Err(error) = volume.checkpoint(timestamp_last) {
+                if !error.is_transient() {
+                    return Err(error);
+                }
+                tracing::warn!(volume = %volume.name(), %error, "cannot checkpoint after recovery yet; maintenance tries again");
+            }
         }
         Ok(Arc::new(volume))
     }
@@ -549,9 +629,20 @@ impl Volume {
     }
 
     /// Poisons the volume after a failed write or fsync and returns the error
-    /// to report; corruption found while writing passes through unchanged.
+    /// to report. A transient failure (a full disk, no descriptors left)
+    /// poisons nothing: it fails the request or pass that met it, and the
+    /// work is retried; a full disk is reported as such. Corruption found
+    /// while writing passes through unchanged.
     pub(crate) fn fail(&self, error: EngineError) -> EngineError {
+        if let EngineError::NoSpace { .. } | EngineError::Poisoned { .. } = error {
+            return error;
+        }
+        if error.is_no_space() {
+            let detail = error.to_string();
+            return EngineError::NoSpace { volume: self.meta.name.to_string(), detail };
+        }
         let poisons = match &error {
+            _ if error.is_transient() => false,
             EngineError::Journal(JournalError::Corrupt { .. } | JournalError::Reclaimed { .. }) => false,
             EngineError::Journal(_) | EngineError::Io { .. } | EngineError::Index(_) => true,
             _ => false,
@@ -573,6 +664,7 @@ impl Volume {
         if data.is_empty() {
             return Ok(());
         }
+        self.check_room()?;
         {
             let mut state = self.write.lock();
             let block_bytes = u64::from(self.meta.block_size.bytes());
@@ -615,6 +707,30 @@ impl Volume {
         Ok(())
     }
 
+    /// Backpressure, before anything is appended: refuses new data while
+    /// the disk is below the reserve, and makes room first where the
+    /// journal's buffer, the memtables or the overlay are full (writers
+    /// then do what maintenance has not caught up with). If room cannot be
+    /// made (a full disk), the write fails having changed nothing: memory
+    /// stays bounded and an error always means the write did not happen.
+    fn check_room(&self) -> Result<(), EngineError> {
+        if let Some(detail) = self.disk.refusal() {
+            return Err(EngineError::NoSpace { volume: self.meta.name.to_string(), detail });
+        }
+        if self.journal.bytes_unwritten() >= self.config.unwritten_bytes_max {
+            self.flush()?;
+        }
+        if self.overlay_versions.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
+            self.flush()?;
+            self.destage_durable()?;
+        }
+        if self.index.stats().versions_in_memory >= 3 * self.config.memtable_versions_max as u64 {
+            self.flush()?;
+            self.persist_index(self.journal.lsn_durable())?;
+        }
+        Ok(())
+    }
+
     fn next_timestamp(state: &mut WriteState, now: Timestamp) -> Timestamp {
         let timestamp = now.max(state.timestamp_last.next()).max(state.timestamp_floor);
         state.timestamp_last = timestamp;
@@ -632,13 +748,15 @@ impl Volume {
         let blocks_per_record = (RECORD_BYTES_MAX / block_bytes as usize) as u64;
         for (chunk_index, chunk) in data.chunks(RECORD_BYTES_MAX).enumerate() {
             let block = BlockIndex(first.0 + chunk_index as u64 * blocks_per_record);
+            let timestamp_before = state.timestamp_last;
             let timestamp = Volume::next_timestamp(state, now);
             let mut crcs = std::mem::take(&mut state.crcs);
             crcs.clear();
-            let appended = self
-                .journal
-                .append_write(timestamp, block, chunk, &mut crcs)
-                .map_err(|error| self.fail(error.into()))?;
+            let appended = self.journal.append_write(timestamp, block, chunk, &mut crcs).map_err(|error| {
+                // Nothing was written: no point in time either.
+                state.timestamp_last = timestamp_before;
+                self.fail(error.into())
+            })?;
             state.versions.clear();
             for (index, &crc32c) in crcs.iter().enumerate() {
                 let offset = appended.data_offset + index as u32 * block_bytes;
@@ -697,6 +815,7 @@ impl Volume {
     ) -> Result<(), EngineError> {
         self.check_writable()?;
         self.check_range(offset, length)?;
+        self.check_room()?;
         let block_bytes = u64::from(self.meta.block_size.bytes());
         let end = offset + length;
         let whole_first = offset.next_multiple_of(block_bytes);
@@ -719,13 +838,17 @@ impl Volume {
         let block_end = whole_end / block_bytes;
         while block < block_end {
             let count = (block_end - block).min(ZERO_RECORD_BLOCKS_MAX);
+            // Between records: a huge range stays within the memory bounds.
+            self.check_room()?;
             {
                 let mut state = self.write.lock();
+                let timestamp_before = state.timestamp_last;
                 let timestamp = Volume::next_timestamp(&mut state, now);
-                let appended = self
-                    .journal
-                    .append_zero(timestamp, BlockIndex(block), count as u32)
-                    .map_err(|error| self.fail(error.into()))?;
+                let appended = self.journal.append_zero(timestamp, BlockIndex(block), count as u32).map_err(|error| {
+                    state.timestamp_last = timestamp_before;
+                    self.fail(error.into())
+                });
+                let appended = appended?;
                 let mut versions = std::mem::take(&mut state.versions);
                 versions.clear();
                 versions.extend((block..block + count).map(|index| Version {
@@ -748,28 +871,19 @@ impl Volume {
         self.after_write(durability)
     }
 
+    /// After a record is appended: FUA makes it durable (an error then
+    /// means it is not durable, though it was written); otherwise wakes
+    /// maintenance when there is work. Backpressure comes before the next
+    /// append (`check_room`).
     fn after_write(&self, durability: Durability) -> Result<(), EngineError> {
         if durability == Durability::Fua {
             return self.flush();
-        }
-        let unwritten = self.journal.bytes_unwritten();
-        if unwritten >= self.config.unwritten_bytes_max {
-            self.flush()?;
-        }
-        if self.overlay_versions.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
-            self.flush()?;
-            self.destage_durable()?;
         }
         if self.index.active_len() >= self.config.memtable_versions_max {
             self.index.seal();
             self.work.notify();
         }
-        if self.index.stats().versions_in_memory >= 3 * self.config.memtable_versions_max as u64 {
-            // Maintenance is not keeping up: write the sealed memtables now.
-            self.flush()?;
-            self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))?;
-        }
-        if unwritten >= self.config.commit_bytes_soft {
+        if self.journal.bytes_unwritten() >= self.config.commit_bytes_soft {
             self.work.notify();
         }
         Ok(())
@@ -951,6 +1065,7 @@ impl Volume {
         } else {
             maintenance.undurable_since = None;
         }
+        worked |= self.vouch_when_quiet(&mut maintenance, now)?;
         let merge_due = self.merge_due(&maintenance, now);
         if self.overlay_versions.load(Ordering::Relaxed) > 0 && merge_due {
             let before = self.overlay_versions.load(Ordering::Relaxed);
@@ -961,7 +1076,7 @@ impl Volume {
         if self.index.active_len() >= self.config.memtable_versions_max {
             self.index.seal();
         }
-        worked |= self.index.persist(self.journal.lsn_durable()).map_err(|error| self.fail(error.into()))? > 0;
+        worked |= self.persist_index(self.journal.lsn_durable())? > 0;
         let lsn_last = Lsn(self.journal.lsn_next().0 - 1);
         let journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
         let since = now.unix_nanos().saturating_sub(maintenance.checkpoint_last.unix_nanos());
@@ -977,6 +1092,77 @@ impl Volume {
             worked = true;
         }
         Ok(worked)
+    }
+
+    /// Has the journal vouch for its last records once nothing has been
+    /// made durable for `vouch_after_nanos` (see `rewind_journal`): damage
+    /// to an acknowledged write is then told from a torn one after a crash.
+    fn vouch_when_quiet(&self, maintenance: &mut MaintenanceState, now: Timestamp) -> Result<bool, EngineError> {
+        let lsn_durable = self.journal.lsn_durable();
+        if maintenance.quiet.0 != lsn_durable {
+            maintenance.quiet = (lsn_durable, now);
+            return Ok(false);
+        }
+        let quiet_nanos = now.unix_nanos().saturating_sub(maintenance.quiet.1.unix_nanos());
+        if self.config.vouch_after_nanos == 0 || quiet_nanos < self.config.vouch_after_nanos {
+            return Ok(false);
+        }
+        self.journal.vouch().map_err(|error| self.fail(error.into()))
+    }
+
+    /// Records a failure of this volume's work at `now`; returns whether to
+    /// log it: the first time, when it changes, and once a minute while it
+    /// lasts (a full disk fails every pass until it is freed).
+    pub(crate) fn note_fault(&self, error: &EngineError, now: Timestamp) -> bool {
+        const RELOG_NANOS: u64 = 60_000_000_000;
+        let what = error.to_string();
+        let mut fault = self.fault.lock();
+        match &mut *fault {
+            Some(known) if known.what == what => {
+                if now.unix_nanos().saturating_sub(known.logged.unix_nanos()) < RELOG_NANOS {
+                    return false;
+                }
+                known.logged = now;
+                true
+            }
+            _ => {
+                *fault = Some(Fault { what, since: now, logged: now });
+                true
+            }
+        }
+    }
+
+    /// The work that failed succeeded: the volume is well again.
+    pub(crate) fn clear_fault(&self) {
+        if let Some(fault) = self.fault.lock().take() {
+            tracing::info!(volume = %self.name(), failing = %fault.what, "volume works again");
+        }
+    }
+
+    /// Views wait while recovery is unfinished (see `settled`): the first
+    /// checkpoint after a crash could not yet be made (a full disk).
+    pub(crate) fn check_settled(&self) -> Result<(), EngineError> {
+        if self.settled.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(EngineError::RecoveryPending { volume: self.name().to_string() })
+    }
+
+    /// Recovery could not finish (its first checkpoint failed for a full
+    /// disk); see `settled`.
+    pub(crate) fn unsettle(&self) {
+        self.settled.store(false, Ordering::Release);
+    }
+
+    /// The transient failure the volume's work is meeting now, if any, and
+    /// since when: it retries by itself.
+    pub fn fault(&self) -> Option<(String, Timestamp)> {
+        self.fault.lock().as_ref().map(|fault| (fault.what.clone(), fault.since))
+    }
+
+    /// What recovery cut off the journal's end when the volume was opened.
+    pub fn journal_tail_dropped(&self) -> Option<&rewind_journal::DroppedTail> {
+        self.recovered.as_ref()
     }
 
     /// Whether versions may be destaged now. Continuously, but in ROW only
@@ -1030,21 +1216,28 @@ impl Volume {
             let timeline = std::mem::take(&mut state.timeline_unsaved);
             (lsn, self.journal.position_next(), state.timestamp_last, timeline)
         };
-        let result = (|| {
+        let derived_durable = (|| {
             self.journal.commit()?;
             self.destage_durable()?;
-            self.index.persist(lsn)?;
-            {
-                let destage = self.destage.lock();
-                assert!(destage.lsn_applied >= lsn, "destaged through the sealed LSN");
-                if let Some(current) = &self.current {
-                    current.sync()?;
-                }
+            self.persist_index(lsn)?;
+            let destage = self.destage.lock();
+            assert!(destage.lsn_applied >= lsn, "destaged through the sealed LSN");
+            if let Some(current) = &self.current {
+                current.sync()?;
             }
-            self.history.save_timeline(lsn, timeline)?;
-            write_checkpoint(&*self.storage, &self.dir, &Checkpoint { lsn, replay_from, timestamp_last })
+            self.history.save_timeline(lsn, &timeline)
         })();
-        result.map_err(|error| self.fail(error))?;
+        if let Err(error) = derived_durable {
+            // A failure that passes (a full disk): the activity is saved by
+            // the next checkpoint, with what comes meanwhile.
+            crate::history::merge_buckets(&mut self.write.lock().timeline_unsaved, timeline);
+            return Err(self.fail(error));
+        }
+        write_checkpoint(&*self.storage, &self.dir, &Checkpoint { lsn, replay_from, timestamp_last })
+            .map_err(|error| self.fail(error))?;
+        if !self.settled.swap(true, Ordering::AcqRel) {
+            tracing::info!(volume = %self.name(), "recovery finished: views are served again");
+        }
         maintenance.checkpoint_last = now;
         maintenance.merged_at = now;
         maintenance.checkpoint_lsn = lsn;

@@ -102,6 +102,7 @@ fn config(rng: &mut StdRng) -> NodeConfig {
             archive_interval_nanos: rng.random_range(5_000..200_000),
             archive_bytes_soft: rng.random_range(4 << 10..256 << 10),
             archive_age_nanos: rng.random_range(0..50_000),
+            vouch_after_nanos: rng.random_range(0..20_000),
         },
         index_cache_bytes: 64 * 4096,
         chunks: ChunkStoreConfig {
@@ -115,6 +116,8 @@ fn config(rng: &mut StdRng) -> NodeConfig {
             open_packs_max: rng.random_range(1..8),
         },
         collect_interval_nanos: rng.random_range(5_000..500_000),
+        // The simulated disk has room to spare but for the full-disk steps.
+        reserve: rewind_engine::Reserve::Bytes(0),
     }
 }
 
@@ -170,7 +173,11 @@ fn check_view(volume: &Arc<Volume>, oracle: &Oracle, at: Timestamp, rng: &mut St
     let offset = rng.random_range(0..size);
     let length = rng.random_range(1..=(size - offset).min(3 * oracle.block_bytes));
     let mut buf = vec![0u8; length as usize];
-    let view = volume.view(at).unwrap_or_else(|error| panic!("seed {seed}: view at {at:?}: {error}"));
+    let view = match volume.view(at) {
+        // Recovery on a full disk is not finished: views wait for it.
+        Err(EngineError::RecoveryPending { .. }) => return,
+        result => result.unwrap_or_else(|error| panic!("seed {seed}: view at {at:?}: {error}")),
+    };
     assert_eq!(view.at(), at, "seed {seed}: views open at exact times");
     view.read(offset, &mut buf).unwrap_or_else(|error| panic!("seed {seed}: view read: {error}"));
     let expected = &oracle.at(at)[offset as usize..(offset + length) as usize];
@@ -184,7 +191,10 @@ fn check_everything(volume: &Arc<Volume>, oracle: &Oracle, seed: u64) {
     for (at, _) in &oracle.states {
         // Times whose history was deleted are refused (checked in `run`).
         let Ok(exact) = volume.exact_time(*at) else { continue };
-        volume.view(exact).unwrap().read(0, &mut image).unwrap();
+        match volume.view(exact) {
+            Err(EngineError::RecoveryPending { .. }) => return,
+            view => view.unwrap().read(0, &mut image).unwrap(),
+        }
         assert!(&image == oracle.at(exact), "seed {seed}: view at {at:?} (exact: {exact:?}) differs");
     }
 }
@@ -236,12 +246,16 @@ struct Exercised {
     deaths: u64,
     /// Times refused because the space cap dropped them.
     capped: u64,
+    /// Writes refused, and maintenance passes failed, for a full disk.
+    no_space: u64,
 }
 
 fn run(seed: u64) -> Exercised {
     // Every policy kind (seed % 3) meets every layout.
     let layout = Layout::ALL[(seed / 3) as usize % Layout::ALL.len()];
     println!("seed {seed} ({} layout)", layout.name());
+    // REWIND_TRACE=1 prints every step, to follow a failing seed.
+    let trace = std::env::var_os("REWIND_TRACE").is_some();
     let mut rng = StdRng::seed_from_u64(seed);
     let storage = SimStorage::new(SimConfig::default(), seed);
     let config = config(&mut rng);
@@ -281,6 +295,13 @@ fn run(seed: u64) -> Exercised {
         block_bytes: u64::from(block_bytes),
     };
     let mut poisoned = false;
+    // The disk is full (`SimStorage::set_capacity`): what needs space fails,
+    // as an error of that call, and nothing is poisoned; once space is
+    // freed, everything works again without a restart.
+    let mut full = false;
+    // When the disk was last full: retention may lag until its next pass after that.
+    let mut full_last = Timestamp::MIN;
+    let no_space = |error: &EngineError| error.is_transient();
     let mut bookmarks: Vec<(BookmarkName, Timestamp)> = Vec::new();
     let mut deleted: Vec<(Timestamp, Timestamp)> = Vec::new();
     let mut exercised = Exercised::default();
@@ -289,15 +310,24 @@ fn run(seed: u64) -> Exercised {
         if rng.random_bool(0.7) {
             now = now.saturating_add_nanos(rng.random_range(1..5_000));
         }
-        match rng.random_range(0..100) {
+        let choice = rng.random_range(0..100);
+        if trace {
+            println!("seed {seed} step {step}: choice {choice} at {now:?}{}", if full { " (disk full)" } else { "" });
+        }
+        match choice {
             0..=44 => {
                 let offset = rng.random_range(0..size);
                 let length = rng.random_range(1..=(size - offset).min(4 * u64::from(block_bytes)));
                 let data = write_data(&mut rng, offset, length, u64::from(block_bytes));
-                let durability = if rng.random_bool(0.1) { Durability::Fua } else { Durability::Buffered };
+                // (A FUA write whose commit fails was written but is not durable: not on a full disk.)
+                let fua = !full && rng.random_bool(0.1);
+                let durability = if fua { Durability::Fua } else { Durability::Buffered };
                 let result = volume.write(now, offset, &data, durability);
                 if poisoned {
                     assert!(matches!(result, Err(EngineError::Poisoned { .. })), "seed {seed} step {step}");
+                } else if full && result.as_ref().is_err_and(no_space) {
+                    // Refused before anything was written.
+                    exercised.no_space += 1;
                 } else {
                     result.unwrap();
                     oracle.write(now, offset, &data);
@@ -306,7 +336,7 @@ fn run(seed: u64) -> Exercised {
                     }
                 }
             }
-            45..=54 => {
+            45..=54 if !full => {
                 let offset = rng.random_range(0..size);
                 let length = rng.random_range(1..=size - offset);
                 let mode = if rng.random_bool(0.2) { ZeroMode::Allocate } else { ZeroMode::Deallocate };
@@ -322,15 +352,27 @@ fn run(seed: u64) -> Exercised {
                 if poisoned {
                     assert!(volume.flush().is_err());
                 } else {
-                    volume.flush().unwrap();
-                    oracle.durable = oracle.states.len() - 1;
+                    match volume.flush() {
+                        Ok(()) => oracle.durable = oracle.states.len() - 1,
+                        Err(error) => assert!(full && no_space(&error), "seed {seed} step {step}: {error}"),
+                    }
                 }
             }
             63..=70 => {
                 let worked = node.maintain(now);
-                assert!(poisoned || worked.is_ok(), "seed {seed}: {worked:?}");
+                if trace {
+                    println!("seed {seed} step {step}: maintain: {worked:?}");
+                }
+                assert!(poisoned || worked.is_ok() || full, "seed {seed}: {worked:?}");
+                exercised.no_space += u64::from(worked.is_err() && full);
                 let worked = node.maintain_history(now);
-                assert!(poisoned || worked.is_ok(), "seed {seed}: {worked:?}");
+                if trace {
+                    println!("seed {seed} step {step}: maintain history: {worked:?}");
+                }
+                assert!(poisoned || worked.is_ok() || full, "seed {seed}: {worked:?}");
+                if let (true, Err(error)) = (full, &worked) {
+                    assert!(poisoned || no_space(error), "seed {seed}: {error}");
+                }
                 let retention = volume.retention();
                 if let Some((may, must)) =
                     retention_bounds(&retention, volume.granularity_nanos(), now, retention_interval)
@@ -338,13 +380,31 @@ fn run(seed: u64) -> Exercised {
                     promised = promised.max(may);
                     let horizon = volume.retention_horizon().map_or(0, Timestamp::unix_nanos);
                     let created = oracle.states[0].0.unix_nanos();
-                    assert!(poisoned || must <= created || horizon >= must, "seed {seed}: horizon {horizon} < {must}");
+                    let starved =
+                        full || now.unix_nanos() < full_last.unix_nanos().saturating_add(2 * retention_interval);
+                    assert!(
+                        poisoned || starved || must <= created || horizon >= must,
+                        "seed {seed}: horizon {horizon} < {must}"
+                    );
                 }
             }
             71..=72 if !poisoned => {
-                volume.checkpoint(now).unwrap();
+                if let Err(error) = volume.checkpoint(now) {
+                    assert!(full && no_space(&error), "seed {seed}: {error}");
+                }
             }
-            73..=75 if !poisoned => {
+            89..=90 if !poisoned && !full => {
+                // The disk fills up, leaving a little room or none.
+                storage.set_capacity(Some(storage.used_bytes() + rng.random_range(0..16 << 10)));
+                full = true;
+            }
+            91..=93 if full => {
+                // Space is freed (another volume deleted): no restart needed.
+                storage.set_capacity(None);
+                full = false;
+                full_last = now;
+            }
+            73..=75 if !poisoned && !full => {
                 let name = BookmarkName::new(&format!("b{step}")).unwrap();
                 let bookmark = volume.create_bookmark(name.clone(), None, now).unwrap();
                 oracle.clock = oracle.clock.max(now);
@@ -359,7 +419,7 @@ fn run(seed: u64) -> Exercised {
                 assert_eq!(volume.exact_time(*at).unwrap(), *at, "seed {seed}: a bookmark is an exact point");
                 check_view(&volume, &oracle, *at, &mut rng, seed);
             }
-            78 if !poisoned => {
+            78 if !poisoned && !full => {
                 // A failed fsync poisons the volume until restart.
                 let data = vec![0xee; block_bytes as usize];
                 volume.write(now, 0, &data, Durability::Buffered).unwrap();
@@ -372,7 +432,7 @@ fn run(seed: u64) -> Exercised {
                     poisoned = true;
                 }
             }
-            79 if !poisoned => {
+            79 if !poisoned && !full => {
                 // Delete a range of history: each block keeps its last version in it.
                 let (first, _) = oracle.states[0];
                 // The engine's clock may run ahead of `now`; times after `now` are refused.
@@ -393,7 +453,7 @@ fn run(seed: u64) -> Exercised {
                     Err(error) => panic!("seed {seed}: {error}"),
                 }
             }
-            84 if !poisoned => {
+            84 if !poisoned && !full => {
                 // A policy change; intervals that do not nest with history's are refused.
                 let (granularity, tiers) = random_policy(&mut rng);
                 let before = (volume.granularity_nanos(), volume.retention());
@@ -432,7 +492,7 @@ fn run(seed: u64) -> Exercised {
                 // Garbage collection now (it also runs within maintenance).
                 match node.collect(&mut |_, done, total| assert!(done <= total)) {
                     Ok(report) => exercised.chunks_freed += report.chunks_freed,
-                    Err(error) => assert!(poisoned, "seed {seed} step {step}: {error}"),
+                    Err(error) => assert!(poisoned || (full && no_space(&error)), "seed {seed} step {step}: {error}"),
                 }
             }
             87..=88 => {
@@ -491,8 +551,16 @@ fn run(seed: u64) -> Exercised {
                 }
             }
         }
+        if std::env::var_os("REWIND_CHECK_EACH_STEP").is_some() && !poisoned {
+            println!("seed {seed} step {step}: checking");
+            check_everything(&volume, &oracle, seed);
+        }
     }
+    storage.set_capacity(None);
     if !poisoned {
+        // Space is back: recovery finishes at the next checkpoint, views come back.
+        volume.checkpoint(now).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        volume.view(now.min(oracle.clock)).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
         check_everything(&volume, &oracle, seed);
         // Times outside the history are refused with a clear error.
         let before = Timestamp::from_unix_nanos(999_999);
@@ -547,6 +615,7 @@ fn engine_matches_the_oracle_through_crashes() {
         journal_bytes_reclaimed: total.journal_bytes_reclaimed + case.journal_bytes_reclaimed,
         deaths: total.deaths + case.deaths,
         capped: total.capped + case.capped,
+        no_space: total.no_space + case.no_space,
     });
     println!("{total:?}");
     let enough = total.thinned > 100 && total.range_deletes > 30 && total.policy_changes > 30 && total.expired > 30;
@@ -556,6 +625,7 @@ fn engine_matches_the_oracle_through_crashes() {
         && total.dedup_hits > 100
         && total.journal_bytes_reclaimed > 0
         && total.deaths > 30
-        && total.capped > 10;
+        && total.capped > 10
+        && total.no_space > 30;
     assert!(seeds < 30 || chunks, "archiving, collection, dedup, journal reclaim, deaths and caps must be exercised");
 }

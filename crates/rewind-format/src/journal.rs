@@ -78,6 +78,12 @@ pub enum RecordKind {
     /// record has its CRC array, each a block, its version's own time, and
     /// where its bytes now are (a chunk, or zeros). No payload.
     Copy = 3,
+    /// Vouches that every record up to its LSN was durable when it was
+    /// written, so that recovery can tell damage in those records from a
+    /// torn write even when no later record would. It takes no LSN of its
+    /// own (its LSN is the last record's), covers no blocks, and is written
+    /// once the journal has been quiet for a moment after a commit.
+    Vouch = 4,
 }
 
 /// Bytes of one entry of a copy record.
@@ -103,7 +109,7 @@ impl RecordHeader {
     pub fn crc_area_bytes(&self) -> usize {
         match self.kind {
             RecordKind::Write => (self.block_count as usize * 4).next_multiple_of(8),
-            RecordKind::Zero => 0,
+            RecordKind::Zero | RecordKind::Vouch => 0,
             RecordKind::Copy => self.block_count as usize * COPY_ENTRY_BYTES,
         }
     }
@@ -116,7 +122,7 @@ impl RecordHeader {
     pub fn data_bytes(&self) -> u64 {
         match self.kind {
             RecordKind::Write => u64::from(self.block_count) * u64::from(self.block_size.bytes()),
-            RecordKind::Zero | RecordKind::Copy => 0,
+            RecordKind::Zero | RecordKind::Copy | RecordKind::Vouch => 0,
         }
     }
 
@@ -151,6 +157,7 @@ impl RecordHeader {
             1 => RecordKind::Write,
             2 => RecordKind::Zero,
             3 => RecordKind::Copy,
+            4 => RecordKind::Vouch,
             other => return Err(reader.invalid(format!("unknown record kind {other}"))),
         };
         let shift = reader.u8()?;
@@ -165,14 +172,20 @@ impl RecordHeader {
         let block_count = reader.u32()?;
         let lsn_committed = Lsn(reader.u64()?);
         let header = RecordHeader { kind, block_size, lsn, lsn_committed, timestamp, block_first, block_count };
-        if block_count == 0 {
-            return Err(reader.invalid("record covers no blocks"));
-        }
-        if header.data_bytes() > WRITE_RECORD_BYTES_MAX {
-            return Err(reader.invalid(format!("record payload of {} bytes is too large", header.data_bytes())));
-        }
-        if lsn_committed >= lsn {
-            return Err(reader.invalid(format!("record {lsn} claims {lsn_committed} was committed before it")));
+        if kind == RecordKind::Vouch {
+            if block_count != 0 || lsn_committed != lsn {
+                return Err(reader.invalid("a vouch record covers no blocks and vouches for its own LSN"));
+            }
+        } else {
+            if block_count == 0 {
+                return Err(reader.invalid("record covers no blocks"));
+            }
+            if header.data_bytes() > WRITE_RECORD_BYTES_MAX {
+                return Err(reader.invalid(format!("record payload of {} bytes is too large", header.data_bytes())));
+            }
+            if lsn_committed >= lsn {
+                return Err(reader.invalid(format!("record {lsn} claims {lsn_committed} was committed before it")));
+            }
         }
         reader.take(CHECKSUM_OFFSET - 44 + 4)?;
         Ok(header)
@@ -242,6 +255,14 @@ pub fn append_write_record(out: &mut Vec<u8>, crcs: &mut Vec<u32>, stamp: Record
 pub fn append_zero_record(out: &mut Vec<u8>, stamp: RecordStamp, block_count: u32) {
     assert!(block_count > 0);
     let header = stamp.header(RecordKind::Zero, block_count);
+    out.extend_from_slice(&seal(header.encode_unsealed(), &[]));
+}
+
+/// Appends a vouch record to `out`: every record up to `stamp.lsn` is
+/// durable (`stamp.lsn_committed` must be the same LSN).
+pub fn append_vouch_record(out: &mut Vec<u8>, stamp: RecordStamp) {
+    assert_eq!(stamp.lsn, stamp.lsn_committed, "a vouch record vouches for its own LSN");
+    let header = stamp.header(RecordKind::Vouch, 0);
     out.extend_from_slice(&seal(header.encode_unsealed(), &[]));
 }
 

@@ -36,7 +36,7 @@ fn copies<'a>(what: &'static str, bytes: &'a [u8]) -> Result<[&'a [u8]; 2], Form
     if bytes.len() < 2 * ENVELOPE_BYTES {
         return Err(FormatError::Truncated { what, available: bytes.len(), needed: 2 * ENVELOPE_BYTES });
     }
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return Err(FormatError::Damaged {
             what,
             reason: format!("{} bytes cannot be two equal copies: cut short or extended", bytes.len()),

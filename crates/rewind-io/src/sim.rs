@@ -26,7 +26,7 @@
 //! there — the test then calls `crash`, which puts a crash at any step of
 //! a multi-step operation.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Arc;
 
@@ -60,7 +60,9 @@ struct State {
     config: SimConfig,
     rng: StdRng,
     epoch: u64,
-    inodes: HashMap<u64, Inode>,
+    /// Ordered, so that a crash draws its randomness in the same order each
+    /// run: a seed replays exactly.
+    inodes: BTreeMap<u64, Inode>,
     inode_next: u64,
     names: BTreeMap<String, u64>,
     names_durable: BTreeMap<String, u64>,
@@ -157,7 +159,7 @@ impl SimStorage {
                 config,
                 rng: StdRng::seed_from_u64(seed),
                 epoch: 0,
-                inodes: HashMap::new(),
+                inodes: BTreeMap::new(),
                 inode_next: 1,
                 names: BTreeMap::new(),
                 names_durable: BTreeMap::new(),

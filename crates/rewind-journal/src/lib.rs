@@ -29,10 +29,23 @@
 //! with nothing intact written after them; it is then indistinguishable from
 //! a torn write.
 //!
-//! A failed write or fsync poisons the journal: every later append and commit
-//! fails until the process restarts and recovers from what is on disk, because
+//! The records after the last one a later record vouches for have nothing
+//! behind them; so once the journal has been quiet for a moment after a
+//! commit, [`Journal::vouch`] appends a *vouch* record (no LSN, no blocks)
+//! saying that everything up to the last LSN was durable. Damage to the
+//! last acknowledged records is then corruption, not a torn tail; what is
+//! left undecidable is a crash within that moment after a commit. A tail
+//! that recovery does cut off is reported ([`RecoveryReport::dropped`]),
+//! saying whether the record there was cut short (a torn write) or whole
+//! but failing its checksum (a torn write or damage).
+//!
+//! A failed fsync poisons the journal: every later append and commit fails
+//! until the process restarts and recovers from what is on disk, because
 //! after a failed fsync Linux may have dropped the dirty pages it could not
-//! write.
+//! write. Segments are allocated whole when they are started, so a full disk
+//! fails the append that needed a new segment — cleanly, an error of that
+//! request and no poison — and never a sync; so do other transient errors
+//! (no file descriptors left, say) from writes.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -41,8 +54,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rewind_format::journal::{
-    append_copy_record, append_write_record, append_zero_record, block_crc, copy_entries, RecordHeader, RecordKind,
-    RecordStamp, SegmentHeader, COPY_ENTRY_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+    append_copy_record, append_vouch_record, append_write_record, append_zero_record, block_crc, copy_entries,
+    RecordHeader, RecordKind, RecordStamp, SegmentHeader, COPY_ENTRY_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
 };
 use rewind_format::meta::JournalPosition;
 use rewind_format::FormatError;
@@ -80,6 +93,14 @@ pub enum JournalError {
     /// looked the version up should look again.
     #[error("journal segment {segment} was reclaimed (its history is archived)")]
     Reclaimed { segment: u32 },
+}
+
+impl JournalError {
+    /// Whether the error is a condition that passes (a full disk, no file
+    /// descriptors left): the journal is not poisoned by it.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, JournalError::Io { source, .. } if rewind_io::is_transient(source))
+    }
 }
 
 /// Where an appended record landed.
@@ -162,6 +183,8 @@ pub struct Journal {
     /// `pack(segment, offset)`: everything before this is in the files.
     written_end: AtomicU64,
     poisoned: AtomicBool,
+    /// The LSN the last vouch record vouches for.
+    lsn_vouched: AtomicU64,
     files: Mutex<HashMap<u32, Arc<dyn File>>>,
     /// Segments below this were reclaimed.
     segment_first: AtomicU32,
@@ -203,6 +226,7 @@ impl Journal {
         storage.create_dir_all(dir).map_err(io(dir))?;
         let path = format!("{dir}/{}", segment_name(1));
         let file = storage.open_file(&path, OpenMode::CreateNew).map_err(io(&path))?;
+        file.allocate(0, config.segment_bytes_max).map_err(io(&path))?;
         let header = SegmentHeader { segment: 1, block_size, lsn_first: Lsn(1), timestamp_before: created };
         file.write_all_at(&header.encode(), 0).map_err(io(&path))?;
         file.sync_data().map_err(io(&path))?;
@@ -246,6 +270,7 @@ impl Journal {
             durable_point: Mutex::new((Lsn(lsn_next.0 - 1), JournalPosition { segment, offset: end })),
             written_end: AtomicU64::new(pack(segment, end)),
             poisoned: AtomicBool::new(false),
+            lsn_vouched: AtomicU64::new(0),
             files: Mutex::new(HashMap::new()),
             segment_first: AtomicU32::new(segment_first),
             reclaiming: Mutex::new(()),
@@ -280,6 +305,7 @@ impl Journal {
             buffer: Vec::new(),
             records_replayed: 0,
             truncated_bytes: 0,
+            dropped: None,
             file: None,
         };
         recovery.open_segment(from.segment, None)?;
@@ -311,6 +337,17 @@ impl Journal {
     fn poison(&self, error: JournalError) -> JournalError {
         self.poisoned.store(true, Ordering::Release);
         error
+    }
+
+    /// Poisons the journal after a failed write, unless the failure is
+    /// transient (see [`JournalError::is_transient`]): a write that failed
+    /// for want of space or descriptors leaves its batch queued, and the
+    /// next commit writes it again at the same place.
+    fn fail_write(&self, error: JournalError) -> JournalError {
+        if error.is_transient() {
+            return error;
+        }
+        self.poison(error)
     }
 
     pub fn is_poisoned(&self) -> bool {
@@ -407,15 +444,23 @@ impl Journal {
         Ok(Appended { lsn, segment: tail.active.segment, data_offset })
     }
 
-    /// Seals the active batch and starts the next segment with its header.
+    /// Seals the active batch and starts the next segment with its header,
+    /// allocating the whole segment (see the module documentation).
     fn start_segment(&self, tail: &mut Tail) -> Result<(), JournalError> {
         let segment = tail.active.segment + 1;
         let path = self.path(segment);
-        let file = self
-            .storage
-            .open_file(&path, OpenMode::CreateNew)
-            .map_err(self.io_error(path))
-            .map_err(|error| self.poison(error))?;
+        let created = self.storage.open_file(&path, OpenMode::CreateNew).and_then(|file| {
+            match file.allocate(0, self.config.segment_bytes_max) {
+                Ok(()) => Ok(file),
+                Err(error) => {
+                    // Nothing refers to it: the next attempt starts afresh.
+                    drop(file);
+                    let _ = self.storage.remove_file(&path);
+                    Err(error)
+                }
+            }
+        });
+        let file = created.map_err(self.io_error(path)).map_err(|error| self.fail_write(error))?;
         self.files.lock().insert(segment, file);
         let header = SegmentHeader {
             segment,
@@ -491,9 +536,56 @@ impl Journal {
         if self.lsn_durable() >= target {
             return Ok(self.lsn_durable());
         }
-        self.write_sealed(&mut written).map_err(|error| self.poison(error))?;
+        self.write_sealed(&mut written).map_err(|error| self.fail_write(error))?;
         self.sync_written(&mut written).map_err(|error| self.poison(error))?;
         Ok(self.lsn_durable())
+    }
+
+    /// Appends and commits a vouch record (see the module documentation) if
+    /// every record is durable and some were made so since the last one.
+    /// Returns whether it wrote one. Maintenance calls it once the journal
+    /// has been quiet for a moment.
+    pub fn vouch(&self) -> Result<bool, JournalError> {
+        self.check_poisoned()?;
+        let lsn = {
+            let lsn_durable = self.lsn_durable();
+            let lsn_vouched = Lsn(self.lsn_vouched.load(Ordering::Acquire));
+            if lsn_durable == Lsn::ZERO || lsn_durable <= lsn_vouched {
+                return Ok(false);
+            }
+            let mut tail = self.tail.lock();
+            if Lsn(tail.lsn_next.0 - 1) != lsn_durable || !tail.active.bytes.is_empty() || !tail.sealed.is_empty() {
+                // Records are waiting: their commit will come, and a vouch after it.
+                return Ok(false);
+            }
+            let end = tail.active.end();
+            if end + RECORD_HEADER_BYTES as u64 > self.config.segment_bytes_max {
+                // The next record starts a segment; it can vouch itself.
+                return Ok(false);
+            }
+            let stamp = RecordStamp {
+                block_size: self.block_size,
+                lsn: lsn_durable,
+                lsn_committed: lsn_durable,
+                timestamp: tail.timestamp_last,
+                block_first: BlockIndex(0),
+            };
+            append_vouch_record(&mut tail.active.bytes, stamp);
+            tail.active.lsn_last = tail.active.lsn_last.max(lsn_durable);
+            lsn_durable
+        };
+        self.seal_active();
+        let mut written = self.written.lock();
+        self.check_poisoned()?;
+        self.write_sealed(&mut written).map_err(|error| self.fail_write(error))?;
+        self.sync_written(&mut written).map_err(|error| self.poison(error))?;
+        self.lsn_vouched.fetch_max(lsn.0, Ordering::AcqRel);
+        Ok(true)
+    }
+
+    /// The LSN the last vouch record vouches for (0 if none since opening).
+    pub fn lsn_vouched(&self) -> Lsn {
+        Lsn(self.lsn_vouched.load(Ordering::Acquire))
     }
 
     /// Writes what was appended to the segment files without waiting for the
@@ -503,7 +595,7 @@ impl Journal {
         self.seal_active();
         let mut written = self.written.lock();
         self.check_poisoned()?;
-        self.write_sealed(&mut written).map_err(|error| self.poison(error))
+        self.write_sealed(&mut written).map_err(|error| self.fail_write(error))
     }
 
     /// Seals the active batch; returns the LSN of the last record appended.
@@ -681,12 +773,30 @@ impl ReplayRecord<'_> {
     }
 }
 
-/// What recovery found, for logs and tests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What recovery found, for logs, `rewind volume info` and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
     pub records_replayed: u64,
     /// Bytes of a torn (never acknowledged) tail that were cut off.
     pub truncated_bytes: u64,
+    /// What was cut off, if anything.
+    pub dropped: Option<DroppedTail>,
+}
+
+/// A tail recovery cut off: nothing after the last intact record vouched
+/// for it, so it was taken for a write torn by the crash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DroppedTail {
+    /// The LSN the first record cut off would have had.
+    pub lsn_first: Lsn,
+    pub bytes: u64,
+    /// Time of the last record kept.
+    pub after: Timestamp,
+    /// Why the record there was not intact.
+    pub reason: String,
+    /// Whether that record was there whole but failed its checksum (a torn
+    /// write, or damage nothing could vouch against) rather than cut short.
+    pub whole: bool,
 }
 
 /// Replays a journal after a restart; see [`Journal::recover`].
@@ -700,15 +810,31 @@ pub struct Recovery {
     buffer: Vec<u8>,
     records_replayed: u64,
     truncated_bytes: u64,
+    dropped: Option<DroppedTail>,
     file: Option<(Arc<dyn File>, u64)>,
 }
 
 /// Why a record could not be read; decides nothing by itself.
-struct Damage(String);
+struct Damage {
+    reason: String,
+    /// The record was cut short by the end of its segment (a torn write
+    /// beyond doubt), as opposed to present and failing its checks.
+    cut_short: bool,
+}
+
+impl Damage {
+    fn whole(reason: impl Into<String>) -> Damage {
+        Damage { reason: reason.into(), cut_short: false }
+    }
+
+    fn cut_short(reason: &str) -> Damage {
+        Damage { reason: reason.to_owned(), cut_short: true }
+    }
+}
 
 impl From<FormatError> for Damage {
     fn from(error: FormatError) -> Self {
-        Damage(error.to_string())
+        Damage::whole(error.to_string())
     }
 }
 
@@ -762,7 +888,13 @@ impl Recovery {
                 if let Err(error) = self.open_segment(next, Some(self.lsn_expected)) {
                     let JournalError::Corrupt { reason, .. } = error else { return Err(error) };
                     // A segment started by a batch that never became durable.
-                    self.resolve_damage(next, SEGMENT_HEADER_BYTES as u64, reason)?;
+                    let path = self.journal.path(next);
+                    let size_bytes = self.journal.file(next)?.size_bytes().map_err(self.journal.io_error(path))?;
+                    let damage = match size_bytes < SEGMENT_HEADER_BYTES as u64 {
+                        true => Damage::cut_short(&reason),
+                        false => Damage::whole(reason),
+                    };
+                    self.resolve_damage(next, SEGMENT_HEADER_BYTES as u64, damage)?;
                     return Ok(None);
                 }
                 self.segment = next;
@@ -770,6 +902,10 @@ impl Recovery {
                 continue;
             }
             match self.read_record(&*file, size_bytes) {
+                Ok(header) if header.kind == RecordKind::Vouch => {
+                    self.offset += header.record_bytes();
+                    self.journal.lsn_vouched.fetch_max(header.lsn.0, Ordering::AcqRel);
+                }
                 Ok(header) => {
                     let record_offset = self.offset;
                     self.offset += header.record_bytes();
@@ -785,8 +921,8 @@ impl Recovery {
                         data: &self.buffer[data_offset..],
                     }));
                 }
-                Err(Damage(reason)) => {
-                    self.resolve_damage(self.segment, self.offset + 8, reason)?;
+                Err(damage) => {
+                    self.resolve_damage(self.segment, self.offset + 8, damage)?;
                     return Ok(None);
                 }
             }
@@ -796,11 +932,16 @@ impl Recovery {
     /// Reads and fully verifies the record at the current offset into `buffer`.
     fn read_record(&mut self, file: &dyn File, size_bytes: u64) -> Result<RecordHeader, Damage> {
         let header = read_verified_record(file, size_bytes, self.offset, &mut self.buffer)?;
-        if header.lsn != self.lsn_expected {
-            return Err(Damage(format!("record has LSN {} where {} was expected", header.lsn, self.lsn_expected)));
+        // A vouch record carries the LSN of the record before it.
+        let lsn_expected = match header.kind {
+            RecordKind::Vouch => Lsn(self.lsn_expected.0 - 1),
+            _ => self.lsn_expected,
+        };
+        if header.lsn != lsn_expected {
+            return Err(Damage::whole(format!("record has LSN {} where {lsn_expected} was expected", header.lsn)));
         }
         if header.block_size != self.journal.block_size {
-            return Err(Damage(format!("record has {}-byte blocks", header.block_size.bytes())));
+            return Err(Damage::whole(format!("record has {}-byte blocks", header.block_size.bytes())));
         }
         Ok(header)
     }
@@ -809,7 +950,8 @@ impl Recovery {
     /// damage was seen in `damaged_segment`, intact records can only follow
     /// from `search_from` on): corruption if any intact record after it says it
     /// was durable, otherwise a torn tail to cut off.
-    fn resolve_damage(&mut self, damaged_segment: u32, search_from: u64, reason: String) -> Result<(), JournalError> {
+    fn resolve_damage(&mut self, damaged_segment: u32, search_from: u64, damage: Damage) -> Result<(), JournalError> {
+        let reason = damage.reason;
         let mut later = vec![damaged_segment];
         later.extend(self.segments_after(damaged_segment)?);
         for &segment in &later {
@@ -832,7 +974,20 @@ impl Recovery {
         // A torn tail: nothing after this point was ever acknowledged.
         let journal = &self.journal;
         let (file, size_bytes) = self.file.clone().expect("a segment is open");
-        self.truncated_bytes += size_bytes - self.offset;
+        let mut dropped_bytes = size_bytes - self.offset;
+        for segment in self.segments_after(self.segment)? {
+            let path = journal.path(segment);
+            dropped_bytes += journal.file(segment)?.size_bytes().map_err(journal.io_error(path))?;
+        }
+        self.truncated_bytes += dropped_bytes;
+        // (A segment a crash left empty drops nothing.)
+        self.dropped = (dropped_bytes > 0).then_some(DroppedTail {
+            lsn_first: self.lsn_expected,
+            bytes: dropped_bytes,
+            after: self.timestamp_last,
+            reason,
+            whole: !damage.cut_short,
+        });
         let path = journal.path(self.segment);
         file.set_len(self.offset).map_err(journal.io_error(path.clone()))?;
         file.sync_data().map_err(journal.io_error(path))?;
@@ -864,7 +1019,11 @@ impl Recovery {
             self.journal.segment_first.load(Ordering::Acquire),
         );
         journal.files.lock().insert(self.segment, file);
-        let report = RecoveryReport { records_replayed: self.records_replayed, truncated_bytes: self.truncated_bytes };
+        let report = RecoveryReport {
+            records_replayed: self.records_replayed,
+            truncated_bytes: self.truncated_bytes,
+            dropped: self.dropped,
+        };
         Ok((journal, report))
     }
 }
@@ -878,17 +1037,17 @@ fn read_verified_record(
     buffer: &mut Vec<u8>,
 ) -> Result<RecordHeader, Damage> {
     if offset + RECORD_HEADER_BYTES as u64 > size_bytes {
-        return Err(Damage("partial record header at the end of the segment".into()));
+        return Err(Damage::cut_short("partial record header at the end of the segment"));
     }
     buffer.resize(RECORD_HEADER_BYTES, 0);
-    file.read_exact_at(buffer, offset).map_err(|error| Damage(error.to_string()))?;
+    file.read_exact_at(buffer, offset).map_err(|error| Damage::whole(error.to_string()))?;
     let header = RecordHeader::decode(buffer)?;
     if offset + header.record_bytes() > size_bytes {
-        return Err(Damage("record extends past the end of the segment".into()));
+        return Err(Damage::cut_short("record extends past the end of the segment"));
     }
     buffer.resize(header.record_bytes() as usize, 0);
     file.read_exact_at(&mut buffer[RECORD_HEADER_BYTES..], offset + RECORD_HEADER_BYTES as u64)
-        .map_err(|error| Damage(error.to_string()))?;
+        .map_err(|error| Damage::whole(error.to_string()))?;
     let data_offset = header.data_offset();
     let (head, data) = buffer.split_at(data_offset);
     let crc_area = &head[RECORD_HEADER_BYTES..];

@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rewind_format::meta::JournalPosition;
 use rewind_io::{SimConfig, SimStorage, Storage};
-use rewind_journal::{Journal, JournalConfig, JournalError};
+use rewind_journal::{Journal, JournalConfig, JournalError, RecoveryReport};
 use rewind_types::{BlockIndex, BlockSize, ChunkId, Lsn, Timestamp, Version, VersionData};
 
 const BLOCK: u32 = 512;
@@ -48,10 +48,23 @@ fn replay(storage: &SimStorage, config: JournalConfig) -> Result<(Vec<Op>, Journ
             rewind_format::journal::RecordKind::Write => Op::Write { block, data: record.data.to_vec() },
             rewind_format::journal::RecordKind::Zero => Op::Zero { block, count: record.header.block_count },
             rewind_format::journal::RecordKind::Copy => Op::Copy { versions: record.copies()? },
+            rewind_format::journal::RecordKind::Vouch => panic!("recovery keeps vouch records to itself"),
         });
     }
     let (journal, _report) = recovery.finish()?;
     Ok((ops, journal))
+}
+
+fn replay_reporting(storage: &SimStorage) -> Result<(Vec<Op>, RecoveryReport), JournalError> {
+    let shared: Arc<dyn Storage> = Arc::new(storage.clone());
+    let config = JournalConfig::default();
+    let mut recovery = Journal::recover(shared, "journal", block_size(), config, start(), Lsn(1), Timestamp::MIN)?;
+    let mut ops = Vec::new();
+    while let Some(record) = recovery.next_record()? {
+        ops.push(Op::Write { block: record.header.block_first.0, data: record.data.to_vec() });
+    }
+    let (_, report) = recovery.finish()?;
+    Ok((ops, report))
 }
 
 fn random_op(rng: &mut StdRng) -> Op {
@@ -92,6 +105,10 @@ fn committed_records_survive_every_crash_and_survivors_form_a_prefix() {
             appended.push(op);
             if rng.random_bool(0.2) {
                 committed = journal.commit().unwrap().0 as usize;
+                if rng.random_bool(0.3) {
+                    // Quiet after the commit: vouched for, taking no LSN.
+                    journal.vouch().unwrap();
+                }
             } else if rng.random_bool(0.2) {
                 // Written to the files but not synced: may or may not survive.
                 journal.write_out().unwrap();
@@ -233,4 +250,91 @@ fn reclaim_deletes_only_old_segments_before_the_replay_point() {
     let (journal, _) = recovery.finish().unwrap();
     let error = journal.read(3, 64, &mut buf).unwrap_err();
     assert!(matches!(error, JournalError::Reclaimed { segment: 3 }), "{error}");
+}
+
+#[test]
+fn damage_to_the_last_acknowledged_record_is_corruption_once_a_vouch_covers_it() {
+    for vouched in [false, true] {
+        let storage = SimStorage::new(SimConfig::default(), 5);
+        let journal = Journal::create(
+            Arc::new(storage.clone()),
+            "journal",
+            block_size(),
+            JournalConfig::default(),
+            Timestamp::MIN,
+        )
+        .unwrap();
+        journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[1; 512], &mut Vec::new()).unwrap();
+        let last = journal.append_write(Timestamp::from_unix_nanos(2), BlockIndex(1), &[2; 1024], &mut Vec::new());
+        journal.commit().unwrap();
+        if vouched {
+            assert!(journal.vouch().unwrap(), "two durable records to vouch for");
+            assert_eq!(journal.lsn_vouched(), Lsn(2));
+            assert!(!journal.vouch().unwrap(), "nothing new to vouch for");
+        }
+        drop(journal);
+        storage.crash();
+        // One flipped byte in the last record's blocks: the record is whole.
+        storage.corrupt("journal/00000001.seg", u64::from(last.unwrap().data_offset) + 700, 0x10).unwrap();
+        match (vouched, replay_reporting(&storage)) {
+            (true, Err(JournalError::Corrupt { reason, .. })) => {
+                assert!(reason.contains("not a torn write"), "{reason}")
+            }
+            (false, Ok((ops, report))) => {
+                // Nothing vouches: cut off, but said so, with what and how much.
+                assert_eq!(ops.len(), 1);
+                let dropped = report.dropped.expect("the tail is reported");
+                assert_eq!((dropped.lsn_first, dropped.whole), (Lsn(2), true));
+                assert_eq!(dropped.bytes, 64 + 8 + 1024);
+                assert!(dropped.reason.contains("damaged"), "{}", dropped.reason);
+            }
+            (vouched, other) => panic!("vouched {vouched}: unexpected {:?}", other.map(|(ops, _)| ops.len())),
+        }
+    }
+}
+
+#[test]
+fn a_tail_cut_short_is_reported_as_torn() {
+    let storage = SimStorage::new(SimConfig::default(), 5);
+    let journal =
+        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
+            .unwrap();
+    journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[1; 512], &mut Vec::new()).unwrap();
+    let last = journal.append_write(Timestamp::from_unix_nanos(2), BlockIndex(1), &[2; 512], &mut Vec::new());
+    journal.commit().unwrap();
+    drop(journal);
+    let file = storage.open_file("journal/00000001.seg", rewind_io::OpenMode::Existing).unwrap();
+    file.set_len(u64::from(last.unwrap().data_offset) + 100).unwrap();
+    file.sync_data().unwrap();
+    let (ops, report) = replay_reporting(&storage).unwrap();
+    assert_eq!(ops.len(), 1);
+    let dropped = report.dropped.expect("reported");
+    assert!(!dropped.whole && dropped.reason.contains("past the end"), "{dropped:?}");
+}
+
+#[test]
+fn a_full_disk_fails_the_append_that_needs_a_segment_and_nothing_else() {
+    let storage = SimStorage::new(SimConfig::default(), 3);
+    let config = JournalConfig { segment_bytes_max: 8_192 };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    // The first segment is allocated whole: its appends never need space.
+    storage.set_capacity(Some(storage.used_bytes()));
+    let data = vec![7; 3 * BLOCK as usize];
+    let mut appended = 0;
+    let error = loop {
+        match journal.append_write(Timestamp::from_unix_nanos(appended + 1), BlockIndex(0), &data, &mut Vec::new()) {
+            Ok(_) => appended += 1,
+            Err(error) => break error,
+        }
+    };
+    assert!(appended >= 4, "the allocated segment took {appended} records");
+    assert!(error.is_transient() && !journal.is_poisoned(), "{error}");
+    journal.commit().unwrap();
+    assert!(storage.list_dir("journal").unwrap().len() == 1, "no half-made segment is left");
+    storage.set_capacity(None);
+    journal.append_write(Timestamp::from_unix_nanos(100), BlockIndex(0), &data, &mut Vec::new()).unwrap();
+    journal.commit().unwrap();
+    drop(journal);
+    let (ops, _) = replay(&storage, config).unwrap();
+    assert_eq!(ops.len() as u64, appended + 1, "every acknowledged record, in order");
 }
