@@ -129,21 +129,21 @@ pub struct DamagedVolume {
 }
 
 pub struct Node {
-    storage: Arc<dyn Storage>,
+    pub(crate) storage: Arc<dyn Storage>,
     /// Counts the chunk store's device I/O: the history's data.
     chunk_io: Arc<CountingStorage>,
-    config: NodeConfig,
-    shared: Shared,
-    volumes: RwLock<BTreeMap<String, Arc<Volume>>>,
+    pub(crate) config: NodeConfig,
+    pub(crate) shared: Shared,
+    pub(crate) volumes: RwLock<BTreeMap<String, Arc<Volume>>>,
     /// Volumes that did not open. While there are any, the chunks their
     /// history refers to are uncounted, so nothing is collected.
-    damaged: RwLock<BTreeMap<String, DamagedVolume>>,
-    /// Serialises creating and deleting volumes.
-    admin: Mutex<()>,
+    pub(crate) damaged: RwLock<BTreeMap<String, DamagedVolume>>,
+    /// Serialises creating, deleting and repairing volumes.
+    pub(crate) admin: Mutex<()>,
     collect_last: Mutex<Option<Timestamp>>,
 }
 
-fn volume_dir(name: &str) -> String {
+pub(crate) fn volume_dir(name: &str) -> String {
     format!("{VOLUMES_DIR}/{name}")
 }
 
@@ -510,7 +510,7 @@ impl Node {
 
     /// Counts every chunk reference of every volume again (see
     /// [`ChunkStore::recount`]).
-    fn recount_chunks(&self) -> Result<(), EngineError> {
+    pub(crate) fn recount_chunks(&self) -> Result<(), EngineError> {
         let counting = if self.damaged.read().is_empty() { Counting::Exact } else { Counting::Conservative };
         let volumes = self.volumes();
         let report = self.shared.chunks.recount(counting, |mark| {

@@ -475,7 +475,7 @@ impl Volume {
                     }
                     RecordKind::Zero => (VersionData::Zero, zero_block_crc32c, BlockState::Zero),
                     RecordKind::Copy => unreachable!("handled above"),
-                    RecordKind::Vouch => unreachable!("recovery reads vouch records itself"),
+                    RecordKind::Vouch | RecordKind::Lost => unreachable!("recovery reads these records itself"),
                 };
                 let block = BlockIndex(first.0 + u64::from(index));
                 versions.push(Version { block, timestamp: header.timestamp, data, crc32c });
@@ -509,7 +509,9 @@ impl Volume {
                     }
                 }
             }
-            if header.lsn > lsn_indexed && !copies_history {
+            // (A repair may replay from further back than the index covers:
+            // what is archived is in archived runs already.)
+            if header.lsn > lsn_indexed && !copies_history && header.timestamp >= index.archived_before() {
                 index.insert(header.lsn, &versions);
             }
             if header.lsn > history.timeline_lsn() {

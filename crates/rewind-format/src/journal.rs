@@ -84,6 +84,13 @@ pub enum RecordKind {
     /// own (its LSN is the last record's), covers no blocks, and is written
     /// once the journal has been quiet for a moment after a commit.
     Vouch = 4,
+    /// Written by `rewind volume repair` over records that were damaged
+    /// after they were acknowledged: it takes their place byte for byte
+    /// (`block_first` holds the length of its zero padding, which the
+    /// checksum covers) and their LSNs (`block_count` of them, from its
+    /// LSN), so that the intact records after it are kept. Their writes
+    /// are lost, and said to be.
+    Lost = 5,
 }
 
 /// Bytes of one entry of a copy record.
@@ -111,6 +118,7 @@ impl RecordHeader {
             RecordKind::Write => (self.block_count as usize * 4).next_multiple_of(8),
             RecordKind::Zero | RecordKind::Vouch => 0,
             RecordKind::Copy => self.block_count as usize * COPY_ENTRY_BYTES,
+            RecordKind::Lost => self.block_first.0 as usize,
         }
     }
 
@@ -122,7 +130,7 @@ impl RecordHeader {
     pub fn data_bytes(&self) -> u64 {
         match self.kind {
             RecordKind::Write => u64::from(self.block_count) * u64::from(self.block_size.bytes()),
-            RecordKind::Zero | RecordKind::Copy | RecordKind::Vouch => 0,
+            RecordKind::Zero | RecordKind::Copy | RecordKind::Vouch | RecordKind::Lost => 0,
         }
     }
 
@@ -158,6 +166,7 @@ impl RecordHeader {
             2 => RecordKind::Zero,
             3 => RecordKind::Copy,
             4 => RecordKind::Vouch,
+            5 => RecordKind::Lost,
             other => return Err(reader.invalid(format!("unknown record kind {other}"))),
         };
         let shift = reader.u8()?;
@@ -175,6 +184,11 @@ impl RecordHeader {
         if kind == RecordKind::Vouch {
             if block_count != 0 || lsn_committed != lsn {
                 return Err(reader.invalid("a vouch record covers no blocks and vouches for its own LSN"));
+            }
+        } else if kind == RecordKind::Lost {
+            let padding = block_first.0;
+            if !padding.is_multiple_of(8) || padding > LOST_PADDING_BYTES_MAX || lsn_committed >= lsn.max(Lsn(1)) {
+                return Err(reader.invalid(format!("a lost record of {padding} padding bytes")));
             }
         } else {
             if block_count == 0 {
@@ -264,6 +278,26 @@ pub fn append_vouch_record(out: &mut Vec<u8>, stamp: RecordStamp) {
     assert_eq!(stamp.lsn, stamp.lsn_committed, "a vouch record vouches for its own LSN");
     let header = stamp.header(RecordKind::Vouch, 0);
     out.extend_from_slice(&seal(header.encode_unsealed(), &[]));
+}
+
+/// The longest span one lost record covers: a whole segment.
+pub const LOST_PADDING_BYTES_MAX: u64 = u32::MAX as u64;
+
+/// Encodes a lost record (see [`RecordKind::Lost`]) taking the place of
+/// `span_bytes` of damaged records whose LSNs were `stamp.lsn` and the
+/// `lsn_count - 1` after it.
+pub fn encode_lost_record(stamp: RecordStamp, lsn_count: u32, span_bytes: u64) -> Vec<u8> {
+    assert!(
+        span_bytes >= RECORD_HEADER_BYTES as u64 && span_bytes.is_multiple_of(8),
+        "a lost record spans whole records"
+    );
+    let padding = span_bytes - RECORD_HEADER_BYTES as u64;
+    assert!(padding <= LOST_PADDING_BYTES_MAX);
+    let header = RecordStamp { block_first: BlockIndex(padding), ..stamp }.header(RecordKind::Lost, lsn_count);
+    let zeros = vec![0u8; padding as usize];
+    let mut out = seal(header.encode_unsealed(), &zeros).to_vec();
+    out.extend_from_slice(&zeros);
+    out
 }
 
 /// Appends a copy record of `versions` (each in the chunk store or zeros) to `out`.

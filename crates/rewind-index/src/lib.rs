@@ -40,6 +40,7 @@
 
 mod cache;
 mod memtable;
+pub mod repair;
 mod run;
 mod thin;
 

@@ -55,7 +55,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rewind_format::journal::{
     append_copy_record, append_vouch_record, append_write_record, append_zero_record, block_crc, copy_entries,
-    RecordHeader, RecordKind, RecordStamp, SegmentHeader, COPY_ENTRY_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+    encode_lost_record, RecordHeader, RecordKind, RecordStamp, SegmentHeader, COPY_ENTRY_BYTES, RECORD_HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
 };
 use rewind_format::meta::JournalPosition;
 use rewind_format::FormatError;
@@ -306,10 +307,38 @@ impl Journal {
             records_replayed: 0,
             truncated_bytes: 0,
             dropped: None,
+            repair: false,
+            lost: Vec::new(),
             file: None,
         };
         recovery.open_segment(from.segment, None)?;
         Ok(recovery)
+    }
+
+    /// Where the oldest segment still present starts, the LSN of its first
+    /// record and the time of the last record before it: a replay position
+    /// from which everything the journal still holds is read (for a repair
+    /// that lost the checkpoint, or rebuilds what is derived from it).
+    pub fn oldest_start(storage: &dyn Storage, dir: &str) -> Result<(JournalPosition, Lsn, Timestamp), JournalError> {
+        let io = |path: &str| {
+            let path = path.to_owned();
+            move |source| JournalError::Io { path, source }
+        };
+        let names = storage.list_dir(dir).map_err(io(dir))?;
+        let segment = names.iter().filter_map(|name| parse_segment_name(name)).min().ok_or_else(|| {
+            JournalError::Corrupt { path: dir.to_owned(), offset: 0, reason: "no journal segment is left".into() }
+        })?;
+        let path = format!("{dir}/{}", segment_name(segment));
+        let file = storage.open_file(&path, OpenMode::Existing).map_err(io(&path))?;
+        let mut header = [0u8; SEGMENT_HEADER_BYTES];
+        file.read_exact_at(&mut header, 0).map_err(io(&path))?;
+        let header = SegmentHeader::decode(&header).map_err(|error| JournalError::Corrupt {
+            path: path.clone(),
+            offset: 0,
+            reason: error.to_string(),
+        })?;
+        let start = JournalPosition { segment, offset: SEGMENT_HEADER_BYTES as u64 };
+        Ok((start, header.lsn_first, header.timestamp_before))
     }
 
     fn path(&self, segment: u32) -> String {
@@ -781,6 +810,25 @@ pub struct RecoveryReport {
     pub truncated_bytes: u64,
     /// What was cut off, if anything.
     pub dropped: Option<DroppedTail>,
+    /// Damaged records a repair replaced (see [`Recovery::repairing`]).
+    pub lost: Vec<LostSpan>,
+}
+
+/// Acknowledged records a repair found damaged and replaced by a lost
+/// record: their writes are gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostSpan {
+    pub path: String,
+    pub offset: u64,
+    pub bytes: u64,
+    pub lsn_first: Lsn,
+    /// How many LSNs (records) were lost (0: only a vouch record).
+    pub lsn_count: u64,
+    /// Times of the intact records around them.
+    pub after: Timestamp,
+    pub before: Timestamp,
+    /// What was wrong.
+    pub reason: String,
 }
 
 /// A tail recovery cut off: nothing after the last intact record vouched
@@ -811,6 +859,9 @@ pub struct Recovery {
     records_replayed: u64,
     truncated_bytes: u64,
     dropped: Option<DroppedTail>,
+    /// Replace vouched damage by lost records instead of failing.
+    repair: bool,
+    lost: Vec<LostSpan>,
     file: Option<(Arc<dyn File>, u64)>,
 }
 
@@ -864,6 +915,15 @@ impl Recovery {
         Ok(())
     }
 
+    /// Makes this recovery a repair: damage to acknowledged records, which
+    /// is otherwise an error, is replaced by lost records (and a damaged
+    /// segment header rewritten) so that the intact records after it are
+    /// kept; [`RecoveryReport::lost`] lists what was lost.
+    pub fn repairing(mut self) -> Recovery {
+        self.repair = true;
+        self
+    }
+
     fn segments_after(&self, segment: u32) -> Result<Vec<u32>, JournalError> {
         let journal = &self.journal;
         let names = journal.storage.list_dir(&journal.dir).map_err(journal.io_error(journal.dir.clone()))?;
@@ -894,8 +954,10 @@ impl Recovery {
                         true => Damage::cut_short(&reason),
                         false => Damage::whole(reason),
                     };
-                    self.resolve_damage(next, SEGMENT_HEADER_BYTES as u64, damage)?;
-                    return Ok(None);
+                    match self.resolve_damage(next, SEGMENT_HEADER_BYTES as u64, damage)? {
+                        Resolved::Repaired => continue,
+                        Resolved::Truncated => return Ok(None),
+                    }
                 }
                 self.segment = next;
                 self.offset = SEGMENT_HEADER_BYTES as u64;
@@ -905,6 +967,10 @@ impl Recovery {
                 Ok(header) if header.kind == RecordKind::Vouch => {
                     self.offset += header.record_bytes();
                     self.journal.lsn_vouched.fetch_max(header.lsn.0, Ordering::AcqRel);
+                }
+                Ok(header) if header.kind == RecordKind::Lost => {
+                    self.offset += header.record_bytes();
+                    self.lsn_expected = Lsn(header.lsn.0 + u64::from(header.block_count));
                 }
                 Ok(header) => {
                     let record_offset = self.offset;
@@ -921,10 +987,10 @@ impl Recovery {
                         data: &self.buffer[data_offset..],
                     }));
                 }
-                Err(damage) => {
-                    self.resolve_damage(self.segment, self.offset + 8, damage)?;
-                    return Ok(None);
-                }
+                Err(damage) => match self.resolve_damage(self.segment, self.offset + 8, damage)? {
+                    Resolved::Repaired => continue,
+                    Resolved::Truncated => return Ok(None),
+                },
             }
         }
     }
@@ -950,7 +1016,12 @@ impl Recovery {
     /// damage was seen in `damaged_segment`, intact records can only follow
     /// from `search_from` on): corruption if any intact record after it says it
     /// was durable, otherwise a torn tail to cut off.
-    fn resolve_damage(&mut self, damaged_segment: u32, search_from: u64, damage: Damage) -> Result<(), JournalError> {
+    fn resolve_damage(
+        &mut self,
+        damaged_segment: u32,
+        search_from: u64,
+        damage: Damage,
+    ) -> Result<Resolved, JournalError> {
         let reason = damage.reason;
         let mut later = vec![damaged_segment];
         later.extend(self.segments_after(damaged_segment)?);
@@ -960,6 +1031,10 @@ impl Recovery {
             let size_bytes = file.size_bytes().map_err(self.journal.io_error(path.clone()))?;
             let start = if segment == damaged_segment { search_from } else { SEGMENT_HEADER_BYTES as u64 };
             if let Some(voucher) = find_voucher(&*file, size_bytes, start, self.lsn_expected) {
+                if self.repair {
+                    self.replace_damage(damaged_segment, reason)?;
+                    return Ok(Resolved::Repaired);
+                }
                 return Err(JournalError::Corrupt {
                     path: self.journal.path(self.segment),
                     offset: self.offset,
@@ -998,6 +1073,85 @@ impl Recovery {
         }
         journal.storage.sync_dir(&journal.dir).map_err(journal.io_error(journal.dir.clone()))?;
         self.file = Some((file, self.offset));
+        Ok(Resolved::Truncated)
+    }
+
+    /// Repair: the damage at the current position (a record of the open
+    /// segment, or the header of `damaged_segment` after it) was
+    /// acknowledged. A damaged segment header is written again (everything
+    /// in it is known); damaged records are replaced, up to the next intact
+    /// record, by one lost record taking their LSNs.
+    fn replace_damage(&mut self, damaged_segment: u32, reason: String) -> Result<(), JournalError> {
+        let journal = &self.journal;
+        if damaged_segment != self.segment {
+            let path = journal.path(damaged_segment);
+            let header = SegmentHeader {
+                segment: damaged_segment,
+                block_size: journal.block_size,
+                lsn_first: self.lsn_expected,
+                timestamp_before: self.timestamp_last,
+            };
+            let file = journal.file(damaged_segment)?;
+            file.write_all_at(&header.encode(), 0).map_err(journal.io_error(path.clone()))?;
+            file.sync_data().map_err(journal.io_error(path.clone()))?;
+            return Ok(());
+        }
+        let (file, size_bytes) = self.file.clone().expect("a segment is open");
+        let path = journal.path(self.segment);
+        // The next intact record in this segment, or its end (the next
+        // segment's header then says which LSN comes next).
+        let (end, lsn_next, before) = match next_intact(&*file, size_bytes, self.offset + 8, self.lsn_expected) {
+            Some((offset, header)) => {
+                let lsn_next = match header.kind {
+                    // A vouch record carries the LSN of the record before it.
+                    RecordKind::Vouch => header.lsn.next(),
+                    _ => header.lsn,
+                };
+                (offset, lsn_next, header.timestamp)
+            }
+            None => {
+                let next =
+                    self.segments_after(self.segment)?.first().copied().ok_or_else(|| JournalError::Corrupt {
+                        path: path.clone(),
+                        offset: self.offset,
+                        reason: format!("{reason}; nothing intact follows it to repair from"),
+                    })?;
+                let mut header = [0u8; SEGMENT_HEADER_BYTES];
+                journal.file(next)?.read_exact_at(&mut header, 0).map_err(journal.io_error(journal.path(next)))?;
+                let header = SegmentHeader::decode(&header).map_err(|error| JournalError::Corrupt {
+                    path: journal.path(next),
+                    offset: 0,
+                    reason: error.to_string(),
+                })?;
+                (size_bytes, header.lsn_first, header.timestamp_before)
+            }
+        };
+        let lsn_count = lsn_next.0.saturating_sub(self.lsn_expected.0);
+        let stamp = RecordStamp {
+            block_size: journal.block_size,
+            lsn: self.lsn_expected,
+            lsn_committed: Lsn(self.lsn_expected.0.saturating_sub(1)),
+            timestamp: self.timestamp_last,
+            block_first: BlockIndex(0),
+        };
+        let count = u32::try_from(lsn_count).map_err(|_| JournalError::Corrupt {
+            path: path.clone(),
+            offset: self.offset,
+            reason: format!("{reason}; {lsn_count} records would be lost at once"),
+        })?;
+        let filler = encode_lost_record(stamp, count, end - self.offset);
+        file.write_all_at(&filler, self.offset).map_err(journal.io_error(path.clone()))?;
+        file.sync_data().map_err(journal.io_error(path.clone()))?;
+        self.lost.push(LostSpan {
+            path,
+            offset: self.offset,
+            bytes: end - self.offset,
+            lsn_first: self.lsn_expected,
+            lsn_count,
+            after: self.timestamp_last,
+            before,
+            reason,
+        });
         Ok(())
     }
 
@@ -1023,6 +1177,7 @@ impl Recovery {
             records_replayed: self.records_replayed,
             truncated_bytes: self.truncated_bytes,
             dropped: self.dropped,
+            lost: self.lost,
         };
         Ok((journal, report))
     }
@@ -1060,6 +1215,34 @@ fn read_verified_record(
         }
     }
     Ok(header)
+}
+
+/// How damage was resolved.
+enum Resolved {
+    /// A torn tail, cut off: recovery ends there.
+    Truncated,
+    /// Repaired in place: recovery reads on.
+    Repaired,
+}
+
+/// The first intact record at or after `start` (8-aligned) whose LSN is
+/// `lsn` or later, with its offset.
+fn next_intact(file: &dyn File, size_bytes: u64, start: u64, lsn: Lsn) -> Option<(u64, RecordHeader)> {
+    let mut buffer = Vec::new();
+    let mut offset = start.next_multiple_of(8);
+    let magic = rewind_format::journal::RECORD_MAGIC.to_le_bytes();
+    let mut word = [0u8; 4];
+    while offset + RECORD_HEADER_BYTES as u64 <= size_bytes {
+        if file.read_exact_at(&mut word, offset).is_ok() && word == magic {
+            if let Ok(header) = read_verified_record(file, size_bytes, offset, &mut buffer) {
+                if header.lsn >= Lsn(lsn.0.saturating_sub(1)) {
+                    return Some((offset, header));
+                }
+            }
+        }
+        offset += 8;
+    }
+    None
 }
 
 /// Offset of an intact record at or after `start` that was appended after

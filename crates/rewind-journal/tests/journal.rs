@@ -48,7 +48,9 @@ fn replay(storage: &SimStorage, config: JournalConfig) -> Result<(Vec<Op>, Journ
             rewind_format::journal::RecordKind::Write => Op::Write { block, data: record.data.to_vec() },
             rewind_format::journal::RecordKind::Zero => Op::Zero { block, count: record.header.block_count },
             rewind_format::journal::RecordKind::Copy => Op::Copy { versions: record.copies()? },
-            rewind_format::journal::RecordKind::Vouch => panic!("recovery keeps vouch records to itself"),
+            rewind_format::journal::RecordKind::Vouch | rewind_format::journal::RecordKind::Lost => {
+                panic!("recovery keeps these records to itself")
+            }
         });
     }
     let (journal, _report) = recovery.finish()?;
@@ -337,4 +339,41 @@ fn a_full_disk_fails_the_append_that_needs_a_segment_and_nothing_else() {
     drop(journal);
     let (ops, _) = replay(&storage, config).unwrap();
     assert_eq!(ops.len() as u64, appended + 1, "every acknowledged record, in order");
+}
+
+#[test]
+fn a_repair_replaces_damaged_acknowledged_records_and_keeps_the_ones_after() {
+    let storage = SimStorage::new(SimConfig::default(), 5);
+    let config = JournalConfig { segment_bytes_max: 4_000 };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    // Two records per segment: damage one in the middle of segment 2 and
+    // the header of segment 4.
+    let mut appended = Vec::new();
+    for step in 1..=8u64 {
+        let data = vec![step as u8; 3 * BLOCK as usize];
+        let record =
+            journal.append_write(Timestamp::from_unix_nanos(step * 10), BlockIndex(step), &data, &mut Vec::new());
+        appended.push(record.unwrap());
+        journal.commit().unwrap();
+    }
+    drop(journal);
+    storage.corrupt("journal/00000002.seg", u64::from(appended[2].data_offset) + 5, 0x04).unwrap();
+    storage.corrupt("journal/00000004.seg", 20, 0x01).unwrap();
+    assert!(matches!(replay(&storage, config), Err(JournalError::Corrupt { .. })), "damage is an error until repaired");
+    let shared: Arc<dyn Storage> = Arc::new(storage.clone());
+    let mut recovery =
+        Journal::recover(shared, "journal", block_size(), config, start(), Lsn(1), Timestamp::MIN).unwrap().repairing();
+    let mut blocks = Vec::new();
+    while let Some(record) = recovery.next_record().unwrap() {
+        blocks.push(record.header.block_first.0);
+    }
+    let (_, report) = recovery.finish().unwrap();
+    assert_eq!(blocks, vec![1, 2, 4, 5, 6, 7, 8], "record 3 is lost, every other kept");
+    assert_eq!(report.lost.len(), 1, "{:?}", report.lost);
+    let lost = &report.lost[0];
+    assert_eq!((lost.lsn_first, lost.lsn_count), (Lsn(3), 1));
+    assert_eq!((lost.after, lost.before), (Timestamp::from_unix_nanos(20), Timestamp::from_unix_nanos(40)));
+    // Repaired for good: the next recovery reads the lost record without a word.
+    let (ops, _) = replay(&storage, config).unwrap();
+    assert_eq!(ops.len(), 7);
 }

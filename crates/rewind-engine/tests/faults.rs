@@ -1,0 +1,333 @@
+//! Faults stay small: one damaged file of one volume, or of the node's
+//! chunk store, takes out only what needs it. Each case damages one kind of
+//! file of volume `a` on a simulated disk (or of the chunk store), reopens
+//! the node, checks that volume `b` is served intact and `a` is either
+//! healed, damaged (and then repaired, saying what was lost) or served with
+//! the history that needs the damaged place reported.
+
+use std::sync::Arc;
+
+use rewind_engine::{
+    BlockSize, BookmarkName, Durability, EngineError, InUse, Node, NodeConfig, RepairMode, Timestamp, VolumeName,
+    VolumeSpec,
+};
+use rewind_format::meta::IndexManifest;
+use rewind_io::{SimConfig, SimStorage, Storage};
+
+const SECOND: u64 = 1_000_000_000;
+const BLOCK: usize = 4096;
+const BLOCKS: u64 = 16;
+
+fn config() -> NodeConfig {
+    let mut config = NodeConfig::default();
+    // Checkpoints only when the test takes them.
+    config.volume.checkpoint_interval_nanos = u64::MAX / 2;
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_interval_nanos = 1;
+    config.reserve = rewind_engine::Reserve::Bytes(0);
+    // Dedup runs on disk after the first archive pass.
+    config.chunks.dedup.memtable_entries_max = 4;
+    config
+}
+
+fn at(seconds: u64) -> Timestamp {
+    Timestamp::from_unix_nanos(1_000_000 * SECOND + seconds * SECOND)
+}
+
+/// Block `block` as written by round `round` of volume `volume`.
+fn pattern(volume: u8, round: u8, block: u64) -> Vec<u8> {
+    vec![volume.wrapping_mul(31) ^ round.wrapping_mul(7) ^ block as u8; BLOCK]
+}
+
+/// A node with volumes `a` and `b`: round 1 written and archived, round 2
+/// written and checkpointed (recent history), round 3 written and made
+/// durable after the checkpoint. Returns the storage, closed.
+fn history() -> SimStorage {
+    let storage = SimStorage::new(SimConfig { write_survival: 1.0, torn_write: 0.0, ..SimConfig::default() }, 7);
+    let node = Node::open(Arc::new(storage.clone()), config()).unwrap();
+    for (tag, name) in [(1u8, "a"), (2, "b")] {
+        let spec =
+            VolumeSpec::new(VolumeName::new(name).unwrap(), BLOCKS * BLOCK as u64, BlockSize::new(4096).unwrap());
+        let volume = node.create_volume(spec, at(0)).unwrap();
+        for round in 1..=3u8 {
+            for block in 0..BLOCKS {
+                let now = at(u64::from(round) * 100 + block);
+                volume.write(now, block * BLOCK as u64, &pattern(tag, round, block), Durability::Buffered).unwrap();
+            }
+            volume.flush().unwrap();
+            match round {
+                1 => {
+                    volume.create_bookmark(BookmarkName::new("one").unwrap(), None, at(150)).unwrap();
+                    node.maintain_history(at(160)).unwrap();
+                }
+                2 => volume.checkpoint(at(250)).unwrap(),
+                _ => {
+                    // Quiet after the flush: the journal vouches for round 3.
+                    node.maintain(at(390)).unwrap();
+                    node.maintain(at(391)).unwrap();
+                    assert!(volume.stats().unwrap().lsn_durable > 0);
+                }
+            }
+        }
+    }
+    drop(node);
+    storage.crash();
+    storage
+}
+
+/// Reads volume `name` as it is and as it was after each round.
+fn check(node: &Node, name: &str, tag: u8) {
+    let volume = node.volume(name).unwrap();
+    let mut image = vec![0u8; BLOCKS as usize * BLOCK];
+    for (round, time) in [(3u8, None), (1, Some(at(150))), (2, Some(at(250)))] {
+        match time {
+            None => volume.read(0, &mut image).unwrap(),
+            Some(time) => volume.view(time).unwrap().read(0, &mut image).unwrap(),
+        }
+        for block in 0..BLOCKS {
+            let got = &image[block as usize * BLOCK..(block as usize + 1) * BLOCK];
+            assert!(got == &pattern(tag, round, block)[..], "volume {name} round {round} block {block}");
+        }
+    }
+}
+
+fn flip(storage: &SimStorage, path: &str, offset: u64) {
+    storage.corrupt(path, offset, 0x20).unwrap();
+}
+
+/// Flips a byte in both copies of a metadata file.
+fn flip_both_copies(storage: &SimStorage, path: &str) {
+    let size = storage.open_file(path, rewind_io::OpenMode::Existing).unwrap().size_bytes().unwrap();
+    flip(storage, path, 10);
+    flip(storage, path, size / 2 + 10);
+}
+
+fn open(storage: &SimStorage) -> Node {
+    Node::open(Arc::new(storage.clone()), config()).expect("the node opens whatever one volume's damage")
+}
+
+/// `a` is damaged with a problem naming `what`, `b` is served; repair
+/// brings `a` back; returns the node and the report's losses.
+fn damaged_then_repaired(storage: &SimStorage, what: &str) -> (Node, Vec<String>) {
+    let node = open(storage);
+    check(&node, "b", 2);
+    let damaged = node.damaged_volumes();
+    assert_eq!(damaged.len(), 1, "{damaged:?}");
+    assert!(damaged[0].problem.contains(what), "{}", damaged[0].problem);
+    assert!(!damaged[0].problem.contains("truncated"), "damage is called damage: {}", damaged[0].problem);
+    let Err(error) = node.volume("a") else { panic!("volume a is not served") };
+    assert!(matches!(error, EngineError::Damaged { .. }), "{error}");
+    assert!(error.to_string().contains("rewind volume repair a"), "{error}");
+    assert!(matches!(node.collect(&mut |_, _, _| {}), Err(EngineError::CollectionWaits { .. })));
+    let plan = node.repair_volume("a", RepairMode::Plan, InUse::Refuse, at(1000)).unwrap();
+    assert!(!plan.repaired && plan.steps.len() == 1, "{plan:?}");
+    let report = node.repair_volume("a", RepairMode::Apply, InUse::Refuse, at(1000)).unwrap();
+    assert!(report.repaired, "{report:?}");
+    assert!(node.damaged_volumes().is_empty());
+    node.collect(&mut |_, _, _| {}).expect("collection works again");
+    println!("{report:#?}");
+    let losses = report.steps.iter().filter_map(|step| step.loss.clone()).collect();
+    (node, losses)
+}
+
+#[test]
+fn one_damaged_copy_of_a_metadata_file_is_healed_in_place() {
+    for file in ["volume.meta", "checkpoint", "policy", "bookmarks", "index/manifest"] {
+        let storage = history();
+        let path = format!("volumes/a/{file}");
+        flip(&storage, &path, 12);
+        let node = open(&storage);
+        assert!(node.damaged_volumes().is_empty(), "{file}");
+        check(&node, "a", 1);
+        check(&node, "b", 2);
+        let bytes = rewind_io::read_file(&storage, &path).unwrap();
+        assert_eq!(rewind_format::meta::healed(&bytes), None, "{file} is rewritten from its good copy");
+    }
+}
+
+#[test]
+fn both_copies_of_the_checkpoint_damaged_replays_the_whole_journal() {
+    let storage = history();
+    flip_both_copies(&storage, "volumes/a/checkpoint");
+    let (node, losses) = damaged_then_repaired(&storage, "checkpoint");
+    assert!(losses.is_empty(), "{losses:?}");
+    check(&node, "a", 1);
+    drop(node);
+    check(&open(&storage), "a", 1);
+}
+
+#[test]
+fn a_damaged_policy_or_bookmarks_file_is_reset_and_says_what_it_lost() {
+    for (file, lost) in [("policy", "retention policy"), ("bookmarks", "bookmark")] {
+        let storage = history();
+        flip_both_copies(&storage, &format!("volumes/a/{file}"));
+        let (node, losses) = damaged_then_repaired(&storage, file);
+        assert!(losses.iter().any(|loss| loss.contains(lost)), "{losses:?}");
+        let volume = node.volume("a").unwrap();
+        assert!(volume.history_damage().iter().any(|note| note.contains(lost)), "{:?}", volume.history_damage());
+        let mut image = vec![0u8; BLOCKS as usize * BLOCK];
+        volume.read(0, &mut image).unwrap();
+        assert_eq!(&image[..BLOCK], &pattern(1, 3, 0)[..]);
+    }
+}
+
+#[test]
+fn damaged_volume_meta_leaves_delete_as_the_way_out() {
+    let storage = history();
+    flip_both_copies(&storage, "volumes/a/volume.meta");
+    let node = open(&storage);
+    check(&node, "b", 2);
+    let report = node.repair_volume("a", RepairMode::Apply, InUse::Refuse, at(1000)).unwrap();
+    assert!(!report.repaired && report.unrepairable.as_ref().is_some_and(|why| why.contains("delete")), "{report:?}");
+    node.delete_volume("a", InUse::Refuse).unwrap();
+    assert!(node.damaged_volumes().is_empty());
+    node.collect(&mut |_, _, _| {}).unwrap();
+    check(&node, "b", 2);
+}
+
+fn runs(storage: &SimStorage, archived: bool) -> Vec<String> {
+    let bytes = rewind_io::read_file(storage, "volumes/a/index/manifest").unwrap();
+    let manifest = IndexManifest::decode(&bytes).unwrap();
+    manifest
+        .runs
+        .iter()
+        .filter(|run| (run.timestamp_max < manifest.archived_before) == archived)
+        .map(|run| format!("volumes/a/index/{:010}.run", run.id))
+        .collect()
+}
+
+#[test]
+fn a_damaged_recent_index_run_is_filed_again_from_the_journal() {
+    let storage = history();
+    let recent = runs(&storage, false);
+    assert!(!recent.is_empty());
+    flip(&storage, &recent[0], 4096 + 100);
+    let (node, losses) = damaged_then_repaired(&storage, ".run");
+    assert!(losses.is_empty(), "nothing is lost: {losses:?}");
+    check(&node, "a", 1);
+    drop(node);
+    check(&open(&storage), "a", 1);
+}
+
+#[test]
+fn a_damaged_archived_index_run_keeps_its_good_pages_and_reports_the_rest() {
+    let storage = history();
+    let archived = runs(&storage, true);
+    assert!(!archived.is_empty());
+    flip(&storage, &archived[0], 4096 + 100);
+    let (node, losses) = damaged_then_repaired(&storage, ".run");
+    assert!(losses.iter().any(|loss| loss.contains("archived versions") && loss.contains("lost")), "{losses:?}");
+    let volume = node.volume("a").unwrap();
+    let mut image = vec![0u8; BLOCKS as usize * BLOCK];
+    volume.read(0, &mut image).unwrap();
+    assert_eq!(&image[..BLOCK], &pattern(1, 3, 0)[..], "the present is whole");
+    assert!(!volume.history_damage().is_empty(), "the loss is on record");
+}
+
+#[test]
+fn damaged_acknowledged_journal_records_are_lost_alone() {
+    let storage = history();
+    // Round 3 of `a` is in the journal after the checkpoint: damage one of
+    // its records; the records after it vouch that it was acknowledged.
+    let segments = storage.list_dir("volumes/a/journal").unwrap();
+    let segment = format!("volumes/a/journal/{}", segments.last().unwrap());
+    let size = storage.open_file(&segment, rewind_io::OpenMode::Existing).unwrap().size_bytes().unwrap();
+    flip(&storage, &segment, size - 8 * (BLOCK as u64 + 72));
+    let (node, losses) = damaged_then_repaired(&storage, "journal");
+    assert!(losses.iter().any(|loss| loss.contains("1 writes from LSN")), "{losses:?}");
+    let volume = node.volume("a").unwrap();
+    let mut image = vec![0u8; BLOCKS as usize * BLOCK];
+    volume.read(0, &mut image).unwrap();
+    let differing = (0..BLOCKS as usize)
+        .filter(|&block| image[block * BLOCK..(block + 1) * BLOCK] != pattern(1, 3, block as u64)[..])
+        .count();
+    assert_eq!(differing, 1, "exactly the lost write is missing; every write after it is kept");
+}
+
+#[test]
+fn chunk_store_damage_is_mended_from_what_it_is_derived_from() {
+    // A table slot (rewritten from the pack's footer), a dedup run (rebuilt).
+    let storage = history();
+    let slot = |storage: &SimStorage| rewind_io::read_file(storage, "chunks/table").unwrap()[64 * 3..64 * 4].to_vec();
+    let pristine = slot(&storage);
+    flip(&storage, "chunks/table", 64 * 3 + 5);
+    assert_ne!(slot(&storage), pristine);
+    let dedup_runs: Vec<String> =
+        storage.list_dir("chunks/dedup").unwrap().into_iter().filter(|name| name.ends_with(".run")).collect();
+    assert!(!dedup_runs.is_empty());
+    for name in &dedup_runs {
+        flip(&storage, &format!("chunks/dedup/{name}"), 9);
+    }
+    let node = open(&storage);
+    assert_eq!(slot(&storage), pristine, "the slot is written again from the pack's footer");
+    assert!(node.damaged_volumes().is_empty());
+    check(&node, "a", 1);
+    check(&node, "b", 2);
+    assert_eq!(node.chunk_stats().chunks_missing, 0);
+    node.collect(&mut |_, _, _| {}).unwrap();
+}
+
+#[test]
+fn a_damaged_pack_footer_is_read_through_the_table_and_rewritten() {
+    let storage = history();
+    let pack = storage.list_dir("chunks/packs").unwrap()[0].clone();
+    let path = format!("chunks/packs/{pack}");
+    let size = storage.open_file(&path, rewind_io::OpenMode::Existing).unwrap().size_bytes().unwrap();
+    flip(&storage, &path, size - 20);
+    let node = open(&storage);
+    assert!(node.damaged_volumes().is_empty());
+    assert_eq!(node.chunk_stats().packs_footer_damaged, 1);
+    check(&node, "a", 1);
+    let report = node.collect(&mut |_, _, _| {}).unwrap();
+    assert!(report.packs_rewritten >= 1, "{report:?}");
+    assert_eq!(node.chunk_stats().packs_footer_damaged, 0);
+    check(&node, "a", 1);
+    check(&node, "b", 2);
+}
+
+#[test]
+fn a_damaged_chunk_fails_only_the_views_that_need_it() {
+    let storage = history();
+    let pack = storage.list_dir("chunks/packs").unwrap()[0].clone();
+    // The first record's stored bytes.
+    flip(&storage, &format!("chunks/packs/{pack}"), 64 + 56 + 10);
+    let node = open(&storage);
+    assert!(node.damaged_volumes().is_empty());
+    let mut failed = 0;
+    for name in ["a", "b"] {
+        let volume = node.volume(name).unwrap();
+        let mut image = vec![0u8; BLOCKS as usize * BLOCK];
+        volume.read(0, &mut image).unwrap();
+        match volume.view(at(150)).unwrap().read(0, &mut image) {
+            Ok(()) => {}
+            Err(error) => {
+                assert!(error.is_corruption(), "{error}");
+                failed += 1;
+            }
+        }
+    }
+    assert_eq!(failed, 1, "one chunk, one volume's view");
+}
+
+#[test]
+fn a_damaged_last_record_nothing_vouches_for_is_dropped_and_said() {
+    let storage = SimStorage::new(SimConfig { write_survival: 1.0, torn_write: 0.0, ..SimConfig::default() }, 3);
+    let node = Node::open(Arc::new(storage.clone()), config()).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("a").unwrap(), BLOCKS * BLOCK as u64, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, at(0)).unwrap();
+    volume.write(at(1), 0, &pattern(1, 1, 0), Durability::Fua).unwrap();
+    volume.write(at(2), 0, &pattern(1, 2, 0), Durability::Fua).unwrap();
+    drop(volume);
+    drop(node);
+    storage.crash();
+    let segment = "volumes/a/journal/00000001.seg";
+    let size = storage.open_file(segment, rewind_io::OpenMode::Existing).unwrap().size_bytes().unwrap();
+    flip(&storage, segment, size - 100);
+    let node = open(&storage);
+    let volume = node.volume("a").unwrap();
+    let dropped = volume.journal_tail_dropped().expect("the dropped tail is reported");
+    assert!(dropped.whole && dropped.bytes == BLOCK as u64 + 72, "{dropped:?}");
+    let mut block = vec![0; BLOCK];
+    volume.read(0, &mut block).unwrap();
+    assert_eq!(block, pattern(1, 1, 0), "the last write was taken for a torn one: said so, not silently");
+}
