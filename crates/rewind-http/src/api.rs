@@ -388,6 +388,21 @@ pub struct ErrorBody {
     pub kind: String,
 }
 
+/// `POST /v1/tokens`: the new token, shown this once (only its hash is kept).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CreatedToken {
+    #[serde(flatten)]
+    pub info: rewind_access::TokenInfo,
+    pub token: String,
+}
+
+/// `DELETE /v1/access?volume=V&identity=I`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RevokeGrant {
+    pub volume: String,
+    pub identity: String,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Health {
     pub status: String,

@@ -24,7 +24,11 @@
 //! volume or chunk store, 500 for corruption and I/O errors.
 
 pub mod api;
+mod auth;
+mod edge;
 mod metrics;
 mod server;
 
+pub use auth::{AllowedHosts, Door};
+pub use edge::HttpConfig;
 pub use server::{router, serve, ApiState};

@@ -1,25 +1,31 @@
+use std::collections::HashMap;
 use std::future::Future;
 use std::io::{self, Read};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use futures_util::StreamExt;
 use jiff::tz::TimeZone;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
+use rewind_access::{AccessError, GrantInfo, Grants, Principal, TokenInfo, TokenSpec};
 use rewind_engine::{BookmarkName, EngineError, InUse, Node, Timestamp};
 
 use crate::api::{
-    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent, Health,
-    ImportSummary, NodeReport, Policy, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent,
+    Health, ImportSummary, NodeReport, Policy, RevokeGrant, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
+    VolumeReport,
 };
+use crate::auth::{self, Door};
+use crate::edge::HttpConfig;
 
 /// What the handlers share.
 pub struct ApiState {
@@ -27,6 +33,10 @@ pub struct ApiState {
     /// Where the NBD server listens, reported by `/v1/health` so clients can
     /// print the right URIs.
     pub nbd_address: Option<String>,
+    /// Who may call the API (tokens, allowed host names, our own scheme).
+    pub door: Door,
+    /// NBD access grants, managed here and read by the NBD catalog.
+    pub grants: Arc<Grants>,
 }
 
 type Shared = Arc<ApiState>;
@@ -36,17 +46,42 @@ fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
 
-pub struct ApiError(EngineError);
+pub enum ApiError {
+    Engine(EngineError),
+    Access(AccessError),
+    Forbidden(String),
+}
 
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
-        ApiError(error)
+        ApiError::Engine(error)
+    }
+}
+
+impl From<AccessError> for ApiError {
+    fn from(error: AccessError) -> Self {
+        ApiError::Access(error)
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, kind) = match &self.0 {
+        let error = match self {
+            ApiError::Engine(error) => error,
+            ApiError::Forbidden(message) => return auth::refusal(StatusCode::FORBIDDEN, "forbidden", message),
+            ApiError::Access(error) => {
+                let (status, kind) = match &error {
+                    AccessError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
+                    AccessError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+                    _ => (StatusCode::INTERNAL_SERVER_ERROR, "io"),
+                };
+                if status.is_server_error() {
+                    tracing::error!(%error, "API request failed");
+                }
+                return auth::refusal(status, kind, error.to_string());
+            }
+        };
+        let (status, kind) = match &error {
             EngineError::VolumeNotFound(_) | EngineError::BookmarkNotFound { .. } => {
                 (StatusCode::NOT_FOUND, "not_found")
             }
@@ -64,14 +99,14 @@ impl IntoResponse for ApiError {
             _ => (StatusCode::BAD_REQUEST, "invalid"),
         };
         if status.is_server_error() {
-            tracing::error!(error = %self.0, "API request failed");
+            tracing::error!(%error, "API request failed");
         }
-        (status, Json(ErrorBody { error: self.0.to_string(), kind: kind.to_owned() })).into_response()
+        (status, Json(ErrorBody { error: error.to_string(), kind: kind.to_owned() })).into_response()
     }
 }
 
 fn invalid(message: String) -> ApiError {
-    ApiError(EngineError::InvalidArgument(message))
+    ApiError::Engine(EngineError::InvalidArgument(message))
 }
 
 /// Runs blocking engine work off the async threads.
@@ -79,15 +114,17 @@ async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
 ) -> Result<T, ApiError> {
     match tokio::task::spawn_blocking(work).await {
-        Ok(result) => result.map_err(ApiError),
+        Ok(result) => result.map_err(ApiError::Engine),
         Err(join) => std::panic::resume_unwind(join.into_panic()),
     }
 }
 
+/// The API: every route behind the guard (`crate::auth`), with the checks
+/// that depend on the route in layers of their own.
 pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/v1/health", get(health))
-        .route("/v1/volumes", get(list_volumes).post(create_volume))
+    let door = Arc::new(state.door.clone());
+    // A token limited to some volumes sees no other (404, as if absent).
+    let volume_routes = Router::new()
         .route("/v1/volumes/{name}", get(volume_detail).patch(update_volume).delete(delete_volume))
         .route("/v1/volumes/{name}/import", post(import_volume).layer(DefaultBodyLimit::disable()))
         .route("/v1/volumes/{name}/timeline", get(timeline))
@@ -97,39 +134,92 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/view", get(resolve_view))
         .route("/v1/volumes/{name}/history", delete(delete_history))
         .route("/v1/volumes/{name}/stats", get(volume_stats))
+        .route_layer(middleware::from_fn(volume_scope));
+    let node_routes = Router::new()
         .route("/v1/stats", get(node_stats))
         .route("/v1/gc", post(collect_garbage))
         .route("/metrics", get(crate::metrics::metrics))
+        .route_layer(middleware::from_fn(auth::node_wide));
+    let admin_routes = Router::new()
+        .route("/v1/tokens", get(list_tokens).post(create_token))
+        .route("/v1/tokens/{id}", delete(revoke_token))
+        .route("/v1/access", get(list_grants).post(create_grant).delete(revoke_grant))
+        .route_layer(middleware::from_fn(auth::admin_only));
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/volumes", get(list_volumes).post(create_volume))
+        .merge(volume_routes)
+        .merge(node_routes)
+        .merge(admin_routes)
         .with_state(Arc::new(state))
+        .layer(middleware::from_fn_with_state(door, auth::guard))
 }
 
-/// Serves the API on `listener` until `shutdown` completes.
+/// Serves the API on `listener` until `shutdown` completes, within the
+/// limits of `config` (see `crate::edge`).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: ApiState,
+    config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    crate::edge::serve(listener, router(state), config, shutdown).await
 }
 
-async fn health(State(state): State<Shared>) -> Json<Health> {
+async fn volume_scope(
+    Extension(principal): Extension<Principal>,
+    Path(parameters): Path<HashMap<String, String>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match parameters.get("name") {
+        Some(name) if !principal.may_see(name) => {
+            ApiError::Engine(EngineError::VolumeNotFound(name.clone())).into_response()
+        }
+        _ => next.run(request).await,
+    }
+}
+
+async fn health(State(state): State<Shared>, Extension(principal): Extension<Principal>) -> Json<Health> {
     Json(Health {
         status: "ok".to_owned(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
-        volumes: state.node.volumes().len(),
+        volumes: state.node.volumes().iter().filter(|volume| principal.may_see(volume.name().as_str())).count(),
         nbd_address: state.nbd_address.clone(),
     })
 }
 
-async fn list_volumes(State(state): State<Shared>) -> Result<Json<Vec<VolumeInfo>>, ApiError> {
+async fn list_volumes(
+    State(state): State<Shared>,
+    Extension(principal): Extension<Principal>,
+) -> Result<Json<Vec<VolumeInfo>>, ApiError> {
     let node = Arc::clone(&state.node);
-    blocking(move || Ok(node.volumes().iter().map(|volume| VolumeInfo::of(volume)).collect())).await.map(Json)
+    blocking(move || {
+        Ok(node
+            .volumes()
+            .iter()
+            .filter(|volume| principal.may_see(volume.name().as_str()))
+            .map(|volume| VolumeInfo::of(volume))
+            .collect())
+    })
+    .await
+    .map(Json)
+}
+
+/// Refuses to create `name` with a token limited to other volumes.
+fn may_create(principal: &Principal, name: &str) -> Result<(), ApiError> {
+    if principal.may_see(name) {
+        return Ok(());
+    }
+    Err(ApiError::Forbidden(format!("token {} may not create volume {name}: it is limited to others", principal.id)))
 }
 
 async fn create_volume(
     State(state): State<Shared>,
+    Extension(principal): Extension<Principal>,
     Json(request): Json<CreateVolume>,
 ) -> Result<(StatusCode, Json<VolumeInfo>), ApiError> {
+    may_create(&principal, &request.name)?;
     let node = Arc::clone(&state.node);
     let spec = request.spec().map_err(invalid)?;
     let volume = blocking(move || node.create_volume(spec, now())).await?;
@@ -264,7 +354,7 @@ async fn import_volume(
             // An import is all or nothing.
             let name = volume.name().to_string();
             blocking(move || node.delete_volume(&name, InUse::Force)).await?;
-            Err(ApiError(error))
+            Err(ApiError::Engine(error))
         }
     }
 }
@@ -439,4 +529,57 @@ async fn resolve_view(
     })
     .await
     .map(Json)
+}
+
+/// Token and grant changes write a file and sync it: off the async threads.
+async fn access_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, AccessError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result.map_err(ApiError::Access),
+        Err(join) => std::panic::resume_unwind(join.into_panic()),
+    }
+}
+
+async fn list_tokens(State(state): State<Shared>) -> Json<Vec<TokenInfo>> {
+    Json(state.door.tokens.list())
+}
+
+async fn create_token(
+    State(state): State<Shared>,
+    Json(spec): Json<TokenSpec>,
+) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
+    let tokens = Arc::clone(&state.door.tokens);
+    let (info, token) = access_blocking(move || tokens.create(&spec)).await?;
+    Ok((StatusCode::CREATED, Json(CreatedToken { info, token })))
+}
+
+async fn revoke_token(State(state): State<Shared>, Path(id): Path<String>) -> Result<Json<TokenInfo>, ApiError> {
+    let tokens = Arc::clone(&state.door.tokens);
+    Ok(Json(access_blocking(move || tokens.revoke(&id)).await?))
+}
+
+async fn list_grants(State(state): State<Shared>) -> Json<Vec<GrantInfo>> {
+    Json(state.grants.list())
+}
+
+async fn create_grant(
+    State(state): State<Shared>,
+    Json(request): Json<GrantInfo>,
+) -> Result<(StatusCode, Json<GrantInfo>), ApiError> {
+    let node = Arc::clone(&state.node);
+    let volume = request.volume.clone();
+    // Only what exists can be granted: a typo should not wait for a volume.
+    blocking(move || node.volume(&volume).map(drop)).await?;
+    let grants = Arc::clone(&state.grants);
+    let granted = access_blocking(move || grants.grant(&request.volume, &request.identity, request.access)).await?;
+    Ok((StatusCode::CREATED, Json(granted)))
+}
+
+async fn revoke_grant(
+    State(state): State<Shared>,
+    Query(request): Query<RevokeGrant>,
+) -> Result<Json<GrantInfo>, ApiError> {
+    let grants = Arc::clone(&state.grants);
+    Ok(Json(access_blocking(move || grants.revoke(&request.volume, &request.identity)).await?))
 }

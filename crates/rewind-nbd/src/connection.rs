@@ -1,10 +1,12 @@
 //! One client connection: the handshake on the connection thread, then
 //! transmission (`crate::transmission`). The state machine and its limits are
-//! described in `crate::server`.
+//! described in `crate::server`; after `NBD_OPT_STARTTLS` the same code goes
+//! on over the TLS session's plaintext (`crate::tls`).
 
 use std::fmt::Write as _;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +16,7 @@ use tracing::{debug, info, warn};
 use crate::export::{Client, Export, OpenError, OpenErrorKind};
 use crate::protocol::{self as p, Session};
 use crate::server::{Shared, OPTIONS_PER_HANDSHAKE_MAX};
+use crate::tls::{self, TlsMode};
 use crate::transmission::{self, Stats};
 
 /// Read buffer per connection. Large enough that pipelined small requests
@@ -24,9 +27,10 @@ const READ_BUFFER_BYTES: usize = 128 * 1024;
 /// `NBD_OPT_LIST` replies are sent in pieces of about this size.
 const LIST_REPLY_BATCH_BYTES: usize = 64 * 1024;
 
-/// A connected byte stream: TCP or a Unix domain socket. `Sync` because the
-/// transmission workers share one handle for `shutdown`.
-pub(crate) trait Transport: Read + Write + Send + Sync + Sized + 'static {
+/// A connected byte stream: TCP or a Unix domain socket (also the plaintext
+/// end of a TLS session). `Sync` because the transmission workers share one
+/// handle for `shutdown`; `AsFd` for the TLS pump's `poll`.
+pub(crate) trait Transport: Read + Write + AsFd + Send + Sync + Sized + 'static {
     fn try_clone(&self) -> io::Result<Self>;
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
     fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
@@ -117,6 +121,12 @@ pub(crate) enum Hangup {
         name: String,
         message: String,
     },
+    /// `NBD_OPT_EXPORT_NAME` before TLS while TLS is required: it cannot be
+    /// answered with an error (spec: the server MUST hang up).
+    TlsRequired,
+    /// The TLS handshake failed (a certificate that does not verify, none
+    /// where one is required, a client that is not speaking TLS).
+    Tls(io::Error),
     Io(io::Error),
 }
 
@@ -127,6 +137,13 @@ impl From<io::Error> for Hangup {
 }
 
 pub(crate) type Result<T> = std::result::Result<T, Hangup>;
+
+/// Where option haggling ended.
+enum Step {
+    Negotiated(Negotiated),
+    /// We acknowledged `NBD_OPT_STARTTLS`: TLS begins now.
+    StartTls,
+}
 
 /// What the handshake settled on.
 struct Negotiated {
@@ -184,6 +201,13 @@ struct Connection<S> {
     /// Option payloads during the handshake (at most `OPTION_BYTES_MAX`).
     option_data: Vec<u8>,
     // Handshake state.
+    /// The end of the handshake, TLS handshake included.
+    deadline: Instant,
+    /// Options this handshake may still send (`OPTIONS_PER_HANDSHAKE_MAX`
+    /// for the whole handshake, before and after STARTTLS).
+    options_left: u32,
+    /// This connection runs over TLS.
+    tls_active: bool,
     no_zeroes: bool,
     structured: bool,
     /// Export name `base:allocation` was last selected for, if it was.
@@ -192,60 +216,17 @@ struct Connection<S> {
 
 /// Serves one accepted connection until it ends, logging how it ended.
 pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client) {
-    let config = shared.config;
-    let setup = (|| {
-        // The listener is non-blocking; on some systems accepted sockets
-        // inherit that, and this thread wants blocking I/O with timeouts.
-        stream.set_nonblocking(false)?;
-        stream.configure()?;
-        stream.set_write_timeout(Some(config.write_timeout))?;
-        stream.try_clone()
-    })();
-    let read_half = match setup {
-        Ok(read_half) => read_half,
+    let deadline = Instant::now() + shared.config.handshake_timeout;
+    let connection = match Connection::new(stream, shared, client, deadline, false) {
+        Ok(connection) => connection,
         Err(error) => {
             warn!(%error, "cannot set up connection");
             return;
         }
     };
-    let deadline = Instant::now() + config.handshake_timeout;
-    let mut connection = Connection {
-        shared,
-        reader: BufReader::with_capacity(
-            READ_BUFFER_BYTES,
-            DeadlineReader { stream: read_half, deadline: Some(deadline) },
-        ),
-        replies: ReplyWriter { stream, assembled: Vec::new(), message: String::new() },
-        client,
-        option_data: Vec::new(),
-        no_zeroes: false,
-        structured: false,
-        meta_export: None,
-    };
-
     let mut export_name = String::new();
     let mut stats = Stats::default();
-    let hangup = match connection.handshake() {
-        Err(hangup) => hangup,
-        Ok(negotiated) => {
-            info!(
-                export = %negotiated.name,
-                size_bytes = negotiated.session.size_bytes,
-                flags = format_args!("{:#06x}", negotiated.session.flags),
-                structured_replies = negotiated.session.structured_replies,
-                "transmission started"
-            );
-            export_name.clone_from(&negotiated.name);
-            match connection.enter_transmission() {
-                Err(error) => Hangup::Io(error),
-                Ok(()) => {
-                    let Connection { shared, mut reader, replies, .. } = connection;
-                    let Negotiated { export, session, .. } = negotiated;
-                    transmission::serve(&mut reader, replies.stream, &*export, &session, &shared.config, &mut stats)
-                }
-            }
-        }
-    };
+    let hangup = connection.run(&mut stats, &mut export_name);
     let Stats { requests, bytes_read, bytes_written } = stats;
     let export = export_name.as_str();
     match hangup {
@@ -261,6 +242,10 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client
         Hangup::ExportRefused { name, message } => {
             warn!(export = %name, "NBD_OPT_EXPORT_NAME refused, hanging up: {message}")
         }
+        Hangup::TlsRequired => {
+            info!("NBD_OPT_EXPORT_NAME without TLS while TLS is required, hanging up")
+        }
+        Hangup::Tls(error) => info!("TLS handshake failed: {error}"),
         Hangup::Io(error) if matches!(error.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) => {
             warn!(export, requests, "connection timed out: {error}")
         }
@@ -271,9 +256,93 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client
 }
 
 impl<S: Transport> Connection<S> {
+    fn new(stream: S, shared: Arc<Shared>, client: Client, deadline: Instant, tls_active: bool) -> io::Result<Self> {
+        // The listener is non-blocking; on some systems accepted sockets
+        // inherit that, and this thread wants blocking I/O with timeouts.
+        stream.set_nonblocking(false)?;
+        stream.configure()?;
+        stream.set_write_timeout(Some(shared.config.write_timeout))?;
+        let read_half = stream.try_clone()?;
+        Ok(Connection {
+            shared,
+            reader: BufReader::with_capacity(
+                READ_BUFFER_BYTES,
+                DeadlineReader { stream: read_half, deadline: Some(deadline) },
+            ),
+            replies: ReplyWriter { stream, assembled: Vec::new(), message: String::new() },
+            client,
+            option_data: Vec::new(),
+            deadline,
+            options_left: OPTIONS_PER_HANDSHAKE_MAX,
+            tls_active,
+            no_zeroes: false,
+            structured: false,
+            meta_export: None,
+        })
+    }
+
+    /// The handshake (from the greeting, or from just after STARTTLS), then
+    /// transmission; returns why the connection ended.
+    fn run(mut self, stats: &mut Stats, export_name: &mut String) -> Hangup {
+        let step = if self.tls_active { self.haggle() } else { self.greet().and_then(|()| self.haggle()) };
+        match step {
+            Err(hangup) => hangup,
+            Ok(Step::StartTls) => self.start_tls(stats, export_name),
+            Ok(Step::Negotiated(negotiated)) => {
+                info!(
+                    export = %negotiated.name,
+                    size_bytes = negotiated.session.size_bytes,
+                    flags = format_args!("{:#06x}", negotiated.session.flags),
+                    structured_replies = negotiated.session.structured_replies,
+                    tls = self.tls_active,
+                    "transmission started"
+                );
+                export_name.clone_from(&negotiated.name);
+                if let Err(error) = self.enter_transmission() {
+                    return Hangup::Io(error);
+                }
+                let Connection { shared, mut reader, replies, .. } = self;
+                let Negotiated { export, session, .. } = negotiated;
+                transmission::serve(&mut reader, replies.stream, &*export, &session, &shared.config, stats)
+            }
+        }
+    }
+
+    /// After our ACK to STARTTLS: the TLS handshake, then the rest of the
+    /// connection over it. Nothing negotiated before carries over but the
+    /// client's flags (a man in the middle could have chosen it).
+    fn start_tls(self, stats: &mut Stats, export_name: &mut String) -> Hangup {
+        let Connection { shared, reader, replies, client, deadline, options_left, no_zeroes, .. } = self;
+        // Whatever the client sent after STARTTLS and we already read is the
+        // start of its TLS handshake.
+        let early = reader.buffer().to_vec();
+        drop(reader);
+        let config = Arc::clone(&shared.tls.as_ref().expect("STARTTLS is acknowledged only with TLS on").config);
+        let name = std::thread::current().name().unwrap_or("nbd-conn").replacen("conn", "tls", 1);
+        let (stream, session) =
+            match tls::start(replies.stream, &early, config, deadline, shared.config.write_timeout, name) {
+                Ok(started) => started,
+                Err(error) => return Hangup::Tls(error),
+            };
+        let client = Client { identity: session.identity.clone(), ..client };
+        info!(identity = client.identity.as_deref().unwrap_or("none"), "TLS established");
+        let hangup = match Connection::new(stream, shared, client, deadline, true) {
+            Ok(mut connection) => {
+                connection.no_zeroes = no_zeroes;
+                connection.options_left = options_left;
+                connection.run(stats, export_name)
+            }
+            Err(error) => Hangup::Io(error),
+        };
+        // Every handle on the plaintext stream is gone now: the pump sends
+        // close_notify and ends.
+        session.finish();
+        hangup
+    }
+
     // --- Handshake -------------------------------------------------------------------
 
-    fn handshake(&mut self) -> Result<Negotiated> {
+    fn greet(&mut self) -> Result<()> {
         self.replies.stream.write_all(&p::encode_greeting())?;
         let mut flags = [0u8; 4];
         read_message_start(&mut self.reader, &mut flags)?;
@@ -284,18 +353,26 @@ impl<S: Transport> Connection<S> {
             debug!("client did not set NBD_FLAG_C_FIXED_NEWSTYLE");
         }
         self.no_zeroes = client.no_zeroes;
+        Ok(())
+    }
 
-        for _ in 0..OPTIONS_PER_HANDSHAKE_MAX {
-            if let Some(negotiated) = self.option()? {
-                return Ok(negotiated);
+    fn haggle(&mut self) -> Result<Step> {
+        while self.options_left > 0 {
+            self.options_left -= 1;
+            if let Some(step) = self.option()? {
+                return Ok(step);
             }
         }
         Err(Hangup::Violation(format!("more than {OPTIONS_PER_HANDSHAKE_MAX} options without entering transmission")))
     }
 
-    /// Reads and answers one option; returns the session once the client
-    /// enters transmission.
-    fn option(&mut self) -> Result<Option<Negotiated>> {
+    fn tls_mode(&self) -> TlsMode {
+        self.shared.tls.as_ref().map_or(TlsMode::Off, |tls| tls.mode)
+    }
+
+    /// Reads and answers one option; returns where the handshake goes next
+    /// once the client enters transmission or starts TLS.
+    fn option(&mut self) -> Result<Option<Step>> {
         let mut header = [0u8; p::OPTION_HEADER_BYTES];
         read_message_start(&mut self.reader, &mut header)?;
         let header = p::decode_option_header(&header)
@@ -321,8 +398,10 @@ impl<S: Transport> Connection<S> {
             self.option_error(option, p::REP_ERR_SHUTDOWN, "server is shutting down")?;
             return Ok(None);
         }
+        let tls_required = !self.tls_active && self.tls_mode() == TlsMode::Require;
         match option {
-            p::OPT_EXPORT_NAME => self.export_name().map(Some),
+            p::OPT_STARTTLS => self.starttls(),
+            p::OPT_EXPORT_NAME if tls_required => Err(Hangup::TlsRequired),
             p::OPT_ABORT => {
                 p::push_option_reply(&mut self.replies.assembled, option, p::REP_ACK, &[]);
                 // The client may already be gone: the spec lets it hang up
@@ -330,6 +409,16 @@ impl<S: Transport> Connection<S> {
                 let _ = self.replies.flush();
                 Err(Hangup::ClientDone("NBD_OPT_ABORT"))
             }
+            _ if tls_required => {
+                debug!(option = name, "refused before TLS");
+                self.option_error(
+                    option,
+                    p::REP_ERR_TLS_REQD,
+                    "this server requires TLS: connect with nbds:// (libnbd) or tls-creds (qemu)",
+                )?;
+                Ok(None)
+            }
+            p::OPT_EXPORT_NAME => self.export_name().map(|negotiated| Some(Step::Negotiated(negotiated))),
             p::OPT_LIST => {
                 if !self.option_data.is_empty() {
                     self.option_invalid(option, p::OptionError::UnexpectedData)?;
@@ -345,15 +434,6 @@ impl<S: Transport> Connection<S> {
                 }
                 p::push_option_reply(&mut self.replies.assembled, option, p::REP_ACK, &[]);
                 self.replies.flush()?;
-                Ok(None)
-            }
-            p::OPT_STARTTLS => {
-                if !self.option_data.is_empty() {
-                    self.option_invalid(option, p::OptionError::UnexpectedData)?;
-                } else {
-                    // NOTLS mode: we know the option and decline it.
-                    self.option_error(option, p::REP_ERR_POLICY, "TLS is not supported by this server")?;
-                }
                 Ok(None)
             }
             p::OPT_INFO | p::OPT_GO => self.info_or_go(option),
@@ -377,6 +457,26 @@ impl<S: Transport> Connection<S> {
                 Ok(None)
             }
         }
+    }
+
+    fn starttls(&mut self) -> Result<Option<Step>> {
+        let option = p::OPT_STARTTLS;
+        if !self.option_data.is_empty() {
+            self.option_invalid(option, p::OptionError::UnexpectedData)?;
+            return Ok(None);
+        }
+        if self.tls_mode() == TlsMode::Off {
+            // NOTLS mode: we know the option and decline it.
+            self.option_error(option, p::REP_ERR_POLICY, "TLS is not enabled on this server (rewind serve --tls)")?;
+            return Ok(None);
+        }
+        if self.tls_active {
+            self.option_error(option, p::REP_ERR_INVALID, "TLS is already active")?;
+            return Ok(None);
+        }
+        p::push_option_reply(&mut self.replies.assembled, option, p::REP_ACK, &[]);
+        self.replies.flush()?;
+        Ok(Some(Step::StartTls))
     }
 
     fn option_error(&mut self, option: u32, reply_type: u32, message: &str) -> Result<()> {
@@ -403,7 +503,7 @@ impl<S: Transport> Connection<S> {
         Ok(self.negotiated(name, opened))
     }
 
-    fn info_or_go(&mut self, option: u32) -> Result<Option<Negotiated>> {
+    fn info_or_go(&mut self, option: u32) -> Result<Option<Step>> {
         let request = match p::decode_info_request(&self.option_data) {
             Ok(request) => request,
             Err(error) => {
@@ -443,7 +543,7 @@ impl<S: Transport> Connection<S> {
         p::push_option_reply(out, option, p::REP_ACK, &[]);
         self.replies.flush()?;
         if option == p::OPT_GO {
-            Ok(Some(self.negotiated(name, opened)))
+            Ok(Some(Step::Negotiated(self.negotiated(name, opened))))
         } else {
             Ok(None)
         }

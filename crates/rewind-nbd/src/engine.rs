@@ -4,12 +4,16 @@
 //! `10 minutes ago`, a bookmark name). A relative TIME is resolved when the
 //! client connects.
 //!
+//! Who may open what is [`AccessPolicy`]: everything for everyone, or the
+//! node's grants (`rewind access grant`).
+//!
 //! This is the one place engine errors become NBD errors.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use jiff::tz::TimeZone;
+use rewind_access::{Access, Grants};
 use rewind_engine::timespec::DisplayTime;
 use rewind_engine::{Attachment, Durability, EngineError, Node, Timestamp, View, Volume, ZeroMode};
 
@@ -34,24 +38,63 @@ fn export_error(error: EngineError) -> ExportError {
     ExportError::new(kind, error.to_string())
 }
 
+/// Who may open which export.
+pub enum AccessPolicy {
+    /// Every client opens every export, writable (Rewind before grants; tests).
+    Open,
+    /// The node's grants decide, except for a client on this machine (loopback
+    /// or the Unix socket) that has no certificate when certificates are not
+    /// required: it opens everything, as anyone who can reach a local socket
+    /// could before. With `client_certificates_required` every client is
+    /// decided by grants, local or not; a client without a certificate then
+    /// matches only grants to `*`.
+    Grants { grants: Arc<Grants>, client_certificates_required: bool },
+}
+
+impl AccessPolicy {
+    fn access(&self, volume: &str, client: &Client) -> Option<Access> {
+        match self {
+            AccessPolicy::Open => Some(Access::ReadWrite),
+            AccessPolicy::Grants { grants, client_certificates_required } => {
+                if client.local && client.identity.is_none() && !client_certificates_required {
+                    return Some(Access::ReadWrite);
+                }
+                grants.lookup(volume, client.identity.as_deref())
+            }
+        }
+    }
+}
+
 pub struct EngineCatalog {
     node: Arc<Node>,
     zone: TimeZone,
+    policy: AccessPolicy,
 }
 
 impl EngineCatalog {
+    /// Every client may open every export.
     pub fn new(node: Arc<Node>) -> Self {
-        EngineCatalog { node, zone: TimeZone::system() }
+        EngineCatalog::with_policy(node, AccessPolicy::Open)
+    }
+
+    pub fn with_policy(node: Arc<Node>, policy: AccessPolicy) -> Self {
+        EngineCatalog { node, zone: TimeZone::system(), policy }
     }
 }
 
 impl Catalog for EngineCatalog {
-    fn list(&self, _client: &Client) -> Vec<ExportListing> {
+    /// What `client` may open: volumes it has no access to are not listed.
+    fn list(&self, client: &Client) -> Vec<ExportListing> {
         let mut listings = Vec::new();
         for volume in self.node.volumes() {
+            let Some(access) = self.policy.access(volume.name().as_str(), client) else { continue };
             listings.push(ExportListing {
                 name: volume.name().to_string(),
-                description: "live volume, writable; NAME@TIME opens it as of TIME".to_string(),
+                description: match access {
+                    Access::ReadWrite => "live volume, writable; NAME@TIME opens it as of TIME",
+                    Access::ReadOnly => "live volume, read-only for you; NAME@TIME opens it as of TIME",
+                }
+                .to_string(),
             });
             for bookmark in volume.bookmarks() {
                 listings.push(ExportListing {
@@ -72,18 +115,35 @@ impl Catalog for EngineCatalog {
             Some((volume, time)) => (volume, Some(time)),
             None => (name, None),
         };
-        let volume = self.node.volume(volume_name).map_err(|error| {
-            let known: Vec<String> = self.node.volumes().iter().map(|volume| volume.name().to_string()).collect();
-            let message = if known.is_empty() {
+        // Not allowed reads exactly like not there, so names cannot be probed.
+        let not_found = |error: String| {
+            let known: Vec<String> = self
+                .node
+                .volumes()
+                .iter()
+                .map(|volume| volume.name().to_string())
+                .filter(|volume| self.policy.access(volume, client).is_some())
+                .collect();
+            let message = if known.is_empty() && matches!(self.policy, AccessPolicy::Open) {
                 format!("{error} (there are none yet: `rewind volume create NAME --size SIZE`)")
+            } else if known.is_empty() {
+                format!("{error} (none is open to {client}: `rewind access grant VOLUME IDENTITY`)")
             } else {
                 format!("{error}; exports here: {}, each also as NAME@TIME", known.join(", "))
             };
             OpenError { kind: OpenErrorKind::NotFound, message }
-        })?;
+        };
+        let Some(access) = self.policy.access(volume_name, client) else {
+            tracing::info!(export = %name, %client, "refused: no access grant");
+            return Err(not_found(EngineError::VolumeNotFound(volume_name.to_owned()).to_string()));
+        };
+        let volume = self.node.volume(volume_name).map_err(|error| not_found(error.to_string()))?;
         // Attached while the export lives, so deleting the volume names this client.
         let attachment = volume.attach(format!("nbd {client} ({name})"));
-        let Some(time) = time else { return Ok(Arc::new(VolumeExport { volume, _attachment: attachment })) };
+        let Some(time) = time else {
+            let read_only = access == Access::ReadOnly;
+            return Ok(Arc::new(VolumeExport { volume, read_only, _attachment: attachment }));
+        };
         let bad_name = |error: EngineError| OpenError { kind: OpenErrorKind::BadName, message: error.to_string() };
         let at = volume.parse_time(time, now(), &self.zone).map_err(bad_name)?;
         Ok(Arc::new(ViewExport { view: volume.view(at).map_err(bad_name)?, _attachment: attachment }))
@@ -109,7 +169,18 @@ fn extents(statuses: Vec<rewind_engine::BlockStatus>) -> Vec<Extent> {
 
 struct VolumeExport {
     volume: Arc<Volume>,
+    /// Opened through a read-only grant.
+    read_only: bool,
     _attachment: Attachment,
+}
+
+impl VolumeExport {
+    fn writable(&self) -> Result<(), ExportError> {
+        if self.read_only {
+            return Err(ExportError::new(ExportErrorKind::ReadOnly, "your access to this volume is read-only"));
+        }
+        Ok(())
+    }
 }
 
 impl Export for VolumeExport {
@@ -122,7 +193,7 @@ impl Export for VolumeExport {
     }
 
     fn is_read_only(&self) -> bool {
-        false
+        self.read_only
     }
 
     /// A flush commits the volume's whole journal, whichever connection wrote.
@@ -148,6 +219,7 @@ impl Export for VolumeExport {
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.writable()?;
         let durability = if fua { Durability::Fua } else { Durability::Buffered };
         self.volume.write(now(), offset, data, durability).map_err(export_error)
     }
@@ -157,11 +229,13 @@ impl Export for VolumeExport {
     }
 
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {
+        self.writable()?;
         let durability = if fua { Durability::Fua } else { Durability::Buffered };
         self.volume.zero(now(), offset, length, ZeroMode::Deallocate, durability).map_err(export_error)
     }
 
     fn write_zeroes(&self, offset: u64, length: u64, flags: ZeroFlags) -> Result<(), ExportError> {
+        self.writable()?;
         if flags.fast && flags.no_hole {
             // Allocated zeros are written out as data: not fast.
             return Err(ExportError::new(ExportErrorKind::NotSupported, "allocated zeros are not fast"));

@@ -182,6 +182,8 @@ pub trait Catalog: Send + Sync {
 pub struct Client {
     /// `127.0.0.1:51234` for TCP, `unix` for a Unix socket.
     pub peer: String,
+    /// The client is on this machine: a loopback address or the Unix socket.
+    pub local: bool,
     /// Who the client proved to be (its TLS certificate's subject), if anyone.
     pub identity: Option<String>,
 }

@@ -22,6 +22,7 @@ pub mod engine;
 pub mod export;
 pub mod protocol;
 pub mod server;
+pub mod tls;
 mod transmission;
 
 pub use export::{
@@ -29,3 +30,4 @@ pub use export::{
     ZeroFlags,
 };
 pub use server::{Server, ServerConfig};
+pub use tls::{NbdTls, TlsMode};

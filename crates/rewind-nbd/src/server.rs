@@ -94,6 +94,7 @@ use tracing::{error, info, info_span, warn};
 
 use crate::connection::{self, Transport};
 use crate::export::{Catalog, Client};
+use crate::tls::NbdTls;
 pub use crate::transmission::{BUFFER_BYTES_PER_CONNECTION_MAX, INLINE_BYTES_MAX};
 
 /// Most options one handshake may send. Real clients need a handful (nbdinfo
@@ -139,6 +140,7 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 pub(crate) struct Shared {
     pub(crate) catalog: Arc<dyn Catalog>,
     pub(crate) config: ServerConfig,
+    pub(crate) tls: Option<NbdTls>,
     stopping: AtomicBool,
     next_connection_id: AtomicU64,
     table: Mutex<ConnectionTable>,
@@ -196,7 +198,9 @@ impl IntoControl for UnixStream {
 /// A listening socket of either kind.
 trait Listener: AsFd + Send + 'static {
     type Stream: IntoControl;
-    fn accept_stream(&self) -> io::Result<(Self::Stream, String)>;
+    /// The stream, the peer as people read it, and whether the peer is on
+    /// this machine (a loopback address or a Unix socket).
+    fn accept_stream(&self) -> io::Result<(Self::Stream, String, bool)>;
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
 }
 
@@ -205,9 +209,9 @@ impl Listener for TcpListener {
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
         TcpListener::set_nonblocking(self, nonblocking)
     }
-    fn accept_stream(&self) -> io::Result<(TcpStream, String)> {
+    fn accept_stream(&self) -> io::Result<(TcpStream, String, bool)> {
         let (stream, peer) = self.accept()?;
-        Ok((stream, peer.to_string()))
+        Ok((stream, peer.to_string(), peer.ip().is_loopback()))
     }
 }
 
@@ -216,10 +220,10 @@ impl Listener for UnixListener {
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
         UnixListener::set_nonblocking(self, nonblocking)
     }
-    fn accept_stream(&self) -> io::Result<(UnixStream, String)> {
+    fn accept_stream(&self) -> io::Result<(UnixStream, String, bool)> {
         let (stream, _) = self.accept()?;
         // Unix peers have no useful address; the connection id tells them apart.
-        Ok((stream, "unix".to_owned()))
+        Ok((stream, "unix".to_owned(), true))
     }
 }
 
@@ -249,12 +253,21 @@ impl Server {
             shared: Arc::new(Shared {
                 catalog,
                 config,
+                tls: None,
                 stopping: AtomicBool::new(false),
                 next_connection_id: AtomicU64::new(1),
                 table: Mutex::new(ConnectionTable::default()),
             }),
             listeners: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Offers TLS (`NBD_OPT_STARTTLS`) on every listener; call before the
+    /// first `serve_*`.
+    pub fn with_tls(mut self, tls: NbdTls) -> Server {
+        let shared = Arc::get_mut(&mut self.shared).expect("with_tls comes before serving");
+        shared.tls = Some(tls);
+        self
     }
 
     /// Listens on a TCP address (Rewind's default is `127.0.0.1:10809`) and
@@ -355,7 +368,7 @@ fn accept_loop<L: Listener>(shared: &Arc<Shared>, listener: &L, wake: &UnixStrea
             continue;
         }
         match listener.accept_stream() {
-            Ok((stream, peer)) => admit(shared, stream, peer),
+            Ok((stream, peer, local)) => admit(shared, stream, peer, local),
             Err(error)
                 if matches!(
                     error.kind(),
@@ -376,7 +389,7 @@ fn accept_loop<L: Listener>(shared: &Arc<Shared>, listener: &L, wake: &UnixStrea
 
 /// Registers an accepted connection and starts its thread, or closes it when
 /// the server is full or stopping.
-fn admit<S: IntoControl>(shared: &Arc<Shared>, stream: S, peer: String) {
+fn admit<S: IntoControl>(shared: &Arc<Shared>, stream: S, peer: String, local: bool) {
     let control = match stream.try_clone() {
         Ok(control) => control,
         Err(error) => {
@@ -405,7 +418,7 @@ fn admit<S: IntoControl>(shared: &Arc<Shared>, stream: S, peer: String) {
         let _deregister = Deregister { shared: Arc::clone(&thread_shared), id };
         let _span = info_span!("nbd_connection", id, peer = %peer).entered();
         info!("connection opened");
-        connection::serve(stream, thread_shared, Client { peer, identity: None });
+        connection::serve(stream, thread_shared, Client { peer, local, identity: None });
     });
     match spawned {
         Ok(thread) => table.threads.push(thread),
