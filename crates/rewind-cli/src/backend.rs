@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,11 +13,12 @@ use jiff::tz::TimeZone;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use rewind_access::{GrantInfo, Grants, TokenInfo, TokenSpec, Tokens, ADMIN_TOKEN_FILE};
 use rewind_engine::{BookmarkName, InUse, Node, NodeConfig};
 use rewind_http::api::{
-    kept_write, time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, DeletedHistory, ErrorBody, GcEvent,
-    GcReport, Health, ImportSummary, KeptWrite, NodeReport, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
-    VolumeReport,
+    kept_write, time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory, ErrorBody,
+    GcEvent, GcReport, Health, ImportSummary, KeptWrite, NodeReport, Timeline, UpdateVolume, ViewInfo, VolumeDetail,
+    VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -45,15 +46,40 @@ pub trait Backend {
     fn node_stats(&self) -> Result<NodeReport>;
     /// Collects garbage, reporting progress as (phase, done, total).
     fn collect_garbage(&self, progress: &mut dyn FnMut(&str, u64, u64)) -> Result<GcReport>;
+    fn tokens(&self) -> Result<Vec<TokenInfo>>;
+    fn create_token(&self, spec: &TokenSpec) -> Result<CreatedToken>;
+    fn revoke_token(&self, id: &str) -> Result<TokenInfo>;
+    fn grants(&self) -> Result<Vec<GrantInfo>>;
+    fn grant(&self, grant: &GrantInfo) -> Result<GrantInfo>;
+    fn revoke_grant(&self, volume: &str, identity: &str) -> Result<GrantInfo>;
+}
+
+/// The API token to send: `REWIND_TOKEN`, or the admin token the server
+/// wrote into the data directory, if this user can read it.
+fn find_token(data_dir: &Path) -> Option<String> {
+    match std::env::var("REWIND_TOKEN") {
+        Ok(token) if !token.trim().is_empty() => Some(token.trim().to_owned()),
+        _ => rewind_access::read_admin_token(data_dir),
+    }
 }
 
 /// Talks to the server at `server`; if none answers and the user did not
 /// name one, works on `data_dir` directly.
-pub fn connect(server: &str, server_given: bool, data_dir: &Path, creates: bool) -> Result<Box<dyn Backend>> {
-    let http = HttpBackend::new(server);
-    let refused = match http.health() {
-        Ok(health) => return Ok(Box::new(HttpBackend { nbd: health.nbd_address, ..http })),
-        Err(error) => error,
+pub fn connect(
+    server: &str,
+    server_given: bool,
+    server_ca: Option<&Path>,
+    data_dir: &Path,
+    creates: bool,
+) -> Result<Box<dyn Backend>> {
+    let http = HttpBackend::new(server, server_ca, find_token(data_dir), data_dir)?;
+    let refused = match http.agent.get(&http.url("/v1/health")).header("Authorization", http.authorization()).call() {
+        // Something answered: whatever it says, it is the server to talk to.
+        Ok(response) => {
+            let health: Health = http.decode(response).with_context(|| format!("the Rewind server at {server}"))?;
+            return Ok(Box::new(HttpBackend { nbd: health.nbd_address, ..http }));
+        }
+        Err(error) => anyhow::Error::from(error),
     };
     if server_given {
         return Err(refused.context(format!("cannot reach the Rewind server at {server}")));
@@ -88,57 +114,106 @@ struct HttpBackend {
     base: String,
     agent: ureq::Agent,
     nbd: Option<String>,
+    token: Option<String>,
+    /// Where the admin token would be, for the message when none works.
+    admin_token_path: PathBuf,
 }
 
+type WithoutBody = ureq::RequestBuilder<ureq::typestate::WithoutBody>;
+type WithBody = ureq::RequestBuilder<ureq::typestate::WithBody>;
+
 impl HttpBackend {
-    fn new(server: &str) -> HttpBackend {
-        let agent = ureq::Agent::config_builder()
+    fn new(server: &str, server_ca: Option<&Path>, token: Option<String>, data_dir: &Path) -> Result<HttpBackend> {
+        let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(2)))
-            .build()
-            .into();
-        HttpBackend { base: server.trim_end_matches('/').to_owned(), agent, nbd: None }
+            .timeout_connect(Some(Duration::from_secs(2)));
+        if let Some(ca) = server_ca {
+            let roots: Vec<ureq::tls::Certificate<'static>> = crate::tls::certificates(ca)?
+                .iter()
+                .map(|certificate| ureq::tls::Certificate::from_der(certificate.as_ref()).to_owned())
+                .collect();
+            let tls = ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::new_with_certs(&roots)).build();
+            config = config.tls_config(tls);
+        }
+        Ok(HttpBackend {
+            base: server.trim_end_matches('/').to_owned(),
+            agent: config.build().into(),
+            nbd: None,
+            token,
+            admin_token_path: data_dir.join(ADMIN_TOKEN_FILE),
+        })
     }
 
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
-    fn decode<T: DeserializeOwned>(mut response: ureq::http::Response<ureq::Body>) -> Result<T> {
+    fn authorization(&self) -> String {
+        format!("Bearer {}", self.token.as_deref().unwrap_or(""))
+    }
+
+    fn get_request(&self, path: &str) -> WithoutBody {
+        self.agent.get(&self.url(path)).header("Authorization", self.authorization())
+    }
+
+    fn delete_request(&self, path: &str) -> WithoutBody {
+        self.agent.delete(&self.url(path)).header("Authorization", self.authorization())
+    }
+
+    fn post_request(&self, path: &str) -> WithBody {
+        self.agent.post(&self.url(path)).header("Authorization", self.authorization())
+    }
+
+    fn patch_request(&self, path: &str) -> WithBody {
+        self.agent.patch(&self.url(path)).header("Authorization", self.authorization())
+    }
+
+    /// The server's error, with what to do about a missing or refused token.
+    fn error(&self, mut response: ureq::http::Response<ureq::Body>) -> anyhow::Error {
+        let status = response.status();
+        if status == ureq::http::StatusCode::UNAUTHORIZED {
+            return match &self.token {
+                None => anyhow!(
+                    "the server wants an API token: set REWIND_TOKEN (`rewind token create` makes one), or run \
+                     as a user who can read {}",
+                    self.admin_token_path.display()
+                ),
+                Some(_) => anyhow!(
+                    "the server refused the API token (revoked, or from another node): set REWIND_TOKEN to a \
+                     valid one, or unset it to use {}",
+                    self.admin_token_path.display()
+                ),
+            };
+        }
+        match response.body_mut().read_json::<ErrorBody>() {
+            Ok(body) => anyhow!(body.error),
+            Err(_) => anyhow!("the server answered {status}"),
+        }
+    }
+
+    fn decode<T: DeserializeOwned>(&self, mut response: ureq::http::Response<ureq::Body>) -> Result<T> {
         // ureq stops at 10 MB by default; a timeline of months by the minute is more.
         const ANSWER_BYTES_MAX: u64 = 1 << 30;
         if response.status().is_success() {
             let body = response.body_mut().with_config().limit(ANSWER_BYTES_MAX);
             return body.read_json::<T>().context("unexpected answer from the server");
         }
-        let status = response.status();
-        match response.body_mut().read_json::<ErrorBody>() {
-            Ok(body) => Err(anyhow!(body.error)),
-            Err(_) => Err(anyhow!("the server answered {status}")),
-        }
+        Err(self.error(response))
     }
 
-    fn decode_empty(mut response: ureq::http::Response<ureq::Body>) -> Result<()> {
+    fn decode_empty(&self, response: ureq::http::Response<ureq::Body>) -> Result<()> {
         if response.status().is_success() {
             return Ok(());
         }
-        let status = response.status();
-        match response.body_mut().read_json::<ErrorBody>() {
-            Ok(body) => Err(anyhow!(body.error)),
-            Err(_) => Err(anyhow!("the server answered {status}")),
-        }
+        Err(self.error(response))
     }
 
     fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        Self::decode(self.agent.get(&self.url(path)).call()?)
+        self.decode(self.get_request(path).call()?)
     }
 
     fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
-        Self::decode(self.agent.post(&self.url(path)).send_json(body)?)
-    }
-
-    fn health(&self) -> Result<Health> {
-        self.get("/v1/health")
+        self.decode(self.post_request(path).send_json(body)?)
     }
 }
 
@@ -174,7 +249,7 @@ impl Backend for HttpBackend {
         let size_bytes = source.metadata()?.len();
         let bar = progress_bar(size_bytes, "importing");
         let mut reader = ProgressReader { inner: source, bar: bar.clone() };
-        let mut request = self.agent.post(&self.url(&format!("/v1/volumes/{}/import", volume.name)));
+        let mut request = self.post_request(&format!("/v1/volumes/{}/import", volume.name));
         let policy = &volume.policy;
         let block_size = volume.block_size.map(|bytes| bytes.to_string());
         let fields = [
@@ -190,10 +265,12 @@ impl Backend for HttpBackend {
                 request = request.query(key, value);
             }
         }
-        let response =
-            request.header("Content-Length", size_bytes.to_string()).send(ureq::SendBody::from_reader(&mut reader))?;
+        let response = request
+            .header("Content-Length", size_bytes.to_string())
+            .header("Content-Type", "application/octet-stream")
+            .send(ureq::SendBody::from_reader(&mut reader))?;
         bar.finish_and_clear();
-        Self::decode(response)
+        self.decode(response)
     }
 
     fn volume(&self, name: &str) -> Result<VolumeDetail> {
@@ -201,12 +278,12 @@ impl Backend for HttpBackend {
     }
 
     fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo> {
-        Self::decode(self.agent.patch(&self.url(&format!("/v1/volumes/{name}"))).send_json(request)?)
+        self.decode(self.patch_request(&format!("/v1/volumes/{name}")).send_json(request)?)
     }
 
     fn delete_volume(&self, name: &str, in_use: InUse) -> Result<()> {
         let force = in_use == InUse::Force;
-        Self::decode_empty(self.agent.delete(&self.url(&format!("/v1/volumes/{name}?force={force}"))).call()?)
+        self.decode_empty(self.delete_request(&format!("/v1/volumes/{name}?force={force}")).call()?)
     }
 
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline> {
@@ -214,9 +291,9 @@ impl Backend for HttpBackend {
     }
 
     fn write_history(&self, name: &str, each: &mut dyn FnMut(KeptWrite) -> Result<()>) -> Result<()> {
-        let mut response = self.agent.get(&self.url(&format!("/v1/volumes/{name}/writes"))).call()?;
+        let mut response = self.get_request(&format!("/v1/volumes/{name}/writes")).call()?;
         if !response.status().is_success() {
-            return Self::decode(response);
+            return self.decode(response);
         }
         let lines = std::io::BufReader::with_capacity(1 << 20, response.body_mut().as_reader());
         for line in std::io::BufRead::lines(lines) {
@@ -234,18 +311,17 @@ impl Backend for HttpBackend {
     }
 
     fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()> {
-        let url = self.url(&format!("/v1/volumes/{name}/bookmarks/{bookmark}"));
-        Self::decode_empty(self.agent.delete(&url).call()?)
+        self.decode_empty(self.delete_request(&format!("/v1/volumes/{name}/bookmarks/{bookmark}")).call()?)
     }
 
     fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo> {
-        let response = self.agent.get(&self.url(&format!("/v1/volumes/{name}/view"))).query("at", at).call()?;
-        Self::decode(response)
+        let response = self.get_request(&format!("/v1/volumes/{name}/view")).query("at", at).call()?;
+        self.decode(response)
     }
 
     fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory> {
-        let url = self.url(&format!("/v1/volumes/{name}/history"));
-        Self::decode(self.agent.delete(&url).query("from", from).query("to", to).call()?)
+        let request = self.delete_request(&format!("/v1/volumes/{name}/history"));
+        self.decode(request.query("from", from).query("to", to).call()?)
     }
 
     fn volume_stats(&self, name: &str) -> Result<VolumeReport> {
@@ -257,9 +333,9 @@ impl Backend for HttpBackend {
     }
 
     fn collect_garbage(&self, progress: &mut dyn FnMut(&str, u64, u64)) -> Result<GcReport> {
-        let mut response = self.agent.post(&self.url("/v1/gc")).send_empty()?;
+        let mut response = self.post_request("/v1/gc").send_empty()?;
         if !response.status().is_success() {
-            return Self::decode(response);
+            return self.decode(response);
         }
         let lines = std::io::BufReader::new(response.body_mut().as_reader());
         for line in std::io::BufRead::lines(lines) {
@@ -271,11 +347,37 @@ impl Backend for HttpBackend {
         }
         bail!("the server stopped answering before garbage collection finished")
     }
+
+    fn tokens(&self) -> Result<Vec<TokenInfo>> {
+        self.get("/v1/tokens")
+    }
+
+    fn create_token(&self, spec: &TokenSpec) -> Result<CreatedToken> {
+        self.post("/v1/tokens", spec)
+    }
+
+    fn revoke_token(&self, id: &str) -> Result<TokenInfo> {
+        self.decode(self.delete_request(&format!("/v1/tokens/{id}")).call()?)
+    }
+
+    fn grants(&self) -> Result<Vec<GrantInfo>> {
+        self.get("/v1/access")
+    }
+
+    fn grant(&self, grant: &GrantInfo) -> Result<GrantInfo> {
+        self.post("/v1/access", grant)
+    }
+
+    fn revoke_grant(&self, volume: &str, identity: &str) -> Result<GrantInfo> {
+        let request = self.delete_request("/v1/access").query("volume", volume).query("identity", identity);
+        self.decode(request.call()?)
+    }
 }
 
 /// Works on the data directory itself, holding its lock.
 struct LocalBackend {
     node: Arc<Node>,
+    data_dir: PathBuf,
     _lock: DirLock,
 }
 
@@ -286,7 +388,7 @@ impl LocalBackend {
             .lock_exclusive(crate::serve::LOCK_FILE)
             .context("it is in use by another rewind process (a server whose API is elsewhere? pass --server)")?;
         let node = Node::open(Arc::new(storage), NodeConfig::default())?;
-        Ok(LocalBackend { node: Arc::new(node), _lock: lock })
+        Ok(LocalBackend { node: Arc::new(node), data_dir: data_dir.to_owned(), _lock: lock })
     }
 }
 
@@ -404,5 +506,31 @@ impl Backend for LocalBackend {
             }
         })?;
         Ok(report.into())
+    }
+
+    fn tokens(&self) -> Result<Vec<TokenInfo>> {
+        Ok(Tokens::open(&self.data_dir)?.list())
+    }
+
+    fn create_token(&self, spec: &TokenSpec) -> Result<CreatedToken> {
+        let (info, token) = Tokens::open(&self.data_dir)?.create(spec)?;
+        Ok(CreatedToken { info, token })
+    }
+
+    fn revoke_token(&self, id: &str) -> Result<TokenInfo> {
+        Ok(Tokens::open(&self.data_dir)?.revoke(id)?)
+    }
+
+    fn grants(&self) -> Result<Vec<GrantInfo>> {
+        Ok(Grants::open(&self.data_dir)?.list())
+    }
+
+    fn grant(&self, grant: &GrantInfo) -> Result<GrantInfo> {
+        self.node.volume(&grant.volume)?;
+        Ok(Grants::open(&self.data_dir)?.grant(&grant.volume, &grant.identity, grant.access)?)
+    }
+
+    fn revoke_grant(&self, volume: &str, identity: &str) -> Result<GrantInfo> {
+        Ok(Grants::open(&self.data_dir)?.revoke(volume, identity)?)
     }
 }

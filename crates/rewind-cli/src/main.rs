@@ -5,6 +5,7 @@ mod backend;
 mod lab;
 mod output;
 mod serve;
+mod tls;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,6 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use rewind_access::{Access, GrantInfo, TokenSpec};
 use rewind_engine::InUse;
 use rewind_http::api::{CreateBookmark, CreateVolume, Policy};
 
@@ -30,9 +32,14 @@ struct Cli {
     /// use directly when no server answers.
     #[arg(long, env = "REWIND_DATA_DIR", default_value = "rewind-data", global = true)]
     data_dir: PathBuf,
-    /// Management API of the server to talk to.
+    /// Management API of the server to talk to. Its token comes from
+    /// REWIND_TOKEN, or else from DATA_DIR/admin-token when readable.
     #[arg(long, env = "REWIND_SERVER", default_value = "http://127.0.0.1:8080", global = true)]
     server: String,
+    /// The CA certificate (PEM) to trust for an https:// --server (one made
+    /// for this node rather than a public one).
+    #[arg(long, env = "REWIND_SERVER_CA", value_name = "FILE", global = true)]
+    server_ca: Option<PathBuf>,
     /// Work on the data directory directly, without asking a server (it
     /// must not be in use by one).
     #[arg(long, global = true, conflicts_with = "server")]
@@ -95,12 +102,67 @@ enum Command {
     /// Block traces of protected volumes: `rewind trace export VOLUME > VOLUME.trace`.
     #[command(subcommand)]
     Trace(TraceCommand),
+    /// API tokens: `rewind token create [--read-only] [--volume NAME]...`, `list`, `revoke ID`.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Which NBD client may open which volume (by the common name of its
+    /// certificate, or * for anyone): `rewind access grant VOLUME IDENTITY [--read-only]`, `revoke`, `list`.
+    #[command(subcommand)]
+    Access(AccessCommand),
     /// Resolve a point in time to the NBD export that shows the volume as it was then.
     View {
         volume: String,
         /// When (see TIME below).
         #[arg(allow_hyphen_values = true)]
         time: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create an API token; it is shown once (only its hash is kept).
+    Create {
+        /// It may only read (GET).
+        #[arg(long)]
+        read_only: bool,
+        /// It sees and acts on only this volume (repeatable); others look
+        /// absent to it, and node-wide requests are refused.
+        #[arg(long = "volume", value_name = "NAME")]
+        volumes: Vec<String>,
+        /// A label for `token list`.
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tokens (never the tokens themselves).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token at once (the admin token too: the next `rewind serve` makes a new one).
+    Revoke { id: String },
+}
+
+#[derive(Subcommand)]
+enum AccessCommand {
+    /// Let IDENTITY open VOLUME over NBD (and its views). IDENTITY is the
+    /// common name (CN) of a client certificate, or * for any client.
+    Grant {
+        volume: String,
+        identity: String,
+        /// Views and the live volume, read-only.
+        #[arg(long)]
+        read_only: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a grant back (clients already connected keep their connection).
+    Revoke { volume: String, identity: String },
+    /// List the grants.
+    List {
         #[arg(long)]
         json: bool,
     },
@@ -366,13 +428,15 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
     let backend = if cli.offline {
         backend::local(&cli.data_dir, creates)?
     } else {
-        backend::connect(&cli.server, server_given, &cli.data_dir, creates)?
+        backend::connect(&cli.server, server_given, cli.server_ca.as_deref(), &cli.data_dir, creates)?
     };
     match command {
         Command::Serve(_) | Command::Lab(_) => unreachable!("handled above"),
         Command::Trace(TraceCommand::Export { volume }) => lab::export(&*backend, &volume),
         Command::Volume(command) => volume(&*backend, command),
         Command::Bookmark(args) => bookmark(&*backend, args),
+        Command::Token(command) => token(&*backend, command),
+        Command::Access(command) => access(&*backend, command),
         Command::Timeline { volume, bucket, json } => {
             let bucket_seconds = match bucket {
                 Some(text) => Some(output::parse_bucket(&text)?),
@@ -562,6 +626,65 @@ fn bookmark(backend: &dyn Backend, args: BookmarkArgs) -> Result<()> {
         BookmarkCommand::Delete { volume, name } => {
             backend.delete_bookmark(&volume, &name)?;
             println!("deleted bookmark {name} of {volume}");
+            Ok(())
+        }
+    }
+}
+
+fn token(backend: &dyn Backend, command: TokenCommand) -> Result<()> {
+    match command {
+        TokenCommand::Create { read_only, volumes, name, json } => {
+            let created = backend.create_token(&TokenSpec { name, read_only, volumes })?;
+            if json {
+                return output::json(&created);
+            }
+            println!(
+                "created token {} ({}, {}); it is shown this once:\n{}",
+                created.info.id,
+                created.info.role.as_str(),
+                output::token_volumes(&created.info),
+                created.token
+            );
+            Ok(())
+        }
+        TokenCommand::List { json } => {
+            let tokens = backend.tokens()?;
+            if json {
+                return output::json(&tokens);
+            }
+            output::tokens(&tokens);
+            Ok(())
+        }
+        TokenCommand::Revoke { id } => {
+            let revoked = backend.revoke_token(&id)?;
+            println!("revoked token {} ({})", revoked.id, revoked.name);
+            Ok(())
+        }
+    }
+}
+
+fn access(backend: &dyn Backend, command: AccessCommand) -> Result<()> {
+    match command {
+        AccessCommand::Grant { volume, identity, read_only, json } => {
+            let access = if read_only { Access::ReadOnly } else { Access::ReadWrite };
+            let granted = backend.grant(&GrantInfo { volume, identity, access })?;
+            if json {
+                return output::json(&granted);
+            }
+            println!("{} may open volume {} {}", granted.identity, granted.volume, granted.access.as_str());
+            Ok(())
+        }
+        AccessCommand::Revoke { volume, identity } => {
+            let revoked = backend.revoke_grant(&volume, &identity)?;
+            println!("{} may no longer open volume {}", revoked.identity, revoked.volume);
+            Ok(())
+        }
+        AccessCommand::List { json } => {
+            let grants = backend.grants()?;
+            if json {
+                return output::json(&grants);
+            }
+            output::grants(&grants);
             Ok(())
         }
     }

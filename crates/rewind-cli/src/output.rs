@@ -149,6 +149,49 @@ pub fn bookmarks(bookmarks: &[BookmarkInfo]) {
     table(&["NAME", "TIME", "EXPORT"], &rows);
 }
 
+/// Which volumes a token reaches, for people.
+pub fn token_volumes(token: &rewind_access::TokenInfo) -> String {
+    match &token.volumes {
+        None => "every volume".to_owned(),
+        Some(volumes) => format!("volumes {}", volumes.join(", ")),
+    }
+}
+
+pub fn tokens(tokens: &[rewind_access::TokenInfo]) {
+    if tokens.is_empty() {
+        println!("no tokens; `rewind serve` makes the admin token at its first start");
+        return;
+    }
+    let rows: Vec<Vec<String>> = tokens
+        .iter()
+        .map(|token| {
+            vec![
+                token.id.clone(),
+                token.name.clone(),
+                token.role.as_str().to_owned(),
+                token_volumes(token),
+                token.created.clone(),
+            ]
+        })
+        .collect();
+    table(&["ID", "NAME", "ROLE", "VOLUMES", "CREATED"], &rows);
+}
+
+pub fn grants(grants: &[rewind_access::GrantInfo]) {
+    if grants.is_empty() {
+        println!(
+            "no access grants: NBD clients on this machine without a certificate open every volume; \
+             others open nothing (`rewind access grant VOLUME IDENTITY`)"
+        );
+        return;
+    }
+    let rows: Vec<Vec<String>> = grants
+        .iter()
+        .map(|grant| vec![grant.volume.clone(), grant.identity.clone(), grant.access.as_str().to_owned()])
+        .collect();
+    table(&["VOLUME", "IDENTITY", "ACCESS"], &rows);
+}
+
 const BUCKETS: [(u64, &str); 9] = [
     (60, "1m"),
     (300, "5m"),

@@ -8,14 +8,15 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result};
-use clap::Args;
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
 
+use rewind_access::{Grants, Tokens, ADMIN_TOKEN_FILE};
 use rewind_engine::{Node, NodeConfig, Timestamp};
-use rewind_http::ApiState;
+use rewind_http::{AllowedHosts, ApiState, Door, HttpConfig};
 use rewind_io::OsStorage;
-use rewind_nbd::engine::EngineCatalog;
-use rewind_nbd::{Server, ServerConfig};
+use rewind_nbd::engine::{AccessPolicy, EngineCatalog};
+use rewind_nbd::{NbdTls, Server, ServerConfig, TlsMode};
 
 /// Held by whoever uses a data directory, so two processes never do.
 pub const LOCK_FILE: &str = "rewind.lock";
@@ -49,6 +50,114 @@ pub struct ServeArgs {
     /// How often garbage collection runs, when there is garbage.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     gc_interval: Duration,
+    /// TLS for NBD (STARTTLS): off; on (offered, optional); require (every
+    /// option but STARTTLS refused before it). Default: require when
+    /// --tls-cert is given, otherwise off.
+    #[arg(long, value_enum)]
+    tls: Option<TlsArg>,
+    /// The server's certificate chain (PEM), for NBD TLS and for HTTPS: with
+    /// it the API is served over HTTPS.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// Require NBD clients to present a certificate signed by --tls-ca; its
+    /// common name is the identity `rewind access grant` names.
+    #[arg(long)]
+    tls_verify_peer: bool,
+    /// The CA (PEM) that signs NBD client certificates (with --tls-verify-peer).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// TLS-PSK keys in nbdkit's --tls-psk format: not supported (rustls, the
+    /// TLS library, has no external pre-shared keys); use certificates.
+    #[arg(long, value_name = "FILE")]
+    tls_psk: Option<PathBuf>,
+    /// Another host name the API answers to (the Host header), besides
+    /// localhost, 127.0.0.1, ::1 and the --http address; repeatable.
+    #[arg(long = "http-allowed-host", value_name = "NAME")]
+    http_allowed_hosts: Vec<String>,
+    /// Most API connections held at once; past it the longest idle one is
+    /// closed, or, when all are busy, the newcomer refused.
+    #[arg(long, default_value_t = HttpConfig::default().connections_max)]
+    http_connections_max: usize,
+    /// Serve NBD or the API on a non-loopback address without TLS (NBD: TLS
+    /// required with client certificates; API: HTTPS).
+    #[arg(long)]
+    insecure: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum TlsArg {
+    Off,
+    On,
+    Require,
+}
+
+impl ServeArgs {
+    fn tls_mode(&self) -> TlsMode {
+        match (self.tls, &self.tls_cert) {
+            (Some(TlsArg::Off), _) | (None, None) => TlsMode::Off,
+            (Some(TlsArg::On), _) => TlsMode::On,
+            (Some(TlsArg::Require), _) | (None, Some(_)) => TlsMode::Require,
+        }
+    }
+
+    /// Refuses what cannot work, and what would open the node to its
+    /// network without saying so, naming what to add.
+    fn check(&self) -> Result<()> {
+        if self.tls_psk.is_some() {
+            bail!(
+                "--tls-psk is not supported: rustls, Rewind's TLS library, has no external pre-shared keys \
+                 (rustls issue 174). Use certificates: --tls-cert FILE --tls-key FILE, and for clients \
+                 --tls-verify-peer --tls-ca FILE"
+            );
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            bail!("--tls-cert and --tls-key go together: the certificate and its private key");
+        }
+        if self.tls_mode() != TlsMode::Off && self.tls_cert.is_none() {
+            bail!("--tls on|require needs the server's certificate: add --tls-cert FILE --tls-key FILE");
+        }
+        if self.tls_verify_peer != self.tls_ca.is_some() {
+            bail!("--tls-verify-peer and --tls-ca go together: the CA that signs the client certificates");
+        }
+        if self.tls_verify_peer && self.tls_mode() == TlsMode::Off {
+            bail!("--tls-verify-peer needs TLS: drop --tls off");
+        }
+        if self.insecure {
+            return Ok(());
+        }
+        if !self.http.ip().is_loopback() && self.tls_cert.is_none() {
+            bail!(
+                "refusing to serve the API on {} in plain HTTP, where anyone on the network can read its \
+                 tokens: add --tls-cert FILE --tls-key FILE (the API then uses HTTPS), bind it to 127.0.0.1, \
+                 or pass --insecure",
+                self.http
+            );
+        }
+        if !self.nbd.ip().is_loopback() {
+            let mut missing = Vec::new();
+            if self.tls_cert.is_none() {
+                missing.push("--tls-cert FILE --tls-key FILE");
+            }
+            if self.tls_mode() != TlsMode::Require {
+                missing.push("--tls require");
+            }
+            if !self.tls_verify_peer {
+                missing.push("--tls-verify-peer --tls-ca FILE");
+            }
+            if !missing.is_empty() {
+                bail!(
+                    "refusing to serve NBD on {} without TLS and client certificates, where anyone who reaches \
+                     it could read and write volumes: add {}, bind it to 127.0.0.1, or pass --insecure",
+                    self.nbd,
+                    missing.join(" and ")
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 fn nanos(duration: Duration, option: &str) -> Result<u64> {
@@ -61,10 +170,15 @@ pub fn now() -> Timestamp {
 }
 
 pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
+    args.check()?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(crate::tls::server(cert, key, args.tls_ca.as_deref())?),
+        _ => None,
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rustls=error")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -76,9 +190,17 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     config.volume.retention_interval_nanos = nanos(args.retention_interval, "--retention-interval")?;
     config.volume.archive_interval_nanos = nanos(args.archive_interval, "--archive-interval")?;
     config.collect_interval_nanos = nanos(args.gc_interval, "--gc-interval")?;
+    let tokens = Arc::new(Tokens::open(data_dir)?);
+    let made_admin = tokens.ensure_admin()?.is_some();
+    let grants = Arc::new(Grants::open(data_dir)?);
     let node = Arc::new(Node::open(Arc::new(storage), config)?);
 
-    let nbd = Server::new(Arc::new(EngineCatalog::new(Arc::clone(&node))), ServerConfig::default());
+    let policy = AccessPolicy::Grants { grants: Arc::clone(&grants), client_certificates_required: args.tls_verify_peer };
+    let catalog = EngineCatalog::with_policy(Arc::clone(&node), policy);
+    let mut nbd = Server::new(Arc::new(catalog), ServerConfig::default());
+    if let Some(tls) = &tls {
+        nbd = nbd.with_tls(NbdTls { mode: args.tls_mode(), config: Arc::clone(&tls.nbd) });
+    }
     let nbd_address = nbd.serve_tcp(args.nbd).with_context(|| format!("cannot listen for NBD on {}", args.nbd))?;
     if let Some(path) = &args.nbd_unix {
         nbd.serve_unix(path).with_context(|| format!("cannot listen for NBD on {}", path.display()))?;
@@ -121,14 +243,29 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         if let Some(path) = &args.nbd_unix {
             println!("listening nbd-unix {}", path.display());
         }
-        println!("listening http {http_address}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        println!("listening {scheme} {http_address}");
+        let admin_token = data_dir.join(ADMIN_TOKEN_FILE);
+        if made_admin {
+            println!("created the admin API token in {} (the CLI reads it there; elsewhere set REWIND_TOKEN)", admin_token.display());
+        }
         let volumes: Vec<String> = node.volumes().iter().map(|volume| volume.name().to_string()).collect();
         println!(
             "exports: {} (and NAME@TIME views); stop with Ctrl-C",
             if volumes.is_empty() { "none yet".to_owned() } else { volumes.join(", ") }
         );
-        let state = ApiState { node: Arc::clone(&node), nbd_address: Some(nbd_address.to_string()) };
-        rewind_http::serve(listener, state, shutdown_signal()).await.context("API server failed")
+        let door = Door {
+            tokens: Arc::clone(&tokens),
+            allowed_hosts: AllowedHosts::new(args.http.ip(), &args.http_allowed_hosts),
+            https: tls.is_some(),
+        };
+        let state = ApiState { node: Arc::clone(&node), nbd_address: Some(nbd_address.to_string()), door, grants };
+        let http_config = HttpConfig {
+            connections_max: args.http_connections_max.max(1),
+            tls: tls.as_ref().map(|tls| Arc::clone(&tls.http)),
+            ..HttpConfig::default()
+        };
+        rewind_http::serve(listener, state, http_config, shutdown_signal()).await.context("API server failed")
     });
 
     tracing::info!("shutting down");

@@ -252,20 +252,30 @@ fn pump<S: Transport>(
             pair_write_shut = true;
             let _ = pair.shutdown(Shutdown::Write);
         }
-        // Plaintext from the connection into rustls.
-        while to_session_sent < to_session.len() {
-            match session.writer().write(&to_session[to_session_sent..]) {
-                Ok(0) => break,
-                Ok(count) => to_session_sent += count,
-                Err(error) => return Err(error),
+        // Plaintext from the connection into rustls, and records onto the
+        // socket, until one of them is stuck: rustls takes plaintext only
+        // while its outgoing buffer has room, which writing to the socket
+        // makes.
+        loop {
+            let mut progress = false;
+            while to_session_sent < to_session.len() {
+                match session.writer().write(&to_session[to_session_sent..])? {
+                    0 => break,
+                    count => {
+                        to_session_sent += count;
+                        progress = true;
+                    }
+                }
             }
-        }
-        // Encrypted records onto the socket.
-        while session.wants_write() {
-            match session.write_tls(&mut socket) {
-                Ok(_) => {}
-                Err(error) if would_block(&error) => break,
-                Err(error) => return Err(error),
+            while session.wants_write() {
+                match session.write_tls(&mut socket) {
+                    Ok(_) => progress = true,
+                    Err(error) if would_block(&error) => break,
+                    Err(error) => return Err(error),
+                }
+            }
+            if !progress {
+                break;
             }
         }
         if connection_done && to_session_sent == to_session.len() && !session.wants_write() {
