@@ -13,11 +13,26 @@ ROOT = Path(__file__).resolve().parent.parent
 REWIND = ROOT / "target" / "release" / "rewind"
 
 
+# The admin token of each server started, by its API address (host:port).
+TOKENS = {}
+
+
+def remember_token(http, data_dir):
+    """Reads the admin token `rewind serve` wrote into `data_dir`, for `api`.
+    A server too old to have tokens wrote none; then none is sent."""
+    token = Path(data_dir) / "admin-token"
+    if token.exists():
+        TOKENS[http] = token.read_text().strip()
+
+
 def api(http, method, path, body=None):
-    """One call to a Rewind server's management API at `http` (host:port)."""
+    """One call to a Rewind server's management API at `http` (host:port),
+    with the token `remember_token` found for it."""
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://{http}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if http in TOKENS:
+        headers["Authorization"] = f"Bearer {TOKENS[http]}"
+    request = urllib.request.Request(f"http://{http}{path}", data=data, method=method, headers=headers)
     with urllib.request.urlopen(request) as response:
         text = response.read()
         return json.loads(text) if text else None

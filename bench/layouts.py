@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import REWIND, ROOT, Process, api, environment, fio, wait_port, write_section
+from benchlib import REWIND, ROOT, Process, api, remember_token, environment, fio, wait_port, write_section
 
 WRITE_RATIOS = [0, 20, 40, 60, 80, 100]
 SNAP_BLOCKS_KIB = [1, 2, 4, 8, 64]
@@ -63,6 +63,7 @@ def start_rewind(work, size, layout, block_bytes, granularity, binary):
         env={**os.environ, "RUST_LOG": "warn"},
     )
     http = f"127.0.0.1:{HTTP_PORT}"
+    remember_token(http, work / "rewind")
     api(http, "POST", "/v1/volumes", {"name": "bench", "size_bytes": size, "block_size": block_bytes,
                                       "layout": layout, "granularity": granularity})
     return process, f"nbd://127.0.0.1:{NBD_PORT}/bench"

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import REWIND, ROOT, Process, api, environment, fio, throughput, wait_port, write_section
+from benchlib import REWIND, ROOT, Process, api, remember_token, environment, fio, throughput, wait_port, write_section
 
 # name, fio arguments, what is measured, target ratio (from BRIEF.md)
 JOBS = [
@@ -104,6 +104,7 @@ def run_once(args, run_index, results, view_results):
         )
         servers.append(process)
         http = f"127.0.0.1:{api_port}"
+        remember_token(http, work / data)
         api(http, "POST", "/v1/volumes", {"name": "bench", "size_bytes": size})
         return http
 

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import REWIND, ROOT, api, environment, write_section
+from benchlib import REWIND, ROOT, api, remember_token, environment, write_section
 
 # (dedupe percentage, compress percentage) settings for fio
 FIO_SETTINGS = [(0, 0), (50, 0), (0, 50), (50, 50), (80, 80)]
@@ -196,6 +196,7 @@ def main():
     try:
         while "listening http" not in server.stdout.readline():
             pass
+        remember_token(http, work / "rewind")
         env = environment()
         fio_rows = fio_part(http, nbd, size)
         rootfs_bytes = int(run("du", "-sb", str(args.rootfs)).split()[0])

@@ -39,12 +39,8 @@ pub(crate) fn write(path: &Path, bytes: &[u8]) -> Result<()> {
         Err(error) if error.kind() == io::ErrorKind::NotFound => {}
         Err(error) => return Err(io_error(temporary)(error)),
     }
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(FILE_MODE)
-        .open(temporary)
-        .map_err(io_error(temporary))?;
+    let mut file =
+        OpenOptions::new().write(true).create_new(true).mode(FILE_MODE).open(temporary).map_err(io_error(temporary))?;
     file.write_all(bytes).map_err(io_error(temporary))?;
     file.sync_all().map_err(io_error(temporary))?;
     drop(file);

@@ -206,12 +206,7 @@ impl Tokens {
         Ok(Some(token))
     }
 
-    fn make(
-        entries: &[Entry],
-        name: String,
-        role: Role,
-        volumes: Option<Vec<String>>,
-    ) -> Result<(Entry, String)> {
+    fn make(entries: &[Entry], name: String, role: Role, volumes: Option<Vec<String>>) -> Result<(Entry, String)> {
         if entries.len() >= TOKENS_MAX {
             return Err(AccessError::Invalid(format!("there are {TOKENS_MAX} tokens already; revoke some first")));
         }
@@ -235,7 +230,8 @@ impl Tokens {
     }
 
     fn save(&self, entries: &[Entry]) -> Result<()> {
-        let contents = TokensFile { format: FORMAT, tokens: entries.iter().map(|entry| entry.stored.clone()).collect() };
+        let contents =
+            TokensFile { format: FORMAT, tokens: entries.iter().map(|entry| entry.stored.clone()).collect() };
         let mut bytes = serde_json::to_vec_pretty(&contents).expect("tokens serialize");
         bytes.push(b'\n');
         file::write(&self.path, &bytes)

@@ -124,9 +124,8 @@ type WithBody = ureq::RequestBuilder<ureq::typestate::WithBody>;
 
 impl HttpBackend {
     fn new(server: &str, server_ca: Option<&Path>, token: Option<String>, data_dir: &Path) -> Result<HttpBackend> {
-        let mut config = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(2)));
+        let mut config =
+            ureq::Agent::config_builder().http_status_as_error(false).timeout_connect(Some(Duration::from_secs(2)));
         if let Some(ca) = server_ca {
             let roots: Vec<ureq::tls::Certificate<'static>> = crate::tls::certificates(ca)?
                 .iter()

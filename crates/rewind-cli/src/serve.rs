@@ -81,6 +81,14 @@ pub struct ServeArgs {
     /// closed, or, when all are busy, the newcomer refused.
     #[arg(long, default_value_t = HttpConfig::default().connections_max)]
     http_connections_max: usize,
+    /// Longest wait for an API request's header, from when the server starts
+    /// waiting (a new connection, or the end of the previous response: it is
+    /// also how long a keep-alive connection may idle).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    http_header_timeout: Duration,
+    /// Longest an API request body (an import) may stall without sending.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    http_body_timeout: Duration,
     /// Serve NBD or the API on a non-loopback address without TLS (NBD: TLS
     /// required with client certificates; API: HTTPS).
     #[arg(long)]
@@ -195,7 +203,8 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     let grants = Arc::new(Grants::open(data_dir)?);
     let node = Arc::new(Node::open(Arc::new(storage), config)?);
 
-    let policy = AccessPolicy::Grants { grants: Arc::clone(&grants), client_certificates_required: args.tls_verify_peer };
+    let policy =
+        AccessPolicy::Grants { grants: Arc::clone(&grants), client_certificates_required: args.tls_verify_peer };
     let catalog = EngineCatalog::with_policy(Arc::clone(&node), policy);
     let mut nbd = Server::new(Arc::new(catalog), ServerConfig::default());
     if let Some(tls) = &tls {
@@ -247,7 +256,10 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         println!("listening {scheme} {http_address}");
         let admin_token = data_dir.join(ADMIN_TOKEN_FILE);
         if made_admin {
-            println!("created the admin API token in {} (the CLI reads it there; elsewhere set REWIND_TOKEN)", admin_token.display());
+            println!(
+                "created the admin API token in {} (the CLI reads it there; elsewhere set REWIND_TOKEN)",
+                admin_token.display()
+            );
         }
         let volumes: Vec<String> = node.volumes().iter().map(|volume| volume.name().to_string()).collect();
         println!(
@@ -262,6 +274,8 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         let state = ApiState { node: Arc::clone(&node), nbd_address: Some(nbd_address.to_string()), door, grants };
         let http_config = HttpConfig {
             connections_max: args.http_connections_max.max(1),
+            header_timeout: args.http_header_timeout.max(Duration::from_millis(1)),
+            body_stall_timeout: args.http_body_timeout.max(Duration::from_millis(1)),
             tls: tls.as_ref().map(|tls| Arc::clone(&tls.http)),
             ..HttpConfig::default()
         };

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{pattern, require, run, run_failing, wait_for, Server};
+use common::{pattern, require, run, wait_for, Server};
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
@@ -107,7 +107,7 @@ fn archived_history_is_deduplicated_compressed_and_reads_back() {
     assert_eq!(node["chunks_live"], live, "{node:#}");
     run("qemu-img", &["compare", "-f", "raw", "-F", "raw", image, &server.uri("copy@imported")]);
     run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 0x44 0 4M", &server.uri("db@after-unique")]);
-    let metrics = run("curl", &["-sf", &format!("{}/metrics", server.api())]);
+    let metrics = run("curl", &["-sf", "-H", &server.authorization(), &format!("{}/metrics", server.api())]);
     assert!(metrics.contains("rewind_chunks_live ") && metrics.contains("rewind_chunk_dedup_hits_total"), "{metrics}");
 }
 
@@ -141,7 +141,7 @@ fn a_space_cap_drops_the_oldest_history_but_keeps_bookmarks() {
         let report = stats(&server, "cap");
         !report["oldest_kept"].is_null() && report["pack_bytes"].as_u64().unwrap() <= 10 << 20
     });
-    let error = run_failing(common::REWIND, &["view", "cap", &times[1], "--server", &server.api()]);
+    let error = server.rewind_failing(&["view", "cap", &times[1]]);
     assert!(error.contains("keeps no history before") && error.contains("nearest points kept"), "{error}");
     // Bookmarks stay, and so does the present.
     for generation in [0, 3] {
@@ -151,7 +151,6 @@ fn a_space_cap_drops_the_oldest_history_but_keeps_bookmarks() {
     }
     let info = server.rewind(&["volume", "info", "cap"]);
     assert!(info.contains("at most 10.0 MiB archived"), "{info}");
-    let error =
-        run_failing(common::REWIND, &["volume", "set", "cap", "--space-max", "lots", "--server", &server.api()]);
+    let error = server.rewind_failing(&["volume", "set", "cap", "--space-max", "lots"]);
     assert!(error.contains("cannot read the space cap"), "{error}");
 }

@@ -78,19 +78,33 @@ fn bookmarks_timeline_and_views_through_the_cli_and_the_api() {
 
     // The API itself: statuses, error bodies and metrics.
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let mut missing = agent.get(format!("{}/v1/volumes/nosuch", server.api())).call().unwrap();
+    let bearer = format!("Bearer {}", server.token);
+    let mut missing =
+        agent.get(format!("{}/v1/volumes/nosuch", server.api())).header("Authorization", &bearer).call().unwrap();
     assert_eq!(missing.status(), 404);
     let body: serde_json::Value = missing.body_mut().read_json().unwrap();
     assert_eq!(body["kind"], "not_found");
     let duplicate = agent
         .post(format!("{}/v1/volumes/db/bookmarks", server.api()))
+        .header("Authorization", &bearer)
         .send_json(serde_json::json!({"name": "one"}))
         .unwrap();
     assert_eq!(duplicate.status(), 409);
-    let bad =
-        agent.get(format!("{}/v1/volumes/db/view", server.api())).query("at", "2001-01-01T00:00:00Z").call().unwrap();
+    let bad = agent
+        .get(format!("{}/v1/volumes/db/view", server.api()))
+        .header("Authorization", &bearer)
+        .query("at", "2001-01-01T00:00:00Z")
+        .call()
+        .unwrap();
     assert_eq!(bad.status(), 400);
-    let metrics = agent.get(format!("{}/metrics", server.api())).call().unwrap().body_mut().read_to_string().unwrap();
+    let metrics = agent
+        .get(format!("{}/metrics", server.api()))
+        .header("Authorization", &bearer)
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
     assert!(metrics.contains("rewind_volume_write_bytes_total{volume=\"db\"} 2097152"), "{metrics}");
 
     server.rewind(&["volume", "delete", "db", "--yes"]);

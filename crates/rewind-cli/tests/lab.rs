@@ -25,7 +25,13 @@ fn a_volumes_history_is_a_trace_the_lab_replays() {
     let journal = &stats["io"]["journal"];
     assert!(journal["write_bytes"].as_u64().unwrap() >= (64 + 8 + 4) << 10, "{stats}");
     assert!(journal["syncs"].as_u64().unwrap() >= 3, "{stats}");
-    let metrics = ureq::get(&format!("{}/metrics", server.api())).call().unwrap().into_body().read_to_string().unwrap();
+    let metrics = ureq::get(&format!("{}/metrics", server.api()))
+        .header("Authorization", format!("Bearer {}", server.token))
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
     assert!(metrics.contains("rewind_store_write_bytes_total{volume=\"db\",store=\"journal\"}"), "{metrics}");
     assert!(metrics.contains("rewind_store_reads_total{store=\"chunks\"}"), "{metrics}");
 

@@ -301,10 +301,7 @@ fn pump<S: Transport>(
         // Waiting on a client to take our bytes is bounded; waiting for
         // either side to say something is not (an idle client is legitimate).
         let stalled_on_client = session.wants_write();
-        let timeout = Timespec {
-            tv_sec: write_timeout.as_secs() as _,
-            tv_nsec: write_timeout.subsec_nanos() as _,
-        };
+        let timeout = Timespec { tv_sec: write_timeout.as_secs() as _, tv_nsec: write_timeout.subsec_nanos() as _ };
         // A side that hung up keeps reporting it: a side we want nothing
         // from is left out, or this loop would spin.
         let (watch_pair, watch_socket) = (!pair_events.is_empty(), !socket_events.is_empty());

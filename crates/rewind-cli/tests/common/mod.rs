@@ -14,6 +14,12 @@ pub struct Server {
     pub data_dir: PathBuf,
     pub nbd: SocketAddr,
     pub http: SocketAddr,
+    /// The API is HTTPS (the server was given a certificate).
+    pub https: bool,
+    /// The admin token the server wrote into its data directory.
+    pub token: String,
+    /// The CA the CLI trusts for an HTTPS API (`--server-ca`).
+    pub server_ca: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -31,7 +37,19 @@ impl Server {
 
     /// Starts `rewind serve` with more options.
     pub fn start_with(data_dir: &Path, options: &[&str]) -> Server {
-        let mut child = Command::new(REWIND)
+        Server::start_command(Command::new(REWIND), data_dir, options)
+    }
+
+    /// Starts `rewind serve` with at most `open_files_max` file descriptors
+    /// (`ulimit -n`), as on a machine with a low limit.
+    pub fn start_with_open_files_max(data_dir: &Path, options: &[&str], open_files_max: u32) -> Server {
+        let mut command = Command::new("bash");
+        command.args(["-c", r#"ulimit -n "$0" && exec "$@""#, &open_files_max.to_string(), REWIND]);
+        Server::start_command(command, data_dir, options)
+    }
+
+    fn start_command(mut command: Command, data_dir: &Path, options: &[&str]) -> Server {
+        let mut child = command
             .args(["serve", "--nbd", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(options)
@@ -42,18 +60,36 @@ impl Server {
             .expect("rewind serve starts");
         let stdout = child.stdout.take().expect("piped");
         let mut lines = BufReader::new(stdout).lines();
-        let (mut nbd, mut http) = (None, None);
+        let (mut nbd, mut http, mut https) = (None, None, false);
         while nbd.is_none() || http.is_none() {
             let line = lines.next().expect("rewind serve prints its addresses").expect("utf-8");
             if let Some(address) = line.strip_prefix("listening nbd ") {
                 nbd = Some(address.parse().expect("address"));
             } else if let Some(address) = line.strip_prefix("listening http ") {
                 http = Some(address.parse().expect("address"));
+            } else if let Some(address) = line.strip_prefix("listening https ") {
+                http = Some(address.parse().expect("address"));
+                https = true;
             }
         }
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Server { data_dir: data_dir.to_path_buf(), nbd: nbd.unwrap(), http: http.unwrap(), child: Some(child) }
+        // Written before the server listens.
+        let token = std::fs::read_to_string(data_dir.join("admin-token")).expect("rewind serve wrote its admin token");
+        Server {
+            data_dir: data_dir.to_path_buf(),
+            nbd: nbd.unwrap(),
+            http: http.unwrap(),
+            https,
+            token: token.trim().to_owned(),
+            server_ca: None,
+            child: Some(child),
+        }
+    }
+
+    /// The header that authorizes API requests, for curl's -H.
+    pub fn authorization(&self) -> String {
+        format!("Authorization: Bearer {}", self.token)
     }
 
     pub fn uri(&self, export: &str) -> String {
@@ -61,7 +97,8 @@ impl Server {
     }
 
     pub fn api(&self) -> String {
-        format!("http://{}", self.http)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.http)
     }
 
     /// Runs the CLI against this server; panics (with its output) on failure.
@@ -72,7 +109,20 @@ impl Server {
     }
 
     pub fn rewind_output(&self, args: &[&str]) -> Output {
-        Command::new(REWIND).args(args).args(["--server", &self.api()]).output().expect("rewind runs")
+        let mut command = Command::new(REWIND);
+        command.args(args).args(["--server", &self.api()]).env("REWIND_TOKEN", &self.token);
+        if let Some(ca) = &self.server_ca {
+            command.arg("--server-ca").arg(ca);
+        }
+        command.output().expect("rewind runs")
+    }
+
+    /// Runs the CLI against this server expecting it to fail; returns its
+    /// stderr and stdout.
+    pub fn rewind_failing(&self, args: &[&str]) -> String {
+        let output = self.rewind_output(args);
+        assert!(!output.status.success(), "rewind {args:?} should have failed:\n{}", describe(&output));
+        String::from_utf8_lossy(&output.stderr).into_owned() + &String::from_utf8_lossy(&output.stdout)
     }
 
     /// SIGKILL, as a crash.
@@ -156,3 +206,4 @@ pub fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
 }
 
 pub mod nbd_client;
+pub mod pki;
