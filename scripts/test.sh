@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-packages=(nbdkit libnbd-bin python3-libnbd fio qemu-utils fuse3 e2fsprogs util-linux)
+packages=(nbdkit libnbd-bin python3-libnbd fio qemu-utils fuse3 e2fsprogs util-linux curl)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

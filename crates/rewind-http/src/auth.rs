@@ -63,7 +63,7 @@ impl AllowedHosts {
 
     fn allows(&self, host: &str) -> bool {
         let name = normalize(strip_port(host));
-        self.names.iter().any(|allowed| *allowed == name)
+        self.names.contains(&name)
     }
 }
 

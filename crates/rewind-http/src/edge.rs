@@ -504,3 +504,16 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteStall<S> {
         self.stalled(cx, result)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_busy_answer_says_its_own_length() {
+        let text = std::str::from_utf8(BUSY_RESPONSE).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("Content-Length: {}\r\n", body.len())), "{head}");
+        serde_json::from_str::<crate::api::ErrorBody>(body).unwrap();
+    }
+}

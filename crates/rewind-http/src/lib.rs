@@ -1,5 +1,5 @@
-//! Rewind's management API: JSON over HTTP on 127.0.0.1, plus Prometheus
-//! metrics at `/metrics`.
+//! Rewind's management API: JSON over HTTP or HTTPS on 127.0.0.1, plus
+//! Prometheus metrics at `/metrics`, every route behind a bearer token.
 //!
 //! | method | path | what |
 //! |---|---|---|
@@ -17,11 +17,22 @@
 //! | GET | `/v1/stats` | the chunk store and every volume (`NodeReport`) |
 //! | POST | `/v1/gc` | garbage-collect now; progress, then the result, as newline-delimited JSON (`GcEvent`) |
 //! | GET | `/metrics` | Prometheus text format |
+//! | GET, POST | `/v1/tokens` | list API tokens; create one (`TokenSpec` → `CreatedToken`, shown once) — admin token only |
+//! | DELETE | `/v1/tokens/{id}` | revoke a token — admin token only |
+//! | GET, POST, DELETE | `/v1/access` (`?volume=V&identity=I` to delete) | NBD access grants (`GrantInfo`) — admin token only |
+//!
+//! Every request passes the guard in `auth` first (allowed `Host`, no
+//! cross-origin state change, a valid bearer token, its role and volumes);
+//! connections pass the edge in `edge` (a connection cap that closes the
+//! longest idle connection first, header/body/write timeouts, HTTPS).
 //!
 //! Engine calls block on disk I/O, so handlers run them on tokio's blocking
 //! pool. Errors come back as `ErrorBody` with a status that fits: 404 for
 //! unknown names, 409 for duplicates, 400 for bad input, 503 for a poisoned
-//! volume or chunk store, 500 for corruption and I/O errors.
+//! volume or chunk store, 500 for corruption and I/O errors; 401 without a
+//! valid token, 403 for what a token may not do (or a foreign Host or
+//! Origin), 415 for a form or text/plain body on a request that changes
+//! something.
 
 pub mod api;
 mod auth;

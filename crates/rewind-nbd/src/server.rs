@@ -31,7 +31,11 @@
 //! - Option haggling: every option except `EXPORT_NAME` and `ABORT` gets
 //!   replies and leaves us in this state; malformed options get
 //!   `NBD_REP_ERR_INVALID` with a message, unknown ones `NBD_REP_ERR_UNSUP`,
-//!   `STARTTLS` `NBD_REP_ERR_POLICY`, export open errors
+//!   `STARTTLS` `NBD_REP_ERR_POLICY` without TLS configured, otherwise
+//!   `NBD_REP_ACK` and the TLS handshake, after which haggling starts over
+//!   on the TLS session (`crate::tls`); with TLS required, every option
+//!   before it but `STARTTLS` and `ABORT` gets `NBD_REP_ERR_TLS_REQD` and
+//!   `EXPORT_NAME` a hang-up. Export open errors
 //!   `NBD_REP_ERR_UNKNOWN` with the catalog's message. State gathered here:
 //!   `NO_ZEROES`, structured replies, and the export name `base:allocation`
 //!   was selected for. `NBD_OPT_GO` and `NBD_OPT_EXPORT_NAME` open the export
@@ -52,7 +56,8 @@
 //! - `ServerConfig::connections_max` live connections; extra ones are
 //!   accepted and closed at once, so they never cost a thread.
 //! - `ServerConfig::handshake_timeout` bounds the whole handshake, not each
-//!   read, so a client trickling bytes cannot hold a slot.
+//!   read, so a client trickling bytes cannot hold a slot; the TLS handshake
+//!   counts, and so do options after it.
 //! - `OPTIONS_PER_HANDSHAKE_MAX` options per handshake and
 //!   `protocol::OPTION_BYTES_MAX` bytes per option; beyond either we hang up.
 //! - `protocol::PAYLOAD_BYTES_MAX` (32 MiB) per READ or WRITE, advertised as
