@@ -48,4 +48,5 @@ pub use space::{ratio, VolumeSpace};
 pub use volume::{Durability, Volume, VolumeConfig, ZeroMode};
 pub use writes::{WriteExtent, WriteExtents, WriteHistory};
 
+pub use rewind_journal::DroppedTail;
 pub use rewind_types::{BlockSize, BookmarkName, Timestamp, VolumeName};

@@ -113,6 +113,8 @@ impl DamagedVolume {
 }
 
 const VOLUMES_DIR: &str = "volumes";
+/// EFBIG.
+const FILE_TOO_LARGE: i32 = 27;
 const CHUNKS_DIR: &str = "chunks";
 /// A volume size the 64-bit byte offsets of NBD and the formats can address.
 const VOLUME_BYTES_MAX: u64 = 1 << 60;
@@ -177,6 +179,12 @@ impl Node {
         let mut volumes = BTreeMap::new();
         let mut damaged = BTreeMap::new();
         for name in storage.list_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))? {
+            if name.starts_with('.') {
+                // Not a volume (no volume name starts with a dot): a size probe left by a crash.
+                let path = volume_dir(&name);
+                storage.remove_file(&path).map_err(EngineError::io(&path))?;
+                continue;
+            }
             let dir = volume_dir(&name);
             let meta = format!("{dir}/volume.meta");
             if !storage.exists(&meta).map_err(EngineError::io(&meta))? {
@@ -312,6 +320,7 @@ impl Node {
         if self.storage.exists(&dir).map_err(EngineError::io(&dir))? {
             self.storage.remove_dir_all(&dir).map_err(EngineError::io(&dir))?;
         }
+        self.check_file_size(spec.size_bytes)?;
         let meta = VolumeMeta {
             name: spec.name,
             size_bytes: spec.size_bytes,
@@ -323,7 +332,7 @@ impl Node {
                 bytes => bytes,
             },
         };
-        let volume = Volume::create(
+        let created = Volume::create(
             Arc::clone(&self.storage),
             &dir,
             meta,
@@ -338,10 +347,44 @@ impl Node {
             },
             self.config.volume,
             &self.shared,
-        )?;
+        );
+        let volume = match created {
+            Ok(volume) => volume,
+            Err(error) => {
+                // Nothing is left behind (a full disk part-way, say).
+                if let Err(cleanup) = self.storage.remove_dir_all(&dir) {
+                    tracing::warn!(%dir, %cleanup, "cannot remove a volume whose creation failed");
+                }
+                return Err(error);
+            }
+        };
         self.storage.sync_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
         self.volumes.write().insert(name, Arc::clone(&volume));
         Ok(volume)
+    }
+
+    /// Refuses a volume larger than the filesystem lets one file be, before
+    /// anything is created: a sparse file of that size is made and removed.
+    fn check_file_size(&self, size_bytes: u64) -> Result<(), EngineError> {
+        let probe = format!("{VOLUMES_DIR}/.size-probe");
+        if self.storage.exists(&probe).map_err(EngineError::io(&probe))? {
+            self.storage.remove_file(&probe).map_err(EngineError::io(&probe))?;
+        }
+        let file = self.storage.open_file(&probe, rewind_io::OpenMode::CreateNew).map_err(EngineError::io(&probe))?;
+        let sized = file.set_len(size_bytes);
+        drop(file);
+        self.storage.remove_file(&probe).map_err(EngineError::io(&probe))?;
+        match sized {
+            Ok(()) => Ok(()),
+            Err(error) if error.raw_os_error() == Some(FILE_TOO_LARGE) || error.kind() == std::io::ErrorKind::FileTooLarge => {
+                Err(EngineError::InvalidArgument(format!(
+                    "a volume of {size_bytes} bytes is larger than the data directory's filesystem allows one \
+                     file to be ({error}); pick a smaller size or a filesystem with larger files (ext4 allows \
+                     16 TiB, XFS 8 EiB)"
+                )))
+            }
+            Err(error) => Err(EngineError::Io { path: probe, source: error }),
+        }
     }
 
     /// Deletes a volume and all its history. With clients attached (see

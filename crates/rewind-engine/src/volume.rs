@@ -1167,6 +1167,16 @@ impl Volume {
         self.recovered.as_ref()
     }
 
+    /// Whether recovery has finished (see `settled`): views are served.
+    pub fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::Acquire)
+    }
+
+    /// Why the volume refuses writes until restart, if it does.
+    pub fn poison_cause(&self) -> Option<String> {
+        self.poisoned.lock().clone()
+    }
+
     /// Whether versions may be destaged now. Continuously, but in ROW only
     /// at snapshots: with a granularity g the source is merged once a
     /// window ends (every window end is a snapshot), at every write's
