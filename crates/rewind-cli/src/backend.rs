@@ -14,11 +14,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use rewind_access::{GrantInfo, Grants, TokenInfo, TokenSpec, Tokens, ADMIN_TOKEN_FILE};
-use rewind_engine::{BookmarkName, InUse, Node, NodeConfig};
+use rewind_engine::{BookmarkName, InUse, Node, NodeConfig, RepairMode};
 use rewind_http::api::{
     kept_write, time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory, ErrorBody,
-    GcEvent, GcReport, Health, ImportSummary, KeptWrite, NodeReport, Timeline, UpdateVolume, ViewInfo, VolumeDetail,
-    VolumeInfo, VolumeReport,
+    GcEvent, GcReport, Health, ImportSummary, KeptWrite, NodeReport, RepairSummary, Timeline, UpdateVolume, ViewInfo,
+    VolumeDetail, VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -34,6 +34,8 @@ pub trait Backend {
     fn volume(&self, name: &str) -> Result<VolumeDetail>;
     fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo>;
     fn delete_volume(&self, name: &str, in_use: InUse) -> Result<()>;
+    /// Repairs volume `name` (`apply`), or says what a repair would do.
+    fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary>;
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline>;
     /// Hands `each` the writes the volume's history keeps, oldest first.
     fn write_history(&self, name: &str, each: &mut dyn FnMut(KeptWrite) -> Result<()>) -> Result<()>;
@@ -285,6 +287,11 @@ impl Backend for HttpBackend {
         self.decode_empty(self.delete_request(&format!("/v1/volumes/{name}?force={force}")).call()?)
     }
 
+    fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary> {
+        let force = in_use == InUse::Force;
+        self.post(&format!("/v1/volumes/{name}/repair?apply={apply}&force={force}"), &serde_json::json!({}))
+    }
+
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline> {
         self.get(&format!("/v1/volumes/{name}/timeline?bucket_seconds={bucket_seconds}"))
     }
@@ -405,7 +412,7 @@ impl Backend for LocalBackend {
     }
 
     fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
-        Ok(self.node.volumes().iter().map(|volume| VolumeInfo::of(volume)).collect())
+        Ok(rewind_http::api::volume_list(&self.node, |_| true))
     }
 
     fn create_volume(&self, request: &CreateVolume) -> Result<VolumeInfo> {
@@ -447,6 +454,11 @@ impl Backend for LocalBackend {
 
     fn delete_volume(&self, name: &str, in_use: InUse) -> Result<()> {
         Ok(self.node.delete_volume(name, in_use)?)
+    }
+
+    fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary> {
+        let mode = if apply { RepairMode::Apply } else { RepairMode::Plan };
+        Ok(RepairSummary::of(&self.node.repair_volume(name, mode, in_use, now())?, !apply))
     }
 
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline> {

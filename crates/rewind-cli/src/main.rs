@@ -323,6 +323,20 @@ enum VolumeCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Repair a damaged volume: rebuild what is derived (checkpoint, index
+    /// runs, from the journal), keep what verifies, and say exactly what
+    /// is lost. Without --yes, only shows what it would do.
+    Repair {
+        name: String,
+        /// Repair (otherwise only say what would be done).
+        #[arg(long)]
+        yes: bool,
+        /// Take the volume out of service even while clients use it.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete a volume and all its history.
     Delete {
         name: String,
@@ -584,6 +598,19 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
             }
             output::volume_detail(&detail);
             Ok(())
+        }
+        VolumeCommand::Repair { name, yes, force, json } => {
+            let in_use = if force { InUse::Force } else { InUse::Refuse };
+            let summary = backend.repair_volume(&name, yes, in_use)?;
+            if json {
+                return output::json(&summary);
+            }
+            output::repair(&summary);
+            match (summary.repaired, &summary.unrepairable) {
+                (true, _) => Ok(()),
+                (false, Some(_)) => bail!("volume {name} cannot be repaired"),
+                (false, None) => bail!("nothing was changed; run `rewind volume repair {name} --yes` to repair"),
+            }
         }
         VolumeCommand::Delete { name, yes, force } => {
             if !yes && !output::confirm(&format!("delete volume {name} and all of its history?"))? {

@@ -8,7 +8,8 @@ use serde::Serialize;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rewind_http::api::{
-    BookmarkInfo, GcReport, NodeReport, StoreIo, Timeline, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    BookmarkInfo, GcReport, NodeReport, RepairSummary, StoreIo, Timeline, ViewInfo, VolumeDetail, VolumeInfo,
+    VolumeReport,
 };
 
 pub fn json(value: &impl Serialize) -> Result<()> {
@@ -61,11 +62,44 @@ pub fn volumes(volumes: &[VolumeInfo]) {
                 volume.created.clone(),
                 volume.last_write.clone().unwrap_or_else(|| "-".into()),
                 volume.bookmark_count.to_string(),
-                if volume.poisoned { "POISONED: restart the server".into() } else { "ok".into() },
+                match volume.state.as_str() {
+                    "ok" => "ok".to_owned(),
+                    other => other.to_uppercase(),
+                },
             ]
         })
         .collect();
     table(&["NAME", "SIZE", "BLOCK", "LAYOUT", "PROTECTED SINCE", "LAST WRITE", "BOOKMARKS", "STATE"], &rows);
+    for volume in volumes {
+        if let Some(problem) = &volume.problem {
+            println!("{}: {problem}", volume.name);
+        }
+    }
+}
+
+/// What `rewind volume repair` found and did.
+pub fn repair(summary: &RepairSummary) {
+    if summary.steps.is_empty() && summary.repaired {
+        println!("volume {} is not damaged: nothing to repair", summary.volume);
+        return;
+    }
+    for (index, step) in summary.steps.iter().enumerate() {
+        println!("{}. found:  {}", index + 1, step.problem);
+        let verb = if summary.planned_only { "would" } else { "did" };
+        println!("   {verb}:  {}", step.action);
+        if let Some(loss) = &step.loss {
+            println!("   lost:   {loss}");
+        }
+    }
+    match (&summary.unrepairable, summary.repaired, summary.planned_only) {
+        (Some(why), _, _) => println!("cannot repair: {why}"),
+        (None, true, _) => println!("volume {} is repaired and served again", summary.volume),
+        (None, false, true) => println!(
+            "nothing was changed (more damage may show once this is repaired); `rewind volume repair {} --yes` repairs it",
+            summary.volume
+        ),
+        (None, false, false) => println!("volume {} is still damaged", summary.volume),
+    }
 }
 
 /// What history a volume keeps, for people.
@@ -108,8 +142,13 @@ pub fn volume_detail(detail: &VolumeDetail) {
     }
     println!(
         "state           {}",
-        if info.poisoned { "POISONED (a write or fsync failed): restart the server" } else { "ok" }
+        info.problem
+            .as_deref()
+            .map_or(info.state.clone(), |problem| format!("{}: {problem}", info.state.to_uppercase()))
     );
+    for note in &info.notes {
+        println!("note            {note}");
+    }
     println!("writes          {} ({})", stats.writes, HumanBytes(stats.write_bytes));
     println!("zeroings        {} ({})", stats.zeroes, HumanBytes(stats.zero_bytes));
     println!("reads           {} ({})", stats.reads, HumanBytes(stats.read_bytes));
@@ -410,6 +449,30 @@ pub fn node_report(report: &NodeReport) {
     );
     if let Some(cause) = &report.chunk_store_poisoned {
         println!("STOPPED         archiving and collection stopped until restart: {cause}");
+    }
+    if let Some(cause) = &report.collection_waits {
+        println!("gc waits        {cause}");
+    }
+    if report.chunks_missing > 0 || report.packs_footer_damaged > 0 {
+        println!(
+            "damage          {} chunks damaged or missing (see `rewind volume info` of the volumes named in the log); \
+             {} packs with a damaged footer, rewritten by the next `rewind gc`",
+            report.chunks_missing, report.packs_footer_damaged
+        );
+    }
+    let disk_state = match report.disk_state.as_str() {
+        "exhausted" => "BELOW THE RESERVE: writes get ENOSPC; free space with `rewind history delete`, retention, `rewind gc` or `rewind volume delete`",
+        "low" => "LOW: under twice the reserve",
+        _ => "ok",
+    };
+    println!(
+        "disk            {} free of {}; reserve {}: {disk_state}",
+        HumanBytes(report.disk_free_bytes),
+        HumanBytes(report.disk_total_bytes),
+        HumanBytes(report.disk_reserve_bytes)
+    );
+    for damaged in &report.volumes_damaged {
+        println!("DAMAGED         {}: {}", damaged.name, damaged.problem.as_deref().unwrap_or_default());
     }
     store_io(&report.io);
     if report.volumes.is_empty() {

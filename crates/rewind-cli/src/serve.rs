@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
 use rewind_access::{Grants, Tokens, ADMIN_TOKEN_FILE};
-use rewind_engine::{Node, NodeConfig, Timestamp};
+use rewind_engine::{Node, NodeConfig, Reserve, Timestamp};
 use rewind_http::{AllowedHosts, ApiState, Door, HttpConfig};
 use rewind_io::OsStorage;
 use rewind_nbd::engine::{AccessPolicy, EngineCatalog};
@@ -50,6 +50,13 @@ pub struct ServeArgs {
     /// How often garbage collection runs, when there is garbage.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     gc_interval: Duration,
+    /// Free space on the data directory's filesystem that writes to volumes
+    /// never use (they get ENOSPC below it), left to Rewind's own work —
+    /// archiving, retention, history deletes, garbage collection, deleting
+    /// volumes — so a full disk can be emptied with `rewind` itself: a size
+    /// (1GiB) or a share of the filesystem (2%). Warned of below twice it.
+    #[arg(long, default_value = "1%", value_parser = parse_reserve)]
+    reserve: Reserve,
     /// TLS for NBD (STARTTLS): off; on (offered, optional); require (every
     /// option but STARTTLS refused before it). Default: require when
     /// --tls-cert is given, otherwise off.
@@ -168,6 +175,19 @@ impl ServeArgs {
     }
 }
 
+/// `--reserve`: `2%` or a size like `1GiB`.
+fn parse_reserve(text: &str) -> Result<Reserve, String> {
+    if let Some(percent) = text.strip_suffix('%') {
+        return match percent.trim().parse::<u8>() {
+            Ok(percent @ 0..=50) => Ok(Reserve::Percent(percent)),
+            _ => Err(format!("{text:?}: a share of the filesystem from 0% to 50%")),
+        };
+    }
+    parse_size::parse_size(text)
+        .map(Reserve::Bytes)
+        .map_err(|error| format!("{text:?} is neither a size (1GiB) nor a share (2%): {error}"))
+}
+
 fn nanos(duration: Duration, option: &str) -> Result<u64> {
     let nanos = u64::try_from(duration.as_nanos()).with_context(|| format!("{option} is too long"))?;
     Ok(nanos.max(1))
@@ -198,6 +218,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     config.volume.retention_interval_nanos = nanos(args.retention_interval, "--retention-interval")?;
     config.volume.archive_interval_nanos = nanos(args.archive_interval, "--archive-interval")?;
     config.collect_interval_nanos = nanos(args.gc_interval, "--gc-interval")?;
+    config.reserve = args.reserve;
     let tokens = Arc::new(Tokens::open(data_dir)?);
     let made_admin = tokens.ensure_admin()?.is_some();
     let grants = Arc::new(Grants::open(data_dir)?);

@@ -60,7 +60,7 @@ impl History {
 
     pub fn open(storage: &dyn Storage, dir: &str) -> Result<History, EngineError> {
         let corrupt = |path: &str, error: rewind_format::FormatError| EngineError::Corrupt {
-            volume: dir.to_owned(),
+            volume: dir.rsplit('/').next().unwrap_or(dir).to_owned(),
             detail: format!("{path}: {error}"),
         };
         let policy_path = format!("{dir}/policy");
@@ -195,6 +195,8 @@ pub struct VolumeStats {
     pub current_bytes: u64,
     pub lsn_last: u64,
     pub lsn_durable: u64,
+    /// See `rewind_journal::Journal::vouch`.
+    pub lsn_vouched: u64,
     pub versions_pending_destage: u64,
     pub poisoned: bool,
 }
@@ -622,6 +624,7 @@ impl Volume {
             current_bytes: self.current.as_ref().map_or(0, CurrentStore::size_bytes),
             lsn_last: self.journal.lsn_next().0 - 1,
             lsn_durable: self.journal.lsn_durable().0,
+            lsn_vouched: self.journal.lsn_vouched().0,
             versions_pending_destage: self.overlay_versions.load(Ordering::Relaxed) as u64,
             poisoned: self.is_poisoned(),
         })

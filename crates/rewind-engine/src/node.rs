@@ -376,7 +376,9 @@ impl Node {
         self.storage.remove_file(&probe).map_err(EngineError::io(&probe))?;
         match sized {
             Ok(()) => Ok(()),
-            Err(error) if error.raw_os_error() == Some(FILE_TOO_LARGE) || error.kind() == std::io::ErrorKind::FileTooLarge => {
+            Err(error)
+                if error.raw_os_error() == Some(FILE_TOO_LARGE) || error.kind() == std::io::ErrorKind::FileTooLarge =>
+            {
                 Err(EngineError::InvalidArgument(format!(
                     "a volume of {size_bytes} bytes is larger than the data directory's filesystem allows one \
                      file to be ({error}); pick a smaller size or a filesystem with larger files (ext4 allows \

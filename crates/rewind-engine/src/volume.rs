@@ -218,8 +218,6 @@ struct Recovered {
 pub(crate) struct Fault {
     pub what: String,
     pub since: Timestamp,
-    /// When it was last logged.
-    pub logged: Timestamp,
 }
 
 /// The share of the controller cache's pages that may be dirty (IBM §4.1).
@@ -258,6 +256,8 @@ pub struct Volume {
     /// The last transient failure of this volume's work (a full disk, no
     /// descriptors): it is retried by itself; cleared by the next success.
     fault: Mutex<Option<Fault>>,
+    /// The last fault logged, and when (see `note_fault`).
+    fault_logged: Mutex<Option<(String, Timestamp)>>,
     /// What recovery cut off the journal's tail when the volume was opened.
     recovered: Option<rewind_journal::DroppedTail>,
     /// False after a crash until everything replayed is in the current store
@@ -377,6 +377,7 @@ impl Volume {
             clients: crate::clients::Clients::default(),
             damage: crate::damage::HistoryDamage::default(),
             fault: Mutex::new(None),
+            fault_logged: Mutex::new(None),
             recovered,
             settled: AtomicBool::new(!unsettled),
             disk: Arc::clone(&shared.space),
@@ -1119,25 +1120,25 @@ impl Volume {
         const RELOG_NANOS: u64 = 60_000_000_000;
         let what = error.to_string();
         let mut fault = self.fault.lock();
-        match &mut *fault {
-            Some(known) if known.what == what => {
-                if now.unix_nanos().saturating_sub(known.logged.unix_nanos()) < RELOG_NANOS {
-                    return false;
-                }
-                known.logged = now;
-                true
-            }
-            _ => {
-                *fault = Some(Fault { what, since: now, logged: now });
-                true
-            }
+        let since = fault.as_ref().filter(|known| known.what == what).map_or(now, |known| known.since);
+        // Remembered across passes that work in between (a full disk fails
+        // only the passes that need space): logged once a minute at most.
+        let mut logged = self.fault_logged.lock();
+        let quiet = logged
+            .as_ref()
+            .is_some_and(|(text, at)| *text == what && now.unix_nanos().saturating_sub(at.unix_nanos()) < RELOG_NANOS);
+        *fault = Some(Fault { what: what.clone(), since });
+        if quiet {
+            return false;
         }
+        *logged = Some((what, now));
+        true
     }
 
     /// The work that failed succeeded: the volume is well again.
     pub(crate) fn clear_fault(&self) {
         if let Some(fault) = self.fault.lock().take() {
-            tracing::info!(volume = %self.name(), failing = %fault.what, "volume works again");
+            tracing::debug!(volume = %self.name(), failing = %fault.what, "volume works again");
         }
     }
 

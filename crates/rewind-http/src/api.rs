@@ -9,8 +9,9 @@ use rewind_engine::timespec::{
     display_granularity, display_retention, parse_granularity, parse_retention, DisplayTime,
 };
 use rewind_engine::{
-    ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, EngineError, IoStats, Layout, PolicyChange,
-    TimelineReport, Timestamp, Volume, VolumeIoStats, VolumeName, VolumeSpace, VolumeSpec, VolumeStats,
+    ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, DamagedVolume, EngineError, IoStats, Layout,
+    PolicyChange, RepairReport, SpaceReport, TimelineReport, Timestamp, Volume, VolumeIoStats, VolumeName, VolumeSpace,
+    VolumeSpec, VolumeStats,
 };
 
 pub fn time(at: Timestamp) -> String {
@@ -54,10 +55,21 @@ pub struct VolumeInfo {
     pub poisoned: bool,
     /// NBD export name of the live, writable volume.
     pub export: String,
+    /// `ok`; `damaged` (not served: `rewind volume repair` or `delete`);
+    /// `poisoned` (writes refused until restart); `recovering` (recovery
+    /// waits for free space: views wait); `failing` (its work meets a
+    /// transient error, retried by itself).
+    pub state: String,
+    /// What is wrong and what to do, unless `ok`.
+    pub problem: Option<String>,
+    /// What is known to be lost or dropped: damaged history, a journal tail
+    /// cut off on opening, what a repair lost.
+    pub notes: Vec<String>,
 }
 
 impl VolumeInfo {
     pub fn of(volume: &Volume) -> VolumeInfo {
+        let (state, problem) = volume_state(volume);
         let last = volume.timestamp_last();
         let written = last > volume.created();
         let horizon = volume.retention_horizon();
@@ -81,8 +93,92 @@ impl VolumeInfo {
             oldest_kept_unix_nanos: horizon.map(Timestamp::unix_nanos),
             poisoned: volume.is_poisoned(),
             export: volume.name().to_string(),
+            state: state.to_owned(),
+            problem,
+            notes: volume_notes(volume),
         }
     }
+
+    /// A volume that does not open: what is known of it, and what is wrong.
+    pub fn damaged(damaged: &DamagedVolume) -> VolumeInfo {
+        let meta = damaged.meta.as_ref();
+        let created = meta.map_or(Timestamp::MIN, |meta| meta.created);
+        VolumeInfo {
+            name: damaged.name.clone(),
+            size_bytes: meta.map_or(0, |meta| meta.size_bytes),
+            block_size: meta.map_or(0, |meta| meta.block_size.bytes()),
+            layout: meta.map_or("unknown".to_owned(), |meta| meta.layout.name().to_owned()),
+            cache_bytes: meta.map_or(0, |meta| meta.cache_bytes),
+            created: time(created),
+            created_unix_nanos: created.unix_nanos(),
+            last_write: None,
+            last_write_unix_nanos: None,
+            bookmark_count: 0,
+            granularity: String::new(),
+            granularity_nanos: 0,
+            retention: String::new(),
+            space_max: String::new(),
+            space_max_bytes: 0,
+            oldest_kept: None,
+            oldest_kept_unix_nanos: None,
+            poisoned: false,
+            export: damaged.name.clone(),
+            state: "damaged".to_owned(),
+            problem: Some(
+                EngineError::Damaged { volume: damaged.name.clone(), problem: damaged.problem.clone() }.to_string(),
+            ),
+            notes: Vec::new(),
+        }
+    }
+}
+
+/// Every volume of `node` that `visible` lets through, damaged ones too,
+/// by name (the API's and the offline CLI's `volume list`).
+pub fn volume_list(node: &rewind_engine::Node, visible: impl Fn(&str) -> bool) -> Vec<VolumeInfo> {
+    let mut listed: Vec<VolumeInfo> = node
+        .volumes()
+        .iter()
+        .filter(|volume| visible(volume.name().as_str()))
+        .map(|volume| VolumeInfo::of(volume))
+        .collect();
+    let damaged = node.damaged_volumes();
+    listed.extend(damaged.iter().filter(|damaged| visible(&damaged.name)).map(VolumeInfo::damaged));
+    listed.sort_by(|a, b| a.name.cmp(&b.name));
+    listed
+}
+
+/// A volume's state for people and scripts: the word and what is wrong.
+fn volume_state(volume: &Volume) -> (&'static str, Option<String>) {
+    if let Some(cause) = volume.poison_cause() {
+        let error = EngineError::Poisoned { volume: volume.name().to_string(), cause };
+        return ("poisoned", Some(error.to_string()));
+    }
+    if !volume.is_settled() {
+        return ("recovering", Some(EngineError::RecoveryPending { volume: volume.name().to_string() }.to_string()));
+    }
+    match volume.fault() {
+        Some((what, since)) => ("failing", Some(format!("since {}: {what}; retried by itself", time(since)))),
+        None => ("ok", None),
+    }
+}
+
+/// What is known to be lost or dropped in a volume's history.
+fn volume_notes(volume: &Volume) -> Vec<String> {
+    let mut notes = volume.history_damage();
+    if let Some(dropped) = volume.journal_tail_dropped() {
+        let kind = match dropped.whole {
+            true => "a record there was whole but failed its checksum, which could be a torn write or damage",
+            false => "a torn write",
+        };
+        notes.push(format!(
+            "on opening, dropped the last {} bytes of the journal (from LSN {}, after the write at {}): {kind}; \
+             nothing later vouched for it",
+            dropped.bytes,
+            dropped.lsn_first,
+            time(dropped.after)
+        ));
+    }
+    notes
 }
 
 /// A space cap as people write it: `none` or a size like `200GiB`.
@@ -161,6 +257,9 @@ pub struct Stats {
     pub current_bytes: u64,
     pub lsn_last: u64,
     pub lsn_durable: u64,
+    /// The last LSN a vouch record vouches for: damage to records up to it
+    /// is told from a torn write after a crash.
+    pub lsn_vouched: u64,
     pub versions_pending_destage: u64,
 }
 
@@ -190,6 +289,7 @@ impl From<VolumeStats> for Stats {
             current_bytes: stats.current_bytes,
             lsn_last: stats.lsn_last,
             lsn_durable: stats.lsn_durable,
+            lsn_vouched: stats.lsn_vouched,
             versions_pending_destage: stats.versions_pending_destage,
         }
     }
@@ -593,6 +693,21 @@ pub struct NodeReport {
     pub chunks_freed: u64,
     /// Why archiving and collection stopped, if they did.
     pub chunk_store_poisoned: Option<String>,
+    /// Why garbage collection waits (a recount of references, damaged volumes), if it does.
+    pub collection_waits: Option<String>,
+    /// Chunks history refers to that are damaged or missing, and packs
+    /// read through the chunk table because their footer is damaged.
+    pub chunks_missing: u64,
+    pub packs_footer_damaged: u64,
+    /// The data directory's filesystem: size, free, the reserve client
+    /// writes leave alone, and `ok`, `low` (under twice the reserve) or
+    /// `exhausted` (under the reserve: writes get ENOSPC).
+    pub disk_total_bytes: u64,
+    pub disk_free_bytes: u64,
+    pub disk_reserve_bytes: u64,
+    pub disk_state: String,
+    /// Volumes that do not open.
+    pub volumes_damaged: Vec<VolumeInfo>,
     /// Device I/O by store, all volumes summed, and the chunk store's.
     pub io: StoreIo,
     pub volumes: Vec<VolumeReport>,
@@ -615,7 +730,26 @@ impl NodeReport {
             }
         });
         let io = StoreIo { chunks: Some(node.chunk_io_stats().into()), ..StoreIo::of(io_all) };
-        Ok(NodeReport::of(&node.chunk_stats(), io, volumes))
+        let damaged: Vec<VolumeInfo> = node.damaged_volumes().iter().map(VolumeInfo::damaged).collect();
+        let collection_waits = match damaged.is_empty() {
+            true => node.chunk_stats().recount_pending,
+            false => Some(
+                EngineError::CollectionWaits { volumes: damaged.iter().map(|info| info.name.clone()).collect() }
+                    .to_string(),
+            ),
+        };
+        let report = NodeReport::of(&node.chunk_stats(), io, volumes);
+        Ok(NodeReport { collection_waits, volumes_damaged: damaged, ..report.with_space(node.space()) })
+    }
+
+    fn with_space(self, space: SpaceReport) -> NodeReport {
+        NodeReport {
+            disk_total_bytes: space.total_bytes,
+            disk_free_bytes: space.free_bytes,
+            disk_reserve_bytes: space.reserve_bytes,
+            disk_state: space.state.name().to_owned(),
+            ..self
+        }
     }
 
     pub fn of(chunks: &ChunkStats, io: StoreIo, volumes: Vec<VolumeReport>) -> NodeReport {
@@ -647,6 +781,14 @@ impl NodeReport {
             collections: chunks.collections,
             chunks_freed: chunks.chunks_freed,
             chunk_store_poisoned: chunks.poisoned.clone(),
+            collection_waits: chunks.recount_pending.clone(),
+            chunks_missing: chunks.chunks_missing,
+            packs_footer_damaged: chunks.packs_footer_damaged,
+            disk_total_bytes: 0,
+            disk_free_bytes: 0,
+            disk_reserve_bytes: 0,
+            disk_state: String::new(),
+            volumes_damaged: Vec::new(),
             io,
             volumes,
         }
@@ -693,6 +835,46 @@ impl From<CollectReport> for GcReport {
             packs_written: report.packs_written,
             chunks_moved: report.chunks_moved,
             bytes_reclaimed: report.bytes_reclaimed,
+        }
+    }
+}
+
+/// What `POST /v1/volumes/{name}/repair` found and did (or would do).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RepairSummary {
+    pub volume: String,
+    pub steps: Vec<RepairStepInfo>,
+    /// The volume opens and is served now.
+    pub repaired: bool,
+    /// Why it cannot be repaired, if it cannot: it can only be deleted.
+    pub unrepairable: Option<String>,
+    /// Whether this was a plan only (nothing was changed).
+    pub planned_only: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RepairStepInfo {
+    pub problem: String,
+    pub action: String,
+    pub loss: Option<String>,
+}
+
+impl RepairSummary {
+    pub fn of(report: &RepairReport, planned_only: bool) -> RepairSummary {
+        RepairSummary {
+            volume: report.volume.clone(),
+            steps: report
+                .steps
+                .iter()
+                .map(|step| RepairStepInfo {
+                    problem: step.problem.clone(),
+                    action: step.action.clone(),
+                    loss: step.loss.clone(),
+                })
+                .collect(),
+            repaired: report.repaired,
+            unrepairable: report.unrepairable.clone(),
+            planned_only,
         }
     }
 }

@@ -103,6 +103,18 @@ fn render(node: &Node) -> String {
         ("rewind_volume_pending_destage_versions", "gauge", "Versions not yet copied to the current store."),
         ("rewind_volume_size_bytes", "gauge", "Volume size."),
         ("rewind_volume_poisoned", "gauge", "1 if the volume refuses writes after a failed fsync."),
+        (
+            "rewind_volume_failing",
+            "gauge",
+            "1 while the volume's background work meets a transient error (a full disk), retried by itself.",
+        ),
+        ("rewind_volume_recovering", "gauge", "1 while recovery waits for free space: views wait."),
+        (
+            "rewind_volume_journal_tail_dropped_bytes",
+            "gauge",
+            "Bytes cut off the journal's end when the volume was opened (nothing later vouched for them).",
+        ),
+        ("rewind_volume_history_damage", "gauge", "Notes of damaged or lost history (see rewind volume info)."),
     ]
     .into_iter()
     .map(|(name, kind, help)| Family { name, kind, help, samples: Vec::new() })
@@ -134,6 +146,10 @@ fn render(node: &Node) -> String {
             stats.versions_pending_destage,
             volume.size_bytes(),
             u64::from(stats.poisoned),
+            u64::from(volume.fault().is_some()),
+            u64::from(!volume.is_settled()),
+            volume.journal_tail_dropped().map_or(0, |dropped| dropped.bytes),
+            volume.history_damage().len() as u64,
         ];
         let label = format!("volume=\"{}\"", volume.name());
         for (family, value) in families.iter_mut().zip(values) {
@@ -141,7 +157,41 @@ fn render(node: &Node) -> String {
         }
     }
     let chunks = node.chunk_stats();
-    let node_families: [(&'static str, &'static str, &'static str, u64); 20] = [
+    let space = node.space();
+    let node_families: [(&'static str, &'static str, &'static str, u64); 28] = [
+        ("rewind_disk_total_bytes", "gauge", "Size of the data directory's filesystem.", space.total_bytes),
+        ("rewind_disk_free_bytes", "gauge", "Free space on the data directory's filesystem.", space.free_bytes),
+        (
+            "rewind_disk_reserve_bytes",
+            "gauge",
+            "Free space client writes leave alone (--reserve).",
+            space.reserve_bytes,
+        ),
+        (
+            "rewind_disk_space_low",
+            "gauge",
+            "1 below twice the reserve, 2 below the reserve (writes get ENOSPC), 0 otherwise.",
+            space.state as u64,
+        ),
+        ("rewind_volumes_damaged", "gauge", "Volumes that do not open.", node.damaged_volumes().len() as u64),
+        (
+            "rewind_chunks_missing",
+            "gauge",
+            "Chunks history refers to that are damaged or missing.",
+            chunks.chunks_missing,
+        ),
+        (
+            "rewind_chunk_packs_footer_damaged",
+            "gauge",
+            "Packs read through the chunk table because their footer is damaged.",
+            chunks.packs_footer_damaged,
+        ),
+        (
+            "rewind_chunk_recount_pending",
+            "gauge",
+            "1 while collection waits for every chunk reference to be counted again.",
+            u64::from(chunks.recount_pending.is_some()),
+        ),
         ("rewind_chunks_live", "gauge", "Chunks history refers to.", chunks.chunks_live),
         ("rewind_chunks_dead", "gauge", "Chunks nothing refers to, not yet collected.", chunks.chunks_dead),
         ("rewind_chunk_references", "gauge", "References from versions to chunks.", chunks.references),
@@ -204,7 +254,7 @@ fn render(node: &Node) -> String {
         (
             "rewind_chunk_store_poisoned",
             "gauge",
-            "1 if an error stopped archiving and collection.",
+            "1 if a failed sync stopped archiving and collection until restart.",
             u64::from(chunks.poisoned.is_some()),
         ),
     ];

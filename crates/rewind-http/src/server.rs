@@ -17,12 +17,12 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use rewind_access::{AccessError, GrantInfo, Grants, Principal, TokenInfo, TokenSpec};
-use rewind_engine::{BookmarkName, EngineError, InUse, Node, Timestamp};
+use rewind_engine::{BookmarkName, EngineError, InUse, Node, RepairMode, Timestamp};
 
 use crate::api::{
     time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent,
-    Health, ImportSummary, NodeReport, Policy, RevokeGrant, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
-    VolumeReport,
+    Health, ImportSummary, NodeReport, Policy, RepairSummary, RevokeGrant, Timeline, UpdateVolume, ViewInfo,
+    VolumeDetail, VolumeInfo, VolumeReport,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
@@ -89,6 +89,10 @@ impl IntoResponse for ApiError {
                 (StatusCode::CONFLICT, "conflict")
             }
             EngineError::Poisoned { .. } | EngineError::Closed(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            EngineError::Damaged { .. } => (StatusCode::SERVICE_UNAVAILABLE, "damaged"),
+            EngineError::RecoveryPending { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),
+            EngineError::CollectionWaits { .. } => (StatusCode::CONFLICT, "conflict"),
+            error if error.is_no_space() => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
             error if error.is_corruption() => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt"),
             EngineError::Chunks(rewind_engine::ChunkError::Poisoned { .. }) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
@@ -98,7 +102,9 @@ impl IntoResponse for ApiError {
             }
             _ => (StatusCode::BAD_REQUEST, "invalid"),
         };
-        if status.is_server_error() {
+        // Only failures of Rewind itself: a full disk or a damaged volume is
+        // the engine's to report, once, not at every request.
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!(%error, "API request failed");
         }
         (status, Json(ErrorBody { error: error.to_string(), kind: kind.to_owned() })).into_response()
@@ -134,6 +140,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/view", get(resolve_view))
         .route("/v1/volumes/{name}/history", delete(delete_history))
         .route("/v1/volumes/{name}/stats", get(volume_stats))
+        .route("/v1/volumes/{name}/repair", post(repair_volume))
         .route_layer(middleware::from_fn(volume_scope));
     let node_routes = Router::new()
         .route("/v1/stats", get(node_stats))
@@ -194,16 +201,7 @@ async fn list_volumes(
     Extension(principal): Extension<Principal>,
 ) -> Result<Json<Vec<VolumeInfo>>, ApiError> {
     let node = Arc::clone(&state.node);
-    blocking(move || {
-        Ok(node
-            .volumes()
-            .iter()
-            .filter(|volume| principal.may_see(volume.name().as_str()))
-            .map(|volume| VolumeInfo::of(volume))
-            .collect())
-    })
-    .await
-    .map(Json)
+    blocking(move || Ok(crate::api::volume_list(&node, |name| principal.may_see(name)))).await.map(Json)
 }
 
 /// Refuses to create `name` with a token limited to other volumes.
@@ -268,6 +266,28 @@ async fn delete_volume(
     let in_use = if query.force { InUse::Force } else { InUse::Refuse };
     blocking(move || node.delete_volume(&name, in_use)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct RepairQuery {
+    /// Repair (otherwise only say what a repair would do).
+    #[serde(default)]
+    apply: bool,
+    /// Take a volume with clients connected out of service to repair it.
+    #[serde(default)]
+    force: bool,
+}
+
+async fn repair_volume(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    Query(query): Query<RepairQuery>,
+) -> Result<Json<RepairSummary>, ApiError> {
+    let node = Arc::clone(&state.node);
+    let mode = if query.apply { RepairMode::Apply } else { RepairMode::Plan };
+    let in_use = if query.force { InUse::Force } else { InUse::Refuse };
+    let report = blocking(move || node.repair_volume(&name, mode, in_use, now())).await?;
+    Ok(Json(RepairSummary::of(&report, !query.apply)))
 }
 
 #[derive(Deserialize)]

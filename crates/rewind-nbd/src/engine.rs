@@ -30,9 +30,12 @@ fn export_error(error: EngineError) -> ExportError {
     let kind = match &error {
         EngineError::Poisoned { .. } | EngineError::Closed(_) => ExportErrorKind::Shutdown,
         EngineError::OutOfRange { .. } | EngineError::InvalidArgument(_) => ExportErrorKind::Invalid,
+        // A full disk (or the node's reserve reached): the client's own error.
+        error if error.is_no_space() => ExportErrorKind::NoSpace,
         _ => ExportErrorKind::Io,
     };
-    if kind == ExportErrorKind::Io {
+    // Transient failures are the engine's to report (once, not per request).
+    if kind == ExportErrorKind::Io && !error.is_transient() {
         tracing::error!(%error, "request failed");
     }
     ExportError::new(kind, error.to_string())
@@ -137,14 +140,24 @@ impl Catalog for EngineCatalog {
             tracing::info!(export = %name, %client, "refused: no access grant");
             return Err(not_found(EngineError::VolumeNotFound(volume_name.to_owned()).to_string()));
         };
-        let volume = self.node.volume(volume_name).map_err(|error| not_found(error.to_string()))?;
+        let volume = self.node.volume(volume_name).map_err(|error| match error {
+            // Granted, so it may be told what is wrong with it.
+            EngineError::Damaged { .. } => OpenError { kind: OpenErrorKind::Unavailable, message: error.to_string() },
+            error => not_found(error.to_string()),
+        })?;
         // Attached while the export lives, so deleting the volume names this client.
         let attachment = volume.attach(format!("nbd {client} ({name})"));
         let Some(time) = time else {
             let read_only = access == Access::ReadOnly;
             return Ok(Arc::new(VolumeExport { volume, read_only, _attachment: attachment }));
         };
-        let bad_name = |error: EngineError| OpenError { kind: OpenErrorKind::BadName, message: error.to_string() };
+        let bad_name = |error: EngineError| {
+            let kind = match error {
+                EngineError::RecoveryPending { .. } => OpenErrorKind::Unavailable,
+                _ => OpenErrorKind::BadName,
+            };
+            OpenError { kind, message: error.to_string() }
+        };
         let at = volume.parse_time(time, now(), &self.zone).map_err(bad_name)?;
         Ok(Arc::new(ViewExport { view: volume.view(at).map_err(bad_name)?, _attachment: attachment }))
     }
