@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{pattern, require, run, run_failing, wait_for, Server};
+use common::{require, run, run_failing, wait_for, Server};
 
 /// A small ext4 filesystem on a loop device, mounted for the test's life.
 struct LoopFs {
