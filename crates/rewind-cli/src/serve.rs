@@ -57,6 +57,12 @@ pub struct ServeArgs {
     /// (1GiB) or a share of the filesystem (2%). Warned of below twice it.
     #[arg(long, default_value = "1%", value_parser = parse_reserve)]
     reserve: Reserve,
+    /// Once a volume's journal has been quiet this long after a commit, a
+    /// small vouch record is written so that damage to the last
+    /// acknowledged writes is told from a torn write after a crash; 0s
+    /// never writes one (bench/vouch.py measures the cost).
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    journal_vouch_after: Duration,
     /// TLS for NBD (STARTTLS): off; on (offered, optional); require (every
     /// option but STARTTLS refused before it). Default: require when
     /// --tls-cert is given, otherwise off.
@@ -219,6 +225,8 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     config.volume.archive_interval_nanos = nanos(args.archive_interval, "--archive-interval")?;
     config.collect_interval_nanos = nanos(args.gc_interval, "--gc-interval")?;
     config.reserve = args.reserve;
+    config.volume.vouch_after_nanos = u64::try_from(args.journal_vouch_after.as_nanos())
+        .context("--journal-vouch-after is too long")?;
     let tokens = Arc::new(Tokens::open(data_dir)?);
     let made_admin = tokens.ensure_admin()?.is_some();
     let grants = Arc::new(Grants::open(data_dir)?);
