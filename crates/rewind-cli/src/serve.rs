@@ -225,8 +225,8 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     config.volume.archive_interval_nanos = nanos(args.archive_interval, "--archive-interval")?;
     config.collect_interval_nanos = nanos(args.gc_interval, "--gc-interval")?;
     config.reserve = args.reserve;
-    config.volume.vouch_after_nanos = u64::try_from(args.journal_vouch_after.as_nanos())
-        .context("--journal-vouch-after is too long")?;
+    config.volume.vouch_after_nanos =
+        u64::try_from(args.journal_vouch_after.as_nanos()).context("--journal-vouch-after is too long")?;
     let tokens = Arc::new(Tokens::open(data_dir)?);
     let made_admin = tokens.ensure_admin()?.is_some();
     let grants = Arc::new(Grants::open(data_dir)?);

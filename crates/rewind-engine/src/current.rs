@@ -9,9 +9,15 @@
 //! write-ahead rule), so it can never hold data the journal could lose; it is
 //! synced at checkpoints, and recovery re-applies the journal after the last
 //! checkpoint.
+//!
+//! The files are sparse; space is allocated (`File::allocate`) before a
+//! write into a region not yet allocated since the store was opened, 64 KiB
+//! at a time, so a full disk fails the destage that needed space — which
+//! is retried — and never the sync of a checkpoint, which would poison.
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use rewind_format::current::{BlockMeta, BLOCK_META_BYTES};
 use rewind_io::{File, OpenMode, Storage};
 use rewind_types::{BlockIndex, BlockSize};
@@ -25,6 +31,45 @@ pub struct CurrentStore {
     meta_path: String,
     block_size: BlockSize,
     block_count: u64,
+    data_allocated: Allocated,
+    meta_allocated: Allocated,
+}
+
+/// Which regions of a file have been allocated since it was opened.
+struct Allocated {
+    /// One bit per `REGION_BYTES`.
+    bits: Mutex<Vec<u64>>,
+}
+
+const REGION_BYTES: u64 = 64 << 10;
+
+impl Allocated {
+    fn new(file_bytes: u64) -> Allocated {
+        Allocated { bits: Mutex::new(vec![0; file_bytes.div_ceil(REGION_BYTES).div_ceil(64) as usize]) }
+    }
+
+    /// Allocates the regions of `offset..offset + length` that are not yet.
+    fn ensure(&self, file: &dyn File, offset: u64, length: u64) -> std::io::Result<()> {
+        let (first, end) = (offset / REGION_BYTES, (offset + length).div_ceil(REGION_BYTES));
+        let mut bits = self.bits.lock();
+        let marked = |bits: &[u64], region: u64| bits[(region / 64) as usize] >> (region % 64) & 1 == 1;
+        if (first..end).all(|region| marked(&bits, region)) {
+            return Ok(());
+        }
+        file.allocate(first * REGION_BYTES, (end - first) * REGION_BYTES)?;
+        for region in first..end {
+            bits[(region / 64) as usize] |= 1 << (region % 64);
+        }
+        Ok(())
+    }
+
+    /// A hole was punched: the regions it touches must be allocated again.
+    fn forget(&self, offset: u64, length: u64) {
+        let mut bits = self.bits.lock();
+        for region in offset / REGION_BYTES..(offset + length).div_ceil(REGION_BYTES) {
+            bits[(region / 64) as usize] &= !(1 << (region % 64));
+        }
+    }
 }
 
 impl CurrentStore {
@@ -48,7 +93,8 @@ impl CurrentStore {
         if meta.size_bytes().map_err(EngineError::io(&meta_path))? != meta_bytes {
             meta.set_len(meta_bytes).map_err(EngineError::io(&meta_path))?;
         }
-        Ok(CurrentStore { data, meta, data_path, meta_path, block_size, block_count })
+        let (data_allocated, meta_allocated) = (Allocated::new(data_bytes), Allocated::new(meta_bytes));
+        Ok(CurrentStore { data, meta, data_path, meta_path, block_size, block_count, data_allocated, meta_allocated })
     }
 
     /// The apparent size of both files.
@@ -88,8 +134,9 @@ impl CurrentStore {
     pub fn write_blocks(&self, first: BlockIndex, data: &[u8], metas: &[BlockMeta]) -> Result<(), EngineError> {
         assert_eq!(data.len(), metas.len() * self.block_size.bytes() as usize);
         self.check_range(first, metas.len() as u64);
-        rewind_io::write_reserved(&*self.data, data, self.block_size.offset_of(first))
-            .map_err(EngineError::io(&self.data_path))?;
+        let offset = self.block_size.offset_of(first);
+        self.data_allocated.ensure(&*self.data, offset, data.len() as u64).map_err(EngineError::io(&self.data_path))?;
+        self.data.write_all_at(data, offset).map_err(EngineError::io(&self.data_path))?;
         self.write_meta(first, metas)
     }
 
@@ -97,7 +144,9 @@ impl CurrentStore {
     pub fn zero_blocks(&self, first: BlockIndex, metas: &[BlockMeta]) -> Result<(), EngineError> {
         self.check_range(first, metas.len() as u64);
         let length = metas.len() as u64 * u64::from(self.block_size.bytes());
-        self.data.punch_hole(self.block_size.offset_of(first), length).map_err(EngineError::io(&self.data_path))?;
+        let offset = self.block_size.offset_of(first);
+        self.data_allocated.forget(offset, length);
+        self.data.punch_hole(offset, length).map_err(EngineError::io(&self.data_path))?;
         self.write_meta(first, metas)
     }
 
@@ -106,8 +155,11 @@ impl CurrentStore {
         for (meta, slot) in metas.iter().zip(bytes.chunks_exact_mut(BLOCK_META_BYTES)) {
             meta.encode(slot);
         }
-        rewind_io::write_reserved(&*self.meta, &bytes, first.0 * BLOCK_META_BYTES as u64)
-            .map_err(EngineError::io(&self.meta_path))
+        let offset = first.0 * BLOCK_META_BYTES as u64;
+        self.meta_allocated
+            .ensure(&*self.meta, offset, bytes.len() as u64)
+            .map_err(EngineError::io(&self.meta_path))?;
+        self.meta.write_all_at(&bytes, offset).map_err(EngineError::io(&self.meta_path))
     }
 
     pub fn sync(&self) -> Result<(), EngineError> {
