@@ -1344,7 +1344,18 @@ fn finish_repack(storage: &dyn Storage, dir: &str, packs_dir: &str, table: &Chun
         return Ok(());
     }
     let bytes = read_file_healing(storage, &path, healed).map_err(ChunkError::io(&path))?;
-    let intent = RepackIntent::decode(&bytes).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
+    let intent = match RepackIntent::decode(&bytes) {
+        Ok(intent) => intent,
+        Err(error) => {
+            // Both copies damaged. Carrying it out is not needed for safety:
+            // the old packs are deleted only after every slot points at the
+            // new one, so each live chunk is in a pack its slot names; the
+            // next collection tidies up what the repack left.
+            tracing::warn!(%path, %error, "ignoring a damaged repack intent");
+            storage.remove_file(&path).map_err(ChunkError::io(&path))?;
+            return storage.sync_dir(dir).map_err(ChunkError::sync(dir));
+        }
+    };
     tracing::info!(new = intent.new, old = ?intent.old, "completing an interrupted repack");
     if intent.new != 0 {
         // Sealed before the intent was written.
