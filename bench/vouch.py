@@ -12,7 +12,7 @@ Two servers from the same binary, side by side in one run, the vouch on and
 off (`--journal-vouch-after 0s`); the same fio jobs against each, in
 alternating order:
 
-- bursts: 8 random 4 KiB writes and a flush, then 150 ms of nothing (fio
+- bursts: 8 random 4 KiB writes and a flush, then 300 ms of nothing (fio
   thinktime): a vouch after every burst — the worst case;
 - steady: random 4 KiB writes, queue depth 32, a flush every 8 writes: no
   quiet spell, no vouch.
@@ -33,7 +33,7 @@ from pathlib import Path
 from benchlib import REWIND, Process, api, environment, fio, remember_token, wait_port, write_section
 
 JOBS = {
-    "bursts": ["--rw=randwrite", "--bs=4k", "--iodepth=1", "--fsync=8", "--thinktime=150ms", "--thinktime_blocks=8"],
+    "bursts": ["--rw=randwrite", "--bs=4k", "--iodepth=1", "--fsync=8", "--thinktime=300ms", "--thinktime_blocks=8"],
     "steady": ["--rw=randwrite", "--bs=4k", "--iodepth=32", "--fsync=8"],
 }
 

@@ -331,3 +331,29 @@ fn a_damaged_last_record_nothing_vouches_for_is_dropped_and_said() {
     volume.read(0, &mut block).unwrap();
     assert_eq!(block, pattern(1, 1, 0), "the last write was taken for a torn one: said so, not silently");
 }
+
+#[test]
+fn the_journal_vouches_after_every_quiet_spell() {
+    let storage = SimStorage::new(SimConfig::default(), 3);
+    let node = Node::open(Arc::new(storage.clone()), config()).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("a").unwrap(), BLOCKS * BLOCK as u64, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, at(0)).unwrap();
+    let millis = |ms: u64| at(1).saturating_add_nanos(ms * 1_000_000);
+    for burst in 0..5u64 {
+        let start = burst * 150;
+        for block in 0..8 {
+            volume
+                .write(millis(start + block), block * BLOCK as u64, &pattern(1, 1, block), Durability::Buffered)
+                .unwrap();
+        }
+        volume.flush().unwrap();
+        let stats = volume.stats().unwrap();
+        assert!(stats.lsn_vouched < stats.lsn_durable, "burst {burst}: not vouched for yet");
+        // Maintenance every 20 ms through the quiet spell.
+        for tick in (start + 10..start + 150).step_by(20) {
+            node.maintain(millis(tick)).unwrap();
+        }
+        let stats = volume.stats().unwrap();
+        assert_eq!(stats.lsn_vouched, stats.lsn_durable, "burst {burst}: vouched for after 100 ms of quiet");
+    }
+}
