@@ -16,6 +16,8 @@
 //! BLAKE3 hash of the result against the chunk's name.
 
 mod dedup;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod pack;
 mod store;
 mod table;

@@ -132,6 +132,15 @@ impl<'a> Reader<'a> {
         self.bytes.len() - self.position
     }
 
+    /// The capacity to reserve for `count` items of at least `item_bytes`
+    /// bytes each that are about to be read: no more than the bytes left can
+    /// hold, so a count field claiming millions in a short file costs
+    /// nothing (found by the fuzz targets: a 31-byte timeline reserved
+    /// 781 KB, a 55-byte index manifest 1.8 MB).
+    pub fn capacity_for(&self, count: usize, item_bytes: usize) -> usize {
+        count.min(self.remaining() / item_bytes)
+    }
+
     pub fn invalid(&self, reason: impl Into<String>) -> FormatError {
         FormatError::Invalid { what: self.what, reason: reason.into() }
     }

@@ -12,7 +12,7 @@
 use rewind_types::ChunkId;
 
 use crate::meta::{finish, open_envelope, seal_envelope};
-use crate::pack::ChunkHash;
+use crate::pack::{ChunkHash, CHUNK_BYTES_MAX};
 use crate::{crc32c, verify_crc, FormatError, Reader, Writer};
 
 pub const TABLE_SLOT_BYTES: usize = 64;
@@ -92,6 +92,14 @@ impl TableSlot {
         reader.magic(SLOT_MAGIC)?;
         if reader.u32()? != 0 {
             return Err(reader.invalid("reserved bytes 56..60 are not zero"));
+        }
+        // Readers size buffers by these (found by fuzzing the pack footer,
+        // which had the same hole).
+        if slot.stored_bytes > CHUNK_BYTES_MAX || slot.raw_bytes > CHUNK_BYTES_MAX {
+            return Err(reader.invalid(format!(
+                "chunk of {} stored / {} raw bytes is larger than a block can be",
+                slot.stored_bytes, slot.raw_bytes
+            )));
         }
         Ok(Some(slot))
     }
@@ -300,7 +308,7 @@ impl DedupManifest {
         if count > Self::RUNS_MAX {
             return Err(reader.invalid(format!("{count} runs")));
         }
-        let mut runs = Vec::with_capacity(count);
+        let mut runs = Vec::with_capacity(reader.capacity_for(count, 16));
         for _ in 0..count {
             let run = DedupRunInfo { id: reader.u64()?, entry_count: reader.u64()? };
             if run.id >= run_id_next || run.entry_count == 0 {

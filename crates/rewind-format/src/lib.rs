@@ -59,3 +59,96 @@ pub fn verify_crc(what: &'static str, stored: u32, computed: u32) -> Result<(), 
         Err(FormatError::Checksum { what, stored, computed })
     }
 }
+
+/// Regression tests for what the fuzz targets in `fuzz/` found; each case's
+/// crashing input is kept under `fuzz/regressions/`.
+#[cfg(test)]
+mod fuzz_regressions {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    use crate::meta::{open_envelope_for_tests, Bookmarks, IndexManifest, TimelineFrame, VolumePolicy};
+    use crate::{chunks, pack, Writer};
+
+    thread_local! {
+        static LARGEST_BYTES: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Records the largest allocation each thread makes, so a test can
+    /// measure its own decoding while other tests run.
+    struct Recording;
+
+    unsafe impl GlobalAlloc for Recording {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            let _ = LARGEST_BYTES.try_with(|largest| largest.set(largest.get().max(layout.size())));
+            System.alloc(layout)
+        }
+        unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
+            System.dealloc(pointer, layout)
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Recording = Recording;
+
+    fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
+        LARGEST_BYTES.with(|largest| largest.set(0));
+        let result = f();
+        (result, LARGEST_BYTES.with(Cell::get))
+    }
+
+    /// An envelope (`magic`) whose payload is `fields` and nothing more.
+    fn envelope(magic: &[u8; 4], fields: Writer) -> Vec<u8> {
+        let bytes = crate::meta::seal_envelope(*magic, fields);
+        assert!(open_envelope_for_tests(&bytes, *magic), "test envelope is well-formed");
+        bytes
+    }
+
+    #[test]
+    fn a_count_in_a_short_file_reserves_nothing() {
+        // Each file claims the most entries its format allows and holds none.
+        let mut manifest = Writer::new();
+        manifest.u64(1).u64(2).u64(0).u64(0).u32(1 << 16);
+        let mut bookmarks = Writer::new();
+        bookmarks.u32(1 << 16);
+        let mut policy = Writer::new();
+        policy.u64(0).u64(0).u32(0).u64(0).u32(0).u32(1 << 16);
+        let mut dedup = Writer::new();
+        dedup.u64(0).u64(1).u32(1 << 12);
+        let mut timeline = Writer::new();
+        timeline.u32(u32::from_le_bytes(*b"RWTL")).u64(1).u32(1 << 20);
+        let cases: [(&str, Vec<u8>, fn(&[u8]) -> bool); 5] = [
+            ("index manifest", envelope(b"RWIM", manifest), |b| IndexManifest::decode(b).is_err()),
+            ("bookmarks", envelope(b"RWBM", bookmarks), |b| Bookmarks::decode(b).is_err()),
+            ("policy", envelope(b"RWPO", policy), |b| VolumePolicy::decode(b).is_err()),
+            ("dedup manifest", envelope(b"RWDM", dedup), |b| chunks::DedupManifest::decode(b).is_err()),
+            ("timeline", timeline.into_bytes(), |b| TimelineFrame::decode_all(b).0.is_empty()),
+        ];
+        for (what, bytes, refused) in cases {
+            let (refused, largest) = largest_allocation(|| refused(&bytes));
+            assert!(refused, "{what}: a file with no entries decoded");
+            assert!(largest <= 256, "{what}: {} bytes reserved {largest} bytes at once", bytes.len());
+        }
+    }
+
+    #[test]
+    fn footer_entries_and_table_slots_larger_than_a_chunk_are_refused() {
+        let entry = |stored_bytes, raw_bytes| {
+            let mut bytes = Vec::new();
+            let id = rewind_types::ChunkId(1);
+            pack::FooterEntry { hash: [1; 32], id, offset: 64, stored_bytes, raw_bytes }.encode(&mut bytes);
+            bytes
+        };
+        let max = pack::CHUNK_BYTES_MAX;
+        assert!(pack::FooterEntry::decode_all(&entry(max, max)).is_ok());
+        for (stored, raw) in [(max + 1, max), (100, u32::MAX)] {
+            let error = pack::FooterEntry::decode_all(&entry(stored, raw)).unwrap_err();
+            assert!(error.to_string().contains("larger than a block can be"), "{error}");
+        }
+        let slot = |stored_bytes, raw_bytes| chunks::TableSlot { hash: [2; 32], pack: 3, offset: 64, stored_bytes, raw_bytes };
+        let id = rewind_types::ChunkId(9);
+        assert!(chunks::TableSlot::decode(&slot(max, max).encode(id), id).is_ok());
+        let error = chunks::TableSlot::decode(&slot(u32::MAX, 10).encode(id), id).unwrap_err();
+        assert!(error.to_string().contains("larger than a block can be"), "{error}");
+    }
+}

@@ -105,6 +105,13 @@ pub fn healed(bytes: &[u8]) -> Option<(Vec<u8>, String)> {
     Some(([good, good].concat(), format!("its {bad} copy was damaged ({damage}) and is rewritten from the other")))
 }
 
+/// Whether `bytes` is a well-formed envelope of `magic` (for tests
+/// building files field by field).
+#[cfg(test)]
+pub(crate) fn open_envelope_for_tests(bytes: &[u8], magic: [u8; 4]) -> bool {
+    open_envelope("test", magic, bytes).is_ok()
+}
+
 pub(crate) fn finish(reader: Reader<'_>) -> Result<(), FormatError> {
     if reader.remaining() == 0 {
         Ok(())
@@ -372,7 +379,7 @@ impl IndexManifest {
         if count > Self::RUNS_MAX {
             return Err(reader.invalid(format!("{count} runs")));
         }
-        let mut runs = Vec::with_capacity(count);
+        let mut runs = Vec::with_capacity(reader.capacity_for(count, 32));
         for _ in 0..count {
             runs.push(RunInfo {
                 id: reader.u64()?,
@@ -441,7 +448,8 @@ impl Bookmarks {
         if count > Self::COUNT_MAX {
             return Err(reader.invalid(format!("{count} bookmarks")));
         }
-        let mut entries = Vec::with_capacity(count);
+        // Each bookmark takes at least a name length and a time.
+        let mut entries = Vec::with_capacity(reader.capacity_for(count, 2 + 8));
         for _ in 0..count {
             let name = BookmarkName::new(reader.str()?).map_err(|error| reader.invalid(error.to_string()))?;
             entries.push(Bookmark { name, timestamp: Timestamp::from_unix_nanos(reader.u64()?) });
@@ -552,7 +560,7 @@ impl VolumePolicy {
         if count > Self::TIERS_MAX {
             return Err(reader.invalid(format!("{count} retention tiers")));
         }
-        let mut retention = Vec::with_capacity(count);
+        let mut retention = Vec::with_capacity(reader.capacity_for(count, 16));
         for _ in 0..count {
             retention.push(RetentionTier { interval_nanos: reader.u64()?, age_nanos: reader.u64()? });
         }
@@ -562,7 +570,7 @@ impl VolumePolicy {
         if count > Self::FLOORS_MAX {
             return Err(reader.invalid(format!("{count} window floors")));
         }
-        let mut floors = Vec::with_capacity(count);
+        let mut floors = Vec::with_capacity(reader.capacity_for(count, 16));
         for _ in 0..count {
             let interval = reader.u64()?;
             if interval == 0 {
@@ -574,7 +582,7 @@ impl VolumePolicy {
         if count > Self::DELETED_MAX {
             return Err(reader.invalid(format!("{count} deleted ranges")));
         }
-        let mut deleted = Vec::with_capacity(count);
+        let mut deleted = Vec::with_capacity(reader.capacity_for(count, 16));
         for _ in 0..count {
             let from = Timestamp::from_unix_nanos(reader.u64()?);
             let to = Timestamp::from_unix_nanos(reader.u64()?);
@@ -669,7 +677,7 @@ impl TimelineFrame {
         if count > Self::BUCKETS_MAX {
             return Err(reader.invalid(format!("{count} buckets")));
         }
-        let mut buckets = Vec::with_capacity(count as usize);
+        let mut buckets = Vec::with_capacity(reader.capacity_for(count as usize, 40));
         for _ in 0..count {
             buckets.push(TimelineBucket {
                 minute: reader.u64()?,

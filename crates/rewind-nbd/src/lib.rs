@@ -20,6 +20,8 @@
 mod connection;
 pub mod engine;
 pub mod export;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod protocol;
 pub mod server;
 pub mod tls;

@@ -152,6 +152,17 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    pub(crate) fn new(catalog: Arc<dyn Catalog>, config: ServerConfig) -> Shared {
+        Shared {
+            catalog,
+            config,
+            tls: None,
+            stopping: AtomicBool::new(false),
+            next_connection_id: AtomicU64::new(1),
+            table: Mutex::new(ConnectionTable::default()),
+        }
+    }
+
     pub(crate) fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
     }
@@ -255,14 +266,7 @@ impl Server {
         assert!(config.workers_per_connection_max > 0, "workers_per_connection_max must be positive");
         assert!(config.requests_in_flight_max > 0, "requests_in_flight_max must be positive");
         Server {
-            shared: Arc::new(Shared {
-                catalog,
-                config,
-                tls: None,
-                stopping: AtomicBool::new(false),
-                next_connection_id: AtomicU64::new(1),
-                table: Mutex::new(ConnectionTable::default()),
-            }),
+            shared: Arc::new(Shared::new(catalog, config)),
             listeners: Mutex::new(Vec::new()),
         }
     }
