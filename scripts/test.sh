@@ -33,4 +33,6 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test (release: the model, crash and client tests do real work)"
 cargo test --workspace --release
+echo "== fuzz smoke (fuzz/smoke.sh: every target's corpus and regressions, then a few seconds each)"
+./fuzz/smoke.sh
 echo "== all tests passed"

@@ -112,7 +112,8 @@ fuzz_target!(|input: &[u8]| {
     let storage: Arc<dyn Storage> = storage_with(&files);
     let config = DedupConfig { memtable_entries_max: 16, merge_fanin: 2, ..DedupConfig::default() };
     let total: usize = runs.iter().map(Vec::len).sum();
-    let (found, peak) = peak_heap_bytes(|| dedup_lookups_then_merge(Arc::clone(&storage), "chunks/dedup", config, &hashes));
+    let (found, peak) =
+        peak_heap_bytes(|| dedup_lookups_then_merge(Arc::clone(&storage), "chunks/dedup", config, &hashes));
     // A merge writes a run as large as its inputs, Bloom filter included.
     assert_heap_follows_input(peak, total, 6, 2 << 20);
     let Ok(found) = found else { return };

@@ -16,8 +16,8 @@
 use libfuzzer_sys::fuzz_target;
 use rewind_chunks::{pack_name, ChunkError, PackReader};
 use rewind_format::pack::{
-    Codec, FooterEntry, PackHeader, PackTrailer, RecordHeader, CHUNK_BYTES_MAX, PACK_HEADER_BYTES,
-    PACK_TRAILER_BYTES, RECORD_HEADER_BYTES, RECORD_MAGIC,
+    Codec, FooterEntry, PackHeader, PackTrailer, RecordHeader, CHUNK_BYTES_MAX, PACK_HEADER_BYTES, PACK_TRAILER_BYTES,
+    RECORD_HEADER_BYTES, RECORD_MAGIC,
 };
 use rewind_fuzz::{assert_heap_follows_input, le_u32, peak_heap_bytes, seal_crc, storage_with, Cursor};
 use rewind_types::ChunkId;
@@ -94,11 +94,8 @@ fn build(pack: &mut Vec<u8>) -> bool {
     for entry in &entries {
         entry.encode(&mut footer);
     }
-    let trailer = PackTrailer {
-        entry_count: entries.len() as u32,
-        footer_offset,
-        footer_crc32c: rewind_format::crc32c(&footer),
-    };
+    let trailer =
+        PackTrailer { entry_count: entries.len() as u32, footer_offset, footer_crc32c: rewind_format::crc32c(&footer) };
     pack.extend_from_slice(&footer);
     pack.extend_from_slice(&trailer.encode());
     every_record_holds
@@ -134,7 +131,8 @@ fn structures(mode: u8, bytes: &mut Vec<u8>) {
             // Not in the stored size: that moves where the stored bytes end.
             let flippable: Vec<usize> =
                 (0..RECORD_HEADER_BYTES + stored.len()).filter(|byte| !(8..12).contains(byte)).collect();
-            let bit = flippable[header.raw_bytes as usize % flippable.len()] * 8 + (header.raw_bytes as usize >> 16) % 8;
+            let bit =
+                flippable[header.raw_bytes as usize % flippable.len()] * 8 + (header.raw_bytes as usize >> 16) % 8;
             assert!(RecordHeader::decode_record(&flip(bytes, bit)).is_err(), "bit {bit} flipped, record accepted");
         }
         2 => {

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rewind_nbd::protocol as p;
 use rewind_nbd::{
-    BlockSizes, Catalog, Client, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError,
-    OpenErrorKind, ZeroFlags,
+    BlockSizes, Catalog, Client, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
+    ZeroFlags,
 };
 
 // --- Exports ----------------------------------------------------------------------------
@@ -40,7 +40,13 @@ pub struct ExportShape {
 /// export, one with 4 KiB blocks and a maximum below the server's, a
 /// read-only one, and one whose every operation fails.
 pub const EXPORTS: [ExportShape; 4] = [
-    ExportShape { name: "disk", size_bytes: 1 << 20, sizes: BlockSizes::UNCONSTRAINED, read_only: false, failing: false },
+    ExportShape {
+        name: "disk",
+        size_bytes: 1 << 20,
+        sizes: BlockSizes::UNCONSTRAINED,
+        read_only: false,
+        failing: false,
+    },
     ExportShape {
         name: "aligned",
         size_bytes: 256 << 10,
@@ -55,7 +61,13 @@ pub const EXPORTS: [ExportShape; 4] = [
         read_only: true,
         failing: false,
     },
-    ExportShape { name: "broken", size_bytes: 64 << 10, sizes: BlockSizes::UNCONSTRAINED, read_only: false, failing: true },
+    ExportShape {
+        name: "broken",
+        size_bytes: 64 << 10,
+        sizes: BlockSizes::UNCONSTRAINED,
+        read_only: false,
+        failing: true,
+    },
 ];
 
 pub fn shape(name: &str) -> Option<&'static ExportShape> {
@@ -162,17 +174,12 @@ struct MemoryCatalog;
 
 impl Catalog for MemoryCatalog {
     fn list(&self, _client: &Client) -> Vec<ExportListing> {
-        EXPORTS
-            .iter()
-            .map(|shape| ExportListing { name: shape.name.to_owned(), description: String::new() })
-            .collect()
+        EXPORTS.iter().map(|shape| ExportListing { name: shape.name.to_owned(), description: String::new() }).collect()
     }
 
     fn open(&self, name: &str, _client: &Client) -> Result<Arc<dyn Export>, OpenError> {
-        let shape = *shape(name).ok_or_else(|| OpenError {
-            kind: OpenErrorKind::NotFound,
-            message: format!("no export named {name:?}"),
-        })?;
+        let shape = *shape(name)
+            .ok_or_else(|| OpenError { kind: OpenErrorKind::NotFound, message: format!("no export named {name:?}") })?;
         let bytes = Mutex::new(vec![0; shape.size_bytes as usize]);
         Ok(Arc::new(MemoryExport { shape, bytes }))
     }
@@ -270,8 +277,8 @@ pub fn plan(client: &[u8]) -> (Vec<u8>, Plan) {
         let start = rest.start - 4;
         sequence += 1;
         stream[start + 8..start + 16].copy_from_slice(&sequence.to_be_bytes());
-        let header = p::decode_request_header(stream[start..rest.end].try_into().expect("28 bytes"))
-            .expect("magic checked");
+        let header =
+            p::decode_request_header(stream[start..rest.end].try_into().expect("28 bytes")).expect("magic checked");
         if header.command == p::CMD_DISC {
             break;
         }

@@ -117,7 +117,8 @@ mod fuzz_regressions {
         dedup.u64(0).u64(1).u32(1 << 12);
         let mut timeline = Writer::new();
         timeline.u32(u32::from_le_bytes(*b"RWTL")).u64(1).u32(1 << 20);
-        let cases: [(&str, Vec<u8>, fn(&[u8]) -> bool); 5] = [
+        type Refused = fn(&[u8]) -> bool;
+        let cases: [(&str, Vec<u8>, Refused); 5] = [
             ("index manifest", envelope(b"RWIM", manifest), |b| IndexManifest::decode(b).is_err()),
             ("bookmarks", envelope(b"RWBM", bookmarks), |b| Bookmarks::decode(b).is_err()),
             ("policy", envelope(b"RWPO", policy), |b| VolumePolicy::decode(b).is_err()),
@@ -145,7 +146,8 @@ mod fuzz_regressions {
             let error = pack::FooterEntry::decode_all(&entry(stored, raw)).unwrap_err();
             assert!(error.to_string().contains("larger than a block can be"), "{error}");
         }
-        let slot = |stored_bytes, raw_bytes| chunks::TableSlot { hash: [2; 32], pack: 3, offset: 64, stored_bytes, raw_bytes };
+        let slot =
+            |stored_bytes, raw_bytes| chunks::TableSlot { hash: [2; 32], pack: 3, offset: 64, stored_bytes, raw_bytes };
         let id = rewind_types::ChunkId(9);
         assert!(chunks::TableSlot::decode(&slot(max, max).encode(id), id).is_ok());
         let error = chunks::TableSlot::decode(&slot(u32::MAX, 10).encode(id), id).unwrap_err();

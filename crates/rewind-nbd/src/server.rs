@@ -265,10 +265,7 @@ impl Server {
         assert!(!config.write_timeout.is_zero(), "write_timeout must be positive");
         assert!(config.workers_per_connection_max > 0, "workers_per_connection_max must be positive");
         assert!(config.requests_in_flight_max > 0, "requests_in_flight_max must be positive");
-        Server {
-            shared: Arc::new(Shared::new(catalog, config)),
-            listeners: Mutex::new(Vec::new()),
-        }
+        Server { shared: Arc::new(Shared::new(catalog, config)), listeners: Mutex::new(Vec::new()) }
     }
 
     /// Offers TLS (`NBD_OPT_STARTTLS`) on every listener; call before the

@@ -10,12 +10,10 @@ use std::sync::Arc;
 
 use rewind_chunks::{pack_name, PackWriter};
 use rewind_format::chunks::{
-    bloom_bits, encode_dedup_page, encode_fence, encode_table_header, fence_key, DedupEntry, DedupRunHeader,
-    TableSlot, DEDUP_ENTRIES_PER_PAGE, DEDUP_PAGE_BYTES,
+    bloom_bits, encode_dedup_page, encode_fence, encode_table_header, fence_key, DedupEntry, DedupRunHeader, TableSlot,
+    DEDUP_ENTRIES_PER_PAGE, DEDUP_PAGE_BYTES,
 };
-use rewind_format::journal::{
-    append_copy_record, append_write_record, append_zero_record, RecordStamp, SegmentHeader,
-};
+use rewind_format::journal::{append_copy_record, append_write_record, append_zero_record, RecordStamp, SegmentHeader};
 use rewind_format::meta::{
     Bookmark, Bookmarks, Checkpoint, IndexManifest, JournalPosition, Layout, RetentionTier, RunInfo, TimelineBucket,
     TimelineFrame, VolumeMeta, VolumePolicy,
@@ -119,8 +117,8 @@ fn journal() {
 
 fn index_run() {
     let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(SimConfig::default(), 1));
-    let index = VersionIndex::create(Arc::clone(&storage), "index", IndexConfig::default(), PageCache::new(1 << 20))
-        .unwrap();
+    let index =
+        VersionIndex::create(Arc::clone(&storage), "index", IndexConfig::default(), PageCache::new(1 << 20)).unwrap();
     let versions: Vec<Version> = (0..300u64)
         .map(|i| Version {
             block: BlockIndex(i / 2),
@@ -307,9 +305,15 @@ fn nbd() {
     for (name, choice) in [("disk-go-structured", 0x1c_u8), ("aligned-export-name", 0x21), ("view", 0x16)] {
         write("nbd_transmission", &format!("{name}-raw"), &[&[choice, 0x88], &requests]);
         let mut built = Vec::new();
-        for (command, flags, offset, length) in
-            [(1u8, 0u8, 4096u32, 4096u32), (0, 0, 0, 8192), (7, 0, 0, 65536), (3, 0, 0, 0), (6, 0x02, 0, 4096), (4, 0, 0, 512), (2, 0, 0, 0)]
-        {
+        for (command, flags, offset, length) in [
+            (1u8, 0u8, 4096u32, 4096u32),
+            (0, 0, 0, 8192),
+            (7, 0, 0, 65536),
+            (3, 0, 0, 0),
+            (6, 0x02, 0, 4096),
+            (4, 0, 0, 512),
+            (2, 0, 0, 0),
+        ] {
             built.extend_from_slice(&[command, flags]);
             built.extend_from_slice(&offset.to_le_bytes());
             built.extend_from_slice(&length.to_le_bytes());
@@ -337,11 +341,17 @@ fn text() {
         let zone: &[u8] = if zone == 1 { &[1, 0x10, 0x0e] } else { &[zone] };
         write("time_expression", name, &[&now, zone, input.as_bytes()]);
     }
-    for (name, input) in [("tiers", "all:2h, 1m:24h, 1h:7d, 1d:30d"), ("forever", "forever"), ("months", "1h:1month, 1d:1y")] {
+    for (name, input) in
+        [("tiers", "all:2h, 1m:24h, 1h:7d, 1d:30d"), ("forever", "forever"), ("months", "1h:1month, 1d:1y")]
+    {
         write("retention_policy", name, &[&[1], input.as_bytes()]);
     }
     for (kind, name, body) in [
-        (0u8, "create", r#"{"name":"db","size_bytes":1073741824,"block_size":4096,"layout":"checkpointing","cache":"64MiB","granularity":"5m","retention":"all:2h, 1m:24h","space_max":"200GiB"}"#),
+        (
+            0u8,
+            "create",
+            r#"{"name":"db","size_bytes":1073741824,"block_size":4096,"layout":"checkpointing","cache":"64MiB","granularity":"5m","retention":"all:2h, 1m:24h","space_max":"200GiB"}"#,
+        ),
         (0, "create-minimal", r#"{"name":"db","size_bytes":1048576}"#),
         (1, "update", r#"{"granularity":"0","retention":"forever","space_max":"none"}"#),
         (2, "bookmark", r#"{"name":"before-upgrade","at":"-10m"}"#),
