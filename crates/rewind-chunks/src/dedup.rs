@@ -70,6 +70,13 @@ impl DedupRun {
                 format!("holds {} entries, the manifest says {}", header.entry_count, info.entry_count),
             ));
         }
+        // The header is checksummed, not trusted: what it places must lie
+        // within the file before it is read into memory.
+        let size_bytes = file.size_bytes().map_err(ChunkError::io(path))?;
+        if header.end_bytes().is_none_or(|end| end > size_bytes) {
+            let reason = format!("a run of {size_bytes} bytes cannot hold what its header describes: {header:?}");
+            return Err(ChunkError::corrupt(path, 0, reason));
+        }
         let mut fence = vec![0; header.fence_bytes() as usize];
         file.read_exact_at(&mut fence, header.fence_offset()).map_err(ChunkError::io(path))?;
         let fence =

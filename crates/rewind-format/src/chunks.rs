@@ -220,6 +220,10 @@ impl DedupRunHeader {
         {
             return Err(reader.invalid(format!("inconsistent header {header:?}")));
         }
+        // So that the offsets and sizes below cannot overflow.
+        if header.end_bytes().is_none() {
+            return Err(reader.invalid(format!("{} pages do not fit in a file", header.data_page_count)));
+        }
         Ok(header)
     }
 
@@ -237,6 +241,12 @@ impl DedupRunHeader {
 
     pub fn bloom_bytes(&self) -> u64 {
         self.bloom_bits / 8
+    }
+
+    /// Where the Bloom filter ends: the size of the run file.
+    pub fn end_bytes(&self) -> Option<u64> {
+        let fence_offset = self.data_page_count.checked_add(1)?.checked_mul(DEDUP_PAGE_BYTES as u64)?;
+        fence_offset.checked_add(self.data_page_count.checked_mul(8)?)?.checked_add(self.bloom_bits / 8)
     }
 }
 

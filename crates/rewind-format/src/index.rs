@@ -198,6 +198,10 @@ impl RunHeader {
                 reader.invalid(format!("{} entries cannot fill {} pages", header.entry_count, header.data_page_count))
             );
         }
+        // So that `fence_offset` and `fence_bytes` cannot overflow.
+        if header.end_bytes().is_none() {
+            return Err(reader.invalid(format!("{} pages do not fit in a file", header.data_page_count)));
+        }
         Ok(header)
     }
 
@@ -208,6 +212,12 @@ impl RunHeader {
 
     pub fn fence_bytes(&self) -> u64 {
         self.data_page_count * FENCE_KEY_BYTES as u64
+    }
+
+    /// Where the fence ends: the size of the run file.
+    fn end_bytes(&self) -> Option<u64> {
+        let fence_offset = self.data_page_count.checked_add(1)?.checked_mul(PAGE_BYTES as u64)?;
+        fence_offset.checked_add(self.data_page_count.checked_mul(FENCE_KEY_BYTES as u64)?)
     }
 }
 

@@ -133,6 +133,32 @@ mod fuzz_regressions {
     }
 
     #[test]
+    fn run_headers_whose_layout_overflows_are_refused() {
+        // Consistent counts, but the pages would end past u64: the offsets
+        // readers compute from them must not overflow.
+        let entry_count = u64::MAX;
+        let index = crate::index::RunHeader {
+            entry_count,
+            data_page_count: entry_count.div_ceil(crate::index::ENTRIES_PER_PAGE as u64),
+            timestamp_min: rewind_types::Timestamp::MIN,
+            timestamp_max: rewind_types::Timestamp::MAX,
+            fence_crc32c: 0,
+        };
+        let error = crate::index::RunHeader::decode(&index.encode()).unwrap_err();
+        assert!(error.to_string().contains("do not fit in a file"), "{error}");
+        let dedup = chunks::DedupRunHeader {
+            entry_count,
+            data_page_count: entry_count.div_ceil(chunks::DEDUP_ENTRIES_PER_PAGE as u64),
+            bloom_bits: 64,
+            bloom_hashes: 7,
+            fence_crc32c: 0,
+            bloom_crc32c: 0,
+        };
+        let error = chunks::DedupRunHeader::decode(&dedup.encode()).unwrap_err();
+        assert!(error.to_string().contains("do not fit in a file"), "{error}");
+    }
+
+    #[test]
     fn footer_entries_and_table_slots_larger_than_a_chunk_are_refused() {
         let entry = |stored_bytes, raw_bytes| {
             let mut bytes = Vec::new();
