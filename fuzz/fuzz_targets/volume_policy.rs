@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use rewind_format::meta::{RetentionTier, VolumePolicy};
 
 fuzz_target!(|input: &[u8]| {
-    let Some(policy) = rewind_fuzz::check_envelope(input, VolumePolicy::decode, VolumePolicy::encode) else {
+    let Some((policy, _)) = rewind_fuzz::check_envelope(input, VolumePolicy::decode, VolumePolicy::encode) else {
         return;
     };
     assert!(policy.retention.len() <= VolumePolicy::TIERS_MAX);

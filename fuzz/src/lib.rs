@@ -185,44 +185,67 @@ pub fn storage_with(files: &[(&str, &[u8])]) -> Arc<SimStorage> {
     storage
 }
 
-/// Makes `bytes` a well-formed metadata envelope around whatever follows its
-/// 16-byte head (`docs/format/metadata.md`): payload length and CRC-32C set,
-/// magic and version left as fuzzed.
+/// Makes `bytes` one well-formed copy of a metadata envelope around whatever
+/// follows its 16-byte head (`docs/format/metadata.md`): payload length set,
+/// and the CRC-32C over the head's first 12 bytes and the payload; magic and
+/// version left as fuzzed.
 pub fn seal_envelope(bytes: &mut [u8]) {
     if bytes.len() >= 16 {
         let length = (bytes.len() - 16) as u32;
         bytes[8..12].copy_from_slice(&length.to_le_bytes());
-        let crc = rewind_format::crc32c(&bytes[16..]);
+        let crc = rewind_format::crc32c_append(rewind_format::crc32c(&bytes[..12]), &bytes[16..]);
         bytes[12..16].copy_from_slice(&crc.to_le_bytes());
     }
 }
 
-/// The checks every whole-file metadata decoder gets (`volume.meta`,
-/// `checkpoint`, `policy`, `bookmarks`, the index manifest): the first byte
-/// says whether to seal the envelope (length and CRC) first; decoding must
-/// not panic and must hold memory in proportion to the input, never to a
-/// count inside it; what decodes re-encodes to bytes that decode the same;
-/// one flipped bit of what decodes is rejected. Returns what decoded.
-pub fn check_envelope<T: PartialEq + std::fmt::Debug>(
-    input: &[u8],
-    decode: impl Fn(&[u8]) -> Result<T, rewind_format::FormatError>,
-    encode: impl Fn(&T) -> Vec<u8>,
-) -> Option<T> {
+/// A metadata file from a fuzz input: its first byte says whether to seal
+/// the rest as one envelope copy (bit 0) and whether to write that copy
+/// twice, as Rewind writes the file (bit 1); the bytes are otherwise used
+/// as they are.
+pub fn metadata_file(input: &[u8]) -> (u8, Vec<u8>) {
     let mut input = Cursor::new(input);
     let mode = input.u8();
     let mut bytes = input.rest().to_vec();
     if mode & 1 != 0 {
         seal_envelope(&mut bytes);
     }
+    if mode & 2 != 0 {
+        bytes = [&bytes[..], &bytes[..]].concat();
+    }
+    (mode, bytes)
+}
+
+/// The checks every whole-file metadata decoder gets (`volume.meta`,
+/// `checkpoint`, `policy`, `bookmarks`, the index manifest), on the file
+/// `metadata_file` makes of the input: decoding must not panic and must hold
+/// memory in proportion to the input, never to a count inside it; what
+/// decodes re-encodes to bytes that decode the same. And the point of two
+/// copies: in a file of two equal copies, one flipped bit in one copy
+/// decodes to the same value and `healed` gives back the file as it was,
+/// while the same bit flipped in both is rejected. Returns what decoded and
+/// the file.
+pub fn check_envelope<T: PartialEq + std::fmt::Debug>(
+    input: &[u8],
+    decode: impl Fn(&[u8]) -> Result<T, rewind_format::FormatError>,
+    encode: impl Fn(&T) -> Vec<u8>,
+) -> Option<(T, Vec<u8>)> {
+    let (mode, bytes) = metadata_file(input);
     let (decoded, peak) = peak_heap_bytes(|| decode(&bytes));
     // Error messages quote invalid names with escapes (up to 6 bytes for
     // one), hence the factor.
     assert_heap_follows_input(peak, bytes.len(), 16, 1024);
     let value = decoded.ok()?;
     assert_eq!(decode(&encode(&value)).as_ref(), Ok(&value), "re-encoded value decodes differently");
-    let bit = usize::from(mode) * 7919 % (bytes.len() * 8);
-    let mut damaged = bytes.clone();
-    damaged[bit / 8] ^= 1 << (bit % 8);
-    assert!(decode(&damaged).is_err(), "bit {bit} flipped and it still decodes");
-    Some(value)
+    let (first, second) = bytes.split_at(bytes.len() / 2);
+    if bytes.len() % 2 == 0 && first == second {
+        let bit = usize::from(mode) * 7919 % (first.len() * 8);
+        let mut damaged = bytes.clone();
+        damaged[bit / 8] ^= 1 << (bit % 8);
+        assert_eq!(decode(&damaged).as_ref(), Ok(&value), "bit {bit} of one copy flipped and the other not read");
+        let healed = rewind_format::meta::healed(&damaged).map(|(healed, _)| healed);
+        assert_eq!(healed.as_ref(), Some(&bytes), "one damaged copy not healed from the other");
+        damaged[first.len() + bit / 8] ^= 1 << (bit % 8);
+        assert!(decode(&damaged).is_err(), "bit {bit} flipped in both copies and it still decodes");
+    }
+    Some((value, bytes))
 }
