@@ -89,7 +89,7 @@ impl MemoryExport {
         let end = offset.checked_add(length).expect("server passed a range past u64");
         assert!(end <= shape.size_bytes, "server passed {offset}+{length} beyond {}", shape.size_bytes);
         let minimum = u64::from(shape.sizes.minimum);
-        assert!(offset % minimum == 0 && length % minimum == 0, "server passed a misaligned range");
+        assert!(offset.is_multiple_of(minimum) && length.is_multiple_of(minimum), "server passed a misaligned range");
         assert!(!(writes && shape.read_only), "server passed a write to a read-only export");
         if shape.failing {
             let kinds = [
@@ -273,8 +273,7 @@ pub fn plan(client: &[u8]) -> (Vec<u8>, Plan) {
 
     // Transmission.
     let mut sequence = 0u64;
-    loop {
-        let Some(magic) = take(&mut at, 4) else { break };
+    while let Some(magic) = take(&mut at, 4) {
         if client[magic] != p::REQUEST_MAGIC.to_be_bytes() {
             break;
         }
