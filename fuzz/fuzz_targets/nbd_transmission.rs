@@ -70,7 +70,11 @@ fn requests(input: &mut Cursor<'_>, export: &nbd::ExportShape, out: &mut Vec<u8>
         // Low bits: one of the commands; high bits: anything at all.
         let command = if command & 0x80 == 0 { u16::from(command & 7) } else { u16::from(command) << 4 };
         let offset = if flags & 0x80 == 0 { offset % (export.size_bytes + 4096) } else { offset << 20 };
-        let length = if flags & 0x40 == 0 { length % (128 << 10) } else { length };
+        // Writes carry their payload in the stream, so they stay small
+        // (building megabytes per input was most of the time per input);
+        // reads may be as large as the export, past INLINE_BYTES_MAX.
+        let length_max = if command == p::CMD_WRITE { 16 << 10 } else { (256 << 10) + 4096 };
+        let length = if flags & 0x40 == 0 { length % length_max } else { length };
         let length = if command == p::CMD_FLUSH && flags & 0x20 == 0 { 0 } else { length };
         let offset = if command == p::CMD_FLUSH && flags & 0x20 == 0 { 0 } else { offset };
         out.extend_from_slice(&p::REQUEST_MAGIC.to_be_bytes());
@@ -79,7 +83,7 @@ fn requests(input: &mut Cursor<'_>, export: &nbd::ExportShape, out: &mut Vec<u8>
         out.extend_from_slice(&0u64.to_be_bytes()); // the handle, numbered by the model
         out.extend_from_slice(&offset.to_be_bytes());
         out.extend_from_slice(&length.to_be_bytes());
-        if command == p::CMD_WRITE && length <= 128 << 10 {
+        if command == p::CMD_WRITE && length <= 64 << 10 {
             out.extend((0..length).map(|index| (index as u8) ^ flags));
         }
     }
