@@ -1,5 +1,6 @@
 //! The HTTP API's JSON request bodies — `CreateVolume`, `UpdateVolume` (a
-//! policy change) and `CreateBookmark` — deserialised from arbitrary bytes,
+//! policy change), `CreateBookmark`, and the door's `TokenSpec` and
+//! `GrantInfo` — deserialised from arbitrary bytes,
 //! as axum's `Json` extractor does, then turned into what the engine is
 //! given (`spec()`, `parse()`, the bookmark's name and time).
 //!
@@ -9,6 +10,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use rewind_access::{GrantInfo, TokenSpec};
 use rewind_engine::timespec::parse_point_in_time;
 use rewind_fuzz::{assert_heap_follows_input, peak_heap_bytes, Cursor};
 use rewind_http::api::{CreateBookmark, CreateVolume, UpdateVolume};
@@ -30,7 +32,7 @@ fuzz_target!(|input: &[u8]| {
     let mut input = Cursor::new(input);
     let kind = input.u8();
     let body = input.rest();
-    match kind % 3 {
+    match kind % 5 {
         0 => {
             let Some(request) = round_trip::<CreateVolume>(body) else { return };
             if let Ok(spec) = request.spec() {
@@ -41,6 +43,12 @@ fuzz_target!(|input: &[u8]| {
         1 => {
             let Some(request) = round_trip::<UpdateVolume>(body) else { return };
             let _ = request.parse();
+        }
+        3 => {
+            round_trip::<TokenSpec>(body);
+        }
+        4 => {
+            round_trip::<GrantInfo>(body);
         }
         _ => {
             let Some(request) = round_trip::<CreateBookmark>(body) else { return };

@@ -8,17 +8,18 @@
 //! Properties: decoding never panics and holds memory in proportion to the
 //! input; what is accepted decodes again the same after re-encoding, and any
 //! one flipped bit of an accepted record or header is rejected; recovery
-//! either replays a prefix of records with consecutive LSNs and cuts a torn
-//! tail, or reports corruption — and a second recovery of what the first
-//! left replays the same records and cuts nothing.
+//! (or a repair, which replaces damaged acknowledged records by lost ones)
+//! either replays records in LSN order and cuts a torn tail, or reports
+//! corruption — and a second recovery of what the first left replays the
+//! same records and cuts nothing.
 #![no_main]
 
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use rewind_format::journal::{
-    append_copy_record, append_write_record, append_zero_record, copy_entries, RecordHeader, RecordKind, RecordStamp,
-    SegmentHeader, RECORD_HEADER_BYTES, RECORD_MAGIC, SEGMENT_HEADER_BYTES,
+    append_copy_record, append_vouch_record, append_write_record, append_zero_record, copy_entries, encode_lost_record,
+    RecordHeader, RecordKind, RecordStamp, SegmentHeader, RECORD_HEADER_BYTES, RECORD_MAGIC, SEGMENT_HEADER_BYTES,
 };
 use rewind_format::meta::JournalPosition;
 use rewind_fuzz::{assert_heap_follows_input, peak_heap_bytes, seal_crc, storage_with, Cursor};
@@ -73,13 +74,17 @@ fn record(bytes: &[u8]) {
     let (header, peak) = peak_heap_bytes(|| decode_record(bytes));
     assert_heap_follows_input(peak, bytes.len(), 2, 1024);
     let Some(header) = header else { return };
-    assert!(header.block_count > 0 && header.lsn_committed < header.lsn);
     let area = &bytes[RECORD_HEADER_BYTES..header.data_offset()];
     // Re-encoding what was accepted gives a record that decodes the same.
     let mut encoded = Vec::new();
     match header.kind {
         RecordKind::Zero => append_zero_record(&mut encoded, stamp(&header), header.block_count),
         RecordKind::Copy => append_copy_record(&mut encoded, stamp(&header), &copy_entries(area).expect("decoded")),
+        RecordKind::Vouch => append_vouch_record(&mut encoded, stamp(&header)),
+        RecordKind::Lost => {
+            let stamp = RecordStamp { block_first: rewind_types::BlockIndex(0), ..stamp(&header) };
+            encoded = encode_lost_record(stamp, header.block_count, header.record_bytes());
+        }
         RecordKind::Write => {
             let Some(data) = bytes.get(header.data_offset()..header.record_bytes() as usize) else { return };
             append_write_record(&mut encoded, &mut Vec::new(), stamp(&header), data);
@@ -91,9 +96,10 @@ fn record(bytes: &[u8]) {
         assert_eq!(again, copy_entries(area).expect("decoded"), "copy entries changed in a round trip");
     }
     // A single flipped bit of the checksummed part is caught. Not in the
-    // kind, block size or block count: those move where the CRC area ends,
-    // and the fuzzer, seeing the CRC compared, learns to fit one there.
-    let framing = [4, 5, 32, 33, 34, 35];
+    // kind, block size, block count or (a lost record's padding) first
+    // block: those move where the CRC area ends, and the fuzzer, seeing the
+    // CRC compared, learns to fit one there.
+    let framing = [4, 5, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35];
     let flippable: Vec<usize> = (0..header.data_offset()).filter(|byte| !framing.contains(byte)).collect();
     let byte = flippable[(header.lsn.0 as usize) % flippable.len()];
     let mut damaged = bytes.to_vec();
@@ -124,26 +130,41 @@ fn seal_segment(bytes: &mut [u8], segment: u32, lsn_first: u64, renumber: bool) 
     let mut lsn = lsn_first;
     let mut offset = SEGMENT_HEADER_BYTES;
     while offset + RECORD_HEADER_BYTES <= bytes.len() && bytes[offset..offset + 4] == RECORD_MAGIC.to_le_bytes() {
+        // A vouch record takes the LSN of the record before it and vouches
+        // for it; a lost record takes as many LSNs as it counts blocks.
+        let kind = bytes[offset + 4];
+        let (lsn_record, lsn_committed) =
+            if kind == RecordKind::Vouch as u8 { (lsn - 1, lsn - 1) } else { (lsn, lsn - 1) };
         if renumber {
-            bytes[offset + 8..offset + 16].copy_from_slice(&lsn.to_le_bytes());
-            bytes[offset + 36..offset + 44].copy_from_slice(&(lsn - 1).to_le_bytes());
+            bytes[offset + 8..offset + 16].copy_from_slice(&lsn_record.to_le_bytes());
+            bytes[offset + 36..offset + 44].copy_from_slice(&lsn_committed.to_le_bytes());
         }
         let Some(length) = seal_record(&mut bytes[offset..]) else { break };
+        let header = RecordHeader::decode(&bytes[offset..]).expect("sealed");
         offset += length;
-        lsn += 1;
+        lsn = match header.kind {
+            RecordKind::Vouch => lsn,
+            RecordKind::Lost => header.lsn.0 + u64::from(header.block_count),
+            _ => header.lsn.0 + 1,
+        };
     }
     lsn
 }
 
-/// Replays the journal in `storage`; the LSNs replayed, or the corruption.
-fn replay(storage: &Arc<dyn Storage>, block_size: BlockSize) -> Result<(Vec<u64>, u64), JournalError> {
+/// Replays the journal in `storage` (replacing damaged acknowledged records
+/// by lost records, with `repair`): the LSNs handed out, and the bytes cut.
+fn replay(storage: &Arc<dyn Storage>, block_size: BlockSize, repair: bool) -> Result<(Vec<u64>, u64), JournalError> {
     let from = JournalPosition { segment: 1, offset: SEGMENT_HEADER_BYTES as u64 };
     let config = JournalConfig::default();
     let mut recovery =
         Journal::recover(Arc::clone(storage), "journal", block_size, config, from, Lsn(1), Timestamp::MIN)?;
-    let mut lsns = Vec::new();
+    if repair {
+        recovery = recovery.repairing();
+    }
+    let mut lsns: Vec<u64> = Vec::new();
     while let Some(record) = recovery.next_record()? {
-        assert_eq!(record.header.lsn, Lsn(lsns.len() as u64 + 1), "records replayed out of order");
+        // Lost records take LSNs without being handed out.
+        assert!(lsns.last().is_none_or(|&last| record.header.lsn.0 > last), "records replayed out of order");
         assert_eq!(record.data.len() as u64, record.header.data_bytes(), "record data length");
         if record.header.kind == RecordKind::Copy {
             record.copies()?;
@@ -152,11 +173,11 @@ fn replay(storage: &Arc<dyn Storage>, block_size: BlockSize) -> Result<(Vec<u64>
     }
     let (journal, report) = recovery.finish()?;
     assert_eq!(report.records_replayed, lsns.len() as u64);
-    assert_eq!(journal.lsn_next(), Lsn(lsns.len() as u64 + 1), "the journal goes on after the last record");
+    assert!(lsns.last().is_none_or(|&last| journal.lsn_next().0 > last), "the journal goes on after the last record");
     Ok((lsns, report.truncated_bytes))
 }
 
-fn recovery(input: &mut Cursor<'_>, sealed: bool, renumber: bool) {
+fn recovery(input: &mut Cursor<'_>, sealed: bool, renumber: bool, repair: bool) {
     let mut first = input.until(b"NEXTSEGMENT").to_vec();
     let mut second = input.rest().to_vec();
     if sealed {
@@ -169,12 +190,13 @@ fn recovery(input: &mut Cursor<'_>, sealed: bool, renumber: bool) {
         files.push(("journal/00000002.seg", &second[..]));
     }
     let storage: Arc<dyn Storage> = storage_with(&files);
-    let (first_replay, peak) = peak_heap_bytes(|| replay(&storage, block_size));
+    let (first_replay, peak) = peak_heap_bytes(|| replay(&storage, block_size, repair));
     // Records are read into one buffer no larger than the segment, and the
     // voucher search reads a window of at most the segment or 1 MiB.
     assert_heap_follows_input(peak, first.len() + second.len(), 4, 64 << 10);
     let Ok((lsns, _)) = first_replay else { return };
-    let (again, truncated) = replay(&storage, block_size).expect("a journal recovery left must recover");
+    // What a recovery (or a repair) leaves recovers as it is.
+    let (again, truncated) = replay(&storage, block_size, false).expect("a journal recovery left must recover");
     assert_eq!(again, lsns, "a second recovery replays other records");
     assert_eq!(truncated, 0, "a second recovery cuts more off");
 }
@@ -198,6 +220,6 @@ fuzz_target!(|input: &[u8]| {
             }
             segment_header(&bytes);
         }
-        _ => recovery(&mut input, sealed, mode & 0x20 != 0),
+        _ => recovery(&mut input, sealed, mode & 0x20 != 0, mode & 0x40 != 0),
     }
 });

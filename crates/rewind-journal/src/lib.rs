@@ -1139,7 +1139,19 @@ impl Recovery {
             offset: self.offset,
             reason: format!("{reason}; {lsn_count} records would be lost at once"),
         })?;
-        let filler = encode_lost_record(stamp, count, end - self.offset);
+        // A lost record spans whole records; a segment whose damaged tail is
+        // not a whole number of 8-byte units (or is shorter than a record
+        // header) cannot be mended that way (found by the `journal_record`
+        // fuzz target: the assertion in `encode_lost_record` failed).
+        let span_bytes = end - self.offset;
+        if span_bytes < RECORD_HEADER_BYTES as u64 || !span_bytes.is_multiple_of(8) {
+            return Err(JournalError::Corrupt {
+                path,
+                offset: self.offset,
+                reason: format!("{reason}; the {span_bytes} damaged bytes cannot be replaced by a lost record"),
+            });
+        }
+        let filler = encode_lost_record(stamp, count, span_bytes);
         file.write_all_at(&filler, self.offset).map_err(journal.io_error(path.clone()))?;
         file.sync_data().map_err(journal.io_error(path.clone()))?;
         self.lost.push(LostSpan {
