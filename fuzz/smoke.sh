@@ -10,6 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 seconds="${FUZZ_SECONDS:-8}"
+# The targets' build lives outside the clone, so that CI (a fresh clone on a
+# machine it keeps) rebuilds only what changed: a cold build of every target
+# takes about 6 minutes on 2 cores, a warm one well under 1.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${HOME:-/tmp}/.cache/rewind/fuzz-target}"
 
 # cargo fuzz needs nightly's flags. The rustup nightly if there is one;
 # otherwise stable, told to accept them (no sanitizer is used, see below).
@@ -37,7 +41,7 @@ echo "== cargo fuzz build (${#targets[@]} targets)"
 "${cargo[@]}" "${build[@]}"
 built=$(date +%s)
 
-bin=target/x86_64-unknown-linux-gnu/release
+bin="$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 for target in "${targets[@]}"; do
