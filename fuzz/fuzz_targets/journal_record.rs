@@ -135,6 +135,7 @@ fn seal_segment(bytes: &mut [u8], segment: u32, lsn_first: u64, renumber: bool) 
         let kind = bytes[offset + 4];
         let (lsn_record, lsn_committed) =
             if kind == RecordKind::Vouch as u8 { (lsn - 1, lsn - 1) } else { (lsn, lsn - 1) };
+        // (LSNs read from unsealed headers may be anything.)
         if renumber {
             bytes[offset + 8..offset + 16].copy_from_slice(&lsn_record.to_le_bytes());
             bytes[offset + 36..offset + 44].copy_from_slice(&lsn_committed.to_le_bytes());
@@ -144,9 +145,10 @@ fn seal_segment(bytes: &mut [u8], segment: u32, lsn_first: u64, renumber: bool) 
         offset += length;
         lsn = match header.kind {
             RecordKind::Vouch => lsn,
-            RecordKind::Lost => header.lsn.0 + u64::from(header.block_count),
-            _ => header.lsn.0 + 1,
-        };
+            RecordKind::Lost => header.lsn.0.saturating_add(u64::from(header.block_count)),
+            _ => header.lsn.0.saturating_add(1),
+        }
+        .max(1);
     }
     lsn
 }
