@@ -233,7 +233,7 @@ impl Volume {
         let snapshot_now = at.is_none();
         let at = match at {
             // A time in the past is kept exact only if it is already (see `exact_time`).
-            Some(at) => self.exact_time(self.check_in_history(at, now)?)?,
+            Some(at) => self.exact_time_named(self.check_in_history(at, now)?, &bookmarks)?,
             // Now: pinned before any later write can come in, so no persist or
             // merge can thin away the state it names.
             None => self.advance_clock_pinned(now),
@@ -309,11 +309,17 @@ impl Volume {
     /// bookmark. A time whose history was deleted, or that retention has
     /// dropped, has none.
     pub fn exact_time(&self, at: Timestamp) -> Result<Timestamp, EngineError> {
+        self.exact_time_named(at, &self.history.bookmarks.lock())
+    }
+
+    /// [`Volume::exact_time`], naming bookmarks from `bookmarks` (the
+    /// caller holds their lock: it is not taken twice).
+    fn exact_time_named(&self, at: Timestamp, bookmarks: &Bookmarks) -> Result<Timestamp, EngineError> {
         let thinning = self.index.thinning();
         let exact = thinning.exact_at_or_before(at);
         if let Some(horizon) = thinning.horizon.filter(|&horizon| exact < horizon && !thinning.is_pinned(exact)) {
             let before = thinning.pin_before(at.min(horizon)).map_or(String::new(), |pin| {
-                let name = self.bookmarks().into_iter().find(|bookmark| bookmark.timestamp == pin);
+                let name = bookmarks.entries.iter().find(|bookmark| bookmark.timestamp == pin);
                 let name = name.map_or(String::new(), |bookmark| format!(" (bookmark {})", bookmark.name));
                 format!(" and {}{name}", DisplayTime(pin))
             });
@@ -341,7 +347,7 @@ impl Volume {
     pub(crate) fn hold_exact_time(&self, at: Timestamp) -> Result<Timestamp, EngineError> {
         // The bookmarks lock serialises every change of what the index thins.
         let bookmarks = self.history.bookmarks.lock();
-        let exact = self.exact_time(at)?;
+        let exact = self.exact_time_named(at, &bookmarks)?;
         *self.history.holds.lock().entry(exact).or_insert(0) += 1;
         self.rethin(&self.history.policy.lock(), &bookmarks);
         Ok(exact)

@@ -136,3 +136,30 @@ fn concurrently(layout: Layout) {
     let archived = stats.versions_archived > 0 || layout.history_at_destage();
     assert!(archived && stats.journal_bytes_reclaimed > 0, "{}: {stats:?}", layout.name());
 }
+
+/// A view of a time retention dropped, with a bookmark before it, is
+/// refused naming the bookmark (naming it once locked the bookmarks twice:
+/// the view never returned, and every later bookmark waited forever).
+#[test]
+fn an_expired_view_names_the_bookmark_before_it_and_returns() {
+    let storage = SimStorage::new(SimConfig::default(), 1);
+    let mut config = NodeConfig::default();
+    config.volume.retention_interval_nanos = 1;
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    let spec = VolumeSpec {
+        retention: vec![rewind_engine::RetentionTier { interval_nanos: 0, age_nanos: 10 * SECOND }],
+        ..VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap())
+    };
+    let volume = node.create_volume(spec, start).unwrap();
+    volume.write(start.saturating_add_nanos(SECOND), 0, &[1; 4096], Durability::Fua).unwrap();
+    let name = rewind_engine::BookmarkName::new("kept").unwrap();
+    volume.create_bookmark(name, None, start.saturating_add_nanos(2 * SECOND)).unwrap();
+    volume.write(start.saturating_add_nanos(3 * SECOND), 0, &[2; 4096], Durability::Fua).unwrap();
+    let later = start.saturating_add_nanos(60 * SECOND);
+    volume.write(later, 0, &[3; 4096], Durability::Fua).unwrap();
+    node.maintain_history(later.saturating_add_nanos(1)).unwrap();
+    let Err(error) = volume.view(start.saturating_add_nanos(4 * SECOND)) else { panic!("retention dropped that time") };
+    assert!(error.to_string().contains("(bookmark kept)"), "{error}");
+    volume.create_bookmark(rewind_engine::BookmarkName::new("after").unwrap(), None, later).unwrap();
+}
