@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use crate::export::{Client, Export, OpenError, OpenErrorKind};
+use crate::log_limit::PeerLog;
 use crate::protocol::{self as p, Session};
 use crate::server::{Shared, OPTIONS_PER_HANDSHAKE_MAX};
 use crate::tls::{self, TlsMode};
@@ -22,7 +23,7 @@ use crate::transmission::{self, Stats};
 /// Read buffer per connection. Large enough that pipelined small requests
 /// (fio/qemu keep dozens in flight) are picked up with one `read` call; large
 /// WRITE payloads bypass it and land directly in the payload buffer.
-const READ_BUFFER_BYTES: usize = 128 * 1024;
+pub(crate) const READ_BUFFER_BYTES: usize = 128 * 1024;
 
 /// `NBD_OPT_LIST` replies are sent in pieces of about this size.
 const LIST_REPLY_BATCH_BYTES: usize = 64 * 1024;
@@ -33,6 +34,7 @@ const LIST_REPLY_BATCH_BYTES: usize = 64 * 1024;
 pub(crate) trait Transport: Read + Write + AsFd + Send + Sync + Sized + 'static {
     fn try_clone(&self) -> io::Result<Self>;
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    fn read_timeout(&self) -> io::Result<Option<Duration>>;
     fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
     fn shutdown(&self, how: Shutdown) -> io::Result<()>;
@@ -46,6 +48,9 @@ impl Transport for TcpStream {
     }
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         TcpStream::set_read_timeout(self, timeout)
+    }
+    fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        TcpStream::read_timeout(self)
     }
     fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         TcpStream::set_write_timeout(self, timeout)
@@ -71,6 +76,9 @@ impl Transport for UnixStream {
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         UnixStream::set_read_timeout(self, timeout)
     }
+    fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        UnixStream::read_timeout(self)
+    }
     fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         UnixStream::set_write_timeout(self, timeout)
     }
@@ -87,11 +95,18 @@ impl Transport for UnixStream {
 
 /// The read side. During the handshake every read is bounded by what is
 /// left of the handshake deadline, so a client trickling one byte at a time
-/// cannot stretch it; in transmission reads block for as long as the client
-/// stays idle (qemu keeps idle connections for hours).
+/// cannot stretch it; in transmission each read waits up to the export's
+/// idle timeout, if it has one (see "Limits" in `crate::server`).
 pub(crate) struct DeadlineReader<S> {
     stream: S,
     deadline: Option<Instant>,
+}
+
+impl<S: Transport> DeadlineReader<S> {
+    /// The idle timeout a read in transmission just hit.
+    pub(crate) fn idle_timeout(&self) -> io::Result<Duration> {
+        Ok(self.stream.read_timeout()?.unwrap_or_default())
+    }
 }
 
 impl<S: Transport> Read for DeadlineReader<S> {
@@ -115,6 +130,8 @@ pub(crate) enum Hangup {
     ClientDone(&'static str),
     /// The client broke the protocol; we hung up (warn).
     Violation(String),
+    /// The client sent nothing for this long with no request in flight.
+    Idle(Duration),
     /// `NBD_OPT_EXPORT_NAME` named an export we cannot open, and that option
     /// has no way to report errors (spec: the server MUST hang up).
     ExportRefused {
@@ -198,6 +215,8 @@ struct Connection<S> {
     replies: ReplyWriter<S>,
     /// Who is connected: the catalog decides access by it.
     client: Client,
+    /// Lines about this client go through its log budget.
+    log: PeerLog,
     /// Option payloads during the handshake (at most `OPTION_BYTES_MAX`).
     option_data: Vec<u8>,
     // Handshake state.
@@ -215,18 +234,23 @@ struct Connection<S> {
 }
 
 /// Serves one accepted connection until it ends, logging how it ended.
-pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client) {
+pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client, log: PeerLog) {
     let deadline = Instant::now() + shared.config.handshake_timeout;
-    let connection = match Connection::new(stream, shared, client, deadline, false) {
+    let connection = match Connection::new(stream, shared, client, log.clone(), deadline, false) {
         Ok(connection) => connection,
         Err(error) => {
-            warn!(%error, "cannot set up connection");
+            if log.allow() {
+                warn!(%error, "cannot set up connection");
+            }
             return;
         }
     };
     let mut export_name = String::new();
     let mut stats = Stats::default();
     let hangup = connection.run(&mut stats, &mut export_name);
+    if !log.allow() {
+        return;
+    }
     let Stats { requests, bytes_read, bytes_written } = stats;
     let export = export_name.as_str();
     match hangup {
@@ -238,6 +262,16 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client
         }
         Hangup::Violation(what) => {
             warn!(export, requests, "protocol violation, hanging up: {what}")
+        }
+        Hangup::Idle(timeout) => {
+            info!(
+                export,
+                requests,
+                bytes_read,
+                bytes_written,
+                "connection closed: idle for {} s with nothing in flight (the idle timeout)",
+                timeout.as_secs()
+            )
         }
         Hangup::ExportRefused { name, message } => {
             warn!(export = %name, "NBD_OPT_EXPORT_NAME refused, hanging up: {message}")
@@ -256,7 +290,14 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client
 }
 
 impl<S: Transport> Connection<S> {
-    fn new(stream: S, shared: Arc<Shared>, client: Client, deadline: Instant, tls_active: bool) -> io::Result<Self> {
+    fn new(
+        stream: S,
+        shared: Arc<Shared>,
+        client: Client,
+        log: PeerLog,
+        deadline: Instant,
+        tls_active: bool,
+    ) -> io::Result<Self> {
         // The listener is non-blocking; on some systems accepted sockets
         // inherit that, and this thread wants blocking I/O with timeouts.
         stream.set_nonblocking(false)?;
@@ -271,6 +312,7 @@ impl<S: Transport> Connection<S> {
             ),
             replies: ReplyWriter { stream, assembled: Vec::new(), message: String::new() },
             client,
+            log,
             option_data: Vec::new(),
             deadline,
             options_left: OPTIONS_PER_HANDSHAKE_MAX,
@@ -289,21 +331,26 @@ impl<S: Transport> Connection<S> {
             Err(hangup) => hangup,
             Ok(Step::StartTls) => self.start_tls(stats, export_name),
             Ok(Step::Negotiated(negotiated)) => {
-                info!(
-                    export = %negotiated.name,
-                    size_bytes = negotiated.session.size_bytes,
-                    flags = format_args!("{:#06x}", negotiated.session.flags),
-                    structured_replies = negotiated.session.structured_replies,
-                    tls = self.tls_active,
-                    "transmission started"
-                );
+                if self.log.allow() {
+                    info!(
+                        export = %negotiated.name,
+                        size_bytes = negotiated.session.size_bytes,
+                        flags = format_args!("{:#06x}", negotiated.session.flags),
+                        structured_replies = negotiated.session.structured_replies,
+                        tls = self.tls_active,
+                        "transmission started"
+                    );
+                }
                 export_name.clone_from(&negotiated.name);
-                if let Err(error) = self.enter_transmission() {
+                let config = &self.shared.config;
+                let idle_timeout =
+                    if negotiated.export.is_read_only() { config.idle_timeout_read_only } else { config.idle_timeout };
+                if let Err(error) = self.enter_transmission(idle_timeout) {
                     return Hangup::Io(error);
                 }
-                let Connection { shared, mut reader, replies, .. } = self;
+                let Connection { shared, mut reader, replies, log, .. } = self;
                 let Negotiated { export, session, .. } = negotiated;
-                transmission::serve(&mut reader, replies.stream, &*export, &session, &shared.config, stats)
+                transmission::serve(&mut reader, replies.stream, &*export, &session, &shared.config, &log, stats)
             }
         }
     }
@@ -312,7 +359,7 @@ impl<S: Transport> Connection<S> {
     /// connection over it. Nothing negotiated before carries over but the
     /// client's flags (a man in the middle could have chosen it).
     fn start_tls(self, stats: &mut Stats, export_name: &mut String) -> Hangup {
-        let Connection { shared, reader, replies, client, deadline, options_left, no_zeroes, .. } = self;
+        let Connection { shared, reader, replies, client, log, deadline, options_left, no_zeroes, .. } = self;
         // Whatever the client sent after STARTTLS and we already read is the
         // start of its TLS handshake.
         let early = reader.buffer().to_vec();
@@ -325,8 +372,10 @@ impl<S: Transport> Connection<S> {
                 Err(error) => return Hangup::Tls(error),
             };
         let client = Client { identity: session.identity.clone(), ..client };
-        info!(identity = client.identity.as_deref().unwrap_or("none"), "TLS established");
-        let hangup = match Connection::new(stream, shared, client, deadline, true) {
+        if log.allow() {
+            info!(identity = client.identity.as_deref().unwrap_or("none"), "TLS established");
+        }
+        let hangup = match Connection::new(stream, shared, client, log, deadline, true) {
             Ok(mut connection) => {
                 connection.no_zeroes = no_zeroes;
                 connection.options_left = options_left;
@@ -485,7 +534,9 @@ impl<S: Transport> Connection<S> {
     }
 
     fn option_invalid(&mut self, option: u32, error: p::OptionError) -> Result<()> {
-        warn!(option = p::option_name(option), "invalid option from client: {error}");
+        if self.log.allow() {
+            warn!(option = p::option_name(option), "invalid option from client: {error}");
+        }
         self.replies.message.clear();
         write!(self.replies.message, "{error}").expect("writing to a String cannot fail");
         p::push_option_error(&mut self.replies.assembled, option, p::REP_ERR_INVALID, &self.replies.message);
@@ -519,7 +570,9 @@ impl<S: Transport> Connection<S> {
         let opened = match self.open(&name) {
             Ok(opened) => opened,
             Err((reply_type, message)) => {
-                info!(export = %name, option = p::option_name(option), "export refused: {message}");
+                if self.log.allow() {
+                    info!(export = %name, option = p::option_name(option), "export refused: {message}");
+                }
                 self.option_error(option, reply_type, &message)?;
                 return Ok(None);
             }
@@ -597,7 +650,9 @@ impl<S: Transport> Connection<S> {
         })?;
         let sizes = export.block_sizes();
         if let Err(problem) = sizes.check() {
-            tracing::error!(export = %name, ?sizes, "export has invalid block sizes: {problem}");
+            if self.log.allow() {
+                tracing::error!(export = %name, ?sizes, "export has invalid block sizes: {problem}");
+            }
             return Err((p::REP_ERR_UNKNOWN, format!("export '{name}' cannot be served: {problem}")));
         }
         // The export may allow more than the server buffers; advertise the
@@ -639,10 +694,12 @@ impl<S: Transport> Connection<S> {
 
     // --- Transmission ------------------------------------------------------------------
 
-    fn enter_transmission(&mut self) -> io::Result<()> {
+    /// Ends the handshake deadline; from here on each read waits up to
+    /// `idle_timeout` (the transmission reader decides what a timeout means).
+    fn enter_transmission(&mut self, idle_timeout: Option<Duration>) -> io::Result<()> {
         let reader = self.reader.get_mut();
         reader.deadline = None;
-        reader.stream.set_read_timeout(None)?;
+        reader.stream.set_read_timeout(idle_timeout)?;
         // The handshake buffer is not needed any more.
         self.option_data = Vec::new();
         Ok(())

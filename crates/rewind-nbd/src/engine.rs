@@ -34,10 +34,9 @@ fn export_error(error: EngineError) -> ExportError {
         error if error.is_no_space() => ExportErrorKind::NoSpace,
         _ => ExportErrorKind::Io,
     };
-    // Transient failures are the engine's to report (once, not per request).
-    if kind == ExportErrorKind::Io && !error.is_transient() {
-        tracing::error!(%error, "request failed");
-    }
+    // Not logged here: the server logs failed requests within the client's
+    // log budget (a client rereading a damaged block must not flood the
+    // log), and the engine reports transient failures once itself.
     ExportError::new(kind, error.to_string())
 }
 

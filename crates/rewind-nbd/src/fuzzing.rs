@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 
 use crate::connection::{self, Transport};
 use crate::export::{Catalog, Client};
+use crate::log_limit::PeerKey;
 use crate::server::{ServerConfig, Shared};
 
 /// What one connection wrote, and how it ended for the stream.
@@ -48,7 +49,8 @@ pub fn serve_connection(
     }));
     let shared = Arc::new(Shared::new(catalog, config));
     let client = Client { peer: "unix".to_owned(), local: true, identity: None };
-    connection::serve(MemoryStream(Arc::clone(&pipe)), shared, client);
+    let log = shared.client_log(PeerKey::Unix);
+    connection::serve(MemoryStream(Arc::clone(&pipe)), shared, client, log);
     let pipe = std::mem::take(&mut *pipe.lock());
     Exchange { output: pipe.output, output_refused: pipe.output_refused }
 }
@@ -116,6 +118,10 @@ impl Transport for MemoryStream {
     }
     fn set_read_timeout(&self, _timeout: Option<Duration>) -> io::Result<()> {
         Ok(())
+    }
+    fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        // Reads never wait: the input is all there, then end-of-file.
+        Ok(None)
     }
     fn set_write_timeout(&self, _timeout: Option<Duration>) -> io::Result<()> {
         Ok(())

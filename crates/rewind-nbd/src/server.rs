@@ -20,9 +20,10 @@
 //!
 //! ```text
 //!  accepted ──greeting──▶ client flags ──▶ option haggling ──GO / EXPORT_NAME──▶ transmission
-//!                          │ unknown bit     │ ABORT, bad magic, option too      │ DISC, EOF, bad magic,
-//!                          ▼                 ▼ long, too many, deadline, EOF     ▼ oversized WRITE, EOF mid-payload
-//!                        closed            closed                              closed
+//!     │                    │ unknown bit     │ ABORT, bad magic, option too      │ DISC, EOF, bad magic,
+//!     │ over a limit       ▼                 ▼ long, too many, deadline, EOF     ▼ oversized WRITE, EOF mid-payload,
+//!     ▼                  closed            closed                              closed   idle too long
+//!  refused: greeting, ERR_POLICY + message per option (accept thread) ──ABORT, EOF, EXPORT_NAME, 5 s──▶ closed
 //! ```
 //!
 //! - Greeting: `NBDMAGIC IHAVEOPT` with `NBD_FLAG_FIXED_NEWSTYLE |
@@ -53,25 +54,66 @@
 //!
 //! # Limits
 //!
-//! - `ServerConfig::connections_max` live connections; extra ones are
-//!   accepted and closed at once, so they never cost a thread.
+//! What a client may hold, and what it costs the server at most:
+//!
+//! - `ServerConfig::connections_max` live connections (default 128), of which
+//!   at most `ServerConfig::connections_per_client_max` (default 32) from one
+//!   client: one TCP address, or one user on the Unix socket. A connection
+//!   over either limit is refused the NBD way (`crate::refusal`): its options
+//!   get `NBD_REP_ERR_POLICY` with a message such as "server full for
+//!   127.0.0.1: 32 connections from it (limit 32 per client)", answered from
+//!   the accept thread, so a refused connection never costs a thread. The
+//!   per-client limit is why 64 idle connections from one place no longer
+//!   lock everyone else out. Every local TCP client is 127.0.0.1 and every
+//!   VM of one qemu user is one Unix socket user, which is why the default
+//!   is a generous quarter of the total rather than a handful.
 //! - `ServerConfig::handshake_timeout` bounds the whole handshake, not each
 //!   read, so a client trickling bytes cannot hold a slot; the TLS handshake
 //!   counts, and so do options after it.
 //! - `OPTIONS_PER_HANDSHAKE_MAX` options per handshake and
 //!   `protocol::OPTION_BYTES_MAX` bytes per option; beyond either we hang up.
+//! - Idle connections: a connection in transmission that sends nothing for
+//!   `ServerConfig::idle_timeout` (writable exports) or
+//!   `ServerConfig::idle_timeout_read_only` (views) while none of its
+//!   requests is in flight is closed. The two differ on purpose. A live
+//!   volume is typically a VM's disk: qemu keeps its one connection for the
+//!   VM's lifetime and sends nothing while the guest leaves the disk alone,
+//!   which can be days for a data disk; cutting it costs the guest an I/O
+//!   error on its next access (and ext4 a read-only remount). So by default
+//!   writable connections have no idle timeout: the connection limits above
+//!   already keep them from locking others out. A view is read by a restore
+//!   (nbdcopy, qemu-img, an nbdfuse mount someone is browsing); one idle for
+//!   an hour (the default) has most likely been forgotten, and opening it
+//!   again is cheap and shows the same data.
 //! - `protocol::PAYLOAD_BYTES_MAX` (32 MiB) per READ or WRITE, advertised as
 //!   the maximum block size. A larger READ gets `NBD_EINVAL`; a larger WRITE
 //!   ends the connection before its payload is read.
 //! - `ServerConfig::requests_in_flight_max` requests per connection admitted
 //!   and not yet answered, and `BUFFER_BYTES_PER_CONNECTION_MAX` (32 MiB) of
 //!   payload buffers per connection; while either is used up the connection
-//!   is not read. Memory per connection is bounded by that plus the fixed
-//!   buffers (128 KiB read buffer, 64 KiB outbox, reply scratch per worker),
-//!   however much a client pipelines.
+//!   is not read.
 //! - `ServerConfig::write_timeout`: a client that stops reading its replies
 //!   is dropped rather than pinning a thread forever.
-//! - No timeout once in transmission: an idle client is legitimate.
+//! - Log lines a client can cause are rate-limited per client
+//!   (`crate::log_limit`), so a flood of bad requests or connections cannot
+//!   fill the disk.
+//!
+//! Memory, stated and enforced: a connection holds at most
+//! `BUFFER_BYTES_PER_CONNECTION_MAX` of payload buffers (32 MiB, however
+//! much it pipelines), a 128 KiB read buffer, a 64 KiB outbox, reply
+//! scratch for the reader and each worker (a block status reply of
+//! `protocol::EXTENTS_PER_REPLY_MAX` extents, 128 KiB, or an error message),
+//! and `1 + workers_per_connection_max` threads (5; their stacks are mapped,
+//! not resident, beyond what they touch). During the handshake the option
+//! buffer adds at most `protocol::OPTION_BYTES_MAX` (64 KiB), freed when
+//! transmission starts. `ServerConfig::memory_per_connection_max` adds
+//! these up: under 33 MiB. A request costs nothing beyond its payload
+//! buffer, which counts against its connection's 32 MiB. So the server's
+//! buffers are bounded by `connections_max × memory_per_connection_max`,
+//! about 4.1 GiB with the defaults (buffers are allocated as requests need
+//! them, so idle clients and small requests use a small fraction of it),
+//! plus `REFUSALS_MAX` refusals of a few hundred bytes per listener. File
+//! descriptors: `FDS_PER_CONNECTION` per connection, one per refusal.
 //!
 //! # Shutdown
 //!
@@ -91,7 +133,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -99,6 +141,10 @@ use tracing::{error, info, info_span, warn};
 
 use crate::connection::{self, Transport};
 use crate::export::{Catalog, Client};
+use crate::log_limit::{LogBudget, PeerKey, PeerLog};
+use crate::protocol as p;
+pub use crate::refusal::REFUSALS_MAX;
+use crate::refusal::{self, Refusal};
 use crate::tls::NbdTls;
 pub use crate::transmission::{BUFFER_BYTES_PER_CONNECTION_MAX, INLINE_BYTES_MAX};
 
@@ -107,13 +153,27 @@ pub use crate::transmission::{BUFFER_BYTES_PER_CONNECTION_MAX, INLINE_BYTES_MAX}
 /// haggling forever, together with the handshake deadline.
 pub const OPTIONS_PER_HANDSHAKE_MAX: u32 = 1024;
 
+/// File descriptors one connection holds: its socket, and duplicates of it
+/// for the connection table (shutdown), the read half, and the transmission
+/// pipeline's control handle. `rewind serve` sizes `connections_max` by it.
+pub const FDS_PER_CONNECTION: usize = 4;
+
 /// Server limits. `Default` gives the values Rewind ships with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// Most connections served at once; further ones are closed on accept.
+    /// Most connections served at once; further ones are refused with an
+    /// NBD error.
     pub connections_max: usize,
+    /// Most connections from one client (TCP: one IP address; Unix socket:
+    /// one user id); further ones are refused with an NBD error.
+    pub connections_per_client_max: usize,
     /// Time from accept to the end of option haggling.
     pub handshake_timeout: Duration,
+    /// A connection to a writable export that sends nothing this long with
+    /// no request in flight is closed; `None`: never.
+    pub idle_timeout: Option<Duration>,
+    /// The same for read-only exports (views).
+    pub idle_timeout_read_only: Option<Duration>,
     /// Longest a single reply write may block on a client that does not read.
     pub write_timeout: Duration,
     /// Most worker threads per connection, started on demand, for the
@@ -122,23 +182,46 @@ pub struct ServerConfig {
     /// Most requests of one connection admitted and not yet answered; the
     /// connection is not read while this many are in flight.
     pub requests_in_flight_max: usize,
+    /// Most log lines one client can cause per `log_interval` (see
+    /// `crate::log_limit`); the rest are counted and summarised.
+    pub log_lines_per_client: u32,
+    pub log_interval: Duration,
+}
+
+impl ServerConfig {
+    /// The most memory one connection's buffers take (see "Memory" above):
+    /// payload buffers, the read buffer, the outbox, and reply scratch for
+    /// the reader and each worker (a block status reply of
+    /// `EXTENTS_PER_REPLY_MAX` extents, or an error message).
+    pub fn memory_per_connection_max(&self) -> usize {
+        const SCRATCH_BYTES_MAX: usize = p::CHUNK_HEADER_BYTES + 4 + p::EXTENTS_PER_REPLY_MAX * 8 + p::STRING_BYTES_MAX;
+        BUFFER_BYTES_PER_CONNECTION_MAX
+            + connection::READ_BUFFER_BYTES
+            + crate::transmission::OUTBOX_BYTES_MAX
+            + (1 + self.workers_per_connection_max) * SCRATCH_BYTES_MAX
+    }
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            connections_max: 64,
+            connections_max: 128,
+            connections_per_client_max: 32,
             handshake_timeout: Duration::from_secs(30),
+            idle_timeout: None,
+            idle_timeout_read_only: Some(Duration::from_secs(3600)),
             write_timeout: Duration::from_secs(60),
             workers_per_connection_max: 4,
             requests_in_flight_max: 64,
+            log_lines_per_client: 20,
+            log_interval: Duration::from_secs(60),
         }
     }
 }
 
-/// How long the accept loop waits after an unexpected accept error (such as
-/// running out of file descriptors) before trying again, so a persistent
-/// error does not spin a core.
+/// How long the accept loop stops accepting after an unexpected accept
+/// error (such as running out of file descriptors), so a persistent error
+/// does not spin a core. Refusals and shutdown are still served meanwhile.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 
 /// State shared by the listeners and the connection threads.
@@ -146,6 +229,7 @@ pub(crate) struct Shared {
     pub(crate) catalog: Arc<dyn Catalog>,
     pub(crate) config: ServerConfig,
     pub(crate) tls: Option<NbdTls>,
+    logs: Arc<LogBudget>,
     stopping: AtomicBool,
     next_connection_id: AtomicU64,
     table: Mutex<ConnectionTable>,
@@ -157,6 +241,7 @@ impl Shared {
             catalog,
             config,
             tls: None,
+            logs: Arc::new(LogBudget::new(config.log_interval, config.log_lines_per_client)),
             stopping: AtomicBool::new(false),
             next_connection_id: AtomicU64::new(1),
             table: Mutex::new(ConnectionTable::default()),
@@ -165,6 +250,11 @@ impl Shared {
 
     pub(crate) fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
+    }
+
+    /// A connection's handle on `peer`'s log budget (`crate::log_limit`).
+    pub(crate) fn client_log(&self, peer: PeerKey) -> PeerLog {
+        self.logs.connection(peer)
     }
 }
 
@@ -175,6 +265,8 @@ struct ConnectionTable {
     /// socket closes when this handle is dropped, so a client that saw the
     /// connection close can count on its slot being free.
     live: HashMap<u64, Control>,
+    /// Live connections per client; no zero entries.
+    per_client: HashMap<PeerKey, usize>,
     /// Connection threads not yet joined; finished ones are reaped on accept.
     threads: Vec<JoinHandle<()>>,
 }
@@ -195,7 +287,7 @@ impl Control {
     }
 }
 
-trait IntoControl: Transport {
+trait IntoControl: Transport + AsFd {
     fn into_control(self) -> Control;
 }
 
@@ -211,12 +303,20 @@ impl IntoControl for UnixStream {
     }
 }
 
+/// An accepted connection: the socket, how the client is named to people,
+/// whether it is on this machine (a loopback address or a Unix socket), and
+/// which client it counts against.
+struct Accepted<S> {
+    stream: S,
+    peer: String,
+    local: bool,
+    key: PeerKey,
+}
+
 /// A listening socket of either kind.
 trait Listener: AsFd + Send + 'static {
     type Stream: IntoControl;
-    /// The stream, the peer as people read it, and whether the peer is on
-    /// this machine (a loopback address or a Unix socket).
-    fn accept_stream(&self) -> io::Result<(Self::Stream, String, bool)>;
+    fn accept_stream(&self) -> io::Result<Accepted<Self::Stream>>;
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
 }
 
@@ -225,9 +325,12 @@ impl Listener for TcpListener {
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
         TcpListener::set_nonblocking(self, nonblocking)
     }
-    fn accept_stream(&self) -> io::Result<(TcpStream, String, bool)> {
+    fn accept_stream(&self) -> io::Result<Accepted<TcpStream>> {
         let (stream, peer) = self.accept()?;
-        Ok((stream, peer.to_string(), peer.ip().is_loopback()))
+        // An IPv4 client on a dual-stack socket is the same client as on an
+        // IPv4 one.
+        let key = PeerKey::Ip(peer.ip().to_canonical());
+        Ok(Accepted { stream, peer: peer.to_string(), local: peer.ip().is_loopback(), key })
     }
 }
 
@@ -236,10 +339,15 @@ impl Listener for UnixListener {
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
         UnixListener::set_nonblocking(self, nonblocking)
     }
-    fn accept_stream(&self) -> io::Result<(UnixStream, String, bool)> {
+    fn accept_stream(&self) -> io::Result<Accepted<UnixStream>> {
         let (stream, _) = self.accept()?;
-        // Unix peers have no useful address; the connection id tells them apart.
-        Ok((stream, "unix".to_owned(), true))
+        // Unix peers have no useful address; the connection id tells them
+        // apart, and their user id is who they are for the limits.
+        let key = match rustix::net::sockopt::socket_peercred(&stream) {
+            Ok(credentials) => PeerKey::Uid(credentials.uid.as_raw()),
+            Err(_) => PeerKey::Unix,
+        };
+        Ok(Accepted { stream, peer: "unix".to_owned(), local: true, key })
     }
 }
 
@@ -261,6 +369,13 @@ pub struct Server {
 impl Server {
     pub fn new(catalog: Arc<dyn Catalog>, config: ServerConfig) -> Server {
         assert!(config.connections_max > 0, "connections_max must be positive");
+        assert!(config.connections_per_client_max > 0, "connections_per_client_max must be positive");
+        assert!(config.idle_timeout.is_none_or(|timeout| !timeout.is_zero()), "idle_timeout must be positive");
+        assert!(
+            config.idle_timeout_read_only.is_none_or(|timeout| !timeout.is_zero()),
+            "idle_timeout_read_only must be positive"
+        );
+        assert!(!config.log_interval.is_zero(), "log_interval must be positive");
         assert!(!config.handshake_timeout.is_zero(), "handshake_timeout must be positive");
         assert!(!config.write_timeout.is_zero(), "write_timeout must be positive");
         assert!(config.workers_per_connection_max > 0, "workers_per_connection_max must be positive");
@@ -347,6 +462,7 @@ impl Server {
                 error!("NBD connection thread panicked");
             }
         }
+        self.shared.logs.flush();
     }
 }
 
@@ -357,81 +473,199 @@ impl Drop for Server {
 }
 
 fn accept_loop<L: Listener>(shared: &Arc<Shared>, listener: &L, wake: &UnixStream) {
+    let mut refusals: Vec<Refusal<L::Stream>> = Vec::with_capacity(REFUSALS_MAX);
+    let mut accept_errors = AcceptErrors::default();
+    let interval = shared.logs.interval();
+    let mut next_sweep = Instant::now() + interval;
+    let mut accepting_from = Instant::now();
     loop {
-        let mut fds = [PollFd::new(listener, PollFlags::IN), PollFd::new(wake, PollFlags::IN)];
-        match poll(&mut fds, None) {
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(error) => {
-                error!(%error, "poll on the listening socket failed; listener stopped");
-                return;
-            }
+        let now = Instant::now();
+        // Refusals past their deadline are dropped, which closes them.
+        refusals.retain(|refusal| refusal.deadline > now);
+        if now >= next_sweep {
+            shared.logs.sweep();
+            accept_errors.summarise(interval);
+            next_sweep = now + interval;
         }
-        if !fds[1].revents().is_empty() {
+        let accepting = now >= accepting_from;
+        let mut wake_at = refusals.iter().map(|refusal| refusal.deadline).fold(next_sweep, Instant::min);
+        if !accepting {
+            wake_at = wake_at.min(accepting_from);
+        }
+        let timeout = wake_at.saturating_duration_since(now);
+        let timeout = Timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
+
+        // Wake-up socket, listener, refusals, in that order.
+        let (woken, acceptable, readable) = {
+            let mut fds = Vec::with_capacity(2 + refusals.len());
+            fds.push(PollFd::new(wake, PollFlags::IN));
+            // While backing off after an error the listener is left out, so
+            // a connection waiting in its queue does not spin the loop.
+            fds.push(PollFd::new(listener, if accepting { PollFlags::IN } else { PollFlags::empty() }));
+            fds.extend(refusals.iter().map(|refusal| PollFd::new(&refusal.stream, PollFlags::IN)));
+            match poll(&mut fds, Some(&timeout)) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(error) => {
+                    error!(%error, "poll on the listening socket failed; listener stopped");
+                    return;
+                }
+            }
+            let readable: Vec<bool> = fds[2..].iter().map(|fd| !fd.revents().is_empty()).collect();
+            (!fds[0].revents().is_empty(), !fds[1].revents().is_empty(), readable)
+        };
+        if woken {
             return;
         }
-        if fds[0].revents().is_empty() {
+        let mut index = 0;
+        refusals.retain_mut(|refusal| {
+            let keep = !readable[index] || refusal.readable() == refusal::Next::Wait;
+            index += 1;
+            keep
+        });
+        if !accepting || !acceptable {
             continue;
         }
         match listener.accept_stream() {
-            Ok((stream, peer, local)) => admit(shared, stream, peer, local),
+            Ok(accepted) => {
+                let Some((stream, message)) = admit(shared, accepted) else { continue };
+                if refusals.len() < REFUSALS_MAX && stream.set_nonblocking(true).is_ok() {
+                    refusals.extend(Refusal::start(stream, message));
+                }
+                // Otherwise dropping the stream closes it: with this many
+                // refusals under way, saying why costs more than it helps.
+            }
             Err(error)
                 if matches!(
                     error.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
                 ) => {}
             Err(error) => {
-                warn!(%error, "accept failed");
-                // Wait for shutdown or the backoff, whichever comes first.
-                let mut fds = [PollFd::new(wake, PollFlags::IN)];
-                let backoff = Timespec { tv_sec: 0, tv_nsec: ACCEPT_ERROR_BACKOFF.as_nanos() as _ };
-                if matches!(poll(&mut fds, Some(&backoff)), Ok(n) if n > 0) {
-                    return;
-                }
+                // Out of file descriptors (EMFILE, ENFILE) or memory: the
+                // connection stays queued; try again after the backoff.
+                accept_errors.record(&error);
+                accepting_from = Instant::now() + ACCEPT_ERROR_BACKOFF;
             }
         }
     }
 }
 
-/// Registers an accepted connection and starts its thread, or closes it when
-/// the server is full or stopping.
-fn admit<S: IntoControl>(shared: &Arc<Shared>, stream: S, peer: String, local: bool) {
+/// Accept errors, logged at most once per log interval each kind, so an
+/// exhausted descriptor table does not also fill the disk.
+#[derive(Default)]
+struct AcceptErrors {
+    /// Errors since the last line, and the last one.
+    count: u64,
+    last: Option<String>,
+    logged: bool,
+}
+
+impl AcceptErrors {
+    fn record(&mut self, error: &io::Error) {
+        if !self.logged {
+            warn!(%error, "accept failed; new connections wait until it works again (retrying every 100 ms)");
+            self.logged = true;
+        } else {
+            self.count += 1;
+            self.last = Some(error.to_string());
+        }
+    }
+
+    fn summarise(&mut self, interval: Duration) {
+        if let Some(error) = self.last.take() {
+            warn!(
+                count = self.count,
+                "accept failed {} more times in the last {} s, last: {error}",
+                self.count,
+                interval.as_secs().max(1)
+            );
+            self.count = 0;
+        } else {
+            // A quiet interval: the next error is news again.
+            self.logged = false;
+        }
+    }
+}
+
+/// Registers an accepted connection and starts its thread. Returns the
+/// stream and the reason when a limit refuses it; drops it (closing it)
+/// when the server is stopping or the thread cannot start.
+fn admit<S: IntoControl>(shared: &Arc<Shared>, accepted: Accepted<S>) -> Option<(S, String)> {
+    let Accepted { stream, peer, local, key } = accepted;
     let control = match stream.try_clone() {
         Ok(control) => control,
         Err(error) => {
-            warn!(%peer, %error, "cannot register connection");
-            return;
+            if shared.logs.allow(key) {
+                warn!(%peer, %error, "cannot register connection");
+            }
+            return None;
         }
     };
     let mut table = shared.table.lock();
     reap_finished(&mut table.threads);
     if shared.is_stopping() {
-        return;
+        return None;
     }
-    let connections_max = shared.config.connections_max;
-    if table.live.len() >= connections_max {
+    let ServerConfig { connections_max, connections_per_client_max, .. } = shared.config;
+    let live = table.live.len();
+    let from_client = table.per_client.get(&key).copied().unwrap_or(0);
+    let refused = if from_client >= connections_per_client_max {
+        Some(format!(
+            "server full for {key}: {} from it (limit {connections_per_client_max} per client); close one and \
+             try again",
+            connections(from_client)
+        ))
+    } else if live >= connections_max {
+        Some(format!("server full: {} (limit {connections_max}); try again later", connections(live)))
+    } else {
+        None
+    };
+    if let Some(message) = refused {
         drop(table);
-        warn!(%peer, connections_max, "refusing connection: connections_max reached");
-        let _ = stream.shutdown(Shutdown::Both);
-        return;
+        if shared.logs.allow(key) {
+            warn!(%peer, "refusing connection: {message}");
+        }
+        return Some((stream, message));
     }
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
     table.live.insert(id, control.into_control());
+    *table.per_client.entry(key).or_insert(0) += 1;
+    let log = shared.client_log(key);
     let thread_shared = Arc::clone(shared);
     let spawned = thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
         // Declared first so it drops last, after the connection's own socket
         // handles, even if serving panics.
-        let _deregister = Deregister { shared: Arc::clone(&thread_shared), id };
+        let _deregister = Deregister { shared: Arc::clone(&thread_shared), id, key };
         let _span = info_span!("nbd_connection", id, peer = %peer).entered();
-        info!("connection opened");
-        connection::serve(stream, thread_shared, Client { peer, local, identity: None });
+        if log.allow() {
+            info!("connection opened");
+        }
+        connection::serve(stream, thread_shared, Client { peer, local, identity: None }, log);
     });
     match spawned {
         Ok(thread) => table.threads.push(thread),
         Err(error) => {
             table.live.remove(&id);
+            release_client(&mut table, key);
             error!(%error, "cannot spawn connection thread");
         }
+    }
+    None
+}
+
+fn connections(count: usize) -> String {
+    if count == 1 {
+        "1 connection".to_owned()
+    } else {
+        format!("{count} connections")
+    }
+}
+
+fn release_client(table: &mut ConnectionTable, key: PeerKey) {
+    let count = table.per_client.get_mut(&key).expect("a live connection is counted for its client");
+    *count -= 1;
+    if *count == 0 {
+        table.per_client.remove(&key);
     }
 }
 
@@ -440,11 +674,14 @@ fn admit<S: IntoControl>(shared: &Arc<Shared>, stream: S, peer: String, local: b
 struct Deregister {
     shared: Arc<Shared>,
     id: u64,
+    key: PeerKey,
 }
 
 impl Drop for Deregister {
     fn drop(&mut self) {
-        self.shared.table.lock().live.remove(&self.id);
+        let mut table = self.shared.table.lock();
+        table.live.remove(&self.id);
+        release_client(&mut table, self.key);
     }
 }
 
@@ -460,5 +697,21 @@ fn reap_finished(threads: &mut Vec<JoinHandle<()>>) {
         } else {
             index += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The numbers the module doc states.
+    #[test]
+    fn memory_per_connection_and_in_all_is_as_documented() {
+        const MIB: usize = 1 << 20;
+        let config = ServerConfig::default();
+        let per_connection = config.memory_per_connection_max();
+        assert!(per_connection > 32 * MIB && per_connection < 33 * MIB, "{per_connection}");
+        let all = config.connections_max * per_connection;
+        assert!(all < 4300 * MIB, "{all} is under 4.2 GiB");
     }
 }

@@ -103,10 +103,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::{self, Scope};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use tracing::{debug, warn, Span};
+use tracing::{debug, error, warn, Span};
 
 use crate::connection::{read_message_start, read_rest, write_all_vectored, DeadlineReader, Hangup, Result, Transport};
 use crate::export::{Export, ExportError, ExportErrorKind, ZeroFlags};
+use crate::log_limit::PeerLog;
 use crate::protocol::{self as p, Command, Refusal, RequestHeader, Session};
 use crate::server::ServerConfig;
 
@@ -125,7 +126,7 @@ const BUFFER_BYTES_MIN: usize = 4096;
 pub const INLINE_BYTES_MAX: u32 = 64 * 1024;
 
 /// The reader writes its outbox before it would hold this much.
-const OUTBOX_BYTES_MAX: usize = 64 * 1024;
+pub(crate) const OUTBOX_BYTES_MAX: usize = 64 * 1024;
 
 /// Per-connection counters for the closing log line.
 #[derive(Default)]
@@ -143,13 +144,14 @@ pub(crate) fn serve<S: Transport>(
     export: &dyn Export,
     session: &Session,
     config: &ServerConfig,
+    log: &PeerLog,
     stats: &mut Stats,
 ) -> Hangup {
     let control = match stream.try_clone() {
         Ok(control) => control,
         Err(error) => return Hangup::Io(error),
     };
-    let pipeline = Pipeline::new(export, session.structured_replies, config, stream, control);
+    let pipeline = Pipeline::new(export, session.structured_replies, config, log, stream, control);
     let hangup = thread::scope(|scope| {
         // Lets the workers go however the reader stops, a panic included;
         // the scope joins them before it returns.
@@ -306,6 +308,8 @@ struct State {
 
 struct Pipeline<'a, S> {
     export: &'a dyn Export,
+    /// Warnings about the client go through its log budget.
+    log: &'a PeerLog,
     structured: bool,
     workers_max: usize,
     state: Mutex<State>,
@@ -328,10 +332,18 @@ struct Pipeline<'a, S> {
 }
 
 impl<'a, S: Transport> Pipeline<'a, S> {
-    fn new(export: &'a dyn Export, structured: bool, config: &ServerConfig, stream: S, control: S) -> Self {
+    fn new(
+        export: &'a dyn Export,
+        structured: bool,
+        config: &ServerConfig,
+        log: &'a PeerLog,
+        stream: S,
+        control: S,
+    ) -> Self {
         let requests_max = config.requests_in_flight_max;
         Pipeline {
             export,
+            log,
             structured,
             workers_max: config.workers_per_connection_max,
             state: Mutex::new(State {
@@ -515,8 +527,17 @@ impl<'a, S: Transport> Pipeline<'a, S> {
                 let errno = export_errno(&error, fast_zero);
                 if errno == p::ENOTSUP {
                     debug!(handle, "fast zero declined: {}", error.message);
-                } else {
-                    warn!(handle, errno, "export operation failed: {error}");
+                } else if errno == p::ENOSPC {
+                    // A full disk is reported by the engine, once.
+                    debug!(handle, "no space: {}", error.message);
+                } else if self.log.allow() {
+                    // EIO is the server's failure (the device, damaged
+                    // data); the rest are the client's request refused.
+                    if errno == p::EIO {
+                        error!(handle, errno, "export operation failed: {error}");
+                    } else {
+                        warn!(handle, errno, "export operation failed: {error}");
+                    }
                 }
                 self.reply_error(scratch, delivery, handle, errno, &error.message);
             }
@@ -688,7 +709,7 @@ impl<'p, S: Transport> Requests<'_, 'p, '_, S> {
         // sends a 16-byte option here would otherwise wait for its reply while
         // we wait for 12 more bytes.
         let (magic, rest) = header.split_at_mut(4);
-        read_message_start(self.reader, magic)?;
+        self.read_request_start(magic)?;
         if magic != p::REQUEST_MAGIC.to_be_bytes() {
             let magic = u32::from_be_bytes(magic.try_into().unwrap());
             return Err(Hangup::Violation(format!("request magic {magic:#010x} is not NBD_REQUEST_MAGIC")));
@@ -704,6 +725,27 @@ impl<'p, S: Transport> Requests<'_, 'p, '_, S> {
                 p::PAYLOAD_BYTES_MAX
             ))),
             Err(Refusal::Reply { errno, fault }) => self.refuse(&request, errno, fault),
+        }
+    }
+
+    /// Waits for the next request's first bytes. A read timing out is the
+    /// idle timeout (`enter_transmission` set it as the socket's read
+    /// timeout): the connection is idle, and closed, only if none of its
+    /// requests is in flight; otherwise the client is waiting for us.
+    fn read_request_start(&mut self, magic: &mut [u8]) -> Result<()> {
+        loop {
+            match read_message_start(self.reader, magic) {
+                Err(Hangup::Io(error))
+                    if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
+                {
+                    if self.pipeline.requests_in_flight() > 0 {
+                        continue;
+                    }
+                    let timeout = self.reader.get_ref().idle_timeout()?;
+                    return Err(Hangup::Idle(timeout));
+                }
+                result => return result,
+            }
         }
     }
 
@@ -753,7 +795,9 @@ impl<'p, S: Transport> Requests<'_, 'p, '_, S> {
     }
 
     fn refuse(&mut self, request: &RequestHeader, errno: u32, fault: p::RequestFault) -> Result<()> {
-        warn!(handle = request.handle, errno, "invalid request from client: {fault}");
+        if self.pipeline.log.allow() {
+            warn!(handle = request.handle, errno, "invalid request from client: {fault}");
+        }
         if request.command == p::CMD_WRITE {
             // Stay in step with the stream: the payload follows regardless.
             // `validate_request` bounded it by PAYLOAD_BYTES_MAX.

@@ -513,7 +513,7 @@ fn stalled_handshakes_time_out() {
 }
 
 #[test]
-fn connections_beyond_the_limit_are_refused_cleanly() {
+fn connections_beyond_the_limit_are_refused_with_a_message() {
     let config = ServerConfig { connections_max: 2, ..ServerConfig::default() };
     let server = TestServer::with_config(config);
     let mut first = RawClient::tcp(server.address);
@@ -522,10 +522,20 @@ fn connections_beyond_the_limit_are_refused_cleanly() {
     second.recv(18);
     assert_eq!(server.server.connection_count(), 2);
 
+    for mut refused in [RawClient::tcp(server.address), RawClient::unix(&server.socket)] {
+        assert_eq!(refused.expect_refused(), "server full: 2 connections (limit 2); try again later");
+    }
+    // NBD_OPT_EXPORT_NAME has no error reply: a refused one is hung up on.
     let mut refused = RawClient::tcp(server.address);
+    refused.start(p::FLAG_C_FIXED_NEWSTYLE);
+    refused.send_option(p::OPT_EXPORT_NAME, DISK.as_bytes());
     refused.expect_closed();
-    let mut refused = RawClient::unix(&server.socket);
-    refused.expect_closed();
+    // So is one that says nothing, once the refusal's deadline passes.
+    let started = Instant::now();
+    let mut silent = RawClient::tcp(server.address);
+    silent.recv(18);
+    silent.expect_closed();
+    assert!(started.elapsed() < CLIENT_TIMEOUT);
 
     // A slot frees up once a client leaves.
     second.send(&p::FLAG_C_FIXED_NEWSTYLE.to_be_bytes());
@@ -535,6 +545,85 @@ fn connections_beyond_the_limit_are_refused_cleanly() {
     third.connect_export(DISK, SIMPLE);
     assert_healthy(&mut third, 26);
     assert_healthy(&mut first, 27);
+}
+
+#[test]
+fn idle_view_connections_from_one_address_do_not_lock_out_another() {
+    // The defaults: no address may take more than its share.
+    let config = ServerConfig::default();
+    let server = TestServer::with_config(config);
+    let here = "127.0.0.1".parse().unwrap();
+    let mut idle = Vec::new();
+    let mut refused = 0;
+    for _ in 0..64 {
+        let mut client = RawClient::tcp_from(here, server.address);
+        if idle.len() < config.connections_per_client_max {
+            client.connect_export(READ_ONLY, SIMPLE);
+            idle.push(client);
+        } else {
+            let message = client.expect_refused();
+            assert_eq!(
+                message,
+                format!(
+                    "server full for 127.0.0.1: {0} connections from it (limit {0} per client); close one and try \
+                     again",
+                    config.connections_per_client_max
+                )
+            );
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 64 - config.connections_per_client_max);
+    let mut other = RawClient::tcp_from("127.0.0.2".parse().unwrap(), server.address);
+    other.connect_export(DISK, SIMPLE);
+    assert_healthy(&mut other, 28);
+    // The Unix socket's users are limited the same way, by user id.
+    let config = ServerConfig { connections_per_client_max: 1, ..ServerConfig::default() };
+    let server = TestServer::with_config(config);
+    let mut first = RawClient::unix(&server.socket);
+    first.connect_export(DISK, SIMPLE);
+    let message = RawClient::unix(&server.socket).expect_refused();
+    assert!(message.starts_with("server full for Unix socket user "), "{message}");
+    let mut by_tcp = RawClient::tcp(server.address);
+    by_tcp.connect_export(DISK, SIMPLE);
+    assert_healthy(&mut by_tcp, 29);
+}
+
+#[test]
+fn idle_view_connections_are_closed_after_the_idle_timeout() {
+    let idle_timeout = Duration::from_millis(300);
+    let config =
+        ServerConfig { connections_max: 4, idle_timeout_read_only: Some(idle_timeout), ..ServerConfig::default() };
+    assert_eq!(config.idle_timeout, None, "writable exports have no idle timeout by default");
+    let server = TestServer::with_config(config);
+    let mut live = RawClient::tcp(server.address);
+    live.connect_export(DISK, SIMPLE);
+    let started = Instant::now();
+    let views: Vec<RawClient> = (0..3)
+        .map(|_| {
+            let mut view = RawClient::tcp(server.address);
+            view.connect_export(READ_ONLY, SIMPLE);
+            view
+        })
+        .collect();
+    assert!(RawClient::tcp(server.address).expect_refused().starts_with("server full: 4 connections"));
+    for mut view in views {
+        view.expect_closed();
+    }
+    assert!(started.elapsed() >= idle_timeout);
+    // Now there is room, and the idle writable connection was left alone.
+    let mut busy = RawClient::tcp(server.address);
+    busy.connect_export(READ_ONLY, SIMPLE);
+    live.expect_nothing_pending();
+    assert_healthy(&mut live, 30);
+    // A view that keeps asking stays past the timeout: each request resets
+    // its clock. (The pauses are the client's behaviour under test.)
+    let started = Instant::now();
+    while started.elapsed() < 3 * idle_timeout {
+        busy.read(0, 512).expect("a view that keeps reading is served");
+        std::thread::sleep(idle_timeout / 4);
+    }
+    busy.expect_closed();
 }
 
 #[test]

@@ -389,6 +389,20 @@ impl RawClient {
         RawClient { stream: Stream::Tcp(stream), next_handle: 1 }
     }
 
+    /// Connects from a chosen local address, such as 127.0.0.2: every
+    /// 127.0.0.0/8 address is this host, and to the server another client.
+    pub fn tcp_from(local: std::net::IpAddr, address: SocketAddr) -> Self {
+        use rustix::net::{bind, connect, socket, AddressFamily, SocketType};
+        let family = if local.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
+        let socket = socket(family, SocketType::STREAM, None).expect("socket");
+        bind(&socket, &SocketAddr::new(local, 0)).expect("bind the client's address");
+        connect(&socket, &address).expect("connect");
+        let stream = TcpStream::from(socket);
+        stream.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
+        stream.set_write_timeout(Some(CLIENT_TIMEOUT)).unwrap();
+        RawClient { stream: Stream::Tcp(stream), next_handle: 1 }
+    }
+
     pub fn unix(path: &std::path::Path) -> Self {
         let stream = UnixStream::connect(path).expect("connect");
         stream.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
@@ -424,6 +438,20 @@ impl RawClient {
             Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
             Err(e) => panic!("expected the server to close the connection, got {e}"),
         }
+    }
+
+    /// Asserts the server refuses this connection the NBD way: a greeting,
+    /// then `NBD_REP_ERR_POLICY` with a message for an option, and an ACK for
+    /// `NBD_OPT_ABORT`, after which it closes. Returns the message.
+    pub fn expect_refused(&mut self) -> String {
+        self.start(p::FLAG_C_FIXED_NEWSTYLE | p::FLAG_C_NO_ZEROES);
+        let replies = self.option(p::OPT_GO, &info_data(DISK, &[]));
+        assert_eq!(replies.len(), 1, "{replies:?}");
+        assert_eq!(replies[0].reply_type, p::REP_ERR_POLICY);
+        let message = String::from_utf8(replies[0].data.clone()).expect("a UTF-8 message");
+        assert_eq!(self.option(p::OPT_ABORT, &[])[0].reply_type, p::REP_ACK);
+        self.expect_closed();
+        message
     }
 
     /// Reads the greeting and sends client flags.
