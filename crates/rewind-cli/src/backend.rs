@@ -2,9 +2,8 @@
 //! when none answers — directly on the data directory, with the same results.
 
 use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -17,8 +16,8 @@ use rewind_access::{GrantInfo, Grants, TokenInfo, TokenSpec, Tokens, ADMIN_TOKEN
 use rewind_engine::{BookmarkName, InUse, Node, NodeConfig, RepairMode};
 use rewind_http::api::{
     kept_write, time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory, ErrorBody,
-    GcEvent, GcReport, Health, ImportSummary, KeptWrite, NodeReport, RepairSummary, Timeline, UpdateVolume, ViewInfo,
-    VolumeDetail, VolumeInfo, VolumeReport,
+    GcEvent, GcReport, Health, ImportSummary, JobInfo, KeptWrite, NodeReport, RepairSummary, Timeline, UpdateVolume,
+    ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -30,7 +29,7 @@ pub trait Backend {
     fn list_volumes(&self) -> Result<Vec<VolumeInfo>>;
     fn create_volume(&self, request: &CreateVolume) -> Result<VolumeInfo>;
     /// Creates `request`'s volume with the file's size and imports the file into it.
-    fn import_volume(&self, request: &CreateVolume, file: &Path) -> Result<ImportSummary>;
+    fn import_volume(&self, request: &CreateVolume, file: &Path, progress: Progress) -> Result<ImportSummary>;
     fn volume(&self, name: &str) -> Result<VolumeDetail>;
     fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo>;
     fn delete_volume(&self, name: &str, in_use: InUse) -> Result<()>;
@@ -100,6 +99,13 @@ pub fn local(data_dir: &Path, creates: bool) -> Result<Box<dyn Backend>> {
     let local = LocalBackend::open(data_dir)
         .with_context(|| format!("the data directory {} cannot be used directly", data_dir.display()))?;
     Ok(Box::new(local))
+}
+
+/// Whether a long command shows a progress bar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    Quiet,
+    Bar,
 }
 
 fn progress_bar(total: u64, what: &str) -> ProgressBar {
@@ -218,17 +224,28 @@ impl HttpBackend {
     }
 }
 
-/// Counts bytes through a progress bar.
-struct ProgressReader<R> {
-    inner: R,
-    bar: ProgressBar,
-}
+/// How often `volume import --progress` asks the server how its import is doing.
+const JOB_POLL_PERIOD: Duration = Duration::from_millis(250);
 
-impl<R: Read> Read for ProgressReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let count = self.inner.read(buf)?;
-        self.bar.inc(count as u64);
-        Ok(count)
+/// Shows the server's view of the import of `volume` on `bar` (waiting for
+/// a slot, or how much is imported) until `stop` says the upload is over.
+fn watch_import(jobs: impl Fn() -> WithoutBody, volume: String, bar: ProgressBar, stop: mpsc::Receiver<()>) {
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(JOB_POLL_PERIOD) {
+        let Ok(mut response) = jobs().call() else { continue };
+        if !response.status().is_success() {
+            continue;
+        }
+        let Ok(jobs) = response.body_mut().read_json::<Vec<JobInfo>>() else { continue };
+        // Newest first: the first unfinished one for this volume is ours.
+        let ours = |job: &&JobInfo| job.volume == volume && matches!(job.state.as_str(), "waiting" | "running");
+        let Some(job) = jobs.iter().find(ours) else { continue };
+        match job.waiting_behind {
+            Some(ahead) => bar.set_message(format!("waiting for an import slot ({ahead} ahead)")),
+            None => {
+                bar.set_message("importing");
+                bar.set_position(job.bytes_done);
+            }
+        }
     }
 }
 
@@ -245,21 +262,30 @@ impl Backend for HttpBackend {
         self.post("/v1/volumes", request)
     }
 
-    fn import_volume(&self, volume: &CreateVolume, file: &Path) -> Result<ImportSummary> {
-        let source = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+    fn import_volume(&self, volume: &CreateVolume, file: &Path, progress: Progress) -> Result<ImportSummary> {
+        let mut source = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
         let size_bytes = source.metadata()?.len();
-        let bar = progress_bar(size_bytes, "importing");
-        let mut reader = ProgressReader { inner: source, bar: bar.clone() };
+        let watcher = (progress == Progress::Bar).then(|| {
+            let bar = progress_bar(size_bytes, "starting");
+            let (stop, stopped) = mpsc::channel();
+            let (agent, url, authorization) = (self.agent.clone(), self.url("/v1/jobs"), self.authorization());
+            let jobs = move || agent.get(&url).header("Authorization", &authorization);
+            let name = volume.name.clone();
+            let thread = std::thread::spawn({
+                let bar = bar.clone();
+                move || watch_import(jobs, name, bar, stopped)
+            });
+            (bar, stop, thread)
+        });
         let mut request = self.post_request(&format!("/v1/volumes/{}/import", volume.name));
-        let policy = &volume.policy;
         let block_size = volume.block_size.map(|bytes| bytes.to_string());
         let fields = [
             ("block_size", &block_size),
             ("layout", &volume.layout),
             ("cache", &volume.cache),
-            ("granularity", &policy.granularity),
-            ("retention", &policy.retention),
-            ("space_max", &policy.space_max),
+            ("granularity", &volume.granularity),
+            ("retention", &volume.retention),
+            ("space_max", &volume.space_max),
         ];
         for (key, value) in fields {
             if let Some(value) = value {
@@ -269,9 +295,13 @@ impl Backend for HttpBackend {
         let response = request
             .header("Content-Length", size_bytes.to_string())
             .header("Content-Type", "application/octet-stream")
-            .send(ureq::SendBody::from_reader(&mut reader))?;
-        bar.finish_and_clear();
-        self.decode(response)
+            .send(ureq::SendBody::from_reader(&mut source));
+        if let Some((bar, stop, thread)) = watcher {
+            let _ = stop.send(());
+            let _ = thread.join();
+            bar.finish_and_clear();
+        }
+        self.decode(response?)
     }
 
     fn volume(&self, name: &str) -> Result<VolumeDetail> {
@@ -420,14 +450,20 @@ impl Backend for LocalBackend {
         Ok(VolumeInfo::of(&volume))
     }
 
-    fn import_volume(&self, request: &CreateVolume, file: &Path) -> Result<ImportSummary> {
+    fn import_volume(&self, request: &CreateVolume, file: &Path, progress: Progress) -> Result<ImportSummary> {
         let mut source = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
         let size_bytes = source.metadata()?.len();
         let request = CreateVolume { size_bytes, ..request.clone() };
         let volume = self.node.create_volume(request.spec().map_err(|error| anyhow!(error))?, now())?;
-        let bar = progress_bar(size_bytes, "importing");
-        let result = volume.import(now(), &mut source, &mut |done| bar.set_position(done));
-        bar.finish_and_clear();
+        let bar = (progress == Progress::Bar).then(|| progress_bar(size_bytes, "importing"));
+        let result = volume.import(now(), &mut source, &mut |done| {
+            if let Some(bar) = &bar {
+                bar.set_position(done);
+            }
+        });
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
         match result {
             Ok(report) => Ok(ImportSummary {
                 volume: VolumeInfo::of(&volume),

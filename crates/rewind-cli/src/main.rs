@@ -3,6 +3,7 @@
 
 mod backend;
 mod lab;
+mod limits;
 mod output;
 mod serve;
 mod tls;
@@ -257,14 +258,10 @@ impl ShapeArgs {
             block_size: Some(parse_block_size(block_size)?),
             layout: Some(self.layout),
             cache: self.cache,
-            policy: policy.into(),
+            granularity: Some(policy.granularity),
+            retention: Some(policy.retention),
+            space_max: Some(policy.space_max),
         })
-    }
-}
-
-impl From<PolicyArgs> for Policy {
-    fn from(args: PolicyArgs) -> Policy {
-        Policy { granularity: Some(args.granularity), retention: Some(args.retention), space_max: Some(args.space_max) }
     }
 }
 
@@ -292,6 +289,10 @@ enum VolumeCommand {
         shape: ShapeArgs,
         #[command(flatten)]
         policy: PolicyArgs,
+        /// Show a progress bar (and, with a server, whether the import waits
+        /// for a slot: a few run at once).
+        #[arg(long)]
+        progress: bool,
         #[arg(long)]
         json: bool,
     },
@@ -552,9 +553,10 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
             );
             Ok(())
         }
-        VolumeCommand::Import { name, file, shape, policy, json } => {
+        VolumeCommand::Import { name, file, shape, policy, progress, json } => {
             let request = shape.request(name, 0, policy)?;
-            let summary = backend.import_volume(&request, &file)?;
+            let progress = if progress { backend::Progress::Bar } else { backend::Progress::Quiet };
+            let summary = backend.import_volume(&request, &file, progress)?;
             if json {
                 return output::json(&summary);
             }

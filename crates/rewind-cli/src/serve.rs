@@ -16,7 +16,9 @@ use rewind_engine::{Node, NodeConfig, Reserve, Timestamp};
 use rewind_http::{AllowedHosts, ApiState, Door, HttpConfig};
 use rewind_io::OsStorage;
 use rewind_nbd::engine::{AccessPolicy, EngineCatalog};
-use rewind_nbd::{NbdTls, Server, ServerConfig, TlsMode};
+use rewind_nbd::{NbdTls, Server, TlsMode};
+
+use crate::limits::{self, LimitArgs};
 
 /// Held by whoever uses a data directory, so two processes never do.
 pub const LOCK_FILE: &str = "rewind.lock";
@@ -102,6 +104,8 @@ pub struct ServeArgs {
     /// Longest an API request body (an import) may stall without sending.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     http_body_timeout: Duration,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// Serve NBD or the API on a non-loopback address without TLS (NBD: TLS
     /// required with client certificates; API: HTTPS).
     #[arg(long)]
@@ -209,13 +213,9 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         (Some(cert), Some(key)) => Some(crate::tls::server(cert, key, args.tls_ca.as_deref())?),
         _ => None,
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rustls=error")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    limits::init_logging(args.limits.log_format);
+    let nbd_listeners = 1 + usize::from(args.nbd_unix.is_some());
+    let limits = args.limits.apply(nbd_listeners, tls.is_some())?;
     let storage = OsStorage::new(data_dir).with_context(|| format!("cannot use {}", data_dir.display()))?;
     let _lock = storage
         .lock_exclusive(LOCK_FILE)
@@ -235,7 +235,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     let policy =
         AccessPolicy::Grants { grants: Arc::clone(&grants), client_certificates_required: args.tls_verify_peer };
     let catalog = EngineCatalog::with_policy(Arc::clone(&node), policy);
-    let mut nbd = Server::new(Arc::new(catalog), ServerConfig::default());
+    let mut nbd = Server::new(Arc::new(catalog), limits.nbd);
     if let Some(tls) = &tls {
         nbd = nbd.with_tls(NbdTls { mode: args.tls_mode(), config: Arc::clone(&tls.nbd) });
     }
@@ -270,7 +270,13 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         })?
     };
 
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // Blocking work is bounded by kind (rewind_http's `jobs` module); the
+    // pool is sized to match, so it never grows a thread per slow client.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(limits.api.blocking_threads_max())
+        .enable_all()
+        .build()?;
     let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.http)
             .await
@@ -300,9 +306,16 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
             allowed_hosts: AllowedHosts::new(args.http.ip(), &args.http_allowed_hosts),
             https: tls.is_some(),
         };
-        let state = ApiState { node: Arc::clone(&node), nbd_address: Some(nbd_address.to_string()), door, grants };
+        let state = ApiState {
+            node: Arc::clone(&node),
+            nbd_address: Some(nbd_address.to_string()),
+            door,
+            grants,
+            limits: limits.api,
+        };
         let http_config = HttpConfig {
-            connections_max: args.http_connections_max.max(1),
+            // Within the file descriptor budget (`limits`), whatever is asked.
+            connections_max: args.http_connections_max.min(limits.http_connections_max).max(1),
             header_timeout: args.http_header_timeout.max(Duration::from_millis(1)),
             body_stall_timeout: args.http_body_timeout.max(Duration::from_millis(1)),
             tls: tls.as_ref().map(|tls| Arc::clone(&tls.http)),

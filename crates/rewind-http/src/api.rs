@@ -302,7 +302,12 @@ pub struct VolumeDetail {
     pub stats: Stats,
 }
 
+/// `POST /v1/volumes`. Unknown fields are refused, naming the field: a
+/// misspelt `"layuot"` must not quietly create a volume of the default
+/// layout. (The policy fields are spelt out rather than a flattened
+/// `Policy`: serde's `deny_unknown_fields` does not work with `flatten`.)
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct CreateVolume {
     pub name: String,
     pub size_bytes: u64,
@@ -314,15 +319,29 @@ pub struct CreateVolume {
     /// The controller cache of split-stream, split-down-stream and checkpointing, e.g. `64MiB` (the default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<String>,
-    #[serde(flatten)]
-    pub policy: Policy,
+    /// See [`Policy`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granularity: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space_max: Option<String>,
 }
 
 impl CreateVolume {
+    /// What history the new volume keeps.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            granularity: self.granularity.clone(),
+            retention: self.retention.clone(),
+            space_max: self.space_max.clone(),
+        }
+    }
+
     /// The engine's spec: 4 KiB blocks, every write and all history kept,
     /// unless asked otherwise.
     pub fn spec(&self) -> Result<VolumeSpec, String> {
-        let policy = self.policy.parse()?;
+        let policy = self.policy().parse()?;
         Ok(VolumeSpec {
             name: VolumeName::new(&self.name).map_err(|error| error.to_string())?,
             size_bytes: self.size_bytes,
@@ -342,6 +361,7 @@ impl CreateVolume {
 /// What history a volume keeps, as people write it; what is absent stays
 /// as it is (or takes the default).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
 pub struct Policy {
     /// `0` (every write, the default) or a duration like `5m`.
     pub granularity: Option<String>,
@@ -367,8 +387,13 @@ impl Policy {
     }
 }
 
-/// `PATCH /v1/volumes/{name}`: what to change.
+/// `PATCH /v1/volumes/{name}`: what to change. At least one field; the
+/// server refuses fields that are not here, naming them, and says so
+/// plainly for those fixed at creation ([`FIXED_AT_CREATION`]).
 pub type UpdateVolume = Policy;
+
+/// Fields of [`CreateVolume`] that no PATCH can change.
+pub const FIXED_AT_CREATION: [&str; 5] = ["name", "size_bytes", "block_size", "layout", "cache"];
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BookmarkInfo {
@@ -391,6 +416,7 @@ impl BookmarkInfo {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct CreateBookmark {
     pub name: String,
     /// Any time expression (see `rewind help times`); now if absent.
@@ -484,7 +510,9 @@ pub struct ImportSummary {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ErrorBody {
     pub error: String,
-    /// Stable, machine-readable kind: not_found, conflict, invalid, unavailable, corrupt, io.
+    /// Stable, machine-readable kind: not_found, conflict, invalid,
+    /// unavailable, corrupt, io, or busy (a limit on concurrent work, such
+    /// as imports, is reached: try again later).
     pub kind: String,
 }
 
@@ -498,9 +526,32 @@ pub struct CreatedToken {
 
 /// `DELETE /v1/access?volume=V&identity=I`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct RevokeGrant {
     pub volume: String,
     pub identity: String,
+}
+
+/// A piece of slow work the server runs for a client: `GET /v1/jobs`,
+/// `GET /v1/jobs/{id}`. Imports are jobs: a few run at once
+/// (`rewind serve --imports-max`), more wait their turn.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JobInfo {
+    pub id: u64,
+    /// `import`.
+    pub kind: String,
+    pub volume: String,
+    /// `waiting`, `running`, `done` or `failed`.
+    pub state: String,
+    /// While waiting: how many jobs of its kind wait ahead of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_behind: Option<u64>,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    /// When it was asked for.
+    pub submitted: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

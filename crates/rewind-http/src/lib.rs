@@ -6,7 +6,7 @@
 //! | GET | `/v1/health` | liveness and version |
 //! | GET, POST | `/v1/volumes` | list volumes; create one (`CreateVolume`) |
 //! | GET, PATCH, DELETE | `/v1/volumes/{name}` | details and stats; change the policy (`UpdateVolume`); delete with all history |
-//! | POST | `/v1/volumes/{name}/import?block_size=N&layout=L&granularity=G&retention=R&space_max=S` | create from a raw image sent as the body |
+//! | POST | `/v1/volumes/{name}/import?block_size=N&layout=L&cache=C&granularity=G&retention=R&space_max=S` | create from a raw image sent as the body, as a job (a few at a time; 503 `busy` when too many wait) |
 //! | GET | `/v1/volumes/{name}/timeline?bucket_seconds=N` | write activity and bookmarks |
 //! | GET | `/v1/volumes/{name}/writes` | the writes its history keeps, oldest first, as newline-delimited JSON (`KeptWrite` per line: what `rewind trace export` writes as a trace) |
 //! | GET, POST | `/v1/volumes/{name}/bookmarks` | list; create (`CreateBookmark`) |
@@ -16,6 +16,7 @@
 //! | GET | `/v1/volumes/{name}/stats` | the volume's history measured now, and its device I/O by store (`VolumeReport`) |
 //! | GET | `/v1/stats` | the chunk store and every volume (`NodeReport`) |
 //! | POST | `/v1/gc` | garbage-collect now; progress, then the result, as newline-delimited JSON (`GcEvent`) |
+//! | GET | `/v1/jobs`, `/v1/jobs/{id}` | imports running, waiting and recently finished, with progress (`JobInfo`) |
 //! | GET | `/metrics` | Prometheus text format |
 //! | GET, POST | `/v1/tokens` | list API tokens; create one (`TokenSpec` → `CreatedToken`, shown once) — admin token only |
 //! | DELETE | `/v1/tokens/{id}` | revoke a token — admin token only |
@@ -27,19 +28,27 @@
 //! longest idle connection first, header/body/write timeouts, HTTPS).
 //!
 //! Engine calls block on disk I/O, so handlers run them on tokio's blocking
-//! pool. Errors come back as `ErrorBody` with a status that fits: 404 for
-//! unknown names, 409 for duplicates, 400 for bad input, 503 for a poisoned
-//! volume or chunk store, 500 for corruption and I/O errors; 401 without a
-//! valid token, 403 for what a token may not do (or a foreign Host or
-//! Origin), 415 for a form or text/plain body on a request that changes
-//! something.
+//! pool, within bounds: imports and other slow work get a few threads of
+//! their own so quick requests always find one (`jobs`). Input is strict:
+//! unknown JSON fields and query parameters are refused naming them, JSON
+//! bodies are at most `JSON_BODY_BYTES_MAX` (64 KiB), and a PATCH that would
+//! change nothing says why. Errors come back as `ErrorBody` with a status
+//! that fits: 404 for unknown names, 409 for duplicates and volumes in use,
+//! 400 for bad input (413 for a JSON body too large), 503 for a poisoned
+//! volume or chunk store and, with `Retry-After`, for too many imports
+//! (`busy`), 500 for corruption and I/O errors; 401 without a valid token,
+//! 403 for what a token may not do (or a foreign Host or Origin), 415 for a
+//! body that is not JSON where JSON is expected (a form or text/plain body
+//! on a request that changes something among them).
 
 pub mod api;
 mod auth;
 mod edge;
+mod jobs;
 mod metrics;
 mod server;
 
 pub use auth::{AllowedHosts, Door};
 pub use edge::HttpConfig;
-pub use server::{router, serve, ApiState};
+pub use jobs::{ApiLimits, QUICK_THREADS};
+pub use server::{router, serve, ApiState, JSON_BODY_BYTES_MAX};

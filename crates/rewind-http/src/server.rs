@@ -5,14 +5,16 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Extension, Json, Router};
 use futures_util::StreamExt;
 use jiff::tz::TimeZone;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
@@ -21,11 +23,17 @@ use rewind_engine::{BookmarkName, EngineError, InUse, Node, RepairMode, Timestam
 
 use crate::api::{
     time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent,
-    Health, ImportSummary, NodeReport, Policy, RepairSummary, RevokeGrant, Timeline, UpdateVolume, ViewInfo,
-    VolumeDetail, VolumeInfo, VolumeReport,
+    Health, ImportSummary, JobInfo, NodeReport, RepairSummary, RevokeGrant, Timeline, UpdateVolume, ViewInfo,
+    VolumeDetail, VolumeInfo, VolumeReport, FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
+use crate::jobs::{ApiLimits, Jobs, IMPORT_CHUNKS_QUEUED};
+
+/// The most bytes of a JSON request body. Every body but an import's is a
+/// small object (a volume's name and policy, a bookmark, a token); an
+/// import streams.
+pub const JSON_BODY_BYTES_MAX: usize = 64 * 1024;
 
 /// What the handlers share.
 pub struct ApiState {
@@ -37,6 +45,8 @@ pub struct ApiState {
     pub door: Door,
     /// NBD access grants, managed here and read by the NBD catalog.
     pub grants: Arc<Grants>,
+    /// How much slow work (imports, gc, stats) runs at once (`crate::jobs`).
+    pub limits: ApiLimits,
 }
 
 type Shared = Arc<ApiState>;
@@ -50,6 +60,12 @@ pub enum ApiError {
     Engine(EngineError),
     Access(AccessError),
     Forbidden(String),
+    /// Refused before reaching the engine: bad input, or too much work.
+    Request {
+        status: StatusCode,
+        kind: &'static str,
+        message: String,
+    },
 }
 
 impl From<EngineError> for ApiError {
@@ -69,6 +85,13 @@ impl IntoResponse for ApiError {
         let error = match self {
             ApiError::Engine(error) => error,
             ApiError::Forbidden(message) => return auth::refusal(StatusCode::FORBIDDEN, "forbidden", message),
+            ApiError::Request { status, kind, message } => {
+                let mut response = auth::refusal(status, kind, message);
+                if status == StatusCode::SERVICE_UNAVAILABLE {
+                    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("10"));
+                }
+                return response;
+            }
             ApiError::Access(error) => {
                 let (status, kind) = match &error {
                     AccessError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
@@ -115,7 +138,56 @@ fn invalid(message: String) -> ApiError {
     ApiError::Engine(EngineError::InvalidArgument(message))
 }
 
-/// Runs blocking engine work off the async threads.
+/// A JSON body, strictly: unknown fields are refused naming the field (the
+/// wire types deny them), and every refusal is an `ErrorBody`, not axum's
+/// plain text. At most `JSON_BODY_BYTES_MAX` bytes (the router's limit).
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let json =
+            request.headers().get(header::CONTENT_TYPE).and_then(|value| value.to_str().ok()).is_some_and(|value| {
+                let essence = value.split(';').next().unwrap_or_default().trim();
+                essence.eq_ignore_ascii_case("application/json") || essence.ends_with("+json")
+            });
+        if !json {
+            return Err(ApiError::Request {
+                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                kind: "invalid",
+                message: "send the body as JSON, with Content-Type: application/json".into(),
+            });
+        }
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| ApiError::Request {
+            status: rejection.status(),
+            kind: "invalid",
+            message: if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                format!("the request body is larger than the {JSON_BODY_BYTES_MAX} bytes any JSON request needs")
+            } else {
+                rejection.body_text()
+            },
+        })?;
+        serde_json::from_slice(&bytes).map(ApiJson).map_err(|error| invalid(format!("request body: {error}")))
+    }
+}
+
+/// Query parameters, strictly: unknown ones are refused, naming them.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        match Query::<T>::try_from_uri(&parts.uri) {
+            Ok(Query(query)) => Ok(ApiQuery(query)),
+            // "Failed to deserialize query string: unknown field `x`, expected …"
+            Err(rejection) => Err(invalid(rejection.body_text())),
+        }
+    }
+}
+
+/// Runs quick blocking engine work off the async threads.
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
 ) -> Result<T, ApiError> {
@@ -125,13 +197,30 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
+/// Runs slow blocking engine work, once one of the few threads for slow
+/// work is free (see `crate::jobs`).
+async fn slow<T: Send + 'static>(
+    jobs: &Jobs,
+    work: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let permit = jobs.slow_permit().await;
+    // Held by the work itself: it runs on even if the client goes away.
+    blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
+}
+
 /// The API: every route behind the guard (`crate::auth`), with the checks
 /// that depend on the route in layers of their own.
 pub fn router(state: ApiState) -> Router {
     let door = Arc::new(state.door.clone());
+    let jobs = Arc::new(Jobs::new(state.limits));
     // A token limited to some volumes sees no other (404, as if absent).
     let volume_routes = Router::new()
         .route("/v1/volumes/{name}", get(volume_detail).patch(update_volume).delete(delete_volume))
+        // An import streams its body however large; every other body is small JSON.
         .route("/v1/volumes/{name}/import", post(import_volume).layer(DefaultBodyLimit::disable()))
         .route("/v1/volumes/{name}/timeline", get(timeline))
         .route("/v1/volumes/{name}/writes", get(write_history))
@@ -145,6 +234,8 @@ pub fn router(state: ApiState) -> Router {
     let node_routes = Router::new()
         .route("/v1/stats", get(node_stats))
         .route("/v1/gc", post(collect_garbage))
+        .route("/v1/jobs", get(list_jobs))
+        .route("/v1/jobs/{id}", get(job))
         .route("/metrics", get(crate::metrics::metrics))
         .route_layer(middleware::from_fn(auth::node_wide));
     let admin_routes = Router::new()
@@ -159,6 +250,8 @@ pub fn router(state: ApiState) -> Router {
         .merge(node_routes)
         .merge(admin_routes)
         .with_state(Arc::new(state))
+        .layer(Extension(jobs))
+        .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX))
         .layer(middleware::from_fn_with_state(door, auth::guard))
 }
 
@@ -215,7 +308,7 @@ fn may_create(principal: &Principal, name: &str) -> Result<(), ApiError> {
 async fn create_volume(
     State(state): State<Shared>,
     Extension(principal): Extension<Principal>,
-    Json(request): Json<CreateVolume>,
+    ApiJson(request): ApiJson<CreateVolume>,
 ) -> Result<(StatusCode, Json<VolumeInfo>), ApiError> {
     may_create(&principal, &request.name)?;
     let node = Arc::clone(&state.node);
@@ -234,12 +327,33 @@ async fn volume_detail(State(state): State<Shared>, Path(name): Path<String>) ->
     .map(Json)
 }
 
+/// Changes what history a volume keeps. Every PATCH changes what it names
+/// or says why not: a field fixed at creation, an unknown field and an
+/// empty body are refused, each with its reason.
 async fn update_volume(
     State(state): State<Shared>,
     Path(name): Path<String>,
-    Json(request): Json<UpdateVolume>,
+    ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<Json<VolumeInfo>, ApiError> {
     let node = Arc::clone(&state.node);
+    let example = r#"{"retention": "all:6h, 10m:14d"}"#;
+    let Some(fields) = body.as_object() else {
+        return Err(invalid(format!("request body: expected a JSON object such as {example}")));
+    };
+    if let Some(fixed) = FIXED_AT_CREATION.iter().find(|field| fields.contains_key(**field)) {
+        return Err(invalid(format!(
+            "{fixed} cannot be changed: a volume's name, size, block size, layout and cache are fixed when it is \
+             created (import or copy it into a new volume instead); PATCH changes granularity, retention and \
+             space_max"
+        )));
+    }
+    let request: UpdateVolume =
+        serde_json::from_value(body).map_err(|error| invalid(format!("request body: {error}")))?;
+    if request.is_empty() {
+        return Err(invalid(format!(
+            "nothing to change: name at least one of granularity, retention and space_max, e.g. {example}"
+        )));
+    }
     let change = request.parse().map_err(invalid)?;
     blocking(move || {
         let volume = node.volume(&name)?;
@@ -251,6 +365,7 @@ async fn update_volume(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct DeleteQuery {
     /// Delete even with clients connected (they get errors from then on).
     #[serde(default)]
@@ -260,7 +375,7 @@ struct DeleteQuery {
 async fn delete_volume(
     State(state): State<Shared>,
     Path(name): Path<String>,
-    Query(query): Query<DeleteQuery>,
+    ApiQuery(query): ApiQuery<DeleteQuery>,
 ) -> Result<StatusCode, ApiError> {
     let node = Arc::clone(&state.node);
     let in_use = if query.force { InUse::Force } else { InUse::Refuse };
@@ -269,6 +384,7 @@ async fn delete_volume(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RepairQuery {
     /// Repair (otherwise only say what a repair would do).
     #[serde(default)]
@@ -278,25 +394,29 @@ struct RepairQuery {
     force: bool,
 }
 
+/// Rebuilding what is derived can read a whole journal: slow work.
 async fn repair_volume(
     State(state): State<Shared>,
+    Extension(jobs): Extension<Arc<Jobs>>,
     Path(name): Path<String>,
-    Query(query): Query<RepairQuery>,
+    ApiQuery(query): ApiQuery<RepairQuery>,
 ) -> Result<Json<RepairSummary>, ApiError> {
     let node = Arc::clone(&state.node);
     let mode = if query.apply { RepairMode::Apply } else { RepairMode::Plan };
     let in_use = if query.force { InUse::Force } else { InUse::Refuse };
-    let report = blocking(move || node.repair_volume(&name, mode, in_use, now())).await?;
+    let report = slow(&jobs, move || node.repair_volume(&name, mode, in_use, now())).await?;
     Ok(Json(RepairSummary::of(&report, !query.apply)))
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ImportQuery {
     block_size: Option<u32>,
     layout: Option<String>,
     cache: Option<String>,
-    #[serde(flatten)]
-    policy: Policy,
+    granularity: Option<String>,
+    retention: Option<String>,
+    space_max: Option<String>,
 }
 
 /// Bridges the async request body to the engine's blocking `Read`.
@@ -319,10 +439,15 @@ impl Read for BodyReader {
     }
 }
 
+/// Creates a volume from the raw image in the body, as a job (see
+/// `crate::jobs`): it waits for a running slot, then streams the body into
+/// the volume. All or nothing: a failed import leaves no volume. An upload
+/// that stalls fails after the edge's body stall timeout.
 async fn import_volume(
     State(state): State<Shared>,
+    Extension(jobs): Extension<Arc<Jobs>>,
     Path(name): Path<String>,
-    Query(query): Query<ImportQuery>,
+    ApiQuery(query): ApiQuery<ImportQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<ImportSummary>), ApiError> {
@@ -331,23 +456,56 @@ async fn import_volume(
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
         .ok_or_else(|| invalid("an import needs a Content-Length: the image's size is the volume's size".into()))?;
-    let spec = CreateVolume {
-        name: name.clone(),
-        size_bytes,
-        block_size: query.block_size,
-        layout: query.layout,
-        cache: query.cache,
-        policy: query.policy,
+    let ImportQuery { block_size, layout, cache, granularity, retention, space_max } = query;
+    let request =
+        CreateVolume { name: name.clone(), size_bytes, block_size, layout, cache, granularity, retention, space_max };
+    let spec = request.spec().map_err(invalid)?;
+    // Refused now rather than after waiting in line.
+    if node.volume(&name).is_ok() {
+        return Err(ApiError::Engine(EngineError::VolumeExists(name)));
     }
-    .spec()
-    .map_err(invalid)?;
-    let creator = Arc::clone(&node);
-    let volume = blocking(move || creator.create_volume(spec, now())).await?;
-    let (sender, chunks) = mpsc::channel(8);
-    let importer = Arc::clone(&volume);
+    let mut ticket = jobs.submit_import(&name, size_bytes, now()).map_err(|busy| {
+        let limits = jobs.limits();
+        ApiError::Request {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "busy",
+            message: format!(
+                "too many imports: {} running and {} waiting (at most {} run and {} wait; rewind serve \
+                 --imports-max); try again once one has finished (GET /v1/jobs shows them)",
+                busy.running, busy.waiting, limits.imports_max, limits.imports_waiting_max
+            ),
+        }
+    })?;
+    ticket.run(&jobs).await;
+    // Creating, importing and (on failure) deleting all happen on the
+    // blocking thread, so they finish even if the client goes away and this
+    // future is dropped: the upload then ends short, the import fails, and
+    // no half-imported volume is left behind.
+    let (sender, chunks) = mpsc::channel(IMPORT_CHUNKS_QUEUED);
     let import = tokio::task::spawn_blocking(move || {
+        let volume = match node.create_volume(spec, now()) {
+            Ok(volume) => volume,
+            Err(error) => {
+                ticket.finish(Err(error.to_string()));
+                return Err(error);
+            }
+        };
         let mut reader = BodyReader { chunks, current: Bytes::new() };
-        importer.import(now(), &mut reader, &mut |_| {})
+        let job = Arc::clone(&ticket.job);
+        match volume.import(now(), &mut reader, &mut |done| job.progress(done)) {
+            Ok(report) => {
+                ticket.finish(Ok(()));
+                Ok((volume, report))
+            }
+            Err(error) => {
+                // An import is all or nothing; the job ends once its volume is gone.
+                if let Err(delete) = node.delete_volume(&name, InUse::Force) {
+                    tracing::error!(volume = %name, error = %delete, "cannot delete a failed import");
+                }
+                ticket.finish(Err(error.to_string()));
+                Err(error)
+            }
+        }
     });
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
@@ -357,31 +515,39 @@ async fn import_volume(
         }
     }
     drop(sender);
-    let result = match import.await {
-        Ok(result) => result,
+    let (volume, report) = match import.await {
+        Ok(result) => result?,
         Err(join) => std::panic::resume_unwind(join.into_panic()),
     };
-    match result {
-        Ok(report) => Ok((
-            StatusCode::CREATED,
-            Json(ImportSummary {
-                volume: VolumeInfo::of(&volume),
-                bytes_read: report.bytes_read,
-                bytes_written: report.bytes_written,
-            }),
-        )),
-        Err(error) => {
-            // An import is all or nothing.
-            let name = volume.name().to_string();
-            blocking(move || node.delete_volume(&name, InUse::Force)).await?;
-            Err(ApiError::Engine(error))
-        }
-    }
+    Ok((
+        StatusCode::CREATED,
+        Json(ImportSummary {
+            volume: VolumeInfo::of(&volume),
+            bytes_read: report.bytes_read,
+            bytes_written: report.bytes_written,
+        }),
+    ))
 }
 
-async fn volume_stats(State(state): State<Shared>, Path(name): Path<String>) -> Result<Json<VolumeReport>, ApiError> {
+async fn list_jobs(Extension(jobs): Extension<Arc<Jobs>>) -> Json<Vec<JobInfo>> {
+    Json(jobs.list())
+}
+
+async fn job(Extension(jobs): Extension<Arc<Jobs>>, Path(id): Path<u64>) -> Result<Json<JobInfo>, ApiError> {
+    jobs.list().into_iter().find(|job| job.id == id).map(Json).ok_or_else(|| ApiError::Request {
+        status: StatusCode::NOT_FOUND,
+        kind: "not_found",
+        message: format!("no job {id}: finished jobs are forgotten after a while (GET /v1/jobs lists those kept)"),
+    })
+}
+
+async fn volume_stats(
+    State(state): State<Shared>,
+    Extension(jobs): Extension<Arc<Jobs>>,
+    Path(name): Path<String>,
+) -> Result<Json<VolumeReport>, ApiError> {
     let node = Arc::clone(&state.node);
-    blocking(move || {
+    slow(&jobs, move || {
         let volume = node.volume(&name)?;
         VolumeReport::of(&volume, &volume.measure_space(now())?)
     })
@@ -389,17 +555,22 @@ async fn volume_stats(State(state): State<Shared>, Path(name): Path<String>) -> 
     .map(Json)
 }
 
-async fn node_stats(State(state): State<Shared>) -> Result<Json<NodeReport>, ApiError> {
+async fn node_stats(
+    State(state): State<Shared>,
+    Extension(jobs): Extension<Arc<Jobs>>,
+) -> Result<Json<NodeReport>, ApiError> {
     let node = Arc::clone(&state.node);
-    blocking(move || NodeReport::measure(&node, now())).await.map(Json)
+    slow(&jobs, move || NodeReport::measure(&node, now())).await.map(Json)
 }
 
 /// Collects garbage now, streaming progress as newline-delimited JSON
 /// ([`GcEvent`]): the work can take minutes on a large store.
-async fn collect_garbage(State(state): State<Shared>) -> Response {
+async fn collect_garbage(State(state): State<Shared>, Extension(jobs): Extension<Arc<Jobs>>) -> Response {
     let node = Arc::clone(&state.node);
     let (sender, events) = mpsc::channel::<GcEvent>(16);
+    let permit = jobs.slow_permit().await;
     tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         let mut last_sent = std::time::Instant::now();
         let mut progress = |phase, done, total| {
             // Progress at most ten times a second; the bar interpolates.
@@ -428,6 +599,7 @@ fn tokio_stream_of<T: Send + 'static>(mut receiver: mpsc::Receiver<T>) -> impl f
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TimelineQuery {
     bucket_seconds: Option<u64>,
 }
@@ -435,7 +607,7 @@ struct TimelineQuery {
 async fn timeline(
     State(state): State<Shared>,
     Path(name): Path<String>,
-    Query(query): Query<TimelineQuery>,
+    ApiQuery(query): ApiQuery<TimelineQuery>,
 ) -> Result<Json<Timeline>, ApiError> {
     let node = Arc::clone(&state.node);
     let bucket_seconds = query.bucket_seconds.unwrap_or(60);
@@ -453,10 +625,14 @@ async fn timeline(
 /// The writes a volume's history keeps, oldest first, streamed as
 /// newline-delimited JSON ([`KeptWrite`](crate::api::KeptWrite) per line):
 /// a long history has millions, more than one JSON document should hold.
-async fn write_history(State(state): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
+async fn write_history(
+    State(state): State<Shared>,
+    Extension(jobs): Extension<Arc<Jobs>>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
     const WRITES_PER_CHUNK: usize = 8192;
     let node = Arc::clone(&state.node);
-    let history = blocking(move || node.volume(&name)?.write_history()).await?;
+    let history = slow(&jobs, move || node.volume(&name)?.write_history()).await?;
     let chunks = futures_util::stream::iter(history).chunks(WRITES_PER_CHUNK).map(|writes| {
         let mut text = Vec::with_capacity(WRITES_PER_CHUNK * 40);
         for write in &writes {
@@ -484,7 +660,7 @@ async fn list_bookmarks(
 async fn create_bookmark(
     State(state): State<Shared>,
     Path(name): Path<String>,
-    Json(request): Json<CreateBookmark>,
+    ApiJson(request): ApiJson<CreateBookmark>,
 ) -> Result<(StatusCode, Json<BookmarkInfo>), ApiError> {
     let node = Arc::clone(&state.node);
     let bookmark_name = BookmarkName::new(&request.name).map_err(|error| invalid(error.to_string()))?;
@@ -512,11 +688,13 @@ async fn delete_bookmark(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ViewQuery {
     at: String,
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct HistoryRange {
     from: String,
     to: String,
@@ -524,17 +702,18 @@ struct HistoryRange {
 
 async fn delete_history(
     State(state): State<Shared>,
+    Extension(jobs): Extension<Arc<Jobs>>,
     Path(name): Path<String>,
-    Query(range): Query<HistoryRange>,
+    ApiQuery(range): ApiQuery<HistoryRange>,
 ) -> Result<Json<DeletedHistory>, ApiError> {
     let node = Arc::clone(&state.node);
-    blocking(move || DeletedHistory::delete(&*node.volume(&name)?, &range.from, &range.to, now())).await.map(Json)
+    slow(&jobs, move || DeletedHistory::delete(&*node.volume(&name)?, &range.from, &range.to, now())).await.map(Json)
 }
 
 async fn resolve_view(
     State(state): State<Shared>,
     Path(name): Path<String>,
-    Query(query): Query<ViewQuery>,
+    ApiQuery(query): ApiQuery<ViewQuery>,
 ) -> Result<Json<ViewInfo>, ApiError> {
     let node = Arc::clone(&state.node);
     blocking(move || {
@@ -567,7 +746,7 @@ async fn list_tokens(State(state): State<Shared>) -> Json<Vec<TokenInfo>> {
 
 async fn create_token(
     State(state): State<Shared>,
-    Json(spec): Json<TokenSpec>,
+    ApiJson(spec): ApiJson<TokenSpec>,
 ) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
     let tokens = Arc::clone(&state.door.tokens);
     let (info, token) = access_blocking(move || tokens.create(&spec)).await?;
@@ -585,7 +764,7 @@ async fn list_grants(State(state): State<Shared>) -> Json<Vec<GrantInfo>> {
 
 async fn create_grant(
     State(state): State<Shared>,
-    Json(request): Json<GrantInfo>,
+    ApiJson(request): ApiJson<GrantInfo>,
 ) -> Result<(StatusCode, Json<GrantInfo>), ApiError> {
     let node = Arc::clone(&state.node);
     let volume = request.volume.clone();
@@ -598,7 +777,7 @@ async fn create_grant(
 
 async fn revoke_grant(
     State(state): State<Shared>,
-    Query(request): Query<RevokeGrant>,
+    ApiQuery(request): ApiQuery<RevokeGrant>,
 ) -> Result<Json<GrantInfo>, ApiError> {
     let grants = Arc::clone(&state.grants);
     Ok(Json(access_blocking(move || grants.revoke(&request.volume, &request.identity)).await?))

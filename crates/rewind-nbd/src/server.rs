@@ -158,6 +158,11 @@ pub const OPTIONS_PER_HANDSHAKE_MAX: u32 = 1024;
 /// pipeline's control handle. `rewind serve` sizes `connections_max` by it.
 pub const FDS_PER_CONNECTION: usize = 4;
 
+/// With TLS: the socket and its table handle, the pair the TLS pump
+/// decrypts into (`crate::tls`), and the connection's read half and
+/// transmission control handle on that pair.
+pub const FDS_PER_TLS_CONNECTION: usize = 6;
+
 /// Server limits. `Default` gives the values Rewind ships with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerConfig {

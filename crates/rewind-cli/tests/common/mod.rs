@@ -37,7 +37,9 @@ impl Server {
 
     /// Starts `rewind serve` with more options.
     pub fn start_with(data_dir: &Path, options: &[&str]) -> Server {
-        Server::start_command(Command::new(REWIND), data_dir, options)
+        let mut command = Command::new(REWIND);
+        command.env("RUST_LOG", "warn").stderr(Stdio::inherit());
+        Server::start_command(command, data_dir, options)
     }
 
     /// Starts `rewind serve` with at most `open_files_max` file descriptors
@@ -45,17 +47,40 @@ impl Server {
     pub fn start_with_open_files_max(data_dir: &Path, options: &[&str], open_files_max: u32) -> Server {
         let mut command = Command::new("bash");
         command.args(["-c", r#"ulimit -n "$0" && exec "$@""#, &open_files_max.to_string(), REWIND]);
+        command.env("RUST_LOG", "warn").stderr(Stdio::inherit());
         Server::start_command(command, data_dir, options)
     }
 
+    /// Starts `rewind serve` logging at `info` into `log`, as an operator
+    /// running it as a service would.
+    pub fn start_logging(data_dir: &Path, options: &[&str], log: &Path) -> Server {
+        let mut command = Command::new(REWIND);
+        command.env("RUST_LOG", "info").stderr(std::fs::File::create(log).expect("log file"));
+        Server::start_command(command, data_dir, options)
+    }
+
+    /// Starts `rewind serve` through `sh -c "PREFIX; exec rewind serve …"`,
+    /// e.g. to set soft and hard descriptor limits apart with `ulimit`,
+    /// logging at `info` into `log`.
+    pub fn start_in_shell(data_dir: &Path, prefix: &str, options: &[&str], log: &Path) -> Server {
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("{prefix}; exec \"$0\" \"$@\""))
+            .arg(REWIND)
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(log).expect("log file"));
+        Server::start_command(command, data_dir, options)
+    }
+
+    /// Runs `command` (given its environment and standard error) with the
+    /// `serve` arguments, and waits for the addresses.
     fn start_command(mut command: Command, data_dir: &Path, options: &[&str]) -> Server {
         let mut child = command
             .args(["serve", "--nbd", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(options)
-            .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
             .spawn()
             .expect("rewind serve starts");
         let stdout = child.stdout.take().expect("piped");
@@ -90,6 +115,11 @@ impl Server {
     /// The header that authorizes API requests, for curl's -H.
     pub fn authorization(&self) -> String {
         format!("Authorization: Bearer {}", self.token)
+    }
+
+    /// The server's process id, to look at it in /proc.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
     }
 
     pub fn uri(&self, export: &str) -> String {

@@ -1,0 +1,148 @@
+//! The API takes only what it understands: unknown JSON fields and query
+//! parameters are refused naming them, every PATCH changes what it names or
+//! says why not, and bodies are capped. Each refusal is an `ErrorBody`.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use rewind_access::{Grants, Tokens};
+use rewind_engine::{Node, NodeConfig};
+use rewind_http::api::{ErrorBody, VolumeInfo};
+use rewind_http::{router, AllowedHosts, ApiLimits, ApiState, Door, JSON_BODY_BYTES_MAX};
+use rewind_io::OsStorage;
+use tower::ServiceExt;
+
+struct Api {
+    router: axum::Router,
+    node: Arc<Node>,
+    token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Api {
+    fn new() -> Api {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Arc::new(Node::open(Arc::new(OsStorage::new(dir.path()).unwrap()), NodeConfig::default()).unwrap());
+        let tokens = Arc::new(Tokens::open(dir.path()).unwrap());
+        let token = tokens.ensure_admin().unwrap().expect("a new admin token");
+        let door = Door { tokens, allowed_hosts: AllowedHosts::new("127.0.0.1".parse().unwrap(), &[]), https: false };
+        let grants = Arc::new(Grants::open(dir.path()).unwrap());
+        let state = ApiState { node: Arc::clone(&node), nbd_address: None, door, grants, limits: ApiLimits::default() };
+        Api { router: router(state), node, token, _dir: dir }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        uri: &str,
+        content_type: &str,
+        body: impl Into<Body>,
+    ) -> (StatusCode, Vec<u8>) {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("host", "127.0.0.1")
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("content-type", content_type)
+            .body(body.into())
+            .unwrap();
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        (status, response.into_body().collect().await.unwrap().to_bytes().to_vec())
+    }
+
+    async fn json(&self, method: Method, uri: &str, body: &str) -> (StatusCode, Vec<u8>) {
+        self.call(method, uri, "application/json", body.to_owned()).await
+    }
+
+    /// Asserts a 400 whose message contains `expected`; returns the message.
+    async fn refused(&self, method: Method, uri: &str, body: &str, expected: &str) -> String {
+        let (status, bytes) = self.json(method, uri, body).await;
+        let error: ErrorBody = serde_json::from_slice(&bytes).expect("an ErrorBody");
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{error:?}");
+        assert_eq!(error.kind, "invalid");
+        assert!(error.error.contains(expected), "{:?} does not contain {expected:?}", error.error);
+        error.error
+    }
+}
+
+#[tokio::test]
+async fn unknown_fields_are_refused_naming_them_and_create_nothing() {
+    let api = Api::new();
+    let message = api
+        .refused(
+            Method::POST,
+            "/v1/volumes",
+            r#"{"name": "v", "size_bytes": 1048576, "layuot": "cow"}"#,
+            "unknown field `layuot`, expected one of `name`, `size_bytes`, `block_size`, `layout`",
+        )
+        .await;
+    assert!(message.contains("`space_max`"), "{message}");
+    assert!(api.node.volumes().is_empty(), "nothing was created");
+
+    let (status, bytes) =
+        api.json(Method::POST, "/v1/volumes", r#"{"name": "v", "size_bytes": 1048576, "layout": "cow"}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let info: VolumeInfo = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(info.layout, "cow");
+    api.refused(Method::POST, "/v1/volumes/v/bookmarks", r#"{"name": "b", "when": "-1m"}"#, "unknown field `when`")
+        .await;
+}
+
+#[tokio::test]
+async fn every_patch_changes_what_it_names_or_says_why_not() {
+    let api = Api::new();
+    let (status, _) = api.json(Method::POST, "/v1/volumes", r#"{"name": "v", "size_bytes": 1048576}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    api.refused(Method::PATCH, "/v1/volumes/v", r#"{"size_bytes": 1}"#, "size_bytes cannot be changed").await;
+    api.refused(Method::PATCH, "/v1/volumes/v", r#"{"layout": "row"}"#, "layout cannot be changed").await;
+    api.refused(Method::PATCH, "/v1/volumes/v", "{}", "nothing to change").await;
+    api.refused(Method::PATCH, "/v1/volumes/v", r#"{"retention": null}"#, "nothing to change").await;
+    api.refused(Method::PATCH, "/v1/volumes/v", "[1]", "expected a JSON object").await;
+    api.refused(
+        Method::PATCH,
+        "/v1/volumes/v",
+        r#"{"retention": "all:1h", "colour": "red"}"#,
+        "unknown field `colour`, expected one of `granularity`, `retention`, `space_max`",
+    )
+    .await;
+    assert_eq!(api.node.volume("v").unwrap().space_max_bytes(), 0, "a refused PATCH changed nothing");
+
+    let (status, bytes) = api.json(Method::PATCH, "/v1/volumes/v", r#"{"space_max": "1GiB"}"#).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+    assert_eq!(api.node.volume("v").unwrap().space_max_bytes(), 1 << 30);
+}
+
+#[tokio::test]
+async fn unknown_query_parameters_are_refused_naming_them() {
+    let api = Api::new();
+    let (status, _) = api.json(Method::POST, "/v1/volumes", r#"{"name": "v", "size_bytes": 1048576}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    api.refused(Method::GET, "/v1/volumes/v/timeline?bucket=60", "", "unknown field `bucket`").await;
+    api.refused(Method::DELETE, "/v1/volumes/v?forse=true", "", "unknown field `forse`").await;
+    api.refused(Method::GET, "/v1/volumes/v/view?at=now&zone=UTC", "", "unknown field `zone`").await;
+    api.refused(Method::POST, "/v1/volumes/w/import?layuot=cow", "", "unknown field `layuot`").await;
+    assert!(api.node.volume("v").is_ok(), "the misspelt delete deleted nothing");
+}
+
+#[tokio::test]
+async fn json_bodies_are_small_and_json() {
+    let api = Api::new();
+    let name = "x".repeat(JSON_BODY_BYTES_MAX);
+    let body = format!(r#"{{"name": "{name}", "size_bytes": 1048576}}"#);
+    let (status, bytes) = api.json(Method::POST, "/v1/volumes", &body).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let error: ErrorBody = serde_json::from_slice(&bytes).unwrap();
+    assert!(error.error.contains("larger than"), "{}", error.error);
+
+    for content_type in ["text/plain", "application/xml"] {
+        let (status, bytes) =
+            api.call(Method::POST, "/v1/volumes", content_type, r#"{"name": "v", "size_bytes": 1048576}"#).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{content_type}");
+        let error: ErrorBody = serde_json::from_slice(&bytes).unwrap();
+        assert!(error.error.contains("application/json"), "{}", error.error);
+    }
+    assert!(api.node.volumes().is_empty());
+}
