@@ -154,15 +154,19 @@ fn refused_clients_see_why_and_idle_views_give_their_slots_back() {
     require("nbdinfo");
     require("qemu-img");
     let dir = tempfile::tempdir().unwrap();
-    let options = ["--nbd-connections-per-client", "2", "--nbd-view-idle-timeout", "2s"];
+    let options = ["--nbd-connections-per-client", "2", "--nbd-view-idle-timeout", "3s"];
     let server = Server::start_with(dir.path(), &options);
     server.rewind(&["volume", "create", "v", "--size", "16MiB"]);
     server.rewind(&["bookmark", "v", "b"]);
     let mut views = [Holder::connect(&server.uri("v@b")), Holder::connect(&server.uri("v@b"))];
 
     let refused = "server full for 127.0.0.1: 2 connections from it (limit 2 per client)";
+    // Each view reads first, so it is anything but idle while others are refused.
+    let keep_busy = |views: &mut [Holder; 2]| views.iter_mut().for_each(|view| assert_eq!(view.read(), "read ok"));
+    keep_busy(&mut views);
     let error = common::run_failing_with_env("nbdinfo", &[&server.uri("v")], &[("LIBNBD_DEBUG", "1")]);
     assert!(error.contains(refused), "nbdinfo shows the server's message with LIBNBD_DEBUG=1:\n{error}");
+    keep_busy(&mut views);
     let error = run_failing("qemu-img", &["info", &server.uri("v")]);
     assert!(error.contains(&format!("server reported: {refused}")), "{error}");
 
