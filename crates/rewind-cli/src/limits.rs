@@ -9,10 +9,11 @@
 //! all, the engine failed to open an index manifest and poisoned the volume
 //! (finding 1 of issue 11). So at start the soft `RLIMIT_NOFILE` is raised
 //! to the hard limit, and the descriptors are shared out: Rewind's own
-//! files keep `max(256, 25 %)` of them, whatever clients do; of the rest,
-//! half go to NBD (`FDS_PER_CONNECTION` per connection, or
-//! `FDS_PER_TLS_CONNECTION` with TLS on, plus one per
-//! refusal under way) and half to HTTP (one per connection). The NBD
+//! files keep `max(256, 25 %)` of them (but at most half), whatever
+//! clients do; of the rest, half go to NBD (`FDS_PER_CONNECTION` per
+//! connection, or `FDS_PER_TLS_CONNECTION` with TLS on, and one per refusal
+//! under way: up to 64 per listener, fewer if NBD's half is small) and half
+//! to HTTP (one per connection). The NBD
 //! connection cap is the smaller of `--nbd-connections-max` and what its
 //! half allows; the HTTP share is logged for the HTTP server's cap.
 
@@ -79,10 +80,16 @@ impl LimitArgs {
             bail!("--nbd-connections-per-client and --imports-max must be at least 1");
         }
         let defaults = ServerConfig::default();
-        let connections_max =
-            fds.nbd_connections_max(self.nbd_connections_max, defaults.connections_max, nbd_listeners, nbd_tls)?;
+        let refusals_max = fds.nbd_refusals_max(defaults.refusals_max);
+        let connections_max = fds.nbd_connections_max(
+            self.nbd_connections_max,
+            defaults.connections_max,
+            nbd_listeners * refusals_max,
+            nbd_tls,
+        )?;
         let nbd = ServerConfig {
             connections_max,
+            refusals_max,
             connections_per_client_max: self.nbd_connections_per_client.min(connections_max),
             idle_timeout: self.nbd_idle_timeout.0,
             idle_timeout_read_only: self.nbd_view_idle_timeout.0,
@@ -100,10 +107,14 @@ impl LimitArgs {
             nbd_connections_max = nbd.connections_max,
             nbd_connections_per_client = nbd.connections_per_client_max,
             http_connections_max = fds.http_connections_max(),
-            "file descriptors: {} (soft limit raised from {}); {} kept for Rewind's own files, NBD up to {} \
-             connections ({} per client), HTTP up to {} connections",
+            "file descriptors: {} ({}); {} kept for Rewind's own files, NBD up to {} connections ({} per client), \
+             HTTP up to {} connections",
             fds.limit,
-            fds.limit_before,
+            if fds.limit == fds.limit_before {
+                "the hard limit".to_owned()
+            } else {
+                format!("soft limit raised from {}", fds.limit_before)
+            },
             fds.reserved,
             nbd.connections_max,
             nbd.connections_per_client_max,
@@ -168,37 +179,51 @@ impl FdBudget {
     /// if it could not be raised.
     pub fn raise() -> (FdBudget, Option<rustix::io::Errno>) {
         let Rlimit { current, maximum } = getrlimit(Resource::Nofile);
-        let before = current.unwrap_or(u64::MAX);
-        if current == maximum {
+        // An unlimited hard limit cannot be the soft one: the kernel caps
+        // descriptors at fs.nr_open.
+        let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .unwrap_or(1 << 20);
+        let before = current.unwrap_or(nr_open);
+        let target = maximum.unwrap_or(nr_open).min(nr_open);
+        if target <= before {
             return (FdBudget::share(before, before), None);
         }
-        match setrlimit(Resource::Nofile, Rlimit { current: maximum, maximum }) {
-            Ok(()) => (FdBudget::share(before, maximum.unwrap_or(u64::MAX)), None),
+        match setrlimit(Resource::Nofile, Rlimit { current: Some(target), maximum }) {
+            Ok(()) => (FdBudget::share(before, target), None),
             Err(error) => (FdBudget::share(before, before), Some(error)),
         }
     }
 
     fn share(limit_before: u64, limit: u64) -> FdBudget {
-        // An unlimited hard limit is, in practice, the kernel's nr_open.
+        // A budget beyond 2^20 descriptors is as good as unlimited.
         let limit = limit.min(1 << 20);
-        let reserved = (limit / RESERVED_FDS_DIVISOR).max(RESERVED_FDS_MIN).min(limit);
+        // At least half is left to clients, so a small limit still serves some.
+        let reserved = (limit / RESERVED_FDS_DIVISOR).max(RESERVED_FDS_MIN).min(limit / 2);
         let clients = limit - reserved;
         FdBudget { limit_before, limit, reserved, nbd: clients / 2, http: clients - clients / 2 }
     }
 
+    /// Refusals under way per NBD listener: `default`, or an eighth of
+    /// NBD's share if that is less.
+    pub fn nbd_refusals_max(&self, default: usize) -> usize {
+        usize::try_from(self.nbd / 8).unwrap_or(usize::MAX).clamp(1, default)
+    }
+
     /// The NBD connection cap: `requested`, or the default, within the
-    /// budget; an explicit request the budget cannot hold is an error.
+    /// budget left after `refusals` descriptors; an explicit request the
+    /// budget cannot hold is an error.
     pub fn nbd_connections_max(
         &self,
         requested: Option<usize>,
         default: usize,
-        listeners: usize,
+        refusals: usize,
         tls: bool,
     ) -> Result<usize> {
         let per_connection =
             if tls { rewind_nbd::server::FDS_PER_TLS_CONNECTION } else { rewind_nbd::server::FDS_PER_CONNECTION };
-        let refusals = (listeners * rewind_nbd::server::REFUSALS_MAX) as u64;
-        let fits = self.nbd.saturating_sub(refusals) / per_connection as u64;
+        let fits = self.nbd.saturating_sub(refusals as u64) / per_connection as u64;
         let fits = usize::try_from(fits).unwrap_or(usize::MAX);
         match requested {
             Some(requested) if requested > fits => bail!(
@@ -211,8 +236,8 @@ impl FdBudget {
             Some(0) => bail!("--nbd-connections-max must be at least 1"),
             Some(requested) => Ok(requested),
             None if fits == 0 => bail!(
-                "the file descriptor limit ({}) leaves none for NBD connections after the {} Rewind keeps for its \
-                 own files; raise it (ulimit -n) to at least 1024",
+                "the file descriptor limit ({}) leaves no room for NBD connections after the {} Rewind keeps for \
+                 its own files; raise it (ulimit -n) to at least 1024",
                 self.limit,
                 self.reserved
             ),
@@ -234,19 +259,25 @@ mod tests {
     fn the_budget_keeps_a_reserve_and_shares_the_rest() {
         let budget = FdBudget::share(1024, 1024);
         assert_eq!((budget.reserved, budget.nbd, budget.http), (256, 384, 384));
-        // 384 - 64 refusals = 320 descriptors: 80 connections.
-        assert_eq!(budget.nbd_connections_max(None, 128, 1, false).unwrap(), 80);
-        assert_eq!(budget.nbd_connections_max(Some(10), 128, 1, false).unwrap(), 10);
-        let error = budget.nbd_connections_max(Some(500), 128, 1, false).unwrap_err().to_string();
+        // 384 - 48 refusals = 336 descriptors: 84 connections, 56 with TLS.
+        assert_eq!(budget.nbd_refusals_max(64), 48);
+        assert_eq!(budget.nbd_connections_max(None, 128, 48, false).unwrap(), 84);
+        assert_eq!(budget.nbd_connections_max(None, 128, 48, true).unwrap(), 56);
+        assert_eq!(budget.nbd_connections_max(Some(10), 128, 48, false).unwrap(), 10);
+        let error = budget.nbd_connections_max(Some(500), 128, 48, false).unwrap_err().to_string();
         assert!(error.contains("ulimit -Hn"), "{error}");
 
         let budget = FdBudget::share(1024, 1 << 20);
         assert_eq!(budget.reserved, 1 << 18);
-        assert_eq!(budget.nbd_connections_max(None, 128, 2, false).unwrap(), 128);
+        assert_eq!(budget.nbd_refusals_max(64), 64);
+        assert_eq!(budget.nbd_connections_max(None, 128, 128, true).unwrap(), 128);
 
+        // A small limit still serves a few: half is kept, a quarter each.
         let budget = FdBudget::share(256, 256);
-        assert_eq!(budget.nbd, 0);
-        assert!(budget.nbd_connections_max(None, 128, 1, false).is_err());
+        assert_eq!((budget.reserved, budget.nbd, budget.http), (128, 64, 64));
+        assert_eq!(budget.nbd_connections_max(None, 128, budget.nbd_refusals_max(64), false).unwrap(), 14);
+        let budget = FdBudget::share(8, 8);
+        assert!(budget.nbd_connections_max(None, 128, budget.nbd_refusals_max(64), false).is_err());
     }
 
     #[test]

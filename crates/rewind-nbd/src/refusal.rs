@@ -16,16 +16,14 @@
 //! non-blocking read or write. What one refusal may cost is bounded: a
 //! greeting and replies of a few hundred bytes each (a reply that does not
 //! fit in the socket's send buffer at once ends the refusal), `DEADLINE` in
-//! all, and at most `REFUSALS_MAX` refusals per listener at once; beyond
+//! all, and at most `ServerConfig::refusals_max` refusals per listener at
+//! once (each holds one file descriptor); beyond
 //! that a refused connection is closed at once, as before.
 
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
 use crate::protocol as p;
-
-/// Most refusals one listener carries on at once.
-pub const REFUSALS_MAX: usize = 64;
 
 /// How long a refused client has to read its message: real clients send
 /// their options at once.

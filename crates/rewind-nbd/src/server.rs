@@ -112,7 +112,7 @@
 //! buffers are bounded by `connections_max × memory_per_connection_max`,
 //! about 4.1 GiB with the defaults (buffers are allocated as requests need
 //! them, so idle clients and small requests use a small fraction of it),
-//! plus `REFUSALS_MAX` refusals of a few hundred bytes per listener. File
+//! plus `refusals_max` refusals of a few hundred bytes per listener. File
 //! descriptors: `FDS_PER_CONNECTION` per connection, one per refusal.
 //!
 //! # Shutdown
@@ -143,7 +143,6 @@ use crate::connection::{self, Transport};
 use crate::export::{Catalog, Client};
 use crate::log_limit::{LogBudget, PeerKey, PeerLog};
 use crate::protocol as p;
-pub use crate::refusal::REFUSALS_MAX;
 use crate::refusal::{self, Refusal};
 use crate::tls::NbdTls;
 pub use crate::transmission::{BUFFER_BYTES_PER_CONNECTION_MAX, INLINE_BYTES_MAX};
@@ -172,6 +171,9 @@ pub struct ServerConfig {
     /// Most connections from one client (TCP: one IP address; Unix socket:
     /// one user id); further ones are refused with an NBD error.
     pub connections_per_client_max: usize,
+    /// Most refused connections each listener tells why at once (see
+    /// `crate::refusal`); more are closed at once. Each holds a descriptor.
+    pub refusals_max: usize,
     /// Time from accept to the end of option haggling.
     pub handshake_timeout: Duration,
     /// A connection to a writable export that sends nothing this long with
@@ -212,6 +214,7 @@ impl Default for ServerConfig {
         ServerConfig {
             connections_max: 128,
             connections_per_client_max: 32,
+            refusals_max: 64,
             handshake_timeout: Duration::from_secs(30),
             idle_timeout: None,
             idle_timeout_read_only: Some(Duration::from_secs(3600)),
@@ -478,7 +481,8 @@ impl Drop for Server {
 }
 
 fn accept_loop<L: Listener>(shared: &Arc<Shared>, listener: &L, wake: &UnixStream) {
-    let mut refusals: Vec<Refusal<L::Stream>> = Vec::with_capacity(REFUSALS_MAX);
+    let refusals_max = shared.config.refusals_max;
+    let mut refusals: Vec<Refusal<L::Stream>> = Vec::with_capacity(refusals_max);
     let mut accept_errors = AcceptErrors::default();
     let interval = shared.logs.interval();
     let mut next_sweep = Instant::now() + interval;
@@ -534,7 +538,7 @@ fn accept_loop<L: Listener>(shared: &Arc<Shared>, listener: &L, wake: &UnixStrea
         match listener.accept_stream() {
             Ok(accepted) => {
                 let Some((stream, message)) = admit(shared, accepted) else { continue };
-                if refusals.len() < REFUSALS_MAX && stream.set_nonblocking(true).is_ok() {
+                if refusals.len() < refusals_max && stream.set_nonblocking(true).is_ok() {
                     refusals.extend(Refusal::start(stream, message));
                 }
                 // Otherwise dropping the stream closes it: with this many
