@@ -383,7 +383,11 @@ pub struct RawClient {
 
 impl RawClient {
     pub fn tcp(address: SocketAddr) -> Self {
-        let stream = TcpStream::connect(address).expect("connect");
+        Self::from_tcp(TcpStream::connect(address).expect("connect"))
+    }
+
+    /// A client on a connection made elsewhere.
+    pub fn from_tcp(stream: TcpStream) -> Self {
         stream.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
         stream.set_write_timeout(Some(CLIENT_TIMEOUT)).unwrap();
         RawClient { stream: Stream::Tcp(stream), next_handle: 1 }
