@@ -218,6 +218,8 @@ fn fio_verifies_the_live_volume_and_a_view_in(layout: &str) {
             "--iodepth=16",
             "--verify=crc32c",
             "--randseed=42",
+            // fio would otherwise leave a verify state file in the working directory.
+            "--verify_state_save=0",
         ];
         let uri = format!("--uri={uri}");
         args.push(&uri);
@@ -240,6 +242,7 @@ fn fio_verifies_the_live_volume_and_a_view_in(layout: &str) {
             "--size=32M",
             "--verify=crc32c",
             "--randseed=42",
+            "--verify_state_save=0",
             "--verify_only",
             &format!("--uri={}", server.uri("db")),
         ],
