@@ -134,7 +134,7 @@ impl Volume {
     /// archived anything.
     pub(crate) fn archive(&self, now: Timestamp) -> Result<bool, EngineError> {
         // COW copies history straight into the chunk store: nothing waits in the journal.
-        if self.chunks.is_poisoned() || self.layout().history_at_destage() {
+        if self.chunks.is_poisoned() || self.rules().history_at_destage() {
             return Ok(false);
         }
         // Everything durable into runs first: only runs are archived.
@@ -181,7 +181,7 @@ impl Volume {
     /// no longer refers to. Returns whether it deleted any.
     pub(crate) fn reclaim_journal(&self, replay_segment: u32) -> Result<bool, EngineError> {
         // In COW the index never refers to the journal: recovery alone needs it.
-        let unreferenced_before = match self.layout().history_at_destage() {
+        let unreferenced_before = match self.rules().history_at_destage() {
             true => Timestamp::MAX,
             false => self.index.archived_before(),
         };

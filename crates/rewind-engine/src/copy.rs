@@ -103,7 +103,7 @@ impl Volume {
     /// What to file in history of `chains`' blocks (see the module documentation).
     fn versions_to_file(&self, chains: &[Vec<Pending>]) -> Result<Filing, EngineError> {
         let current = self.current.as_ref().expect("these layouts have a current store");
-        let copies_current = self.layout().copies_current_version();
+        let copies_current = self.rules().copies_current_version();
         let thinning = self.index.thinning();
         let mut wanted = Vec::new();
         let mut let_go = Vec::new();

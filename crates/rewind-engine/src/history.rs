@@ -8,7 +8,7 @@ use std::sync::Arc;
 use jiff::tz::TimeZone;
 use parking_lot::Mutex;
 use rewind_format::meta::healed;
-use rewind_format::meta::{Bookmark, Bookmarks, Layout, RetentionTier, TimelineBucket, TimelineFrame, VolumePolicy};
+use rewind_format::meta::{Bookmark, Bookmarks, RetentionTier, TimelineBucket, TimelineFrame, VolumePolicy};
 use rewind_index::Thinning;
 use rewind_io::{read_file, read_file_healing, write_file_atomic, File, OpenMode, Storage};
 use rewind_types::{BookmarkName, Lsn, Timestamp};
@@ -248,7 +248,7 @@ impl Volume {
         *bookmarks = next;
         self.rethin(&self.history.policy.lock(), &bookmarks);
         drop(bookmarks);
-        if snapshot_now && self.layout() == Layout::Row {
+        if snapshot_now && self.rules().destages_at_snapshots() {
             // A bookmark is an on-demand snapshot: ROW merges at each.
             self.destage_durable()?;
         }

@@ -12,6 +12,7 @@ use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::{CountingStorage, IoStats, Storage};
 use rewind_types::{BlockSize, Timestamp, VolumeName};
 
+use crate::layout::LayoutRules;
 use crate::reserve::{Reserve, SpaceGauge, SpaceReport, SpaceState};
 use crate::volume::Shared;
 use crate::{EngineError, InUse, Volume, VolumeConfig};
@@ -243,7 +244,7 @@ impl Node {
                 volume.attribute_missing_chunks(&missing, &report.missing)?;
             }
         }
-        for volume in volumes.values().filter(|volume| volume.layout().history_at_destage()) {
+        for volume in volumes.values().filter(|volume| volume.rules().history_at_destage()) {
             match volume.checkpoint(volume.timestamp_last()) {
                 Ok(()) => {}
                 Err(error) if error.is_transient() => {
@@ -295,10 +296,11 @@ impl Node {
                 spec.size_bytes
             )));
         }
-        if spec.cache_bytes > 0 && !spec.layout.has_controller_cache() {
+        let rules = LayoutRules::of(spec.layout);
+        if spec.cache_bytes > 0 && !rules.has_controller_cache() {
             return Err(EngineError::InvalidArgument(format!(
-                "a controller cache size is for the layouts with one (split-stream, split-down-stream, \
-                 checkpointing), not {}",
+                "a controller cache size is for the layouts with one ({}), not {}",
+                LayoutRules::names_where(LayoutRules::has_controller_cache),
                 spec.layout.name()
             )));
         }
@@ -328,7 +330,7 @@ impl Node {
             created: now,
             layout: spec.layout,
             cache_bytes: match spec.cache_bytes {
-                0 if spec.layout.has_controller_cache() => CACHE_BYTES_DEFAULT,
+                0 if rules.has_controller_cache() => CACHE_BYTES_DEFAULT,
                 bytes => bytes,
             },
         };

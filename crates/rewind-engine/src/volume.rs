@@ -27,6 +27,8 @@ use rewind_format::current::{BlockMeta, BlockState};
 use rewind_format::journal::{RecordKind, RECORD_HEADER_BYTES};
 use rewind_format::meta::healed;
 use rewind_format::meta::{Checkpoint, Layout, TimelineBucket, VolumeMeta, VolumePolicy};
+
+use crate::layout::{CurrentWrites, LayoutRules};
 use rewind_index::{IndexConfig, PageCache, VersionIndex};
 use rewind_io::{read_file_healing, write_file_atomic, OpenMode, Storage};
 use rewind_journal::{Journal, JournalConfig, JournalError};
@@ -285,9 +287,10 @@ impl Volume {
         let journal_dir = format!("{dir}/journal");
         let journal = Journal::create(io.journal(), &journal_dir, meta.block_size, config.journal, meta.created)?;
         let cache = Arc::clone(&shared.cache);
-        let index_config = IndexConfig { late_entries: meta.layout.history_at_destage(), ..config.index };
+        let rules = LayoutRules::of(meta.layout);
+        let index_config = IndexConfig { late_entries: rules.history_at_destage(), ..config.index };
         let index = VersionIndex::create(io.index(), &format!("{dir}/index"), index_config, cache)?;
-        let current = match meta.layout.has_current_store() {
+        let current = match rules.has_current_store() {
             true => {
                 let current =
                     CurrentStore::open(&*io.current(), dir, meta.block_size, block_count, OpenMode::CreateNew)?;
@@ -341,7 +344,7 @@ impl Volume {
                 timestamp_floor: index.archived_before(),
                 overlay,
                 timeline_unsaved: BTreeMap::new(),
-                cache: meta.layout.has_controller_cache().then(|| {
+                cache: LayoutRules::of(meta.layout).has_controller_cache().then(|| {
                     let block_bytes = u64::from(meta.block_size.bytes());
                     ControllerCache::new(CacheConfig::new(meta.cache_bytes, block_bytes, CACHE_DIRTY_FRACTION))
                 }),
@@ -406,9 +409,10 @@ impl Volume {
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
         let cache = Arc::clone(&shared.cache);
         let io = VolumeIo::new(&storage);
-        let index_config = IndexConfig { late_entries: meta.layout.history_at_destage(), ..config.index };
+        let rules = LayoutRules::of(meta.layout);
+        let index_config = IndexConfig { late_entries: rules.history_at_destage(), ..config.index };
         let index = VersionIndex::open(io.index(), &format!("{dir}/index"), index_config, cache)?;
-        let current = match meta.layout.has_current_store() {
+        let current = match rules.has_current_store() {
             true => Some(CurrentStore::open(&*io.current(), dir, meta.block_size, block_count, OpenMode::Existing)?),
             false => None,
         };
@@ -416,7 +420,7 @@ impl Volume {
         index.set_thinning(history.thinning(meta.created));
         let lsn_indexed = index.lsn_indexed();
         // In COW only copy records are indexed: the last may be older.
-        if lsn_indexed < checkpoint.lsn && !meta.layout.history_at_destage() {
+        if lsn_indexed < checkpoint.lsn && !rules.history_at_destage() {
             return Err(EngineError::Corrupt {
                 volume: volume_name,
                 detail: format!(
@@ -442,7 +446,7 @@ impl Volume {
         let mut metas = Vec::new();
         // COW: writes since the checkpoint go back to the overlay, to be
         // destaged with their copies; its copy records go back to the index.
-        let copies_history = meta.layout.history_at_destage();
+        let copies_history = rules.history_at_destage();
         let mut recovered = Vec::new();
         // Records that could not be re-applied to the current store (a full
         // disk) wait in the overlay, as COW's do, and the volume is unsettled.
@@ -559,7 +563,7 @@ impl Volume {
         // COW that destages, which copies into the chunk store: the node
         // does it once the store has counted its references. On a full disk
         // it waits: recovery itself needs no new space.
-        if !volume.layout().history_at_destage() {
+        if !volume.rules().history_at_destage() {
             if let Err(error) = volume.checkpoint(timestamp_last) {
                 if !error.is_transient() {
                     return Err(error);
@@ -586,8 +590,13 @@ impl Volume {
         self.meta.created
     }
 
-    pub fn layout(&self) -> rewind_format::meta::Layout {
+    pub fn layout(&self) -> Layout {
         self.meta.layout
+    }
+
+    /// What this volume's layout does differently ([`crate::layout`]).
+    pub fn rules(&self) -> LayoutRules {
+        LayoutRules::of(self.meta.layout)
     }
 
     /// The controller cache size of split-stream, split-down-stream and checkpointing (0 for the others).
@@ -782,7 +791,7 @@ impl Volume {
     fn record_versions(&self, state: &mut WriteState, lsn: Lsn, journal_bytes: u64, zero: bool) {
         let versions = std::mem::take(&mut state.versions);
         let first = versions.first().expect("records cover blocks");
-        if !self.meta.layout.history_at_destage() {
+        if !self.rules().history_at_destage() {
             self.index.insert(lsn, &versions);
         }
         if self.current.is_some() {
@@ -921,7 +930,7 @@ impl Volume {
         if destage.lsn_applied >= lsn_durable && self.overlay_versions.load(Ordering::Relaxed) == 0 {
             return Ok(());
         }
-        let copies = self.meta.layout.history_at_destage();
+        let copies = self.rules().history_at_destage();
         let (mut newest, mut chains): (Vec<Pending>, Vec<Vec<Pending>>) = {
             let mut state = self.write.lock();
             if !cached_only {
@@ -951,7 +960,7 @@ impl Volume {
         newest.sort_unstable_by_key(|pending| pending.version.block);
         chains.sort_unstable_by_key(|chain| chain[0].version.block);
         let let_go = self.file_history(&chains).map_err(|error| self.fail(error))?;
-        if self.meta.layout == Layout::SplitDownStream {
+        if self.rules().current_writes == CurrentWrites::EveryVersionLetGo {
             // Every version let go goes down to the current store too, in order.
             for wave in waves(let_go) {
                 self.apply_to_current(&wave).map_err(|error| self.fail(error))?;
@@ -1072,7 +1081,7 @@ impl Volume {
         let merge_due = self.merge_due(&maintenance, now);
         if self.overlay_versions.load(Ordering::Relaxed) > 0 && merge_due {
             let before = self.overlay_versions.load(Ordering::Relaxed);
-            self.destage(self.meta.layout.has_controller_cache())?;
+            self.destage(self.rules().has_controller_cache())?;
             maintenance.merged_at = now;
             worked |= self.overlay_versions.load(Ordering::Relaxed) < before;
         }
@@ -1183,7 +1192,7 @@ impl Volume {
     /// window ends (every window end is a snapshot), at every write's
     /// granularity at every pass.
     fn merge_due(&self, maintenance: &MaintenanceState, now: Timestamp) -> bool {
-        if self.meta.layout != Layout::Row {
+        if !self.rules().destages_at_snapshots() {
             return true;
         }
         let window = self.granularity_nanos();

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use rewind_engine::{BlockSize, Durability, Layout, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
+use rewind_engine::{BlockSize, Durability, Layout, LayoutRules, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
 use rewind_io::{SimConfig, SimStorage};
 
 const SECOND: u64 = 1_000_000_000;
@@ -88,7 +88,7 @@ fn concurrently(layout: Layout) {
     let spec = VolumeSpec {
         layout,
         // 8 dirty pages.
-        cache_bytes: if layout.has_controller_cache() { 280 * 4096 } else { 0 },
+        cache_bytes: if LayoutRules::of(layout).has_controller_cache() { 280 * 4096 } else { 0 },
         ..VolumeSpec::new(VolumeName::new("v").unwrap(), 64 * 4096, BlockSize::new(4096).unwrap())
     };
     let volume = node.create_volume(spec, now()).unwrap();
@@ -133,7 +133,7 @@ fn concurrently(layout: Layout) {
     history.join().unwrap();
     let stats = volume.stats().unwrap();
     // Layouts that file history as it leaves the overlay archive nothing.
-    let archived = stats.versions_archived > 0 || layout.history_at_destage();
+    let archived = stats.versions_archived > 0 || LayoutRules::of(layout).history_at_destage();
     assert!(archived && stats.journal_bytes_reclaimed > 0, "{}: {stats:?}", layout.name());
 }
 

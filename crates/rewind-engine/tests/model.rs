@@ -20,8 +20,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rewind_chunks::{ChunkStoreConfig, DedupConfig};
 use rewind_engine::{
-    BlockSize, BookmarkName, Durability, EngineError, Layout, Node, NodeConfig, PolicyChange, RetentionTier, Timestamp,
-    Volume, VolumeConfig, VolumeName, VolumeSpec, ZeroMode,
+    BlockSize, BookmarkName, Durability, EngineError, Layout, LayoutRules, Node, NodeConfig, PolicyChange,
+    RetentionTier, Timestamp, Volume, VolumeConfig, VolumeName, VolumeSpec, ZeroMode,
 };
 use rewind_index::IndexConfig;
 use rewind_io::{SimConfig, SimStorage};
@@ -269,7 +269,7 @@ fn run(seed: u64) -> Exercised {
         granularity_nanos: if seed % 3 == 2 { rng.random_range(5_000..100_000) } else { 0 },
         layout,
         // A controller cache: up to a few dozen dirty blocks.
-        cache_bytes: match layout.has_controller_cache() {
+        cache_bytes: match LayoutRules::of(layout).has_controller_cache() {
             true => u64::from(block_bytes) * rng.random_range(1..2000),
             false => 0,
         },

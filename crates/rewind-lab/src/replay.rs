@@ -39,6 +39,7 @@
 //! per block, never merged; reads are counted apart from the I/Os incurred
 //! by writes, as the paper does.
 
+use rewind_types::Layout;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::cache::{CacheConfig, ControllerCache};
@@ -68,21 +69,29 @@ impl Architecture {
     pub const IBM: [Architecture; 4] =
         [Architecture::Logging, Architecture::SplitStream, Architecture::SplitDownStream, Architecture::Checkpointing];
 
-    pub fn name(self) -> &'static str {
+    /// The engine layout this architecture models; its name is the layout's.
+    pub fn layout(self) -> Layout {
         match self {
-            Architecture::Logging => "logging",
-            Architecture::SplitStream => "split-stream",
-            Architecture::SplitDownStream => "split-down-stream",
-            Architecture::Checkpointing => "checkpointing",
-            Architecture::Cow => "cow",
-            Architecture::Row => "row",
+            Architecture::Logging => Layout::Logging,
+            Architecture::SplitStream => Layout::SplitStream,
+            Architecture::SplitDownStream => Layout::SplitDownStream,
+            Architecture::Checkpointing => Layout::Checkpointing,
+            Architecture::Cow => Layout::Cow,
+            Architecture::Row => Layout::Row,
         }
     }
 
+    pub fn name(self) -> &'static str {
+        self.layout().name()
+    }
+
+    /// The architecture of a layout name. Every layout the papers model has
+    /// one; Rewind's own default (journaled) has no model to check.
     pub fn parse(name: &str) -> Result<Architecture, String> {
-        Architecture::ALL.into_iter().find(|architecture| architecture.name() == name).ok_or_else(|| {
+        let layout = Layout::parse(name)?;
+        Architecture::ALL.into_iter().find(|architecture| architecture.layout() == layout).ok_or_else(|| {
             let names: Vec<&str> = Architecture::ALL.iter().map(|architecture| architecture.name()).collect();
-            format!("unknown layout {name:?}: one of {}", names.join(", "))
+            format!("the lab models the papers' layouts ({}); {name} is Rewind's own", names.join(", "))
         })
     }
 }
@@ -442,6 +451,17 @@ mod tests {
             cache: CacheConfig { pages, dirty_fraction: 1.0 },
             block_bytes: 4096,
         }
+    }
+
+    #[test]
+    fn architectures_are_named_as_the_engine_layouts_they_model() {
+        for architecture in Architecture::ALL {
+            assert_eq!(Architecture::parse(architecture.layout().name()), Ok(architecture));
+        }
+        let error = Architecture::parse("journaled").expect_err("the lab has no model of Rewind's own layout");
+        assert!(error.contains("Rewind's own") && error.contains("split-down-stream"), "{error}");
+        let error = Architecture::parse("lvm").expect_err("no such layout");
+        assert!(error.contains("unknown layout \"lvm\""), "{error}");
     }
 
     #[test]

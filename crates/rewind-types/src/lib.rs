@@ -6,6 +6,9 @@
 
 use std::fmt;
 
+mod layout;
+pub use layout::Layout;
+
 /// Nanoseconds since the Unix epoch (UTC). Time enters the engine only as a value
 /// of this type; nothing below the front ends reads a clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
