@@ -15,6 +15,7 @@
 //! event loop).
 
 mod archive;
+mod bookmarks;
 mod clients;
 mod copy;
 mod current;

@@ -105,7 +105,7 @@ struct Mismatch(BlockIndex);
 
 /// How a plan sees the overlay.
 #[derive(Clone, Copy)]
-enum Overlay<'a> {
+enum OverlayAccess<'a> {
     /// Take the write lock to look (if the overlay is not empty).
     Lock,
     /// The caller holds the write lock.
@@ -137,7 +137,7 @@ impl Volume {
     }
 
     pub(crate) fn read_at(&self, at: Option<Timestamp>, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
-        self.read_with(at, Overlay::Lock, offset, buf)?;
+        self.read_with(at, OverlayAccess::Lock, offset, buf)?;
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         self.counters.read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
@@ -145,13 +145,13 @@ impl Volume {
 
     /// Reads the present while the caller holds the write lock (read-modify-write).
     pub(crate) fn read_locked(&self, state: &WriteState, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
-        self.read_with(None, Overlay::Held(state), offset, buf)
+        self.read_with(None, OverlayAccess::Held(state), offset, buf)
     }
 
     fn read_with(
         &self,
         at: Option<Timestamp>,
-        overlay: Overlay<'_>,
+        overlay: OverlayAccess<'_>,
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), EngineError> {
@@ -177,7 +177,7 @@ impl Volume {
             &mut scratch
         };
         if let Err(Mismatch(block)) = self.read_blocks_replanning(at, overlay, first, count, target)? {
-            if let Overlay::Held(_) = overlay {
+            if let OverlayAccess::Held(_) = overlay {
                 // Under the write lock no block leaves the overlay, and the
                 // destager writes only blocks in it: this one is not being
                 // rewritten. (Waiting for the destager here, which takes the
@@ -208,7 +208,7 @@ impl Volume {
     fn read_blocks_replanning(
         &self,
         at: Option<Timestamp>,
-        overlay: Overlay<'_>,
+        overlay: OverlayAccess<'_>,
         first: BlockIndex,
         count: u64,
         target: &mut [u8],
@@ -226,7 +226,7 @@ impl Volume {
     fn read_blocks(
         &self,
         at: Option<Timestamp>,
-        overlay: Overlay<'_>,
+        overlay: OverlayAccess<'_>,
         first: BlockIndex,
         count: u64,
         target: &mut [u8],
@@ -326,7 +326,7 @@ impl Volume {
     fn plan(
         &self,
         at: Option<Timestamp>,
-        overlay: Overlay<'_>,
+        overlay: OverlayAccess<'_>,
         first: BlockIndex,
         count: u64,
     ) -> Result<Result<Vec<Source>, Mismatch>, EngineError> {
@@ -343,16 +343,16 @@ impl Volume {
         let newest_pending = |state: &WriteState| -> Vec<Option<Version>> {
             (first.0..first.0 + count)
                 .map(|block| {
-                    let pending = state.overlay.get(&block)?;
+                    let pending = state.overlay.get(block)?;
                     let visible = pending.iter().rev().find(|entry| at.is_none_or(|at| entry.version.timestamp <= at));
                     visible.map(|entry| entry.version)
                 })
                 .collect()
         };
         let pending = match overlay {
-            Overlay::Held(state) => newest_pending(state),
-            Overlay::Lock if self.overlay_versions.load(Ordering::Relaxed) == 0 => Vec::new(),
-            Overlay::Lock => newest_pending(&self.write.lock()),
+            OverlayAccess::Held(state) => newest_pending(state),
+            OverlayAccess::Lock if self.overlay_versions.load(Ordering::Relaxed) == 0 => Vec::new(),
+            OverlayAccess::Lock => newest_pending(&self.write.lock()),
         };
         let mut metas = Vec::with_capacity(count as usize);
         current.read_meta(first, count, &mut metas)?;
@@ -407,11 +407,11 @@ impl Volume {
         let first = block_size.block_of(offset);
         let end = offset + length;
         let count = (end.div_ceil(block_bytes) - first.0).min(STATUS_BLOCKS_MAX);
-        let sources = match self.plan(at, Overlay::Lock, first, count)? {
+        let sources = match self.plan(at, OverlayAccess::Lock, first, count)? {
             Ok(sources) => sources,
             Err(Mismatch(_)) => {
                 let _no_destage = self.destage.lock();
-                match self.plan(at, Overlay::Lock, first, count)? {
+                match self.plan(at, OverlayAccess::Lock, first, count)? {
                     Ok(sources) => sources,
                     Err(Mismatch(block)) => return Err(self.corrupt_current(block)),
                 }

@@ -1,0 +1,178 @@
+//! The points history must keep exactly: bookmarks (named, saved with the
+//! volume), the holds of open views (pins that live as long as the view),
+//! and the exact time a point in time stands for under the volume's
+//! granularity and retention. Every change of what the index thins is made
+//! under the bookmarks lock, and ends in `rethin`.
+
+use rewind_format::meta::{Bookmark, Bookmarks};
+use rewind_io::write_file_atomic;
+use rewind_types::{BookmarkName, Timestamp};
+
+use crate::timespec::DisplayTime;
+use crate::{EngineError, Volume};
+
+impl Volume {
+    pub fn bookmarks(&self) -> Vec<Bookmark> {
+        self.history.bookmarks.lock().entries.clone()
+    }
+
+    /// Names a point in time, `at` or (when `None`) now — after every write
+    /// acknowledged so far, which this makes durable first.
+    pub fn create_bookmark(
+        &self,
+        name: BookmarkName,
+        at: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Result<Bookmark, EngineError> {
+        self.check_open()?;
+        let mut bookmarks = self.history.bookmarks.lock();
+        if let Some(existing) = bookmarks.entries.iter().find(|bookmark| bookmark.name == name) {
+            return Err(EngineError::BookmarkExists {
+                volume: self.name().to_string(),
+                bookmark: name.to_string(),
+                at: DisplayTime(existing.timestamp).to_string(),
+            });
+        }
+        if bookmarks.entries.len() >= Bookmarks::COUNT_MAX {
+            return Err(EngineError::InvalidArgument(format!(
+                "volume {} already has {} bookmarks, the most it can hold; delete some first",
+                self.name(),
+                Bookmarks::COUNT_MAX
+            )));
+        }
+        let snapshot_now = at.is_none();
+        let at = match at {
+            // A time in the past is kept exact only if it is already (see `exact_time`).
+            Some(at) => self.exact_time_named(self.check_in_history(at, now)?, &bookmarks)?,
+            // Now: pinned before any later write can come in, so no persist or
+            // merge can thin away the state it names.
+            None => self.advance_clock_pinned(now),
+        };
+        // The bookmarked state must survive a crash, like the bookmark itself.
+        self.flush()?;
+        let bookmark = Bookmark { name, timestamp: at };
+        let mut next = bookmarks.clone();
+        next.entries.push(bookmark.clone());
+        next.entries.sort_by_key(|bookmark| bookmark.timestamp);
+        self.save_bookmarks(&next)?;
+        *bookmarks = next;
+        self.rethin(&self.history.policy.lock(), &bookmarks);
+        drop(bookmarks);
+        if snapshot_now && self.rules().destages_at_snapshots() {
+            // A bookmark is an on-demand snapshot: ROW merges at each.
+            self.destage_durable()?;
+        }
+        Ok(bookmark)
+    }
+
+    pub fn delete_bookmark(&self, name: &str) -> Result<Bookmark, EngineError> {
+        self.check_open()?;
+        let mut bookmarks = self.history.bookmarks.lock();
+        let Some(position) = bookmarks.entries.iter().position(|bookmark| bookmark.name.as_str() == name) else {
+            return Err(EngineError::BookmarkNotFound { volume: self.name().to_string(), bookmark: name.to_owned() });
+        };
+        let mut next = bookmarks.clone();
+        let removed = next.entries.remove(position);
+        self.save_bookmarks(&next)?;
+        *bookmarks = next;
+        self.rethin(&self.history.policy.lock(), &bookmarks);
+        Ok(removed)
+    }
+
+    pub(crate) fn save_bookmarks(&self, bookmarks: &Bookmarks) -> Result<(), EngineError> {
+        let path = &self.history.bookmarks_path;
+        write_file_atomic(self.storage(), path, &bookmarks.encode()).map_err(EngineError::io(path))
+    }
+
+    /// Raises the volume's clock to `now` (so later writes get later times)
+    /// and pins that time in the index, atomically with respect to writes.
+    pub(crate) fn advance_clock_pinned(&self, now: Timestamp) -> Timestamp {
+        let mut state = self.write.lock();
+        state.timestamp_last = state.timestamp_last.max(now);
+        let mut thinning = self.index.thinning();
+        let position = thinning.pins.partition_point(|&pin| pin < state.timestamp_last);
+        thinning.pins.insert(position, state.timestamp_last);
+        self.index.set_thinning(thinning);
+        state.timestamp_last
+    }
+
+    /// The latest time at or before `at` whose state the policy keeps exactly:
+    /// `at` itself with every-write granularity; otherwise the end of the
+    /// last complete window (granularity or retention tier), or a later
+    /// bookmark. A time whose history was deleted, or that retention has
+    /// dropped, has none.
+    pub fn exact_time(&self, at: Timestamp) -> Result<Timestamp, EngineError> {
+        self.exact_time_named(at, &self.history.bookmarks.lock())
+    }
+
+    /// [`Volume::exact_time`], naming bookmarks from `bookmarks` (the
+    /// caller holds their lock: it is not taken twice).
+    pub(crate) fn exact_time_named(&self, at: Timestamp, bookmarks: &Bookmarks) -> Result<Timestamp, EngineError> {
+        let thinning = self.index.thinning();
+        let exact = thinning.exact_at_or_before(at);
+        if let Some(horizon) = thinning.horizon.filter(|&horizon| exact < horizon && !thinning.is_pinned(exact)) {
+            let before = thinning.pin_before(at.min(horizon)).map_or(String::new(), |pin| {
+                let name = bookmarks.entries.iter().find(|bookmark| bookmark.timestamp == pin);
+                let name = name.map_or(String::new(), |bookmark| format!(" (bookmark {})", bookmark.name));
+                format!(" and {}{name}", DisplayTime(pin))
+            });
+            return Err(EngineError::HistoryExpired {
+                volume: self.name().to_string(),
+                requested: DisplayTime(at).to_string(),
+                horizon: DisplayTime(horizon).to_string(),
+                before,
+            });
+        }
+        match thinning.deleted_range(exact) {
+            Some((from, to)) if exact < to => Err(EngineError::HistoryDeleted {
+                volume: self.name().to_string(),
+                requested: DisplayTime(at).to_string(),
+                from: DisplayTime(from).to_string(),
+                to: DisplayTime(to).to_string(),
+                before: DisplayTime(thinning.exact_at_or_before(from.saturating_sub_nanos(1))).to_string(),
+            }),
+            _ => Ok(exact),
+        }
+    }
+
+    /// Pins the exact time at or before `at` for as long as the returned hold
+    /// lives (an open view), so no later thinning can change its state.
+    pub(crate) fn hold_exact_time(&self, at: Timestamp) -> Result<Timestamp, EngineError> {
+        // The bookmarks lock serialises every change of what the index thins.
+        let bookmarks = self.history.bookmarks.lock();
+        let exact = self.exact_time_named(at, &bookmarks)?;
+        *self.history.holds.lock().entry(exact).or_insert(0) += 1;
+        self.rethin(&self.history.policy.lock(), &bookmarks);
+        Ok(exact)
+    }
+
+    pub(crate) fn release_time(&self, at: Timestamp) {
+        let bookmarks = self.history.bookmarks.lock();
+        {
+            let mut holds = self.history.holds.lock();
+            let count = holds.get_mut(&at).expect("a released time is held");
+            *count -= 1;
+            if *count == 0 {
+                holds.remove(&at);
+            }
+        }
+        self.rethin(&self.history.policy.lock(), &bookmarks);
+    }
+
+    pub(crate) fn check_in_history(&self, at: Timestamp, now: Timestamp) -> Result<Timestamp, EngineError> {
+        if at > now {
+            return Err(EngineError::InFuture {
+                requested: DisplayTime(at).to_string(),
+                now: DisplayTime(now).to_string(),
+            });
+        }
+        if at < self.created() {
+            return Err(EngineError::BeforeHistory {
+                volume: self.name().to_string(),
+                requested: DisplayTime(at).to_string(),
+                earliest: DisplayTime(self.created()).to_string(),
+            });
+        }
+        Ok(at)
+    }
+}

@@ -1,0 +1,271 @@
+//! A volume's background work, run when the embedder calls it: commits that
+//! are due, the vouch record after a quiet spell, destaging, index seals and
+//! checkpoints (`maintain`, often); merges, retention, the space cap and
+//! archiving (`maintain_history`, on a thread of its own). Transient faults
+//! (a full disk, no descriptors) are noted here and retried by themselves;
+//! everything else poisons the volume (`Volume::fail`).
+
+use super::*;
+
+pub(crate) struct MaintenanceState {
+    /// When maintenance first saw records that are not durable yet.
+    undurable_since: Option<Timestamp>,
+    /// The durable LSN maintenance last saw, and since when it has not moved.
+    quiet: (Lsn, Timestamp),
+    checkpoint_last: Timestamp,
+    checkpoint_lsn: Lsn,
+    checkpoint_journal_bytes: u64,
+    /// ROW: when the redirected blocks were last merged into the current store.
+    merged_at: Timestamp,
+    /// Recovery starts in this journal segment: the ones before it may be
+    /// reclaimed once their history is archived.
+    pub replay_segment: u32,
+}
+
+/// When the slow work on history last ran.
+pub(crate) struct HistoryWork {
+    pub archive_last: Timestamp,
+    space_checked: Timestamp,
+}
+
+/// A transient failure of a volume's work, for `rewind volume info` and
+/// for logging it once rather than at every retry.
+#[derive(Clone, Debug)]
+pub(crate) struct Fault {
+    pub what: String,
+    pub since: Timestamp,
+}
+
+pub(super) fn write_checkpoint(storage: &dyn Storage, dir: &str, checkpoint: &Checkpoint) -> Result<(), EngineError> {
+    let path = format!("{dir}/checkpoint");
+    write_file_atomic(storage, &path, &checkpoint.encode()).map_err(EngineError::io(&path))
+}
+
+impl MaintenanceState {
+    /// The state of a volume just opened at `checkpoint`.
+    pub(super) fn after(checkpoint: &Checkpoint) -> MaintenanceState {
+        MaintenanceState {
+            undurable_since: None,
+            quiet: (Lsn::ZERO, checkpoint.timestamp_last),
+            checkpoint_last: checkpoint.timestamp_last,
+            checkpoint_lsn: checkpoint.lsn,
+            checkpoint_journal_bytes: 0,
+            merged_at: checkpoint.timestamp_last,
+            replay_segment: checkpoint.replay_from.segment,
+        }
+    }
+}
+
+impl HistoryWork {
+    pub(super) fn after(checkpoint: &Checkpoint) -> HistoryWork {
+        HistoryWork { archive_last: checkpoint.timestamp_last, space_checked: checkpoint.timestamp_last }
+    }
+}
+
+impl Volume {
+    /// Background work, called periodically by the embedder: commits buffered
+    /// writes, destages, writes and merges index runs, checkpoints. Returns
+    /// whether it did anything.
+    pub fn maintain(&self, now: Timestamp) -> Result<bool, EngineError> {
+        let mut maintenance = self.maintenance.lock();
+        if self.closed.load(Ordering::Acquire) || self.is_poisoned() {
+            return Ok(false);
+        }
+        let mut worked = false;
+        if self.journal.bytes_unwritten() >= self.config.commit_bytes_soft {
+            // Hand the bytes to the kernel early; the commit below waits less.
+            self.journal.write_out().map_err(|error| self.fail(error.into()))?;
+            worked = true;
+        }
+        if self.journal.lsn_durable() < Lsn(self.journal.lsn_next().0 - 1) {
+            let seen = *maintenance.undurable_since.get_or_insert(now);
+            if now.unix_nanos().saturating_sub(seen.unix_nanos()) >= self.config.commit_interval_nanos {
+                self.flush()?;
+                maintenance.undurable_since = None;
+                worked = true;
+            }
+        } else {
+            maintenance.undurable_since = None;
+        }
+        worked |= self.vouch_when_quiet(&mut maintenance, now)?;
+        let merge_due = self.merge_due(&maintenance, now);
+        if self.overlay_versions.load(Ordering::Relaxed) > 0 && merge_due {
+            let before = self.overlay_versions.load(Ordering::Relaxed);
+            self.destage(self.rules().has_controller_cache())?;
+            maintenance.merged_at = now;
+            worked |= self.overlay_versions.load(Ordering::Relaxed) < before;
+        }
+        if self.index.active_len() >= self.config.memtable_versions_max {
+            self.index.seal();
+        }
+        worked |= self.persist_index(self.journal.lsn_durable())? > 0;
+        let lsn_last = Lsn(self.journal.lsn_next().0 - 1);
+        let journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
+        let since = now.unix_nanos().saturating_sub(maintenance.checkpoint_last.unix_nanos());
+        // A checkpoint destages everything: in ROW, a merge, so only at a
+        // snapshot, unless the journal since the last one grows too long.
+        let due = (since >= self.config.checkpoint_interval_nanos && merge_due)
+            || journal_bytes - maintenance.checkpoint_journal_bytes >= self.config.checkpoint_journal_bytes;
+        if lsn_last > maintenance.checkpoint_lsn && due {
+            drop(maintenance);
+            self.checkpoint(now)?;
+            let replay_segment = self.maintenance.lock().replay_segment;
+            self.reclaim_journal(replay_segment)?;
+            worked = true;
+        }
+        Ok(worked)
+    }
+
+    /// Has the journal vouch for its last records once nothing has been
+    /// made durable for `vouch_after_nanos` (see `rewind_journal`): damage
+    /// to an acknowledged write is then told from a torn one after a crash.
+    fn vouch_when_quiet(&self, maintenance: &mut MaintenanceState, now: Timestamp) -> Result<bool, EngineError> {
+        let lsn_durable = self.journal.lsn_durable();
+        if maintenance.quiet.0 != lsn_durable {
+            maintenance.quiet = (lsn_durable, now);
+            return Ok(false);
+        }
+        let quiet_nanos = now.unix_nanos().saturating_sub(maintenance.quiet.1.unix_nanos());
+        if self.config.vouch_after_nanos == 0 || quiet_nanos < self.config.vouch_after_nanos {
+            return Ok(false);
+        }
+        self.journal.vouch().map_err(|error| self.fail(error.into()))
+    }
+
+    /// Records a failure of this volume's work at `now`; returns whether to
+    /// log it: the first time, when it changes, and once a minute while it
+    /// lasts (a full disk fails every pass until it is freed).
+    pub(crate) fn note_fault(&self, error: &EngineError, now: Timestamp) -> bool {
+        const RELOG_NANOS: u64 = 60_000_000_000;
+        let what = error.to_string();
+        let mut fault = self.fault.lock();
+        let since = fault.as_ref().filter(|known| known.what == what).map_or(now, |known| known.since);
+        // Remembered across passes that work in between (a full disk fails
+        // only the passes that need space): logged once a minute at most.
+        let mut logged = self.fault_logged.lock();
+        let quiet = logged
+            .as_ref()
+            .is_some_and(|(text, at)| *text == what && now.unix_nanos().saturating_sub(at.unix_nanos()) < RELOG_NANOS);
+        *fault = Some(Fault { what: what.clone(), since });
+        if quiet {
+            return false;
+        }
+        *logged = Some((what, now));
+        true
+    }
+
+    /// The work that failed succeeded: the volume is well again.
+    pub(crate) fn clear_fault(&self) {
+        if let Some(fault) = self.fault.lock().take() {
+            tracing::debug!(volume = %self.name(), failing = %fault.what, "volume works again");
+        }
+    }
+
+    /// Views wait while recovery is unfinished (see `settled`): the first
+    /// checkpoint after a crash could not yet be made (a full disk).
+    pub(crate) fn check_settled(&self) -> Result<(), EngineError> {
+        if self.settled.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(EngineError::RecoveryPending { volume: self.name().to_string() })
+    }
+
+    /// Recovery could not finish (its first checkpoint failed for a full
+    /// disk); see `settled`.
+    pub(crate) fn unsettle(&self) {
+        self.settled.store(false, Ordering::Release);
+    }
+
+    /// The transient failure the volume's work is meeting now, if any, and
+    /// since when: it retries by itself.
+    pub fn fault(&self) -> Option<(String, Timestamp)> {
+        self.fault.lock().as_ref().map(|fault| (fault.what.clone(), fault.since))
+    }
+
+    /// Whether recovery has finished (see `settled`): views are served.
+    pub fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::Acquire)
+    }
+
+    /// Whether versions may be destaged now. Continuously, but in ROW only
+    /// at snapshots: with a granularity g the source is merged once a
+    /// window ends (every window end is a snapshot), at every write's
+    /// granularity at every pass.
+    fn merge_due(&self, maintenance: &MaintenanceState, now: Timestamp) -> bool {
+        if !self.rules().destages_at_snapshots() {
+            return true;
+        }
+        let window = self.granularity_nanos();
+        window == 0 || now.unix_nanos() / window > maintenance.merged_at.unix_nanos() / window
+    }
+
+    /// The slow background work on history, called periodically by the
+    /// embedder on a thread of its own so that it never delays commits:
+    /// merges index runs, applies retention and the space cap, archives
+    /// history into the chunk store and gives journal space back. Returns
+    /// whether it did anything.
+    pub fn maintain_history(&self, now: Timestamp) -> Result<bool, EngineError> {
+        let mut work = self.history_work.lock();
+        if self.closed.load(Ordering::Acquire) || self.is_poisoned() {
+            return Ok(false);
+        }
+        let mut worked = self.releasing(|| self.index.compact())?;
+        let retention_due = self.history.retention_clock().saturating_add_nanos(self.config.retention_interval_nanos);
+        if now >= retention_due {
+            worked |= self.apply_retention(now)?;
+        }
+        if now >= work.space_checked.saturating_add_nanos(self.config.retention_interval_nanos) {
+            work.space_checked = now;
+            worked |= self.apply_space_cap(now)?;
+        }
+        if self.archive_due(&work, now) {
+            work.archive_last = now;
+            worked |= self.archive(now)?;
+            let replay_segment = self.maintenance.lock().replay_segment;
+            worked |= self.reclaim_journal(replay_segment)?;
+        }
+        Ok(worked)
+    }
+
+    /// Makes everything derived from the journal durable up to the records
+    /// appended so far, so recovery can start after them.
+    pub fn checkpoint(&self, now: Timestamp) -> Result<(), EngineError> {
+        let mut maintenance = self.maintenance.lock();
+        let (lsn, replay_from, timestamp_last, timeline) = {
+            let mut state = self.write.lock();
+            self.index.seal();
+            let lsn = Lsn(self.journal.lsn_next().0 - 1);
+            let timeline = std::mem::take(&mut state.timeline_unsaved);
+            (lsn, self.journal.position_next(), state.timestamp_last, timeline)
+        };
+        let derived_durable = (|| {
+            self.journal.commit()?;
+            self.destage_durable()?;
+            self.persist_index(lsn)?;
+            let destage = self.destage.lock();
+            assert!(destage.lsn_applied >= lsn, "destaged through the sealed LSN");
+            if let Some(current) = &self.current {
+                current.sync()?;
+            }
+            self.history.save_timeline(lsn, &timeline)
+        })();
+        if let Err(error) = derived_durable {
+            // A failure that passes (a full disk): the activity is saved by
+            // the next checkpoint, with what comes meanwhile.
+            crate::history::merge_buckets(&mut self.write.lock().timeline_unsaved, timeline);
+            return Err(self.fail(error));
+        }
+        write_checkpoint(&*self.storage, &self.dir, &Checkpoint { lsn, replay_from, timestamp_last })
+            .map_err(|error| self.fail(error))?;
+        if !self.settled.swap(true, Ordering::AcqRel) {
+            tracing::info!(volume = %self.name(), "recovery finished: views are served again");
+        }
+        maintenance.checkpoint_last = now;
+        maintenance.merged_at = now;
+        maintenance.checkpoint_lsn = lsn;
+        maintenance.replay_segment = replay_from.segment;
+        maintenance.checkpoint_journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
+        self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}

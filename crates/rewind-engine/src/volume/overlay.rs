@@ -1,0 +1,156 @@
+//! The overlay: per block, its versions not yet in the current store, oldest
+//! first — the papers' cache, whose contents are journal records (durable,
+//! or about to be). In the layouts with a controller cache, the cache is fed
+//! every block written and decides which blocks may leave (`let_go`); in the
+//! others every durable version may.
+//!
+//! Invariants, asserted where they could break: a block's versions are in
+//! strictly increasing LSN order and never empty; only the destager removes
+//! versions, and what it retires is what it applied, which is still there;
+//! a block the cache has let go is in the overlay; the count of versions is
+//! the sum over blocks.
+
+use rewind_cache::ControllerCache;
+use rewind_types::{Lsn, Version};
+use rustc_hash::{FxHashMap, FxHashSet};
+use smallvec::SmallVec;
+
+use super::Pending;
+
+pub(crate) struct Overlay {
+    blocks: FxHashMap<u64, SmallVec<[Pending; 1]>>,
+    /// The controller cache of the layouts with one: its dirty pages are
+    /// the overlay's blocks, and...
+    cache: Option<ControllerCache<()>>,
+    /// ...the blocks it has let go, for the destager.
+    let_go: FxHashSet<u64>,
+    versions: usize,
+}
+
+/// What a destage pass takes from the overlay (see [`Overlay::plan_destage`]).
+pub(crate) struct DestagePlan {
+    /// Per block leaving, its newest durable version, sorted by block.
+    pub newest: Vec<Pending>,
+    /// Per block leaving, every durable version, oldest first; the chains
+    /// sorted by their block. Only when history is filed at destage.
+    pub chains: Vec<Vec<Pending>>,
+}
+
+impl Overlay {
+    /// An overlay holding `pending` (recovered, in LSN order).
+    pub(crate) fn new(cache: Option<ControllerCache<()>>, pending: Vec<Pending>) -> Overlay {
+        let mut overlay = Overlay { blocks: FxHashMap::default(), cache, let_go: FxHashSet::default(), versions: 0 };
+        for entry in pending {
+            overlay.push(entry);
+        }
+        overlay
+    }
+
+    pub(crate) fn versions(&self) -> usize {
+        self.versions
+    }
+
+    /// The versions of `block` not yet destaged, oldest first.
+    pub(crate) fn get(&self, block: u64) -> Option<&[Pending]> {
+        self.blocks.get(&block).map(|entries| entries.as_slice())
+    }
+
+    fn push(&mut self, entry: Pending) {
+        let entries = self.blocks.entry(entry.version.block.0).or_default();
+        if let Some(last) = entries.last() {
+            assert!(last.lsn < entry.lsn, "overlay versions of block {} in LSN order", entry.version.block.0);
+        }
+        entries.push(entry);
+        self.versions += 1;
+    }
+
+    /// Takes in the versions of record `lsn`; `to_current` says whether the
+    /// layout destages them (one with a current store).
+    pub(crate) fn record(&mut self, lsn: Lsn, versions: &[Version], to_current: bool) {
+        if to_current {
+            for version in versions {
+                self.push(Pending { lsn, version: *version });
+            }
+        }
+        if let Some(cache) = &mut self.cache {
+            assert!(to_current, "a controller cache destages into a current store");
+            for version in versions {
+                let block = version.block.0;
+                let outcome = cache.write(block, ());
+                // Dirty again: what it was let go with is superseded here.
+                self.let_go.remove(&block);
+                self.let_go.extend(outcome.destaged.iter().map(|&(destaged, ())| destaged));
+            }
+        }
+    }
+
+    /// What leaves in a destage pass of the versions durable through
+    /// `lsn_durable`: with `cached_only`, the blocks the controller cache
+    /// has let go; otherwise every block, and the cache is clean again.
+    pub(crate) fn plan_destage(&mut self, lsn_durable: Lsn, cached_only: bool, with_chains: bool) -> DestagePlan {
+        if !cached_only {
+            if let Some(cache) = &mut self.cache {
+                cache.flush();
+            }
+            self.let_go.clear();
+        }
+        let blocks: Vec<&SmallVec<[Pending; 1]>> = match cached_only {
+            true => self
+                .let_go
+                .iter()
+                .map(|block| self.blocks.get(block).expect("a block the cache let go is in the overlay"))
+                .collect(),
+            false => self.blocks.values().collect(),
+        };
+        let mut newest: Vec<Pending> = blocks
+            .iter()
+            .filter_map(|entries| entries.iter().rev().find(|entry| entry.lsn <= lsn_durable).copied())
+            .collect();
+        let mut chains: Vec<Vec<Pending>> = match with_chains {
+            true => blocks
+                .iter()
+                .map(|entries| entries.iter().take_while(|entry| entry.lsn <= lsn_durable).copied().collect())
+                .filter(|chain: &Vec<Pending>| !chain.is_empty())
+                .collect(),
+            false => Vec::new(),
+        };
+        newest.sort_unstable_by_key(|pending| pending.version.block);
+        chains.sort_unstable_by_key(|chain| chain[0].version.block);
+        DestagePlan { newest, chains }
+    }
+
+    /// Removes, per block of `applied` (each the newest version of its
+    /// block a destage pass wrote to the current store), that version and
+    /// the ones before it. Returns how many versions left.
+    pub(crate) fn retire(&mut self, applied: &[Pending]) -> usize {
+        let mut retired = 0;
+        for applied in applied {
+            let block = applied.version.block.0;
+            let entries = self.blocks.get_mut(&block).expect("only the destager removes overlay entries");
+            let keep_from = entries.iter().position(|entry| entry.lsn > applied.lsn).unwrap_or(entries.len());
+            assert!(
+                keep_from > 0 && entries[keep_from - 1].lsn == applied.lsn,
+                "block {block}: the version destaged (LSN {}) is still in the overlay",
+                applied.lsn
+            );
+            retired += keep_from;
+            entries.drain(..keep_from);
+            if entries.is_empty() {
+                self.blocks.remove(&block);
+                self.let_go.remove(&block);
+            }
+        }
+        self.versions -= retired;
+        self.check_count();
+        retired
+    }
+
+    /// The count against the blocks: in debug builds, while the overlay is
+    /// small enough for a full count to cost nothing noticeable.
+    fn check_count(&self) {
+        if cfg!(debug_assertions) && self.blocks.len() <= 4096 {
+            let counted: usize = self.blocks.values().map(SmallVec::len).sum();
+            assert_eq!(counted, self.versions, "overlay versions counted");
+        }
+    }
+}
