@@ -14,42 +14,32 @@
 //! [`Node::maintain`] (the server does so from a thread, the simulator from its
 //! event loop).
 
-mod archive;
-mod bookmarks;
-mod clients;
-mod copy;
 mod current;
-mod damage;
 mod device_io;
 mod error;
-mod history;
-mod import;
 mod layout;
 mod node;
-mod read;
 mod repair;
 mod reserve;
-mod space;
 pub mod timespec;
 mod volume;
-mod writes;
 
-pub use clients::{Attachment, InUse};
 pub use device_io::VolumeIoStats;
 pub use error::EngineError;
-pub use history::{PolicyChange, TimelineReport, VolumeStats};
-pub use import::ImportReport;
 pub use layout::{CurrentWrites, Destage, HistorySource, Indexing, LayoutRules};
 pub use node::{DamagedVolume, Node, NodeConfig, VolumeSpec, WorkSignal};
-pub use read::{BlockStatus, View};
 pub use repair::{RepairMode, RepairReport, RepairStep};
 pub use reserve::{Reserve, SpaceReport, SpaceState};
 pub use rewind_chunks::{ChunkError, ChunkStats, ChunkStoreConfig, CollectPhase, CollectReport, DedupConfig};
 pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, TimelineBucket};
 pub use rewind_io::IoStats;
-pub use space::{ratio, VolumeSpace};
+pub use volume::clients::{Attachment, InUse};
+pub use volume::history::{PolicyChange, TimelineReport, VolumeStats};
+pub use volume::import::ImportReport;
+pub use volume::read::{BlockStatus, View};
+pub use volume::space::{ratio, VolumeSpace};
+pub use volume::writes::{WriteExtent, WriteExtents, WriteHistory};
 pub use volume::{Durability, Volume, VolumeConfig, ZeroMode};
-pub use writes::{WriteExtent, WriteExtents, WriteHistory};
 
 pub use rewind_journal::DroppedTail;
 pub use rewind_types::{BlockSize, BookmarkName, Timestamp, VolumeName};

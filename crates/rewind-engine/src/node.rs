@@ -219,7 +219,7 @@ impl Node {
                 tracing::error!(volume = %volume.name(), %problem, "volume is damaged; serving the others");
                 damaged.insert(
                     volume.name().to_string(),
-                    DamagedVolume { name: volume.name().to_string(), meta: Some(volume.meta.clone()), problem },
+                    DamagedVolume { name: volume.name().to_string(), meta: Some(volume.meta().clone()), problem },
                 );
             }
             missing_by_volume.push((volume.name().to_string(), missing));
@@ -253,7 +253,7 @@ impl Node {
                 }
                 Err(error) => {
                     let problem = format!("recovery failed: {error}");
-                    let meta = Some(volume.meta.clone());
+                    let meta = Some(volume.meta().clone());
                     damaged.insert(
                         volume.name().to_string(),
                         DamagedVolume { name: volume.name().to_string(), meta, problem },

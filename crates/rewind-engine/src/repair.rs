@@ -168,7 +168,7 @@ impl Node {
         let problem = error.to_string();
         tracing::error!(volume = %name, %problem, "volume set aside for repair");
         self.volumes.write().remove(&name);
-        self.damaged.write().insert(name.clone(), DamagedVolume { name, meta: Some(volume.meta.clone()), problem });
+        self.damaged.write().insert(name.clone(), DamagedVolume { name, meta: Some(volume.meta().clone()), problem });
     }
 
     /// What to do about `error`, met opening volume `name`; an error if

@@ -252,7 +252,7 @@ impl Volume {
         if let Err(error) = derived_durable {
             // A failure that passes (a full disk): the activity is saved by
             // the next checkpoint, with what comes meanwhile.
-            crate::history::merge_buckets(&mut self.write.lock().timeline_unsaved, timeline);
+            crate::volume::history::merge_buckets(&mut self.write.lock().timeline_unsaved, timeline);
             return Err(self.fail(error));
         }
         write_checkpoint(&*self.storage, &self.dir, &Checkpoint { lsn, replay_from, timestamp_last })

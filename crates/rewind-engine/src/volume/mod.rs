@@ -39,18 +39,28 @@ use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp, Version, VersionData};
 
 use crate::current::CurrentStore;
 use crate::device_io::{VolumeIo, VolumeIoStats};
-use crate::history::History;
 use crate::node::WorkSignal;
+use crate::volume::history::History;
 use crate::EngineError;
 
+mod archive;
+mod bookmarks;
+pub(crate) mod clients;
+mod copy;
+mod damage;
 mod destage;
+pub(crate) mod history;
+pub(crate) mod import;
 mod maintenance;
 mod overlay;
+pub(crate) mod read;
 mod recovery;
+pub(crate) mod space;
+pub(crate) mod writes;
 
 use destage::DestageState;
-pub(crate) use maintenance::Fault;
-pub(crate) use maintenance::HistoryWork;
+use maintenance::Fault;
+use maintenance::HistoryWork;
 use maintenance::MaintenanceState;
 use overlay::Overlay;
 
@@ -131,12 +141,12 @@ pub enum ZeroMode {
 
 /// A block version not yet in the current store.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Pending {
+struct Pending {
     pub lsn: Lsn,
     pub version: Version,
 }
 
-pub(crate) struct WriteState {
+struct WriteState {
     pub timestamp_last: Timestamp,
     /// New versions get times at or after this: the last archive cutoff.
     pub timestamp_floor: Timestamp,
@@ -148,7 +158,7 @@ pub(crate) struct WriteState {
 }
 
 #[derive(Default)]
-pub(crate) struct Counters {
+struct Counters {
     pub writes: AtomicU64,
     pub write_bytes: AtomicU64,
     pub zeroes: AtomicU64,
@@ -181,29 +191,29 @@ const RECORD_BYTES_MAX: usize = 32 << 20;
 const ZERO_RECORD_BLOCKS_MAX: u64 = 1 << 16;
 
 pub struct Volume {
-    pub(crate) meta: VolumeMeta,
+    meta: VolumeMeta,
     dir: String,
     storage: Arc<dyn Storage>,
-    pub(crate) config: VolumeConfig,
-    pub(crate) journal: Journal,
-    pub(crate) index: VersionIndex,
+    config: VolumeConfig,
+    journal: Journal,
+    index: VersionIndex,
     /// The present, at natural offsets; none in the Logging layout.
-    pub(crate) current: Option<CurrentStore>,
-    pub(crate) chunks: Arc<ChunkStore>,
+    current: Option<CurrentStore>,
+    chunks: Arc<ChunkStore>,
     io: VolumeIo,
-    pub(crate) write: Mutex<WriteState>,
-    pub(crate) destage: Mutex<DestageState>,
+    write: Mutex<WriteState>,
+    destage: Mutex<DestageState>,
     maintenance: Mutex<MaintenanceState>,
     /// Taken by the slow work on history (never while holding `maintenance`).
-    pub(crate) history_work: Mutex<HistoryWork>,
-    pub(crate) overlay_versions: AtomicUsize,
+    history_work: Mutex<HistoryWork>,
+    overlay_versions: AtomicUsize,
     poisoned: Mutex<Option<String>>,
     closed: AtomicBool,
-    pub(crate) history: History,
-    pub(crate) space: Mutex<Option<crate::VolumeSpace>>,
-    pub(crate) counters: Counters,
-    pub(crate) clients: crate::clients::Clients,
-    pub(crate) damage: crate::damage::HistoryDamage,
+    history: History,
+    space: Mutex<Option<crate::VolumeSpace>>,
+    counters: Counters,
+    clients: crate::volume::clients::Clients,
+    damage: crate::volume::damage::HistoryDamage,
     /// The last transient failure of this volume's work (a full disk, no
     /// descriptors): it is retried by itself; cleared by the next success.
     fault: Mutex<Option<Fault>>,
@@ -243,6 +253,11 @@ impl Volume {
     }
 
     /// What this volume's layout does differently ([`crate::layout`]).
+    /// What the volume is, as written at its creation.
+    pub(crate) fn meta(&self) -> &VolumeMeta {
+        &self.meta
+    }
+
     pub fn rules(&self) -> LayoutRules {
         LayoutRules::of(self.meta.layout)
     }

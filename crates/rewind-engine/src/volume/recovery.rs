@@ -96,7 +96,7 @@ impl Volume {
             ControllerCache::new(CacheConfig::new(meta.cache_bytes, block_bytes, CACHE_DIRTY_FRACTION))
         });
         let zero_block_crc32c = rewind_format::crc32c(&vec![0u8; meta.block_size.bytes() as usize]);
-        index.set_release_hook(Arc::new(crate::archive::ReleaseChunks {
+        index.set_release_hook(Arc::new(crate::volume::archive::ReleaseChunks {
             chunks: Arc::clone(&chunks),
             block_bytes: meta.block_size.bytes(),
         }));
@@ -126,8 +126,8 @@ impl Volume {
             history,
             space: Mutex::new(None),
             counters: Counters::default(),
-            clients: crate::clients::Clients::default(),
-            damage: crate::damage::HistoryDamage::default(),
+            clients: crate::volume::clients::Clients::default(),
+            damage: crate::volume::damage::HistoryDamage::default(),
             fault: Mutex::new(None),
             fault_logged: Mutex::new(None),
             recovered,

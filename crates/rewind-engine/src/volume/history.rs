@@ -30,7 +30,7 @@ pub(crate) struct History {
     policy_path: String,
     pub(crate) policy: Mutex<VolumePolicy>,
     pub(crate) bookmarks_path: String,
-    /// Taken before `policy` and `holds` (see `crate::bookmarks`).
+    /// Taken before `policy` and `holds` (see `crate::volume::bookmarks`).
     pub(crate) bookmarks: Mutex<Bookmarks>,
     /// Times of open views, with how many: pinned like bookmarks while they
     /// last, so retention never changes what an open view shows.
@@ -344,7 +344,7 @@ impl Volume {
     }
 
     /// Moves the horizon forward if the archived history is over the space
-    /// cap (see [`crate::space`]), and rewrites the runs that lets it thin.
+    /// cap (see [`crate::volume::space`]), and rewrites the runs that lets it thin.
     /// Called by maintenance every `retention_interval_nanos`.
     pub(crate) fn apply_space_cap(&self, now: Timestamp) -> Result<bool, EngineError> {
         let Some(wanted) = self.horizon_for_space_cap(now)? else { return Ok(false) };

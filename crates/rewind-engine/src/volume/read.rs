@@ -144,7 +144,7 @@ impl Volume {
     }
 
     /// Reads the present while the caller holds the write lock (read-modify-write).
-    pub(crate) fn read_locked(&self, state: &WriteState, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+    pub(super) fn read_locked(&self, state: &WriteState, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
         self.read_with(None, OverlayAccess::Held(state), offset, buf)
     }
 

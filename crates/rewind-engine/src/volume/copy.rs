@@ -57,7 +57,7 @@ impl Volume {
     /// destaged; `chains` holds, per block, its durable overlay versions,
     /// oldest first. Returns the superseded overlay versions it kept (for
     /// SplitDownStream to write down too), oldest first per block.
-    pub(crate) fn file_history(&self, chains: &[Vec<Pending>]) -> Result<Vec<Pending>, EngineError> {
+    pub(super) fn file_history(&self, chains: &[Vec<Pending>]) -> Result<Vec<Pending>, EngineError> {
         let Filing { wanted, let_go } = self.versions_to_file(chains)?;
         if wanted.is_empty() {
             return Ok(let_go);
