@@ -15,9 +15,9 @@ use serde::Serialize;
 use rewind_access::{GrantInfo, Grants, TokenInfo, TokenSpec, Tokens, ADMIN_TOKEN_FILE};
 use rewind_engine::{BookmarkName, InUse, Node, NodeConfig, RepairMode};
 use rewind_http::api::{
-    kept_write, time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory, ErrorBody,
-    GcEvent, GcReport, Health, ImportSummary, JobInfo, KeptWrite, NodeReport, RepairSummary, Timeline, UpdateVolume,
-    ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    kept_write, time, view_export, BookmarkInfo, Changes, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory,
+    ErrorBody, GcEvent, GcReport, Health, ImportSummary, JobInfo, KeptWrite, NodeReport, RepairSummary, Timeline,
+    UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -42,6 +42,8 @@ pub trait Backend {
     fn create_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<BookmarkInfo>;
     fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()>;
     fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo>;
+    /// What changed in `name` from `from` to `to` (the present if `None`).
+    fn changes(&self, name: &str, from: &str, to: Option<&str>) -> Result<Changes>;
     fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory>;
     fn volume_stats(&self, name: &str) -> Result<VolumeReport>;
     fn node_stats(&self) -> Result<NodeReport>;
@@ -355,6 +357,15 @@ impl Backend for HttpBackend {
         self.decode(response)
     }
 
+    fn changes(&self, name: &str, from: &str, to: Option<&str>) -> Result<Changes> {
+        let request = self.get_request(&format!("/v1/volumes/{name}/changes")).query("from", from);
+        let request = match to {
+            Some(to) => request.query("to", to),
+            None => request,
+        };
+        self.decode(request.call()?)
+    }
+
     fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory> {
         let request = self.delete_request(&format!("/v1/volumes/{name}/history"));
         self.decode(request.query("from", from).query("to", to).call()?)
@@ -531,6 +542,14 @@ impl Backend for LocalBackend {
             at_unix_nanos: at.unix_nanos(),
             export: view_export(name, at),
         })
+    }
+
+    fn changes(&self, name: &str, from: &str, to: Option<&str>) -> Result<Changes> {
+        let volume = self.node.volume(name)?;
+        let view = |input: &str| volume.view(volume.parse_time(input, now(), &TimeZone::system())?);
+        let earlier = view(from)?;
+        let later = to.map(view).transpose()?;
+        Ok(Changes::between(&volume, &earlier, later.as_ref())?)
     }
 
     fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory> {

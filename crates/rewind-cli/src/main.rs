@@ -110,6 +110,18 @@ enum Command {
     /// certificate, or * for anyone): `rewind access grant VOLUME IDENTITY [--read-only]`, `revoke`, `list`.
     #[command(subcommand)]
     Access(AccessCommand),
+    /// What changed between two points of a volume: `rewind diff db@yesterday-backup [db@-1h]`
+    /// lists the byte ranges that read differently (without the second point: up to now).
+    Diff {
+        /// VOLUME@TIME: the earlier point (see TIME below).
+        #[arg(allow_hyphen_values = true)]
+        from: String,
+        /// VOLUME@TIME: the later point; the present if left out.
+        #[arg(allow_hyphen_values = true)]
+        to: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Resolve a point in time to the NBD export that shows the volume as it was then.
     View {
         volume: String,
@@ -396,6 +408,16 @@ fn parse_bytes(text: &str, what: &str) -> Result<u64> {
         .with_context(|| format!("cannot read {text:?} as a {what}; write it like 10GiB, 512MiB or 4096"))
 }
 
+/// `VOLUME@TIME` as its two parts (a volume name has no `@`).
+fn volume_at(text: &str) -> Result<(&str, &str)> {
+    match text.split_once('@') {
+        Some((volume, at)) if !volume.is_empty() && !at.is_empty() => Ok((volume, at)),
+        _ => {
+            bail!("{text:?} is not VOLUME@TIME: name the volume and a point in time, e.g. db@-1h or db@before-upgrade")
+        }
+    }
+}
+
 fn parse_block_size(text: &str) -> Result<u32> {
     let bytes = parse_bytes(text, "block size")?;
     u32::try_from(bytes)
@@ -501,6 +523,25 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
                 return output::json(&report);
             }
             output::gc_report(&report);
+            Ok(())
+        }
+        Command::Diff { from, to, json } => {
+            let (volume, from) = volume_at(&from)?;
+            let to = match &to {
+                Some(to) => {
+                    let (other, to) = volume_at(to)?;
+                    if other != volume {
+                        bail!("rewind diff compares two points of one volume, not {volume} and {other}");
+                    }
+                    Some(to)
+                }
+                None => None,
+            };
+            let changes = backend.changes(volume, from, to)?;
+            if json {
+                return output::json(&changes);
+            }
+            output::changes(&changes);
             Ok(())
         }
         Command::View { volume, time, json } => {

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rewind_http::api::{
-    BookmarkInfo, GcReport, NodeReport, RepairSummary, StoreIo, Timeline, ViewInfo, VolumeDetail, VolumeInfo,
+    BookmarkInfo, Changes, GcReport, NodeReport, RepairSummary, StoreIo, Timeline, ViewInfo, VolumeDetail, VolumeInfo,
     VolumeReport,
 };
 
@@ -336,6 +336,29 @@ pub fn view(view: &ViewInfo, nbd_address: Option<&String>) {
     println!("  nbdinfo nbd://{address}/{}", view.export);
     println!("  nbdcopy nbd://{address}/{} restored.raw", view.export);
     println!("  qemu-img convert -f raw -O qcow2 nbd://{address}/{} restored.qcow2", view.export);
+}
+
+/// What changed between two points (`rewind diff`).
+pub fn changes(changes: &Changes) {
+    let to = if changes.to_present { format!("now ({})", changes.to) } else { changes.to.clone() };
+    println!("{} from {} to {}", changes.volume, changes.from, to);
+    println!(
+        "{} changed of {} ({:.2}%) in {} ranges",
+        HumanBytes(changes.changed_bytes),
+        HumanBytes(changes.size_bytes),
+        100.0 * changes.changed_bytes as f64 / changes.size_bytes.max(1) as f64,
+        changes.ranges.len()
+    );
+    if changes.ranges.is_empty() {
+        return;
+    }
+    println!();
+    let rows: Vec<Vec<String>> = changes
+        .ranges
+        .iter()
+        .map(|range| vec![range.offset.to_string(), range.length.to_string(), HumanBytes(range.length).to_string()])
+        .collect();
+    table(&["offset", "length", ""], &rows);
 }
 
 fn ratio(value: f64) -> String {

@@ -254,3 +254,56 @@ fn history_delete_keeps_every_point_outside_the_range() {
     let error = failing(&server, &["history", "delete", "db", "--from", "b", "--to", "b", "--yes"]);
     assert!(error.contains("must start before it ends"), "{error}");
 }
+
+/// `rewind diff` with a real client writing: the ranges written between two
+/// bookmarks, and since the first up to now, exactly; the same through the
+/// API and offline; bad points are refused with what to do.
+#[test]
+fn diff_lists_exactly_the_ranges_written_between_two_points() {
+    require("qemu-io");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let mut server = Server::start(dir.path());
+    server.rewind(&["volume", "create", "db", "--size", "64MiB"]);
+    let uri = server.uri("db");
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 8M", &uri]);
+    server.rewind(&["bookmark", "db", "base"]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x22 1M 64k", "-c", "write -P 0x33 10M 1M", &uri]);
+    server.rewind(&["bookmark", "db", "later"]);
+    // Zeroes: allocated over a hole (NO_HOLE) are stored, so a change, as in
+    // qemu's dirty bitmaps; unmapped over a hole, nothing changes.
+    let zeroes = ["-c", "write -z 20M 2M", "-c", "write -z -u 30M 1M", "-c", "write -P 0x44 63M 4k"];
+    run("qemu-io", &[&["-f", "raw"][..], &zeroes, &[uri.as_str()]].concat());
+
+    let ranges = |changes: &serde_json::Value| -> Vec<(u64, u64)> {
+        let ranges = changes["ranges"].as_array().unwrap();
+        ranges.iter().map(|range| (range["offset"].as_u64().unwrap(), range["length"].as_u64().unwrap())).collect()
+    };
+    let between = json(&server.rewind(&["diff", "db@base", "db@later", "--json"]));
+    assert_eq!(ranges(&between), vec![(1 << 20, 64 << 10), (10 << 20, 1 << 20)], "{between}");
+    assert_eq!(between["changed_bytes"], (1 << 20) + (64 << 10));
+    assert_eq!(between["to_present"], false);
+    let since = json(&server.rewind(&["diff", "db@base", "--json"]));
+    let expected = vec![(1 << 20, 64 << 10), (10 << 20, 1 << 20), (20 << 20, 2 << 20), (63 << 20, 4 << 10)];
+    assert_eq!(ranges(&since), expected, "{since}");
+    assert_eq!(since["to_present"], true);
+    let text = server.rewind(&["diff", "db@base", "db@later"]);
+    assert!(text.contains("in 2 ranges") && text.contains("10485760"), "{text}");
+
+    let response = run(
+        "curl",
+        &["-sf", "-H", &server.authorization(), &format!("{}/v1/volumes/db/changes?from=base&to=later", server.api())],
+    );
+    assert_eq!(ranges(&json(&response)), ranges(&between));
+
+    let error = failing(&server, &["diff", "db"]);
+    assert!(error.contains("is not VOLUME@TIME"), "{error}");
+    let error = failing(&server, &["diff", "db@base", "other@later"]);
+    assert!(error.contains("two points of one volume"), "{error}");
+    let error = failing(&server, &["diff", "db@no-such-bookmark"]);
+    assert!(error.contains("no-such-bookmark"), "{error}");
+
+    server.stop();
+    let offline_changes = json(&offline(&data, &["diff", "db@base", "db@later", "--json"]));
+    assert_eq!(ranges(&offline_changes), ranges(&between));
+}

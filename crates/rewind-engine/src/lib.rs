@@ -34,6 +34,7 @@ pub use rewind_chunks::{ChunkError, ChunkStats, ChunkStoreConfig, CollectPhase, 
 pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, TimelineBucket};
 pub use rewind_io::IoStats;
 pub use volume::clients::{Attachment, InUse};
+pub use volume::diff::ChangeExtent;
 pub use volume::history::{PolicyChange, TimelineReport, VolumeStats};
 pub use volume::import::ImportReport;
 pub use volume::read::{BlockStatus, View};

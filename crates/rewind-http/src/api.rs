@@ -490,6 +490,58 @@ impl Timeline {
     }
 }
 
+/// What changed between two points of a volume (`rewind diff`,
+/// `GET /v1/volumes/{name}/changes?from=T1[&to=T2]`): the byte ranges that
+/// read differently, from the version index (see `rewind_engine`'s
+/// changed-block tracking).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Changes {
+    pub volume: String,
+    pub from: String,
+    pub from_unix_nanos: u64,
+    /// The later point; the present when the request named none.
+    pub to: String,
+    pub to_unix_nanos: u64,
+    pub to_present: bool,
+    pub size_bytes: u64,
+    pub changed_bytes: u64,
+    pub ranges: Vec<ChangedRange>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ChangedRange {
+    pub offset: u64,
+    pub length: u64,
+}
+
+impl Changes {
+    /// The changes of `volume` from the view `earlier` to `later` (the
+    /// present if `None`), read through the engine.
+    pub fn between(
+        volume: &std::sync::Arc<rewind_engine::Volume>,
+        earlier: &rewind_engine::View,
+        later: Option<&rewind_engine::View>,
+    ) -> Result<Changes, rewind_engine::EngineError> {
+        let to = later.map_or_else(|| volume.timestamp_last(), rewind_engine::View::at);
+        let ranges: Vec<ChangedRange> = volume
+            .changed_ranges(earlier, later)?
+            .into_iter()
+            .map(|(offset, length)| ChangedRange { offset, length })
+            .collect();
+        Ok(Changes {
+            volume: volume.name().to_string(),
+            from: time(earlier.at()),
+            from_unix_nanos: earlier.at().unix_nanos(),
+            to: time(to),
+            to_unix_nanos: to.unix_nanos(),
+            to_present: later.is_none(),
+            size_bytes: volume.size_bytes(),
+            changed_bytes: ranges.iter().map(|range| range.length).sum(),
+            ranges,
+        })
+    }
+}
+
 /// A view resolved: what `NAME@TIME` means right now.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ViewInfo {

@@ -22,8 +22,8 @@ use rewind_access::{AccessError, GrantInfo, Grants, Principal, TokenInfo, TokenS
 use rewind_engine::{BookmarkName, EngineError, InUse, Node, RepairMode, Timestamp};
 
 use crate::api::{
-    time, view_export, BookmarkInfo, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent,
-    Health, ImportSummary, JobInfo, NodeReport, RepairSummary, RevokeGrant, Timeline, UpdateVolume, ViewInfo,
+    time, view_export, BookmarkInfo, Changes, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory, ErrorBody,
+    GcEvent, Health, ImportSummary, JobInfo, NodeReport, RepairSummary, RevokeGrant, Timeline, UpdateVolume, ViewInfo,
     VolumeDetail, VolumeInfo, VolumeReport, FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
@@ -227,6 +227,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/bookmarks", get(list_bookmarks).post(create_bookmark))
         .route("/v1/volumes/{name}/bookmarks/{bookmark}", delete(delete_bookmark))
         .route("/v1/volumes/{name}/view", get(resolve_view))
+        .route("/v1/volumes/{name}/changes", get(changes))
         .route("/v1/volumes/{name}/history", delete(delete_history))
         .route("/v1/volumes/{name}/stats", get(volume_stats))
         .route("/v1/volumes/{name}/repair", post(repair_volume))
@@ -708,6 +709,31 @@ async fn delete_history(
 ) -> Result<Json<DeletedHistory>, ApiError> {
     let node = Arc::clone(&state.node);
     slow(&jobs, move || DeletedHistory::delete(&*node.volume(&name)?, &range.from, &range.to, now())).await.map(Json)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChangesQuery {
+    from: String,
+    to: Option<String>,
+}
+
+async fn changes(
+    State(state): State<Shared>,
+    Extension(jobs): Extension<Arc<Jobs>>,
+    Path(name): Path<String>,
+    ApiQuery(query): ApiQuery<ChangesQuery>,
+) -> Result<Json<Changes>, ApiError> {
+    let node = Arc::clone(&state.node);
+    slow(&jobs, move || {
+        let volume = node.volume(&name)?;
+        let view = |input: &str| volume.view(volume.parse_time(input, now(), &TimeZone::system())?);
+        let earlier = view(&query.from)?;
+        let later = query.to.as_deref().map(view).transpose()?;
+        Changes::between(&volume, &earlier, later.as_ref())
+    })
+    .await
+    .map(Json)
 }
 
 async fn resolve_view(

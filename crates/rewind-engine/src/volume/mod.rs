@@ -49,6 +49,7 @@ pub(crate) mod clients;
 mod copy;
 mod damage;
 mod destage;
+pub(crate) mod diff;
 pub(crate) mod history;
 pub(crate) mod import;
 mod maintenance;

@@ -75,8 +75,8 @@ pub struct BlockStatus {
     pub zero: bool,
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Source {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Source {
     Zero,
     Current { crc32c: u32 },
     Journal { segment: u32, offset: u32, crc32c: u32 },
@@ -101,11 +101,11 @@ impl Source {
 }
 
 /// A current-store block failed its check: maybe a race with the destager.
-struct Mismatch(BlockIndex);
+pub(super) struct Mismatch(pub(super) BlockIndex);
 
 /// How a plan sees the overlay.
 #[derive(Clone, Copy)]
-enum OverlayAccess<'a> {
+pub(super) enum OverlayAccess<'a> {
     /// Take the write lock to look (if the overlay is not empty).
     Lock,
     /// The caller holds the write lock.
@@ -114,7 +114,7 @@ enum OverlayAccess<'a> {
 
 /// The most blocks one status request answers for (the reply may cover less
 /// than was asked, as NBD allows).
-const STATUS_BLOCKS_MAX: u64 = 1 << 18;
+pub(super) const STATUS_BLOCKS_MAX: u64 = 1 << 18;
 
 impl Volume {
     /// A read-only view of the volume as it was at the latest exact point at
@@ -323,7 +323,7 @@ impl Volume {
 
     /// Where each of `count` blocks from `first` comes from, as of `at` (the
     /// present if `None`).
-    fn plan(
+    pub(super) fn plan(
         &self,
         at: Option<Timestamp>,
         overlay: OverlayAccess<'_>,
