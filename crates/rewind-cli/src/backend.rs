@@ -2,6 +2,7 @@
 //! when none answers — directly on the data directory, with the same results.
 
 use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -13,19 +14,21 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use rewind_access::{GrantInfo, Grants, TokenInfo, TokenSpec, Tokens, ADMIN_TOKEN_FILE};
-use rewind_engine::{BookmarkName, InUse, Node, NodeConfig, RepairMode};
+use rewind_engine::{BookmarkName, InUse, Node, NodeConfig, RepairMode, Timestamp};
 use rewind_http::api::{
-    kept_write, time, view_export, BookmarkInfo, Changes, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory,
-    ErrorBody, GcEvent, GcReport, Health, ImportSummary, JobInfo, KeptWrite, NodeReport, RepairSummary, Timeline,
-    UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    kept_write, time, view_export, AllocationExtent, BookmarkInfo, Changes, CreateBookmark, CreateVolume, CreatedToken,
+    DeletedHistory, ErrorBody, GcEvent, GcReport, Health, ImportSummary, JobInfo, KeptWrite, NodeReport, RepairSummary,
+    Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
 use crate::serve::now;
 
-pub trait Backend {
+pub trait Backend: Send + Sync {
     /// The NBD address of the server, when known.
     fn nbd_address(&self) -> Option<String>;
+    /// The data directory of the node worked on, if known.
+    fn data_dir(&self) -> Option<PathBuf>;
     fn list_volumes(&self) -> Result<Vec<VolumeInfo>>;
     fn create_volume(&self, request: &CreateVolume) -> Result<VolumeInfo>;
     /// Creates `request`'s volume with the file's size and imports the file into it.
@@ -44,6 +47,12 @@ pub trait Backend {
     fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo>;
     /// What changed in `name` from `from` to `to` (the present if `None`).
     fn changes(&self, name: &str, from: &str, to: Option<&str>) -> Result<Changes>;
+    /// Allocation of `name` at exactly `at` (nanoseconds, as a view resolved
+    /// it) from `offset`; may cover less than `length`.
+    fn allocation(&self, name: &str, at: u64, offset: u64, length: u64) -> Result<Vec<AllocationExtent>>;
+    /// Fills `buf` with `name` at exactly `at` from `offset` (at most
+    /// `DATA_BYTES_MAX` bytes).
+    fn read(&self, name: &str, at: u64, offset: u64, buf: &mut [u8]) -> Result<()>;
     fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory>;
     fn volume_stats(&self, name: &str) -> Result<VolumeReport>;
     fn node_stats(&self) -> Result<NodeReport>;
@@ -80,7 +89,8 @@ pub fn connect(
         // Something answered: whatever it says, it is the server to talk to.
         Ok(response) => {
             let health: Health = http.decode(response).with_context(|| format!("the Rewind server at {server}"))?;
-            return Ok(Box::new(HttpBackend { nbd: health.nbd_address, ..http }));
+            let data_dir = health.data_dir.map(PathBuf::from);
+            return Ok(Box::new(HttpBackend { nbd: health.nbd_address, data_dir, ..http }));
         }
         Err(error) => anyhow::Error::from(error),
     };
@@ -110,7 +120,7 @@ pub enum Progress {
     Bar,
 }
 
-fn progress_bar(total: u64, what: &str) -> ProgressBar {
+pub(crate) fn progress_bar(total: u64, what: &str) -> ProgressBar {
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template("{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
@@ -124,6 +134,7 @@ struct HttpBackend {
     base: String,
     agent: ureq::Agent,
     nbd: Option<String>,
+    data_dir: Option<PathBuf>,
     token: Option<String>,
     /// Where the admin token would be, for the message when none works.
     admin_token_path: PathBuf,
@@ -148,6 +159,7 @@ impl HttpBackend {
             base: server.trim_end_matches('/').to_owned(),
             agent: config.build().into(),
             nbd: None,
+            data_dir: None,
             token,
             admin_token_path: data_dir.join(ADMIN_TOKEN_FILE),
         })
@@ -254,6 +266,10 @@ fn watch_import(jobs: impl Fn() -> WithoutBody, volume: String, bar: ProgressBar
 impl Backend for HttpBackend {
     fn nbd_address(&self) -> Option<String> {
         self.nbd.clone()
+    }
+
+    fn data_dir(&self) -> Option<PathBuf> {
+        self.data_dir.clone()
     }
 
     fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
@@ -366,6 +382,27 @@ impl Backend for HttpBackend {
         self.decode(request.call()?)
     }
 
+    fn allocation(&self, name: &str, at: u64, offset: u64, length: u64) -> Result<Vec<AllocationExtent>> {
+        let request = self.get_request(&format!("/v1/volumes/{name}/allocation"));
+        let request = request.query("at", at.to_string()).query("offset", offset.to_string());
+        self.decode(request.query("length", length.to_string()).call()?)
+    }
+
+    fn read(&self, name: &str, at: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let request = self.get_request(&format!("/v1/volumes/{name}/data"));
+        let request = request.query("at", at.to_string()).query("offset", offset.to_string());
+        let mut response = request.query("length", buf.len().to_string()).call()?;
+        if !response.status().is_success() {
+            return Err(self.error(response));
+        }
+        let mut body = response.body_mut().as_reader();
+        body.read_exact(buf).context("the server's answer ended early")?;
+        if body.read(&mut [0])? != 0 {
+            bail!("the server answered more bytes than asked");
+        }
+        Ok(())
+    }
+
     fn delete_history(&self, name: &str, from: &str, to: &str) -> Result<DeletedHistory> {
         let request = self.delete_request(&format!("/v1/volumes/{name}/history"));
         self.decode(request.query("from", from).query("to", to).call()?)
@@ -450,6 +487,10 @@ impl Drop for LocalBackend {
 impl Backend for LocalBackend {
     fn nbd_address(&self) -> Option<String> {
         None
+    }
+
+    fn data_dir(&self) -> Option<PathBuf> {
+        Some(self.data_dir.clone())
     }
 
     fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
@@ -542,6 +583,20 @@ impl Backend for LocalBackend {
             at_unix_nanos: at.unix_nanos(),
             export: view_export(name, at),
         })
+    }
+
+    fn allocation(&self, name: &str, at: u64, offset: u64, length: u64) -> Result<Vec<AllocationExtent>> {
+        let view = self.node.volume(name)?.view_exactly(Timestamp::from_unix_nanos(at))?;
+        let extents = view.block_status(offset, length)?;
+        Ok(extents
+            .iter()
+            .map(|extent| AllocationExtent { length: extent.length, allocated: extent.allocated })
+            .collect())
+    }
+
+    fn read(&self, name: &str, at: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let view = self.node.volume(name)?.view_exactly(Timestamp::from_unix_nanos(at))?;
+        Ok(view.read(offset, buf)?)
     }
 
     fn changes(&self, name: &str, from: &str, to: Option<&str>) -> Result<Changes> {

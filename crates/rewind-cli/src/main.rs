@@ -5,6 +5,7 @@ mod backend;
 mod lab;
 mod limits;
 mod output;
+mod restore;
 mod serve;
 mod tls;
 
@@ -19,7 +20,7 @@ use rewind_access::{Access, GrantInfo, TokenSpec};
 use rewind_engine::InUse;
 use rewind_http::api::{CreateBookmark, CreateVolume, Policy};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Progress};
 
 #[derive(Parser)]
 #[command(
@@ -119,6 +120,28 @@ enum Command {
         /// VOLUME@TIME: the later point; the present if left out.
         #[arg(allow_hyphen_values = true)]
         to: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a volume as it was to a file or block device: `rewind restore db@before-upgrade --to
+    /// /srv/db.raw --progress`; `--since T0` writes only what changed since T0 onto a copy of the
+    /// volume as it was then.
+    Restore {
+        /// VOLUME@TIME: what to restore (see TIME below).
+        #[arg(allow_hyphen_values = true)]
+        point: String,
+        /// The file or block device to write.
+        #[arg(long)]
+        to: PathBuf,
+        /// The point the target holds already (a bookmark, a time): only the ranges changed since
+        /// then are written.
+        #[arg(long, allow_hyphen_values = true)]
+        since: Option<String>,
+        /// Overwrite an existing file or device (a full restore).
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        progress: bool,
         #[arg(long)]
         json: bool,
     },
@@ -544,6 +567,17 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
             output::changes(&changes);
             Ok(())
         }
+        Command::Restore { point, to, since, force, progress, json } => {
+            let (volume, at) = volume_at(&point)?;
+            let progress = if progress { Progress::Bar } else { Progress::Quiet };
+            let request = restore::RestoreRequest { volume, at, target: to, since: since.as_deref(), force, progress };
+            let summary = restore::restore(&*backend, request)?;
+            if json {
+                return output::json(&summary);
+            }
+            output::restored(&summary);
+            Ok(())
+        }
         Command::View { volume, time, json } => {
             let view = backend.resolve_view(&volume, &time)?;
             if json {
@@ -596,7 +630,7 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
         }
         VolumeCommand::Import { name, file, shape, policy, progress, json } => {
             let request = shape.request(name, 0, policy)?;
-            let progress = if progress { backend::Progress::Bar } else { backend::Progress::Quiet };
+            let progress = if progress { Progress::Bar } else { Progress::Quiet };
             let summary = backend.import_volume(&request, &file, progress)?;
             if json {
                 return output::json(&summary);

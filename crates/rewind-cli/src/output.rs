@@ -361,6 +361,25 @@ pub fn changes(changes: &Changes) {
     table(&["offset", "length", ""], &rows);
 }
 
+pub fn restored(summary: &crate::restore::RestoreSummary) {
+    let what = match &summary.since {
+        Some(since) => format!("the changes since {since}"),
+        None => "the whole volume".to_owned(),
+    };
+    println!("restored {}@{} to {}: {what}", summary.volume, summary.at, summary.target);
+    println!(
+        "{} moved{}, {:.1} s, {:.0} MiB/s, synced",
+        HumanBytes(summary.bytes_moved),
+        if summary.bytes_zeroed > 0 {
+            format!(", {} of holes zeroed", HumanBytes(summary.bytes_zeroed))
+        } else {
+            String::new()
+        },
+        summary.seconds,
+        summary.mib_per_second
+    );
+}
+
 fn ratio(value: f64) -> String {
     format!("{value:.2}x")
 }

@@ -309,6 +309,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         let state = ApiState {
             node: Arc::clone(&node),
             nbd_address: Some(nbd_address.to_string()),
+            data_dir: data_dir.canonicalize().ok().map(|path| path.display().to_string()),
             door,
             grants,
             limits: limits.api,

@@ -542,6 +542,18 @@ impl Changes {
     }
 }
 
+/// One extent of a volume's allocation at a point (`GET
+/// /v1/volumes/{name}/allocation`), in order from the offset asked.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AllocationExtent {
+    pub length: u64,
+    /// Data is stored; otherwise the extent reads as zeros.
+    pub allocated: bool,
+}
+
+/// The most bytes one `GET /v1/volumes/{name}/data` returns.
+pub const DATA_BYTES_MAX: u64 = 32 << 20;
+
 /// A view resolved: what `NAME@TIME` means right now.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ViewInfo {
@@ -613,6 +625,9 @@ pub struct Health {
     pub volumes: usize,
     /// Where the server's NBD exports are, e.g. `127.0.0.1:10809`.
     pub nbd_address: Option<String>,
+    /// The server's data directory (absolute).
+    #[serde(default)]
+    pub data_dir: Option<String>,
 }
 
 /// `DELETE /v1/volumes/{name}/history?from=TIME&to=TIME`: what was deleted.

@@ -13,6 +13,8 @@
 //! | DELETE | `/v1/volumes/{name}/bookmarks/{bookmark}` | delete a bookmark |
 //! | GET | `/v1/volumes/{name}/view?at=TIME` | resolve a point in time to its NBD export |
 //! | GET | `/v1/volumes/{name}/changes?from=TIME[&to=TIME]` | the byte ranges that read differently between two points (to now without `to`) |
+//! | GET | `/v1/volumes/{name}/allocation?at=NANOS&offset=O&length=L` | allocated and zero extents at an exact point (for `rewind restore`) |
+//! | GET | `/v1/volumes/{name}/data?at=NANOS&offset=O&length=L` | the bytes at an exact point, at most 32 MiB at a time (for `rewind restore`) |
 //! | DELETE | `/v1/volumes/{name}/history?from=TIME&to=TIME` | delete history, keeping each block's last version in the range |
 //! | GET | `/v1/volumes/{name}/stats` | the volume's history measured now, and its device I/O by store (`VolumeReport`) |
 //! | GET | `/v1/stats` | the chunk store and every volume (`NodeReport`) |

@@ -22,9 +22,9 @@ use rewind_access::{AccessError, GrantInfo, Grants, Principal, TokenInfo, TokenS
 use rewind_engine::{BookmarkName, EngineError, InUse, Node, RepairMode, Timestamp};
 
 use crate::api::{
-    time, view_export, BookmarkInfo, Changes, CreateBookmark, CreateVolume, CreatedToken, DeletedHistory, ErrorBody,
-    GcEvent, Health, ImportSummary, JobInfo, NodeReport, RepairSummary, RevokeGrant, Timeline, UpdateVolume, ViewInfo,
-    VolumeDetail, VolumeInfo, VolumeReport, FIXED_AT_CREATION,
+    time, view_export, AllocationExtent, BookmarkInfo, Changes, CreateBookmark, CreateVolume, CreatedToken,
+    DeletedHistory, ErrorBody, GcEvent, Health, ImportSummary, JobInfo, NodeReport, RepairSummary, RevokeGrant,
+    Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport, DATA_BYTES_MAX, FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
@@ -41,6 +41,9 @@ pub struct ApiState {
     /// Where the NBD server listens, reported by `/v1/health` so clients can
     /// print the right URIs.
     pub nbd_address: Option<String>,
+    /// The data directory, reported by `/v1/health` so that a restore is
+    /// never written into it.
+    pub data_dir: Option<String>,
     /// Who may call the API (tokens, allowed host names, our own scheme).
     pub door: Door,
     /// NBD access grants, managed here and read by the NBD catalog.
@@ -228,6 +231,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/bookmarks/{bookmark}", delete(delete_bookmark))
         .route("/v1/volumes/{name}/view", get(resolve_view))
         .route("/v1/volumes/{name}/changes", get(changes))
+        .route("/v1/volumes/{name}/allocation", get(allocation))
+        .route("/v1/volumes/{name}/data", get(data))
         .route("/v1/volumes/{name}/history", delete(delete_history))
         .route("/v1/volumes/{name}/stats", get(volume_stats))
         .route("/v1/volumes/{name}/repair", post(repair_volume))
@@ -287,6 +292,7 @@ async fn health(State(state): State<Shared>, Extension(principal): Extension<Pri
         version: env!("CARGO_PKG_VERSION").to_owned(),
         volumes: state.node.volumes().iter().filter(|volume| principal.may_see(volume.name().as_str())).count(),
         nbd_address: state.nbd_address.clone(),
+        data_dir: state.data_dir.clone(),
     })
 }
 
@@ -734,6 +740,53 @@ async fn changes(
     })
     .await
     .map(Json)
+}
+
+/// A byte range of a volume at an exact point (nanoseconds since the epoch,
+/// as a view resolved it): a restore reads it a piece at a time.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RangeQuery {
+    at: u64,
+    offset: u64,
+    length: u64,
+}
+
+async fn allocation(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    ApiQuery(query): ApiQuery<RangeQuery>,
+) -> Result<Json<Vec<AllocationExtent>>, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || {
+        let view = node.volume(&name)?.view_exactly(Timestamp::from_unix_nanos(query.at))?;
+        let extents = view.block_status(query.offset, query.length)?;
+        Ok(extents
+            .iter()
+            .map(|extent| AllocationExtent { length: extent.length, allocated: extent.allocated })
+            .collect())
+    })
+    .await
+    .map(Json)
+}
+
+async fn data(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    ApiQuery(query): ApiQuery<RangeQuery>,
+) -> Result<Response, ApiError> {
+    if query.length > DATA_BYTES_MAX {
+        return Err(invalid(format!("at most {DATA_BYTES_MAX} bytes at a time, not {}", query.length)));
+    }
+    let node = Arc::clone(&state.node);
+    let bytes = blocking(move || {
+        let view = node.volume(&name)?.view_exactly(Timestamp::from_unix_nanos(query.at))?;
+        let mut buffer = vec![0; query.length as usize];
+        view.read(query.offset, &mut buffer)?;
+        Ok(buffer)
+    })
+    .await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
 async fn resolve_view(

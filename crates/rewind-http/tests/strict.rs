@@ -29,7 +29,14 @@ impl Api {
         let token = tokens.ensure_admin().unwrap().expect("a new admin token");
         let door = Door { tokens, allowed_hosts: AllowedHosts::new("127.0.0.1".parse().unwrap(), &[]), https: false };
         let grants = Arc::new(Grants::open(dir.path()).unwrap());
-        let state = ApiState { node: Arc::clone(&node), nbd_address: None, door, grants, limits: ApiLimits::default() };
+        let state = ApiState {
+            node: Arc::clone(&node),
+            nbd_address: None,
+            data_dir: None,
+            door,
+            grants,
+            limits: ApiLimits::default(),
+        };
         Api { router: router(state), node, token, _dir: dir }
     }
 

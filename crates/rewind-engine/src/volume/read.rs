@@ -126,6 +126,22 @@ impl Volume {
         Ok(View { volume: Arc::clone(self), at })
     }
 
+    /// A view at exactly `at`, a time some earlier view resolved to (work
+    /// done a piece at a time, like a restore over the API): refused if
+    /// `at` is no longer an exact point, rather than showing another.
+    pub fn view_exactly(self: &Arc<Self>, at: Timestamp) -> Result<View, EngineError> {
+        let view = self.view(at)?;
+        if view.at() != at {
+            return Err(EngineError::InvalidArgument(format!(
+                "volume {} no longer keeps {} exactly (retention, the space cap or a history delete changed it \
+                 since it was chosen); choose a point that is kept, such as a bookmark",
+                self.name(),
+                DisplayTime(at)
+            )));
+        }
+        Ok(view)
+    }
+
     /// Reads the present contents at `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
         self.read_at(None, offset, buf)
