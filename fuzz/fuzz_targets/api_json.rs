@@ -1,6 +1,6 @@
 //! The HTTP API's JSON request bodies — `CreateVolume`, `UpdateVolume` (a
-//! policy change), `CreateBookmark`, and the door's `TokenSpec` and
-//! `GrantInfo` — deserialised from arbitrary bytes,
+//! policy change), `CreateBookmark`, `CreateClone`, and the door's
+//! `TokenSpec` and `GrantInfo` — deserialised from arbitrary bytes,
 //! as axum's `Json` extractor does, then turned into what the engine is
 //! given (`spec()`, `parse()`, the bookmark's name and time).
 //!
@@ -13,8 +13,8 @@ use libfuzzer_sys::fuzz_target;
 use rewind_access::{GrantInfo, TokenSpec};
 use rewind_engine::timespec::parse_point_in_time;
 use rewind_fuzz::{assert_heap_follows_input, peak_heap_bytes, Cursor};
-use rewind_http::api::{CreateBookmark, CreateVolume, UpdateVolume};
-use rewind_types::{BookmarkName, Timestamp};
+use rewind_http::api::{CreateBookmark, CreateClone, CreateVolume, UpdateVolume};
+use rewind_types::{BookmarkName, Timestamp, VolumeName};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -28,11 +28,19 @@ fn round_trip<T: DeserializeOwned + Serialize + PartialEq + std::fmt::Debug>(bod
     Some(value)
 }
 
+/// A request's time, parsed as the server parses it.
+fn parse_at(at: Option<&str>) {
+    if let Some(at) = at {
+        let now = Timestamp::from_unix_nanos(1_763_805_792_000_000_000);
+        let _ = parse_point_in_time(at, now, &jiff::tz::TimeZone::UTC);
+    }
+}
+
 fuzz_target!(|input: &[u8]| {
     let mut input = Cursor::new(input);
     let kind = input.u8();
     let body = input.rest();
-    match kind % 5 {
+    match kind % 6 {
         0 => {
             let Some(request) = round_trip::<CreateVolume>(body) else { return };
             if let Ok(spec) = request.spec() {
@@ -50,13 +58,15 @@ fuzz_target!(|input: &[u8]| {
         4 => {
             round_trip::<GrantInfo>(body);
         }
+        5 => {
+            let Some(request) = round_trip::<CreateClone>(body) else { return };
+            let _ = VolumeName::new(&request.name);
+            parse_at(request.at.as_deref());
+        }
         _ => {
             let Some(request) = round_trip::<CreateBookmark>(body) else { return };
             let _ = BookmarkName::new(&request.name);
-            if let Some(at) = &request.at {
-                let now = Timestamp::from_unix_nanos(1_763_805_792_000_000_000);
-                let _ = parse_point_in_time(at, now, &jiff::tz::TimeZone::UTC);
-            }
+            parse_at(request.at.as_deref());
         }
     }
 });

@@ -14,11 +14,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use rewind_access::{GrantInfo, Grants, TokenInfo, TokenSpec, Tokens, ADMIN_TOKEN_FILE};
-use rewind_engine::{BookmarkName, InUse, Node, NodeConfig, RepairMode, Timestamp};
+use rewind_engine::{BookmarkName, Clones, InUse, Node, NodeConfig, RepairMode, Timestamp, VolumeName};
 use rewind_http::api::{
-    kept_write, time, view_export, AllocationExtent, BookmarkInfo, Changes, CreateBookmark, CreateVolume, CreatedToken,
-    DeletedHistory, ErrorBody, GcEvent, GcReport, Health, ImportSummary, JobInfo, KeptWrite, NodeReport, RepairSummary,
-    Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    kept_write, time, view_export, AllocationExtent, BookmarkInfo, Changes, CreateBookmark, CreateClone, CreateVolume,
+    CreatedToken, DeletedHistory, ErrorBody, GcEvent, GcReport, Health, ImportSummary, JobInfo, KeptWrite, NodeReport,
+    RepairSummary, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -35,7 +35,9 @@ pub trait Backend: Send + Sync {
     fn import_volume(&self, request: &CreateVolume, file: &Path, progress: Progress) -> Result<ImportSummary>;
     fn volume(&self, name: &str) -> Result<VolumeDetail>;
     fn update_volume(&self, name: &str, request: &UpdateVolume) -> Result<VolumeInfo>;
-    fn delete_volume(&self, name: &str, in_use: InUse) -> Result<()>;
+    fn delete_volume(&self, name: &str, in_use: InUse, clones: Clones) -> Result<()>;
+    /// Creates the clone `request` names of volume `source`.
+    fn clone_volume(&self, source: &str, request: &CreateClone) -> Result<VolumeInfo>;
     /// Repairs volume `name` (`apply`), or says what a repair would do.
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary>;
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline>;
@@ -330,9 +332,15 @@ impl Backend for HttpBackend {
         self.decode(self.patch_request(&format!("/v1/volumes/{name}")).send_json(request)?)
     }
 
-    fn delete_volume(&self, name: &str, in_use: InUse) -> Result<()> {
+    fn delete_volume(&self, name: &str, in_use: InUse, clones: Clones) -> Result<()> {
         let force = in_use == InUse::Force;
-        self.decode_empty(self.delete_request(&format!("/v1/volumes/{name}?force={force}")).call()?)
+        let with_clones = clones == Clones::Delete;
+        let path = format!("/v1/volumes/{name}?force={force}&with_clones={with_clones}");
+        self.decode_empty(self.delete_request(&path).call()?)
+    }
+
+    fn clone_volume(&self, source: &str, request: &CreateClone) -> Result<VolumeInfo> {
+        self.post(&format!("/v1/volumes/{source}/clones"), request)
     }
 
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary> {
@@ -523,7 +531,7 @@ impl Backend for LocalBackend {
                 bytes_written: report.bytes_written,
             }),
             Err(error) => {
-                self.node.delete_volume(&request.name, InUse::Force)?;
+                self.node.delete_volume(&request.name, InUse::Force, Clones::Refuse)?;
                 Err(error.into())
             }
         }
@@ -540,8 +548,16 @@ impl Backend for LocalBackend {
         Ok(VolumeInfo::of(&volume))
     }
 
-    fn delete_volume(&self, name: &str, in_use: InUse) -> Result<()> {
-        Ok(self.node.delete_volume(name, in_use)?)
+    fn delete_volume(&self, name: &str, in_use: InUse, clones: Clones) -> Result<()> {
+        Ok(self.node.delete_volume(name, in_use, clones)?)
+    }
+
+    fn clone_volume(&self, source: &str, request: &CreateClone) -> Result<VolumeInfo> {
+        let volume = self.node.volume(source)?;
+        let name = VolumeName::new(&request.name).map_err(|error| anyhow!(error))?;
+        let now = now();
+        let at = request.at.as_deref().map(|at| volume.parse_time(at, now, &TimeZone::system())).transpose()?;
+        Ok(VolumeInfo::of(&*self.node.clone_volume(source, at, name, now)?))
     }
 
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary> {

@@ -17,8 +17,8 @@ use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use rewind_access::{Access, GrantInfo, TokenSpec};
-use rewind_engine::InUse;
-use rewind_http::api::{CreateBookmark, CreateVolume, Policy};
+use rewind_engine::{Clones, InUse};
+use rewind_http::api::{CreateBookmark, CreateClone, CreateVolume, Policy};
 
 use crate::backend::{Backend, Progress};
 
@@ -382,6 +382,22 @@ enum VolumeCommand {
         /// Delete it even while clients are connected to it (they get errors from then on).
         #[arg(long)]
         force: bool,
+        /// Delete its clones (and theirs) with it; without this a volume
+        /// that clones read from is not deleted.
+        #[arg(long)]
+        with_clones: bool,
+    },
+    /// A writable volume that starts as another was at a point in time:
+    /// `rewind volume clone db@-2h db-debug`. Nothing is copied, so it is
+    /// immediate; it reads the source's history where it has not been
+    /// written, and keeps its own every-write history.
+    Clone {
+        /// VOLUME@TIME (see TIME in `rewind --help`), or VOLUME for now.
+        source: String,
+        /// The new volume's name.
+        name: String,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -689,12 +705,36 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
                 (false, None) => bail!("nothing was changed; run `rewind volume repair {name} --yes` to repair"),
             }
         }
-        VolumeCommand::Delete { name, yes, force } => {
-            if !yes && !output::confirm(&format!("delete volume {name} and all of its history?"))? {
+        VolumeCommand::Delete { name, yes, force, with_clones } => {
+            let what = if with_clones { "its clones and all of their history" } else { "all of its history" };
+            if !yes && !output::confirm(&format!("delete volume {name}, {what}?"))? {
                 bail!("not deleted (pass --yes to delete without asking)");
             }
-            backend.delete_volume(&name, if force { InUse::Force } else { InUse::Refuse })?;
+            let in_use = if force { InUse::Force } else { InUse::Refuse };
+            backend.delete_volume(&name, in_use, if with_clones { Clones::Delete } else { Clones::Refuse })?;
             println!("deleted volume {name}");
+            Ok(())
+        }
+        VolumeCommand::Clone { source, name, json } => {
+            let (source, at) = match source.split_once('@') {
+                Some(_) => volume_at(&source).map(|(volume, at)| (volume, Some(at.to_owned())))?,
+                None => (source.as_str(), None),
+            };
+            let info = backend.clone_volume(source, &CreateClone { name, at })?;
+            if json {
+                return output::json(&info);
+            }
+            let address = backend.nbd_address().unwrap_or_else(|| "127.0.0.1:10809".into());
+            let base = info.base.as_ref().expect("a clone has a base");
+            println!(
+                "created volume {} ({}, {} layout), a writable clone of {} as of {}: nbd://{address}/{}",
+                info.name,
+                indicatif::HumanBytes(info.size_bytes),
+                info.layout,
+                base.volume,
+                base.at,
+                info.export
+            );
             Ok(())
         }
     }

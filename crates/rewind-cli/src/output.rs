@@ -133,6 +133,9 @@ pub fn volume_detail(detail: &VolumeDetail) {
     if info.cache_bytes > 0 {
         println!("cache           {} (controller cache, 3% dirty)", HumanBytes(info.cache_bytes));
     }
+    if let Some(base) = &info.base {
+        println!("clone of        {} as of {}", base.volume, base.at);
+    }
     println!("protected since {}", info.created);
     println!("last write      {}", info.last_write.as_deref().unwrap_or("never"));
     println!("bookmarks       {}", info.bookmark_count);

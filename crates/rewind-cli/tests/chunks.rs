@@ -7,11 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{pattern, require, run, wait_for, Server};
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
-}
+use common::{json, pattern, require, run, wait_for, Server};
 
 fn stats(server: &Server, volume: &str) -> serde_json::Value {
     json(&server.rewind(&["stats", volume, "--json"]))

@@ -4,11 +4,7 @@
 mod common;
 
 use common::nbd_client::NbdClient;
-use common::{require, run, run_failing, wait_for, Server, REWIND};
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
-}
+use common::{json, require, run, run_failing, wait_for, Server, REWIND};
 
 /// Runs the CLI directly on a data directory, without a server.
 fn offline(data: &str, args: &[&str]) -> String {

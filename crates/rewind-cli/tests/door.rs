@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::pki::Pki;
-use common::{describe, require, run, run_failing, Server, REWIND};
+use common::{describe, json, require, run, run_failing, Server, REWIND};
 
 /// An HTTP request with curl: the status and the body.
 fn curl(args: &[&str]) -> (u16, String) {
@@ -21,10 +21,6 @@ fn curl(args: &[&str]) -> (u16, String) {
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
     (status.trim().parse().unwrap_or(0), body.to_owned())
-}
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}): {text}"))
 }
 
 fn bearer(token: &str) -> String {

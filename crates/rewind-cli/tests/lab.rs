@@ -4,11 +4,7 @@
 
 mod common;
 
-use common::{require, run, run_failing, Server, REWIND};
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
-}
+use common::{json, require, run, run_failing, Server, REWIND};
 
 #[test]
 fn a_volumes_history_is_a_trace_the_lab_replays() {

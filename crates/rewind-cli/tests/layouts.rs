@@ -7,11 +7,7 @@ mod common;
 
 use std::fs;
 
-use common::{pattern, require, run, Server};
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
-}
+use common::{json, pattern, require, run, Server};
 
 fn fio(uri: &str, extra: &[&str]) -> String {
     let uri = format!("--uri={uri}");

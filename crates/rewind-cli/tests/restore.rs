@@ -6,17 +6,7 @@
 
 mod common;
 
-use common::{require, run, Server, REWIND};
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
-}
-
-fn failing(server: &Server, args: &[&str]) -> String {
-    let output = server.rewind_output(args);
-    assert!(!output.status.success(), "rewind {args:?} should fail:\n{}", common::describe(&output));
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
+use common::{json, require, run, Server, REWIND};
 
 #[test]
 fn restore_writes_the_view_sparsely_and_since_moves_only_the_changes() {
@@ -51,18 +41,18 @@ fn restore_writes_the_view_sparsely_and_since_moves_only_the_changes() {
     );
 
     // The target is protected.
-    let error = failing(&server, &["restore", "db@first", "--to", &path("first.raw")]);
+    let error = server.rewind_failing(&["restore", "db@first", "--to", &path("first.raw")]);
     assert!(error.contains("exists; pass --force"), "{error}");
     let inside = data.join("volumes").join("restored.raw");
-    let error = failing(&server, &["restore", "db@first", "--to", inside.to_str().unwrap()]);
+    let error = server.rewind_failing(&["restore", "db@first", "--to", inside.to_str().unwrap()]);
     assert!(error.contains("inside the data directory"), "{error}");
-    let error = failing(&server, &["restore", "db@second", "--to", &path("missing.raw"), "--since", "first"]);
+    let error = server.rewind_failing(&["restore", "db@second", "--to", &path("missing.raw"), "--since", "first"]);
     assert!(error.contains("does not exist"), "{error}");
     std::fs::write(path("small.raw"), vec![0; 1 << 20]).unwrap();
-    let error = failing(&server, &["restore", "db@second", "--to", &path("small.raw"), "--since", "first"]);
+    let error = server.rewind_failing(&["restore", "db@second", "--to", &path("small.raw"), "--since", "first"]);
     assert!(error.contains("too small"), "{error}");
     assert_eq!(std::fs::metadata(path("small.raw")).unwrap().len(), 1 << 20, "nothing written");
-    let error = failing(&server, &["restore", "db", "--to", &path("x.raw")]);
+    let error = server.rewind_failing(&["restore", "db", "--to", &path("x.raw")]);
     assert!(error.contains("is not VOLUME@TIME"), "{error}");
 
     // --since: only the changes, onto a copy of the first point.

@@ -53,6 +53,13 @@ pub enum EngineError {
     )]
     InUse { volume: String, clients: Vec<String> },
     #[error(
+        "volume {volume} has {}: {}; delete {} first, or with it (`--with-clones`)",
+        if clones.len() == 1 { "a clone that reads from it".to_owned() } else { format!("{} clones that read from it", clones.len()) },
+        clones.join(", "),
+        if clones.len() == 1 { "it" } else { "them" }
+    )]
+    HasClones { volume: String, clones: Vec<String> },
+    #[error(
         "volume {volume} is damaged and not served: {problem}; `rewind volume repair {volume}` rebuilds what can \
          be rebuilt and says what cannot, `rewind volume delete {volume}` removes it"
     )]

@@ -14,7 +14,7 @@ use rewind_types::{BlockSize, Timestamp, VolumeName};
 
 use crate::layout::LayoutRules;
 use crate::reserve::{Reserve, SpaceGauge, SpaceReport, SpaceState};
-use crate::volume::Shared;
+use crate::volume::{Base, Shared};
 use crate::{EngineError, InUse, Volume, VolumeConfig};
 
 #[derive(Clone, Copy, Debug)]
@@ -78,6 +78,15 @@ impl VolumeSpec {
     }
 }
 
+/// Whether deleting a volume that has clones deletes them too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clones {
+    /// Refuse, naming them.
+    Refuse,
+    /// Delete them (and their clones) first.
+    Delete,
+}
+
 /// The controller cache of a volume with one, created without a size.
 pub const CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 
@@ -101,6 +110,29 @@ impl WorkSignal {
             self.condvar.wait_for(&mut pending, timeout);
         }
         std::mem::take(&mut *pending)
+    }
+}
+
+/// The base a clone described by `meta` reads from, lent by the open
+/// volume it names (`None` for a volume that is not a clone).
+pub(crate) fn lend_base(
+    volumes: &BTreeMap<String, Arc<Volume>>,
+    damaged: &BTreeMap<String, DamagedVolume>,
+    meta: &VolumeMeta,
+) -> Result<Option<Base>, EngineError> {
+    let Some(base) = &meta.base else {
+        return Ok(None);
+    };
+    let name = base.volume.as_str();
+    match volumes.get(name) {
+        Some(volume) => Ok(Some(volume.lend_again(&meta.name, base.at))),
+        None => Err(EngineError::Corrupt {
+            volume: meta.name.to_string(),
+            detail: match damaged.get(name) {
+                Some(_) => format!("it is a clone of volume {name}, which is damaged: repair {name} first"),
+                None => format!("it is a clone of volume {name}, which is missing"),
+            },
+        }),
     }
 }
 
@@ -179,6 +211,7 @@ impl Node {
         }
         let mut volumes = BTreeMap::new();
         let mut damaged = BTreeMap::new();
+        let mut unopened = Vec::new();
         for name in storage.list_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))? {
             if name.starts_with('.') {
                 // Not a volume (no volume name starts with a dot): a size probe left by a crash.
@@ -194,16 +227,35 @@ impl Node {
                 storage.sync_dir(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
                 continue;
             }
-            match Volume::open(Arc::clone(&storage), &dir, config.volume, &shared) {
-                Ok(volume) => {
-                    volumes.insert(name, volume);
-                }
-                Err(error) => {
-                    let damage = DamagedVolume::new(&*storage, &name, &error);
-                    tracing::error!(volume = %name, problem = %damage.problem, "volume is damaged; serving the others");
-                    damaged.insert(name, damage);
+            unopened.push(name);
+        }
+        // Bases before their clones: each round opens the volumes whose base
+        // is open (or that are not clones); a volume whose metadata cannot
+        // be read opens at once, to be set aside with what is wrong.
+        while !unopened.is_empty() {
+            let waits_for_base = |name: &String| -> bool {
+                let meta = Volume::read_meta(&*storage, &volume_dir(name));
+                let base = meta.ok().and_then(|meta| meta.base).map(|base| base.volume.to_string());
+                base.is_some_and(|base| unopened.contains(&base) && !volumes.contains_key(&base))
+            };
+            let (waiting, ready): (Vec<String>, Vec<String>) = unopened.iter().cloned().partition(waits_for_base);
+            // A cycle, which only damaged metadata can make, opens anyway and fails.
+            let (ready, waiting) = if ready.is_empty() { (waiting, Vec::new()) } else { (ready, waiting) };
+            for name in ready {
+                let dir = volume_dir(&name);
+                let lend = |meta: &VolumeMeta| lend_base(&volumes, &damaged, meta);
+                match Volume::open(Arc::clone(&storage), &dir, config.volume, &shared, &lend) {
+                    Ok(volume) => {
+                        volumes.insert(name, volume);
+                    }
+                    Err(error) => {
+                        let damage = DamagedVolume::new(&*storage, &name, &error);
+                        tracing::error!(volume = %name, problem = %damage.problem, "volume is damaged; serving the others");
+                        damaged.insert(name, damage);
+                    }
                 }
             }
+            unopened = waiting;
         }
         let mut missing_by_volume = Vec::new();
         for volume in volumes.values() {
@@ -310,19 +362,6 @@ impl Node {
                 crate::timespec::display_retention(&spec.retention)
             ))
         })?;
-        if let Some(refusal) = self.shared.space.refusal() {
-            return Err(EngineError::NoSpace { volume: spec.name.to_string(), detail: refusal });
-        }
-        let _admin = self.admin.lock();
-        let name = spec.name.to_string();
-        if self.volumes.read().contains_key(&name) || self.damaged.read().contains_key(&name) {
-            return Err(EngineError::VolumeExists(name));
-        }
-        let dir = volume_dir(&name);
-        if self.storage.exists(&dir).map_err(EngineError::io(&dir))? {
-            self.storage.remove_dir_all(&dir).map_err(EngineError::io(&dir))?;
-        }
-        self.check_file_size(spec.size_bytes)?;
         let meta = VolumeMeta {
             name: spec.name,
             size_bytes: spec.size_bytes,
@@ -333,23 +372,67 @@ impl Node {
                 0 if rules.has_controller_cache() => CACHE_BYTES_DEFAULT,
                 bytes => bytes,
             },
+            base: None,
         };
-        let created = Volume::create(
-            Arc::clone(&self.storage),
-            &dir,
-            meta,
-            VolumePolicy {
-                granularity_nanos: spec.granularity_nanos,
-                retention: spec.retention,
-                retention_clock: now,
-                floors: Vec::new(),
-                horizon_floor: Timestamp::MIN,
-                deleted: Vec::new(),
-                space_max_bytes: spec.space_max_bytes,
-            },
-            self.config.volume,
-            &self.shared,
-        );
+        let policy = VolumePolicy::new(spec.granularity_nanos, spec.retention, spec.space_max_bytes, now);
+        self.install(meta, policy, |_| Ok(None))
+    }
+
+    /// Creates the volume `name`, a writable clone of `source` as it was at
+    /// exactly `at` (an exact point of its history, see
+    /// [`Volume::resolve_time`]): nothing is copied, so it is immediate
+    /// whatever the size and history. It starts with the source's size,
+    /// block size, layout, granularity, retention and space cap.
+    pub fn clone_volume(
+        &self,
+        source: &str,
+        at: Option<Timestamp>,
+        name: VolumeName,
+        now: Timestamp,
+    ) -> Result<Arc<Volume>, EngineError> {
+        let source = self.volume(source)?;
+        let meta = VolumeMeta { name, base: None, created: now, ..source.meta().clone() };
+        let policy =
+            VolumePolicy::new(source.granularity_nanos(), source.retention(), source.space_max_bytes(), meta.created);
+        self.install(meta, policy, |meta| {
+            // Under the admin lock: the source cannot be deleted meanwhile.
+            if !self.volumes.read().values().any(|open| Arc::ptr_eq(open, &source)) {
+                return Err(EngineError::VolumeNotFound(source.name().to_string()));
+            }
+            let base = source.lend(&meta.name, at, now)?;
+            // The clone begins once its base point is past (a point made now
+            // is after every write so far, which may be stamped ahead of `now`).
+            meta.created = meta.created.max(base.at());
+            meta.base = Some(rewind_format::meta::VolumeBase { volume: source.name().clone(), at: base.at() });
+            Ok(Some(base))
+        })
+    }
+
+    /// Creates the directory of a new volume described by `meta` and
+    /// serves it; `lend` gives a clone its base once the name is known free.
+    fn install(
+        &self,
+        meta: VolumeMeta,
+        policy: VolumePolicy,
+        lend: impl FnOnce(&mut VolumeMeta) -> Result<Option<Base>, EngineError>,
+    ) -> Result<Arc<Volume>, EngineError> {
+        if let Some(refusal) = self.shared.space.refusal() {
+            return Err(EngineError::NoSpace { volume: meta.name.to_string(), detail: refusal });
+        }
+        let _admin = self.admin.lock();
+        let name = meta.name.to_string();
+        if self.volumes.read().contains_key(&name) || self.damaged.read().contains_key(&name) {
+            return Err(EngineError::VolumeExists(name));
+        }
+        let mut meta = meta;
+        let base = lend(&mut meta)?;
+        let dir = volume_dir(&name);
+        if self.storage.exists(&dir).map_err(EngineError::io(&dir))? {
+            self.storage.remove_dir_all(&dir).map_err(EngineError::io(&dir))?;
+        }
+        self.check_file_size(meta.size_bytes)?;
+        let created =
+            Volume::create(Arc::clone(&self.storage), &dir, meta, policy, self.config.volume, &self.shared, base);
         let volume = match created {
             Ok(volume) => volume,
             Err(error) => {
@@ -394,8 +477,54 @@ impl Node {
     /// Deletes a volume and all its history. With clients attached (see
     /// [`Volume::attach`]) it refuses, naming them, unless forced; forced,
     /// they get errors from then on.
-    pub fn delete_volume(&self, name: &str, in_use: InUse) -> Result<(), EngineError> {
+    pub fn delete_volume(&self, name: &str, in_use: InUse, clones: Clones) -> Result<(), EngineError> {
         let _admin = self.admin.lock();
+        // Clones of clones first, so no volume goes before one reading from it.
+        let doomed = match clones {
+            Clones::Refuse => {
+                let dependents = self.clones_of(name);
+                if !dependents.is_empty() {
+                    return Err(EngineError::HasClones { volume: name.to_owned(), clones: dependents });
+                }
+                vec![name.to_owned()]
+            }
+            Clones::Delete => {
+                let mut doomed = vec![name.to_owned()];
+                let mut next = 0;
+                while next < doomed.len() {
+                    doomed.extend(self.clones_of(&doomed[next]));
+                    next += 1;
+                }
+                doomed.reverse();
+                doomed
+            }
+        };
+        if in_use == InUse::Refuse {
+            for doomed in &doomed {
+                let clients = self.volumes.read().get(doomed).map(|volume| volume.clients()).unwrap_or_default();
+                if !clients.is_empty() {
+                    return Err(EngineError::InUse { volume: doomed.clone(), clients });
+                }
+            }
+        }
+        for doomed in doomed {
+            self.delete_one(&doomed)?;
+        }
+        Ok(())
+    }
+
+    /// The volumes, open or damaged, that are clones of `name`.
+    fn clones_of(&self, name: &str) -> Vec<String> {
+        let is_clone = |meta: &VolumeMeta| meta.base.as_ref().is_some_and(|base| base.volume.as_str() == name);
+        let open = self.volumes.read();
+        let open = open.values().filter(|volume| is_clone(volume.meta())).map(|volume| volume.name().to_string());
+        let damaged = self.damaged.read();
+        let damaged = damaged.values().filter(|damage| damage.meta.as_ref().is_some_and(is_clone));
+        open.chain(damaged.map(|damage| damage.name.clone())).collect()
+    }
+
+    /// Deletes one volume no other reads from (the caller holds `admin`).
+    fn delete_one(&self, name: &str) -> Result<(), EngineError> {
         if self.damaged.read().contains_key(name) {
             // Nothing of it is open, and its references were never counted.
             self.remove_volume_dir(name)?;
@@ -403,10 +532,6 @@ impl Node {
             return Ok(());
         }
         let volume = self.volume(name)?;
-        let clients = volume.clients();
-        if !clients.is_empty() && in_use == InUse::Refuse {
-            return Err(EngineError::InUse { volume: name.to_owned(), clients });
-        }
         volume.close();
         // Its chunks may be collected once the volume is gone; should the
         // deletion not complete, the next start counts them again.

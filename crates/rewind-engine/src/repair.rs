@@ -24,13 +24,13 @@
 
 use std::sync::Arc;
 
-use rewind_format::meta::{Bookmarks, Checkpoint, IndexManifest, VolumePolicy};
+use rewind_format::meta::{Bookmarks, Checkpoint, IndexManifest, VolumeMeta, VolumePolicy};
 use rewind_index::IndexError;
 use rewind_io::write_file_atomic;
 use rewind_journal::{Journal, JournalError};
 use rewind_types::{Lsn, Timestamp};
 
-use crate::node::{volume_dir, DamagedVolume};
+use crate::node::{lend_base, volume_dir, DamagedVolume};
 use crate::timespec::DisplayTime;
 use crate::{EngineError, InUse, Node, Volume};
 
@@ -143,7 +143,8 @@ impl Node {
 
     /// Opens the volume in `dir` and reads every page of its index.
     fn open_and_verify(&self, dir: &str) -> Result<Arc<Volume>, EngineError> {
-        let volume = Volume::open(Arc::clone(&self.storage), dir, self.config.volume, &self.shared)?;
+        let lend = |meta: &VolumeMeta| lend_base(&self.volumes.read(), &self.damaged.read(), meta);
+        let volume = Volume::open(Arc::clone(&self.storage), dir, self.config.volume, &self.shared, &lend)?;
         volume.mark_chunks(&mut |_, _| {})?;
         Ok(volume)
     }

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use rewind_engine::{
-    BlockSize, BookmarkName, Durability, EngineError, InUse, Node, NodeConfig, RepairMode, Timestamp, VolumeName,
-    VolumeSpec,
+    BlockSize, BookmarkName, Clones, Durability, EngineError, InUse, Node, NodeConfig, RepairMode, Timestamp,
+    VolumeName, VolumeSpec,
 };
 use rewind_format::meta::IndexManifest;
 use rewind_io::{SimConfig, SimStorage, Storage};
@@ -179,7 +179,7 @@ fn damaged_volume_meta_leaves_delete_as_the_way_out() {
     check(&node, "b", 2);
     let report = node.repair_volume("a", RepairMode::Apply, InUse::Refuse, at(1000)).unwrap();
     assert!(!report.repaired && report.unrepairable.as_ref().is_some_and(|why| why.contains("delete")), "{report:?}");
-    node.delete_volume("a", InUse::Refuse).unwrap();
+    node.delete_volume("a", InUse::Refuse, Clones::Refuse).unwrap();
     assert!(node.damaged_volumes().is_empty());
     node.collect(&mut |_, _, _| {}).unwrap();
     check(&node, "b", 2);

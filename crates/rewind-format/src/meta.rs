@@ -134,6 +134,16 @@ pub struct VolumeMeta {
     /// Checkpointing: the controller cache's size in bytes (3% of its pages
     /// may be dirty); 0 for the other layouts.
     pub cache_bytes: u64,
+    /// A clone's base: what it reads where it has not been written.
+    pub base: Option<VolumeBase>,
+}
+
+/// The point a clone starts from: another volume as it was at one time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeBase {
+    pub volume: VolumeName,
+    /// An exact point of the base, pinned there while the clone exists.
+    pub at: Timestamp,
 }
 
 impl VolumeMeta {
@@ -149,6 +159,9 @@ impl VolumeMeta {
             .u64(self.created.unix_nanos())
             .u8(self.layout as u8)
             .u64(self.cache_bytes);
+        if let Some(base) = &self.base {
+            payload.str(base.volume.as_str()).u64(base.at.unix_nanos());
+        }
         seal_envelope(Self::MAGIC, payload)
     }
 
@@ -162,11 +175,26 @@ impl VolumeMeta {
         let layout = Layout::from_code(code).ok_or_else(|| reader.invalid(format!("unknown layout {code}")))?;
         // Absent in metadata written before Checkpointing existed.
         let cache_bytes = if reader.remaining() > 0 { reader.u64()? } else { 0 };
+        // Absent in metadata of volumes that are not clones.
+        let base = match reader.remaining() {
+            0 => None,
+            _ => {
+                let volume = VolumeName::new(reader.str()?).map_err(|error| reader.invalid(error.to_string()))?;
+                let at = Timestamp::from_unix_nanos(reader.u64()?);
+                if volume == name {
+                    return Err(reader.invalid("a volume cannot be its own base"));
+                }
+                if at > created {
+                    return Err(reader.invalid("a clone's base point is after the clone was created"));
+                }
+                Some(VolumeBase { volume, at })
+            }
+        };
         if size_bytes % u64::from(block_size.bytes()) != 0 {
             return Err(reader.invalid("size is not a whole number of blocks"));
         }
         finish(reader)?;
-        Ok(VolumeMeta { name, size_bytes, block_size, created, layout, cache_bytes })
+        Ok(VolumeMeta { name, size_bytes, block_size, created, layout, cache_bytes, base })
     }
 }
 
@@ -390,6 +418,27 @@ pub struct VolumePolicy {
     pub space_max_bytes: u64,
 }
 
+impl VolumePolicy {
+    /// The policy of a volume created at `created`: no history kept from
+    /// earlier policies, nothing deleted.
+    pub fn new(
+        granularity_nanos: u64,
+        retention: Vec<RetentionTier>,
+        space_max_bytes: u64,
+        created: Timestamp,
+    ) -> VolumePolicy {
+        VolumePolicy {
+            granularity_nanos,
+            retention,
+            retention_clock: created,
+            floors: Vec::new(),
+            horizon_floor: Timestamp::MIN,
+            deleted: Vec::new(),
+            space_max_bytes,
+        }
+    }
+}
+
 /// One retention tier: keep one version per block per `interval_nanos`
 /// (0: every version the granularity keeps) until history is `age_nanos` old.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -608,7 +657,17 @@ mod tests {
             created: Timestamp::from_unix_nanos(42),
             layout: Layout::Journaled,
             cache_bytes: 0,
+            base: None,
         };
+        let clone = VolumeMeta {
+            name: VolumeName::new("db-debug").unwrap(),
+            base: Some(VolumeBase { volume: meta.name.clone(), at: Timestamp::from_unix_nanos(40) }),
+            ..meta.clone()
+        };
+        assert_eq!(VolumeMeta::decode(&clone.encode()).unwrap(), clone);
+        let own_base = VolumeMeta { base: Some(VolumeBase { volume: clone.name.clone(), at: clone.created }), ..clone };
+        let error = VolumeMeta::decode(&own_base.encode()).unwrap_err().to_string();
+        assert!(error.contains("its own base"), "{error}");
         let bytes = meta.encode();
         assert_eq!(VolumeMeta::decode(&bytes).unwrap(), meta);
         assert_eq!(healed(&bytes), None, "both copies intact");

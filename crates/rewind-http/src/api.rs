@@ -65,6 +65,23 @@ pub struct VolumeInfo {
     /// What is known to be lost or dropped: damaged history, a journal tail
     /// cut off on opening, what a repair lost.
     pub notes: Vec<String>,
+    /// A clone's base: the volume it reads where it has not written, as of
+    /// the point it was cloned at.
+    pub base: Option<BaseInfo>,
+}
+
+/// The point a clone starts from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BaseInfo {
+    pub volume: String,
+    pub at: String,
+    pub at_unix_nanos: u64,
+}
+
+impl BaseInfo {
+    fn of((volume, at): (&VolumeName, Timestamp)) -> BaseInfo {
+        BaseInfo { volume: volume.to_string(), at: time(at), at_unix_nanos: at.unix_nanos() }
+    }
 }
 
 impl VolumeInfo {
@@ -96,6 +113,7 @@ impl VolumeInfo {
             state: state.to_owned(),
             problem,
             notes: volume_notes(volume),
+            base: volume.base().map(BaseInfo::of),
         }
     }
 
@@ -128,6 +146,7 @@ impl VolumeInfo {
                 EngineError::Damaged { volume: damaged.name.clone(), problem: damaged.problem.clone() }.to_string(),
             ),
             notes: Vec::new(),
+            base: meta.and_then(|meta| meta.base.as_ref()).map(|base| BaseInfo::of((&base.volume, base.at))),
         }
     }
 }
@@ -420,6 +439,17 @@ impl BookmarkInfo {
 pub struct CreateBookmark {
     pub name: String,
     /// Any time expression (see `rewind help times`); now if absent.
+    pub at: Option<String>,
+}
+
+/// `POST /v1/volumes/{name}/clones`: a writable clone of the volume.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CreateClone {
+    /// The clone's name: a new volume.
+    pub name: String,
+    /// Any time expression or bookmark of the source (see `rewind help
+    /// times`); now if absent.
     pub at: Option<String>,
 }
 

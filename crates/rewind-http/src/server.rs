@@ -19,12 +19,13 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use rewind_access::{AccessError, GrantInfo, Grants, Principal, TokenInfo, TokenSpec};
-use rewind_engine::{BookmarkName, EngineError, InUse, Node, RepairMode, Timestamp};
+use rewind_engine::{BookmarkName, Clones, EngineError, InUse, Node, RepairMode, Timestamp, VolumeName};
 
 use crate::api::{
-    time, view_export, AllocationExtent, BookmarkInfo, Changes, CreateBookmark, CreateVolume, CreatedToken,
-    DeletedHistory, ErrorBody, GcEvent, Health, ImportSummary, JobInfo, NodeReport, RepairSummary, RevokeGrant,
-    Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport, DATA_BYTES_MAX, FIXED_AT_CREATION,
+    time, view_export, AllocationExtent, BookmarkInfo, Changes, CreateBookmark, CreateClone, CreateVolume,
+    CreatedToken, DeletedHistory, ErrorBody, GcEvent, Health, ImportSummary, JobInfo, NodeReport, RepairSummary,
+    RevokeGrant, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport, DATA_BYTES_MAX,
+    FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
@@ -228,6 +229,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/timeline", get(timeline))
         .route("/v1/volumes/{name}/writes", get(write_history))
         .route("/v1/volumes/{name}/bookmarks", get(list_bookmarks).post(create_bookmark))
+        .route("/v1/volumes/{name}/clones", post(create_clone))
         .route("/v1/volumes/{name}/bookmarks/{bookmark}", delete(delete_bookmark))
         .route("/v1/volumes/{name}/view", get(resolve_view))
         .route("/v1/volumes/{name}/changes", get(changes))
@@ -377,6 +379,9 @@ struct DeleteQuery {
     /// Delete even with clients connected (they get errors from then on).
     #[serde(default)]
     force: bool,
+    /// Delete the volume's clones (and theirs) with it.
+    #[serde(default)]
+    with_clones: bool,
 }
 
 async fn delete_volume(
@@ -386,7 +391,8 @@ async fn delete_volume(
 ) -> Result<StatusCode, ApiError> {
     let node = Arc::clone(&state.node);
     let in_use = if query.force { InUse::Force } else { InUse::Refuse };
-    blocking(move || node.delete_volume(&name, in_use)).await?;
+    let clones = if query.with_clones { Clones::Delete } else { Clones::Refuse };
+    blocking(move || node.delete_volume(&name, in_use, clones)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -506,7 +512,7 @@ async fn import_volume(
             }
             Err(error) => {
                 // An import is all or nothing; the job ends once its volume is gone.
-                if let Err(delete) = node.delete_volume(&name, InUse::Force) {
+                if let Err(delete) = node.delete_volume(&name, InUse::Force, Clones::Refuse) {
                     tracing::error!(volume = %name, error = %delete, "cannot delete a failed import");
                 }
                 ticket.finish(Err(error.to_string()));
@@ -683,6 +689,30 @@ async fn create_bookmark(
     })
     .await?;
     Ok((StatusCode::CREATED, Json(bookmark)))
+}
+
+/// A writable clone of the volume as it was at a point (now if none):
+/// immediate, nothing is copied.
+async fn create_clone(
+    State(state): State<Shared>,
+    Extension(principal): Extension<Principal>,
+    Path(name): Path<String>,
+    ApiJson(request): ApiJson<CreateClone>,
+) -> Result<(StatusCode, Json<VolumeInfo>), ApiError> {
+    may_create(&principal, &request.name)?;
+    let clone_name = VolumeName::new(&request.name).map_err(|error| invalid(error.to_string()))?;
+    let node = Arc::clone(&state.node);
+    let clone = blocking(move || {
+        let source = node.volume(&name)?;
+        let now = now();
+        let at = match &request.at {
+            Some(expression) => Some(source.parse_time(expression, now, &TimeZone::system())?),
+            None => None,
+        };
+        node.clone_volume(&name, at, clone_name, now)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(VolumeInfo::of(&clone))))
 }
 
 async fn delete_bookmark(

@@ -190,6 +190,11 @@ pub fn describe(output: &Output) -> String {
     )
 }
 
+/// Parses a command's `--json` output; panics with the text if it is not JSON.
+pub fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
+}
+
 /// Runs a command; panics with its output unless it succeeds.
 pub fn run(program: &str, args: &[&str]) -> String {
     let output = Command::new(program).args(args).output().unwrap_or_else(|error| panic!("{program}: {error}"));

@@ -141,9 +141,36 @@ impl Volume {
         // The bookmarks lock serialises every change of what the index thins.
         let bookmarks = self.history.bookmarks.lock();
         let exact = self.exact_time_named(at, &bookmarks)?;
-        *self.history.holds.lock().entry(exact).or_insert(0) += 1;
-        self.rethin(&self.history.policy.lock(), &bookmarks);
+        self.hold_locked(exact, &bookmarks);
         Ok(exact)
+    }
+
+    /// Holds `at`, a point this volume kept exactly until it stopped (a
+    /// clone's branch point, held again when the clone is opened): it was
+    /// pinned whenever history was thinned, so it is still exact, though
+    /// the policy alone may not say so.
+    pub(crate) fn hold_again(&self, at: Timestamp) {
+        let bookmarks = self.history.bookmarks.lock();
+        self.hold_locked(at, &bookmarks);
+    }
+
+    /// Holds the state now — after every write acknowledged so far, which
+    /// this makes durable — as a bookmark made now would; returns its time.
+    pub(crate) fn hold_now(&self, now: Timestamp) -> Result<Timestamp, EngineError> {
+        let bookmarks = self.history.bookmarks.lock();
+        let at = self.advance_clock_pinned(now);
+        self.hold_locked(at, &bookmarks);
+        if let Err(error) = self.flush() {
+            drop(bookmarks);
+            self.release_time(at);
+            return Err(error);
+        }
+        Ok(at)
+    }
+
+    fn hold_locked(&self, at: Timestamp, bookmarks: &Bookmarks) {
+        *self.history.holds.lock().entry(at).or_insert(0) += 1;
+        self.rethin(&self.history.policy.lock(), bookmarks);
     }
 
     pub(crate) fn release_time(&self, at: Timestamp) {

@@ -220,6 +220,7 @@ impl Volume {
                 DisplayTime(to)
             )));
         }
+        self.check_no_branch_in(from, to)?;
         {
             let bookmarks = self.history.bookmarks.lock();
             if let Some(inside) = bookmarks.entries.iter().find(|bookmark| (from..to).contains(&bookmark.timestamp)) {

@@ -52,6 +52,7 @@ mod destage;
 pub(crate) mod diff;
 pub(crate) mod history;
 pub(crate) mod import;
+mod lineage;
 mod maintenance;
 mod overlay;
 pub(crate) mod read;
@@ -60,6 +61,7 @@ pub(crate) mod space;
 pub(crate) mod writes;
 
 use destage::DestageState;
+pub(crate) use lineage::Base;
 use maintenance::Fault;
 use maintenance::HistoryWork;
 use maintenance::MaintenanceState;
@@ -230,6 +232,10 @@ pub struct Volume {
     disk: Arc<crate::reserve::SpaceGauge>,
     work: Arc<WorkSignal>,
     zero_block_crc32c: u32,
+    /// A clone's base: what it reads where it never wrote (see `lineage`).
+    base: Option<lineage::Base>,
+    /// The clones open on this volume, and the points they start from.
+    clones: Mutex<BTreeMap<rewind_types::VolumeName, Timestamp>>,
 }
 
 impl Volume {

@@ -48,6 +48,11 @@ impl Drop for View {
 }
 
 impl View {
+    /// A view at `at`, which the caller has just held (see `hold_exact_time`).
+    pub(crate) fn holding(volume: Arc<Volume>, at: Timestamp) -> View {
+        View { volume, at }
+    }
+
     pub fn at(&self) -> Timestamp {
         self.at
     }
@@ -78,9 +83,20 @@ pub struct BlockStatus {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Source {
     Zero,
-    Current { crc32c: u32 },
-    Journal { segment: u32, offset: u32, crc32c: u32 },
-    Chunk { id: ChunkId, crc32c: u32 },
+    /// Never written in this volume: a clone reads its base there.
+    Base,
+    Current {
+        crc32c: u32,
+    },
+    Journal {
+        segment: u32,
+        offset: u32,
+        crc32c: u32,
+    },
+    Chunk {
+        id: ChunkId,
+        crc32c: u32,
+    },
 }
 
 impl Source {
@@ -92,9 +108,10 @@ impl Source {
         }
     }
 
-    fn of_meta(meta: &BlockMeta) -> Source {
+    fn of_meta(meta: &BlockMeta, unwritten: Source) -> Source {
         match meta.state {
-            BlockState::Unwritten | BlockState::Zero => Source::Zero,
+            BlockState::Unwritten => unwritten,
+            BlockState::Zero => Source::Zero,
             BlockState::Data => Source::Current { crc32c: meta.crc32c },
         }
     }
@@ -122,15 +139,22 @@ impl Volume {
     /// it lives: retention and merges cannot change what it shows.
     pub fn view(self: &Arc<Self>, at: Timestamp) -> Result<View, EngineError> {
         self.check_settled()?;
-        let at = self.hold_exact_time(at)?;
-        Ok(View { volume: Arc::clone(self), at })
+        Ok(View::holding(Arc::clone(self), self.hold_exact_time(at)?))
     }
 
     /// A view at exactly `at`, a time some earlier view resolved to (work
     /// done a piece at a time, like a restore over the API): refused if
     /// `at` is no longer an exact point, rather than showing another.
     pub fn view_exactly(self: &Arc<Self>, at: Timestamp) -> Result<View, EngineError> {
-        let view = self.view(at)?;
+        self.check_settled()?;
+        self.hold_exactly(at)
+    }
+
+    /// [`Volume::view_exactly`] whether or not the volume has settled since
+    /// a crash: a clone holds its base so from the start (its reads of the
+    /// base wait for that, as views do).
+    pub(crate) fn hold_exactly(self: &Arc<Self>, at: Timestamp) -> Result<View, EngineError> {
+        let view = View::holding(Arc::clone(self), self.hold_exact_time(at)?);
         if view.at() != at {
             return Err(EngineError::InvalidArgument(format!(
                 "volume {} no longer keeps {} exactly (retention, the space cap or a history delete changed it \
@@ -263,6 +287,14 @@ impl Volume {
                     }
                     target[bytes(end)].fill(0);
                 }
+                Source::Base => {
+                    while end < sources.len() && matches!(sources[end], Source::Base) {
+                        end += 1;
+                    }
+                    let base = self.base.as_ref().expect("planned from the base");
+                    let offset = self.block_size().offset_of(BlockIndex(first.0 + start as u64));
+                    base.read(offset, &mut target[bytes(end)])?;
+                }
                 Source::Current { .. } => {
                     while end < sources.len() && matches!(sources[end], Source::Current { .. }) {
                         end += 1;
@@ -346,13 +378,18 @@ impl Volume {
         first: BlockIndex,
         count: u64,
     ) -> Result<Result<Vec<Source>, Mismatch>, EngineError> {
+        // What a block reads where this volume never wrote it.
+        let unwritten = match self.base {
+            Some(_) => Source::Base,
+            None => Source::Zero,
+        };
         let Some(current) = &self.current else {
             // Logging: the map is the only way to the present, too.
             let blocks: Vec<u64> = (first.0..first.0 + count).collect();
             let found = self.index.find_le_many(&blocks, at.unwrap_or(Timestamp::MAX))?;
             return Ok(Ok(found
                 .iter()
-                .map(|version| version.as_ref().map_or(Source::Zero, Source::of_version))
+                .map(|version| version.as_ref().map_or(unwritten, Source::of_version))
                 .collect()));
         };
         // Per block, its newest overlay version at or before `at`.
@@ -382,7 +419,9 @@ impl Volume {
             let source = match (pending.get(index).copied().flatten(), meta) {
                 (Some(version), _) => Some(Source::of_version(&version)),
                 (None, None) => return Ok(Err(Mismatch(BlockIndex(first.0 + index as u64)))),
-                (None, Some(meta)) if at.is_none_or(|at| meta.timestamp <= at) => Some(Source::of_meta(meta)),
+                (None, Some(meta)) if at.is_none_or(|at| meta.timestamp <= at) => {
+                    Some(Source::of_meta(meta, unwritten))
+                }
                 (None, Some(_)) => None,
             };
             match source {
@@ -398,7 +437,7 @@ impl Volume {
             let found = self.index.find_le_many(&blocks, at)?;
             for (&index, version) in from_history.iter().zip(found) {
                 // No version at or before `at`: the block had not been written yet.
-                sources[index] = version.as_ref().map_or(Source::Zero, Source::of_version);
+                sources[index] = version.as_ref().map_or(unwritten, Source::of_version);
             }
         }
         Ok(Ok(sources))
@@ -434,16 +473,35 @@ impl Volume {
             }
         };
         let mut extents: Vec<BlockStatus> = Vec::new();
+        let mut push = |length: u64, allocated: bool| match extents.last_mut() {
+            Some(last) if last.allocated == allocated => last.length += length,
+            _ => extents.push(BlockStatus { length, allocated, zero: !allocated }),
+        };
         let mut position = offset;
-        for (index, source) in sources.iter().enumerate() {
-            let block_end = block_size.offset_of(BlockIndex(first.0 + index as u64 + 1)).min(end);
-            let allocated = !matches!(source, Source::Zero);
-            let length = block_end - position;
-            match extents.last_mut() {
-                Some(last) if last.allocated == allocated => last.length += length,
-                _ => extents.push(BlockStatus { length, allocated, zero: !allocated }),
+        let mut index = 0;
+        while index < sources.len() {
+            let mut next = index + 1;
+            if sources[index] == Source::Base {
+                // A clone's unwritten blocks are as allocated as its base's.
+                while next < sources.len() && sources[next] == Source::Base {
+                    next += 1;
+                }
+                let run_end = block_size.offset_of(BlockIndex(first.0 + next as u64)).min(end);
+                let base = self.base.as_ref().expect("planned from the base");
+                let mut asked = position;
+                while asked < run_end {
+                    for extent in base.block_status(asked, run_end - asked)? {
+                        push(extent.length, extent.allocated);
+                        asked += extent.length;
+                    }
+                }
+                position = run_end;
+            } else {
+                let block_end = block_size.offset_of(BlockIndex(first.0 + next as u64)).min(end);
+                push(block_end - position, sources[index] != Source::Zero);
+                position = block_end;
             }
-            position = block_end;
+            index = next;
         }
         Ok(extents)
     }

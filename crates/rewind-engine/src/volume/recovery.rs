@@ -45,7 +45,13 @@ impl Volume {
         policy: VolumePolicy,
         config: VolumeConfig,
         shared: &Shared,
+        base: Option<Base>,
     ) -> Result<Arc<Volume>, EngineError> {
+        assert_eq!(
+            meta.base.as_ref().map(|base| (&base.volume, base.at)),
+            base.as_ref().map(|base| (base.volume().name(), base.at())),
+            "a clone is created with its base"
+        );
         storage.create_dir_all(dir).map_err(EngineError::io(dir))?;
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
         let io = VolumeIo::new(&storage);
@@ -75,7 +81,7 @@ impl Volume {
         let parts = Parts { journal, index, current, history, io };
         let recovered =
             Recovered { timestamp_last: meta.created, pending: Vec::new(), dropped: None, unsettled: false };
-        Ok(Arc::new(Volume::assemble(storage, dir, meta, config, parts, checkpoint, shared, recovered)))
+        Ok(Arc::new(Volume::assemble(storage, dir, meta, config, parts, checkpoint, shared, recovered, base)))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -88,6 +94,7 @@ impl Volume {
         checkpoint: Checkpoint,
         shared: &Shared,
         Recovered { timestamp_last, pending, dropped: recovered, unsettled }: Recovered,
+        base: Option<Base>,
     ) -> Volume {
         let chunks = Arc::clone(&shared.chunks);
         let recovered_count = pending.len();
@@ -136,20 +143,30 @@ impl Volume {
             work: Arc::clone(&shared.work),
             zero_block_crc32c,
             meta,
+            base,
+            clones: Mutex::new(BTreeMap::new()),
         }
     }
 
+    /// Reads what the volume in `dir` was created as (healing a damaged copy).
+    pub(crate) fn read_meta(storage: &dyn Storage, dir: &str) -> Result<VolumeMeta, EngineError> {
+        let meta_path = format!("{dir}/volume.meta");
+        let bytes = read_file_healing(storage, &meta_path, healed).map_err(EngineError::io(&meta_path))?;
+        VolumeMeta::decode(&bytes).map_err(|error| corrupt_file(&meta_path, error))
+    }
+
     /// Opens a volume and recovers it: replays the journal after the last
-    /// checkpoint into the current store, the index and the timeline.
+    /// checkpoint into the current store, the index and the timeline. A
+    /// clone gets its base from `lend` (the base is open already).
     pub(crate) fn open(
         storage: Arc<dyn Storage>,
         dir: &str,
         config: VolumeConfig,
         shared: &Shared,
+        lend: &dyn Fn(&VolumeMeta) -> Result<Option<Base>, EngineError>,
     ) -> Result<Arc<Volume>, EngineError> {
-        let meta_path = format!("{dir}/volume.meta");
-        let bytes = read_file_healing(&*storage, &meta_path, healed).map_err(EngineError::io(&meta_path))?;
-        let meta = VolumeMeta::decode(&bytes).map_err(|error| corrupt_file(&meta_path, error))?;
+        let meta = Volume::read_meta(&*storage, dir)?;
+        let base = lend(&meta)?;
         let volume_name = meta.name.to_string();
         let checkpoint_path = format!("{dir}/checkpoint");
         let bytes =
@@ -305,7 +322,7 @@ impl Volume {
         }
         let recovered = Recovered { timestamp_last, pending: recovered, dropped: report.dropped, unsettled };
         let parts = Parts { journal, index, current, history, io };
-        let volume = Volume::assemble(storage, dir, meta, config, parts, checkpoint, shared, recovered);
+        let volume = Volume::assemble(storage, dir, meta, config, parts, checkpoint, shared, recovered, base);
         debug_assert_eq!(volume.zero_block_crc32c, zero_block_crc32c);
         volume.write.lock().timeline_unsaved = timeline;
         // Make the replay durable so the next start need not repeat it. In

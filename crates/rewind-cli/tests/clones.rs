@@ -1,0 +1,105 @@
+//! Writable clones with real clients: `rewind volume clone db@first dbg`
+//! reads exactly as the view it starts from (`qemu-img compare` over NBD),
+//! shows the source's allocation where it has not written (`qemu-img map`),
+//! takes writes that the source never sees, can itself be cloned, and
+//! survives `kill -9`; a volume with clones is not deleted unless asked to
+//! delete them too; the same offline.
+
+mod common;
+
+use common::{json, require, run, Server, REWIND};
+
+/// The allocated (data) ranges `qemu-img map` reports for an export.
+fn data_ranges(uri: &str) -> Vec<(u64, u64)> {
+    let map = json(&run("qemu-img", &["map", "-f", "raw", "--output=json", uri]));
+    let extents = map.as_array().expect("a list of extents");
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for extent in extents.iter().filter(|extent| extent["data"] == true) {
+        let (start, length) = (extent["start"].as_u64().unwrap(), extent["length"].as_u64().unwrap());
+        match ranges.last_mut() {
+            Some((last_start, last_length)) if *last_start + *last_length == start => *last_length += length,
+            _ => ranges.push((start, length)),
+        }
+    }
+    ranges
+}
+
+#[test]
+fn a_clone_starts_as_its_source_was_and_goes_its_own_way() {
+    require("qemu-io");
+    require("qemu-img");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(&data);
+    server.rewind(&["volume", "create", "db", "--size", "64MiB"]);
+    let db = server.uri("db");
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 4M", &db]);
+    server.rewind(&["bookmark", "db", "first"]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x22 1M 1M", "-c", "write -P 0x23 40M 1M", &db]);
+
+    // A clone of the bookmark: the view's bytes and allocation.
+    let clone = json(&server.rewind(&["volume", "clone", "db@first", "dbg", "--json"]));
+    assert_eq!(clone["base"]["volume"], "db", "{clone}");
+    assert_eq!(clone["size_bytes"], 64 << 20);
+    let dbg = server.uri("dbg");
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &dbg, &server.uri("db@first")]);
+    assert_eq!(data_ranges(&dbg), vec![(0, 4 << 20)], "the base's allocation shows through");
+
+    // Its writes are its own; the source is unaffected.
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x33 2M 64k", "-c", "write -P 0x34 60M 64k", &dbg]);
+    run("qemu-io", &["-f", "raw", "-c", "read -P 0x33 2M 64k", "-c", "read -P 0x11 1M 64k", &dbg]);
+    run(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x11 2M 64k", "-c", "read -P 0x22 1M 64k", "-c", "read -P 0 60M 64k", &db],
+    );
+    assert_eq!(data_ranges(&dbg), vec![(0, 4 << 20), (60 << 20, 64 << 10)]);
+    let info = server.rewind(&["volume", "info", "dbg"]);
+    assert!(info.contains("clone of        db as of"), "{info}");
+
+    // A clone of the clone, now; then the first clone moves on.
+    server.rewind(&["volume", "clone", "dbg", "dbg2"]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x44 0 64k", &dbg]);
+    let dbg2 = server.uri("dbg2");
+    run("qemu-io", &["-f", "raw", "-c", "read -P 0x11 0 64k", "-c", "read -P 0x33 2M 64k", &dbg2]);
+    // Views of a clone are views like any other.
+    server.rewind(&["bookmark", "dbg", "mine"]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x55 0 64k", &dbg]);
+    run("qemu-io", &["-r", "-f", "raw", "-c", "read -P 0x44 0 64k", &server.uri("dbg@mine")]);
+
+    // Bad requests change nothing.
+    let error = server.rewind_failing(&["volume", "clone", "db@first", "dbg"]);
+    assert!(error.contains("already exists"), "{error}");
+    let error = server.rewind_failing(&["volume", "clone", "db@2001-01-01T00:00:00Z", "old"]);
+    assert!(error.contains("before"), "{error}");
+    let error = server.rewind_failing(&["volume", "clone", "nosuch@-1s", "x"]);
+    assert!(error.contains("nosuch"), "{error}");
+
+    // After kill -9 every clone reads as before.
+    server.kill();
+    let mut server = Server::start(&data);
+    let (dbg, dbg2) = (server.uri("dbg"), server.uri("dbg2"));
+    run(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x55 0 64k", "-c", "read -P 0x33 2M 64k", "-c", "read -P 0x11 3M 64k", &dbg],
+    );
+    run("qemu-io", &["-f", "raw", "-c", "read -P 0x11 0 64k", "-c", "read -P 0x34 60M 64k", &dbg2]);
+    let mine = server.uri("dbg@mine");
+    run("qemu-io", &["-r", "-f", "raw", "-c", "read -P 0x44 0 64k", "-c", "read -P 0x33 2M 64k", &mine]);
+
+    // A base is not deleted from under its clones.
+    let error = server.rewind_failing(&["volume", "delete", "db", "--yes"]);
+    assert!(error.contains("has a clone that reads from it: dbg") && error.contains("--with-clones"), "{error}");
+    let error = server.rewind_failing(&["volume", "delete", "dbg", "--yes"]);
+    assert!(error.contains("dbg2"), "{error}");
+    server.rewind(&["volume", "delete", "dbg2", "--yes"]);
+    server.stop();
+
+    // Offline: a clone, and a delete with the clones.
+    let data = data.to_str().unwrap();
+    let offline = |args: &[&str]| run(REWIND, &[&["--offline", "--data-dir", data], args].concat());
+    let clone = json(&offline(&["volume", "clone", "db", "db-now", "--json"]));
+    assert_eq!(clone["base"]["volume"], "db", "{clone}");
+    offline(&["volume", "delete", "db", "--yes", "--with-clones"]);
+    let left = json(&offline(&["volume", "list", "--json"]));
+    assert_eq!(left.as_array().unwrap().len(), 0, "{left}");
+}

@@ -1,0 +1,325 @@
+//! Model-based test of lineage on the simulated disk: a node whose volumes
+//! are clones of each other (clones of clones, clones at past points and at
+//! now), written, zeroed, flushed, bookmarked, maintained (archive,
+//! retention, collection) and crashed at random, checked against an oracle
+//! per volume whose first state is its base as it was at the branch point.
+//! Every volume's present and every point it keeps must read as its oracle
+//! says — a clone's base is never thinned, deleted or collected from under
+//! it — and a base with clones is neither deleted nor has the branch point
+//! deleted from its history. Root volumes go round the seven layouts (a
+//! clone has its source's layout), some with granularity and retention.
+//!
+//! Each case prints its seed; `REWIND_SEED=<n>` replays one case and
+//! `REWIND_SEEDS=<n>` runs that many.
+
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rewind_engine::{
+    BlockSize, BookmarkName, Clones, Durability, EngineError, InUse, Layout, LayoutRules, Node, NodeConfig, Timestamp,
+    Volume, VolumeName, VolumeSpec, ZeroMode,
+};
+use rewind_io::{SimConfig, SimStorage};
+
+mod support;
+use support::{check_everything, config, random_policy, write_data, Oracle};
+
+/// One volume of the case: its oracle, and what it was cloned from.
+struct Line {
+    name: String,
+    oracle: Oracle,
+    /// The line it was cloned from and the point, if a clone.
+    base: Option<(usize, Timestamp)>,
+    deleted: bool,
+}
+
+struct Case {
+    seed: u64,
+    node: Node,
+    storage: SimStorage,
+    config: NodeConfig,
+    lines: Vec<Line>,
+    block_bytes: u64,
+}
+
+/// What a case exercised.
+#[derive(Default, Debug)]
+struct Exercised {
+    clones: u64,
+    /// Clones whose base is itself a clone.
+    clones_of_clones: u64,
+    crashes: u64,
+    base_deletes_refused: u64,
+    branch_deletes_refused: u64,
+    deletes: u64,
+    /// Versions a base's retention thinned while clones read from it.
+    thinned_under_clones: u64,
+}
+
+impl Case {
+    fn volume(&self, line: usize) -> Arc<Volume> {
+        self.node.volume(&self.lines[line].name).unwrap()
+    }
+
+    fn live(&self) -> Vec<usize> {
+        (0..self.lines.len()).filter(|&line| !self.lines[line].deleted).collect()
+    }
+
+    fn has_clones(&self, line: usize) -> bool {
+        self.lines.iter().any(|other| !other.deleted && other.base.is_some_and(|(base, _)| base == line))
+    }
+
+    fn check(&self, line: usize) {
+        check_everything(&self.volume(line), &self.lines[line].oracle, self.seed);
+    }
+
+    /// A crash and a restart: each volume keeps at least what was
+    /// acknowledged, and every volume reads as before.
+    fn restart(&mut self, step: usize) {
+        self.storage.crash();
+        self.node = Node::open(Arc::new(self.storage.clone()), self.config)
+            .unwrap_or_else(|error| panic!("seed {} step {step}: recovery failed: {error}", self.seed));
+        assert!(self.node.damaged_volumes().is_empty(), "seed {}: {:?}", self.seed, self.node.damaged_volumes());
+        for line in self.live() {
+            let volume = self.volume(line);
+            let oracle = &mut self.lines[line].oracle;
+            let timeline = volume.timeline();
+            let survivors: u64 = timeline.buckets.iter().map(|bucket| bucket.write_count + bucket.zero_count).sum();
+            let survivors = survivors as usize;
+            assert!(survivors >= oracle.durable, "seed {}: volume {line} lost acknowledged writes", self.seed);
+            oracle.states.truncate(survivors + 1);
+            oracle.durable = survivors;
+            oracle.clock = volume.timestamp_last();
+            self.check(line);
+        }
+    }
+}
+
+fn run(seed: u64) -> Exercised {
+    let layout = Layout::ALL[seed as usize % Layout::ALL.len()];
+    println!("seed {seed} ({} layout at the root)", layout.name());
+    let mut rng = StdRng::seed_from_u64(seed);
+    let storage = SimStorage::new(SimConfig::default(), seed);
+    let config = config(&mut rng);
+    let block_bytes = [512u32, 4096][rng.random_range(0..2)];
+    let size = rng.random_range(8..48u64) * u64::from(block_bytes);
+    let mut now = Timestamp::from_unix_nanos(1_000_000);
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let mut case = Case { seed, node, storage, config, lines: Vec::new(), block_bytes: u64::from(block_bytes) };
+    let mut exercised = Exercised::default();
+    // Two roots: one keeping every write, one (in half the cases) thinned.
+    for (root, thinned) in [(0, false), (1, seed % 2 == 1)] {
+        let (granularity_nanos, retention) = if thinned { random_policy(&mut rng) } else { (0, Vec::new()) };
+        let layout = if root == 0 { layout } else { Layout::ALL[rng.random_range(0..Layout::ALL.len())] };
+        let spec = VolumeSpec {
+            granularity_nanos,
+            retention,
+            layout,
+            cache_bytes: match LayoutRules::of(layout).has_controller_cache() {
+                true => u64::from(block_bytes) * rng.random_range(1..200),
+                false => 0,
+            },
+            ..VolumeSpec::new(VolumeName::new(&format!("r{root}")).unwrap(), size, BlockSize::new(block_bytes).unwrap())
+        };
+        case.node.create_volume(spec, now).unwrap();
+        let oracle = Oracle {
+            states: vec![(now, vec![0; size as usize])],
+            clock: now,
+            durable: 0,
+            block_bytes: u64::from(block_bytes),
+        };
+        case.lines.push(Line { name: format!("r{root}"), oracle, base: None, deleted: false });
+    }
+    for step in 0..rng.random_range(100..300) {
+        if rng.random_bool(0.8) {
+            now = now.saturating_add_nanos(rng.random_range(1..5_000));
+        }
+        let live = case.live();
+        let line = live[rng.random_range(0..live.len())];
+        let volume = case.volume(line);
+        match rng.random_range(0..100) {
+            0..=39 => {
+                let offset = rng.random_range(0..size);
+                let length = rng.random_range(1..=(size - offset).min(3 * case.block_bytes));
+                let data = write_data(&mut rng, offset, length, case.block_bytes);
+                let fua = rng.random_bool(0.1);
+                let durability = if fua { Durability::Fua } else { Durability::Buffered };
+                volume.write(now, offset, &data, durability).unwrap();
+                let oracle = &mut case.lines[line].oracle;
+                oracle.write(now, offset, &data);
+                if fua {
+                    oracle.durable = oracle.states.len() - 1;
+                }
+            }
+            40..=44 => {
+                let offset = rng.random_range(0..size);
+                let length = rng.random_range(1..=size - offset);
+                volume.zero(now, offset, length, ZeroMode::Deallocate, Durability::Buffered).unwrap();
+                case.lines[line].oracle.zero(now, offset, length, ZeroMode::Deallocate);
+            }
+            45..=49 => {
+                volume.flush().unwrap();
+                let oracle = &mut case.lines[line].oracle;
+                oracle.durable = oracle.states.len() - 1;
+            }
+            50..=59 if case.lines.len() < 12 => {
+                // A clone of this volume, at now or at a point it keeps.
+                let source = &case.lines[line].oracle;
+                let at = match rng.random_bool(0.5) {
+                    true => None,
+                    false => {
+                        let (time, _) = source.states[rng.random_range(0..source.states.len())];
+                        match volume.exact_time(time) {
+                            Ok(exact) => Some(exact),
+                            // Retention dropped it: a clone there is refused as a view is.
+                            Err(_) => continue,
+                        }
+                    }
+                };
+                let name = format!("c{step}");
+                let clone =
+                    case.node.clone_volume(&volume.name().to_string(), at, VolumeName::new(&name).unwrap(), now);
+                let clone = clone.unwrap_or_else(|error| panic!("seed {seed} step {step}: clone: {error}"));
+                let (base_name, branch) = clone.base().expect("a clone has a base");
+                assert_eq!(base_name, volume.name());
+                let source = &mut case.lines[line].oracle;
+                if at.is_none() {
+                    // Like a bookmark made now: after every write so far, all durable.
+                    source.clock = source.clock.max(now);
+                    assert_eq!(branch, source.clock, "seed {seed}: a clone at now starts after every write");
+                }
+                // Cloning makes every write to the source so far durable.
+                source.durable = source.states.len() - 1;
+                let oracle = Oracle {
+                    states: vec![(clone.created(), source.at(branch).clone())],
+                    clock: clone.created(),
+                    durable: 0,
+                    block_bytes: case.block_bytes,
+                };
+                exercised.clones += 1;
+                exercised.clones_of_clones += u64::from(case.lines[line].base.is_some());
+                case.lines.push(Line { name, oracle, base: Some((line, branch)), deleted: false });
+                case.check(case.lines.len() - 1);
+            }
+            60..=69 => {
+                case.node.maintain(now).unwrap();
+                case.node.maintain_history(now).unwrap();
+                if case.has_clones(line) {
+                    exercised.thinned_under_clones =
+                        exercised.thinned_under_clones.max(volume.stats().unwrap().versions_thinned);
+                }
+                if rng.random_bool(0.2) {
+                    case.node.collect(&mut |_, _, _| {}).unwrap();
+                }
+            }
+            70..=72 => {
+                let name = BookmarkName::new(&format!("b{step}")).unwrap();
+                volume.create_bookmark(name, None, now).unwrap();
+                let oracle = &mut case.lines[line].oracle;
+                oracle.clock = oracle.clock.max(now);
+                oracle.durable = oracle.states.len() - 1;
+            }
+            73..=76 => {
+                // Deleting a base is refused, naming its clones; a leaf goes.
+                let name = volume.name().to_string();
+                drop(volume);
+                let with_clones = rng.random_bool(0.3);
+                let clones = if with_clones { Clones::Delete } else { Clones::Refuse };
+                match case.node.delete_volume(&name, InUse::Refuse, clones) {
+                    Ok(()) => {
+                        assert!(with_clones || !case.has_clones(line), "seed {seed}: deleted a base");
+                        // With its clones, and theirs.
+                        let mut doomed = vec![line];
+                        while let Some(gone) = doomed.pop() {
+                            case.lines[gone].deleted = true;
+                            let clones = (0..case.lines.len()).filter(|&other| {
+                                !case.lines[other].deleted
+                                    && case.lines[other].base.is_some_and(|(base, _)| base == gone)
+                            });
+                            doomed.extend(clones.collect::<Vec<_>>());
+                        }
+                        exercised.deletes += 1;
+                        if case.live().is_empty() {
+                            break;
+                        }
+                    }
+                    Err(EngineError::HasClones { clones, .. }) => {
+                        assert!(!with_clones && case.has_clones(line), "seed {seed}");
+                        assert!(!clones.is_empty());
+                        exercised.base_deletes_refused += 1;
+                    }
+                    Err(error) => panic!("seed {seed} step {step}: delete: {error}"),
+                }
+            }
+            77..=79 => {
+                // History around a branch point stays: deleting it is refused.
+                let clone = case.lines.iter().find(|other| {
+                    let created = case.lines[line].oracle.states[0].0;
+                    !other.deleted && other.base.is_some_and(|(base, at)| base == line && created < at && at < now)
+                });
+                if let Some(&Line { base: Some((_, at)), .. }) = clone {
+                    let from = case.lines[line].oracle.states[0].0;
+                    let refused = volume.delete_history(from, at.saturating_add_nanos(1), now);
+                    assert!(
+                        matches!(&refused, Err(EngineError::InvalidArgument(message)) if message.contains("starts from")),
+                        "seed {seed} step {step}: {refused:?}"
+                    );
+                    exercised.branch_deletes_refused += 1;
+                }
+            }
+            80..=84 => {
+                drop(volume);
+                case.restart(step);
+                exercised.crashes += 1;
+            }
+            _ => {
+                // Any kept point of any volume reads as its oracle says.
+                let oracle = &case.lines[line].oracle;
+                let (time, _) = oracle.states[rng.random_range(0..oracle.states.len())];
+                if let Ok(exact) = volume.exact_time(time) {
+                    let view = volume.view(exact).unwrap();
+                    let mut image = vec![0; size as usize];
+                    view.read(0, &mut image).unwrap();
+                    assert!(
+                        &image == oracle.at(exact),
+                        "seed {seed} step {step}: {} at {exact:?}",
+                        case.lines[line].name
+                    );
+                }
+            }
+        }
+    }
+    for line in case.live() {
+        case.check(line);
+    }
+    case.restart(usize::MAX);
+    exercised
+}
+
+#[test]
+fn clones_read_their_base_at_the_branch_point_through_crashes() {
+    if let Ok(seed) = std::env::var("REWIND_SEED") {
+        println!("{:?}", run(seed.parse().expect("REWIND_SEED is a number")));
+        return;
+    }
+    let seeds: u64 = std::env::var("REWIND_SEEDS").map_or(200, |count| count.parse().expect("a number"));
+    let total = (0..seeds).map(run).fold(Exercised::default(), |total, case| Exercised {
+        clones: total.clones + case.clones,
+        clones_of_clones: total.clones_of_clones + case.clones_of_clones,
+        crashes: total.crashes + case.crashes,
+        base_deletes_refused: total.base_deletes_refused + case.base_deletes_refused,
+        branch_deletes_refused: total.branch_deletes_refused + case.branch_deletes_refused,
+        deletes: total.deletes + case.deletes,
+        thinned_under_clones: total.thinned_under_clones + case.thinned_under_clones,
+    });
+    println!("{total:?}");
+    let enough = total.clones > 100
+        && total.clones_of_clones > 30
+        && total.crashes > 100
+        && total.base_deletes_refused > 10
+        && total.branch_deletes_refused > 10
+        && total.deletes > 10
+        && total.thinned_under_clones > 0;
+    assert!(seeds < 30 || enough, "clones, crashes, refused deletes and thinning under clones must be exercised");
+}
