@@ -14,11 +14,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use rewind_access::{GrantInfo, Grants, TokenInfo, TokenSpec, Tokens, ADMIN_TOKEN_FILE};
-use rewind_engine::{BookmarkName, Clones, InUse, Node, NodeConfig, RepairMode, Timestamp, VolumeName};
+use rewind_engine::{BookmarkName, Clones, InUse, Node, NodeConfig, RepairMode, Timestamp, VolumeName, Writers};
 use rewind_http::api::{
     kept_write, time, view_export, AllocationExtent, BookmarkInfo, Changes, CreateBookmark, CreateClone, CreateVolume,
     CreatedToken, DeletedHistory, ErrorBody, GcEvent, GcReport, Health, ImportSummary, JobInfo, KeptWrite, NodeReport,
-    RepairSummary, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    RepairSummary, RevertSummary, RevertVolume, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
+    VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -38,6 +39,7 @@ pub trait Backend: Send + Sync {
     fn delete_volume(&self, name: &str, in_use: InUse, clones: Clones) -> Result<()>;
     /// Creates the clone `request` names of volume `source`.
     fn clone_volume(&self, source: &str, request: &CreateClone) -> Result<VolumeInfo>;
+    fn revert_volume(&self, name: &str, request: &RevertVolume) -> Result<RevertSummary>;
     /// Repairs volume `name` (`apply`), or says what a repair would do.
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary>;
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline>;
@@ -343,6 +345,10 @@ impl Backend for HttpBackend {
         self.post(&format!("/v1/volumes/{source}/clones"), request)
     }
 
+    fn revert_volume(&self, name: &str, request: &RevertVolume) -> Result<RevertSummary> {
+        self.post(&format!("/v1/volumes/{name}/revert"), request)
+    }
+
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary> {
         let force = in_use == InUse::Force;
         self.post(&format!("/v1/volumes/{name}/repair?apply={apply}&force={force}"), &serde_json::json!({}))
@@ -558,6 +564,17 @@ impl Backend for LocalBackend {
         let now = now();
         let at = request.at.as_deref().map(|at| volume.parse_time(at, now, &TimeZone::system())).transpose()?;
         Ok(VolumeInfo::of(&*self.node.clone_volume(source, at, name, now)?))
+    }
+
+    fn revert_volume(&self, name: &str, request: &RevertVolume) -> Result<RevertSummary> {
+        let volume = self.node.volume(name)?;
+        let now = now();
+        // Offline nobody is connected.
+        let report = match &request.to {
+            Some(to) => volume.revert(volume.parse_time(to, now, &TimeZone::system())?, now, Writers::Refuse)?,
+            None => volume.undo_revert(now, Writers::Refuse)?,
+        };
+        Ok(RevertSummary::of(name, &report))
     }
 
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary> {

@@ -18,7 +18,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use rewind_access::{Access, GrantInfo, TokenSpec};
 use rewind_engine::{Clones, InUse};
-use rewind_http::api::{CreateBookmark, CreateClone, CreateVolume, Policy};
+use rewind_http::api::{CreateBookmark, CreateClone, CreateVolume, Policy, RevertVolume};
 
 use crate::backend::{Backend, Progress};
 
@@ -120,6 +120,24 @@ enum Command {
         /// VOLUME@TIME: the later point; the present if left out.
         #[arg(allow_hyphen_values = true)]
         to: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put a volume back, in place, to a point in time: `rewind revert db --to before-upgrade`.
+    /// Immediate (metadata only); nothing is lost: the state just before is bookmarked
+    /// (`before-revert-…`) and `rewind revert db --undo` brings it back.
+    Revert {
+        volume: String,
+        /// The point to go back to (see TIME below).
+        #[arg(long, allow_hyphen_values = true, required_unless_present = "undo", conflicts_with = "undo")]
+        to: Option<String>,
+        /// Go back to the state just before the last revert.
+        #[arg(long)]
+        undo: bool,
+        /// Cut off NBD clients writing to the volume (their requests fail from
+        /// then on, so they reconnect) instead of refusing.
+        #[arg(long)]
+        disconnect: bool,
         #[arg(long)]
         json: bool,
     },
@@ -562,6 +580,21 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
                 return output::json(&report);
             }
             output::gc_report(&report);
+            Ok(())
+        }
+        Command::Revert { volume, to, undo, disconnect, json } => {
+            let summary = backend.revert_volume(&volume, &RevertVolume { to, undo, disconnect })?;
+            if json {
+                return output::json(&summary);
+            }
+            println!(
+                "reverted {volume} to {}: it reads as it did then; the state before is bookmark {} \
+                 (`rewind revert {volume} --undo` goes back to it)",
+                summary.revert.to, summary.bookmark
+            );
+            for client in &summary.disconnected {
+                println!("cut off {client}");
+            }
             Ok(())
         }
         Command::Diff { from, to, json } => {

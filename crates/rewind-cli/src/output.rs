@@ -287,25 +287,33 @@ pub fn timeline(timeline: &Timeline) {
         Some(last) => println!("last write {last}"),
         None => println!("nothing written yet"),
     }
-    if timeline.buckets.is_empty() && timeline.bookmarks.is_empty() {
+    // Bookmarks and reverts, in time order, between the buckets they fall in.
+    let mut marks: Vec<(u64, String)> = timeline
+        .bookmarks
+        .iter()
+        .map(|bookmark| (bookmark.at_unix_nanos, format!("  ◆ {:<20} {}", bookmark.name, bookmark.at)))
+        .chain(timeline.reverts.iter().map(|revert| {
+            (revert.at_unix_nanos, format!("  ↶ {:<20} {} back to {}", "reverted", revert.at, revert.to))
+        }))
+        .collect();
+    marks.sort();
+    if timeline.buckets.is_empty() && marks.is_empty() {
         return;
     }
     println!(
-        "\nwrites per {} (█ = bytes written, ░ = bytes zeroed), bookmarks marked ◆\n",
+        "\nwrites per {} (█ = bytes written, ░ = bytes zeroed), bookmarks marked ◆, reverts ↶\n",
         bucket_name(timeline.bucket_seconds)
     );
     let widest = timeline.buckets.iter().map(|bucket| bucket.write_bytes + bucket.zero_bytes).max().unwrap_or(0).max(1);
     const BAR: u64 = 40;
-    let mut bookmarks = timeline.bookmarks.iter().peekable();
-    for bucket in &timeline.buckets {
-        let end = bucket.start_unix_seconds + timeline.bucket_seconds;
-        while let Some(bookmark) = bookmarks.peek() {
-            if bookmark.at_unix_nanos / 1_000_000_000 >= bucket.start_unix_seconds {
-                break;
-            }
-            println!("  ◆ {:<20} {}", bookmark.name, bookmark.at);
-            bookmarks.next();
+    let mut marks = marks.into_iter().peekable();
+    let mut print_marks_before = |seconds: u64| {
+        while let Some((_, line)) = marks.next_if(|(at, _)| at / 1_000_000_000 < seconds) {
+            println!("{line}");
         }
+    };
+    for bucket in &timeline.buckets {
+        print_marks_before(bucket.start_unix_seconds);
         let written = (bucket.write_bytes * BAR).div_ceil(widest) as usize;
         let zeroed = (bucket.zero_bytes * BAR).div_ceil(widest) as usize;
         println!(
@@ -316,17 +324,9 @@ pub fn timeline(timeline: &Timeline) {
             bucket.writes,
             if bucket.zeroes > 0 { format!(", {} zeroed", HumanBytes(bucket.zero_bytes)) } else { String::new() }
         );
-        while let Some(bookmark) = bookmarks.peek() {
-            if bookmark.at_unix_nanos / 1_000_000_000 >= end {
-                break;
-            }
-            println!("  ◆ {:<20} {}", bookmark.name, bookmark.at);
-            bookmarks.next();
-        }
+        print_marks_before(bucket.start_unix_seconds + timeline.bucket_seconds);
     }
-    for bookmark in bookmarks {
-        println!("  ◆ {:<20} {}", bookmark.name, bookmark.at);
-    }
+    print_marks_before(u64::MAX);
 }
 
 pub fn view(view: &ViewInfo, nbd_address: Option<&String>) {

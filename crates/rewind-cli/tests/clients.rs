@@ -8,7 +8,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use common::{pattern, require, run, run_failing, run_failing_with_env, Server};
+use common::{json, pattern, require, run, run_failing, run_failing_with_env, Server};
 
 /// The layouts: every test here runs against each (the guarantees are the same).
 const LAYOUTS: [&str; 7] = ["journaled", "logging", "split-stream", "split-down-stream", "checkpointing", "cow", "row"];
@@ -253,7 +253,8 @@ fn fio_verifies_the_live_volume_and_a_view_in(layout: &str) {
 /// Mounting needs root (loop devices); CI runs as root.
 fn unmount_all(mounts: &[&Path]) {
     for mount in mounts {
-        let _ = Command::new("umount").arg(mount).status();
+        // (Quiet: some were never mounted.)
+        let _ = Command::new("umount").arg(mount).stderr(std::process::Stdio::null()).status();
     }
 }
 
@@ -269,21 +270,9 @@ fn a_filesystem_as_it_was_at_a_bookmark_in(layout: &str) {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     server.rewind(&in_layout(&["volume", "create", "fs", "--size", "256MiB"], layout));
-    let fuse = dir.path().join("fuse");
-    let fuse_view = dir.path().join("fuse-view");
-    let mnt = dir.path().join("mnt");
-    let old = dir.path().join("old");
-    for path in [&fuse, &fuse_view, &mnt, &old] {
-        fs::create_dir(path).unwrap();
-    }
-    let mut fs_test = FsTest {
-        fuse: fuse.clone(),
-        fuse_view: fuse_view.clone(),
-        mnt: mnt.clone(),
-        old: old.clone(),
-        loops: Vec::new(),
-        fuses: Vec::new(),
-    };
+    let mut fs_test = FsTest::new(dir.path());
+    let (fuse, fuse_view, mnt, old) =
+        (fs_test.fuse.clone(), fs_test.fuse_view.clone(), fs_test.mnt.clone(), fs_test.old.clone());
     let disk = fs_test.attach(&server.uri("fs"), &fuse, false);
     run("mkfs.ext4", &["-q", &disk]);
     run("mount", &[&disk, mnt.to_str().unwrap()]);
@@ -313,6 +302,96 @@ fn a_filesystem_as_it_was_at_a_bookmark_in(layout: &str) {
     assert!(!mnt.join("doomed.bin").exists());
 }
 
+#[test]
+fn a_ransomware_attack_is_reverted_and_the_revert_undone() {
+    in_every_layout(a_ransomware_attack_is_reverted_and_the_revert_undone_in);
+}
+
+/// ext4 on a volume: files written, bookmarked, then every file overwritten
+/// with random bytes and half of them deleted. `rewind revert --to` the
+/// bookmark brings every file back byte for byte; `--undo` brings the
+/// encrypted state back; a clone at the bookmark takes changes the origin
+/// never sees.
+fn a_ransomware_attack_is_reverted_and_the_revert_undone_in(layout: &str) {
+    require("nbdfuse");
+    require("mkfs.ext4");
+    require("losetup");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    server.rewind(&in_layout(&["volume", "create", "fs", "--size", "128MiB"], layout));
+    let mut fs_test = FsTest::new(dir.path());
+    let (mnt, old) = (fs_test.mnt.clone(), fs_test.old.clone());
+    let disk = fs_test.attach(&server.uri("fs"), &fs_test.fuse.clone(), false);
+    run("mkfs.ext4", &["-q", &disk]);
+    run("mount", &[&disk, mnt.to_str().unwrap()]);
+    let files: Vec<(String, Vec<u8>)> =
+        (0..8).map(|index| (format!("file{index}.bin"), pattern(30 + index, (index as usize + 1) << 18))).collect();
+    for (name, bytes) in &files {
+        fs::write(mnt.join(name), bytes).unwrap();
+    }
+    run("fsfreeze", &["-f", mnt.to_str().unwrap()]);
+    server.rewind(&["bookmark", "fs", "clean"]);
+    run("fsfreeze", &["-u", mnt.to_str().unwrap()]);
+    // The attack: every file encrypted, half of them deleted.
+    let encrypted: Vec<Vec<u8>> = files.iter().map(|(_, bytes)| pattern(99, bytes.len())).collect();
+    for ((name, _), bytes) in files.iter().zip(&encrypted) {
+        fs::write(mnt.join(name), bytes).unwrap();
+    }
+    for (name, _) in files.iter().step_by(2) {
+        fs::remove_file(mnt.join(name)).unwrap();
+    }
+    run("sync", &[]);
+    // Not under a mounted filesystem's feet.
+    let refused = server.rewind_failing(&["revert", "fs", "--to", "clean"]);
+    assert!(refused.contains("open for writing") && refused.contains("--disconnect"), "{refused}");
+    fs_test.detach();
+
+    let reverted = || server.rewind_output(&["revert", "fs", "--to", "clean", "--json"]);
+    let mut summary = None;
+    common::wait_for("the filesystem's NBD connection to close", || {
+        let output = reverted();
+        let done = output.status.success();
+        summary = done.then(|| json(&String::from_utf8_lossy(&output.stdout)));
+        done
+    });
+    let summary = summary.unwrap();
+    let before = summary["bookmark"].as_str().unwrap().to_owned();
+    assert!(before.starts_with("before-revert-"), "{summary}");
+    let disk = fs_test.attach(&server.uri("fs"), &fs_test.fuse.clone(), false);
+    run("mount", &[&disk, mnt.to_str().unwrap()]);
+    for (name, bytes) in &files {
+        assert!(fs::read(mnt.join(name)).unwrap() == *bytes, "{name} is back as it was");
+    }
+    let timeline = server.rewind(&["timeline", "fs"]);
+    assert!(timeline.contains("↶ reverted") && timeline.contains(&before), "{timeline}");
+    fs_test.detach();
+
+    // Undo: the encrypted state is back (and stays readable at its bookmark).
+    common::wait_for("the filesystem's NBD connection to close", || {
+        server.rewind_output(&["revert", "fs", "--undo"]).status.success()
+    });
+    let disk = fs_test.attach(&server.uri("fs"), &fs_test.fuse_view.clone(), true);
+    run("mount", &["-o", "ro,noload", &disk, old.to_str().unwrap()]);
+    for (index, ((name, _), bytes)) in files.iter().zip(&encrypted).enumerate() {
+        match index % 2 {
+            0 => assert!(!old.join(name).exists(), "{name} was deleted"),
+            _ => assert!(fs::read(old.join(name)).unwrap() == *bytes, "{name} is encrypted again"),
+        }
+    }
+    fs_test.detach();
+
+    // A clone of the clean state, changed; the origin's clean point is not.
+    server.rewind(&["volume", "clone", "fs@clean", "fs-debug"]);
+    let disk = fs_test.attach(&server.uri("fs-debug"), &fs_test.fuse.clone(), false);
+    run("mount", &[&disk, mnt.to_str().unwrap()]);
+    fs::write(mnt.join("file1.bin"), b"debugging\n").unwrap();
+    run("sync", &[]);
+    let view = fs_test.attach(&server.uri("fs@clean"), &fs_test.fuse_view.clone(), true);
+    run("mount", &["-o", "ro,noload", &view, old.to_str().unwrap()]);
+    assert_eq!(fs::read(mnt.join("file1.bin")).unwrap(), b"debugging\n");
+    assert!(fs::read(old.join("file1.bin")).unwrap() == files[1].1, "the origin is unaffected");
+}
+
 /// Loop devices and FUSE mounts, torn down even when an assertion fails.
 struct FsTest {
     fuse: std::path::PathBuf,
@@ -324,10 +403,36 @@ struct FsTest {
 }
 
 impl FsTest {
+    /// Mount points and FUSE directories under `dir`, nothing attached yet.
+    fn new(dir: &Path) -> FsTest {
+        let paths = ["fuse", "fuse-view", "mnt", "old"].map(|name| dir.join(name));
+        for path in &paths {
+            fs::create_dir(path).unwrap();
+        }
+        let [fuse, fuse_view, mnt, old] = paths;
+        FsTest { fuse, fuse_view, mnt, old, loops: Vec::new(), fuses: Vec::new() }
+    }
+
+    /// Unmounts, detaches and ends every client: the volumes are free.
+    fn detach(&mut self) {
+        unmount_all(&[&self.old, &self.mnt]);
+        for device in self.loops.drain(..) {
+            let _ = Command::new("losetup").args(["-d", &device]).status();
+        }
+        for dir in [&self.fuse_view, &self.fuse] {
+            let _ = Command::new("fusermount3").arg("-u").arg(dir).stderr(std::process::Stdio::null()).status();
+        }
+        for mut child in self.fuses.drain(..) {
+            let _ = child.wait();
+        }
+    }
+
     /// Exposes an NBD export as a file with nbdfuse and attaches a loop device.
     fn attach(&mut self, uri: &str, dir: &Path, read_only: bool) -> String {
         let file = dir.join("disk");
         let pidfile = dir.with_extension("pid");
+        // Left by an earlier nbdfuse on this directory.
+        let _ = fs::remove_file(&pidfile);
         let mut command = Command::new("nbdfuse");
         command.arg("-P").arg(&pidfile);
         if read_only {
@@ -351,16 +456,7 @@ impl FsTest {
 
 impl Drop for FsTest {
     fn drop(&mut self) {
-        unmount_all(&[&self.old, &self.mnt]);
-        for device in &self.loops {
-            let _ = Command::new("losetup").args(["-d", device]).status();
-        }
-        for dir in [&self.fuse_view, &self.fuse] {
-            let _ = Command::new("fusermount3").arg("-u").arg(dir).status();
-        }
-        for mut child in self.fuses.drain(..) {
-            let _ = child.wait();
-        }
+        self.detach();
     }
 }
 

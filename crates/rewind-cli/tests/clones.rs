@@ -1,13 +1,16 @@
-//! Writable clones with real clients: `rewind volume clone db@first dbg`
-//! reads exactly as the view it starts from (`qemu-img compare` over NBD),
-//! shows the source's allocation where it has not written (`qemu-img map`),
-//! takes writes that the source never sees, can itself be cloned, and
-//! survives `kill -9`; a volume with clones is not deleted unless asked to
-//! delete them too; the same offline.
+//! Writable clones and reverts in place with real clients. `rewind volume
+//! clone db@first dbg` reads exactly as the view it starts from (`qemu-img
+//! compare` over NBD), shows the source's allocation where it has not
+//! written (`qemu-img map`), takes writes that the source never sees, can
+//! itself be cloned, and survives `kill -9`; a volume with clones is not
+//! deleted unless asked to delete them too; the same offline. `rewind
+//! revert` refuses connected writers unless told to cut them off, leaves
+//! views alone, and is undone by `--undo`; bad points are refused.
 
 mod common;
 
-use common::{json, require, run, Server, REWIND};
+use common::nbd_client::NbdClient;
+use common::{json, require, run, wait_for, Server, REWIND};
 
 /// The allocated (data) ranges `qemu-img map` reports for an export.
 fn data_ranges(uri: &str) -> Vec<(u64, u64)> {
@@ -102,4 +105,57 @@ fn a_clone_starts_as_its_source_was_and_goes_its_own_way() {
     offline(&["volume", "delete", "db", "--yes", "--with-clones"]);
     let left = json(&offline(&["volume", "list", "--json"]));
     assert_eq!(left.as_array().unwrap().len(), 0, "{left}");
+}
+
+#[test]
+fn a_revert_cuts_off_connected_writers_only_when_told_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(&data);
+    server.rewind(&["volume", "create", "db", "--size", "8MiB"]);
+    let mut writer = NbdClient::connect(server.nbd, "db").unwrap();
+    writer.write(0, &[1; 4096]).unwrap();
+    writer.flush().unwrap();
+    server.rewind(&["bookmark", "db", "one"]);
+    writer.write(0, &[2; 4096]).unwrap();
+    writer.flush().unwrap();
+    let mut view = NbdClient::connect(server.nbd, "db@one").unwrap();
+
+    let error = server.rewind_failing(&["revert", "db", "--to", "one"]);
+    assert!(error.contains("open for writing by a client: nbd") && error.contains("--disconnect"), "{error}");
+    let summary = json(&server.rewind(&["revert", "db", "--to", "one", "--disconnect", "--json"]));
+    assert_eq!(summary["disconnected"].as_array().unwrap().len(), 1, "{summary}");
+    let mut block = [0; 4096];
+    let cut = writer.read(0, &mut block).unwrap_err();
+    assert!(cut.to_string().contains("108") || cut.to_string().to_lowercase().contains("shutdown"), "{cut}");
+    view.read(0, &mut block).unwrap();
+    assert_eq!(block, [1; 4096], "a view is not cut off");
+    let mut again = NbdClient::connect(server.nbd, "db").unwrap();
+    again.read(0, &mut block).unwrap();
+    assert_eq!(block, [1; 4096], "the volume reads as it did at the bookmark");
+    let timeline = json(&server.rewind(&["timeline", "db", "--json"]));
+    assert_eq!(timeline["reverts"].as_array().unwrap().len(), 1, "{timeline}");
+
+    // Undo, once the writer is gone: the state before the revert.
+    again.disconnect().unwrap();
+    drop(writer);
+    wait_for("the writers to disconnect", || server.rewind_output(&["revert", "db", "--undo"]).status.success());
+    run("qemu-io", &["-f", "raw", "-c", "read -P 2 0 4k", &server.uri("db")]);
+
+    // Points that cannot be reverted to, with the reasons views give.
+    let error = server.rewind_failing(&["revert", "db", "--to", "2001-01-01T00:00:00Z"]);
+    assert!(error.contains("before"), "{error}");
+    let error = server.rewind_failing(&["revert", "db", "--to", "2099-01-01T00:00:00Z"]);
+    assert!(error.contains("future"), "{error}");
+    let error = server.rewind_failing(&["revert", "db", "--to", "no-such-bookmark"]);
+    assert!(error.contains("no-such-bookmark"), "{error}");
+    server.rewind(&["volume", "create", "fresh", "--size", "1MiB"]);
+    let error = server.rewind_failing(&["revert", "fresh", "--undo"]);
+    assert!(error.contains("nothing to undo"), "{error}");
+    server.stop();
+
+    // Offline, after a restart: the revert and its undo are on the timeline.
+    let data = data.to_str().unwrap();
+    let timeline = json(&run(REWIND, &["--offline", "--data-dir", data, "timeline", "db", "--json"]));
+    assert_eq!(timeline["reverts"].as_array().unwrap().len(), 2, "{timeline}");
 }

@@ -60,6 +60,16 @@ pub enum EngineError {
     )]
     HasClones { volume: String, clones: Vec<String> },
     #[error(
+        "volume {volume} is open for writing by {}: {}; a revert would change the data under {}: disconnect {} \
+         first, or pass --disconnect, which cuts {} off (every request fails from then on, so they reconnect)",
+        if clients.len() == 1 { "a client".to_owned() } else { format!("{} clients", clients.len()) },
+        clients.join(", "),
+        if clients.len() == 1 { "it" } else { "them" },
+        if clients.len() == 1 { "it" } else { "them" },
+        if clients.len() == 1 { "it" } else { "them" }
+    )]
+    WritersConnected { volume: String, clients: Vec<String> },
+    #[error(
         "volume {volume} is damaged and not served: {problem}; `rewind volume repair {volume}` rebuilds what can \
          be rebuilt and says what cannot, `rewind volume delete {volume}` removes it"
     )]

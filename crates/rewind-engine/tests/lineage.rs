@@ -1,8 +1,10 @@
 //! Model-based test of lineage on the simulated disk: a node whose volumes
 //! are clones of each other (clones of clones, clones at past points and at
-//! now), written, zeroed, flushed, bookmarked, maintained (archive,
-//! retention, collection) and crashed at random, checked against an oracle
-//! per volume whose first state is its base as it was at the branch point.
+//! now), written, zeroed, flushed, bookmarked, reverted in place and
+//! reverts undone, maintained (archive, retention, collection) and crashed
+//! at random, checked against an oracle per volume whose first state is its
+//! base as it was at the branch point, and whose state after a revert is
+//! its own state at the point reverted to.
 //! Every volume's present and every point it keeps must read as its oracle
 //! says — a clone's base is never thinned, deleted or collected from under
 //! it — and a base with clones is neither deleted nor has the branch point
@@ -18,7 +20,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rewind_engine::{
     BlockSize, BookmarkName, Clones, Durability, EngineError, InUse, Layout, LayoutRules, Node, NodeConfig, Timestamp,
-    Volume, VolumeName, VolumeSpec, ZeroMode,
+    Volume, VolumeName, VolumeSpec, Writers, ZeroMode,
 };
 use rewind_io::{SimConfig, SimStorage};
 
@@ -32,6 +34,9 @@ struct Line {
     /// The line it was cloned from and the point, if a clone.
     base: Option<(usize, Timestamp)>,
     deleted: bool,
+    /// Oracle states that are reverts, not journal records (all durable:
+    /// a revert is made after a flush, and is durable itself).
+    reverts: usize,
 }
 
 struct Case {
@@ -53,6 +58,8 @@ struct Exercised {
     base_deletes_refused: u64,
     branch_deletes_refused: u64,
     deletes: u64,
+    reverts: u64,
+    undos: u64,
     /// Versions a base's retention thinned while clones read from it.
     thinned_under_clones: u64,
 }
@@ -83,10 +90,10 @@ impl Case {
         assert!(self.node.damaged_volumes().is_empty(), "seed {}: {:?}", self.seed, self.node.damaged_volumes());
         for line in self.live() {
             let volume = self.volume(line);
-            let oracle = &mut self.lines[line].oracle;
             let timeline = volume.timeline();
             let survivors: u64 = timeline.buckets.iter().map(|bucket| bucket.write_count + bucket.zero_count).sum();
-            let survivors = survivors as usize;
+            let survivors = survivors as usize + self.lines[line].reverts;
+            let oracle = &mut self.lines[line].oracle;
             assert!(survivors >= oracle.durable, "seed {}: volume {line} lost acknowledged writes", self.seed);
             oracle.states.truncate(survivors + 1);
             oracle.durable = survivors;
@@ -129,7 +136,7 @@ fn run(seed: u64) -> Exercised {
             durable: 0,
             block_bytes: u64::from(block_bytes),
         };
-        case.lines.push(Line { name: format!("r{root}"), oracle, base: None, deleted: false });
+        case.lines.push(Line { name: format!("r{root}"), oracle, base: None, deleted: false, reverts: 0 });
     }
     for step in 0..rng.random_range(100..300) {
         if rng.random_bool(0.8) {
@@ -199,7 +206,7 @@ fn run(seed: u64) -> Exercised {
                 };
                 exercised.clones += 1;
                 exercised.clones_of_clones += u64::from(case.lines[line].base.is_some());
-                case.lines.push(Line { name, oracle, base: Some((line, branch)), deleted: false });
+                case.lines.push(Line { name, oracle, base: Some((line, branch)), deleted: false, reverts: 0 });
                 case.check(case.lines.len() - 1);
             }
             60..=69 => {
@@ -268,6 +275,45 @@ fn run(seed: u64) -> Exercised {
                     exercised.branch_deletes_refused += 1;
                 }
             }
+            85..=89 => {
+                // Back to a point it keeps, or (a third of the time) undo the last revert.
+                let undo = rng.random_bool(0.3);
+                let report = match undo {
+                    true => match volume.undo_revert(now, Writers::Refuse) {
+                        Err(EngineError::InvalidArgument(message)) if case.lines[line].reverts == 0 => {
+                            assert!(message.contains("nothing to undo"), "{message}");
+                            continue;
+                        }
+                        report => report,
+                    },
+                    false => {
+                        let oracle = &case.lines[line].oracle;
+                        let (time, _) = oracle.states[rng.random_range(0..oracle.states.len())];
+                        let Ok(to) = volume.exact_time(time) else { continue };
+                        volume.revert(to, now, Writers::Refuse)
+                    }
+                };
+                let report = report.unwrap_or_else(|error| panic!("seed {seed} step {step}: revert: {error}"));
+                let revert = report.revert;
+                let line = &mut case.lines[line];
+                let oracle = &mut line.oracle;
+                assert!(revert.at > oracle.clock && revert.before == revert.at.saturating_sub_nanos(1), "seed {seed}");
+                let image = oracle.at(revert.to).clone();
+                oracle.states.push((revert.at, image));
+                oracle.clock = revert.at;
+                oracle.durable = oracle.states.len() - 1;
+                line.reverts += 1;
+                assert_eq!(
+                    volume.bookmarks().iter().find(|bookmark| bookmark.name == report.bookmark).unwrap().timestamp,
+                    revert.before
+                );
+                if undo {
+                    exercised.undos += 1;
+                } else {
+                    exercised.reverts += 1;
+                }
+                case.check(case.lines.iter().position(|other| other.name == volume.name().as_str()).unwrap());
+            }
             80..=84 => {
                 drop(volume);
                 case.restart(step);
@@ -311,6 +357,8 @@ fn clones_read_their_base_at_the_branch_point_through_crashes() {
         base_deletes_refused: total.base_deletes_refused + case.base_deletes_refused,
         branch_deletes_refused: total.branch_deletes_refused + case.branch_deletes_refused,
         deletes: total.deletes + case.deletes,
+        reverts: total.reverts + case.reverts,
+        undos: total.undos + case.undos,
         thinned_under_clones: total.thinned_under_clones + case.thinned_under_clones,
     });
     println!("{total:?}");
@@ -320,6 +368,39 @@ fn clones_read_their_base_at_the_branch_point_through_crashes() {
         && total.base_deletes_refused > 10
         && total.branch_deletes_refused > 10
         && total.deletes > 10
+        && total.reverts > 100
+        && total.undos > 30
         && total.thinned_under_clones > 0;
-    assert!(seeds < 30 || enough, "clones, crashes, refused deletes and thinning under clones must be exercised");
+    assert!(
+        seeds < 30 || enough,
+        "clones, reverts, crashes, refused deletes and thinning under clones must be exercised"
+    );
+}
+
+/// A write after a revert and a restart is after the revert, though the
+/// journal holds nothing that late and the caller's clock is behind it.
+#[test]
+fn a_write_after_a_revert_and_a_restart_is_after_the_revert() {
+    let storage = SimStorage::new(SimConfig::default(), 7);
+    let at = Timestamp::from_unix_nanos;
+    let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, at(1_000)).unwrap();
+    volume.write(at(2_000), 0, &[1; 4096], Durability::Fua).unwrap();
+    volume.write(at(2_000), 4096, &[2; 4096], Durability::Fua).unwrap();
+    let first = volume.timeline().timestamp_last.saturating_sub_nanos(1);
+    let report = volume.revert(first, at(5_000), Writers::Refuse).unwrap();
+    assert_eq!(report.revert.at, at(5_000));
+    drop(volume);
+    drop(node);
+    storage.crash();
+    let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+    let volume = node.volume("v").unwrap();
+    // The caller's clock is behind the revert (another thread, a clock step).
+    volume.write(at(3_000), 8192, &[3; 4096], Durability::Fua).unwrap();
+    let mut image = vec![0; 3 * 4096];
+    volume.read(0, &mut image).unwrap();
+    assert_eq!(image[..4096], [1; 4096], "written before the point reverted to");
+    assert_eq!(image[4096..8192], [0; 4096], "reverted away");
+    assert_eq!(image[8192..], [3; 4096], "written after the revert");
 }

@@ -388,6 +388,73 @@ impl Bookmarks {
     }
 }
 
+/// One revert in place: from `at` on, the volume reads as it did at `to`
+/// where it has not been written since.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Revert {
+    /// When the revert happened: after every write before it, before every
+    /// write after it.
+    pub at: Timestamp,
+    /// The exact point the volume was reverted to (before `at`).
+    pub to: Timestamp,
+    /// The state just before the revert (`at` less 1 ns), kept exactly so
+    /// that the revert can be undone.
+    pub before: Timestamp,
+}
+
+/// `reverts`: a volume's reverts in place, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Reverts {
+    pub entries: Vec<Revert>,
+}
+
+impl Reverts {
+    const MAGIC: [u8; 4] = *b"RWRV";
+    const WHAT: &'static str = "reverts";
+    pub const COUNT_MAX: usize = 1 << 16;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut payload = Writer::new();
+        payload.u32(self.entries.len() as u32);
+        for revert in &self.entries {
+            payload.u64(revert.at.unix_nanos()).u64(revert.to.unix_nanos()).u64(revert.before.unix_nanos());
+        }
+        seal_envelope(Self::MAGIC, payload)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
+        let count = reader.u32()? as usize;
+        if count > Self::COUNT_MAX {
+            return Err(reader.invalid(format!("{count} reverts")));
+        }
+        let mut entries: Vec<Revert> = Vec::with_capacity(reader.capacity_for(count, 3 * 8));
+        for _ in 0..count {
+            let at = Timestamp::from_unix_nanos(reader.u64()?);
+            let to = Timestamp::from_unix_nanos(reader.u64()?);
+            let before = Timestamp::from_unix_nanos(reader.u64()?);
+            if !(to <= before && before < at) {
+                return Err(reader.invalid("a revert that is not to a point before it"));
+            }
+            if entries.last().is_some_and(|last| last.at >= at) {
+                return Err(reader.invalid("reverts out of order"));
+            }
+            entries.push(Revert { at, to, before });
+        }
+        finish(reader)?;
+        Ok(Reverts { entries })
+    }
+
+    /// The revert whose era `at` falls in (the present if `None`): the last
+    /// at or before it.
+    pub fn era_of(&self, at: Option<Timestamp>) -> Option<&Revert> {
+        match at {
+            None => self.entries.last(),
+            Some(at) => self.entries[..self.entries.partition_point(|revert| revert.at <= at)].last(),
+        }
+    }
+}
+
 /// `policy`: how much of a volume's history is kept. Changeable at any time.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct VolumePolicy {
@@ -659,6 +726,26 @@ mod tests {
             cache_bytes: 0,
             base: None,
         };
+        let reverts = Reverts {
+            entries: vec![
+                Revert {
+                    at: Timestamp::from_unix_nanos(50),
+                    to: Timestamp::from_unix_nanos(20),
+                    before: Timestamp::from_unix_nanos(49),
+                },
+                Revert {
+                    at: Timestamp::from_unix_nanos(90),
+                    to: Timestamp::from_unix_nanos(49),
+                    before: Timestamp::from_unix_nanos(89),
+                },
+            ],
+        };
+        assert_eq!(Reverts::decode(&reverts.encode()).unwrap(), reverts);
+        assert_eq!(reverts.era_of(Some(Timestamp::from_unix_nanos(49))), None);
+        assert_eq!(reverts.era_of(Some(Timestamp::from_unix_nanos(50))), Some(&reverts.entries[0]));
+        assert_eq!(reverts.era_of(None), Some(&reverts.entries[1]));
+        let backwards = Reverts { entries: vec![reverts.entries[1], reverts.entries[0]] };
+        assert!(Reverts::decode(&backwards.encode()).unwrap_err().to_string().contains("out of order"));
         let clone = VolumeMeta {
             name: VolumeName::new("db-debug").unwrap(),
             base: Some(VolumeBase { volume: meta.name.clone(), at: Timestamp::from_unix_nanos(40) }),

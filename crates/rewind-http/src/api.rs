@@ -10,8 +10,8 @@ use rewind_engine::timespec::{
 };
 use rewind_engine::{
     ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, DamagedVolume, EngineError, IoStats, Layout,
-    PolicyChange, RepairReport, SpaceReport, TimelineReport, Timestamp, Volume, VolumeIoStats, VolumeName, VolumeSpace,
-    VolumeSpec, VolumeStats,
+    PolicyChange, RepairReport, Revert, RevertReport, SpaceReport, TimelineReport, Timestamp, Volume, VolumeIoStats,
+    VolumeName, VolumeSpace, VolumeSpec, VolumeStats,
 };
 
 pub fn time(at: Timestamp) -> String {
@@ -482,6 +482,70 @@ pub struct Timeline {
     /// Buckets with activity, oldest first.
     pub buckets: Vec<TimelineBucket>,
     pub bookmarks: Vec<BookmarkInfo>,
+    /// Reverts in place, oldest first.
+    pub reverts: Vec<RevertInfo>,
+}
+
+/// A revert in place: an event on a volume's timeline.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RevertInfo {
+    /// When it happened.
+    pub at: String,
+    pub at_unix_nanos: u64,
+    /// The point the volume went back to.
+    pub to: String,
+    pub to_unix_nanos: u64,
+    /// The state just before it (`revert --undo` goes back there).
+    pub before_unix_nanos: u64,
+}
+
+impl RevertInfo {
+    pub fn of(revert: &Revert) -> RevertInfo {
+        RevertInfo {
+            at: time(revert.at),
+            at_unix_nanos: revert.at.unix_nanos(),
+            to: time(revert.to),
+            to_unix_nanos: revert.to.unix_nanos(),
+            before_unix_nanos: revert.before.unix_nanos(),
+        }
+    }
+}
+
+/// `POST /v1/volumes/{name}/revert`: put the volume back to a point in time.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RevertVolume {
+    /// Any time expression or bookmark (see `rewind help times`); absent
+    /// with `undo`.
+    pub to: Option<String>,
+    /// Go back to the state just before the last revert.
+    #[serde(default)]
+    pub undo: bool,
+    /// Cut off clients writing to the volume instead of refusing.
+    #[serde(default)]
+    pub disconnect: bool,
+}
+
+/// What a revert did.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RevertSummary {
+    pub volume: String,
+    pub revert: RevertInfo,
+    /// The bookmark naming the state just before the revert.
+    pub bookmark: String,
+    /// The writers cut off (`disconnect`).
+    pub disconnected: Vec<String>,
+}
+
+impl RevertSummary {
+    pub fn of(volume: &str, report: &RevertReport) -> RevertSummary {
+        RevertSummary {
+            volume: volume.to_owned(),
+            revert: RevertInfo::of(&report.revert),
+            bookmark: report.bookmark.to_string(),
+            disconnected: report.disconnected.clone(),
+        }
+    }
 }
 
 impl Timeline {
@@ -516,6 +580,7 @@ impl Timeline {
             bucket_seconds,
             buckets,
             bookmarks: report.bookmarks.iter().map(|bookmark| BookmarkInfo::of(volume, bookmark)).collect(),
+            reverts: report.reverts.iter().map(RevertInfo::of).collect(),
         }
     }
 }

@@ -5,12 +5,14 @@
 //! |---|---|---|
 //! | GET | `/v1/health` | liveness and version |
 //! | GET, POST | `/v1/volumes` | list volumes; create one (`CreateVolume`) |
-//! | GET, PATCH, DELETE | `/v1/volumes/{name}` | details and stats; change the policy (`UpdateVolume`); delete with all history |
+//! | GET, PATCH, DELETE | `/v1/volumes/{name}` | details and stats; change the policy (`UpdateVolume`); delete with all history (`?with_clones=true`: and its clones) |
 //! | POST | `/v1/volumes/{name}/import?block_size=N&layout=L&cache=C&granularity=G&retention=R&space_max=S` | create from a raw image sent as the body, as a job (a few at a time; 503 `busy` when too many wait) |
 //! | GET | `/v1/volumes/{name}/timeline?bucket_seconds=N` | write activity and bookmarks |
 //! | GET | `/v1/volumes/{name}/writes` | the writes its history keeps, oldest first, as newline-delimited JSON (`KeptWrite` per line: what `rewind trace export` writes as a trace) |
 //! | GET, POST | `/v1/volumes/{name}/bookmarks` | list; create (`CreateBookmark`) |
 //! | DELETE | `/v1/volumes/{name}/bookmarks/{bookmark}` | delete a bookmark |
+//! | POST | `/v1/volumes/{name}/clones` | a writable clone of the volume at a point (`CreateClone`) |
+//! | POST | `/v1/volumes/{name}/revert` | revert in place, or undo the last revert (`RevertVolume`) |
 //! | GET | `/v1/volumes/{name}/view?at=TIME` | resolve a point in time to its NBD export |
 //! | GET | `/v1/volumes/{name}/changes?from=TIME[&to=TIME]` | the byte ranges that read differently between two points (to now without `to`) |
 //! | GET | `/v1/volumes/{name}/allocation?at=NANOS&offset=O&length=L` | allocated and zero extents at an exact point (for `rewind restore`) |
@@ -36,9 +38,9 @@
 //! unknown JSON fields and query parameters are refused naming them, JSON
 //! bodies are at most `JSON_BODY_BYTES_MAX` (64 KiB), and a PATCH that would
 //! change nothing says why. Errors come back as `ErrorBody` with a status
-//! that fits: 404 for unknown names, 409 for duplicates and volumes in use,
-//! 400 for bad input (413 for a JSON body too large), 503 for a poisoned
-//! volume or chunk store and, with `Retry-After`, for too many imports
+//! that fits: 404 for unknown names, 409 for duplicates, volumes in use,
+//! bases of clones and reverts under writers, 400 for bad input (413 for a
+//! JSON body too large), 503 for a poisoned volume or chunk store and, with `Retry-After`, for too many imports
 //! (`busy`), 500 for corruption and I/O errors; 401 without a valid token,
 //! 403 for what a token may not do (or a foreign Host or Origin), 415 for a
 //! body that is not JSON where JSON is expected (a form or text/plain body

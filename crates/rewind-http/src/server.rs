@@ -19,13 +19,13 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use rewind_access::{AccessError, GrantInfo, Grants, Principal, TokenInfo, TokenSpec};
-use rewind_engine::{BookmarkName, Clones, EngineError, InUse, Node, RepairMode, Timestamp, VolumeName};
+use rewind_engine::{BookmarkName, Clones, EngineError, InUse, Node, RepairMode, Timestamp, VolumeName, Writers};
 
 use crate::api::{
     time, view_export, AllocationExtent, BookmarkInfo, Changes, CreateBookmark, CreateClone, CreateVolume,
     CreatedToken, DeletedHistory, ErrorBody, GcEvent, Health, ImportSummary, JobInfo, NodeReport, RepairSummary,
-    RevokeGrant, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport, DATA_BYTES_MAX,
-    FIXED_AT_CREATION,
+    RevertSummary, RevertVolume, RevokeGrant, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    DATA_BYTES_MAX, FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
@@ -112,9 +112,11 @@ impl IntoResponse for ApiError {
             EngineError::VolumeNotFound(_) | EngineError::BookmarkNotFound { .. } => {
                 (StatusCode::NOT_FOUND, "not_found")
             }
-            EngineError::VolumeExists(_) | EngineError::BookmarkExists { .. } | EngineError::InUse { .. } => {
-                (StatusCode::CONFLICT, "conflict")
-            }
+            EngineError::VolumeExists(_)
+            | EngineError::BookmarkExists { .. }
+            | EngineError::InUse { .. }
+            | EngineError::HasClones { .. }
+            | EngineError::WritersConnected { .. } => (StatusCode::CONFLICT, "conflict"),
             EngineError::Poisoned { .. } | EngineError::Closed(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             EngineError::Damaged { .. } => (StatusCode::SERVICE_UNAVAILABLE, "damaged"),
             EngineError::RecoveryPending { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),
@@ -230,6 +232,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/writes", get(write_history))
         .route("/v1/volumes/{name}/bookmarks", get(list_bookmarks).post(create_bookmark))
         .route("/v1/volumes/{name}/clones", post(create_clone))
+        .route("/v1/volumes/{name}/revert", post(revert_volume))
         .route("/v1/volumes/{name}/bookmarks/{bookmark}", delete(delete_bookmark))
         .route("/v1/volumes/{name}/view", get(resolve_view))
         .route("/v1/volumes/{name}/changes", get(changes))
@@ -713,6 +716,32 @@ async fn create_clone(
     })
     .await?;
     Ok((StatusCode::CREATED, Json(VolumeInfo::of(&clone))))
+}
+
+/// Puts the volume back to a point in time, in place: metadata only.
+async fn revert_volume(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    ApiJson(request): ApiJson<RevertVolume>,
+) -> Result<Json<RevertSummary>, ApiError> {
+    let writers = if request.disconnect { Writers::Disconnect } else { Writers::Refuse };
+    let node = Arc::clone(&state.node);
+    blocking(move || {
+        let volume = node.volume(&name)?;
+        let now = now();
+        let report = match (&request.to, request.undo) {
+            (None, true) => volume.undo_revert(now, writers)?,
+            (Some(to), false) => volume.revert(volume.parse_time(to, now, &TimeZone::system())?, now, writers)?,
+            _ => {
+                return Err(EngineError::InvalidArgument(
+                    "name either the point to revert to (\"to\") or \"undo\": true".to_owned(),
+                ))
+            }
+        };
+        Ok(RevertSummary::of(&name, &report))
+    })
+    .await
+    .map(Json)
 }
 
 async fn delete_bookmark(

@@ -15,7 +15,7 @@ use std::time::SystemTime;
 use jiff::tz::TimeZone;
 use rewind_access::{Access, Grants};
 use rewind_engine::timespec::DisplayTime;
-use rewind_engine::{Attachment, Durability, EngineError, Node, Timestamp, View, Volume, ZeroMode};
+use rewind_engine::{Attachment, Durability, EngineError, Node, Role, Timestamp, View, Volume, ZeroMode};
 
 use crate::{
     BlockSizes, Catalog, Client, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
@@ -144,11 +144,12 @@ impl Catalog for EngineCatalog {
             EngineError::Damaged { .. } => OpenError { kind: OpenErrorKind::Unavailable, message: error.to_string() },
             error => not_found(error.to_string()),
         })?;
-        // Attached while the export lives, so deleting the volume names this client.
-        let attachment = volume.attach(format!("nbd {client} ({name})"));
+        // Attached while the export lives, so deleting or reverting the volume names this client.
+        let role = if time.is_some() { Role::View } else { Role::Live };
+        let attachment = volume.attach(format!("nbd {client} ({name})"), role);
         let Some(time) = time else {
             let read_only = access == Access::ReadOnly;
-            return Ok(Arc::new(VolumeExport { volume, read_only, _attachment: attachment }));
+            return Ok(Arc::new(VolumeExport { volume, read_only, attachment }));
         };
         let bad_name = |error: EngineError| {
             let kind = match error {
@@ -183,11 +184,24 @@ struct VolumeExport {
     volume: Arc<Volume>,
     /// Opened through a read-only grant.
     read_only: bool,
-    _attachment: Attachment,
+    attachment: Attachment,
 }
 
 impl VolumeExport {
+    /// Refuses every request once a revert cut this connection off: what
+    /// it has cached of the volume is no longer what the volume holds.
+    fn connected(&self) -> Result<(), ExportError> {
+        if self.attachment.is_cut_off() {
+            return Err(ExportError::new(
+                ExportErrorKind::Shutdown,
+                "the volume was reverted and this connection cut off; reconnect",
+            ));
+        }
+        Ok(())
+    }
+
     fn writable(&self) -> Result<(), ExportError> {
+        self.connected()?;
         if self.read_only {
             return Err(ExportError::new(ExportErrorKind::ReadOnly, "your access to this volume is read-only"));
         }
@@ -227,6 +241,7 @@ impl Export for VolumeExport {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.connected()?;
         self.volume.read(offset, buf).map_err(export_error)
     }
 
@@ -237,6 +252,7 @@ impl Export for VolumeExport {
     }
 
     fn flush(&self) -> Result<(), ExportError> {
+        self.connected()?;
         self.volume.flush().map_err(export_error)
     }
 
@@ -258,6 +274,7 @@ impl Export for VolumeExport {
     }
 
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
+        self.connected()?;
         self.volume.block_status(offset, length).map(extents).map_err(export_error)
     }
 }

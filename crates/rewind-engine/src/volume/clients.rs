@@ -1,25 +1,52 @@
 //! Who is using a volume: front ends attach each client (an NBD connection
 //! to the volume or to one of its views) for as long as it is connected, so
-//! that deleting the volume can name them and refuse unless forced.
+//! that deleting the volume can name them and refuse unless forced, and a
+//! revert can name the writers — or cut them off.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use crate::Volume;
 
+/// How a client uses the volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The live volume, which it may write.
+    Live,
+    /// A read-only view of a point in time, which a revert does not change.
+    View,
+}
+
+struct Client {
+    description: String,
+    role: Role,
+    /// Set when the client is cut off (see [`Attachment::is_cut_off`]).
+    cut_off: Arc<AtomicBool>,
+}
+
 /// The clients attached to one volume, by attachment id.
 #[derive(Default)]
 pub(crate) struct Clients {
     next_id: Mutex<u64>,
-    attached: Mutex<BTreeMap<u64, String>>,
+    attached: Mutex<BTreeMap<u64, Client>>,
 }
 
 /// A client attached to a volume (see [`Volume::attach`]); detached when dropped.
 pub struct Attachment {
     volume: Arc<Volume>,
     id: u64,
+    cut_off: Arc<AtomicBool>,
+}
+
+impl Attachment {
+    /// The volume changed under this client (a revert it was cut off by):
+    /// its requests must fail from now on, so that it reconnects.
+    pub fn is_cut_off(&self) -> bool {
+        self.cut_off.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for Attachment {
@@ -42,18 +69,38 @@ pub enum InUse {
 impl Volume {
     /// Registers a client of this volume, described for people (e.g. "nbd
     /// 127.0.0.1:51234 (db@-1h)"), until the returned guard is dropped.
-    pub fn attach(self: &Arc<Self>, client: String) -> Attachment {
+    pub fn attach(self: &Arc<Self>, description: String, role: Role) -> Attachment {
         let id = {
             let mut next = self.clients.next_id.lock();
             *next += 1;
             *next
         };
+        let cut_off = Arc::new(AtomicBool::new(false));
+        let client = Client { description, role, cut_off: Arc::clone(&cut_off) };
         self.clients.attached.lock().insert(id, client);
-        Attachment { volume: Arc::clone(self), id }
+        Attachment { volume: Arc::clone(self), id, cut_off }
     }
 
     /// The clients attached now, oldest first.
     pub fn clients(&self) -> Vec<String> {
-        self.clients.attached.lock().values().cloned().collect()
+        self.clients.attached.lock().values().map(|client| client.description.clone()).collect()
+    }
+
+    /// The clients of the live volume (not of views), oldest first.
+    pub(crate) fn live_clients(&self) -> Vec<String> {
+        let attached = self.clients.attached.lock();
+        attached.values().filter(|client| client.role == Role::Live).map(|client| client.description.clone()).collect()
+    }
+
+    /// Cuts off every client of the live volume: their requests fail from
+    /// now on. Returns who they were.
+    pub(crate) fn cut_off_live_clients(&self) -> Vec<String> {
+        let attached = self.clients.attached.lock();
+        let live = attached.values().filter(|client| client.role == Role::Live);
+        live.map(|client| {
+            client.cut_off.store(true, Ordering::Release);
+            client.description.clone()
+        })
+        .collect()
     }
 }

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use jiff::tz::TimeZone;
 use parking_lot::Mutex;
 use rewind_format::meta::healed;
-use rewind_format::meta::{Bookmark, Bookmarks, RetentionTier, TimelineBucket, TimelineFrame, VolumePolicy};
+use rewind_format::meta::{
+    Bookmark, Bookmarks, RetentionTier, Revert, Reverts, TimelineBucket, TimelineFrame, VolumePolicy,
+};
 use rewind_index::Thinning;
 use rewind_io::{read_file, read_file_healing, write_file_atomic, File, OpenMode, Storage};
 use rewind_types::{Lsn, Timestamp};
@@ -35,6 +37,10 @@ pub(crate) struct History {
     /// Times of open views, with how many: pinned like bookmarks while they
     /// last, so retention never changes what an open view shows.
     pub(crate) holds: Mutex<BTreeMap<Timestamp, usize>>,
+    pub(crate) reverts_path: String,
+    /// The volume's reverts in place (see `crate::volume::revert`); changed
+    /// under `bookmarks` and the write lock.
+    pub(crate) reverts: Mutex<Reverts>,
     timeline: Mutex<TimelineFile>,
 }
 
@@ -56,6 +62,8 @@ impl History {
             bookmarks_path,
             bookmarks: Mutex::new(Bookmarks::default()),
             holds: Mutex::new(BTreeMap::new()),
+            reverts_path: format!("{dir}/reverts"),
+            reverts: Mutex::new(Reverts::default()),
             timeline: Mutex::new(timeline),
         })
     }
@@ -71,6 +79,16 @@ impl History {
         let bookmarks_path = format!("{dir}/bookmarks");
         let bytes = read_file_healing(storage, &bookmarks_path, healed).map_err(EngineError::io(&bookmarks_path))?;
         let bookmarks = Bookmarks::decode(&bytes).map_err(|error| corrupt(&bookmarks_path, error))?;
+        // Absent until the first revert.
+        let reverts_path = format!("{dir}/reverts");
+        let reverts = match storage.exists(&reverts_path).map_err(EngineError::io(&reverts_path))? {
+            false => Reverts::default(),
+            true => {
+                let bytes =
+                    read_file_healing(storage, &reverts_path, healed).map_err(EngineError::io(&reverts_path))?;
+                Reverts::decode(&bytes).map_err(|error| corrupt(&reverts_path, error))?
+            }
+        };
         let path = format!("{dir}/timeline");
         let file = storage.open_file(&path, OpenMode::Existing).map_err(EngineError::io(&path))?;
         let bytes = read_file(storage, &path).map_err(EngineError::io(&path))?;
@@ -92,6 +110,8 @@ impl History {
             bookmarks_path,
             bookmarks: Mutex::new(bookmarks),
             holds: Mutex::new(BTreeMap::new()),
+            reverts_path,
+            reverts: Mutex::new(reverts),
             timeline: Mutex::new(timeline),
         })
     }
@@ -100,7 +120,7 @@ impl History {
     /// with the volume's creation (its base state, until retention passes
     /// it), every bookmark and every open view kept exact.
     pub fn thinning(&self, created: Timestamp) -> Thinning {
-        thinning_of(&self.policy.lock(), created, &self.bookmarks.lock(), &self.holds.lock())
+        thinning_of(&self.policy.lock(), created, &self.bookmarks.lock(), &self.holds.lock(), &self.reverts.lock())
     }
 
     /// The time retention was last applied as of.
@@ -162,6 +182,8 @@ pub struct TimelineReport {
     /// Write activity per minute, oldest first; minutes without writes are absent.
     pub buckets: Vec<TimelineBucket>,
     pub bookmarks: Vec<Bookmark>,
+    /// Reverts in place, oldest first: events on the timeline.
+    pub reverts: Vec<Revert>,
 }
 
 /// Counters and sizes of one volume.
@@ -221,6 +243,7 @@ impl Volume {
             )));
         }
         self.check_no_branch_in(from, to)?;
+        self.check_no_revert_in(from, to)?;
         {
             let bookmarks = self.history.bookmarks.lock();
             if let Some(inside) = bookmarks.entries.iter().find(|bookmark| (from..to).contains(&bookmark.timestamp)) {
@@ -393,7 +416,8 @@ impl Volume {
 
     /// Tells the index what it may thin under `policy` and `bookmarks`.
     pub(crate) fn rethin(&self, policy: &VolumePolicy, bookmarks: &Bookmarks) {
-        self.index.set_thinning(thinning_of(policy, self.created(), bookmarks, &self.history.holds.lock()));
+        let holds = self.history.holds.lock();
+        self.index.set_thinning(thinning_of(policy, self.created(), bookmarks, &holds, &self.history.reverts.lock()));
     }
 
     /// The time a point names on this volume, checked to lie within its
@@ -438,6 +462,7 @@ impl Volume {
             timestamp_last: self.timestamp_last(),
             buckets: buckets.into_values().collect(),
             bookmarks: self.bookmarks(),
+            reverts: self.reverts(),
         }
     }
 
@@ -481,6 +506,7 @@ fn thinning_of(
     created: Timestamp,
     bookmarks: &Bookmarks,
     holds: &BTreeMap<Timestamp, usize>,
+    reverts: &Reverts,
 ) -> Thinning {
     let (mut tiers, horizon) = retention_windows(policy);
     tiers.extend_from_slice(&policy.floors);
@@ -491,6 +517,8 @@ fn thinning_of(
         .into_iter()
         .chain(bookmarks.entries.iter().map(|bookmark| bookmark.timestamp))
         .chain(holds.keys().copied())
+        // What a revert went back to, and what it left: both stay readable.
+        .chain(reverts.entries.iter().flat_map(|revert| [revert.to, revert.before]))
         .collect();
     pins.sort_unstable();
     pins.dedup();

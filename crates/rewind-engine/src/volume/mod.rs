@@ -57,6 +57,7 @@ mod maintenance;
 mod overlay;
 pub(crate) mod read;
 mod recovery;
+pub(crate) mod revert;
 pub(crate) mod space;
 pub(crate) mod writes;
 

@@ -108,9 +108,11 @@ impl Source {
         }
     }
 
-    fn of_meta(meta: &BlockMeta, unwritten: Source) -> Source {
+    /// A current-store block that was written (an unwritten one is the
+    /// base's, or zeros).
+    fn of_meta(meta: &BlockMeta) -> Source {
         match meta.state {
-            BlockState::Unwritten => unwritten,
+            BlockState::Unwritten => unreachable!("an unwritten block has no source of its own"),
             BlockState::Zero => Source::Zero,
             BlockState::Data => Source::Current { crc32c: meta.crc32c },
         }
@@ -370,7 +372,8 @@ impl Volume {
     }
 
     /// Where each of `count` blocks from `first` comes from, as of `at` (the
-    /// present if `None`).
+    /// present if `None`). After a revert (see `revert.rs`), a block not
+    /// written since reads as it did at the point the revert went back to.
     pub(super) fn plan(
         &self,
         at: Option<Timestamp>,
@@ -378,19 +381,47 @@ impl Volume {
         first: BlockIndex,
         count: u64,
     ) -> Result<Result<Vec<Source>, Mismatch>, EngineError> {
+        let planned = match self.plan_newest(at, overlay, first, count)? {
+            Ok(planned) => planned,
+            Err(mismatch) => return Ok(Err(mismatch)),
+        };
+        let era = self.history.reverts.lock().era_of(at).copied();
+        let mut sources: Vec<Source> = planned.iter().map(|&(source, _)| source).collect();
+        let Some(revert) = era.filter(|revert| planned.iter().any(|&(_, written)| written < revert.at)) else {
+            return Ok(Ok(sources));
+        };
+        let then = match self.plan(Some(revert.to), overlay, first, count)? {
+            Ok(then) => then,
+            Err(mismatch) => return Ok(Err(mismatch)),
+        };
+        for (index, &(_, written)) in planned.iter().enumerate() {
+            if written < revert.at {
+                sources[index] = then[index];
+            }
+        }
+        Ok(Ok(sources))
+    }
+
+    /// Per block, where its newest version at or before `at` (the present
+    /// if `None`) is, and when it was written (`Timestamp::MIN` if never).
+    fn plan_newest(
+        &self,
+        at: Option<Timestamp>,
+        overlay: OverlayAccess<'_>,
+        first: BlockIndex,
+        count: u64,
+    ) -> Result<Result<Vec<(Source, Timestamp)>, Mismatch>, EngineError> {
         // What a block reads where this volume never wrote it.
         let unwritten = match self.base {
-            Some(_) => Source::Base,
-            None => Source::Zero,
+            Some(_) => (Source::Base, Timestamp::MIN),
+            None => (Source::Zero, Timestamp::MIN),
         };
+        let of_version = |version: &Version| (Source::of_version(version), version.timestamp);
         let Some(current) = &self.current else {
             // Logging: the map is the only way to the present, too.
             let blocks: Vec<u64> = (first.0..first.0 + count).collect();
             let found = self.index.find_le_many(&blocks, at.unwrap_or(Timestamp::MAX))?;
-            return Ok(Ok(found
-                .iter()
-                .map(|version| version.as_ref().map_or(unwritten, Source::of_version))
-                .collect()));
+            return Ok(Ok(found.iter().map(|version| version.as_ref().map_or(unwritten, of_version)).collect()));
         };
         // Per block, its newest overlay version at or before `at`.
         let newest_pending = |state: &WriteState| -> Vec<Option<Version>> {
@@ -409,25 +440,22 @@ impl Volume {
         };
         let mut metas = Vec::with_capacity(count as usize);
         current.read_meta(first, count, &mut metas)?;
-        let mut sources = Vec::with_capacity(count as usize);
+        let mut planned = Vec::with_capacity(count as usize);
         let mut from_history = Vec::new();
         for (index, meta) in metas.iter().enumerate() {
             // The overlay's versions are newer than the current store's, and
             // the index's (before them) older: the first that is not after
             // `at` is the one. (In COW the index holds only what was copied
             // out, so versions still in the overlay must be found there.)
-            let source = match (pending.get(index).copied().flatten(), meta) {
-                (Some(version), _) => Some(Source::of_version(&version)),
+            match (pending.get(index).copied().flatten(), meta) {
+                (Some(version), _) => planned.push(of_version(&version)),
                 (None, None) => return Ok(Err(Mismatch(BlockIndex(first.0 + index as u64)))),
+                (None, Some(meta)) if meta.state == BlockState::Unwritten => planned.push(unwritten),
                 (None, Some(meta)) if at.is_none_or(|at| meta.timestamp <= at) => {
-                    Some(Source::of_meta(meta, unwritten))
+                    planned.push((Source::of_meta(meta), meta.timestamp));
                 }
-                (None, Some(_)) => None,
-            };
-            match source {
-                Some(source) => sources.push(source),
-                None => {
-                    sources.push(Source::Zero);
+                (None, Some(_)) => {
+                    planned.push(unwritten);
                     from_history.push(index);
                 }
             }
@@ -437,10 +465,10 @@ impl Volume {
             let found = self.index.find_le_many(&blocks, at)?;
             for (&index, version) in from_history.iter().zip(found) {
                 // No version at or before `at`: the block had not been written yet.
-                sources[index] = version.as_ref().map_or(unwritten, Source::of_version);
+                planned[index] = version.as_ref().map_or(unwritten, of_version);
             }
         }
-        Ok(Ok(sources))
+        Ok(Ok(planned))
     }
 
     pub(crate) fn block_status_at(

@@ -103,6 +103,8 @@ impl Volume {
             ControllerCache::new(CacheConfig::new(meta.cache_bytes, block_bytes, CACHE_DIRTY_FRACTION))
         });
         let zero_block_crc32c = rewind_format::crc32c(&vec![0u8; meta.block_size.bytes() as usize]);
+        // Every write after a revert is after it, whatever the journal holds.
+        let reverted = history.reverts.lock().entries.last().map_or(Timestamp::MIN, |revert| revert.at);
         index.set_release_hook(Arc::new(crate::volume::archive::ReleaseChunks {
             chunks: Arc::clone(&chunks),
             block_bytes: meta.block_size.bytes(),
@@ -112,7 +114,7 @@ impl Volume {
             storage,
             config,
             write: Mutex::new(WriteState {
-                timestamp_last: checkpoint.timestamp_last.max(timestamp_last),
+                timestamp_last: checkpoint.timestamp_last.max(timestamp_last).max(reverted),
                 timestamp_floor: index.archived_before(),
                 overlay: Overlay::new(cache, pending),
                 timeline_unsaved: BTreeMap::new(),
