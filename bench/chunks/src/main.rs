@@ -12,11 +12,14 @@
 //!   granularities: the retained fraction r measured against R(g) from the
 //!   workload's temporal distances (IBM Claim 3.1), and the space history
 //!   takes against the IBM Figure 6 model (Logging: r·w).
+//! - `lineage`: clone and revert-in-place time against volume size and
+//!   history length (flat: metadata only).
 //!
 //! Each prints a table on stderr and, with `--json`, one JSON object per
 //! measurement on stdout.
 
 mod history;
+mod lineage;
 mod space;
 mod store;
 
@@ -47,6 +50,8 @@ enum Command {
     History(history::HistoryArgs),
     /// Space at several granularities against the IBM model.
     Space(space::SpaceArgs),
+    /// Clone and revert time against volume size and history length.
+    Lineage(lineage::LineageArgs),
 }
 
 /// Prints a line of the human report.
@@ -75,5 +80,6 @@ fn main() -> anyhow::Result<()> {
         Command::Store(store) => store::run(&args.dir, &store, args.json),
         Command::History(history) => history::run(&args.dir, &history, args.json),
         Command::Space(space) => space::run(&args.dir, &space, args.json),
+        Command::Lineage(lineage) => lineage::run(&args.dir, &lineage, args.json),
     }
 }
