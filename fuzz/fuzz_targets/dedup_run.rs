@@ -123,9 +123,8 @@ fuzz_target!(|input: &[u8]| {
         }
     }
     // After the merge the same lookups find at least the same ids.
-    let Ok(again) = dedup_lookups_then_merge(storage, "chunks/dedup", config, &hashes) else {
-        panic!("the index a merge left does not open or look up");
-    };
+    let again = dedup_lookups_then_merge(storage, "chunks/dedup", config, &hashes);
+    let again = again.unwrap_or_else(|error| panic!("the index a merge left does not open or look up: {error}"));
     for ((hash, before), after) in hashes.iter().zip(&found).zip(&again) {
         for id in before {
             assert!(after.contains(id), "the merge lost {id:?} for {hash:?}");

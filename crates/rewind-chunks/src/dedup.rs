@@ -131,9 +131,18 @@ struct RunScan<'a> {
     page: Vec<u8>,
     entries: Vec<DedupEntry>,
     position: usize,
+    /// The hash of the entry returned last.
+    last: Option<ChunkHash>,
 }
 
-impl RunScan<'_> {
+impl<'a> RunScan<'a> {
+    fn new(run: &'a DedupRun) -> RunScan<'a> {
+        RunScan { run, next_page: 0, page: Vec::new(), entries: Vec::new(), position: 0, last: None }
+    }
+
+    /// The run's next entry in hash order. Each page is checked to be in
+    /// order when read; a page that starts before the one before it ended
+    /// is corruption too (merged on, it would write a run out of order).
     fn next_entry(&mut self) -> Result<Option<DedupEntry>, ChunkError> {
         while self.position == self.entries.len() {
             if self.next_page == self.run.header.data_page_count {
@@ -142,9 +151,21 @@ impl RunScan<'_> {
             self.run.read_page(self.next_page, &mut self.page, &mut self.entries)?;
             self.next_page += 1;
             self.position = 0;
+            if let (Some(last), Some(first)) = (self.last, self.entries.first()) {
+                if first.hash < last {
+                    let offset = self.next_page * DEDUP_PAGE_BYTES as u64;
+                    return Err(ChunkError::corrupt(
+                        &self.run.path,
+                        offset,
+                        format!("dedup index page {} starts before the page before it ends", self.next_page - 1),
+                    ));
+                }
+            }
         }
         self.position += 1;
-        Ok(Some(self.entries[self.position - 1]))
+        let entry = self.entries[self.position - 1];
+        self.last = Some(entry.hash);
+        Ok(Some(entry))
     }
 }
 
@@ -298,16 +319,8 @@ impl DedupIndex {
 
     /// Replaces the runs at `positions` by one.
     fn merge(&mut self, positions: &[usize], is_live: &dyn Fn(ChunkId) -> bool) -> Result<(), ChunkError> {
-        let mut scans: Vec<RunScan<'_>> = positions
-            .iter()
-            .map(|&position| RunScan {
-                run: &self.runs[position],
-                next_page: 0,
-                page: Vec::new(),
-                entries: Vec::new(),
-                position: 0,
-            })
-            .collect();
+        let mut scans: Vec<RunScan<'_>> =
+            positions.iter().map(|&position| RunScan::new(&self.runs[position])).collect();
         let mut heap = BinaryHeap::new();
         for (source, scan) in scans.iter_mut().enumerate() {
             if let Some(entry) = scan.next_entry()? {
@@ -457,5 +470,84 @@ impl DedupIndex {
     pub fn memory_bytes(&self) -> u64 {
         let entry = std::mem::size_of::<(ChunkHash, ChunkId)>() + 8;
         self.runs.iter().map(DedupRun::memory_bytes).sum::<u64>() + (self.memtable.capacity() * entry) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rewind_format::chunks::{DedupRunHeader, DedupRunInfo, DEDUP_ENTRIES_PER_PAGE};
+    use rewind_io::{SimConfig, SimStorage};
+
+    use super::*;
+
+    fn hash(first: u8, number: usize) -> ChunkHash {
+        let mut hash = [0; 32];
+        hash[0] = first;
+        hash[1..9].copy_from_slice(&(number as u64).to_be_bytes());
+        hash
+    }
+
+    /// A run file of these pages, each checksummed, with a fence of their
+    /// first keys and a Bloom filter that says yes to everything.
+    fn run_file(pages: &[Vec<DedupEntry>]) -> Vec<u8> {
+        let mut body = Vec::new();
+        let mut fence = Vec::new();
+        for (number, entries) in pages.iter().enumerate() {
+            let mut page = [0; DEDUP_PAGE_BYTES];
+            encode_dedup_page(number as u64, entries, &mut page);
+            body.extend_from_slice(&page);
+            fence.push(fence_key(&entries[0].hash));
+        }
+        let fence = encode_fence(&fence);
+        let bloom = vec![0xff; 8];
+        let header = DedupRunHeader {
+            entry_count: pages.iter().map(Vec::len).sum::<usize>() as u64,
+            data_page_count: pages.len() as u64,
+            bloom_bits: 64,
+            bloom_hashes: 1,
+            fence_crc32c: rewind_format::crc32c(&fence),
+            bloom_crc32c: rewind_format::crc32c(&bloom),
+        };
+        [&header.encode()[..], &body, &fence, &bloom].concat()
+    }
+
+    /// Found by the `dedup_run` fuzz target: each page in order and the
+    /// fence in order, but page 1 starting before page 0 ends. A merge took
+    /// the run for sorted and wrote a run out of order, which then did not
+    /// open. The scan reports it as corruption instead.
+    #[test]
+    fn a_run_whose_page_starts_before_the_page_before_it_ends_is_not_merged_on() {
+        let full: Vec<DedupEntry> = (0..DEDUP_ENTRIES_PER_PAGE)
+            .map(|number| DedupEntry {
+                hash: hash(if number == 0 { 0x10 } else { 0xf0 }, number),
+                id: ChunkId(1 + number as u64),
+            })
+            .collect();
+        let late = vec![DedupEntry { hash: hash(0x20, 0), id: ChunkId(9_999) }];
+        // A run in order of the same size, so that the two are merged.
+        let other: Vec<DedupEntry> = (0..DEDUP_ENTRIES_PER_PAGE)
+            .map(|number| DedupEntry { hash: hash(0x30, number), id: ChunkId(5_000 + number as u64) })
+            .collect();
+        let other_last = vec![DedupEntry { hash: hash(0x40, 0), id: ChunkId(9_000) }];
+        let entry_count = DEDUP_ENTRIES_PER_PAGE as u64 + 1;
+        let manifest = DedupManifest {
+            packs_covered: 0,
+            run_id_next: 3,
+            runs: vec![DedupRunInfo { id: 1, entry_count }, DedupRunInfo { id: 2, entry_count }],
+        };
+        let storage = Arc::new(SimStorage::new(SimConfig::default(), 0));
+        storage.create_dir_all("dedup").unwrap();
+        for (path, bytes) in [
+            ("dedup/manifest", manifest.encode()),
+            ("dedup/0000000001.run", run_file(&[full, late])),
+            ("dedup/0000000002.run", run_file(&[other, other_last])),
+        ] {
+            let file = storage.open_file(path, OpenMode::CreateNew).unwrap();
+            file.write_all_at(&bytes, 0).unwrap();
+        }
+        let config = DedupConfig { memtable_entries_max: 16, merge_fanin: 2, ..DedupConfig::default() };
+        let mut index = DedupIndex::open(storage, "dedup", config).unwrap();
+        let error = index.flush(0, &|_| true).unwrap_err().to_string();
+        assert!(error.contains("dedup index page 1 starts before the page before it ends"), "{error}");
     }
 }
