@@ -1,6 +1,6 @@
 //! The HTTP API's JSON request bodies — `CreateVolume`, `UpdateVolume` (a
-//! policy change), `CreateBookmark`, `CreateClone`, and the door's
-//! `TokenSpec` and `GrantInfo` — deserialised from arbitrary bytes,
+//! policy change), `CreateBookmark`, `CreateClone`, `RevertVolume`, and the
+//! door's `TokenSpec` and `GrantInfo` — deserialised from arbitrary bytes,
 //! as axum's `Json` extractor does, then turned into what the engine is
 //! given (`spec()`, `parse()`, the bookmark's name and time).
 //!
@@ -13,7 +13,7 @@ use libfuzzer_sys::fuzz_target;
 use rewind_access::{GrantInfo, TokenSpec};
 use rewind_engine::timespec::parse_point_in_time;
 use rewind_fuzz::{assert_heap_follows_input, peak_heap_bytes, Cursor};
-use rewind_http::api::{CreateBookmark, CreateClone, CreateVolume, UpdateVolume};
+use rewind_http::api::{CreateBookmark, CreateClone, CreateVolume, RevertVolume, UpdateVolume};
 use rewind_types::{BookmarkName, Timestamp, VolumeName};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -40,7 +40,7 @@ fuzz_target!(|input: &[u8]| {
     let mut input = Cursor::new(input);
     let kind = input.u8();
     let body = input.rest();
-    match kind % 6 {
+    match kind % 7 {
         0 => {
             let Some(request) = round_trip::<CreateVolume>(body) else { return };
             if let Ok(spec) = request.spec() {
@@ -62,6 +62,10 @@ fuzz_target!(|input: &[u8]| {
             let Some(request) = round_trip::<CreateClone>(body) else { return };
             let _ = VolumeName::new(&request.name);
             parse_at(request.at.as_deref());
+        }
+        6 => {
+            let Some(request) = round_trip::<RevertVolume>(body) else { return };
+            parse_at(request.to.as_deref());
         }
         _ => {
             let Some(request) = round_trip::<CreateBookmark>(body) else { return };
