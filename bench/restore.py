@@ -8,8 +8,10 @@ alternating order, the same view written to a file on the same filesystem
 by:
 
 - `rewind restore db@full --to FILE` (through the server's API);
-- `nbdcopy nbd://…/db@full FILE` — what a user would pick instead;
-- `cp --sparse=always` of a raw image of it — a plain file copy;
+- `nbdcopy --flush nbd://…/db@full FILE` — what a user would pick instead;
+- `cp --sparse=always` of a raw image of it, then `sync FILE` — a plain
+  file copy (each tool ends with the data durable, as `rewind restore`
+  does);
 - and the device's limit: fio sequential 1 MiB writes with `--direct=1`
   to a file of the same size on the same filesystem.
 
@@ -81,8 +83,8 @@ def main():
         for index in range(args.runs):
             jobs = {
                 "rewind": [*rewind, "restore", "db@full", "--to", str(work / "restored.raw"), "--force"],
-                "nbdcopy": ["nbdcopy", view, str(work / "copied.raw")],
-                "cp": ["cp", "--sparse=always", str(image), str(work / "cp.raw")],
+                "nbdcopy": ["nbdcopy", "--flush", view, str(work / "copied.raw")],
+                "cp": ["sh", "-c", f"cp --sparse=always {image} {work / 'cp.raw'} && sync {work / 'cp.raw'}"],
                 "fio-direct": ["fio", "--name=limit", f"--filename={work / 'direct.raw'}", "--rw=write", "--bs=1M",
                                "--direct=1", "--iodepth=8", "--ioengine=libaio", f"--size={SIZE}",
                                "--end_fsync=1", "--output-format=json"],
@@ -119,13 +121,13 @@ def main():
         f"`python3 bench/restore.py --runs {args.runs}` — {env['date']}, commit {env['commit']}, {env['cpu']}, "
         f"{env['memory']}, {env['fio']}, {env['nbdkit']}. A 1 GiB volume, 768 MiB written (the rest a hole), "
         "written as it was at a bookmark to a file on the same filesystem by each tool in turn, alternating "
-        "order; MiB/s of the volume's size (min / median / max over the runs).",
+        "order, each ending with the data durable; MiB/s of the volume's size (min / median / max over the runs).",
         "",
         "| writer | MiB/s | Rewind ÷ it |",
         "|---|---:|---:|",
         f"| `rewind restore` (the view through the API, sparse) | {spread(mib_s['rewind'], 0)} | — |",
-        f"| `nbdcopy` of the same view over NBD | {spread(mib_s['nbdcopy'], 0)} | {spread(ratio('nbdcopy'))} |",
-        f"| `cp --sparse=always` of a raw image of it | {spread(mib_s['cp'], 0)} | {spread(ratio('cp'))} |",
+        f"| `nbdcopy --flush` of the same view over NBD | {spread(mib_s['nbdcopy'], 0)} | {spread(ratio('nbdcopy'))} |",
+        f"| `cp --sparse=always` of a raw image of it, then `sync` | {spread(mib_s['cp'], 0)} | {spread(ratio('cp'))} |",
         f"| fio 1 MiB sequential writes, `--direct=1` (the device's limit) | {spread(mib_s['fio-direct'], 0)} | "
         f"{spread(ratio('fio-direct'))} |",
         "",

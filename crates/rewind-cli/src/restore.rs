@@ -1,7 +1,7 @@
 //! `rewind restore VOLUME@TIME --to PATH`: the volume as it was, written to a
 //! file or a block device — sparse where the view has holes (a file keeps
-//! them as holes, a device gets zeros), read and written in parallel (one
-//! thread fetches the next pieces while this one writes), and made durable
+//! them as holes, a device gets zeros), read and written in parallel (a few
+//! threads fetch the next pieces while this one writes), and made durable
 //! with a final sync. `--since T0` writes only the ranges that changed from
 //! T0 to TIME onto a target that holds the volume as it was at T0 (MYCDP's
 //! recover-to-original-disk): bytes moved = bytes changed.
@@ -27,6 +27,9 @@ use crate::backend::{progress_bar, Backend, Progress};
 const PIECE_BYTES: u64 = 8 << 20;
 /// Pieces fetched ahead of the writer.
 const PIECES_AHEAD: usize = 4;
+/// Threads fetching pieces at once: a view is read a piece per request, so
+/// one fetcher leaves the server's cores and the target idle in turn.
+const FETCHERS: usize = 4;
 
 pub struct RestoreRequest<'a> {
     pub volume: &'a str,
@@ -186,8 +189,9 @@ fn allocation(backend: &dyn Backend, volume: &str, at: u64, size: u64, zero_hole
     Ok(work)
 }
 
-/// Writes `work` to `target`, the volume's bytes fetched by a second thread
-/// a few pieces ahead. Returns (bytes moved, bytes zeroed).
+/// Writes `work` to `target`, the volume's bytes fetched by `FETCHERS`
+/// threads a few pieces ahead, in any order (each is written where it
+/// belongs). Returns (bytes moved, bytes zeroed).
 fn copy(
     backend: &dyn Backend,
     volume: &str,
@@ -202,10 +206,13 @@ fn copy(
             Work { offset, length: PIECE_BYTES.min(work.offset + work.length - offset), data: work.data }
         })
     });
+    let pieces = std::sync::Mutex::new(pieces);
     let (sender, receiver) = mpsc::sync_channel::<Result<(Work, Vec<u8>)>>(PIECES_AHEAD);
     std::thread::scope(|scope| {
-        scope.spawn(move || {
-            for piece in pieces {
+        for _ in 0..FETCHERS {
+            let (sender, pieces) = (sender.clone(), &pieces);
+            scope.spawn(move || loop {
+                let Some(piece) = pieces.lock().expect("no fetcher panics holding it").next() else { return };
                 let mut buffer = vec![0; piece.length as usize];
                 let fetched = match piece.data {
                     true => backend.read(volume, at, piece.offset, &mut buffer),
@@ -216,8 +223,10 @@ fn copy(
                 if sender.send(fetched.map(|()| (piece, buffer))).is_err() || failed {
                     return;
                 }
-            }
-        });
+            });
+        }
+        // The fetchers hold the only senders: the channel ends when they do.
+        drop(sender);
         let (mut moved, mut zeroed) = (0, 0);
         for fetched in receiver {
             let (piece, buffer) = fetched?;
