@@ -137,6 +137,13 @@ pub fn volume_detail(detail: &VolumeDetail) {
         println!("clone of        {} as of {}", base.volume, base.at);
     }
     println!("protected since {}", info.created);
+    if let Some(last) = &info.last_revert {
+        let times = if info.revert_count == 1 { "once".to_owned() } else { format!("{} times", info.revert_count) };
+        println!(
+            "reverted        {times}, last at {} back to {} (`rewind revert {} --undo` goes back)",
+            last.at, last.to, info.name
+        );
+    }
     println!("last write      {}", info.last_write.as_deref().unwrap_or("never"));
     println!("bookmarks       {}", info.bookmark_count);
     println!("keeps           {}", kept_history(info));

@@ -135,6 +135,8 @@ fn a_revert_cuts_off_connected_writers_only_when_told_to() {
     assert_eq!(block, [1; 4096], "the volume reads as it did at the bookmark");
     let timeline = json(&server.rewind(&["timeline", "db", "--json"]));
     assert_eq!(timeline["reverts"].as_array().unwrap().len(), 1, "{timeline}");
+    let info = server.rewind(&["volume", "info", "db"]);
+    assert!(info.contains("reverted        once, last at") && info.contains("--undo"), "{info}");
 
     // Undo, once the writer is gone: the state before the revert.
     again.disconnect().unwrap();

@@ -68,6 +68,9 @@ pub struct VolumeInfo {
     /// A clone's base: the volume it reads where it has not written, as of
     /// the point it was cloned at.
     pub base: Option<BaseInfo>,
+    /// How many times the volume was reverted in place, and the last revert.
+    pub revert_count: usize,
+    pub last_revert: Option<RevertInfo>,
 }
 
 /// The point a clone starts from.
@@ -90,6 +93,7 @@ impl VolumeInfo {
         let last = volume.timestamp_last();
         let written = last > volume.created();
         let horizon = volume.retention_horizon();
+        let reverts = volume.reverts();
         VolumeInfo {
             name: volume.name().to_string(),
             size_bytes: volume.size_bytes(),
@@ -114,6 +118,8 @@ impl VolumeInfo {
             problem,
             notes: volume_notes(volume),
             base: volume.base().map(BaseInfo::of),
+            revert_count: reverts.len(),
+            last_revert: reverts.last().map(RevertInfo::of),
         }
     }
 
@@ -147,6 +153,8 @@ impl VolumeInfo {
             ),
             notes: Vec::new(),
             base: meta.and_then(|meta| meta.base.as_ref()).map(|base| BaseInfo::of((&base.volume, base.at))),
+            revert_count: 0,
+            last_revert: None,
         }
     }
 }
