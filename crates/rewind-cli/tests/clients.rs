@@ -5,8 +5,10 @@
 mod common;
 
 use std::fs;
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use common::{json, pattern, require, run, run_failing, run_failing_with_env, Server};
 
@@ -14,6 +16,8 @@ use common::{json, pattern, require, run, run_failing, run_failing_with_env, Ser
 const LAYOUTS: [&str; 7] = ["journaled", "logging", "split-stream", "split-down-stream", "checkpointing", "cow", "row"];
 
 fn in_every_layout(test: fn(&str)) {
+    // Every layout takes seconds; a test stuck in the kernel fails CI now.
+    let _watchdog = common::Watchdog::new("a client test", Duration::from_secs(600));
     for layout in LAYOUTS {
         println!("layout {layout}");
         test(layout);
@@ -251,19 +255,13 @@ fn fio_verifies_the_live_volume_and_a_view_in(layout: &str) {
 }
 
 /// Mounting needs root (loop devices); CI runs as root.
-fn unmount_all(mounts: &[&Path]) {
-    for mount in mounts {
-        // (Quiet: some were never mounted.)
-        let _ = Command::new("umount").arg(mount).stderr(std::process::Stdio::null()).status();
-    }
-}
-
 #[test]
 fn a_filesystem_as_it_was_at_a_bookmark() {
     in_every_layout(a_filesystem_as_it_was_at_a_bookmark_in);
 }
 
 fn a_filesystem_as_it_was_at_a_bookmark_in(layout: &str) {
+    let _mounts = FsTest::one_at_a_time();
     require("nbdfuse");
     require("mkfs.ext4");
     require("losetup");
@@ -313,6 +311,7 @@ fn a_ransomware_attack_is_reverted_and_the_revert_undone() {
 /// encrypted state back; a clone at the bookmark takes changes the origin
 /// never sees.
 fn a_ransomware_attack_is_reverted_and_the_revert_undone_in(layout: &str) {
+    let _mounts = FsTest::one_at_a_time();
     require("nbdfuse");
     require("mkfs.ext4");
     require("losetup");
@@ -394,15 +393,27 @@ fn a_ransomware_attack_is_reverted_and_the_revert_undone_in(layout: &str) {
 
 /// Loop devices and FUSE mounts, torn down even when an assertion fails.
 struct FsTest {
-    fuse: std::path::PathBuf,
-    fuse_view: std::path::PathBuf,
-    mnt: std::path::PathBuf,
-    old: std::path::PathBuf,
+    fuse: PathBuf,
+    fuse_view: PathBuf,
+    mnt: PathBuf,
+    old: PathBuf,
     loops: Vec<String>,
-    fuses: Vec<std::process::Child>,
+    fuses: Vec<Child>,
 }
 
+/// Filesystem tests share the kernel's mounts and `sync`, which waits for
+/// every filesystem, frozen ones too: they run one after another.
+static KERNEL_MOUNTS: Mutex<()> = Mutex::new(());
+
+/// How long the kernel may take to let go of a mount or loop device.
+const SETTLE: Duration = Duration::from_secs(30);
+
 impl FsTest {
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        // A failed test poisons the lock; the next one still runs.
+        KERNEL_MOUNTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Mount points and FUSE directories under `dir`, nothing attached yet.
     fn new(dir: &Path) -> FsTest {
         let paths = ["fuse", "fuse-view", "mnt", "old"].map(|name| dir.join(name));
@@ -413,20 +424,39 @@ impl FsTest {
         FsTest { fuse, fuse_view, mnt, old, loops: Vec::new(), fuses: Vec::new() }
     }
 
-    /// Unmounts, detaches and ends every client: the volumes are free.
+    /// Unmounts, detaches and ends every client: the volumes are free. The
+    /// kernel lets go of a mount or loop device asynchronously (a device
+    /// still open when `losetup -d` runs is detached on its last close, and
+    /// its FUSE file is busy until then), so each step waits until it took
+    /// effect; one that never does is forced and reported with a picture
+    /// of the machine, instead of a wait that never ends.
     fn detach(&mut self) {
-        unmount_all(&[&self.old, &self.mnt]);
+        let mut forced = Vec::new();
+        for mount in [&self.old, &self.mnt] {
+            release_mount(mount, "umount", &mut forced);
+        }
         for device in self.loops.drain(..) {
-            let _ = Command::new("losetup").args(["-d", &device]).status();
+            let mut command = Command::new("losetup");
+            command.args(["-d", &device]);
+            let _ = common::output_within(command, SETTLE);
+            let backing = format!("/sys/block/{}/loop/backing_file", device.trim_start_matches("/dev/"));
+            if !settles(|| !Path::new(&backing).exists()) {
+                forced.push(format!("{device} was still attached {SETTLE:?} after losetup -d"));
+            }
         }
         for dir in [&self.fuse_view, &self.fuse] {
-            let _ = Command::new("fusermount3").arg("-u").arg(dir).stderr(std::process::Stdio::null()).status();
+            release_mount(dir, "fusermount3", &mut forced);
         }
         for mut child in self.fuses.drain(..) {
-            let _ = child.wait();
+            if !settles(|| matches!(child.try_wait(), Ok(Some(_)))) {
+                forced.push(format!("nbdfuse {} was still running {SETTLE:?} after its unmount; killed", child.id()));
+                let _ = child.kill();
+            }
+        }
+        if !forced.is_empty() {
+            eprintln!("tearing down a filesystem test needed force: {}\n{}", forced.join("; "), common::diagnose());
         }
     }
-
     /// Exposes an NBD export as a file with nbdfuse and attaches a loop device.
     fn attach(&mut self, uri: &str, dir: &Path, read_only: bool) -> String {
         let file = dir.join("disk");
@@ -458,6 +488,52 @@ impl Drop for FsTest {
     fn drop(&mut self) {
         self.detach();
     }
+}
+
+/// Unmounts `path` if it is mounted (`umount PATH` or `fusermount3 -u PATH`),
+/// retrying while it is busy; after [`SETTLE`], detaches it lazily and notes
+/// that in `forced`.
+fn release_mount(path: &Path, program: &str, forced: &mut Vec<String>) {
+    let unmount = |lazy: bool| {
+        let flag = match (program, lazy) {
+            ("fusermount3", true) => Some("-uz"),
+            ("fusermount3", false) => Some("-u"),
+            (_, true) => Some("-l"),
+            (_, false) => None,
+        };
+        let mut command = Command::new(program);
+        command.args(flag).arg(path);
+        let _ = common::output_within(command, SETTLE);
+    };
+    let unmounted = settles(|| {
+        if is_mounted(path) {
+            unmount(false);
+        }
+        !is_mounted(path)
+    });
+    if unmounted {
+        return;
+    }
+    unmount(true);
+    forced.push(format!("{} was still busy after {SETTLE:?}; detached lazily", path.display()));
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").expect("/proc/self/mountinfo");
+    // The fifth field is the mount point (these paths have no spaces to escape).
+    mounts.lines().any(|line| line.split(' ').nth(4) == Some(path.to_str().unwrap()))
+}
+
+/// Polls `condition` until it holds or [`SETTLE`] passes; says which.
+fn settles(mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + SETTLE;
+    while !condition() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
 }
 
 #[test]

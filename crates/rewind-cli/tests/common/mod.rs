@@ -7,6 +7,8 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
 pub const REWIND: &str = env!("CARGO_BIN_EXE_rewind");
 
@@ -144,7 +146,7 @@ impl Server {
         if let Some(ca) = &self.server_ca {
             command.arg("--server-ca").arg(ca);
         }
-        command.output().expect("rewind runs")
+        bounded_output(command)
     }
 
     /// Runs the CLI against this server expecting it to fail; returns its
@@ -197,7 +199,9 @@ pub fn json(text: &str) -> serde_json::Value {
 
 /// Runs a command; panics with its output unless it succeeds.
 pub fn run(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program).args(args).output().unwrap_or_else(|error| panic!("{program}: {error}"));
+    let mut command = Command::new(program);
+    command.args(args);
+    let output = bounded_output(command);
     assert!(output.status.success(), "{program} {args:?} failed:\n{}", describe(&output));
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
@@ -208,11 +212,9 @@ pub fn run_failing(program: &str, args: &[&str]) -> String {
 }
 
 pub fn run_failing_with_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> String {
-    let output = Command::new(program)
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap_or_else(|error| panic!("{program}: {error}"));
+    let mut command = Command::new(program);
+    command.args(args).envs(env.iter().copied());
+    let output = bounded_output(command);
     assert!(!output.status.success(), "{program} {args:?} should have failed:\n{}", describe(&output));
     String::from_utf8_lossy(&output.stderr).into_owned() + &String::from_utf8_lossy(&output.stdout)
 }
@@ -237,6 +239,110 @@ pub fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
     while !condition() {
         assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// How long one external command may run. A client stuck on a hung mount or
+/// server must fail its test with a picture of the machine, not hang CI.
+pub const COMMAND_DEADLINE: Duration = Duration::from_secs(180);
+
+/// Runs `command` to completion within [`COMMAND_DEADLINE`]; panics with what
+/// every process was waiting on if it does not finish.
+pub fn bounded_output(command: Command) -> Output {
+    output_within(command, COMMAND_DEADLINE).unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// Runs `command` (standard input empty, output captured) and waits at most
+/// `deadline`; when it does not finish, kills it and says what every process
+/// was waiting on.
+pub fn output_within(command: Command, deadline: Duration) -> Result<Output, String> {
+    output_or_timeout(command, deadline).map_err(|error| match error {
+        Unfinished::Failed(error) => error,
+        Unfinished::TimedOut(error) => format!("{error}\n{}", diagnose()),
+    })
+}
+
+enum Unfinished {
+    Failed(String),
+    TimedOut(String),
+}
+
+fn output_or_timeout(mut command: Command, deadline: Duration) -> Result<Output, Unfinished> {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|error| Unfinished::Failed(format!("{command:?}: {error}")))?;
+    let pid = child.id();
+    let (sender, receiver) = mpsc::channel();
+    // Waiting happens on a thread so this one can give up: a process stuck
+    // in the kernel (state D) outlives even SIGKILL until the kernel lets go.
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    match receiver.recv_timeout(deadline) {
+        Ok(output) => output.map_err(|error| Unfinished::Failed(format!("{command:?}: {error}"))),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            Err(Unfinished::TimedOut(format!("{command:?} did not finish within {deadline:?}; killed it")))
+        }
+    }
+}
+
+/// What a hang looks like from outside: every process with the kernel
+/// function it sleeps in, the kernel stacks of those stuck uninterruptibly,
+/// the FUSE and loop mounts, the loop devices and the end of the kernel log.
+pub fn diagnose() -> String {
+    let mut report = String::from("---- the machine at the time ----\n");
+    let pictures: [(&str, &[&str]); 4] = [
+        // Every process but the kernel's own threads.
+        ("ps", &["--ppid", "2", "-p", "2", "--deselect", "-o", "pid,ppid,stat,wchan:32,etime,args"]),
+        ("losetup", &["-a"]),
+        ("sh", &["-c", "grep -E 'fuse|/dev/loop' /proc/self/mountinfo"]),
+        ("sh", &["-c", "dmesg | tail -n 40"]),
+    ];
+    for (program, args) in pictures {
+        let mut command = Command::new(program);
+        command.args(args);
+        report += &format!("$ {program} {}\n", args.join(" "));
+        report += &match output_or_timeout(command, Duration::from_secs(10)) {
+            Ok(output) => String::from_utf8_lossy(&output.stdout).into_owned(),
+            Err(Unfinished::Failed(error) | Unfinished::TimedOut(error)) => format!("({error})\n"),
+        };
+    }
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // The state is the field after the parenthesised command name.
+        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+        if state == Some('D') {
+            let read = |name: &str| std::fs::read_to_string(entry.path().join(name)).unwrap_or_default();
+            let (pid, name) = (entry.file_name().to_string_lossy().into_owned(), read("comm"));
+            report += &format!("kernel stack of {pid} {} (state D):\n{}", name.trim(), read("stack"));
+        }
+    }
+    report
+}
+
+/// Fails the whole test binary, with [`diagnose`]'s picture, if the guard is
+/// still alive after `limit`: a test blocked inside the kernel (a read from
+/// a hung mount) cannot fail by itself, and CI must not wait for it.
+pub struct Watchdog {
+    // Dropped with the guard, which ends the watchdog's wait in time.
+    _done: mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    pub fn new(what: &str, limit: Duration) -> Watchdog {
+        let (done, finished) = mpsc::channel::<()>();
+        let what = what.to_owned();
+        std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(limit) {
+                eprintln!("{what} did not finish within {limit:?}: aborting the tests\n{}", diagnose());
+                std::process::abort();
+            }
+        });
+        Watchdog { _done: done }
     }
 }
 
