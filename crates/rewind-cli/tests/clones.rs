@@ -137,6 +137,10 @@ fn a_revert_cuts_off_connected_writers_only_when_told_to() {
     assert_eq!(timeline["reverts"].as_array().unwrap().len(), 1, "{timeline}");
     let info = server.rewind(&["volume", "info", "db"]);
     assert!(info.contains("reverted        once, last at") && info.contains("--undo"), "{info}");
+    // The state before it stays while the revert does, and so does its name.
+    let before = summary["bookmark"].as_str().unwrap();
+    let error = server.rewind_failing(&["bookmark", "delete", "db", before]);
+    assert!(error.contains("the state just before the revert") && error.contains("kept"), "{error}");
 
     // Undo, once the writer is gone: the state before the revert.
     again.disconnect().unwrap();

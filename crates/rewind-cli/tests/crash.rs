@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::thread;
 
 use common::nbd_client::NbdClient;
-use common::{require, run, Server};
+use common::{json, pattern, require, run, Server};
 
 const BLOCK: u64 = 4096;
 const VOLUME_BYTES: u64 = 32 << 20;
@@ -203,4 +203,183 @@ fn acknowledged_writes_and_history_survive_kill_9() {
         );
     }
     server.stop();
+}
+
+/// The lineage rounds' volume: small, so every view is checked every round.
+const LINEAGE_BYTES: usize = 1 << 20;
+const LAYOUTS: [&str; 7] = ["journaled", "logging", "split-stream", "split-down-stream", "checkpointing", "cow", "row"];
+
+/// What one round asks of the server while it is killed.
+#[derive(Debug)]
+enum Operation {
+    Revert { to: usize },
+    Undo,
+    Clone { at: usize, name: String },
+    Restore { at: usize, file: std::path::PathBuf },
+}
+
+fn read_export(server: &Server, export: &str) -> std::io::Result<Vec<u8>> {
+    let mut client = NbdClient::connect(server.nbd, export)?;
+    let mut bytes = vec![0; LINEAGE_BYTES];
+    client.read(0, &mut bytes)?;
+    client.disconnect()?;
+    Ok(bytes)
+}
+
+/// `kill -9` at a random moment during reverts, undos, clones and restores:
+/// after the restart each is all or nothing — the live volume is exactly
+/// as before the revert or exactly as the point it went to (and as the
+/// point when the CLI said it was done), a clone is absent or reads exactly
+/// as its source at the branch point, a restore the CLI said was done holds
+/// the view — and every bookmarked state still reads as it was.
+#[test]
+fn reverts_clones_and_restores_are_all_or_nothing_under_kill_9() {
+    let seed: u64 = std::env::var("REWIND_SEED").map_or_else(
+        |_| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000,
+        |seed| seed.parse().expect("REWIND_SEED is a number"),
+    );
+    let kills: usize = std::env::var("REWIND_KILLS").map_or(24, |kills| kills.parse().expect("a number"));
+    let layout = LAYOUTS[(seed % LAYOUTS.len() as u64) as usize];
+    println!("seed {seed}, {kills} kills, layout {layout} (REWIND_SEED={seed} replays)");
+    let mut random = seed;
+    let mut next = move |bound: u64| {
+        random = splitmix(random);
+        random % bound
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(&data);
+    let size = LINEAGE_BYTES.to_string();
+    server.rewind(&["volume", "create", "vol", "--size", &size, "--layout", layout]);
+    // The live volume as it must read, each bookmark `s<n>`'s state, and the
+    // state before each revert that took effect (what `--undo` goes back to).
+    let mut live = vec![0u8; LINEAGE_BYTES];
+    let mut states: Vec<Vec<u8>> = Vec::new();
+    let mut befores: Vec<Vec<u8>> = Vec::new();
+    let mut clones: Vec<(String, usize)> = Vec::new();
+    for round in 0..kills {
+        // Writes, flushed, then a bookmark of the state they leave.
+        let mut client = NbdClient::connect(server.nbd, "vol").expect("connect");
+        for _ in 0..1 + next(12) {
+            let offset = next((LINEAGE_BYTES / 4096) as u64) as usize * 4096;
+            let bytes = pattern(next(u64::MAX), 4096 * (1 + next(4) as usize).min((LINEAGE_BYTES - offset) / 4096));
+            client.write(offset as u64, &bytes).expect("write");
+            live[offset..offset + bytes.len()].copy_from_slice(&bytes);
+        }
+        client.flush().expect("flush");
+        client.disconnect().expect("disconnect");
+        server.rewind(&["bookmark", "vol", &format!("s{round}")]);
+        states.push(live.clone());
+
+        let operation = match next(4) {
+            0 => Operation::Revert { to: next(states.len() as u64) as usize },
+            1 if !befores.is_empty() => Operation::Undo,
+            1 | 2 => Operation::Clone { at: next(states.len() as u64) as usize, name: format!("c{round}") },
+            _ => Operation::Restore {
+                at: next(states.len() as u64) as usize,
+                file: dir.path().join(format!("r{round}.raw")),
+            },
+        };
+        let args: Vec<String> = match &operation {
+            Operation::Revert { to } => vec!["revert".into(), "vol".into(), "--to".into(), format!("s{to}")],
+            Operation::Undo => vec!["revert".into(), "vol".into(), "--undo".into()],
+            Operation::Clone { at, name } => vec!["volume".into(), "clone".into(), format!("vol@s{at}"), name.clone()],
+            Operation::Restore { at, file } => {
+                vec!["restore".into(), format!("vol@s{at}"), "--to".into(), file.to_str().unwrap().into()]
+            }
+        };
+        let mut command = Command::new(common::REWIND);
+        command
+            .args(&args)
+            .args(["--server", &server.api()])
+            .env("REWIND_TOKEN", &server.token)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut cli = command.spawn().expect("rewind runs");
+        // The crash: a random moment from before the request reaches the
+        // server until after it is done (the CLI takes a few ms to start).
+        thread::sleep(std::time::Duration::from_micros(next(25_000)));
+        server.kill();
+        let done = cli.wait().expect("the CLI ends once the server is gone").success();
+        server = Server::start(&data);
+
+        let now = read_export(&server, "vol").expect("read the live volume");
+        let what =
+            format!("seed {seed} round {round}: {operation:?} (the CLI said {})", if done { "done" } else { "failed" });
+        match &operation {
+            Operation::Revert { to } => {
+                settle_revert(&server, &what, done, &states[*to].clone(), &mut live, &mut befores, now.clone())
+            }
+            Operation::Undo => {
+                let target = befores.last().unwrap().clone();
+                settle_revert(&server, &what, done, &target, &mut live, &mut befores, now.clone())
+            }
+            Operation::Clone { at, name } => {
+                let listed = json(&server.rewind(&["volume", "list", "--json"]));
+                let exists = listed.as_array().unwrap().iter().any(|volume| volume["name"] == name.as_str());
+                assert!(!done || exists, "{what}: the clone was acknowledged but is not there");
+                if exists {
+                    let clone = read_export(&server, name).expect("read the clone");
+                    assert!(clone == states[*at], "{what}: the clone does not read as its source at the branch point");
+                    clones.push((name.clone(), *at));
+                }
+            }
+            Operation::Restore { at, file } => {
+                if done {
+                    let restored = std::fs::read(file).expect("a restore said done left its file");
+                    assert!(restored == states[*at], "{what}: the restored file is not the view");
+                }
+            }
+        }
+        assert!(now == live, "{what}: the live volume is not as the model says");
+        for (index, state) in states.iter().enumerate() {
+            let view = read_export(&server, &format!("vol@s{index}")).expect("read a bookmark's view");
+            assert!(view == *state, "{what}: bookmark s{index} no longer reads as it did");
+        }
+        for (name, at) in &clones {
+            let clone = read_export(&server, name).expect("read a clone");
+            assert!(clone == states[*at], "{what}: clone {name} changed");
+        }
+        println!("round {round}: {operation:?} {}", if done { "done" } else { "cut short" });
+    }
+    server.stop();
+}
+
+/// After a revert (or undo) to `target` that the crash left in place or
+/// not: the volume's revert count says which, the live volume is exactly
+/// the state before or `target` accordingly, and there is one exact
+/// `before-revert-…` bookmark per revert that happened. The model follows.
+fn settle_revert(
+    server: &Server,
+    what: &str,
+    done: bool,
+    target: &[u8],
+    live: &mut Vec<u8>,
+    befores: &mut Vec<Vec<u8>>,
+    now: Vec<u8>,
+) {
+    let count = json(&server.rewind(&["volume", "info", "vol", "--json"]))["revert_count"].as_u64().unwrap() as usize;
+    assert!(count == befores.len() || count == befores.len() + 1, "{what}: {count} reverts after {}", befores.len());
+    let reverted = count > befores.len();
+    assert!(!done || reverted, "{what}: the revert was acknowledged but is not there");
+    if reverted {
+        assert!(now == target, "{what}: the revert is recorded but the volume does not read as the point");
+        befores.push(std::mem::replace(live, now));
+    }
+    let bookmarks = json(&server.rewind(&["bookmark", "list", "vol", "--json"]));
+    let before_reverts: Vec<&str> = bookmarks
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|bookmark| bookmark["name"].as_str().filter(|name| name.starts_with("before-revert-")))
+        .collect();
+    assert_eq!(
+        before_reverts.len(),
+        befores.len(),
+        "{what}: one before-revert bookmark per revert: {before_reverts:?}"
+    );
+    for (name, before) in before_reverts.iter().zip(befores.iter()) {
+        let view = read_export(server, &format!("vol@{name}")).expect("read a before-revert view");
+        assert!(view == *before, "{what}: {name} does not read as the state before that revert");
+    }
 }

@@ -71,6 +71,21 @@ impl Volume {
         let Some(position) = bookmarks.entries.iter().position(|bookmark| bookmark.name.as_str() == name) else {
             return Err(EngineError::BookmarkNotFound { volume: self.name().to_string(), bookmark: name.to_owned() });
         };
+        let doomed = bookmarks.entries[position].timestamp;
+        let named_elsewhere = bookmarks.entries.iter().filter(|bookmark| bookmark.timestamp == doomed).count() > 1;
+        if let Some(revert) =
+            self.history.reverts.lock().entries.iter().find(|revert| revert.before == doomed && !named_elsewhere)
+        {
+            // The state is kept while the revert stands, and recovery names
+            // it again (see `History::open`): deleting would free nothing.
+            return Err(EngineError::InvalidArgument(format!(
+                "bookmark {name} of volume {} names the state just before the revert at {}; that state is kept \
+                 exactly (for `rewind revert --undo` and views) while the revert is in the volume's history, \
+                 and so is its bookmark",
+                self.name(),
+                DisplayTime(revert.at)
+            )));
+        }
         let mut next = bookmarks.clone();
         let removed = next.entries.remove(position);
         self.save_bookmarks(&next)?;

@@ -18,6 +18,7 @@ use rewind_types::{Lsn, Timestamp};
 
 use crate::current::CurrentStore;
 use crate::timespec::{display_granularity, display_retention, parse_point_in_time, DisplayTime, PointInTime};
+use crate::volume::revert::before_revert_name;
 use crate::{EngineError, Volume};
 
 struct TimelineFile {
@@ -89,6 +90,7 @@ impl History {
                 Reverts::decode(&bytes).map_err(|error| corrupt(&reverts_path, error))?
             }
         };
+        let bookmarks = bookmark_every_revert(storage, &bookmarks_path, bookmarks, &reverts)?;
         let path = format!("{dir}/timeline");
         let file = storage.open_file(&path, OpenMode::Existing).map_err(EngineError::io(&path))?;
         let bytes = read_file(storage, &path).map_err(EngineError::io(&path))?;
@@ -582,4 +584,37 @@ fn merge_ranges(ranges: &[(Timestamp, Timestamp)], added: (Timestamp, Timestamp)
         }
     }
     merged
+}
+
+/// A revert is made durable (the `reverts` file) before the bookmark of the
+/// state just before it is saved: a crash between the two leaves a revert
+/// without its `before-revert-…` bookmark, which is added here. (Such a
+/// bookmark cannot be deleted while its revert stands — see
+/// `Volume::delete_bookmark` — so one missing was never saved.)
+fn bookmark_every_revert(
+    storage: &dyn Storage,
+    path: &str,
+    bookmarks: Bookmarks,
+    reverts: &Reverts,
+) -> Result<Bookmarks, EngineError> {
+    let unnamed: Vec<&Revert> = reverts
+        .entries
+        .iter()
+        .filter(|revert| !bookmarks.entries.iter().any(|bookmark| bookmark.timestamp == revert.before))
+        .collect();
+    if unnamed.is_empty() {
+        return Ok(bookmarks);
+    }
+    let mut next = bookmarks;
+    for revert in unnamed {
+        let name = before_revert_name(revert, |name| next.entries.iter().any(|bookmark| bookmark.name == *name));
+        tracing::info!(
+            path, at = %DisplayTime(revert.at), bookmark = %name,
+            "a crash came between a revert and its bookmark: bookmarked the state before it"
+        );
+        next.entries.push(Bookmark { name, timestamp: revert.before });
+    }
+    next.entries.sort_by_key(|bookmark| bookmark.timestamp);
+    write_file_atomic(storage, path, &next.encode()).map_err(EngineError::io(path))?;
+    Ok(next)
 }

@@ -137,7 +137,7 @@ impl Volume {
 }
 
 /// `before-revert-<UTC time of the revert>`, made unique among `taken`.
-fn before_revert_name(revert: &Revert, taken: impl Fn(&BookmarkName) -> bool) -> BookmarkName {
+pub(crate) fn before_revert_name(revert: &Revert, taken: impl Fn(&BookmarkName) -> bool) -> BookmarkName {
     let time = jiff::Timestamp::from_nanosecond(i128::from(revert.at.unix_nanos()))
         .map_or_else(|_| revert.at.unix_nanos().to_string(), |time| time.strftime("%Y%m%dT%H%M%S.%6fZ").to_string());
     let base = format!("before-revert-{time}");
