@@ -1,5 +1,6 @@
 //! The HTTP API's JSON request bodies — `CreateVolume`, `UpdateVolume` (a
-//! policy change), `CreateBookmark`, `CreateClone`, `RevertVolume`, and the
+//! policy change), `CreateBookmark`, `CreateClone`, `RevertVolume`,
+//! `CreateGroup`, `ChangeGroup` (its members), and the
 //! door's `TokenSpec` and `GrantInfo` — deserialised from arbitrary bytes,
 //! as axum's `Json` extractor does, then turned into what the engine is
 //! given (`spec()`, `parse()`, the bookmark's name and time).
@@ -13,7 +14,9 @@ use libfuzzer_sys::fuzz_target;
 use rewind_access::{GrantInfo, TokenSpec};
 use rewind_engine::timespec::parse_point_in_time;
 use rewind_fuzz::{assert_heap_follows_input, peak_heap_bytes, Cursor};
-use rewind_http::api::{CreateBookmark, CreateClone, CreateVolume, RevertVolume, UpdateVolume};
+use rewind_http::api::{
+    ChangeGroup, CreateBookmark, CreateClone, CreateGroup, CreateVolume, RevertVolume, UpdateVolume,
+};
 use rewind_types::{BookmarkName, Timestamp, VolumeName};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -40,7 +43,7 @@ fuzz_target!(|input: &[u8]| {
     let mut input = Cursor::new(input);
     let kind = input.u8();
     let body = input.rest();
-    match kind % 7 {
+    match kind % 9 {
         0 => {
             let Some(request) = round_trip::<CreateVolume>(body) else { return };
             if let Ok(spec) = request.spec() {
@@ -66,6 +69,19 @@ fuzz_target!(|input: &[u8]| {
         6 => {
             let Some(request) = round_trip::<RevertVolume>(body) else { return };
             parse_at(request.to.as_deref());
+        }
+        7 => {
+            let Some(request) = round_trip::<CreateGroup>(body) else { return };
+            let _ = VolumeName::new(&request.name);
+            for member in &request.members {
+                let _ = VolumeName::new(member);
+            }
+        }
+        8 => {
+            let Some(request) = round_trip::<ChangeGroup>(body) else { return };
+            for member in request.add.iter().chain(&request.remove) {
+                let _ = VolumeName::new(member);
+            }
         }
         _ => {
             let Some(request) = round_trip::<CreateBookmark>(body) else { return };

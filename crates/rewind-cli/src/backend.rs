@@ -14,12 +14,14 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use rewind_access::{GrantInfo, Grants, TokenInfo, TokenSpec, Tokens, ADMIN_TOKEN_FILE};
-use rewind_engine::{BookmarkName, Clones, InUse, Node, NodeConfig, RepairMode, Timestamp, VolumeName, Writers};
+use rewind_engine::{
+    BookmarkName, Clones, GroupRevertTo, InUse, Node, NodeConfig, RepairMode, Timestamp, VolumeName, Writers,
+};
 use rewind_http::api::{
-    kept_write, time, view_export, AllocationExtent, BookmarkInfo, Changes, CreateBookmark, CreateClone, CreateVolume,
-    CreatedToken, DeletedHistory, ErrorBody, GcEvent, GcReport, Health, ImportSummary, JobInfo, KeptWrite, NodeReport,
-    RepairSummary, RevertSummary, RevertVolume, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
-    VolumeReport,
+    kept_write, time, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes, CreateBookmark, CreateClone,
+    CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GcReport, GroupBookmarkInfo,
+    GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, KeptWrite, NodeReport, RepairSummary, RevertSummary,
+    RevertVolume, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -68,6 +70,15 @@ pub trait Backend: Send + Sync {
     fn grants(&self) -> Result<Vec<GrantInfo>>;
     fn grant(&self, grant: &GrantInfo) -> Result<GrantInfo>;
     fn revoke_grant(&self, volume: &str, identity: &str) -> Result<GrantInfo>;
+    fn groups(&self) -> Result<Vec<GroupInfo>>;
+    fn create_group(&self, request: &CreateGroup) -> Result<GroupInfo>;
+    fn change_group(&self, name: &str, request: &ChangeGroup) -> Result<GroupInfo>;
+    fn delete_group(&self, name: &str) -> Result<()>;
+    /// One instant across the group's volumes (see `rewind_engine::group`).
+    fn create_group_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<GroupBookmarkInfo>;
+    fn delete_group_bookmark(&self, name: &str, bookmark: &str) -> Result<()>;
+    /// Every member to a group bookmark, or each one's undo; all or none.
+    fn revert_group(&self, name: &str, request: &RevertVolume) -> Result<GroupRevertSummary>;
 }
 
 /// The API token to send: `REWIND_TOKEN`, or the admin token the server
@@ -470,6 +481,34 @@ impl Backend for HttpBackend {
         let request = self.delete_request("/v1/access").query("volume", volume).query("identity", identity);
         self.decode(request.call()?)
     }
+
+    fn groups(&self) -> Result<Vec<GroupInfo>> {
+        self.get("/v1/groups")
+    }
+
+    fn create_group(&self, request: &CreateGroup) -> Result<GroupInfo> {
+        self.post("/v1/groups", request)
+    }
+
+    fn change_group(&self, name: &str, request: &ChangeGroup) -> Result<GroupInfo> {
+        self.decode(self.patch_request(&format!("/v1/groups/{name}")).send_json(request)?)
+    }
+
+    fn delete_group(&self, name: &str) -> Result<()> {
+        self.decode_empty(self.delete_request(&format!("/v1/groups/{name}")).call()?)
+    }
+
+    fn create_group_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<GroupBookmarkInfo> {
+        self.post(&format!("/v1/groups/{name}/bookmarks"), request)
+    }
+
+    fn delete_group_bookmark(&self, name: &str, bookmark: &str) -> Result<()> {
+        self.decode_empty(self.delete_request(&format!("/v1/groups/{name}/bookmarks/{bookmark}")).call()?)
+    }
+
+    fn revert_group(&self, name: &str, request: &RevertVolume) -> Result<GroupRevertSummary> {
+        self.post(&format!("/v1/groups/{name}/revert"), request)
+    }
 }
 
 /// Works on the data directory itself, holding its lock.
@@ -603,7 +642,7 @@ impl Backend for LocalBackend {
     }
 
     fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()> {
-        self.node.volume(name)?.delete_bookmark(bookmark)?;
+        self.node.delete_bookmark(name, bookmark)?;
         Ok(())
     }
 
@@ -686,5 +725,48 @@ impl Backend for LocalBackend {
 
     fn revoke_grant(&self, volume: &str, identity: &str) -> Result<GrantInfo> {
         Ok(Grants::open(&self.data_dir)?.revoke(volume, identity)?)
+    }
+
+    fn groups(&self) -> Result<Vec<GroupInfo>> {
+        Ok(self.node.groups()?.iter().map(GroupInfo::of).collect())
+    }
+
+    fn create_group(&self, request: &CreateGroup) -> Result<GroupInfo> {
+        let members = request.members.iter().map(|name| VolumeName::new(name)).collect::<Result<Vec<_>, _>>()?;
+        Ok(GroupInfo::of(&self.node.create_group(VolumeName::new(&request.name)?, &members)?))
+    }
+
+    fn change_group(&self, name: &str, request: &ChangeGroup) -> Result<GroupInfo> {
+        let names = |names: &[String]| names.iter().map(|name| VolumeName::new(name)).collect::<Result<Vec<_>, _>>();
+        let (add, remove) = (names(&request.add)?, names(&request.remove)?);
+        Ok(GroupInfo::of(&self.node.change_group(name, &add, &remove)?))
+    }
+
+    fn delete_group(&self, name: &str) -> Result<()> {
+        self.node.delete_group(name)?;
+        Ok(())
+    }
+
+    fn create_group_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<GroupBookmarkInfo> {
+        if request.at.is_some() {
+            bail!("a group bookmark is taken now, with the members' writes fenced together; --at is for one volume");
+        }
+        Ok(GroupBookmarkInfo::of(&self.node.bookmark_group(name, BookmarkName::new(&request.name)?, now())?))
+    }
+
+    fn delete_group_bookmark(&self, name: &str, bookmark: &str) -> Result<()> {
+        self.node.delete_group_bookmark(name, bookmark)?;
+        Ok(())
+    }
+
+    fn revert_group(&self, name: &str, request: &RevertVolume) -> Result<GroupRevertSummary> {
+        let to = match &request.to {
+            Some(to) => GroupRevertTo::Bookmark(to),
+            None => GroupRevertTo::Undo,
+        };
+        // Offline nobody is connected.
+        let reports = self.node.revert_group(name, to, now(), Writers::Refuse)?;
+        let members = reports.iter().map(|(volume, report)| RevertSummary::of(volume.as_str(), report)).collect();
+        Ok(GroupRevertSummary { group: name.to_owned(), members })
     }
 }

@@ -2,6 +2,7 @@
 //! together: the real filesystem, the engine, the NBD and HTTP servers.
 
 mod backend;
+mod group;
 mod lab;
 mod limits;
 mod output;
@@ -68,7 +69,11 @@ enum Command {
     #[command(subcommand)]
     Volume(VolumeCommand),
     /// Name a point in time: `rewind bookmark VOLUME NAME [--at TIME]`; also `list` and `delete`.
+    /// Given a group, one instant across its volumes.
     Bookmark(BookmarkArgs),
+    /// Consistency groups: volumes bookmarked and reverted together (`rewind group create shop db logs`).
+    #[command(subcommand)]
+    Group(group::GroupCommand),
     /// When a volume was written, how much, and its bookmarks.
     Timeline {
         volume: String,
@@ -529,6 +534,7 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
         Command::Trace(TraceCommand::Export { volume }) => lab::export(&*backend, &volume),
         Command::Volume(command) => volume(&*backend, command),
         Command::Bookmark(args) => bookmark(&*backend, args),
+        Command::Group(command) => group::group(&*backend, command),
         Command::Token(command) => token(&*backend, command),
         Command::Access(command) => access(&*backend, command),
         Command::Timeline { volume, bucket, json } => {
@@ -583,7 +589,11 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
             Ok(())
         }
         Command::Revert { volume, to, undo, disconnect, json } => {
-            let summary = backend.revert_volume(&volume, &RevertVolume { to, undo, disconnect })?;
+            let request = RevertVolume { to, undo, disconnect };
+            if group::is_group(&*backend, &volume) {
+                return group::revert(&*backend, &volume, &request, json);
+            }
+            let summary = backend.revert_volume(&volume, &request)?;
             if json {
                 return output::json(&summary);
             }
@@ -785,7 +795,11 @@ fn bookmark(backend: &dyn Backend, args: BookmarkArgs) -> Result<()> {
     };
     match command {
         BookmarkCommand::Create { volume, name, at, json } => {
-            let bookmark = backend.create_bookmark(&volume, &CreateBookmark { name, at })?;
+            let request = CreateBookmark { name, at };
+            if group::is_group(backend, &volume) {
+                return group::bookmark(backend, &volume, &request, json);
+            }
+            let bookmark = backend.create_bookmark(&volume, &request)?;
             if json {
                 return output::json(&bookmark);
             }
@@ -793,6 +807,9 @@ fn bookmark(backend: &dyn Backend, args: BookmarkArgs) -> Result<()> {
             Ok(())
         }
         BookmarkCommand::List { volume, json } => {
+            if group::is_group(backend, &volume) {
+                return group::bookmarks(backend, &volume, json);
+            }
             let bookmarks = backend.bookmarks(&volume)?;
             if json {
                 return output::json(&bookmarks);
@@ -801,6 +818,11 @@ fn bookmark(backend: &dyn Backend, args: BookmarkArgs) -> Result<()> {
             Ok(())
         }
         BookmarkCommand::Delete { volume, name } => {
+            if group::is_group(backend, &volume) {
+                backend.delete_group_bookmark(&volume, &name)?;
+                println!("deleted bookmark {name} of group {volume} and of each of its volumes");
+                return Ok(());
+            }
             backend.delete_bookmark(&volume, &name)?;
             println!("deleted bookmark {name} of {volume}");
             Ok(())

@@ -383,3 +383,125 @@ fn settle_revert(
         assert!(view == *before, "{what}: {name} does not read as the state before that revert");
     }
 }
+
+/// `kill -9` at a random moment during group bookmarks and group reverts of
+/// two volumes: after the restart a group bookmark is on both volumes or on
+/// neither (and there when the CLI said so), reading as both were; a group
+/// revert moved both volumes or neither; every group bookmark taken still
+/// reads as it did.
+#[test]
+fn group_bookmarks_and_reverts_are_all_or_nothing_under_kill_9() {
+    let seed: u64 = std::env::var("REWIND_SEED").map_or_else(
+        |_| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000,
+        |seed| seed.parse().expect("REWIND_SEED is a number"),
+    );
+    let kills: usize = std::env::var("REWIND_KILLS").map_or(20, |kills| kills.parse().expect("a number"));
+    let layouts = [LAYOUTS[(seed % 7) as usize], LAYOUTS[(seed / 7 % 7) as usize]];
+    println!("seed {seed}, {kills} kills, layouts {layouts:?} (REWIND_SEED={seed} replays)");
+    let mut random = seed;
+    let mut next = move |bound: u64| {
+        random = splitmix(random);
+        random % bound
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(&data);
+    let members = ["a", "b"];
+    for (member, layout) in members.iter().zip(layouts) {
+        server.rewind(&["volume", "create", member, "--size", &LINEAGE_BYTES.to_string(), "--layout", layout]);
+    }
+    server.rewind(&["group", "create", "g", "a", "b"]);
+    // Each member's live state; the group bookmarks taken, with both states.
+    let mut live = [vec![0u8; LINEAGE_BYTES], vec![0u8; LINEAGE_BYTES]];
+    let mut taken: Vec<(String, [Vec<u8>; 2])> = Vec::new();
+    let mut reverts = 0;
+    for round in 0..kills {
+        for (member, state) in members.iter().zip(live.iter_mut()) {
+            let mut client = NbdClient::connect(server.nbd, member).expect("connect");
+            for _ in 0..1 + next(6) {
+                let offset = next((LINEAGE_BYTES / 4096) as u64) as usize * 4096;
+                let bytes = pattern(next(u64::MAX), 4096);
+                client.write(offset as u64, &bytes).expect("write");
+                state[offset..offset + 4096].copy_from_slice(&bytes);
+            }
+            client.flush().expect("flush");
+            client.disconnect().expect("disconnect");
+        }
+        let revert_to = (!taken.is_empty() && next(3) == 0).then(|| next(taken.len() as u64) as usize);
+        let name = format!("g{round}");
+        let args: Vec<String> = match revert_to {
+            Some(index) => vec!["revert".into(), "g".into(), "--to".into(), taken[index].0.clone()],
+            None => vec!["bookmark".into(), "g".into(), name.clone()],
+        };
+        let mut cli = Command::new(common::REWIND)
+            .args(&args)
+            .args(["--server", &server.api()])
+            .env("REWIND_TOKEN", &server.token)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("rewind runs");
+        thread::sleep(std::time::Duration::from_micros(next(25_000)));
+        server.kill();
+        let done = cli.wait().expect("the CLI ends once the server is gone").success();
+        server = Server::start(&data);
+        let what =
+            format!("seed {seed} round {round}: {args:?} (the CLI said {})", if done { "done" } else { "failed" });
+
+        let now = members.map(|member| read_export(&server, member).expect("read a member"));
+        let groups = json(&server.rewind(&["group", "list", "--json"]));
+        assert_eq!(groups[0]["revert_unfinished"], false, "{what}: a group revert left unfinished after the restart");
+        let outcome = match revert_to {
+            None => {
+                let recorded =
+                    groups[0]["bookmarks"].as_array().unwrap().iter().any(|bookmark| bookmark["name"] == name.as_str());
+                let on_members = members.map(|member| {
+                    let bookmarks = json(&server.rewind(&["bookmark", "list", member, "--json"]));
+                    bookmarks.as_array().unwrap().iter().any(|bookmark| bookmark["name"] == name.as_str())
+                });
+                assert!(!done || recorded, "{what}: the group bookmark was acknowledged but is not there");
+                assert_eq!(on_members, [recorded; 2], "{what}: the group bookmark is on some members only");
+                if recorded {
+                    taken.push((name.clone(), live.clone()));
+                }
+                assert!(now == live, "{what}: a bookmark changed a member");
+                if recorded {
+                    "on both"
+                } else {
+                    "on neither"
+                }
+            }
+            Some(index) => {
+                let counts = members.map(|member| {
+                    let info = json(&server.rewind(&["volume", "info", member, "--json"]));
+                    info["revert_count"].as_u64().unwrap() as usize
+                });
+                assert!(counts[0] == counts[1], "{what}: one member reverted and not the other: {counts:?}");
+                assert!(counts[0] == reverts || counts[0] == reverts + 1, "{what}: {counts:?} reverts after {reverts}");
+                assert!(
+                    !done || counts[0] == reverts + 1,
+                    "{what}: the group revert was acknowledged but is not there"
+                );
+                let moved = counts[0] == reverts + 1;
+                if moved {
+                    reverts += 1;
+                    live = taken[index].1.clone();
+                }
+                assert!(now == live, "{what}: the members are not as the group revert left them");
+                if moved {
+                    "both reverted"
+                } else {
+                    "neither reverted"
+                }
+            }
+        };
+        for (bookmark, states) in &taken {
+            for (member, state) in members.iter().zip(states) {
+                let view = read_export(&server, &format!("{member}@{bookmark}")).expect("read a group bookmark's view");
+                assert!(view == *state, "{what}: {member}@{bookmark} no longer reads as it did");
+            }
+        }
+        println!("round {round}: {args:?} {}: {outcome}", if done { "done" } else { "cut short" });
+    }
+    server.stop();
+}

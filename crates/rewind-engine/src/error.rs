@@ -14,6 +14,8 @@ use crate::timespec::TimeSpecError;
 pub enum EngineError {
     #[error("no volume named {0:?}; `rewind volume list` shows the volumes")]
     VolumeNotFound(String),
+    #[error("no group named {0:?}; `rewind group list` shows the groups")]
+    GroupNotFound(String),
     #[error("volume {0:?} already exists")]
     VolumeExists(String),
     #[error("volume {volume} has no bookmark {bookmark:?}; `rewind bookmark list {volume}` shows its bookmarks")]

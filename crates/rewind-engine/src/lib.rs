@@ -17,6 +17,7 @@
 mod current;
 mod device_io;
 mod error;
+mod group;
 mod layout;
 mod node;
 mod repair;
@@ -26,11 +27,13 @@ mod volume;
 
 pub use device_io::VolumeIoStats;
 pub use error::EngineError;
+pub use group::GroupRevertTo;
 pub use layout::{CurrentWrites, Destage, HistorySource, Indexing, LayoutRules};
 pub use node::{Clones, DamagedVolume, Node, NodeConfig, VolumeSpec, WorkSignal};
 pub use repair::{RepairMode, RepairReport, RepairStep};
 pub use reserve::{Reserve, SpaceReport, SpaceState};
 pub use rewind_chunks::{ChunkError, ChunkStats, ChunkStoreConfig, CollectPhase, CollectReport, DedupConfig};
+pub use rewind_format::groups::{Group, GroupBookmark, MemberPoint};
 pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, Revert, TimelineBucket, VolumeBase};
 pub use rewind_io::IoStats;
 pub use volume::clients::{Attachment, InUse, Role};

@@ -12,6 +12,7 @@ use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::{CountingStorage, IoStats, Storage};
 use rewind_types::{BlockSize, Timestamp, VolumeName};
 
+use crate::group::GroupState;
 use crate::layout::LayoutRules;
 use crate::reserve::{Reserve, SpaceGauge, SpaceReport, SpaceState};
 use crate::volume::{Base, Shared};
@@ -173,7 +174,10 @@ pub struct Node {
     /// Volumes that did not open. While there are any, the chunks their
     /// history refers to are uncounted, so nothing is collected.
     pub(crate) damaged: RwLock<BTreeMap<String, DamagedVolume>>,
-    /// Serialises creating, deleting and repairing volumes.
+    /// The consistency groups (see `crate::group`).
+    pub(crate) groups: Mutex<GroupState>,
+    /// Serialises creating, deleting and repairing volumes, and changing
+    /// which volumes are in which group.
     pub(crate) admin: Mutex<()>,
     collect_last: Mutex<Option<Timestamp>>,
 }
@@ -316,16 +320,20 @@ impl Node {
         for name in damaged.keys() {
             volumes.remove(name);
         }
-        Ok(Node {
+        let groups = Mutex::new(GroupState::open(&*storage)?);
+        let node = Node {
             storage,
             chunk_io,
             config,
             shared,
             volumes: RwLock::new(volumes),
             damaged: RwLock::new(damaged),
+            groups,
             admin: Mutex::new(()),
             collect_last: Mutex::new(None),
-        })
+        };
+        node.finish_groups();
+        Ok(node)
     }
 
     /// Volumes that did not open, with what is wrong.
@@ -423,6 +431,11 @@ impl Node {
         let name = meta.name.to_string();
         if self.volumes.read().contains_key(&name) || self.damaged.read().contains_key(&name) {
             return Err(EngineError::VolumeExists(name));
+        }
+        if self.is_group(&name) {
+            return Err(EngineError::InvalidArgument(format!(
+                "a group is named {name}; a volume needs a name of its own"
+            )));
         }
         let mut meta = meta;
         let base = lend(&mut meta)?;
@@ -525,6 +538,7 @@ impl Node {
 
     /// Deletes one volume no other reads from (the caller holds `admin`).
     fn delete_one(&self, name: &str) -> Result<(), EngineError> {
+        self.leave_group(name)?;
         if self.damaged.read().contains_key(name) {
             // Nothing of it is open, and its references were never counted.
             self.remove_volume_dir(name)?;

@@ -7,6 +7,7 @@
 mod bytes;
 pub mod chunks;
 pub mod current;
+pub mod groups;
 pub mod index;
 pub mod journal;
 pub mod meta;

@@ -9,9 +9,9 @@ use rewind_engine::timespec::{
     display_granularity, display_retention, parse_granularity, parse_retention, DisplayTime,
 };
 use rewind_engine::{
-    ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, DamagedVolume, EngineError, IoStats, Layout,
-    PolicyChange, RepairReport, Revert, RevertReport, SpaceReport, TimelineReport, Timestamp, Volume, VolumeIoStats,
-    VolumeName, VolumeSpace, VolumeSpec, VolumeStats,
+    ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, DamagedVolume, EngineError, Group,
+    GroupBookmark, IoStats, Layout, MemberPoint, PolicyChange, RepairReport, Revert, RevertReport, SpaceReport,
+    TimelineReport, Timestamp, Volume, VolumeIoStats, VolumeName, VolumeSpace, VolumeSpec, VolumeStats,
 };
 
 pub fn time(at: Timestamp) -> String {
@@ -554,6 +554,81 @@ impl RevertSummary {
             disconnected: report.disconnected.clone(),
         }
     }
+}
+
+/// `POST /v1/groups`: a consistency group of volumes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CreateGroup {
+    pub name: String,
+    #[serde(default)]
+    pub members: Vec<String>,
+}
+
+/// `PATCH /v1/groups/{name}`: volumes to add and to remove.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeGroup {
+    #[serde(default)]
+    pub add: Vec<String>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+/// A consistency group: volumes bookmarked and reverted together.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GroupInfo {
+    pub name: String,
+    pub members: Vec<String>,
+    pub bookmarks: Vec<GroupBookmarkInfo>,
+    /// A group revert a crash interrupted, finished when the server starts.
+    pub revert_unfinished: bool,
+}
+
+impl GroupInfo {
+    pub fn of(group: &Group) -> GroupInfo {
+        GroupInfo {
+            name: group.name.to_string(),
+            members: group.members.iter().map(ToString::to_string).collect(),
+            bookmarks: group.bookmarks.iter().map(GroupBookmarkInfo::of).collect(),
+            revert_unfinished: group.revert.is_some(),
+        }
+    }
+}
+
+/// One instant across a group: each member's bookmark of that name.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GroupBookmarkInfo {
+    pub name: String,
+    /// Each member's bookmark (`export` is its view).
+    pub members: Vec<MemberBookmark>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemberBookmark {
+    pub volume: String,
+    #[serde(flatten)]
+    pub bookmark: BookmarkInfo,
+}
+
+impl GroupBookmarkInfo {
+    pub fn of(bookmark: &GroupBookmark) -> GroupBookmarkInfo {
+        let member = |point: &MemberPoint| MemberBookmark {
+            volume: point.volume.to_string(),
+            bookmark: BookmarkInfo::of(
+                point.volume.as_str(),
+                &Bookmark { name: bookmark.name.clone(), timestamp: point.at },
+            ),
+        };
+        GroupBookmarkInfo { name: bookmark.name.to_string(), members: bookmark.members.iter().map(member).collect() }
+    }
+}
+
+/// What a group revert did, member by member.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GroupRevertSummary {
+    pub group: String,
+    pub members: Vec<RevertSummary>,
 }
 
 impl Timeline {

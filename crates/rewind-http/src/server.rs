@@ -19,13 +19,15 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use rewind_access::{AccessError, GrantInfo, Grants, Principal, TokenInfo, TokenSpec};
-use rewind_engine::{BookmarkName, Clones, EngineError, InUse, Node, RepairMode, Timestamp, VolumeName, Writers};
+use rewind_engine::{
+    BookmarkName, Clones, EngineError, GroupRevertTo, InUse, Node, RepairMode, Timestamp, VolumeName, Writers,
+};
 
 use crate::api::{
-    time, view_export, AllocationExtent, BookmarkInfo, Changes, CreateBookmark, CreateClone, CreateVolume,
-    CreatedToken, DeletedHistory, ErrorBody, GcEvent, Health, ImportSummary, JobInfo, NodeReport, RepairSummary,
-    RevertSummary, RevertVolume, RevokeGrant, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
-    DATA_BYTES_MAX, FIXED_AT_CREATION,
+    time, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes, CreateBookmark, CreateClone, CreateGroup,
+    CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GroupBookmarkInfo, GroupInfo, GroupRevertSummary,
+    Health, ImportSummary, JobInfo, NodeReport, RepairSummary, RevertSummary, RevertVolume, RevokeGrant, Timeline,
+    UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport, DATA_BYTES_MAX, FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
@@ -109,7 +111,7 @@ impl IntoResponse for ApiError {
             }
         };
         let (status, kind) = match &error {
-            EngineError::VolumeNotFound(_) | EngineError::BookmarkNotFound { .. } => {
+            EngineError::VolumeNotFound(_) | EngineError::GroupNotFound(_) | EngineError::BookmarkNotFound { .. } => {
                 (StatusCode::NOT_FOUND, "not_found")
             }
             EngineError::VolumeExists(_)
@@ -248,6 +250,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/jobs", get(list_jobs))
         .route("/v1/jobs/{id}", get(job))
         .route("/metrics", get(crate::metrics::metrics))
+        // A group spans volumes: node-wide tokens only.
+        .route("/v1/groups", get(list_groups).post(create_group))
+        .route("/v1/groups/{name}", get(group_detail).patch(change_group).delete(delete_group))
+        .route("/v1/groups/{name}/bookmarks", post(create_group_bookmark))
+        .route("/v1/groups/{name}/bookmarks/{bookmark}", delete(delete_group_bookmark))
+        .route("/v1/groups/{name}/revert", post(revert_group))
         .route_layer(middleware::from_fn(auth::node_wide));
     let admin_routes = Router::new()
         .route("/v1/tokens", get(list_tokens).post(create_token))
@@ -749,8 +757,106 @@ async fn delete_bookmark(
     Path((name, bookmark)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let node = Arc::clone(&state.node);
-    blocking(move || node.volume(&name)?.delete_bookmark(&bookmark)).await?;
+    blocking(move || node.delete_bookmark(&name, &bookmark)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+fn volume_names(names: &[String]) -> Result<Vec<VolumeName>, ApiError> {
+    names.iter().map(|name| VolumeName::new(name).map_err(|error| invalid(error.to_string()))).collect()
+}
+
+async fn list_groups(State(state): State<Shared>) -> Result<Json<Vec<GroupInfo>>, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || Ok(node.groups()?.iter().map(GroupInfo::of).collect())).await.map(Json)
+}
+
+async fn create_group(
+    State(state): State<Shared>,
+    ApiJson(request): ApiJson<CreateGroup>,
+) -> Result<(StatusCode, Json<GroupInfo>), ApiError> {
+    let name = VolumeName::new(&request.name).map_err(|error| invalid(error.to_string()))?;
+    let members = volume_names(&request.members)?;
+    let node = Arc::clone(&state.node);
+    let group = blocking(move || node.create_group(name, &members)).await?;
+    Ok((StatusCode::CREATED, Json(GroupInfo::of(&group))))
+}
+
+async fn group_detail(State(state): State<Shared>, Path(name): Path<String>) -> Result<Json<GroupInfo>, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || Ok(GroupInfo::of(&node.group(&name)?))).await.map(Json)
+}
+
+async fn change_group(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    ApiJson(request): ApiJson<ChangeGroup>,
+) -> Result<Json<GroupInfo>, ApiError> {
+    if request.add.is_empty() && request.remove.is_empty() {
+        return Err(invalid("name volumes to \"add\" to the group or \"remove\" from it".to_owned()));
+    }
+    let (add, remove) = (volume_names(&request.add)?, volume_names(&request.remove)?);
+    let node = Arc::clone(&state.node);
+    blocking(move || Ok(GroupInfo::of(&node.change_group(&name, &add, &remove)?))).await.map(Json)
+}
+
+async fn delete_group(State(state): State<Shared>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || node.delete_group(&name)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// One instant across every member (now: a group bookmark fences writes).
+async fn create_group_bookmark(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    ApiJson(request): ApiJson<CreateBookmark>,
+) -> Result<(StatusCode, Json<GroupBookmarkInfo>), ApiError> {
+    if request.at.is_some() {
+        return Err(invalid(
+            "a group bookmark is taken now, with the members' writes fenced together; \"at\" is for one volume's \
+             bookmarks"
+                .to_owned(),
+        ));
+    }
+    let bookmark = BookmarkName::new(&request.name).map_err(|error| invalid(error.to_string()))?;
+    let node = Arc::clone(&state.node);
+    let taken = blocking(move || node.bookmark_group(&name, bookmark, now())).await?;
+    Ok((StatusCode::CREATED, Json(GroupBookmarkInfo::of(&taken))))
+}
+
+async fn delete_group_bookmark(
+    State(state): State<Shared>,
+    Path((name, bookmark)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let node = Arc::clone(&state.node);
+    blocking(move || node.delete_group_bookmark(&name, &bookmark)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Every member to a group bookmark (or each one's undo), or none.
+async fn revert_group(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    ApiJson(request): ApiJson<RevertVolume>,
+) -> Result<Json<GroupRevertSummary>, ApiError> {
+    let writers = if request.disconnect { Writers::Disconnect } else { Writers::Refuse };
+    let node = Arc::clone(&state.node);
+    blocking(move || {
+        let to = match (&request.to, request.undo) {
+            (None, true) => GroupRevertTo::Undo,
+            (Some(to), false) => GroupRevertTo::Bookmark(to),
+            _ => {
+                return Err(EngineError::InvalidArgument(
+                    "name either the group bookmark to revert to (\"to\") or \"undo\": true".to_owned(),
+                ))
+            }
+        };
+        let reports = node.revert_group(&name, to, now(), writers)?;
+        let members = reports.iter().map(|(volume, report)| RevertSummary::of(volume.as_str(), report)).collect();
+        Ok(GroupRevertSummary { group: name, members })
+    })
+    .await
+    .map(Json)
 }
 
 #[derive(Deserialize)]

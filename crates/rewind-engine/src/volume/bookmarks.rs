@@ -4,10 +4,13 @@
 //! granularity and retention. Every change of what the index thins is made
 //! under the bookmarks lock, and ends in `rethin`.
 
+use std::sync::Arc;
+
 use rewind_format::meta::{Bookmark, Bookmarks};
 use rewind_io::write_file_atomic;
 use rewind_types::{BookmarkName, Timestamp};
 
+use super::WriteState;
 use crate::timespec::DisplayTime;
 use crate::{EngineError, Volume};
 
@@ -26,20 +29,7 @@ impl Volume {
     ) -> Result<Bookmark, EngineError> {
         self.check_open()?;
         let mut bookmarks = self.history.bookmarks.lock();
-        if let Some(existing) = bookmarks.entries.iter().find(|bookmark| bookmark.name == name) {
-            return Err(EngineError::BookmarkExists {
-                volume: self.name().to_string(),
-                bookmark: name.to_string(),
-                at: DisplayTime(existing.timestamp).to_string(),
-            });
-        }
-        if bookmarks.entries.len() >= Bookmarks::COUNT_MAX {
-            return Err(EngineError::InvalidArgument(format!(
-                "volume {} already has {} bookmarks, the most it can hold; delete some first",
-                self.name(),
-                Bookmarks::COUNT_MAX
-            )));
-        }
+        self.check_bookmark_free(&bookmarks, &name)?;
         let snapshot_now = at.is_none();
         let at = match at {
             // A time in the past is kept exact only if it is already (see `exact_time`).
@@ -51,12 +41,7 @@ impl Volume {
         // The bookmarked state must survive a crash, like the bookmark itself.
         self.flush()?;
         let bookmark = Bookmark { name, timestamp: at };
-        let mut next = bookmarks.clone();
-        next.entries.push(bookmark.clone());
-        next.entries.sort_by_key(|bookmark| bookmark.timestamp);
-        self.save_bookmarks(&next)?;
-        *bookmarks = next;
-        self.rethin(&self.history.policy.lock(), &bookmarks);
+        self.add_bookmark(&mut bookmarks, bookmark.clone())?;
         drop(bookmarks);
         if snapshot_now && self.rules().destages_at_snapshots() {
             // A bookmark is an on-demand snapshot: ROW merges at each.
@@ -99,10 +84,98 @@ impl Volume {
         write_file_atomic(self.storage(), path, &bookmarks.encode()).map_err(EngineError::io(path))
     }
 
+    fn check_bookmark_free(&self, bookmarks: &Bookmarks, name: &BookmarkName) -> Result<(), EngineError> {
+        if let Some(existing) = bookmarks.entries.iter().find(|bookmark| bookmark.name == *name) {
+            return Err(EngineError::BookmarkExists {
+                volume: self.name().to_string(),
+                bookmark: name.to_string(),
+                at: DisplayTime(existing.timestamp).to_string(),
+            });
+        }
+        if bookmarks.entries.len() >= Bookmarks::COUNT_MAX {
+            return Err(EngineError::InvalidArgument(format!(
+                "volume {} already has {} bookmarks, the most it can hold; delete some first",
+                self.name(),
+                Bookmarks::COUNT_MAX
+            )));
+        }
+        Ok(())
+    }
+
+    /// Saves `bookmark` (its state durable already) among `bookmarks`, whose
+    /// lock the caller holds.
+    fn add_bookmark(&self, bookmarks: &mut Bookmarks, bookmark: Bookmark) -> Result<(), EngineError> {
+        let mut next = bookmarks.clone();
+        next.entries.push(bookmark);
+        next.entries.sort_by_key(|bookmark| bookmark.timestamp);
+        self.save_bookmarks(&next)?;
+        *bookmarks = next;
+        self.rethin(&self.history.policy.lock(), bookmarks);
+        Ok(())
+    }
+
+    /// Bookmarks `volumes` (in name order, the order their locks are taken
+    /// in) as `name` at one instant: with the writes of all of them held
+    /// back at once, each one's clock is advanced to `now` and pinned, so a
+    /// write acknowledged to any of them before is in the bookmark and one
+    /// that begins after is in none. Their states are made durable, then
+    /// `commit` records the points (a group bookmark's commit point), then
+    /// each volume saves its bookmark.
+    pub(crate) fn bookmark_together(
+        volumes: &[Arc<Volume>],
+        name: &BookmarkName,
+        now: Timestamp,
+        commit: impl FnOnce(&[Timestamp]) -> Result<(), EngineError>,
+    ) -> Result<Vec<Timestamp>, EngineError> {
+        assert!(volumes.windows(2).all(|pair| pair[0].name() < pair[1].name()), "locks are taken in name order");
+        let mut held = Vec::with_capacity(volumes.len());
+        for volume in volumes {
+            volume.check_open()?;
+            let bookmarks = volume.history.bookmarks.lock();
+            volume.check_bookmark_free(&bookmarks, name)?;
+            held.push(bookmarks);
+        }
+        let times: Vec<Timestamp> = {
+            let mut fenced: Vec<_> = volumes.iter().map(|volume| volume.write.lock()).collect();
+            volumes.iter().zip(&mut fenced).map(|(volume, state)| volume.pin_clock(state, now)).collect()
+        };
+        for volume in volumes {
+            volume.flush()?;
+        }
+        commit(&times)?;
+        for ((volume, bookmarks), &timestamp) in volumes.iter().zip(&mut held).zip(&times) {
+            volume.add_bookmark(bookmarks, Bookmark { name: name.clone(), timestamp })?;
+        }
+        Ok(times)
+    }
+
+    /// Saves bookmark `name` at `at` unless the volume has it already:
+    /// what a crash left out of a group bookmark recorded as committed
+    /// (its state was durable, and is still exact unless thinned since).
+    pub(crate) fn complete_bookmark(&self, name: &BookmarkName, at: Timestamp) -> Result<bool, EngineError> {
+        let mut bookmarks = self.history.bookmarks.lock();
+        if bookmarks.entries.iter().any(|bookmark| bookmark.name == *name) {
+            return Ok(false);
+        }
+        if self.exact_time_named(at, &bookmarks)? != at {
+            return Err(EngineError::InvalidArgument(format!(
+                "volume {} no longer keeps {} exactly, the point of group bookmark {name}",
+                self.name(),
+                DisplayTime(at)
+            )));
+        }
+        self.add_bookmark(&mut bookmarks, Bookmark { name: name.clone(), timestamp: at })?;
+        Ok(true)
+    }
+
     /// Raises the volume's clock to `now` (so later writes get later times)
     /// and pins that time in the index, atomically with respect to writes.
     pub(crate) fn advance_clock_pinned(&self, now: Timestamp) -> Timestamp {
-        let mut state = self.write.lock();
+        self.pin_clock(&mut self.write.lock(), now)
+    }
+
+    /// [`Volume::advance_clock_pinned`] under the write lock the caller holds.
+    fn pin_clock(&self, state: &mut WriteState, now: Timestamp) -> Timestamp {
         state.timestamp_last = state.timestamp_last.max(now);
         let mut thinning = self.index.thinning();
         let position = thinning.pins.partition_point(|&pin| pin < state.timestamp_last);

@@ -19,7 +19,7 @@
 //! volume's clock is kept past the last revert, so every later write is
 //! after it.
 
-use rewind_format::meta::{Bookmark, Revert};
+use rewind_format::meta::{Bookmark, Bookmarks, Revert};
 use rewind_io::write_file_atomic;
 use rewind_types::{BookmarkName, Timestamp};
 
@@ -55,23 +55,11 @@ impl Volume {
     /// Reverts the volume in place to `to`, an exact point of its history
     /// (see [`Volume::resolve_time`]): from now on it reads as it did then.
     pub fn revert(&self, to: Timestamp, now: Timestamp, writers: Writers) -> Result<RevertReport, EngineError> {
-        self.check_writable()?;
-        let live = self.live_clients();
-        if !live.is_empty() && writers == Writers::Refuse {
-            return Err(EngineError::WritersConnected { volume: self.name().to_string(), clients: live });
-        }
+        self.check_writers(writers)?;
         // Every acknowledged write is in the state the revert leaves.
         self.flush()?;
         let mut bookmarks = self.history.bookmarks.lock();
-        // (The volume's clock may run ahead of `now`: a write is after the last.)
-        let latest = now.max(self.timestamp_last());
-        if self.exact_time_named(self.check_in_history(to, latest)?, &bookmarks)? != to {
-            return Err(EngineError::InvalidArgument(format!(
-                "volume {} does not keep {} exactly; revert to a point it keeps, such as a bookmark",
-                self.name(),
-                DisplayTime(to)
-            )));
-        }
+        self.check_revert_point(to, now, &bookmarks)?;
         let revert = {
             let mut state = self.write.lock();
             let at = Volume::next_timestamp(&mut state, now);
@@ -106,15 +94,54 @@ impl Volume {
         Ok(RevertReport { revert, bookmark, disconnected })
     }
 
-    /// Undoes the last revert: reverts to the state just before it.
-    pub fn undo_revert(&self, now: Timestamp, writers: Writers) -> Result<RevertReport, EngineError> {
-        let Some(last) = self.history.reverts.lock().entries.last().copied() else {
+    /// Refuses, changing nothing, what [`Volume::revert`] would refuse (so
+    /// that a group reverts all its members or none).
+    pub(crate) fn check_revert(&self, to: Timestamp, now: Timestamp, writers: Writers) -> Result<(), EngineError> {
+        self.check_writers(writers)?;
+        self.check_revert_point(to, now, &self.history.bookmarks.lock())
+    }
+
+    fn check_writers(&self, writers: Writers) -> Result<(), EngineError> {
+        self.check_writable()?;
+        let live = self.live_clients();
+        if !live.is_empty() && writers == Writers::Refuse {
+            return Err(EngineError::WritersConnected { volume: self.name().to_string(), clients: live });
+        }
+        Ok(())
+    }
+
+    fn check_revert_point(&self, to: Timestamp, now: Timestamp, bookmarks: &Bookmarks) -> Result<(), EngineError> {
+        // (The volume's clock may run ahead of `now`: a write is after the last.)
+        let latest = now.max(self.timestamp_last());
+        if self.exact_time_named(self.check_in_history(to, latest)?, bookmarks)? != to {
             return Err(EngineError::InvalidArgument(format!(
+                "volume {} does not keep {} exactly; revert to a point it keeps, such as a bookmark",
+                self.name(),
+                DisplayTime(to)
+            )));
+        }
+        Ok(())
+    }
+
+    /// The point `--undo` goes back to: the state just before the last revert.
+    pub fn undo_point(&self) -> Result<Timestamp, EngineError> {
+        match self.history.reverts.lock().entries.last() {
+            Some(last) => Ok(last.before),
+            None => Err(EngineError::InvalidArgument(format!(
                 "volume {} has never been reverted: there is nothing to undo",
                 self.name()
-            )));
-        };
-        self.revert(last.before, now, writers)
+            ))),
+        }
+    }
+
+    /// Undoes the last revert: reverts to the state just before it.
+    pub fn undo_revert(&self, now: Timestamp, writers: Writers) -> Result<RevertReport, EngineError> {
+        self.revert(self.undo_point()?, now, writers)
+    }
+
+    /// Whether the volume was reverted to `to` at or after `since`.
+    pub(crate) fn reverted_to_since(&self, to: Timestamp, since: Timestamp) -> bool {
+        self.history.reverts.lock().entries.iter().any(|revert| revert.to == to && revert.at >= since)
     }
 
     /// Refuses a history delete from `from` until `to` that would take a
