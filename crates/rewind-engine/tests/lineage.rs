@@ -1,8 +1,8 @@
 //! Model-based test of lineage on the simulated disk: a node whose volumes
 //! are clones of each other (clones of clones, clones at past points and at
 //! now), written, zeroed, flushed, bookmarked, reverted in place and
-//! reverts undone, maintained (archive, retention, collection) and crashed
-//! at random, checked against an oracle per volume whose first state is its
+//! reverts undone, the two roots bookmarked and reverted as a group,
+//! maintained (archive, retention, collection) and crashed at random, checked against an oracle per volume whose first state is its
 //! base as it was at the branch point, and whose state after a revert is
 //! its own state at the point reverted to.
 //! Every volume's present and every point it keeps must read as its oracle
@@ -19,8 +19,8 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rewind_engine::{
-    BlockSize, BookmarkName, Clones, Durability, EngineError, InUse, Layout, LayoutRules, Node, NodeConfig, Timestamp,
-    Volume, VolumeName, VolumeSpec, Writers, ZeroMode,
+    BlockSize, BookmarkName, Clones, Durability, EngineError, GroupRevertTo, InUse, Layout, LayoutRules, Node,
+    NodeConfig, RevertReport, Timestamp, Volume, VolumeName, VolumeSpec, Writers, ZeroMode,
 };
 use rewind_io::{SimConfig, SimStorage};
 
@@ -46,6 +46,9 @@ struct Case {
     config: NodeConfig,
     lines: Vec<Line>,
     block_bytes: u64,
+    /// The group bookmarks of the roots' group: name, and each member's
+    /// line and point.
+    group_bookmarks: Vec<(String, Vec<(usize, Timestamp)>)>,
 }
 
 /// What a case exercised.
@@ -60,6 +63,8 @@ struct Exercised {
     deletes: u64,
     reverts: u64,
     undos: u64,
+    group_bookmarks: u64,
+    group_reverts: u64,
     /// Versions a base's retention thinned while clones read from it.
     thinned_under_clones: u64,
 }
@@ -100,6 +105,36 @@ impl Case {
             oracle.clock = volume.timestamp_last();
             self.check(line);
         }
+        // Every group bookmark is on each member still in the group, at its point.
+        for (name, points) in &self.group_bookmarks {
+            for &(line, at) in points.iter().filter(|(line, _)| !self.lines[*line].deleted) {
+                let bookmarks = self.volume(line).bookmarks();
+                let found = bookmarks.iter().find(|bookmark| bookmark.name.as_str() == name);
+                assert_eq!(
+                    found.map(|bookmark| bookmark.timestamp),
+                    Some(at),
+                    "seed {}: group bookmark {name}",
+                    self.seed
+                );
+            }
+        }
+    }
+
+    fn line_of(&self, volume: &VolumeName) -> usize {
+        self.lines.iter().position(|line| line.name == volume.as_str() && !line.deleted).expect("a live line")
+    }
+
+    /// The oracle after `volume` reverted as `report` says.
+    fn reverted(&mut self, line: usize, report: &RevertReport) {
+        let revert = report.revert;
+        let line = &mut self.lines[line];
+        let oracle = &mut line.oracle;
+        assert!(revert.at > oracle.clock && revert.before == revert.at.saturating_sub_nanos(1), "seed {}", self.seed);
+        let image = oracle.at(revert.to).clone();
+        oracle.states.push((revert.at, image));
+        oracle.clock = revert.at;
+        oracle.durable = oracle.states.len() - 1;
+        line.reverts += 1;
     }
 }
 
@@ -113,7 +148,15 @@ fn run(seed: u64) -> Exercised {
     let size = rng.random_range(8..48u64) * u64::from(block_bytes);
     let mut now = Timestamp::from_unix_nanos(1_000_000);
     let node = Node::open(Arc::new(storage.clone()), config).unwrap();
-    let mut case = Case { seed, node, storage, config, lines: Vec::new(), block_bytes: u64::from(block_bytes) };
+    let mut case = Case {
+        seed,
+        node,
+        storage,
+        config,
+        lines: Vec::new(),
+        block_bytes: u64::from(block_bytes),
+        group_bookmarks: Vec::new(),
+    };
     let mut exercised = Exercised::default();
     // Two roots: one keeping every write, one (in half the cases) thinned.
     for (root, thinned) in [(0, false), (1, seed % 2 == 1)] {
@@ -138,6 +181,8 @@ fn run(seed: u64) -> Exercised {
         };
         case.lines.push(Line { name: format!("r{root}"), oracle, base: None, deleted: false, reverts: 0 });
     }
+    let roots = [VolumeName::new("r0").unwrap(), VolumeName::new("r1").unwrap()];
+    case.node.create_group(VolumeName::new("g").unwrap(), &roots).unwrap();
     for step in 0..rng.random_range(100..300) {
         if rng.random_bool(0.8) {
             now = now.saturating_add_nanos(rng.random_range(1..5_000));
@@ -295,14 +340,7 @@ fn run(seed: u64) -> Exercised {
                 };
                 let report = report.unwrap_or_else(|error| panic!("seed {seed} step {step}: revert: {error}"));
                 let revert = report.revert;
-                let line = &mut case.lines[line];
-                let oracle = &mut line.oracle;
-                assert!(revert.at > oracle.clock && revert.before == revert.at.saturating_sub_nanos(1), "seed {seed}");
-                let image = oracle.at(revert.to).clone();
-                oracle.states.push((revert.at, image));
-                oracle.clock = revert.at;
-                oracle.durable = oracle.states.len() - 1;
-                line.reverts += 1;
+                case.reverted(line, &report);
                 assert_eq!(
                     volume.bookmarks().iter().find(|bookmark| bookmark.name == report.bookmark).unwrap().timestamp,
                     revert.before
@@ -318,6 +356,45 @@ fn run(seed: u64) -> Exercised {
                 drop(volume);
                 case.restart(step);
                 exercised.crashes += 1;
+            }
+            90..=92 => {
+                // One instant across the roots still in their group.
+                let name = format!("g{step}");
+                match case.node.bookmark_group("g", BookmarkName::new(&name).unwrap(), now) {
+                    Ok(taken) => {
+                        let mut points = Vec::new();
+                        for point in &taken.members {
+                            let member = case.line_of(&point.volume);
+                            let oracle = &mut case.lines[member].oracle;
+                            // Like a bookmark made now, on every member at once.
+                            oracle.clock = oracle.clock.max(now);
+                            assert_eq!(point.at, oracle.clock, "seed {seed} step {step}: a group bookmark is now");
+                            oracle.durable = oracle.states.len() - 1;
+                            points.push((member, point.at));
+                        }
+                        case.group_bookmarks.push((name, points));
+                        exercised.group_bookmarks += 1;
+                    }
+                    Err(EngineError::InvalidArgument(message)) if message.contains("no members") => {}
+                    Err(error) => panic!("seed {seed} step {step}: group bookmark: {error}"),
+                }
+            }
+            93..=94 if !case.group_bookmarks.is_empty() => {
+                // Every root still in the group back to a group bookmark.
+                let (name, _) = &case.group_bookmarks[rng.random_range(0..case.group_bookmarks.len())];
+                let to = GroupRevertTo::Bookmark(name);
+                let reports = case
+                    .node
+                    .revert_group("g", to, now, Writers::Refuse)
+                    .unwrap_or_else(|error| panic!("seed {seed} step {step}: group revert: {error}"));
+                let members = case.node.group("g").unwrap().members;
+                assert_eq!(reports.iter().map(|(volume, _)| volume.clone()).collect::<Vec<_>>(), members);
+                for (volume, report) in &reports {
+                    let member = case.line_of(volume);
+                    case.reverted(member, report);
+                    case.check(member);
+                }
+                exercised.group_reverts += 1;
             }
             _ => {
                 // Any kept point of any volume reads as its oracle says.
@@ -360,6 +437,8 @@ fn clones_read_their_base_at_the_branch_point_through_crashes() {
         reverts: total.reverts + case.reverts,
         undos: total.undos + case.undos,
         thinned_under_clones: total.thinned_under_clones + case.thinned_under_clones,
+        group_bookmarks: total.group_bookmarks + case.group_bookmarks,
+        group_reverts: total.group_reverts + case.group_reverts,
     });
     println!("{total:?}");
     let enough = total.clones > 100
@@ -370,10 +449,13 @@ fn clones_read_their_base_at_the_branch_point_through_crashes() {
         && total.deletes > 10
         && total.reverts > 100
         && total.undos > 30
-        && total.thinned_under_clones > 0;
+        && total.thinned_under_clones > 0
+        && total.group_bookmarks > 100
+        && total.group_reverts > 30;
     assert!(
         seeds < 30 || enough,
-        "clones, reverts, crashes, refused deletes and thinning under clones must be exercised"
+        "clones, reverts, group bookmarks and reverts, crashes, refused deletes and thinning under clones must be \
+         exercised"
     );
 }
 
