@@ -79,6 +79,8 @@ pub trait Backend: Send + Sync {
     fn delete_group_bookmark(&self, name: &str, bookmark: &str) -> Result<()>;
     /// Every member to a group bookmark, or each one's undo; all or none.
     fn revert_group(&self, name: &str, request: &RevertVolume) -> Result<GroupRevertSummary>;
+    /// A new group of clones of the members at a group bookmark (`request.at`).
+    fn clone_group(&self, name: &str, request: &CreateClone) -> Result<GroupInfo>;
 }
 
 /// The API token to send: `REWIND_TOKEN`, or the admin token the server
@@ -509,6 +511,10 @@ impl Backend for HttpBackend {
     fn revert_group(&self, name: &str, request: &RevertVolume) -> Result<GroupRevertSummary> {
         self.post(&format!("/v1/groups/{name}/revert"), request)
     }
+
+    fn clone_group(&self, name: &str, request: &CreateClone) -> Result<GroupInfo> {
+        self.post(&format!("/v1/groups/{name}/clones"), request)
+    }
 }
 
 /// Works on the data directory itself, holding its lock.
@@ -768,5 +774,12 @@ impl Backend for LocalBackend {
         let reports = self.node.revert_group(name, to, now(), Writers::Refuse)?;
         let members = reports.iter().map(|(volume, report)| RevertSummary::of(volume.as_str(), report)).collect();
         Ok(GroupRevertSummary { group: name.to_owned(), members })
+    }
+
+    fn clone_group(&self, name: &str, request: &CreateClone) -> Result<GroupInfo> {
+        let Some(bookmark) = &request.at else {
+            bail!("a group is cloned at one of its bookmarks: rewind volume clone {name}@BOOKMARK NEW");
+        };
+        Ok(GroupInfo::of(&self.node.clone_group(name, bookmark, VolumeName::new(&request.name)?, now())?))
     }
 }

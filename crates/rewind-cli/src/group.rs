@@ -3,7 +3,9 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use rewind_http::api::{ChangeGroup, CreateBookmark, CreateGroup, GroupBookmarkInfo, GroupInfo, RevertVolume};
+use rewind_http::api::{
+    ChangeGroup, CreateBookmark, CreateClone, CreateGroup, GroupBookmarkInfo, GroupInfo, RevertVolume,
+};
 
 use crate::backend::Backend;
 use crate::output;
@@ -152,5 +154,19 @@ pub fn revert(backend: &dyn Backend, group: &str, request: &RevertVolume, json: 
         }
     }
     println!("(`rewind revert {group} --undo` goes back)");
+    Ok(())
+}
+
+pub fn clone(backend: &dyn Backend, group: &str, request: &CreateClone, json: bool) -> Result<()> {
+    let clones = backend.clone_group(group, request)?;
+    if json {
+        return output::json(&clones);
+    }
+    let at = request.at.as_deref().unwrap_or_default();
+    println!("created group {} of writable clones of group {group} as of its bookmark {at}:", clones.name);
+    let address = backend.nbd_address().unwrap_or_else(|| "127.0.0.1:10809".into());
+    for member in &clones.members {
+        println!("  nbd://{address}/{member}");
+    }
     Ok(())
 }

@@ -413,7 +413,9 @@ enum VolumeCommand {
     /// A writable volume that starts as another was at a point in time:
     /// `rewind volume clone db@-2h db-debug`. Nothing is copied, so it is
     /// immediate; it reads the source's history where it has not been
-    /// written, and keeps its own every-write history.
+    /// written, and keeps its own every-write history. Given a group at one
+    /// of its bookmarks (`shop@before-migration shop-debug`), a new group of
+    /// clones of its volumes, named `shop-debug-<volume>`.
     Clone {
         /// VOLUME@TIME (see TIME in `rewind --help`), or VOLUME for now.
         source: String,
@@ -763,7 +765,11 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
                 Some(_) => volume_at(&source).map(|(volume, at)| (volume, Some(at.to_owned())))?,
                 None => (source.as_str(), None),
             };
-            let info = backend.clone_volume(source, &CreateClone { name, at })?;
+            let request = CreateClone { name, at };
+            if group::is_group(backend, source) {
+                return group::clone(backend, source, &request, json);
+            }
+            let info = backend.clone_volume(source, &request)?;
             if json {
                 return output::json(&info);
             }

@@ -3,8 +3,10 @@
 //! acknowledgement, then writes record n to `logs`, never finds `logs` ahead
 //! of `db` at a group bookmark (bookmarks taken one volume after the other
 //! would let it be). A group reverts every member or none, and is undone;
-//! a member's share of a group bookmark goes only with the group's; groups
-//! and volumes do not share names; all of it survives a restart.
+//! a group cloned at a group bookmark is a new group of clones at that
+//! instant; a member's share of a group bookmark goes only with the
+//! group's; groups and volumes do not share names; all of it survives a
+//! restart.
 
 mod common;
 
@@ -111,6 +113,29 @@ fn a_group_bookmark_is_one_instant_and_a_group_reverts_together() {
     assert_eq!((newest(&server, "db"), newest(&server, "logs")), (db_now, logs_now), "nothing reverted");
     holding.read(0, &mut [0; 512]).unwrap();
     holding.disconnect().unwrap();
+
+    // A clone of the group at a cut: a new group of writable clones, each
+    // at its volume's point of that instant.
+    let (cut, _) = &cuts[3];
+    let clones = json(&server.rewind(&["volume", "clone", &format!("shop@{cut}"), "dbg", "--json"]));
+    assert_eq!(clones["members"], serde_json::json!(["dbg-db", "dbg-logs"]), "{clones}");
+    for volume in ["db", "logs"] {
+        let clone = format!("dbg-{volume}");
+        assert_eq!(newest(&server, &clone), newest(&server, &format!("{volume}@{cut}")), "{clone} starts at the cut");
+    }
+    let mut writer = NbdClient::connect(server.nbd, "dbg-db").unwrap();
+    writer.write(0, &record(1 << 40)).unwrap();
+    writer.disconnect().unwrap();
+    assert_eq!(newest(&server, "dbg-db"), 1 << 40);
+    assert!(newest(&server, "db") < 1 << 40, "the origin does not see the clone's writes");
+    let error = server.rewind_failing(&["volume", "clone", "shop", "dbg2"]);
+    assert!(error.contains("cloned at one of its bookmarks"), "{error}");
+    let error = server.rewind_failing(&["volume", "clone", &format!("shop@{cut}"), "dbg"]);
+    assert!(error.contains("dbg-db") && error.contains("already exists"), "{error}");
+    server.rewind(&["group", "delete", "dbg"]);
+    for clone in ["dbg-db", "dbg-logs"] {
+        server.rewind(&["volume", "delete", clone, "--yes"]);
+    }
 
     // Membership, and the same after a restart.
     server.rewind(&["group", "add", "shop", "other"]);

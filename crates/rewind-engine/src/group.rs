@@ -327,6 +327,61 @@ impl Node {
         Ok(reports)
     }
 
+    /// A new group `name` of writable clones of the volumes group bookmark
+    /// `bookmark` of group `group` covers, each at its point and named
+    /// `<name>-<volume>`: a copy of the application as it was at that one
+    /// instant. Nothing is copied (see [`Node::clone_volume`]). The group is
+    /// made first and each clone joins it once made, so a crash part-way
+    /// leaves the new group with the clones made so far, each exact; a
+    /// failure part-way removes what was made.
+    pub fn clone_group(
+        &self,
+        group: &str,
+        bookmark: &str,
+        name: VolumeName,
+        now: Timestamp,
+    ) -> Result<Group, EngineError> {
+        let source = self.group(group)?;
+        let taken = source.bookmark(bookmark).ok_or_else(|| {
+            EngineError::InvalidArgument(format!(
+                "group {group} has no bookmark {bookmark:?}; `rewind bookmark list {group}` shows them"
+            ))
+        })?;
+        let clones = taken
+            .members
+            .iter()
+            .map(|point| {
+                let clone = VolumeName::new(&format!("{name}-{}", point.volume)).map_err(|error| {
+                    EngineError::InvalidArgument(format!("the clone of {} cannot be named: {error}", point.volume))
+                })?;
+                if self.volumes.read().contains_key(clone.as_str()) || self.is_group(clone.as_str()) {
+                    return Err(EngineError::VolumeExists(clone.to_string()));
+                }
+                Ok((point, clone))
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        self.create_group(name.clone(), &[])?;
+        let made = clones.iter().try_for_each(|(point, clone)| {
+            self.clone_volume(point.volume.as_str(), Some(point.at), clone.clone(), now)?;
+            self.change_group(name.as_str(), std::slice::from_ref(clone), &[]).map(|_| ())
+        });
+        if let Err(error) = made {
+            for (_, clone) in &clones {
+                if let Err(cleanup) = self.delete_volume(clone.as_str(), crate::InUse::Force, crate::Clones::Refuse) {
+                    if !matches!(cleanup, EngineError::VolumeNotFound(_)) {
+                        tracing::warn!(volume = %clone, %cleanup, "cannot remove a clone of a group clone that failed");
+                    }
+                }
+            }
+            if let Err(cleanup) = self.delete_group(name.as_str()) {
+                tracing::warn!(group = %name, %cleanup, "cannot remove a group clone that failed");
+            }
+            return Err(error);
+        }
+        tracing::info!(group, bookmark, clone = %name, members = clones.len(), "cloned a group");
+        self.group(name.as_str())
+    }
+
     /// After opening: finishes a group revert a crash interrupted, and
     /// saves the members' shares of group bookmarks a crash left out.
     pub(crate) fn finish_groups(&self) {

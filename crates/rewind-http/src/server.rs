@@ -256,6 +256,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/groups/{name}/bookmarks", post(create_group_bookmark))
         .route("/v1/groups/{name}/bookmarks/{bookmark}", delete(delete_group_bookmark))
         .route("/v1/groups/{name}/revert", post(revert_group))
+        .route("/v1/groups/{name}/clones", post(clone_group))
         .route_layer(middleware::from_fn(auth::node_wide));
     let admin_routes = Router::new()
         .route("/v1/tokens", get(list_tokens).post(create_token))
@@ -831,6 +832,24 @@ async fn delete_group_bookmark(
     let node = Arc::clone(&state.node);
     blocking(move || node.delete_group_bookmark(&name, &bookmark)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A new group of clones of the members at one of the group's bookmarks.
+async fn clone_group(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    ApiJson(request): ApiJson<CreateClone>,
+) -> Result<(StatusCode, Json<GroupInfo>), ApiError> {
+    let clone_name = VolumeName::new(&request.name).map_err(|error| invalid(error.to_string()))?;
+    let Some(bookmark) = request.at else {
+        return Err(invalid(format!(
+            "a group is cloned at one of its bookmarks (\"at\"), the one instant its volumes share; \
+             `rewind bookmark list {name}` shows them"
+        )));
+    };
+    let node = Arc::clone(&state.node);
+    let group = blocking(move || node.clone_group(&name, &bookmark, clone_name, now())).await?;
+    Ok((StatusCode::CREATED, Json(GroupInfo::of(&group))))
 }
 
 /// Every member to a group bookmark (or each one's undo), or none.
