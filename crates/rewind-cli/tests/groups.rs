@@ -156,3 +156,40 @@ fn a_group_bookmark_is_one_instant_and_a_group_reverts_together() {
     server.rewind(&["group", "delete", "shop"]);
     assert!(server.rewind(&["bookmark", "list", "db"]).contains("cut-1"), "the members keep their bookmarks");
 }
+
+/// The node's `groups` file damaged: in one copy it is healed from the
+/// other; in both, the server still serves every volume and says what is
+/// wrong with the groups.
+#[test]
+fn a_damaged_groups_file_takes_out_only_the_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(&data);
+    for volume in ["db", "logs"] {
+        server.rewind(&["volume", "create", volume, "--size", "1MiB"]);
+    }
+    server.rewind(&["group", "create", "shop", "db", "logs"]);
+    server.rewind(&["bookmark", "shop", "first"]);
+    server.stop();
+    let path = data.join("groups");
+    let intact = std::fs::read(&path).unwrap();
+    // A byte of the first copy's payload: healed from the second.
+    let mut damaged = intact.clone();
+    damaged[20] ^= 0x40;
+    std::fs::write(&path, &damaged).unwrap();
+    let mut server = Server::start(&data);
+    let groups = json(&server.rewind(&["group", "list", "--json"]));
+    assert_eq!(groups[0]["bookmarks"][0]["name"], "first", "{groups}");
+    server.stop();
+    assert_eq!(std::fs::read(&path).unwrap(), intact, "the damaged copy is rewritten");
+    // The same byte in both copies: groups refused, volumes served.
+    damaged[intact.len() / 2 + 20] ^= 0x40;
+    std::fs::write(&path, &damaged).unwrap();
+    let server = Server::start(&data);
+    let error = server.rewind_failing(&["group", "list"]);
+    assert!(error.contains("groups file is damaged"), "{error}");
+    let mut client = NbdClient::connect(server.nbd, "db").expect("the volumes are served");
+    client.write(0, &record(7)).unwrap();
+    client.disconnect().unwrap();
+    assert!(server.rewind(&["bookmark", "list", "db"]).contains("first"), "a member's own bookmarks stay");
+}

@@ -464,7 +464,11 @@ fn check_readable(state: &GroupState) -> Result<(), EngineError> {
         None => Ok(()),
         Some(damage) => Err(EngineError::Corrupt {
             volume: "(groups)".to_owned(),
-            detail: format!("the node's groups file is damaged ({damage}); groups cannot be used until it is repaired"),
+            detail: format!(
+                "the node's groups file is damaged in both its copies ({damage}); groups cannot be used until it \
+                 is removed (the file `groups` in the data directory, with the server stopped: the volumes and \
+                 their bookmarks stay, the groups are gone and can be made again)"
+            ),
         }),
     }
 }
