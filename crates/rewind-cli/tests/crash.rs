@@ -147,11 +147,7 @@ fn check_region(server: &Server, seed: u64, flushed: u64, acked: u64, round: u32
 fn acknowledged_writes_and_history_survive_kill_9() {
     require("fio");
     require("nbdcopy");
-    let seed: u64 = std::env::var("REWIND_SEED").map_or_else(
-        |_| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000,
-        |seed| seed.parse().expect("REWIND_SEED is a number"),
-    );
-    let kills: u32 = std::env::var("REWIND_KILLS").map_or(20, |kills| kills.parse().expect("a number"));
+    let (seed, kills) = seed_and_kills(20);
     println!("seed {seed}, {kills} kills (REWIND_SEED={seed} replays)");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
@@ -226,6 +222,47 @@ fn read_export(server: &Server, export: &str) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// `REWIND_SEED` (or a fresh seed) and `REWIND_KILLS` (or `default_kills`).
+fn seed_and_kills<T: std::str::FromStr>(default_kills: T) -> (u64, T) {
+    let seed: u64 = std::env::var("REWIND_SEED").map_or_else(
+        |_| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000,
+        |seed| seed.parse().expect("REWIND_SEED is a number"),
+    );
+    let kills = std::env::var("REWIND_KILLS")
+        .map_or(Some(default_kills), |kills| kills.parse().ok())
+        .expect("REWIND_KILLS is a number");
+    (seed, kills)
+}
+
+/// Numbers below a bound, from `seed`.
+fn dice(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut random = seed;
+    move |bound| {
+        random = splitmix(random);
+        random % bound
+    }
+}
+
+/// Runs the CLI with `args` and `kill -9`s the server `delay_micros` after
+/// it starts — a random moment from before its request reaches the server
+/// until after it is done (the CLI takes a few ms to start) — then starts
+/// the server again on the same data. Whether the CLI said it was done.
+fn crash_during(server: &mut Server, args: &[String], delay_micros: u64) -> bool {
+    let mut cli = Command::new(common::REWIND)
+        .args(args)
+        .args(["--server", &server.api()])
+        .env("REWIND_TOKEN", &server.token)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rewind runs");
+    thread::sleep(std::time::Duration::from_micros(delay_micros));
+    server.kill();
+    let done = cli.wait().expect("the CLI ends once the server is gone").success();
+    *server = Server::start(&server.data_dir.clone());
+    done
+}
+
 /// `kill -9` at a random moment during reverts, undos, clones and restores:
 /// after the restart each is all or nothing — the live volume is exactly
 /// as before the revert or exactly as the point it went to (and as the
@@ -234,18 +271,10 @@ fn read_export(server: &Server, export: &str) -> std::io::Result<Vec<u8>> {
 /// the view — and every bookmarked state still reads as it was.
 #[test]
 fn reverts_clones_and_restores_are_all_or_nothing_under_kill_9() {
-    let seed: u64 = std::env::var("REWIND_SEED").map_or_else(
-        |_| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000,
-        |seed| seed.parse().expect("REWIND_SEED is a number"),
-    );
-    let kills: usize = std::env::var("REWIND_KILLS").map_or(24, |kills| kills.parse().expect("a number"));
+    let (seed, kills) = seed_and_kills(24);
     let layout = LAYOUTS[(seed % LAYOUTS.len() as u64) as usize];
     println!("seed {seed}, {kills} kills, layout {layout} (REWIND_SEED={seed} replays)");
-    let mut random = seed;
-    let mut next = move |bound: u64| {
-        random = splitmix(random);
-        random % bound
-    };
+    let mut next = dice(seed);
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut server = Server::start(&data);
@@ -288,20 +317,7 @@ fn reverts_clones_and_restores_are_all_or_nothing_under_kill_9() {
                 vec!["restore".into(), format!("vol@s{at}"), "--to".into(), file.to_str().unwrap().into()]
             }
         };
-        let mut command = Command::new(common::REWIND);
-        command
-            .args(&args)
-            .args(["--server", &server.api()])
-            .env("REWIND_TOKEN", &server.token)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let mut cli = command.spawn().expect("rewind runs");
-        // The crash: a random moment from before the request reaches the
-        // server until after it is done (the CLI takes a few ms to start).
-        thread::sleep(std::time::Duration::from_micros(next(25_000)));
-        server.kill();
-        let done = cli.wait().expect("the CLI ends once the server is gone").success();
-        server = Server::start(&data);
+        let done = crash_during(&mut server, &args, next(25_000));
 
         let now = read_export(&server, "vol").expect("read the live volume");
         let what =
@@ -391,18 +407,10 @@ fn settle_revert(
 /// reads as it did.
 #[test]
 fn group_bookmarks_and_reverts_are_all_or_nothing_under_kill_9() {
-    let seed: u64 = std::env::var("REWIND_SEED").map_or_else(
-        |_| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000,
-        |seed| seed.parse().expect("REWIND_SEED is a number"),
-    );
-    let kills: usize = std::env::var("REWIND_KILLS").map_or(20, |kills| kills.parse().expect("a number"));
+    let (seed, kills) = seed_and_kills(20);
     let layouts = [LAYOUTS[(seed % 7) as usize], LAYOUTS[(seed / 7 % 7) as usize]];
     println!("seed {seed}, {kills} kills, layouts {layouts:?} (REWIND_SEED={seed} replays)");
-    let mut random = seed;
-    let mut next = move |bound: u64| {
-        random = splitmix(random);
-        random % bound
-    };
+    let mut next = dice(seed);
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut server = Server::start(&data);
@@ -433,18 +441,7 @@ fn group_bookmarks_and_reverts_are_all_or_nothing_under_kill_9() {
             Some(index) => vec!["revert".into(), "g".into(), "--to".into(), taken[index].0.clone()],
             None => vec!["bookmark".into(), "g".into(), name.clone()],
         };
-        let mut cli = Command::new(common::REWIND)
-            .args(&args)
-            .args(["--server", &server.api()])
-            .env("REWIND_TOKEN", &server.token)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("rewind runs");
-        thread::sleep(std::time::Duration::from_micros(next(25_000)));
-        server.kill();
-        let done = cli.wait().expect("the CLI ends once the server is gone").success();
-        server = Server::start(&data);
+        let done = crash_during(&mut server, &args, next(25_000));
         let what =
             format!("seed {seed} round {round}: {args:?} (the CLI said {})", if done { "done" } else { "failed" });
 
