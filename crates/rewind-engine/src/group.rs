@@ -221,11 +221,7 @@ impl Node {
         let mut next = state.groups.clone();
         let group = group_mut(&mut next, name)?;
         let index = group.bookmarks.iter().position(|taken| taken.name.as_str() == bookmark);
-        let Some(index) = index else {
-            return Err(EngineError::InvalidArgument(format!(
-                "group {name} has no bookmark {bookmark:?}; `rewind bookmark list {name}` shows them"
-            )));
-        };
+        let index = index.ok_or_else(|| no_bookmark(name, bookmark))?;
         let removed = group.bookmarks.remove(index);
         // First the group's record: a crash after it leaves the members'
         // bookmarks as their own, nothing lost.
@@ -280,11 +276,7 @@ impl Node {
         let members = self.members(&group)?;
         let points: Vec<MemberPoint> = match to {
             GroupRevertTo::Bookmark(bookmark) => {
-                let taken = group.bookmark(bookmark).ok_or_else(|| {
-                    EngineError::InvalidArgument(format!(
-                        "group {name} has no bookmark {bookmark:?}; `rewind bookmark list {name}` shows them"
-                    ))
-                })?;
+                let taken = group.bookmark(bookmark).ok_or_else(|| no_bookmark(name, bookmark))?;
                 let uncovered: Vec<&str> = group
                     .members
                     .iter()
@@ -342,11 +334,7 @@ impl Node {
         now: Timestamp,
     ) -> Result<Group, EngineError> {
         let source = self.group(group)?;
-        let taken = source.bookmark(bookmark).ok_or_else(|| {
-            EngineError::InvalidArgument(format!(
-                "group {group} has no bookmark {bookmark:?}; `rewind bookmark list {group}` shows them"
-            ))
-        })?;
+        let taken = source.bookmark(bookmark).ok_or_else(|| no_bookmark(group, bookmark))?;
         let clones = taken
             .members
             .iter()
@@ -479,6 +467,12 @@ fn group_mut<'a>(groups: &'a mut Groups, name: &str) -> Result<&'a mut Group, En
         .iter_mut()
         .find(|group| group.name.as_str() == name)
         .ok_or_else(|| EngineError::GroupNotFound(name.to_owned()))
+}
+
+fn no_bookmark(group: &str, bookmark: &str) -> EngineError {
+    EngineError::InvalidArgument(format!(
+        "group {group} has no bookmark {bookmark:?}; `rewind bookmark list {group}` shows them"
+    ))
 }
 
 fn unfinished_revert(name: &str) -> EngineError {
