@@ -254,6 +254,101 @@ fn fio_verifies_the_live_volume_and_a_view_in(layout: &str) {
     assert!(wrong.contains("verify") || wrong.contains("bad"), "the live volume no longer holds that data:\n{wrong}");
 }
 
+/// Changed-block tracking over NBD, as incremental-backup clients read it:
+/// after a fio random-write workload, `nbdinfo --map` of the context
+/// `qemu:dirty-bitmap:since-BOOKMARK` is exactly the blocks fio's own log
+/// says it wrote since the bookmark — on the live volume, by the time form,
+/// and on a view — and LIST names one context per bookmark.
+#[test]
+fn nbdinfo_maps_the_dirty_bitmap_since_a_bookmark_as_exactly_what_fio_wrote() {
+    in_every_layout(nbdinfo_maps_the_dirty_bitmap_since_a_bookmark_in);
+}
+
+fn nbdinfo_maps_the_dirty_bitmap_since_a_bookmark_in(layout: &str) {
+    require("fio");
+    require("nbdinfo");
+    require("qemu-io");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    server.rewind(&in_layout(&["volume", "create", "db", "--size", "64MiB"], layout));
+    let uri = server.uri("db");
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 16M", &uri]);
+    let backup = bookmark_time(&server, "db", "backup");
+
+    let fio = |seed: &str| {
+        let iolog = dir.path().join(format!("fio-{seed}.iolog"));
+        let seed = format!("--randseed={seed}");
+        let log = format!("--write_iolog={}", iolog.display());
+        let uri = format!("--uri={uri}");
+        let args = ["--name=cbt", "--ioengine=nbd", "--rw=randwrite", "--bs=4k", "--size=64M", "--number_ios=400"];
+        run("fio", &[&args[..], &["--iodepth=8", "--refill_buffers", &seed, &log, &uri]].concat());
+        // fio's own record of every write it issued: `[TIME] FILE write
+        // OFFSET LENGTH` (the time in version 3 of the format).
+        let log = fs::read_to_string(&iolog).unwrap();
+        let writes: Vec<(u64, u64)> = log
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                match fields[..] {
+                    [.., _, "write", offset, length] => Some((offset.parse().unwrap(), length.parse().unwrap())),
+                    _ => None,
+                }
+            })
+            .collect();
+        assert_eq!(writes.len(), 400, "fio logged its writes:\n{log}");
+        writes
+    };
+    let mut written = fio("1");
+    server.rewind(&["bookmark", "db", "later"]);
+    written.extend(fio("2"));
+    let changed = merged_ranges(&written);
+
+    let dirty = |uri: &str, context: &str| -> Vec<(u64, u64)> {
+        let map = json(&run("nbdinfo", &["--json", &format!("--map={context}"), uri]));
+        let extents = map.as_array().unwrap_or_else(|| panic!("a list of extents: {map}"));
+        let mut covered = 0;
+        let mut dirty = Vec::new();
+        for extent in extents {
+            let (offset, length) = (extent["offset"].as_u64().unwrap(), extent["length"].as_u64().unwrap());
+            assert_eq!(offset, covered, "extents cover the volume in order: {map}");
+            covered += length;
+            if extent["type"].as_u64().unwrap() & 1 == 1 {
+                dirty.push((offset, length));
+            }
+        }
+        assert_eq!(covered, 64 << 20, "{map}");
+        merged_ranges(&dirty)
+    };
+    assert_eq!(dirty(&uri, "qemu:dirty-bitmap:since-backup"), changed, "since the bookmark, on the live volume");
+    let by_time = format!("qemu:dirty-bitmap:since-{backup}");
+    assert_eq!(dirty(&uri, &by_time), changed, "since the bookmark's time, {backup}");
+    let second_run = merged_ranges(&written[400..]);
+    assert_eq!(dirty(&uri, "qemu:dirty-bitmap:since-later"), second_run, "since the second bookmark");
+    let first_run = merged_ranges(&written[..400]);
+    assert_eq!(dirty(&server.uri("db@later"), "qemu:dirty-bitmap:since-backup"), first_run, "on a view");
+
+    let listed = run("nbdinfo", &["--content", &uri]);
+    for context in ["base:allocation", "qemu:dirty-bitmap:since-backup", "qemu:dirty-bitmap:since-later"] {
+        assert!(listed.contains(context), "LIST_META_CONTEXT names {context}:\n{listed}");
+    }
+    let unknown = run_failing("nbdinfo", &["--map=qemu:dirty-bitmap:since-no-such-bookmark", &uri]);
+    assert!(unknown.contains("qemu:dirty-bitmap:since-no-such-bookmark"), "{unknown}");
+}
+
+/// Byte ranges sorted and merged where they touch or overlap.
+fn merged_ranges(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut ranges = ranges.to_vec();
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (offset, length) in ranges {
+        match merged.last_mut() {
+            Some((start, run)) if *start + *run >= offset => *run = (*run).max(offset + length - *start),
+            _ => merged.push((offset, length)),
+        }
+    }
+    merged
+}
+
 /// Mounting needs root (loop devices); CI runs as root.
 #[test]
 fn a_filesystem_as_it_was_at_a_bookmark() {

@@ -18,7 +18,7 @@ use crate::log_limit::PeerLog;
 use crate::protocol::{self as p, Session};
 use crate::server::{Shared, OPTIONS_PER_HANDSHAKE_MAX};
 use crate::tls::{self, TlsMode};
-use crate::transmission::{self, Stats};
+use crate::transmission::{self, MetaContexts, Negotiated, Stats};
 
 /// Read buffer per connection. Large enough that pipelined small requests
 /// (fio/qemu keep dozens in flight) are picked up with one `read` call; large
@@ -163,10 +163,13 @@ enum Step {
 }
 
 /// What the handshake settled on.
-struct Negotiated {
-    export: Arc<dyn Export>,
-    name: String,
-    session: Session,
+/// What the last `NBD_OPT_SET_META_CONTEXT` selected, for one export name.
+struct MetaSelection {
+    export: String,
+    base_allocation: bool,
+    /// The leaves of the `qemu:dirty-bitmap:` contexts selected, in the
+    /// order of their ids (at most `DIRTY_BITMAPS_MAX`).
+    dirty_bitmaps: Vec<String>,
 }
 
 /// An opened export plus what we advertise for it.
@@ -229,8 +232,8 @@ struct Connection<S> {
     tls_active: bool,
     no_zeroes: bool,
     structured: bool,
-    /// Export name `base:allocation` was last selected for, if it was.
-    meta_export: Option<String>,
+    /// What the last SET_META_CONTEXT selected, if anything.
+    meta: Option<MetaSelection>,
 }
 
 /// Serves one accepted connection until it ends, logging how it ended.
@@ -319,7 +322,7 @@ impl<S: Transport> Connection<S> {
             tls_active,
             no_zeroes: false,
             structured: false,
-            meta_export: None,
+            meta: None,
         })
     }
 
@@ -349,8 +352,7 @@ impl<S: Transport> Connection<S> {
                     return Hangup::Io(error);
                 }
                 let Connection { shared, mut reader, replies, log, .. } = self;
-                let Negotiated { export, session, .. } = negotiated;
-                transmission::serve(&mut reader, replies.stream, &*export, &session, &shared.config, &log, stats)
+                transmission::serve(&mut reader, replies.stream, &negotiated, &shared.config, &log, stats)
             }
         }
     }
@@ -547,11 +549,13 @@ impl<S: Transport> Connection<S> {
         let name = p::decode_export_name(&self.option_data)
             .map_err(|error| Hangup::Violation(format!("NBD_OPT_EXPORT_NAME: {error}")))?
             .to_owned();
-        let opened = self.open(&name).map_err(|(_, message)| Hangup::ExportRefused { name: name.clone(), message })?;
+        let refused = |message| Hangup::ExportRefused { name: name.clone(), message };
+        let opened = self.open(&name).map_err(|(_, message)| refused(message))?;
+        let contexts = self.contexts_for(&name, &opened.export).map_err(refused)?;
         let mut reply = [0u8; p::EXPORT_NAME_REPLY_BYTES];
         let length = p::encode_export_name_reply(opened.size_bytes, opened.flags, self.no_zeroes, &mut reply);
         self.replies.stream.write_all(&reply[..length])?;
-        Ok(self.negotiated(name, opened))
+        Ok(self.negotiated(name, opened, contexts))
     }
 
     fn info_or_go(&mut self, option: u32) -> Result<Option<Step>> {
@@ -567,7 +571,17 @@ impl<S: Transport> Connection<S> {
         let wants_description = request.requests(p::INFO_DESCRIPTION);
         let wants_block_size = request.requests(p::INFO_BLOCK_SIZE);
 
-        let opened = match self.open(&name) {
+        let opened = self.open(&name).and_then(|opened| {
+            // INFO answers without them; GO refuses if they went meanwhile.
+            let contexts = match option {
+                p::OPT_GO => {
+                    self.contexts_for(&name, &opened.export).map_err(|message| (p::REP_ERR_UNKNOWN, message))?
+                }
+                _ => MetaContexts::default(),
+            };
+            Ok((opened, contexts))
+        });
+        let (opened, contexts) = match opened {
             Ok(opened) => opened,
             Err((reply_type, message)) => {
                 if self.log.allow() {
@@ -596,7 +610,7 @@ impl<S: Transport> Connection<S> {
         p::push_option_reply(out, option, p::REP_ACK, &[]);
         self.replies.flush()?;
         if option == p::OPT_GO {
-            Ok(Some(Step::Negotiated(self.negotiated(name, opened))))
+            Ok(Some(Step::Negotiated(self.negotiated(name, opened, contexts))))
         } else {
             Ok(None)
         }
@@ -606,7 +620,7 @@ impl<S: Transport> Connection<S> {
         let set = option == p::OPT_SET_META_CONTEXT;
         if set {
             // The spec: a SET replaces the selection even when it fails.
-            self.meta_export = None;
+            self.meta = None;
         }
         if !self.structured {
             return self.option_invalid(option, p::OptionError::NeedsStructuredReplies);
@@ -615,26 +629,83 @@ impl<S: Transport> Connection<S> {
             Ok(request) => request,
             Err(error) => return self.option_invalid(option, error),
         };
-        let selects = if set {
-            request.queries.contains(&p::MetaQuery::BaseAllocation)
-        } else {
-            // Listing with no query means "everything"; `base:` is a wildcard.
-            request.queries.is_empty()
-                || request
-                    .queries
-                    .iter()
-                    .any(|query| matches!(query, p::MetaQuery::BaseAllocation | p::MetaQuery::BaseWildcard))
+        // Listing with no query means "everything"; `base:` and `qemu:` are
+        // wildcards when listing, and nothing when setting.
+        let everything = !set && request.queries.is_empty();
+        let wildcard = |query: &p::MetaQuery<'_>| !set && matches!(query, p::MetaQuery::DirtyBitmapWildcard);
+        let base_allocation = everything
+            || request.queries.iter().any(|query| match query {
+                p::MetaQuery::BaseAllocation => true,
+                p::MetaQuery::BaseWildcard => !set,
+                _ => false,
+            });
+        // Dirty bitmaps are the export's: it is opened (as the client,
+        // refused quietly) to know which it has.
+        let wants_bitmaps = everything
+            || request.queries.iter().any(|query| wildcard(query) || matches!(query, p::MetaQuery::DirtyBitmap(_)));
+        let export = match wants_bitmaps {
+            true => self.shared.catalog.open(request.export_name, &self.client).ok(),
+            false => None,
         };
-        if selects {
-            // Context ids in LIST replies are reserved and should be zero.
-            let id = if set { p::META_BASE_ALLOCATION_ID } else { 0 };
-            p::push_meta_context(&mut self.replies.assembled, option, id, p::META_BASE_ALLOCATION);
-            if set {
-                self.meta_export = Some(request.export_name.to_owned());
+        let mut bitmaps: Vec<String> = Vec::new();
+        if let Some(export) = &export {
+            if everything || request.queries.iter().any(wildcard) {
+                bitmaps = export.dirty_bitmaps();
             }
+            for query in &request.queries {
+                let p::MetaQuery::DirtyBitmap(leaf) = *query else { continue };
+                if !bitmaps.iter().any(|chosen| chosen == leaf) && export.dirty_bitmap(leaf).is_some() {
+                    bitmaps.push(leaf.to_owned());
+                }
+            }
+            if set {
+                bitmaps.truncate(p::DIRTY_BITMAPS_MAX);
+            }
+        }
+        // Context ids in LIST replies are reserved and should be zero.
+        let id = |id: u32| if set { id } else { 0 };
+        if base_allocation {
+            p::push_meta_context(
+                &mut self.replies.assembled,
+                option,
+                id(p::META_BASE_ALLOCATION_ID),
+                p::META_BASE_ALLOCATION,
+            );
+        }
+        for (bitmap_id, leaf) in (p::META_DIRTY_BITMAP_FIRST_ID..).zip(&bitmaps) {
+            let name = format!("{}{leaf}", p::META_DIRTY_BITMAP_PREFIX);
+            p::push_meta_context(&mut self.replies.assembled, option, id(bitmap_id), &name);
+            if self.replies.assembled.len() >= LIST_REPLY_BATCH_BYTES {
+                self.replies.flush()?;
+            }
+        }
+        if set && (base_allocation || !bitmaps.is_empty()) {
+            let export = request.export_name.to_owned();
+            self.meta = Some(MetaSelection { export, base_allocation, dirty_bitmaps: bitmaps });
         }
         p::push_option_reply(&mut self.replies.assembled, option, p::REP_ACK, &[]);
         Ok(self.replies.flush()?)
+    }
+
+    /// The contexts the client selected for `name`, now opened as `export`.
+    /// A dirty bitmap that went since it was selected (its bookmark was
+    /// deleted) fails the negotiation rather than go unanswered.
+    fn contexts_for(&self, name: &str, export: &Arc<dyn Export>) -> std::result::Result<MetaContexts, String> {
+        let Some(selection) = self.meta.as_ref().filter(|selection| selection.export == name) else {
+            return Ok(MetaContexts::default());
+        };
+        let mut dirty_bitmaps = Vec::with_capacity(selection.dirty_bitmaps.len());
+        for leaf in &selection.dirty_bitmaps {
+            let bitmap = export.dirty_bitmap(leaf).ok_or_else(|| {
+                format!(
+                    "the metadata context {}{leaf} of export '{name}' went since it was selected; select the \
+                     contexts again",
+                    p::META_DIRTY_BITMAP_PREFIX
+                )
+            })?;
+            dirty_bitmaps.push(bitmap);
+        }
+        Ok(MetaContexts { base_allocation: selection.base_allocation, dirty_bitmaps })
     }
 
     /// Opens `name` and works out what to advertise; on failure returns the
@@ -676,8 +747,7 @@ impl<S: Transport> Connection<S> {
         })
     }
 
-    fn negotiated(&self, name: String, opened: Opened) -> Negotiated {
-        let base_allocation = self.meta_export.as_deref() == Some(name.as_str());
+    fn negotiated(&self, name: String, opened: Opened, contexts: MetaContexts) -> Negotiated {
         Negotiated {
             session: Session {
                 size_bytes: opened.size_bytes,
@@ -685,10 +755,11 @@ impl<S: Transport> Connection<S> {
                 block_min: opened.block_min,
                 block_max: opened.block_max,
                 structured_replies: self.structured,
-                base_allocation,
+                meta_contexts: contexts.count() > 0,
             },
             export: opened.export,
             name,
+            contexts,
         }
     }
 

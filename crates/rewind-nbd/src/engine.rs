@@ -7,6 +7,13 @@
 //! Who may open what is [`AccessPolicy`]: everything for everyone, or the
 //! node's grants (`rewind access grant`).
 //!
+//! Changed-block tracking is the metadata context
+//! `qemu:dirty-bitmap:since-POINT` (POINT again anything a view name takes;
+//! LIST names one per bookmark): on a volume, what changed from POINT to
+//! the present; on a view, from POINT to the view's time. It is computed
+//! from the version index on every BLOCK_STATUS (`View::changes_since`), so
+//! unlike qemu's in-memory bitmaps nothing is lost in a crash.
+//!
 //! This is the one place engine errors become NBD errors.
 
 use std::sync::Arc;
@@ -18,9 +25,12 @@ use rewind_engine::timespec::DisplayTime;
 use rewind_engine::{Attachment, Durability, EngineError, Node, Role, Timestamp, View, Volume, ZeroMode};
 
 use crate::{
-    BlockSizes, Catalog, Client, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
-    ZeroFlags,
+    BlockSizes, Catalog, Client, DirtyBitmap, DirtyExtent, Export, ExportError, ExportErrorKind, ExportListing, Extent,
+    OpenError, OpenErrorKind, ZeroFlags,
 };
+
+/// Dirty bitmap leaves: `since-POINT`.
+const SINCE: &str = "since-";
 
 fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
@@ -146,10 +156,11 @@ impl Catalog for EngineCatalog {
         })?;
         // Attached while the export lives, so deleting or reverting the volume names this client.
         let role = if time.is_some() { Role::View } else { Role::Live };
-        let attachment = volume.attach(format!("nbd {client} ({name})"), role);
+        let attachment = Arc::new(volume.attach(format!("nbd {client} ({name})"), role));
+        let zone = self.zone.clone();
         let Some(time) = time else {
             let read_only = access == Access::ReadOnly;
-            return Ok(Arc::new(VolumeExport { volume, read_only, attachment }));
+            return Ok(Arc::new(VolumeExport { volume, read_only, attachment, zone }));
         };
         let bad_name = |error: EngineError| {
             let kind = match error {
@@ -159,7 +170,7 @@ impl Catalog for EngineCatalog {
             OpenError { kind, message: error.to_string() }
         };
         let at = volume.parse_time(time, now(), &self.zone).map_err(bad_name)?;
-        Ok(Arc::new(ViewExport { view: volume.view(at).map_err(bad_name)?, _attachment: attachment }))
+        Ok(Arc::new(ViewExport { view: volume.view(at).map_err(bad_name)?, _attachment: attachment, zone }))
     }
 }
 
@@ -180,24 +191,70 @@ fn extents(statuses: Vec<rewind_engine::BlockStatus>) -> Vec<Extent> {
         .collect()
 }
 
+/// Refuses every request once a revert cut the connection off: what it
+/// has cached of the volume is no longer what the volume holds.
+fn connected(attachment: &Attachment) -> Result<(), ExportError> {
+    if attachment.is_cut_off() {
+        return Err(ExportError::new(
+            ExportErrorKind::Shutdown,
+            "the volume was reverted and this connection cut off; reconnect",
+        ));
+    }
+    Ok(())
+}
+
+/// The dirty bitmaps LIST names: one per bookmark.
+fn bookmark_bitmaps(volume: &Volume) -> Vec<String> {
+    volume.bookmarks().iter().map(|bookmark| format!("{SINCE}{}", bookmark.name)).collect()
+}
+
+/// The view at the POINT of a `since-POINT` leaf, if it names one.
+fn since(volume: &Arc<Volume>, leaf: &str, zone: &TimeZone) -> Option<View> {
+    let point = leaf.strip_prefix(SINCE)?;
+    volume.view(volume.parse_time(point, now(), zone).ok()?).ok()
+}
+
+/// `qemu:dirty-bitmap:since-POINT`: the blocks that read differently than
+/// at POINT.
+struct ChangesSince {
+    since: View,
+    until: Until,
+}
+
+enum Until {
+    /// The live volume, until a revert cuts the connection off.
+    Present {
+        volume: Arc<Volume>,
+        attachment: Arc<Attachment>,
+    },
+    View(View),
+}
+
+impl DirtyBitmap for ChangesSince {
+    fn extents(&self, offset: u64, length: u64) -> Result<Vec<DirtyExtent>, ExportError> {
+        let changes = match &self.until {
+            Until::Present { volume, attachment } => {
+                connected(attachment)?;
+                volume.changes_since(&self.since, offset, length)
+            }
+            Until::View(view) => view.changes_since(&self.since, offset, length),
+        };
+        let changes = changes.map_err(export_error)?;
+        Ok(changes.into_iter().map(|change| DirtyExtent { length: change.length, dirty: change.changed }).collect())
+    }
+}
+
 struct VolumeExport {
     volume: Arc<Volume>,
     /// Opened through a read-only grant.
     read_only: bool,
-    attachment: Attachment,
+    attachment: Arc<Attachment>,
+    zone: TimeZone,
 }
 
 impl VolumeExport {
-    /// Refuses every request once a revert cut this connection off: what
-    /// it has cached of the volume is no longer what the volume holds.
     fn connected(&self) -> Result<(), ExportError> {
-        if self.attachment.is_cut_off() {
-            return Err(ExportError::new(
-                ExportErrorKind::Shutdown,
-                "the volume was reverted and this connection cut off; reconnect",
-            ));
-        }
-        Ok(())
+        connected(&self.attachment)
     }
 
     fn writable(&self) -> Result<(), ExportError> {
@@ -277,11 +334,22 @@ impl Export for VolumeExport {
         self.connected()?;
         self.volume.block_status(offset, length).map(extents).map_err(export_error)
     }
+
+    fn dirty_bitmaps(&self) -> Vec<String> {
+        bookmark_bitmaps(&self.volume)
+    }
+
+    fn dirty_bitmap(&self, leaf: &str) -> Option<Arc<dyn DirtyBitmap>> {
+        let since = since(&self.volume, leaf, &self.zone)?;
+        let until = Until::Present { volume: Arc::clone(&self.volume), attachment: Arc::clone(&self.attachment) };
+        Some(Arc::new(ChangesSince { since, until }))
+    }
 }
 
 struct ViewExport {
     view: View,
-    _attachment: Attachment,
+    _attachment: Arc<Attachment>,
+    zone: TimeZone,
 }
 
 impl ViewExport {
@@ -338,5 +406,14 @@ impl Export for ViewExport {
 
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
         self.view.block_status(offset, length).map(extents).map_err(export_error)
+    }
+
+    fn dirty_bitmaps(&self) -> Vec<String> {
+        bookmark_bitmaps(self.view.volume())
+    }
+
+    fn dirty_bitmap(&self, leaf: &str) -> Option<Arc<dyn DirtyBitmap>> {
+        let since = since(self.view.volume(), leaf, &self.zone)?;
+        Some(Arc::new(ChangesSince { since, until: Until::View(self.view.clone()) }))
     }
 }

@@ -129,6 +129,36 @@ pub struct Extent {
     pub zero: bool,
 }
 
+impl Extent {
+    /// The status word of its descriptor.
+    pub fn status(&self) -> u32 {
+        (u32::from(self.hole) * crate::protocol::STATE_HOLE) | (u32::from(self.zero) * crate::protocol::STATE_ZERO)
+    }
+}
+
+/// One extent of a `qemu:dirty-bitmap:` block status reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirtyExtent {
+    pub length: u64,
+    /// `NBD_STATE_DIRTY` (bit 0): the range changed since the bitmap's point.
+    pub dirty: bool,
+}
+
+impl DirtyExtent {
+    /// The status word of its descriptor.
+    pub fn status(&self) -> u32 {
+        u32::from(self.dirty) * crate::protocol::STATE_DIRTY
+    }
+}
+
+/// Changed-block tracking as an NBD metadata context
+/// (`qemu:dirty-bitmap:LEAF`, the form qemu's incremental backups read).
+pub trait DirtyBitmap: Send + Sync {
+    /// Extents as [`Export::block_status`] reports them: covering at least
+    /// the first byte of the range and at most the range, in order.
+    fn extents(&self, offset: u64, length: u64) -> Result<Vec<DirtyExtent>, ExportError>;
+}
+
 /// How `write_zeroes` may satisfy the request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ZeroFlags {
@@ -166,6 +196,18 @@ pub trait Export: Send + Sync {
     /// The server merges neighbours with equal status and sends at most
     /// `protocol::EXTENTS_PER_REPLY_MAX` of them; clients ask again for the rest.
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError>;
+
+    /// The leaves of the `qemu:dirty-bitmap:` contexts a LIST names
+    /// (a SET may select others that [`Export::dirty_bitmap`] understands).
+    fn dirty_bitmaps(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// The dirty bitmap `qemu:dirty-bitmap:LEAF`, if this export has one by
+    /// that name; it answers for this export's contents as long as it lives.
+    fn dirty_bitmap(&self, _leaf: &str) -> Option<Arc<dyn DirtyBitmap>> {
+        None
+    }
 }
 
 /// The set of exports a server offers. Opening resolves a name at connect time,

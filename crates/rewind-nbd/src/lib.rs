@@ -30,8 +30,8 @@ pub mod tls;
 mod transmission;
 
 pub use export::{
-    BlockSizes, Catalog, Client, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
-    ZeroFlags,
+    BlockSizes, Catalog, Client, DirtyBitmap, DirtyExtent, Export, ExportError, ExportErrorKind, ExportListing, Extent,
+    OpenError, OpenErrorKind, ZeroFlags,
 };
 pub use server::{Server, ServerConfig};
 pub use tls::{NbdTls, TlsMode};

@@ -10,8 +10,6 @@
 
 use std::fmt;
 
-use crate::export::Extent;
-
 // --- Magic numbers -----------------------------------------------------------
 
 /// `NBDMAGIC`, first word of the server greeting.
@@ -124,6 +122,18 @@ pub const META_BASE_ALLOCATION: &str = "base:allocation";
 /// The context id this server assigns to `base:allocation`. Any value works
 /// (clients treat it as opaque); a fixed one keeps replies reproducible.
 pub const META_BASE_ALLOCATION_ID: u32 = 1;
+
+// --- qemu:dirty-bitmap: ------------------------------------------------------------------
+
+/// `NBD_STATE_DIRTY` of qemu's `dirty-bitmap` contexts.
+pub const STATE_DIRTY: u32 = 1 << 0;
+pub const META_DIRTY_BITMAP_PREFIX: &str = "qemu:dirty-bitmap:";
+/// The context id of the first dirty bitmap a SET selects; the next get the
+/// ids after it, in the order they were asked for.
+pub const META_DIRTY_BITMAP_FIRST_ID: u32 = 2;
+/// Most dirty bitmaps one SET selects: each costs a comparison of two
+/// points per BLOCK_STATUS, so a client cannot ask for thousands.
+pub const DIRTY_BITMAPS_MAX: usize = 8;
 
 // --- Sizes and limits -------------------------------------------------------------------
 
@@ -319,21 +329,26 @@ pub fn decode_info_request(data: &[u8]) -> Result<InfoRequest<'_>, OptionError> 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetaContextRequest<'a> {
     pub export_name: &'a str,
-    pub queries: Vec<MetaQuery>,
+    pub queries: Vec<MetaQuery<'a>>,
 }
 
 /// What one metadata context query asks for, as far as this server cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MetaQuery {
+pub enum MetaQuery<'a> {
     /// `base:allocation`.
     BaseAllocation,
     /// `base:` — every `base` context when listing; ignored when setting.
     BaseWildcard,
+    /// `qemu:dirty-bitmap:LEAF`, holding the leaf.
+    DirtyBitmap(&'a str),
+    /// `qemu:` or `qemu:dirty-bitmap:` — every dirty bitmap when listing;
+    /// ignored when setting.
+    DirtyBitmapWildcard,
     /// A leaf or namespace this server does not offer; the spec says ignore it.
     Other,
 }
 
-pub fn classify_meta_query(query: &str) -> Result<MetaQuery, OptionError> {
+pub fn classify_meta_query(query: &str) -> Result<MetaQuery<'_>, OptionError> {
     let Some((namespace, leaf)) = query.split_once(':') else {
         return Err(OptionError::QueryWithoutNamespace);
     };
@@ -343,6 +358,11 @@ pub fn classify_meta_query(query: &str) -> Result<MetaQuery, OptionError> {
     Ok(match (namespace, leaf) {
         ("base", "allocation") => MetaQuery::BaseAllocation,
         ("base", "") => MetaQuery::BaseWildcard,
+        ("qemu", "" | "dirty-bitmap:") => MetaQuery::DirtyBitmapWildcard,
+        ("qemu", leaf) => match leaf.strip_prefix("dirty-bitmap:") {
+            Some(bitmap) => MetaQuery::DirtyBitmap(bitmap),
+            None => MetaQuery::Other,
+        },
         _ => MetaQuery::Other,
     })
 }
@@ -555,8 +575,9 @@ pub struct Session {
     /// Advertised maximum block size; bounds READ and WRITE lengths.
     pub block_max: u32,
     pub structured_replies: bool,
-    /// `base:allocation` was selected for the export in use.
-    pub base_allocation: bool,
+    /// A metadata context (`base:allocation`, a dirty bitmap) was selected
+    /// for the export in use.
+    pub meta_contexts: bool,
 }
 
 /// How `NBD_CMD_WRITE_ZEROES` was asked to zero.
@@ -692,7 +713,7 @@ pub fn validate_request(header: &RequestHeader, session: &Session) -> Result<Com
         CMD_TRIM if session.flags & FLAG_SEND_TRIM == 0 => return not_negotiated("trim"),
         CMD_WRITE_ZEROES if session.flags & FLAG_SEND_WRITE_ZEROES == 0 => return not_negotiated("write zeroes"),
         CMD_BLOCK_STATUS if !session.structured_replies => return not_negotiated("structured replies"),
-        CMD_BLOCK_STATUS if !session.base_allocation => return not_negotiated("metadata context base:allocation"),
+        CMD_BLOCK_STATUS if !session.meta_contexts => return not_negotiated("a metadata context"),
         CMD_FLUSH => {
             if offset != 0 || length != 0 {
                 return reject(EINVAL, RequestFault::FlushNotZero { offset, length });
@@ -796,32 +817,41 @@ pub fn push_error_chunk(out: &mut Vec<u8>, handle: u64, errno: u32, message: &st
     out.extend_from_slice(message.as_bytes());
 }
 
-/// Appends the single, final `NBD_REPLY_TYPE_BLOCK_STATUS` chunk for
-/// `base:allocation`, built from the extents the export reported.
+/// Appends one `NBD_REPLY_TYPE_BLOCK_STATUS` chunk, the answer of metadata
+/// context `context_id`, from the `(length, status)` extents the export
+/// reported; `done` makes it the reply's last chunk (a request gets one
+/// chunk per context selected).
 ///
 /// Adjacent extents with the same status are merged (the spec asks for
 /// differing consecutive statuses), the list is cut at
 /// `EXTENTS_PER_REPLY_MAX` descriptors, and with `req_one` only the first
 /// extent is sent. The export promised extents that cover at least the first
 /// byte and no more than the request; that is asserted, not trusted.
-pub fn push_block_status_chunk(out: &mut Vec<u8>, handle: u64, extents: &[Extent], request_length: u32, req_one: bool) {
-    assert!(!extents.is_empty(), "export reported no extents");
+pub fn push_block_status_chunk(
+    out: &mut Vec<u8>,
+    handle: u64,
+    context_id: u32,
+    extents: impl IntoIterator<Item = (u64, u32)>,
+    request_length: u32,
+    req_one: bool,
+    done: bool,
+) {
     let start = out.len();
-    out.extend_from_slice(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, handle, 0));
-    out.extend_from_slice(&META_BASE_ALLOCATION_ID.to_be_bytes());
+    let flags = if done { REPLY_FLAG_DONE } else { 0 };
+    out.extend_from_slice(&encode_chunk_header(flags, REPLY_TYPE_BLOCK_STATUS, handle, 0));
+    out.extend_from_slice(&context_id.to_be_bytes());
 
     let mut covered: u64 = 0;
     let mut descriptors: usize = 0;
     // The pending descriptor, extended while the status stays the same.
     let mut pending: Option<(u64, u32)> = None;
-    for extent in extents {
-        assert!(extent.length > 0, "export reported an empty extent");
-        covered += extent.length;
+    for (extent_length, status) in extents {
+        assert!(extent_length > 0, "export reported an empty extent");
+        covered += extent_length;
         assert!(covered <= u64::from(request_length), "export reported extents past the request");
-        let status = (u32::from(extent.hole) * STATE_HOLE) | (u32::from(extent.zero) * STATE_ZERO);
         match &mut pending {
             Some((length, pending_status)) if *pending_status == status => {
-                *length += extent.length;
+                *length += extent_length;
             }
             _ => {
                 if let Some((length, status)) = pending.take() {
@@ -831,10 +861,11 @@ pub fn push_block_status_chunk(out: &mut Vec<u8>, handle: u64, extents: &[Extent
                         break;
                     }
                 }
-                pending = Some((extent.length, status));
+                pending = Some((extent_length, status));
             }
         }
     }
+    assert!(covered > 0, "export reported no extents");
     if let Some((length, status)) = pending {
         if descriptors < EXTENTS_PER_REPLY_MAX && !(req_one && descriptors == 1) {
             push_descriptor(out, length, status);
@@ -854,6 +885,7 @@ fn push_descriptor(out: &mut Vec<u8>, length: u64, status: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::Extent;
 
     fn option_reply_parts(bytes: &[u8]) -> (u32, u32, &[u8]) {
         assert_eq!(u64::from_be_bytes(bytes[0..8].try_into().unwrap()), OPTION_REPLY_MAGIC);
@@ -871,7 +903,7 @@ mod tests {
             block_min: 1,
             block_max: PAYLOAD_BYTES_MAX,
             structured_replies: true,
-            base_allocation: true,
+            meta_contexts: true,
         }
     }
 
@@ -980,12 +1012,21 @@ mod tests {
 
     #[test]
     fn meta_context_request_decodes() {
-        let data = meta_payload("db", 4, &["base:allocation", "base:", "qemu:dirty-bitmap:x", "base:other"]);
+        let queries = ["base:allocation", "base:", "qemu:dirty-bitmap:x", "base:other", "qemu:", "qemu:dirty-bitmap:"];
+        let data = meta_payload("db", 7, &[&queries[..], &["qemu:other"]].concat());
         let request = decode_meta_context_request(&data).unwrap();
         assert_eq!(request.export_name, "db");
         assert_eq!(
             request.queries,
-            vec![MetaQuery::BaseAllocation, MetaQuery::BaseWildcard, MetaQuery::Other, MetaQuery::Other]
+            vec![
+                MetaQuery::BaseAllocation,
+                MetaQuery::BaseWildcard,
+                MetaQuery::DirtyBitmap("x"),
+                MetaQuery::Other,
+                MetaQuery::DirtyBitmapWildcard,
+                MetaQuery::DirtyBitmapWildcard,
+                MetaQuery::Other,
+            ]
         );
         let data = meta_payload("", 0, &[]);
         let none = decode_meta_context_request(&data).unwrap();
@@ -1189,7 +1230,7 @@ mod tests {
     #[test]
     fn negotiation_gates_commands_and_flags() {
         let mut s = session();
-        s.base_allocation = false;
+        s.meta_contexts = false;
         assert_eq!(errno_of(validate_request(&request(CMD_BLOCK_STATUS, 0, 0, 1), &s)), EINVAL);
         s.structured_replies = false;
         s.flags &= !FLAG_SEND_DF;
@@ -1260,35 +1301,47 @@ mod tests {
             .collect()
     }
 
-    fn extent(length: u64, hole: bool) -> Extent {
-        Extent { length, hole, zero: hole }
+    fn extent(length: u64, hole: bool) -> (u64, u32) {
+        (length, Extent { length, hole, zero: hole }.status())
+    }
+
+    fn push_allocation(out: &mut Vec<u8>, extents: &[(u64, u32)], request_length: u32, req_one: bool) {
+        push_block_status_chunk(
+            out,
+            1,
+            META_BASE_ALLOCATION_ID,
+            extents.iter().copied(),
+            request_length,
+            req_one,
+            true,
+        );
     }
 
     #[test]
     fn block_status_merges_and_limits() {
         let mut out = Vec::new();
         let extents = [extent(512, false), extent(512, false), extent(1024, true), extent(512, false)];
-        push_block_status_chunk(&mut out, 1, &extents, 4096, false);
+        push_allocation(&mut out, &extents, 4096, false);
         assert_eq!(descriptors(&out), vec![(1024, 0), (1024, STATE_HOLE | STATE_ZERO), (512, 0)]);
 
         out.clear();
-        push_block_status_chunk(&mut out, 1, &extents, 4096, true);
+        push_allocation(&mut out, &extents, 4096, true);
         assert_eq!(descriptors(&out), vec![(1024, 0)]);
 
         out.clear();
-        push_block_status_chunk(&mut out, 1, &[extent(100, true)], 100, true);
+        push_allocation(&mut out, &[extent(100, true)], 100, true);
         assert_eq!(descriptors(&out), vec![(100, STATE_HOLE | STATE_ZERO)]);
 
-        let many: Vec<Extent> = (0..EXTENTS_PER_REPLY_MAX as u64 + 10).map(|i| extent(1, i % 2 == 0)).collect();
+        let many: Vec<(u64, u32)> = (0..EXTENTS_PER_REPLY_MAX as u64 + 10).map(|i| extent(1, i % 2 == 0)).collect();
         out.clear();
-        push_block_status_chunk(&mut out, 1, &many, u32::MAX, false);
+        push_allocation(&mut out, &many, u32::MAX, false);
         assert_eq!(descriptors(&out).len(), EXTENTS_PER_REPLY_MAX);
     }
 
     #[test]
     #[should_panic(expected = "past the request")]
     fn block_status_asserts_export_contract() {
-        push_block_status_chunk(&mut Vec::new(), 1, &[extent(513, false)], 512, false);
+        push_allocation(&mut Vec::new(), &[extent(513, false)], 512, false);
     }
 
     mod properties {
@@ -1298,13 +1351,13 @@ mod tests {
 
         fn session_strategy() -> impl Strategy<Value = Session> {
             (any::<u64>(), any::<u16>(), 0u32..=16, any::<u32>(), any::<bool>(), any::<bool>()).prop_map(
-                |(size_bytes, flags, min_shift, block_max, structured_replies, base_allocation)| Session {
+                |(size_bytes, flags, min_shift, block_max, structured_replies, meta_contexts)| Session {
                     size_bytes,
                     flags: flags | FLAG_HAS_FLAGS,
                     block_min: 1 << min_shift,
                     block_max: block_max.min(PAYLOAD_BYTES_MAX),
                     structured_replies,
-                    base_allocation,
+                    meta_contexts,
                 },
             )
         }
@@ -1381,7 +1434,7 @@ mod tests {
                     }
                     Ok(Command::BlockStatus { offset, length, .. }) => {
                         range(offset, length)?;
-                        prop_assert!(session.structured_replies && session.base_allocation);
+                        prop_assert!(session.structured_replies && session.meta_contexts);
                     }
                     Ok(Command::Flush) => prop_assert_eq!((offset, length), (0, 0)),
                     Ok(Command::Disconnect) => prop_assert_eq!(command, CMD_DISC),

@@ -100,13 +100,14 @@ use std::fmt::Write as _;
 use std::io::{self, BufReader, IoSlice, Read};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::{self, Scope};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use tracing::{debug, error, warn, Span};
 
 use crate::connection::{read_message_start, read_rest, write_all_vectored, DeadlineReader, Hangup, Result, Transport};
-use crate::export::{Export, ExportError, ExportErrorKind, ZeroFlags};
+use crate::export::{DirtyBitmap, Export, ExportError, ExportErrorKind, ZeroFlags};
 use crate::log_limit::PeerLog;
 use crate::protocol::{self as p, Command, Refusal, RequestHeader, Session};
 use crate::server::ServerConfig;
@@ -128,6 +129,29 @@ pub const INLINE_BYTES_MAX: u32 = 64 * 1024;
 /// The reader writes its outbox before it would hold this much.
 pub(crate) const OUTBOX_BYTES_MAX: usize = 64 * 1024;
 
+/// What a handshake ended in: the export, and how it is used.
+pub(crate) struct Negotiated {
+    pub(crate) export: Arc<dyn Export>,
+    pub(crate) name: String,
+    pub(crate) session: Session,
+    pub(crate) contexts: MetaContexts,
+}
+
+/// The metadata contexts a connection selected for its export: a
+/// BLOCK_STATUS gets one chunk from each, in this order.
+#[derive(Default)]
+pub(crate) struct MetaContexts {
+    pub(crate) base_allocation: bool,
+    /// Context ids from `META_DIRTY_BITMAP_FIRST_ID`, in order.
+    pub(crate) dirty_bitmaps: Vec<Arc<dyn DirtyBitmap>>,
+}
+
+impl MetaContexts {
+    pub(crate) fn count(&self) -> usize {
+        usize::from(self.base_allocation) + self.dirty_bitmaps.len()
+    }
+}
+
 /// Per-connection counters for the closing log line.
 #[derive(Default)]
 pub(crate) struct Stats {
@@ -141,8 +165,7 @@ pub(crate) struct Stats {
 pub(crate) fn serve<S: Transport>(
     reader: &mut BufReader<DeadlineReader<S>>,
     stream: S,
-    export: &dyn Export,
-    session: &Session,
+    negotiated: &Negotiated,
     config: &ServerConfig,
     log: &PeerLog,
     stats: &mut Stats,
@@ -151,7 +174,10 @@ pub(crate) fn serve<S: Transport>(
         Ok(control) => control,
         Err(error) => return Hangup::Io(error),
     };
-    let pipeline = Pipeline::new(export, session.structured_replies, config, log, stream, control);
+    let Negotiated { export, session, contexts, .. } = negotiated;
+    let export = &**export;
+    assert_eq!(session.meta_contexts, contexts.count() > 0, "the session knows whether contexts were selected");
+    let pipeline = Pipeline::new(export, contexts, session.structured_replies, config, log, stream, control);
     let hangup = thread::scope(|scope| {
         // Lets the workers go however the reader stops, a panic included;
         // the scope joins them before it returns.
@@ -308,6 +334,7 @@ struct State {
 
 struct Pipeline<'a, S> {
     export: &'a dyn Export,
+    contexts: &'a MetaContexts,
     /// Warnings about the client go through its log budget.
     log: &'a PeerLog,
     structured: bool,
@@ -334,6 +361,7 @@ struct Pipeline<'a, S> {
 impl<'a, S: Transport> Pipeline<'a, S> {
     fn new(
         export: &'a dyn Export,
+        contexts: &'a MetaContexts,
         structured: bool,
         config: &ServerConfig,
         log: &'a PeerLog,
@@ -343,6 +371,7 @@ impl<'a, S: Transport> Pipeline<'a, S> {
         let requests_max = config.requests_in_flight_max;
         Pipeline {
             export,
+            contexts,
             log,
             structured,
             workers_max: config.workers_per_connection_max,
@@ -488,6 +517,36 @@ impl<'a, S: Transport> Pipeline<'a, S> {
         state.flushes_waiting -= 1;
     }
 
+    /// Appends the answer of every selected context to `out`, the last
+    /// chunk flagged done; nothing is sent if any of them fails.
+    fn block_status(
+        &self,
+        handle: u64,
+        offset: u64,
+        length: u32,
+        req_one: bool,
+        out: &mut Vec<u8>,
+    ) -> std::result::Result<(), ExportError> {
+        let contexts = self.contexts;
+        let count = contexts.count();
+        let mut answered = 0;
+        if contexts.base_allocation {
+            let extents = self.export.block_status(offset, u64::from(length))?;
+            answered += 1;
+            let statuses = extents.iter().map(|extent| (extent.length, extent.status()));
+            let id = p::META_BASE_ALLOCATION_ID;
+            p::push_block_status_chunk(out, handle, id, statuses, length, req_one, answered == count);
+        }
+        for (id, bitmap) in (p::META_DIRTY_BITMAP_FIRST_ID..).zip(&contexts.dirty_bitmaps) {
+            let extents = bitmap.extents(offset, u64::from(length))?;
+            answered += 1;
+            let statuses = extents.iter().map(|extent| (extent.length, extent.status()));
+            p::push_block_status_chunk(out, handle, id, statuses, length, req_one, answered == count);
+        }
+        assert_eq!(answered, count, "validation admits BLOCK_STATUS only with a context selected");
+        Ok(())
+    }
+
     fn execute(&self, job: &mut Job, scratch: &mut Scratch, delivery: &mut Delivery<'_>) {
         let export = self.export;
         let handle = job.handle;
@@ -511,14 +570,18 @@ impl<'a, S: Transport> Pipeline<'a, S> {
                 let flags = ZeroFlags { fua: mode.fua, no_hole: mode.no_hole, fast: mode.fast };
                 (export.write_zeroes(offset, u64::from(length), flags), mode.fast)
             }
-            Command::BlockStatus { offset, length, req_one } => match export.block_status(offset, u64::from(length)) {
-                Ok(extents) => {
-                    p::push_block_status_chunk(&mut scratch.assembled, handle, &extents, length, req_one);
-                    self.reply(delivery, &scratch.assembled, &[]);
-                    return scratch.assembled.clear();
+            Command::BlockStatus { offset, length, req_one } => {
+                match self.block_status(handle, offset, length, req_one, &mut scratch.assembled) {
+                    Ok(()) => {
+                        self.reply(delivery, &scratch.assembled, &[]);
+                        return scratch.assembled.clear();
+                    }
+                    Err(error) => {
+                        scratch.assembled.clear();
+                        (Err(error), false)
+                    }
                 }
-                Err(error) => (Err(error), false),
-            },
+            }
             Command::Disconnect => unreachable!("the reader ends the connection instead"),
         };
         match result {

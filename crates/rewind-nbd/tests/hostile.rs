@@ -226,7 +226,12 @@ fn list_and_meta_context_queries() {
     let base = |id| vec![(id, p::META_BASE_ALLOCATION.to_owned())];
     let list = p::OPT_LIST_META_CONTEXT;
     let set = p::OPT_SET_META_CONTEXT;
-    assert_eq!(contexts(&mut client, list, &[]), base(0), "no query lists everything");
+    let since_start = format!("{}{SINCE_START}", p::META_DIRTY_BITMAP_PREFIX);
+    let everything = vec![(0, p::META_BASE_ALLOCATION.to_owned()), (0, since_start.clone())];
+    assert_eq!(contexts(&mut client, list, &[]), everything, "no query lists everything");
+    assert_eq!(contexts(&mut client, list, &["qemu:"]), vec![(0, since_start.clone())], "qemu: is a wildcard");
+    assert_eq!(contexts(&mut client, list, &["qemu:dirty-bitmap:"]), vec![(0, since_start.clone())]);
+    assert_eq!(contexts(&mut client, set, &["qemu:"]), vec![], "qemu: selects nothing");
     assert_eq!(contexts(&mut client, list, &["base:"]), base(0), "base: is a wildcard");
     assert_eq!(contexts(&mut client, list, &["base:allocation", "base:allocation"]), base(0));
     assert_eq!(contexts(&mut client, list, &["x-foo:bar", "qemu:dirty-bitmap:a"]), vec![]);
@@ -234,6 +239,63 @@ fn list_and_meta_context_queries() {
     assert_eq!(contexts(&mut client, set, &["base:"]), vec![], "base: selects nothing");
     assert_eq!(contexts(&mut client, set, &[]), vec![]);
     assert_eq!(contexts(&mut client, set, &["x-foo:bar", p::META_BASE_ALLOCATION]), base(p::META_BASE_ALLOCATION_ID));
+}
+
+/// A SET of base:allocation and dirty bitmaps: ids in order, unknown
+/// bitmaps ignored, at most `DIRTY_BITMAPS_MAX`; BLOCK_STATUS then answers
+/// with one chunk per context, the last one done.
+#[test]
+fn block_status_answers_every_selected_context_in_one_chunk_each() {
+    let server = TestServer::start();
+    server.export(SPARSE).set_contents(8192, &[1; 4096]);
+    let mut client = RawClient::tcp(server.address);
+    client.start(p::FLAG_C_FIXED_NEWSTYLE);
+    assert_eq!(client.option(p::OPT_STRUCTURED_REPLY, &[])[0].reply_type, p::REP_ACK);
+    let mut queries = vec![p::META_BASE_ALLOCATION.to_owned(), "qemu:dirty-bitmap:nothing-like-it".to_owned()];
+    queries.extend((0..10).map(|i| format!("{}since-{i}", p::META_DIRTY_BITMAP_PREFIX)));
+    let queries: Vec<&str> = queries.iter().map(String::as_str).collect();
+    let replies = client.option(p::OPT_SET_META_CONTEXT, &meta_data(SPARSE, &queries));
+    let selected: Vec<(u32, String)> = replies[..replies.len() - 1]
+        .iter()
+        .map(|r| {
+            (u32::from_be_bytes(r.data[0..4].try_into().unwrap()), String::from_utf8(r.data[4..].to_vec()).unwrap())
+        })
+        .collect();
+    let mut expected = vec![(p::META_BASE_ALLOCATION_ID, p::META_BASE_ALLOCATION.to_owned())];
+    expected.extend(
+        (0..p::DIRTY_BITMAPS_MAX).map(|i| (p::META_DIRTY_BITMAP_FIRST_ID + i as u32, queries[i + 2].to_owned())),
+    );
+    assert_eq!(selected, expected);
+    assert_eq!(client.option(p::OPT_GO, &info_data(SPARSE, &[])).last().unwrap().reply_type, p::REP_ACK);
+
+    for (flags, length, allocation, dirty) in [
+        (
+            0,
+            65536,
+            vec![(8192, p::STATE_HOLE | p::STATE_ZERO), (4096, 0), (53248, p::STATE_HOLE | p::STATE_ZERO)],
+            vec![(8192, 0), (4096, p::STATE_DIRTY), (53248, 0)],
+        ),
+        (p::CMD_FLAG_REQ_ONE, 65536, vec![(8192, p::STATE_HOLE | p::STATE_ZERO)], vec![(8192, 0)]),
+    ] {
+        let handle = client.send_request(flags, p::CMD_BLOCK_STATUS, 0, length, &[]);
+        for index in 0..=p::DIRTY_BITMAPS_MAX {
+            let chunk = client.chunk();
+            assert_eq!((chunk.handle, chunk.reply_type), (handle, p::REPLY_TYPE_BLOCK_STATUS));
+            let last = index == p::DIRTY_BITMAPS_MAX;
+            assert_eq!(chunk.flags, if last { p::REPLY_FLAG_DONE } else { 0 }, "only the last chunk is done");
+            let id = u32::from_be_bytes(chunk.payload[0..4].try_into().unwrap());
+            assert_eq!(id, index as u32 + p::META_BASE_ALLOCATION_ID, "contexts answer in the order of their ids");
+            let descriptors: Vec<(u32, u32)> = chunk.payload[4..]
+                .chunks(8)
+                .map(|d| {
+                    (u32::from_be_bytes(d[0..4].try_into().unwrap()), u32::from_be_bytes(d[4..8].try_into().unwrap()))
+                })
+                .collect();
+            assert_eq!(descriptors, if index == 0 { allocation.clone() } else { dirty.clone() });
+        }
+    }
+    // The connection carries on.
+    assert_eq!(client.read_structured(8192, 4).unwrap(), vec![1; 4]);
 }
 
 #[test]

@@ -35,10 +35,18 @@ use crate::volume::WriteState;
 use crate::{EngineError, Volume};
 
 /// A read-only view of a volume as it was at one point in time.
-#[derive(Clone)]
 pub struct View {
     volume: Arc<Volume>,
     at: Timestamp,
+}
+
+/// A second view of the same point: held again, as each view releases its
+/// hold when dropped.
+impl Clone for View {
+    fn clone(&self) -> View {
+        self.volume.hold_again(self.at);
+        View { volume: Arc::clone(&self.volume), at: self.at }
+    }
 }
 
 impl Drop for View {

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use rewind_nbd::protocol as p;
 use rewind_nbd::{
-    BlockSizes, Catalog, Client, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
-    Server, ServerConfig, ZeroFlags,
+    BlockSizes, Catalog, Client, DirtyBitmap, DirtyExtent, Export, ExportError, ExportErrorKind, ExportListing, Extent,
+    OpenError, OpenErrorKind, Server, ServerConfig, ZeroFlags,
 };
 
 /// Granularity at which the sparse export tracks what was written.
@@ -171,25 +171,63 @@ impl Export for MemExport {
         Ok(())
     }
 
-    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
-        self.check(offset, length);
-        let map = self.written.lock().unwrap();
-        let end = offset + length;
-        let mut extents: Vec<Extent> = Vec::new();
-        let mut position = offset;
-        while position < end {
-            let block = position / SPARSE_BLOCK_BYTES;
-            let block_end = ((block + 1) * SPARSE_BLOCK_BYTES).min(end);
-            let hole = !map[block as usize];
-            let piece = block_end - position;
-            match extents.last_mut() {
-                Some(last) if last.hole == hole => last.length += piece,
-                _ => extents.push(Extent { length: piece, hole, zero: hole }),
-            }
-            position = block_end;
+    /// A sparse export lists the dirty bitmap `since-start` and selects any
+    /// `since-…`: each marks dirty the blocks written when it is opened.
+    fn dirty_bitmaps(&self) -> Vec<String> {
+        match self.allocation {
+            Allocation::Sparse => vec![SINCE_START.to_owned()],
+            Allocation::Dense => Vec::new(),
         }
-        Ok(extents)
     }
+
+    fn dirty_bitmap(&self, leaf: &str) -> Option<Arc<dyn DirtyBitmap>> {
+        if self.allocation == Allocation::Dense || !leaf.starts_with("since-") {
+            return None;
+        }
+        let size = self.size_bytes();
+        Some(Arc::new(WrittenBlocks { size, written: self.written.lock().unwrap().clone() }))
+    }
+
+    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
+        let runs = written_extents(&self.written.lock().unwrap(), offset, length, self.size_bytes());
+        Ok(runs.into_iter().map(|(length, written)| Extent { length, hole: !written, zero: !written }).collect())
+    }
+}
+
+/// The dirty bitmap a sparse export lists.
+pub const SINCE_START: &str = "since-start";
+
+/// A dirty bitmap of the blocks written when it was opened.
+struct WrittenBlocks {
+    size: u64,
+    written: Vec<bool>,
+}
+
+impl DirtyBitmap for WrittenBlocks {
+    fn extents(&self, offset: u64, length: u64) -> Result<Vec<DirtyExtent>, ExportError> {
+        let extents = written_extents(&self.written, offset, length, self.size);
+        Ok(extents.into_iter().map(|(length, dirty)| DirtyExtent { length, dirty }).collect())
+    }
+}
+
+/// `(length, written)` runs of the range in a map of written blocks.
+fn written_extents(map: &[bool], offset: u64, length: u64, size: u64) -> Vec<(u64, bool)> {
+    assert!(length > 0 && offset + length <= size, "server passed an invalid range");
+    let end = offset + length;
+    let mut extents: Vec<(u64, bool)> = Vec::new();
+    let mut position = offset;
+    while position < end {
+        let block = position / SPARSE_BLOCK_BYTES;
+        let block_end = ((block + 1) * SPARSE_BLOCK_BYTES).min(end);
+        let written = map[block as usize];
+        let piece = block_end - position;
+        match extents.last_mut() {
+            Some(last) if last.1 == written => last.0 += piece,
+            _ => extents.push((piece, written)),
+        }
+        position = block_end;
+    }
+    extents
 }
 
 /// Export names in the test catalog.
