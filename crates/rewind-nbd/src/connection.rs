@@ -351,6 +351,14 @@ impl<S: Transport> Connection<S> {
                 if let Err(error) = self.enter_transmission(idle_timeout) {
                     return Hangup::Io(error);
                 }
+                // Shutting down the read side is how the server ends a
+                // connection gracefully (see `Server::shutdown`).
+                match self.replies.stream.try_clone() {
+                    Ok(control) => negotiated.export.when_cut_off(Box::new(move || {
+                        let _ = control.shutdown(Shutdown::Read);
+                    })),
+                    Err(error) => return Hangup::Io(error),
+                }
                 let Connection { shared, mut reader, replies, log, .. } = self;
                 transmission::serve(&mut reader, replies.stream, &negotiated, &shared.config, &log, stats)
             }

@@ -335,6 +335,11 @@ impl Export for VolumeExport {
         self.volume.block_status(offset, length).map(extents).map_err(export_error)
     }
 
+    /// A revert with `--disconnect` ends the connection.
+    fn when_cut_off(&self, hang_up: Box<dyn FnOnce() + Send>) {
+        self.attachment.on_cut_off(hang_up);
+    }
+
     fn dirty_bitmaps(&self) -> Vec<String> {
         bookmark_bitmaps(&self.volume)
     }

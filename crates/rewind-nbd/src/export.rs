@@ -197,6 +197,12 @@ pub trait Export: Send + Sync {
     /// `protocol::EXTENTS_PER_REPLY_MAX` of them; clients ask again for the rest.
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError>;
 
+    /// Called once the connection is in transmission with a way to end it
+    /// (`hang_up` stops reading requests; those in flight are answered and
+    /// the connection closes), for an export that may need to end its
+    /// clients' connections itself (a volume reverted under them).
+    fn when_cut_off(&self, _hang_up: Box<dyn FnOnce() + Send>) {}
+
     /// The leaves of the `qemu:dirty-bitmap:` contexts a LIST names
     /// (a SET may select others that [`Export::dirty_bitmap`] understands).
     fn dirty_bitmaps(&self) -> Vec<String> {

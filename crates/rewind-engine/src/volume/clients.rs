@@ -25,7 +25,14 @@ struct Client {
     role: Role,
     /// Set when the client is cut off (see [`Attachment::is_cut_off`]).
     cut_off: Arc<AtomicBool>,
+    /// Ends the client's connection when it is cut off, if the front end
+    /// gave a way (see [`Attachment::on_cut_off`]).
+    hang_up: Option<HangUp>,
 }
+
+/// Ends a client's connection: it stops reading requests, answers those in
+/// flight (which fail, as the client is cut off) and closes.
+pub type HangUp = Box<dyn FnOnce() + Send>;
 
 /// The clients attached to one volume, by attachment id.
 #[derive(Default)]
@@ -46,6 +53,19 @@ impl Attachment {
     /// its requests must fail from now on, so that it reconnects.
     pub fn is_cut_off(&self) -> bool {
         self.cut_off.load(Ordering::Acquire)
+    }
+
+    /// How to end this client's connection when it is cut off — at once if
+    /// it already is.
+    pub fn on_cut_off(&self, hang_up: HangUp) {
+        let mut attached = self.volume.clients.attached.lock();
+        let client = attached.get_mut(&self.id).expect("an attachment is attached until dropped");
+        if client.cut_off.load(Ordering::Acquire) {
+            drop(attached);
+            hang_up();
+        } else {
+            client.hang_up = Some(hang_up);
+        }
     }
 }
 
@@ -76,7 +96,7 @@ impl Volume {
             *next
         };
         let cut_off = Arc::new(AtomicBool::new(false));
-        let client = Client { description, role, cut_off: Arc::clone(&cut_off) };
+        let client = Client { description, role, cut_off: Arc::clone(&cut_off), hang_up: None };
         self.clients.attached.lock().insert(id, client);
         Attachment { volume: Arc::clone(self), id, cut_off }
     }
@@ -93,12 +113,15 @@ impl Volume {
     }
 
     /// Cuts off every client of the live volume: their requests fail from
-    /// now on. Returns who they were.
+    /// now on, and their connections are ended. Returns who they were.
     pub(crate) fn cut_off_live_clients(&self) -> Vec<String> {
-        let attached = self.clients.attached.lock();
-        let live = attached.values().filter(|client| client.role == Role::Live);
+        let mut attached = self.clients.attached.lock();
+        let live = attached.values_mut().filter(|client| client.role == Role::Live);
         live.map(|client| {
             client.cut_off.store(true, Ordering::Release);
+            if let Some(hang_up) = client.hang_up.take() {
+                hang_up();
+            }
             client.description.clone()
         })
         .collect()
