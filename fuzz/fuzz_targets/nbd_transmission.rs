@@ -1,6 +1,6 @@
 //! The NBD server's transmission phase, stateful: a valid handshake chosen by
-//! the first byte (export, structured replies, base:allocation, GO or
-//! EXPORT_NAME, NO_ZEROES), then requests — the input's bytes as they are, or
+//! the first byte (export, structured replies, base:allocation, a dirty
+//! bitmap, GO or EXPORT_NAME, NO_ZEROES), then requests — the input's bytes as they are, or
 //! requests built from it so that most of them are framed right — served by
 //! the real connection code with its validation, window, workers and
 //! replies, under limits chosen by the second byte. Every complete request
@@ -34,17 +34,25 @@ fn handshake(choice: u8) -> (Vec<u8>, &'static nbd::ExportShape) {
     let base_allocation = choice & 8 != 0;
     let go = choice & 16 != 0;
     let no_zeroes = choice & 32 != 0;
+    let dirty_bitmap = choice & 64 != 0;
     let mut out = Vec::new();
     let flags = p::FLAG_C_FIXED_NEWSTYLE | if no_zeroes { p::FLAG_C_NO_ZEROES } else { 0 };
     out.extend_from_slice(&flags.to_be_bytes());
     if structured {
         option(&mut out, p::OPT_STRUCTURED_REPLY, &[]);
     }
-    if base_allocation {
+    let bitmap = format!("{}{}", p::META_DIRTY_BITMAP_PREFIX, nbd::DIRTY_BITMAP);
+    let contexts: Vec<&str> = [(base_allocation, p::META_BASE_ALLOCATION), (dirty_bitmap, bitmap.as_str())]
+        .into_iter()
+        .filter_map(|(chosen, context)| chosen.then_some(context))
+        .collect();
+    if !contexts.is_empty() {
         let mut data = Vec::new();
         string(&mut data, export.name);
-        data.extend_from_slice(&1u32.to_be_bytes());
-        string(&mut data, p::META_BASE_ALLOCATION);
+        data.extend_from_slice(&(contexts.len() as u32).to_be_bytes());
+        for context in contexts {
+            string(&mut data, context);
+        }
         option(&mut out, p::OPT_SET_META_CONTEXT, &data);
     }
     if go {

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rewind_nbd::protocol as p;
 use rewind_nbd::{
-    BlockSizes, Catalog, Client, Export, ExportError, ExportErrorKind, ExportListing, Extent, OpenError, OpenErrorKind,
-    ZeroFlags,
+    BlockSizes, Catalog, Client, DirtyBitmap, DirtyExtent, Export, ExportError, ExportErrorKind, ExportListing, Extent,
+    OpenError, OpenErrorKind, ZeroFlags,
 };
 
 // --- Exports ----------------------------------------------------------------------------
@@ -75,35 +75,76 @@ pub fn shape(name: &str) -> Option<&'static ExportShape> {
     EXPORTS.iter().find(|shape| shape.name == name)
 }
 
+/// The dirty bitmap every export lists; any `since-…` is selected.
+pub const DIRTY_BITMAP: &str = "since-start";
+
 struct MemoryExport {
     shape: ExportShape,
-    bytes: Mutex<Vec<u8>>,
+    bytes: Arc<Mutex<Vec<u8>>>,
+}
+
+/// The export's dirty bitmap: the 4 KiB pieces that are not zeros.
+struct MemoryBitmap {
+    shape: ExportShape,
+    bytes: Arc<Mutex<Vec<u8>>>,
+}
+
+impl DirtyBitmap for MemoryBitmap {
+    fn extents(&self, offset: u64, length: u64) -> Result<Vec<DirtyExtent>, ExportError> {
+        let range = check_range(&self.shape, offset, length, false)?;
+        let pieces = zero_pieces(&self.bytes.lock(), range);
+        Ok(pieces.into_iter().map(|(length, zero)| DirtyExtent { length, dirty: !zero }).collect())
+    }
+}
+
+/// `(length, all zeros)` of each 4 KiB piece of `range` (pieces aligned to
+/// the export's minimum, as `range` is).
+fn zero_pieces(bytes: &[u8], range: std::ops::Range<usize>) -> Vec<(u64, bool)> {
+    let mut pieces = Vec::new();
+    let mut start = range.start;
+    while start < range.end {
+        let end = (start + 4096).min(range.end);
+        // A slice comparison (memcmp), not a loop over bytes: coverage
+        // instrumentation would trace every byte's comparison.
+        pieces.push(((end - start) as u64, bytes[start..end] == ZEROS[..end - start]));
+        start = end;
+    }
+    pieces
 }
 
 impl MemoryExport {
-    /// The contract `Export` implementations are promised: the server
-    /// validated the range (and the alignment it advertised) first.
     fn check(&self, offset: u64, length: u64, writes: bool) -> Result<std::ops::Range<usize>, ExportError> {
-        let shape = &self.shape;
-        assert!(length > 0, "server passed an empty range");
-        let end = offset.checked_add(length).expect("server passed a range past u64");
-        assert!(end <= shape.size_bytes, "server passed {offset}+{length} beyond {}", shape.size_bytes);
-        let minimum = u64::from(shape.sizes.minimum);
-        assert!(offset.is_multiple_of(minimum) && length.is_multiple_of(minimum), "server passed a misaligned range");
-        assert!(!(writes && shape.read_only), "server passed a write to a read-only export");
-        if shape.failing {
-            let kinds = [
-                ExportErrorKind::Io,
-                ExportErrorKind::NoSpace,
-                ExportErrorKind::NotSupported,
-                ExportErrorKind::Invalid,
-                ExportErrorKind::Shutdown,
-            ];
-            let kind = kinds[(offset % kinds.len() as u64) as usize];
-            return Err(ExportError::new(kind, format!("export fails at byte {offset}")));
-        }
-        Ok(offset as usize..end as usize)
+        check_range(&self.shape, offset, length, writes)
     }
+}
+
+/// The contract `Export` implementations (and their dirty bitmaps) are
+/// promised: the server validated the range (and the alignment it
+/// advertised) first.
+fn check_range(
+    shape: &ExportShape,
+    offset: u64,
+    length: u64,
+    writes: bool,
+) -> Result<std::ops::Range<usize>, ExportError> {
+    assert!(length > 0, "server passed an empty range");
+    let end = offset.checked_add(length).expect("server passed a range past u64");
+    assert!(end <= shape.size_bytes, "server passed {offset}+{length} beyond {}", shape.size_bytes);
+    let minimum = u64::from(shape.sizes.minimum);
+    assert!(offset.is_multiple_of(minimum) && length.is_multiple_of(minimum), "server passed a misaligned range");
+    assert!(!(writes && shape.read_only), "server passed a write to a read-only export");
+    if shape.failing {
+        let kinds = [
+            ExportErrorKind::Io,
+            ExportErrorKind::NoSpace,
+            ExportErrorKind::NotSupported,
+            ExportErrorKind::Invalid,
+            ExportErrorKind::Shutdown,
+        ];
+        let kind = kinds[(offset % kinds.len() as u64) as usize];
+        return Err(ExportError::new(kind, format!("export fails at byte {offset}")));
+    }
+    Ok(offset as usize..end as usize)
 }
 
 impl Export for MemoryExport {
@@ -156,20 +197,15 @@ impl Export for MemoryExport {
     }
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
         let range = self.check(offset, length, false)?;
-        // One extent per 4 KiB piece (pieces aligned to the export's
-        // minimum), zero where the bytes are.
-        let bytes = self.bytes.lock();
-        let mut extents = Vec::new();
-        let mut start = range.start;
-        while start < range.end {
-            let end = (start + 4096).min(range.end);
-            // A slice comparison (memcmp), not a loop over bytes: coverage
-            // instrumentation would trace every byte's comparison.
-            let zero = bytes[start..end] == ZEROS[..end - start];
-            extents.push(Extent { length: (end - start) as u64, hole: zero, zero });
-            start = end;
-        }
-        Ok(extents)
+        let pieces = zero_pieces(&self.bytes.lock(), range);
+        Ok(pieces.into_iter().map(|(length, zero)| Extent { length, hole: zero, zero }).collect())
+    }
+    fn dirty_bitmaps(&self) -> Vec<String> {
+        vec![DIRTY_BITMAP.to_owned()]
+    }
+    fn dirty_bitmap(&self, leaf: &str) -> Option<Arc<dyn DirtyBitmap>> {
+        let bitmap = MemoryBitmap { shape: self.shape, bytes: Arc::clone(&self.bytes) };
+        leaf.starts_with("since-").then(|| Arc::new(bitmap) as Arc<dyn DirtyBitmap>)
     }
 }
 
@@ -185,7 +221,7 @@ impl Catalog for MemoryCatalog {
     fn open(&self, name: &str, _client: &Client) -> Result<Arc<dyn Export>, OpenError> {
         let shape = *shape(name)
             .ok_or_else(|| OpenError { kind: OpenErrorKind::NotFound, message: format!("no export named {name:?}") })?;
-        let bytes = Mutex::new(vec![0; shape.size_bytes as usize]);
+        let bytes = Arc::new(Mutex::new(vec![0; shape.size_bytes as usize]));
         Ok(Arc::new(MemoryExport { shape, bytes }))
     }
 }
@@ -431,7 +467,12 @@ pub fn check(plan: &Plan, output: &[u8], output_refused: bool) {
                     assert!(matches!(option, p::OPT_LIST_META_CONTEXT | p::OPT_SET_META_CONTEXT));
                     assert!(structured, "a metadata context before structured replies");
                     assert!(payload.len() >= 4);
-                    assert_eq!(&payload[4..], p::META_BASE_ALLOCATION.as_bytes(), "unknown metadata context");
+                    let name = std::str::from_utf8(&payload[4..]).expect("a context name is UTF-8");
+                    let leaf = name.strip_prefix(p::META_DIRTY_BITMAP_PREFIX);
+                    assert!(
+                        name == p::META_BASE_ALLOCATION || leaf.is_some_and(|leaf| leaf.starts_with("since-")),
+                        "unknown metadata context {name:?}"
+                    );
                 }
                 error if error & (1 << 31) != 0 => {
                     assert!(payload.len() <= p::STRING_BYTES_MAX, "error message too long");
@@ -498,6 +539,8 @@ fn check_replies(
 ) {
     let mut answered: HashMap<u64, u64> = HashMap::new(); // READ bytes covered so far
     let mut done: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    // Contexts a BLOCK_STATUS was answered for so far.
+    let mut contexts_answered: HashMap<u64, Vec<u32>> = HashMap::new();
     while !out.bytes.is_empty() {
         let Some(magic) = out.u32() else {
             assert!(output_refused, "a partial reply magic");
@@ -562,7 +605,21 @@ fn check_replies(
                     p::REPLY_TYPE_BLOCK_STATUS => {
                         assert_eq!(request.command, p::CMD_BLOCK_STATUS, "block status for another command");
                         assert!(payload.len() >= 12 && (payload.len() - 4) % 8 == 0, "block status size");
-                        assert_eq!(be_u32(payload, 0), p::META_BASE_ALLOCATION_ID, "context id");
+                        let context = be_u32(payload, 0);
+                        let bitmaps =
+                            p::META_DIRTY_BITMAP_FIRST_ID..p::META_DIRTY_BITMAP_FIRST_ID + p::DIRTY_BITMAPS_MAX as u32;
+                        assert!(
+                            context == p::META_BASE_ALLOCATION_ID || bitmaps.contains(&context),
+                            "context id {context}"
+                        );
+                        let contexts = contexts_answered.entry(handle).or_default();
+                        assert!(!contexts.contains(&context), "context {context} answered twice for handle {handle}");
+                        contexts.push(context);
+                        let known = if context == p::META_BASE_ALLOCATION_ID {
+                            p::STATE_HOLE | p::STATE_ZERO
+                        } else {
+                            p::STATE_DIRTY
+                        };
                         let descriptors = (payload.len() - 4) / 8;
                         assert!(descriptors <= p::EXTENTS_PER_REPLY_MAX, "{descriptors} descriptors");
                         let req_one = request.flags & p::CMD_FLAG_REQ_ONE != 0;
@@ -572,7 +629,7 @@ fn check_replies(
                         for descriptor in payload[4..].chunks_exact(8) {
                             let (length, status) = (be_u32(descriptor, 0), be_u32(descriptor, 4));
                             assert!(length > 0, "an empty extent");
-                            assert_eq!(status & !(p::STATE_HOLE | p::STATE_ZERO), 0, "unknown extent status");
+                            assert_eq!(status & !known, 0, "unknown extent status {status} of context {context}");
                             assert_ne!(status_last, Some(status), "neighbouring extents of one status");
                             status_last = Some(status);
                             covered += u64::from(length);
