@@ -162,7 +162,6 @@ enum Step {
     StartTls,
 }
 
-/// What the handshake settled on.
 /// What the last `NBD_OPT_SET_META_CONTEXT` selected, for one export name.
 struct MetaSelection {
     export: String,
@@ -660,9 +659,22 @@ impl<S: Transport> Connection<S> {
             if everything || request.queries.iter().any(wildcard) {
                 bitmaps = export.dirty_bitmaps();
             }
-            for query in &request.queries {
-                let p::MetaQuery::DirtyBitmap(leaf) = *query else { continue };
-                if !bitmaps.iter().any(|chosen| chosen == leaf) && export.dirty_bitmap(leaf).is_some() {
+            // Looking a bitmap up resolves a time and holds a view: at most
+            // `DIRTY_BITMAPS_MAX` lookups per option, however many queries.
+            let named = request.queries.iter().filter_map(|query| match *query {
+                p::MetaQuery::DirtyBitmap(leaf) => Some(leaf),
+                _ => None,
+            });
+            let mut looked_up: Vec<&str> = Vec::new();
+            for leaf in named {
+                if looked_up.contains(&leaf) || bitmaps.iter().any(|listed| listed == leaf) {
+                    continue;
+                }
+                if looked_up.len() == p::DIRTY_BITMAPS_MAX {
+                    break;
+                }
+                looked_up.push(leaf);
+                if export.dirty_bitmap(leaf).is_some() {
                     bitmaps.push(leaf.to_owned());
                 }
             }

@@ -131,8 +131,9 @@ pub const META_DIRTY_BITMAP_PREFIX: &str = "qemu:dirty-bitmap:";
 /// The context id of the first dirty bitmap a SET selects; the next get the
 /// ids after it, in the order they were asked for.
 pub const META_DIRTY_BITMAP_FIRST_ID: u32 = 2;
-/// Most dirty bitmaps one SET selects: each costs a comparison of two
-/// points per BLOCK_STATUS, so a client cannot ask for thousands.
+/// Most dirty bitmaps one SET selects, and most a SET or LIST looks up by
+/// name: each costs a view held (and, selected, a comparison of two points
+/// per BLOCK_STATUS), so a client cannot ask for thousands.
 pub const DIRTY_BITMAPS_MAX: usize = 8;
 
 // --- Sizes and limits -------------------------------------------------------------------
