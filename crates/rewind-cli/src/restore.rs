@@ -2,9 +2,7 @@
 //! file or a block device — sparse where the view has holes (a file keeps
 //! them as holes, a device gets zeros), read and written in parallel (a few
 //! threads fetch the next pieces while this one writes), and made durable
-//! with a final sync — each piece's writeback started as soon as it is
-//! written, so the device works while the next pieces are fetched and the
-//! sync waits only for the last ones. `--since T0` writes only the ranges that changed from
+//! with a final sync. `--since T0` writes only the ranges that changed from
 //! T0 to TIME onto a target that holds the volume as it was at T0 (MYCDP's
 //! recover-to-original-disk): bytes moved = bytes changed.
 //!
@@ -14,7 +12,6 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -192,20 +189,6 @@ fn allocation(backend: &dyn Backend, volume: &str, at: u64, size: u64, zero_hole
     Ok(work)
 }
 
-/// Starts writing `piece` of `target` back to the device without waiting
-/// for it (`sync_file_range(SYNC_FILE_RANGE_WRITE)`). Without it the page
-/// cache holds the whole restore until the final sync, and the copy takes
-/// the time to fetch *plus* the time to write. Only a hint: where it is
-/// refused (a file system without it), the final sync does all the work.
-fn start_writeback(target: &File, piece: Work) {
-    let (Ok(offset), Ok(length)) = (i64::try_from(piece.offset), i64::try_from(piece.length)) else { return };
-    // SAFETY: a plain system call on a file descriptor this `File` owns
-    // and keeps open for the call; it reads and writes no memory of ours.
-    unsafe {
-        libc::sync_file_range(target.as_raw_fd(), offset, length, libc::SYNC_FILE_RANGE_WRITE);
-    }
-}
-
 /// Writes `work` to `target`, the volume's bytes fetched by `FETCHERS`
 /// threads a few pieces ahead, in any order (each is written where it
 /// belongs). Returns (bytes moved, bytes zeroed).
@@ -248,7 +231,6 @@ fn copy(
         for fetched in receiver {
             let (piece, buffer) = fetched?;
             target.write_all_at(&buffer, piece.offset).context("cannot write the target")?;
-            start_writeback(target, piece);
             match piece.data {
                 true => moved += piece.length,
                 false => zeroed += piece.length,
