@@ -20,8 +20,9 @@ use rewind_engine::{
 use rewind_http::api::{
     kept_write, time, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes, CreateBookmark, CreateClone,
     CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GcReport, GroupBookmarkInfo,
-    GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, KeptWrite, NodeReport, RepairSummary, RevertSummary,
-    RevertVolume, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, KeptWrite, NodeReport, PromoteEvent, PromoteSummary,
+    RepairSummary, RevertSummary, RevertVolume, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
+    VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -42,6 +43,9 @@ pub trait Backend: Send + Sync {
     /// Creates the clone `request` names of volume `source`.
     fn clone_volume(&self, source: &str, request: &CreateClone) -> Result<VolumeInfo>;
     fn revert_volume(&self, name: &str, request: &RevertVolume) -> Result<RevertSummary>;
+    /// Gives the clone `name` its own copy of what it reads from its base,
+    /// reporting progress as (bytes gone through, volume size).
+    fn promote_volume(&self, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<PromoteSummary>;
     /// Repairs volume `name` (`apply`), or says what a repair would do.
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary>;
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline>;
@@ -253,6 +257,28 @@ impl HttpBackend {
     fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
         self.decode(self.post_request(path).send_json(body)?)
     }
+
+    /// Posts to `path`, which answers with a stream of events (one JSON
+    /// object a line), and hands each to `event` until it says how `what`
+    /// ended.
+    fn events<E: DeserializeOwned, T>(
+        &self,
+        path: &str,
+        what: &str,
+        mut event: impl FnMut(E) -> Option<Result<T>>,
+    ) -> Result<T> {
+        let mut response = self.post_request(path).send_empty()?;
+        if !response.status().is_success() {
+            return Err(self.error(response));
+        }
+        let lines = std::io::BufReader::new(response.body_mut().as_reader());
+        for line in std::io::BufRead::lines(lines) {
+            if let Some(end) = event(serde_json::from_str(&line?).context("unexpected answer from the server")?) {
+                return end;
+            }
+        }
+        bail!("the server stopped answering before {what} finished")
+    }
 }
 
 /// How often `volume import --progress` asks the server how its import is doing.
@@ -362,6 +388,17 @@ impl Backend for HttpBackend {
         self.post(&format!("/v1/volumes/{name}/revert"), request)
     }
 
+    fn promote_volume(&self, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<PromoteSummary> {
+        self.events(&format!("/v1/volumes/{name}/promote"), "the promote", |event| match event {
+            PromoteEvent::Progress { done, total } => {
+                progress(done, total);
+                None
+            }
+            PromoteEvent::Done(summary) => Some(Ok(summary)),
+            PromoteEvent::Failed { error } => Some(Err(anyhow!(error))),
+        })
+    }
+
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary> {
         let force = in_use == InUse::Force;
         self.post(&format!("/v1/volumes/{name}/repair?apply={apply}&force={force}"), &serde_json::json!({}))
@@ -444,19 +481,14 @@ impl Backend for HttpBackend {
     }
 
     fn collect_garbage(&self, progress: &mut dyn FnMut(&str, u64, u64)) -> Result<GcReport> {
-        let mut response = self.post_request("/v1/gc").send_empty()?;
-        if !response.status().is_success() {
-            return self.decode(response);
-        }
-        let lines = std::io::BufReader::new(response.body_mut().as_reader());
-        for line in std::io::BufRead::lines(lines) {
-            match serde_json::from_str::<GcEvent>(&line?).context("unexpected answer from the server")? {
-                GcEvent::Progress { phase, done, total } => progress(&phase, done, total),
-                GcEvent::Done(report) => return Ok(report),
-                GcEvent::Failed { error } => bail!(error),
+        self.events("/v1/gc", "garbage collection", |event| match event {
+            GcEvent::Progress { phase, done, total } => {
+                progress(&phase, done, total);
+                None
             }
-        }
-        bail!("the server stopped answering before garbage collection finished")
+            GcEvent::Done(report) => Some(Ok(report)),
+            GcEvent::Failed { error } => Some(Err(anyhow!(error))),
+        })
     }
 
     fn tokens(&self) -> Result<Vec<TokenInfo>> {
@@ -620,6 +652,10 @@ impl Backend for LocalBackend {
             None => volume.undo_revert(now, Writers::Refuse)?,
         };
         Ok(RevertSummary::of(name, &report))
+    }
+
+    fn promote_volume(&self, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<PromoteSummary> {
+        Ok(PromoteSummary::of(name, &self.node.promote_volume(name, progress)?))
     }
 
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary> {

@@ -424,6 +424,19 @@ enum VolumeCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Detach a clone from its base: copy what it reads from the base (the
+    /// base as it was at the branch point) into the clone, which serves as
+    /// before meanwhile; then the base can be deleted. The clone's
+    /// contents, views and history do not change.
+    Promote {
+        /// The clone.
+        name: String,
+        /// Show a progress bar.
+        #[arg(long)]
+        progress: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -775,6 +788,7 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
             }
             let address = backend.nbd_address().unwrap_or_else(|| "127.0.0.1:10809".into());
             let base = info.base.as_ref().expect("a clone has a base");
+            assert!(!base.copied, "a new clone reads from its base");
             println!(
                 "created volume {} ({}, {} layout), a writable clone of {} as of {}: nbd://{address}/{}",
                 info.name,
@@ -783,6 +797,32 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
                 base.volume,
                 base.at,
                 info.export
+            );
+            Ok(())
+        }
+        VolumeCommand::Promote { name, progress, json } => {
+            let bar = progress.then(|| backend::progress_bar(0, "copying the base"));
+            let summary = backend.promote_volume(&name, &mut |done, total| {
+                if let Some(bar) = &bar {
+                    bar.set_length(total);
+                    bar.set_position(done);
+                }
+            });
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            let summary = summary?;
+            if json {
+                return output::json(&summary);
+            }
+            println!(
+                "promoted {name}: it has its own copy of {} as of {} ({} copied) and no longer needs {}, \
+                 which can be deleted (`rewind volume delete {}`)",
+                summary.base.volume,
+                summary.base.at,
+                indicatif::HumanBytes(summary.bytes_copied),
+                summary.base.volume,
+                summary.base.volume
             );
             Ok(())
         }

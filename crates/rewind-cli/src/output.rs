@@ -133,8 +133,12 @@ pub fn volume_detail(detail: &VolumeDetail) {
     if info.cache_bytes > 0 {
         println!("cache           {} (controller cache, 3% dirty)", HumanBytes(info.cache_bytes));
     }
-    if let Some(base) = &info.base {
-        println!("clone of        {} as of {}", base.volume, base.at);
+    match &info.base {
+        Some(base) if base.copied => {
+            println!("clone of        {} as of {} (promoted: has its own copy)", base.volume, base.at)
+        }
+        Some(base) => println!("clone of        {} as of {}", base.volume, base.at),
+        None => {}
     }
     println!("protected since {}", info.created);
     if let Some(last) = &info.last_revert {

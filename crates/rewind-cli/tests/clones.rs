@@ -4,6 +4,9 @@
 //! written (`qemu-img map`), takes writes that the source never sees, can
 //! itself be cloned, and survives `kill -9`; a volume with clones is not
 //! deleted unless asked to delete them too; the same offline. `rewind
+//! volume promote` gives a clone its own copy of its base, after which the
+//! base can be deleted and the clone, its views and its clones read as
+//! before (through `kill -9`, and offline too). `rewind
 //! revert` refuses connected writers unless told to cut them off (closing
 //! their connections), leaves
 //! views alone, and is undone by `--undo`; bad points are refused.
@@ -109,6 +112,82 @@ fn a_clone_starts_as_its_source_was_and_goes_its_own_way() {
     offline(&["volume", "delete", "db", "--yes", "--with-clones"]);
     let left = json(&offline(&["volume", "list", "--json"]));
     assert_eq!(left.as_array().unwrap().len(), 0, "{left}");
+}
+
+#[test]
+fn a_promoted_clone_reads_as_before_when_its_base_is_gone() {
+    require("qemu-io");
+    require("qemu-img");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(&data);
+    server.rewind(&["volume", "create", "db", "--size", "64MiB"]);
+    let db = server.uri("db");
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 4M", "-c", "write -P 0x12 32M 1M", &db]);
+    server.rewind(&["bookmark", "db", "first"]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x22 1M 1M", &db]);
+    server.rewind(&["volume", "clone", "db@first", "dbg"]);
+    let dbg = server.uri("dbg");
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x33 2M 64k", &dbg]);
+    server.rewind(&["bookmark", "dbg", "mine"]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x44 0 64k", "-c", "write -P 0x45 60M 64k", &dbg]);
+    server.rewind(&["volume", "clone", "dbg", "dbg2"]);
+    // What each must keep reading: the clone, its view, its clone.
+    let saved = |export: &str, file: &str| {
+        let path = dir.path().join(file);
+        run("qemu-img", &["convert", "-f", "raw", "-O", "raw", &server.uri(export), path.to_str().unwrap()]);
+        path.to_str().unwrap().to_owned()
+    };
+    let (dbg_raw, mine_raw, dbg2_raw) =
+        (saved("dbg", "dbg.raw"), saved("dbg@mine", "mine.raw"), saved("dbg2", "dbg2.raw"));
+    let map_before = data_ranges(&dbg);
+
+    let error = server.rewind_failing(&["volume", "promote", "db"]);
+    assert!(error.contains("not a clone"), "{error}");
+    let promoted = json(&server.rewind(&["volume", "promote", "dbg", "--json"]));
+    assert_eq!(promoted["base"]["volume"], "db", "{promoted}");
+    assert_eq!(promoted["base"]["copied"], true, "{promoted}");
+    assert_eq!(promoted["bytes_copied"], 5 << 20, "what db@first holds: 4 MiB and 1 MiB");
+    let error = server.rewind_failing(&["volume", "promote", "dbg"]);
+    assert!(error.contains("promoted already"), "{error}");
+    let info = server.rewind(&["volume", "info", "dbg"]);
+    assert!(info.contains("clone of        db as of") && info.contains("promoted"), "{info}");
+
+    // The base goes; the clone, its view and its clone do not change.
+    server.rewind(&["volume", "delete", "db", "--yes"]);
+    let check = |server: &Server| {
+        run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &server.uri("dbg"), &dbg_raw]);
+        run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &server.uri("dbg@mine"), &mine_raw]);
+        run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &server.uri("dbg2"), &dbg2_raw]);
+        assert_eq!(data_ranges(&server.uri("dbg")), map_before, "allocation as before");
+    };
+    check(&server);
+    // It takes writes as before; its copy is never written.
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x55 3M 64k", &server.uri("dbg")]);
+    run("qemu-io", &["-f", "raw", "-c", "read -P 0x55 3M 64k", "-c", "read -P 0x11 3200k 64k", &server.uri("dbg")]);
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &server.uri("dbg@mine"), &mine_raw]);
+    let dbg_raw = saved("dbg", "dbg-after.raw");
+
+    // After kill -9, the same.
+    server.kill();
+    let mut server = Server::start(&data);
+    let check = |server: &Server| {
+        run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &server.uri("dbg"), &dbg_raw]);
+        run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &server.uri("dbg@mine"), &mine_raw]);
+        run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &server.uri("dbg2"), &dbg2_raw]);
+    };
+    check(&server);
+    server.stop();
+
+    // Offline: the clone of the clone is promoted, and the clone can go.
+    let data_dir = data.to_str().unwrap();
+    let offline = |args: &[&str]| run(REWIND, &[&["--offline", "--data-dir", data_dir], args].concat());
+    let promoted = json(&offline(&["volume", "promote", "dbg2", "--json"]));
+    assert_eq!(promoted["base"]["volume"], "dbg", "{promoted}");
+    offline(&["volume", "delete", "dbg", "--yes"]);
+    let mut server = Server::start(&data);
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &server.uri("dbg2"), &dbg2_raw]);
+    server.stop();
 }
 
 #[test]

@@ -212,6 +212,7 @@ enum Operation {
     Undo,
     Clone { at: usize, name: String },
     Restore { at: usize, file: std::path::PathBuf },
+    Promote { name: String },
 }
 
 fn read_export(server: &Server, export: &str) -> std::io::Result<Vec<u8>> {
@@ -263,12 +264,14 @@ fn crash_during(server: &mut Server, args: &[String], delay_micros: u64) -> bool
     done
 }
 
-/// `kill -9` at a random moment during reverts, undos, clones and restores:
-/// after the restart each is all or nothing — the live volume is exactly
-/// as before the revert or exactly as the point it went to (and as the
-/// point when the CLI said it was done), a clone is absent or reads exactly
-/// as its source at the branch point, a restore the CLI said was done holds
-/// the view — and every bookmarked state still reads as it was.
+/// `kill -9` at a random moment during reverts, undos, clones, promotes and
+/// restores: after the restart each is all or nothing — the live volume is
+/// exactly as before the revert or exactly as the point it went to (and as
+/// the point when the CLI said it was done), a clone is absent or reads
+/// exactly as its source at the branch point, a promoted clone has its own
+/// copy (when the CLI said so) or is still a clone with no copy left
+/// behind, a restore the CLI said was done holds the view — and every
+/// bookmarked state still reads as it was.
 #[test]
 fn reverts_clones_and_restores_are_all_or_nothing_under_kill_9() {
     let (seed, kills) = seed_and_kills(24);
@@ -286,6 +289,7 @@ fn reverts_clones_and_restores_are_all_or_nothing_under_kill_9() {
     let mut states: Vec<Vec<u8>> = Vec::new();
     let mut befores: Vec<Vec<u8>> = Vec::new();
     let mut clones: Vec<(String, usize)> = Vec::new();
+    let mut promoted: Vec<String> = Vec::new();
     for round in 0..kills {
         // Writes, flushed, then a bookmark of the state they leave.
         let mut client = NbdClient::connect(server.nbd, "vol").expect("connect");
@@ -300,10 +304,15 @@ fn reverts_clones_and_restores_are_all_or_nothing_under_kill_9() {
         server.rewind(&["bookmark", "vol", &format!("s{round}")]);
         states.push(live.clone());
 
-        let operation = match next(4) {
+        let unpromoted: Vec<&String> =
+            clones.iter().map(|(name, _)| name).filter(|name| !promoted.contains(*name)).collect();
+        let operation = match next(5) {
             0 => Operation::Revert { to: next(states.len() as u64) as usize },
             1 if !befores.is_empty() => Operation::Undo,
             1 | 2 => Operation::Clone { at: next(states.len() as u64) as usize, name: format!("c{round}") },
+            3 if !unpromoted.is_empty() => {
+                Operation::Promote { name: unpromoted[next(unpromoted.len() as u64) as usize].clone() }
+            }
             _ => Operation::Restore {
                 at: next(states.len() as u64) as usize,
                 file: dir.path().join(format!("r{round}.raw")),
@@ -316,6 +325,7 @@ fn reverts_clones_and_restores_are_all_or_nothing_under_kill_9() {
             Operation::Restore { at, file } => {
                 vec!["restore".into(), format!("vol@s{at}"), "--to".into(), file.to_str().unwrap().into()]
             }
+            Operation::Promote { name } => vec!["volume".into(), "promote".into(), name.clone()],
         };
         let done = crash_during(&mut server, &args, next(25_000));
 
@@ -344,6 +354,16 @@ fn reverts_clones_and_restores_are_all_or_nothing_under_kill_9() {
                 if done {
                     let restored = std::fs::read(file).expect("a restore said done left its file");
                     assert!(restored == states[*at], "{what}: the restored file is not the view");
+                }
+            }
+            Operation::Promote { name } => {
+                let info = json(&server.rewind(&["volume", "info", name, "--json"]));
+                let copied = info["base"]["copied"].as_bool().expect("a clone has a base");
+                assert!(!done || copied, "{what}: the promote was acknowledged but the clone has no copy");
+                let copy = data.join("volumes").join(name).join("base.img");
+                assert_eq!(copy.exists(), copied, "{what}: a copy of the base is there exactly when promoted");
+                if copied {
+                    promoted.push(name.clone());
                 }
             }
         }

@@ -80,8 +80,21 @@ impl CurrentStore {
         block_count: u64,
         mode: OpenMode,
     ) -> Result<CurrentStore, EngineError> {
-        let data_path = format!("{dir}/current.img");
-        let meta_path = format!("{dir}/current.meta");
+        CurrentStore::open_named(storage, dir, "current", block_size, block_count, mode)
+    }
+
+    /// A store of the same format in `{dir}/{stem}.img` and `{stem}.meta`
+    /// (a promoted clone's copy of its base is one).
+    pub(crate) fn open_named(
+        storage: &dyn Storage,
+        dir: &str,
+        stem: &str,
+        block_size: BlockSize,
+        block_count: u64,
+        mode: OpenMode,
+    ) -> Result<CurrentStore, EngineError> {
+        let data_path = format!("{dir}/{stem}.img");
+        let meta_path = format!("{dir}/{stem}.meta");
         let data = storage.open_file(&data_path, mode).map_err(EngineError::io(&data_path))?;
         let meta = storage.open_file(&meta_path, mode).map_err(EngineError::io(&meta_path))?;
         let data_bytes = block_count * u64::from(block_size.bytes());
@@ -123,6 +136,10 @@ impl CurrentStore {
         out.clear();
         out.extend(bytes.chunks_exact(BLOCK_META_BYTES).map(|entry| BlockMeta::decode(entry).ok()));
         Ok(())
+    }
+
+    pub fn data_path(&self) -> &str {
+        &self.data_path
     }
 
     pub fn read_data(&self, first: BlockIndex, buf: &mut [u8]) -> Result<(), EngineError> {

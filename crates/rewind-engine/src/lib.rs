@@ -40,6 +40,7 @@ pub use volume::clients::{Attachment, HangUp, InUse, Role};
 pub use volume::diff::ChangeExtent;
 pub use volume::history::{PolicyChange, TimelineReport, VolumeStats};
 pub use volume::import::ImportReport;
+pub use volume::promote::PromoteReport;
 pub use volume::read::{BlockStatus, View};
 pub use volume::revert::{RevertReport, Writers};
 pub use volume::space::{ratio, VolumeSpace};

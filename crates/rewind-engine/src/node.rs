@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 use rewind_chunks::{ChunkError, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting};
-use rewind_format::meta::{Layout, RetentionTier, VolumeMeta, VolumePolicy};
+use rewind_format::meta::{Layout, RetentionTier, VolumeBase, VolumeMeta, VolumePolicy};
 use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::{CountingStorage, IoStats, Storage};
 use rewind_types::{BlockSize, Timestamp, VolumeName};
@@ -16,7 +16,7 @@ use crate::group::GroupState;
 use crate::layout::LayoutRules;
 use crate::reserve::{Reserve, SpaceGauge, SpaceReport, SpaceState};
 use crate::volume::{Base, Shared};
-use crate::{EngineError, InUse, Volume, VolumeConfig};
+use crate::{EngineError, InUse, PromoteReport, Volume, VolumeConfig};
 
 #[derive(Clone, Copy, Debug)]
 pub struct NodeConfig {
@@ -121,7 +121,7 @@ pub(crate) fn lend_base(
     damaged: &BTreeMap<String, DamagedVolume>,
     meta: &VolumeMeta,
 ) -> Result<Option<Base>, EngineError> {
-    let Some(base) = &meta.base else {
+    let Some(base) = meta.lent_base() else {
         return Ok(None);
     };
     let name = base.volume.as_str();
@@ -239,7 +239,8 @@ impl Node {
         while !unopened.is_empty() {
             let waits_for_base = |name: &String| -> bool {
                 let meta = Volume::read_meta(&*storage, &volume_dir(name));
-                let base = meta.ok().and_then(|meta| meta.base).map(|base| base.volume.to_string());
+                let meta = meta.ok();
+                let base = meta.as_ref().and_then(VolumeMeta::lent_base).map(|base| base.volume.to_string());
                 base.is_some_and(|base| unopened.contains(&base) && !volumes.contains_key(&base))
             };
             let (waiting, ready): (Vec<String>, Vec<String>) = unopened.iter().cloned().partition(waits_for_base);
@@ -410,10 +411,31 @@ impl Node {
             let base = source.lend(&meta.name, at, now)?;
             // The clone begins once its base point is past (a point made now
             // is after every write so far, which may be stamped ahead of `now`).
-            meta.created = meta.created.max(base.at());
-            meta.base = Some(rewind_format::meta::VolumeBase { volume: source.name().clone(), at: base.at() });
+            meta.created = meta.created.max(base.origin().at);
+            meta.base = Some(base.origin());
             Ok(Some(base))
         })
+    }
+
+    /// Detaches the clone `name` from its base: copies the base's branch
+    /// point into the clone (reporting progress as bytes gone through of
+    /// the volume's size) while the clone serves as before, then makes the
+    /// copy its base. Afterwards the base can be deleted; the clone's
+    /// contents, views and history are unchanged. See `volume/promote.rs`.
+    pub fn promote_volume(&self, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<PromoteReport, EngineError> {
+        let volume = self.volume(name)?;
+        let promoting = volume.start_promote()?;
+        let (copy, bytes_copied) = volume.copy_base(&promoting, progress)?;
+        let base = copy.origin().clone();
+        // Under the admin lock: not deleted meanwhile, and a delete of the
+        // base after this sees a volume that no longer reads from it.
+        let _admin = self.admin.lock();
+        if !self.volumes.read().get(name).is_some_and(|open| Arc::ptr_eq(open, &volume)) {
+            return Err(EngineError::VolumeNotFound(name.to_owned()));
+        }
+        volume.adopt_base_copy(&promoting, copy)?;
+        tracing::info!(volume = name, base = %base.volume, bytes_copied, "promoted: the clone has its own copy of its base");
+        Ok(PromoteReport { base, bytes_copied })
     }
 
     /// Creates the directory of a new volume described by `meta` and
@@ -526,13 +548,14 @@ impl Node {
         Ok(())
     }
 
-    /// The volumes, open or damaged, that are clones of `name`.
+    /// The volumes, open or damaged, that are clones of `name` (and read
+    /// from it: a promoted clone does not).
     fn clones_of(&self, name: &str) -> Vec<String> {
-        let is_clone = |meta: &VolumeMeta| meta.base.as_ref().is_some_and(|base| base.volume.as_str() == name);
+        let reads = |base: Option<&VolumeBase>| base.is_some_and(|base| !base.copied && base.volume.as_str() == name);
         let open = self.volumes.read();
-        let open = open.values().filter(|volume| is_clone(volume.meta())).map(|volume| volume.name().to_string());
+        let open = open.values().filter(|volume| reads(volume.base().as_ref())).map(|volume| volume.name().to_string());
         let damaged = self.damaged.read();
-        let damaged = damaged.values().filter(|damage| damage.meta.as_ref().is_some_and(is_clone));
+        let damaged = damaged.values().filter(|damage| reads(damage.meta.as_ref().and_then(|meta| meta.base.as_ref())));
         open.chain(damaged.map(|damage| damage.name.clone())).collect()
     }
 

@@ -2,7 +2,9 @@
 //! are clones of each other (clones of clones, clones at past points and at
 //! now), written, zeroed, flushed, bookmarked, reverted in place and
 //! reverts undone, the two roots bookmarked and reverted as a group,
-//! maintained (archive, retention, collection) and crashed at random, checked against an oracle per volume whose first state is its
+//! maintained (archive, retention, collection), promoted (a clone's own
+//! copy of its base, after which the base may go) and crashed at random,
+//! checked against an oracle per volume whose first state is its
 //! base as it was at the branch point, and whose state after a revert is
 //! its own state at the point reverted to.
 //! Every volume's present and every point it keeps must read as its oracle
@@ -31,7 +33,8 @@ use support::{check_everything, config, random_policy, write_data, Oracle};
 struct Line {
     name: String,
     oracle: Oracle,
-    /// The line it was cloned from and the point, if a clone.
+    /// The line it was cloned from and the point, while it reads from it
+    /// (a promoted clone does not).
     base: Option<(usize, Timestamp)>,
     deleted: bool,
     /// Oracle states that are reverts, not journal records (all durable:
@@ -65,6 +68,7 @@ struct Exercised {
     undos: u64,
     group_bookmarks: u64,
     group_reverts: u64,
+    promotes: u64,
     /// Versions a base's retention thinned while clones read from it.
     thinned_under_clones: u64,
 }
@@ -233,8 +237,9 @@ fn run(seed: u64) -> Exercised {
                 let clone =
                     case.node.clone_volume(&volume.name().to_string(), at, VolumeName::new(&name).unwrap(), now);
                 let clone = clone.unwrap_or_else(|error| panic!("seed {seed} step {step}: clone: {error}"));
-                let (base_name, branch) = clone.base().expect("a clone has a base");
-                assert_eq!(base_name, volume.name());
+                let base = clone.base().expect("a clone has a base");
+                assert!(&base.volume == volume.name() && !base.copied);
+                let branch = base.at;
                 let source = &mut case.lines[line].oracle;
                 if at.is_none() {
                     // Like a bookmark made now: after every write so far, all durable.
@@ -379,6 +384,26 @@ fn run(seed: u64) -> Exercised {
                     Err(error) => panic!("seed {seed} step {step}: group bookmark: {error}"),
                 }
             }
+            95..=96 if case.lines[line].base.is_some() => {
+                // The clone gets its own copy of its base: it reads as before
+                // (its oracle does not change), and the base may go.
+                let mut progress = Vec::new();
+                let report = case
+                    .node
+                    .promote_volume(volume.name().as_str(), &mut |done, total| progress.push((done, total)))
+                    .unwrap_or_else(|error| panic!("seed {seed} step {step}: promote: {error}"));
+                let (base, branch) = case.lines[line].base.take().unwrap();
+                assert_eq!((report.base.volume.as_str(), report.base.at), (case.lines[base].name.as_str(), branch));
+                assert!(report.base.copied && volume.base() == Some(report.base.clone()), "seed {seed}");
+                assert!(progress.is_sorted() && progress.last() == Some(&(size, size)), "seed {seed}: {progress:?}");
+                let again = case.node.promote_volume(volume.name().as_str(), &mut |_, _| {});
+                assert!(
+                    matches!(&again, Err(EngineError::InvalidArgument(message)) if message.contains("promoted already")),
+                    "seed {seed}: {again:?}"
+                );
+                exercised.promotes += 1;
+                case.check(line);
+            }
             93..=94 if !case.group_bookmarks.is_empty() => {
                 // Every root still in the group back to a group bookmark.
                 let (name, _) = &case.group_bookmarks[rng.random_range(0..case.group_bookmarks.len())];
@@ -439,6 +464,7 @@ fn clones_read_their_base_at_the_branch_point_through_crashes() {
         thinned_under_clones: total.thinned_under_clones + case.thinned_under_clones,
         group_bookmarks: total.group_bookmarks + case.group_bookmarks,
         group_reverts: total.group_reverts + case.group_reverts,
+        promotes: total.promotes + case.promotes,
     });
     println!("{total:?}");
     let enough = total.clones > 100
@@ -451,11 +477,12 @@ fn clones_read_their_base_at_the_branch_point_through_crashes() {
         && total.undos > 30
         && total.thinned_under_clones > 0
         && total.group_bookmarks > 100
-        && total.group_reverts > 30;
+        && total.group_reverts > 30
+        && total.promotes > 30;
     assert!(
         seeds < 30 || enough,
-        "clones, reverts, group bookmarks and reverts, crashes, refused deletes and thinning under clones must be \
-         exercised"
+        "clones, reverts, group bookmarks and reverts, promotes, crashes, refused deletes and thinning under clones \
+         must be exercised"
     );
 }
 

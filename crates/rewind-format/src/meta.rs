@@ -142,13 +142,19 @@ pub struct VolumeMeta {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeBase {
     pub volume: VolumeName,
-    /// An exact point of the base, pinned there while the clone exists.
+    /// An exact point of the base, pinned there while the clone reads it.
     pub at: Timestamp,
+    /// The clone was promoted: it reads its own copy of the base point
+    /// (`base.img`, `base.meta`) and no longer needs the base volume, which
+    /// may be gone.
+    pub copied: bool,
 }
 
 impl VolumeMeta {
     const MAGIC: [u8; 4] = *b"RWVM";
     const WHAT: &'static str = "volume metadata";
+    /// Follows the base of a promoted clone.
+    const BASE_COPIED: u8 = 1;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut payload = Writer::new();
@@ -161,6 +167,11 @@ impl VolumeMeta {
             .u64(self.cache_bytes);
         if let Some(base) = &self.base {
             payload.str(base.volume.as_str()).u64(base.at.unix_nanos());
+            // Absent (not 0) when not copied: metadata of clones made before
+            // promotion existed reads the same.
+            if base.copied {
+                payload.u8(Self::BASE_COPIED);
+            }
         }
         seal_envelope(Self::MAGIC, payload)
     }
@@ -187,7 +198,14 @@ impl VolumeMeta {
                 if at > created {
                     return Err(reader.invalid("a clone's base point is after the clone was created"));
                 }
-                Some(VolumeBase { volume, at })
+                let copied = match reader.remaining() {
+                    0 => false,
+                    _ => match reader.u8()? {
+                        Self::BASE_COPIED => true,
+                        other => return Err(reader.invalid(format!("unknown base marker {other}"))),
+                    },
+                };
+                Some(VolumeBase { volume, at, copied })
             }
         };
         if size_bytes % u64::from(block_size.bytes()) != 0 {
@@ -195,6 +213,12 @@ impl VolumeMeta {
         }
         finish(reader)?;
         Ok(VolumeMeta { name, size_bytes, block_size, created, layout, cache_bytes, base })
+    }
+
+    /// The volume this one reads where it has not written, while it does
+    /// (a promoted clone has its own copy and needs none).
+    pub fn lent_base(&self) -> Option<&VolumeBase> {
+        self.base.as_ref().filter(|base| !base.copied)
     }
 }
 
@@ -748,11 +772,24 @@ mod tests {
         assert!(Reverts::decode(&backwards.encode()).unwrap_err().to_string().contains("out of order"));
         let clone = VolumeMeta {
             name: VolumeName::new("db-debug").unwrap(),
-            base: Some(VolumeBase { volume: meta.name.clone(), at: Timestamp::from_unix_nanos(40) }),
+            base: Some(VolumeBase { volume: meta.name.clone(), at: Timestamp::from_unix_nanos(40), copied: false }),
             ..meta.clone()
         };
         assert_eq!(VolumeMeta::decode(&clone.encode()).unwrap(), clone);
-        let own_base = VolumeMeta { base: Some(VolumeBase { volume: clone.name.clone(), at: clone.created }), ..clone };
+        assert_eq!(clone.lent_base(), clone.base.as_ref());
+        let mut promoted = clone.clone();
+        promoted.base.as_mut().unwrap().copied = true;
+        assert_eq!(VolumeMeta::decode(&promoted.encode()).unwrap(), promoted);
+        assert_eq!(promoted.lent_base(), None, "a promoted clone needs no base volume");
+        let mut marked = Writer::new();
+        marked.str("db-debug").u64(1 << 30).u32(BlockSize::DEFAULT.bytes()).u64(42).u8(Layout::Journaled as u8);
+        marked.u64(0).str("db").u64(40).u8(7);
+        let error = VolumeMeta::decode(&seal_envelope(VolumeMeta::MAGIC, marked)).unwrap_err().to_string();
+        assert!(error.contains("unknown base marker 7"), "{error}");
+        let own_base = VolumeMeta {
+            base: Some(VolumeBase { volume: clone.name.clone(), at: clone.created, copied: false }),
+            ..clone
+        };
         let error = VolumeMeta::decode(&own_base.encode()).unwrap_err().to_string();
         assert!(error.contains("its own base"), "{error}");
         let bytes = meta.encode();

@@ -10,8 +10,9 @@ use rewind_engine::timespec::{
 };
 use rewind_engine::{
     ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, DamagedVolume, EngineError, Group,
-    GroupBookmark, IoStats, Layout, MemberPoint, PolicyChange, RepairReport, Revert, RevertReport, SpaceReport,
-    TimelineReport, Timestamp, Volume, VolumeIoStats, VolumeName, VolumeSpace, VolumeSpec, VolumeStats,
+    GroupBookmark, IoStats, Layout, MemberPoint, PolicyChange, PromoteReport, RepairReport, Revert, RevertReport,
+    SpaceReport, TimelineReport, Timestamp, Volume, VolumeBase, VolumeIoStats, VolumeName, VolumeSpace, VolumeSpec,
+    VolumeStats,
 };
 
 pub fn time(at: Timestamp) -> String {
@@ -79,11 +80,50 @@ pub struct BaseInfo {
     pub volume: String,
     pub at: String,
     pub at_unix_nanos: u64,
+    /// Promoted: the clone reads its own copy of that point, and the base
+    /// volume may be deleted (or gone).
+    pub copied: bool,
 }
 
 impl BaseInfo {
-    fn of((volume, at): (&VolumeName, Timestamp)) -> BaseInfo {
-        BaseInfo { volume: volume.to_string(), at: time(at), at_unix_nanos: at.unix_nanos() }
+    fn of(base: &VolumeBase) -> BaseInfo {
+        BaseInfo {
+            volume: base.volume.to_string(),
+            at: time(base.at),
+            at_unix_nanos: base.at.unix_nanos(),
+            copied: base.copied,
+        }
+    }
+}
+
+/// One line of the `POST /v1/volumes/{name}/promote` stream
+/// (newline-delimited JSON): progress through the volume, then the result
+/// or an error.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PromoteEvent {
+    Progress { done: u64, total: u64 },
+    Done(PromoteSummary),
+    Failed { error: String },
+}
+
+/// What a promote did.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PromoteSummary {
+    pub volume: String,
+    /// Where it came from; `copied` now.
+    pub base: BaseInfo,
+    /// The base point's data copied into the clone.
+    pub bytes_copied: u64,
+}
+
+impl PromoteSummary {
+    pub fn of(volume: &str, report: &PromoteReport) -> PromoteSummary {
+        PromoteSummary {
+            volume: volume.to_owned(),
+            base: BaseInfo::of(&report.base),
+            bytes_copied: report.bytes_copied,
+        }
     }
 }
 
@@ -117,7 +157,7 @@ impl VolumeInfo {
             state: state.to_owned(),
             problem,
             notes: volume_notes(volume),
-            base: volume.base().map(BaseInfo::of),
+            base: volume.base().as_ref().map(BaseInfo::of),
             revert_count: reverts.len(),
             last_revert: reverts.last().map(RevertInfo::of),
         }
@@ -152,7 +192,7 @@ impl VolumeInfo {
                 EngineError::Damaged { volume: damaged.name.clone(), problem: damaged.problem.clone() }.to_string(),
             ),
             notes: Vec::new(),
-            base: meta.and_then(|meta| meta.base.as_ref()).map(|base| BaseInfo::of((&base.volume, base.at))),
+            base: meta.and_then(|meta| meta.base.as_ref()).map(BaseInfo::of),
             revert_count: 0,
             last_revert: None,
         }

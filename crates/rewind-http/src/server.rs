@@ -26,8 +26,9 @@ use rewind_engine::{
 use crate::api::{
     time, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes, CreateBookmark, CreateClone, CreateGroup,
     CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GroupBookmarkInfo, GroupInfo, GroupRevertSummary,
-    Health, ImportSummary, JobInfo, NodeReport, RepairSummary, RevertSummary, RevertVolume, RevokeGrant, Timeline,
-    UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport, DATA_BYTES_MAX, FIXED_AT_CREATION,
+    Health, ImportSummary, JobInfo, NodeReport, PromoteEvent, PromoteSummary, RepairSummary, RevertSummary,
+    RevertVolume, RevokeGrant, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    DATA_BYTES_MAX, FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
@@ -235,6 +236,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/bookmarks", get(list_bookmarks).post(create_bookmark))
         .route("/v1/volumes/{name}/clones", post(create_clone))
         .route("/v1/volumes/{name}/revert", post(revert_volume))
+        .route("/v1/volumes/{name}/promote", post(promote_volume))
         .route("/v1/volumes/{name}/bookmarks/{bookmark}", delete(delete_bookmark))
         .route("/v1/volumes/{name}/view", get(resolve_view))
         .route("/v1/volumes/{name}/changes", get(changes))
@@ -592,22 +594,58 @@ async fn node_stats(
 /// ([`GcEvent`]): the work can take minutes on a large store.
 async fn collect_garbage(State(state): State<Shared>, Extension(jobs): Extension<Arc<Jobs>>) -> Response {
     let node = Arc::clone(&state.node);
-    let (sender, events) = mpsc::channel::<GcEvent>(16);
+    stream_slow_work(&jobs, move |send| {
+        let mut progress = |phase, done, total| send(GcEvent::progress(phase, done, total), done == total);
+        match node.collect(&mut progress) {
+            Ok(report) => GcEvent::Done(report.into()),
+            Err(error) => GcEvent::Failed { error: error.to_string() },
+        }
+    })
+    .await
+}
+
+/// Promotes a clone: copies what it reads from its base into it, streaming
+/// progress as newline-delimited JSON ([`PromoteEvent`]) while the clone
+/// keeps serving; afterwards the base may be deleted.
+async fn promote_volume(
+    State(state): State<Shared>,
+    Extension(jobs): Extension<Arc<Jobs>>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let node = Arc::clone(&state.node);
+    // Refusals (not a clone, promoted already) answer as errors, not streams.
+    let volume = node.volume(&name)?;
+    volume.check_promotable()?;
+    Ok(stream_slow_work(&jobs, move |send| {
+        let mut progress = |done, total| send(PromoteEvent::Progress { done, total }, done == total);
+        match node.promote_volume(&name, &mut progress) {
+            Ok(report) => PromoteEvent::Done(PromoteSummary::of(&name, &report)),
+            Err(error) => PromoteEvent::Failed { error: error.to_string() },
+        }
+    })
+    .await)
+}
+
+/// Runs `work` on a blocking thread under a slow-work permit and streams
+/// what it sends as newline-delimited JSON: its progress events (at most
+/// ten a second, and every one marked last of its phase — clients
+/// interpolate), then the event it returns.
+async fn stream_slow_work<E: serde::Serialize + Send + 'static>(
+    jobs: &Jobs,
+    work: impl FnOnce(&mut dyn FnMut(E, bool)) -> E + Send + 'static,
+) -> Response {
+    let (sender, events) = mpsc::channel::<E>(16);
     let permit = jobs.slow_permit().await;
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
         let mut last_sent = std::time::Instant::now();
-        let mut progress = |phase, done, total| {
-            // Progress at most ten times a second; the bar interpolates.
-            if done == total || last_sent.elapsed() >= std::time::Duration::from_millis(100) {
+        let mut send = |event, last_of_phase: bool| {
+            if last_of_phase || last_sent.elapsed() >= std::time::Duration::from_millis(100) {
                 last_sent = std::time::Instant::now();
-                let _ = sender.blocking_send(GcEvent::progress(phase, done, total));
+                let _ = sender.blocking_send(event);
             }
         };
-        let last = match node.collect(&mut progress) {
-            Ok(report) => GcEvent::Done(report.into()),
-            Err(error) => GcEvent::Failed { error: error.to_string() },
-        };
+        let last = work(&mut send);
         let _ = sender.blocking_send(last);
     });
     let lines = tokio_stream_of(events).map(|event| {
@@ -618,7 +656,6 @@ async fn collect_garbage(State(state): State<Shared>, Extension(jobs): Extension
     ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response()
 }
 
-/// The receiver as a stream.
 fn tokio_stream_of<T: Send + 'static>(mut receiver: mpsc::Receiver<T>) -> impl futures_util::Stream<Item = T> {
     futures_util::stream::poll_fn(move |context| receiver.poll_recv(context))
 }

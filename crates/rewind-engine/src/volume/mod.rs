@@ -55,6 +55,7 @@ pub(crate) mod import;
 mod lineage;
 mod maintenance;
 mod overlay;
+pub(crate) mod promote;
 pub(crate) mod read;
 mod recovery;
 pub(crate) mod revert;
@@ -234,9 +235,12 @@ pub struct Volume {
     work: Arc<WorkSignal>,
     zero_block_crc32c: u32,
     /// A clone's base: what it reads where it never wrote (see `lineage`).
-    base: Option<lineage::Base>,
+    /// Some exactly when `meta.base` is; a promote swaps what it holds.
+    base: Mutex<Option<Arc<lineage::Base>>>,
     /// The clones open on this volume, and the points they start from.
     clones: Mutex<BTreeMap<rewind_types::VolumeName, Timestamp>>,
+    /// A promote is copying this clone's base.
+    promoting: AtomicBool,
 }
 
 impl Volume {
@@ -261,7 +265,8 @@ impl Volume {
     }
 
     /// What this volume's layout does differently ([`crate::layout`]).
-    /// What the volume is, as written at its creation.
+    /// What the volume is, as written at its creation (or opening: a clone
+    /// promoted since reads its own copy of its base, see [`Volume::base`]).
     pub(crate) fn meta(&self) -> &VolumeMeta {
         &self.meta
     }

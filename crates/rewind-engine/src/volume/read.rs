@@ -301,7 +301,7 @@ impl Volume {
                     while end < sources.len() && matches!(sources[end], Source::Base) {
                         end += 1;
                     }
-                    let base = self.base.as_ref().expect("planned from the base");
+                    let base = self.base_now().expect("planned from the base");
                     let offset = self.block_size().offset_of(BlockIndex(first.0 + start as u64));
                     base.read(offset, &mut target[bytes(end)])?;
                 }
@@ -420,9 +420,10 @@ impl Volume {
         count: u64,
     ) -> Result<Result<Vec<(Source, Timestamp)>, Mismatch>, EngineError> {
         // What a block reads where this volume never wrote it.
-        let unwritten = match self.base {
-            Some(_) => (Source::Base, Timestamp::MIN),
-            None => (Source::Zero, Timestamp::MIN),
+        // A clone stays one: a promote swaps its base, never removes it.
+        let unwritten = match self.meta().base.is_some() {
+            true => (Source::Base, Timestamp::MIN),
+            false => (Source::Zero, Timestamp::MIN),
         };
         let of_version = |version: &Version| (Source::of_version(version), version.timestamp);
         let Some(current) = &self.current else {
@@ -523,7 +524,7 @@ impl Volume {
                     next += 1;
                 }
                 let run_end = block_size.offset_of(BlockIndex(first.0 + next as u64)).min(end);
-                let base = self.base.as_ref().expect("planned from the base");
+                let base = self.base_now().expect("planned from the base");
                 let mut asked = position;
                 while asked < run_end {
                     for extent in base.block_status(asked, run_end - asked)? {

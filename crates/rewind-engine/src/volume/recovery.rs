@@ -6,6 +6,7 @@
 
 use super::destage::CACHE_DIRTY_FRACTION;
 use super::maintenance::write_checkpoint;
+use super::promote::BaseCopy;
 use super::*;
 
 /// The storage parts a volume is assembled from.
@@ -47,11 +48,7 @@ impl Volume {
         shared: &Shared,
         base: Option<Base>,
     ) -> Result<Arc<Volume>, EngineError> {
-        assert_eq!(
-            meta.base.as_ref().map(|base| (&base.volume, base.at)),
-            base.as_ref().map(|base| (base.volume().name(), base.at())),
-            "a clone is created with its base"
-        );
+        assert_eq!(meta.base, base.as_ref().map(Base::origin), "a clone is created with its base, lent");
         storage.create_dir_all(dir).map_err(EngineError::io(dir))?;
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
         let io = VolumeIo::new(&storage);
@@ -145,8 +142,9 @@ impl Volume {
             work: Arc::clone(&shared.work),
             zero_block_crc32c,
             meta,
-            base,
+            base: Mutex::new(base.map(Arc::new)),
             clones: Mutex::new(BTreeMap::new()),
+            promoting: AtomicBool::new(false),
         }
     }
 
@@ -168,7 +166,13 @@ impl Volume {
         lend: &dyn Fn(&VolumeMeta) -> Result<Option<Base>, EngineError>,
     ) -> Result<Arc<Volume>, EngineError> {
         let meta = Volume::read_meta(&*storage, dir)?;
-        let base = lend(&meta)?;
+        let base = match &meta.base {
+            Some(origin) if origin.copied => Some(Base::Copied(BaseCopy::open(&storage, dir, &meta)?)),
+            _ => {
+                BaseCopy::remove_unfinished(&*storage, dir)?;
+                lend(&meta)?
+            }
+        };
         let volume_name = meta.name.to_string();
         let checkpoint_path = format!("{dir}/checkpoint");
         let bytes =
