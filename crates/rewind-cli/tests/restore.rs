@@ -1,12 +1,22 @@
 //! `rewind restore` with real clients: a full restore is sparse and reads
 //! back identical to the view (`qemu-img compare` over NBD); `--since`
 //! writes exactly the changed bytes onto an older restored copy and gives
-//! the same bytes; the target is protected (no overwrite without
+//! the same bytes; a block device gets every byte (zeros over the holes);
+//! the target is protected (no overwrite without
 //! `--force`, not inside the data directory, not too small); offline too.
 
 mod common;
 
 use common::{json, require, run, Server, REWIND};
+
+/// A loop device, detached when dropped (also when a check fails).
+struct LoopDevice(String);
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
 
 #[test]
 fn restore_writes_the_view_sparsely_and_since_moves_only_the_changes() {
@@ -63,6 +73,18 @@ fn restore_writes_the_view_sparsely_and_since_moves_only_the_changes() {
     assert_eq!(since["bytes_moved"], changes["changed_bytes"], "{since}\n{changes}");
     assert_eq!(since["bytes_moved"], (64 << 10) + (2 << 20) + (512 << 10));
     run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &path("second.raw"), &server.uri("db@second")]);
+
+    // A block device (a loop device over a file of garbage): every byte
+    // written, the holes as zeros, the writes going back as they are made.
+    require("losetup");
+    std::fs::write(path("device.img"), vec![0xaa; 64 << 20]).unwrap();
+    let device = LoopDevice(run("losetup", &["--find", "--show", &path("device.img")]).trim().to_owned());
+    let restored = json(&server.rewind(&["restore", "db@first", "--to", &device.0, "--force", "--json"]));
+    assert_eq!(restored["block_device"], true, "{restored}");
+    assert_eq!(restored["bytes_moved"], 5 << 20, "{restored}");
+    assert_eq!(restored["bytes_zeroed"], 59 << 20, "{restored}");
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &device.0, &server.uri("db@first")]);
+    drop(device);
 
     // --force over an existing file: the whole present, then offline.
     let text = server.rewind(&["restore", "db@first", "--to", &path("first.raw"), "--force", "--progress"]);
