@@ -14,7 +14,10 @@
 mod common;
 
 use std::io::Read;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use common::nbd_client::NbdClient;
 use common::{json, require, run, wait_for, Server, REWIND};
@@ -187,6 +190,81 @@ fn a_promoted_clone_reads_as_before_when_its_base_is_gone() {
     offline(&["volume", "delete", "dbg", "--yes"]);
     let mut server = Server::start(&data);
     run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &server.uri("dbg2"), &dbg2_raw]);
+    server.stop();
+}
+
+/// A promote copies in the background: a client keeps writing to the
+/// clone while it runs (some writes are acknowledged between the promote's
+/// start and its end), and afterwards — after its base is deleted and
+/// after `kill -9` — the clone holds exactly those writes over its base.
+#[test]
+fn a_clone_takes_writes_while_it_is_promoted() {
+    require("qemu-io");
+    const SIZE: usize = 256 << 20;
+    const WRITE: usize = 64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(&data);
+    server.rewind(&["volume", "create", "db", "--size", "256MiB"]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 256M", &server.uri("db")]);
+    server.rewind(&["volume", "clone", "db", "dbg"]);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (started, first_write) = mpsc::channel();
+    let writer = {
+        let (address, stop) = (server.nbd, Arc::clone(&stop));
+        thread::spawn(move || {
+            let mut client = NbdClient::connect(address, "dbg").expect("connect");
+            let mut acknowledged = Vec::new();
+            for seed in 1.. {
+                let offset = (common::pattern(seed, 8).iter().map(|&byte| byte as usize).sum::<usize>() * 997
+                    + seed as usize * 7919)
+                    % (SIZE / WRITE)
+                    * WRITE;
+                let bytes = common::pattern(seed, WRITE);
+                client.write(offset as u64, &bytes).expect("a write while the clone is promoted");
+                acknowledged.push((Instant::now(), offset, bytes));
+                if seed == 1 {
+                    started.send(()).unwrap();
+                }
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+            }
+            client.flush().expect("flush");
+            client.disconnect().expect("disconnect");
+            acknowledged
+        })
+    };
+    first_write.recv().expect("the writer started");
+    let promote_started = Instant::now();
+    let promoted = json(&server.rewind(&["volume", "promote", "dbg", "--json"]));
+    let promote_ended = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    let acknowledged = writer.join().expect("the writer");
+    assert_eq!(promoted["bytes_copied"], SIZE, "{promoted}");
+    let during = acknowledged.iter().filter(|(at, _, _)| (promote_started..promote_ended).contains(at)).count();
+    assert!(during > 0, "no write was acknowledged while the promote ran ({} in all)", acknowledged.len());
+    println!("{during} of {} writes acknowledged while the promote ran", acknowledged.len());
+
+    let mut expected = vec![0x11u8; SIZE];
+    for (_, offset, bytes) in &acknowledged {
+        expected[*offset..offset + WRITE].copy_from_slice(bytes);
+    }
+    let read_all = |server: &Server| {
+        let mut client = NbdClient::connect(server.nbd, "dbg").expect("connect");
+        let mut image = vec![0u8; SIZE];
+        for (index, piece) in image.chunks_mut(32 << 20).enumerate() {
+            client.read((index * (32 << 20)) as u64, piece).expect("read");
+        }
+        client.disconnect().expect("disconnect");
+        image
+    };
+    assert!(read_all(&server) == expected, "the clone holds the writes over its base");
+    server.rewind(&["volume", "delete", "db", "--yes"]);
+    server.kill();
+    let mut server = Server::start(&data);
+    assert!(read_all(&server) == expected, "after the base is gone and a kill -9");
     server.stop();
 }
 
