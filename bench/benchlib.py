@@ -63,6 +63,22 @@ def write_section(marker, section):
     path.write_text(text)
 
 
+def wait_archived(http, volume, quiet_seconds=3, timeout_seconds=300):
+    """Waits until the server's background archiving of `volume` (zstd over
+    everything just written, which takes both cores for a while) has gone
+    quiet: no version archived for `quiet_seconds`. So a measurement that
+    follows does not share the CPU with it by chance."""
+    deadline = time.monotonic() + timeout_seconds
+    last, quiet = None, 0
+    while quiet < quiet_seconds:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"archiving of {volume} did not settle in {timeout_seconds} s")
+        archived = api(http, "GET", f"/v1/volumes/{volume}/stats")["versions_archived"]
+        quiet = quiet + 1 if archived == last else 0
+        last = archived
+        time.sleep(1)
+
+
 def fio(uri, name, args, size, runtime=None, extra=()):
     command = [
         "fio", "--output-format=json", f"--name={name}", "--ioengine=nbd", f"--uri={uri}",

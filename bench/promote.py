@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Promoting a clone, and reading a volume after a revert (issue 12, reqs 3 and 4).
 
-One Rewind server.
+One Rewind server; each measurement starts once the server's background
+archiving of what was just written has gone quiet.
 
 Promote: a 1 GiB volume `base` with 768 MiB written sequentially by fio (the
 rest a hole). Per run, a fresh clone of it at once, then in alternating
@@ -31,7 +32,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from benchlib import REWIND, Process, api, environment, fio, remember_token, wait_port, write_section
+from benchlib import REWIND, Process, api, environment, fio, remember_token, wait_archived, wait_port, write_section
 
 NBD, HTTP = 10971, 10972
 SIZE = 1 << 30
@@ -76,6 +77,7 @@ def main():
         remember_token(http, data)
         api(http, "POST", "/v1/volumes", {"name": "base", "size_bytes": SIZE})
         fio(f"nbd://127.0.0.1:{NBD}/base", "fill", ["--rw=write", "--bs=1M", "--iodepth=8"], "768M")
+        wait_archived(http, "base")
         for index in range(args.runs):
             clone = api(http, "POST", "/v1/volumes/base/clones", {"name": f"clone{index}"})
             point = f"nbd://127.0.0.1:{NBD}/base@{clone['base']['at']}"
@@ -97,6 +99,7 @@ def main():
         fio(uri, "good", ["--rw=write", "--bs=1M", "--iodepth=8"], "512M")
         api(http, "POST", "/v1/volumes/reverted/bookmarks", {"name": "good"})
         fio(uri, "bad", ["--rw=write", "--bs=1M", "--iodepth=8", "--randseed=2"], "512M")
+        wait_archived(http, "reverted")
         for state in ["before", "after"]:
             if state == "after":
                 api(http, "POST", "/v1/volumes/reverted/revert", {"to": "good"})

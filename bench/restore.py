@@ -34,7 +34,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from benchlib import REWIND, Process, api, environment, fio, remember_token, wait_port, write_section
+from benchlib import REWIND, Process, api, environment, fio, remember_token, wait_archived, wait_port, write_section
 
 NBD, HTTP = 10941, 10942
 SIZE = 1 << 30
@@ -77,6 +77,7 @@ def main():
         api(http, "POST", "/v1/volumes/db/bookmarks", {"name": "full"})
         fio(uri, "change", ["--rw=randwrite", "--bs=4k", "--iodepth=16", "--io_size=32M"], "1G")
         api(http, "POST", "/v1/volumes/db/bookmarks", {"name": "later"})
+        wait_archived(http, "db")
         view = f"nbd://127.0.0.1:{NBD}/db@full"
         image = work / "image.raw"
         subprocess.run(["nbdcopy", view, str(image)], check=True)
