@@ -2,7 +2,7 @@
 //! file or a block device — sparse where the view has holes (a file keeps
 //! them as holes, a device gets zeros), read and written in parallel (a few
 //! threads each fetch a piece and write it), written back to the device as
-//! it goes (see `Writeback`), and made durable with a final sync. `--since T0` writes only the ranges that changed from
+//! it goes (`rewind_io::WriteBehind`), and made durable with a final sync. `--since T0` writes only the ranges that changed from
 //! T0 to TIME onto a target that holds the volume as it was at T0 (MYCDP's
 //! recover-to-original-disk): bytes moved = bytes changed.
 //!
@@ -10,10 +10,8 @@
 //! exactly that time: should retention drop it midway, the restore stops
 //! with an error rather than mixing two points.
 
-use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +20,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
+
+use rewind_io::{os_file, WriteBehind};
 
 use crate::backend::{progress_bar, Backend, Progress};
 
@@ -193,76 +193,6 @@ fn allocation(backend: &dyn Backend, volume: &str, at: u64, size: u64, zero_hole
     Ok(work)
 }
 
-/// How many bytes a copier lets wait in the page cache for the device.
-const WRITEBACK_WINDOW_BYTES: u64 = 16 << 20;
-
-/// Keeps what a copier has written but the device has not few, as
-/// `nbdcopy` does: each range's writeback starts as soon as it is written
-/// (`sync_file_range` WRITE), and once more than `WRITEBACK_WINDOW_BYTES`
-/// are in flight the oldest is waited for and dropped from the page cache
-/// (`POSIX_FADV_DONTNEED`). The device writes while pieces are fetched
-/// rather than all at the final sync, the kernel never throttles a burst
-/// of dirty pages, and a restore does not fill the page cache with an
-/// image nobody reads back. A target that refuses the calls gets plain
-/// writes and the final sync does the work; a write error they report is
-/// the restore's (it would not be reported again by that sync).
-struct Writeback<'a> {
-    target: &'a File,
-    in_flight: VecDeque<(u64, u64)>,
-    bytes: u64,
-    refused: bool,
-}
-
-impl<'a> Writeback<'a> {
-    fn new(target: &'a File) -> Writeback<'a> {
-        Writeback { target, in_flight: VecDeque::new(), bytes: 0, refused: false }
-    }
-
-    fn written(&mut self, offset: u64, length: u64) -> Result<()> {
-        if self.refused || !self.sync_range(offset, length, libc::SYNC_FILE_RANGE_WRITE)? {
-            return Ok(());
-        }
-        self.in_flight.push_back((offset, length));
-        self.bytes += length;
-        while self.bytes > WRITEBACK_WINDOW_BYTES {
-            let (offset, length) = self.in_flight.pop_front().expect("bytes in flight are in the queue");
-            self.bytes -= length;
-            let wait =
-                libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-            if self.sync_range(offset, length, wait)? {
-                // SAFETY: a plain system call on a descriptor `target` owns
-                // and keeps open for the call; it touches no memory of ours.
-                unsafe {
-                    libc::posix_fadvise(
-                        self.target.as_raw_fd(),
-                        offset as i64,
-                        length as i64,
-                        libc::POSIX_FADV_DONTNEED,
-                    )
-                };
-            }
-        }
-        Ok(())
-    }
-
-    /// `sync_file_range` over the range: whether the target took it.
-    fn sync_range(&mut self, offset: u64, length: u64, flags: libc::c_uint) -> Result<bool> {
-        // SAFETY: as above.
-        let result = unsafe { libc::sync_file_range(self.target.as_raw_fd(), offset as i64, length as i64, flags) };
-        if result == 0 {
-            return Ok(true);
-        }
-        let error = std::io::Error::last_os_error();
-        match error.raw_os_error() {
-            Some(libc::EINVAL | libc::ESPIPE | libc::ENOSYS | libc::EOPNOTSUPP) => {
-                self.refused = true;
-                Ok(false)
-            }
-            _ => Err(error).context("cannot write the target"),
-        }
-    }
-}
-
 /// Writes `work` to `target` with `COPIERS` threads, each fetching a piece
 /// of the volume and writing it where it belongs (the target's writes, like
 /// the fetches, overlap: one writer would stall every fetcher whenever the
@@ -284,12 +214,16 @@ fn copy(
     let pieces = Mutex::new(pieces);
     let (sender, receiver) = mpsc::channel::<Result<Work>>();
     let failed = &AtomicBool::new(false);
+    let target_io = &os_file(target.try_clone().context("cannot open the target again")?);
     std::thread::scope(|scope| {
         for _ in 0..COPIERS {
             let (sender, pieces) = (sender.clone(), &pieces);
             scope.spawn(move || {
                 let mut buffer = Vec::new();
-                let mut writeback = Writeback::new(target);
+                // Written back as it goes (see `WriteBehind`): the device
+                // works while pieces are fetched, and the page cache is
+                // reused rather than filled with an image nobody reads.
+                let mut behind = WriteBehind::new(&**target_io);
                 while !failed.load(Ordering::Relaxed) {
                     let Some(piece) = pieces.lock().expect("no copier panics holding it").next() else { return };
                     buffer.resize(piece.length as usize, 0);
@@ -301,7 +235,7 @@ fn copy(
                         }
                     }
                     .and_then(|()| target.write_all_at(&buffer, piece.offset).context("cannot write the target"))
-                    .and_then(|()| writeback.written(piece.offset, piece.length));
+                    .and_then(|()| behind.written(piece.offset, piece.length).context("cannot write the target"));
                     if copied.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }

@@ -142,6 +142,12 @@ impl CurrentStore {
         &self.data_path
     }
 
+    /// The data file, for writing behind a copy into the store (see
+    /// `rewind_io::WriteBehind`).
+    pub(crate) fn data_file(&self) -> &dyn File {
+        &*self.data
+    }
+
     pub fn read_data(&self, first: BlockIndex, buf: &mut [u8]) -> Result<(), EngineError> {
         self.check_range(first, buf.len() as u64 / u64::from(self.block_size.bytes()));
         self.data.read_exact_at(buf, self.block_size.offset_of(first)).map_err(EngineError::io(&self.data_path))

@@ -126,6 +126,14 @@ impl File for CountingFile {
         self.inner.allocate(offset, length)
     }
 
+    fn start_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.inner.start_writeback(offset, length)
+    }
+
+    fn finish_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.inner.finish_writeback(offset, length)
+    }
+
     fn size_bytes(&self) -> io::Result<u64> {
         self.inner.size_bytes()
     }

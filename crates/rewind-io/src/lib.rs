@@ -27,7 +27,7 @@ mod os;
 mod sim;
 
 pub use counting::{CountingStorage, IoCounters, IoStats};
-pub use os::{DirLock, OsStorage};
+pub use os::{os_file, DirLock, OsStorage};
 pub use sim::{SimConfig, SimStorage};
 
 use std::io;
@@ -55,6 +55,54 @@ pub trait File: Send + Sync {
     fn sync_data(&self) -> io::Result<()>;
     /// Deallocates `offset..offset+length`; it reads back as zeros afterwards.
     fn punch_hole(&self, offset: u64, length: u64) -> io::Result<()>;
+    /// Starts writing `offset..offset+length` to the device without waiting
+    /// for it. A hint: where it cannot be given, nothing happens.
+    fn start_writeback(&self, _offset: u64, _length: u64) -> io::Result<()> {
+        Ok(())
+    }
+    /// Waits until `offset..offset+length` is on the device, then lets the
+    /// page cache drop it (for data written once and not read back soon).
+    /// An error the device met writing it is reported here — and would not
+    /// be reported again by a later `sync_data`, so the caller must fail.
+    fn finish_writeback(&self, _offset: u64, _length: u64) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Bytes a [`WriteBehind`] lets wait in the page cache for the device.
+pub const WRITE_BEHIND_BYTES: u64 = 16 << 20;
+
+/// Writes behind a sequential-ish copy into `file`, as `nbdcopy` does:
+/// each range's writeback starts as soon as it is written, and once more
+/// than [`WRITE_BEHIND_BYTES`] are in flight the oldest is waited for and
+/// dropped from the page cache. The device then writes while the copy
+/// reads, the final sync has little left, the kernel never throttles a
+/// burst of dirty pages, and the copy reuses a few page-cache pages instead
+/// of touching fresh memory for every byte (which, on a VM, can cost a
+/// host page fault a page). One per writing thread.
+pub struct WriteBehind<'a> {
+    file: &'a dyn File,
+    in_flight: std::collections::VecDeque<(u64, u64)>,
+    bytes: u64,
+}
+
+impl<'a> WriteBehind<'a> {
+    pub fn new(file: &'a dyn File) -> WriteBehind<'a> {
+        WriteBehind { file, in_flight: std::collections::VecDeque::new(), bytes: 0 }
+    }
+
+    /// `offset..offset+length` was just written.
+    pub fn written(&mut self, offset: u64, length: u64) -> io::Result<()> {
+        self.file.start_writeback(offset, length)?;
+        self.in_flight.push_back((offset, length));
+        self.bytes += length;
+        while self.bytes > WRITE_BEHIND_BYTES {
+            let (offset, length) = self.in_flight.pop_front().expect("bytes in flight are queued");
+            self.bytes -= length;
+            self.file.finish_writeback(offset, length)?;
+        }
+        Ok(())
+    }
 }
 
 pub trait Storage: Send + Sync {
@@ -182,6 +230,19 @@ mod tests {
         assert_eq!(page, [0; 4096]);
         file.read_exact_at(&mut page, 0).unwrap();
         assert_eq!(page, [7; 4096]);
+        // Writing behind keeps at most the window in flight, and what was
+        // written reads back (the page cache may drop it, never lose it).
+        let mut behind = WriteBehind::new(&*file);
+        for piece in 0..12u8 {
+            file.write_all_at(&vec![piece; 4 << 20], u64::from(piece) << 22).unwrap();
+            behind.written(u64::from(piece) << 22, 4 << 20).unwrap();
+            assert!(behind.bytes <= WRITE_BEHIND_BYTES && behind.in_flight.len() as u64 <= WRITE_BEHIND_BYTES >> 22);
+        }
+        let mut piece = vec![0u8; 4 << 20];
+        for index in 0..12u8 {
+            file.read_exact_at(&mut piece, u64::from(index) << 22).unwrap();
+            assert!(piece.iter().all(|&byte| byte == index), "piece {index} reads back");
+        }
         file.sync_data().unwrap();
         write_file_atomic(storage, "a/b/g", b"one").unwrap();
         write_file_atomic(storage, "a/b/g", b"two").unwrap();

@@ -2,11 +2,13 @@
 
 use std::fs;
 use std::io;
+use std::num::NonZeroU64;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustix::fs::{fallocate, flock, statvfs, FallocateFlags, FlockOperation};
+use rustix::fs::{fadvise, fallocate, flock, statvfs, Advice, FallocateFlags, FlockOperation};
 
 use crate::{File, OpenMode, Space, Storage};
 
@@ -113,6 +115,42 @@ impl File for OsFile {
             Err(errno) => Err(errno.into()),
         }
     }
+
+    fn start_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.sync_range(offset, length, libc::SYNC_FILE_RANGE_WRITE)
+    }
+
+    fn finish_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        self.sync_range(offset, length, flags)?;
+        // Only advice: the pages may stay, which costs memory, not data.
+        let _ = fadvise(&self.file, offset, NonZeroU64::new(length), Advice::DontNeed);
+        Ok(())
+    }
+}
+
+impl OsFile {
+    /// `sync_file_range` over the range; a file (or filesystem) that does
+    /// not take it is left to the next sync.
+    fn sync_range(&self, offset: u64, length: u64, flags: libc::c_uint) -> io::Result<()> {
+        let (Ok(offset), Ok(length)) = (i64::try_from(offset), i64::try_from(length)) else { return Ok(()) };
+        // SAFETY: a system call on a descriptor `self.file` owns and keeps
+        // open for the call; it reads and writes no memory of ours.
+        if unsafe { libc::sync_file_range(self.file.as_raw_fd(), offset, length, flags) } == 0 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::EINVAL | libc::ESPIPE | libc::ENOSYS | libc::EOPNOTSUPP) => Ok(()),
+            _ => Err(error),
+        }
+    }
+}
+
+/// An open file of the operating system as a [`File`] (a restore's target,
+/// which may be a block device).
+pub fn os_file(file: fs::File) -> Arc<dyn File> {
+    Arc::new(OsFile { file })
 }
 
 impl Storage for OsStorage {

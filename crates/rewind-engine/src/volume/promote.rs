@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use rewind_format::current::{BlockMeta, BlockState};
 use rewind_format::meta::{VolumeBase, VolumeMeta};
-use rewind_io::{write_file_atomic, OpenMode, Storage};
+use rewind_io::{write_file_atomic, OpenMode, Storage, WriteBehind};
 use rewind_types::{BlockIndex, BlockSize};
 
 use crate::current::CurrentStore;
@@ -255,6 +255,9 @@ impl Volume {
         let mut buf = vec![0u8; PIECE_BYTES as usize];
         let mut bytes_copied = 0;
         let mut position = 0;
+        // Written back as it goes: the copy is not read again soon, and a
+        // page cache filled with it would cost more than it saves.
+        let mut behind = WriteBehind::new(copy.store.data_file());
         progress(0, size_bytes);
         while position < size_bytes {
             // Deleted meanwhile, or the disk is nearly full: stop here.
@@ -277,6 +280,7 @@ impl Volume {
                         })
                         .collect();
                     copy.store.write_blocks(block_size.block_of(position), data, &metas)?;
+                    behind.written(position, extent.length).map_err(EngineError::io(copy.store.data_path()))?;
                     bytes_copied += extent.length;
                 }
                 position += extent.length;
