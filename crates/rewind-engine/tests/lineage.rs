@@ -513,3 +513,38 @@ fn a_write_after_a_revert_and_a_restart_is_after_the_revert() {
     assert_eq!(image[4096..8192], [0; 4096], "reverted away");
     assert_eq!(image[8192..], [3; 4096], "written after the revert");
 }
+
+/// A bookmark and a clone made "now" pin the clock after the last write,
+/// with no journal record of their own; after a crash the clock must still
+/// start after them, or a write at the same instant would be stamped with
+/// their time and show through to the bookmark's view and to the clone.
+#[test]
+fn a_write_after_a_bookmark_or_a_clone_at_now_and_a_restart_is_after_them() {
+    let storage = SimStorage::new(SimConfig::default(), 11);
+    let at = Timestamp::from_unix_nanos;
+    let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+    let block = BlockSize::new(4096).unwrap();
+    let source = node.create_volume(VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, block), at(1_000)).unwrap();
+    let other = node.create_volume(VolumeSpec::new(VolumeName::new("w").unwrap(), 1 << 20, block), at(1_000)).unwrap();
+    source.write(at(2_000), 0, &[1; 4096], Durability::Fua).unwrap();
+    other.write(at(2_000), 0, &[1; 4096], Durability::Fua).unwrap();
+    let bookmark = BookmarkName::new("now").unwrap();
+    let marked = source.create_bookmark(bookmark.clone(), None, at(5_000)).unwrap().timestamp;
+    let clone = node.clone_volume("w", None, VolumeName::new("c").unwrap(), at(5_000)).unwrap();
+    assert_eq!((marked, clone.base().unwrap().at), (at(5_000), at(5_000)));
+    drop((source, other, clone));
+    drop(node);
+    storage.crash();
+    let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+    // Written at the very instant of the bookmark and of the branch point.
+    node.volume("v").unwrap().write(at(5_000), 0, &[2; 4096], Durability::Fua).unwrap();
+    node.volume("w").unwrap().write(at(5_000), 0, &[2; 4096], Durability::Fua).unwrap();
+    let mut block_read = vec![0; 4096];
+    let source = node.volume("v").unwrap();
+    source.view(marked).unwrap().read(0, &mut block_read).unwrap();
+    assert!(block_read == [1; 4096], "the bookmark shows the state it named");
+    node.volume("c").unwrap().read(0, &mut block_read).unwrap();
+    assert!(block_read == [1; 4096], "the clone reads its base as it was at the branch point");
+    source.read(0, &mut block_read).unwrap();
+    assert!(block_read == [2; 4096], "the write is there, after them");
+}

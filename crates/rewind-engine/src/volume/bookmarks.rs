@@ -174,6 +174,12 @@ impl Volume {
         self.pin_clock(&mut self.write.lock(), now)
     }
 
+    /// Raises the volume's clock to `at`, so later writes are after it.
+    pub(crate) fn advance_clock(&self, at: Timestamp) {
+        let mut state = self.write.lock();
+        state.timestamp_last = state.timestamp_last.max(at);
+    }
+
     /// [`Volume::advance_clock_pinned`] under the write lock the caller holds.
     fn pin_clock(&self, state: &mut WriteState, now: Timestamp) -> Timestamp {
         state.timestamp_last = state.timestamp_last.max(now);

@@ -126,6 +126,11 @@ impl Volume {
     /// was lent at (see [`Volume::hold_again`]).
     pub(crate) fn lend_again(self: &Arc<Self>, clone: &VolumeName, at: Timestamp) -> Base {
         self.hold_again(at);
+        // A clone made "now" pinned the clock after the last record; after
+        // a restart the clock starts at the last record, and a later write
+        // stamped with the branch point would show through to the clone.
+        // Clones are opened before anything is written to their base.
+        self.advance_clock(at);
         self.register(clone, View::holding(Arc::clone(self), at))
     }
 

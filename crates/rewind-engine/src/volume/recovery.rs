@@ -100,8 +100,13 @@ impl Volume {
             ControllerCache::new(CacheConfig::new(meta.cache_bytes, block_bytes, CACHE_DIRTY_FRACTION))
         });
         let zero_block_crc32c = rewind_format::crc32c(&vec![0u8; meta.block_size.bytes() as usize]);
-        // Every write after a revert is after it, whatever the journal holds.
+        // Every write after a revert is after it, whatever the journal holds;
+        // so is every write after a bookmark made "now" (a point pinned on the
+        // clock, after the last record — a restart must not stamp a later
+        // write with it, which would change what the bookmark shows).
         let reverted = history.reverts.lock().entries.last().map_or(Timestamp::MIN, |revert| revert.at);
+        let bookmarked = history.bookmarks.lock().entries.iter().map(|bookmark| bookmark.timestamp).max();
+        let reverted = reverted.max(bookmarked.unwrap_or(Timestamp::MIN));
         index.set_release_hook(Arc::new(crate::volume::archive::ReleaseChunks {
             chunks: Arc::clone(&chunks),
             block_bytes: meta.block_size.bytes(),
