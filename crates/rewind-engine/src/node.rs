@@ -262,6 +262,15 @@ impl Node {
             }
             unopened = waiting;
         }
+        // A damaged clone was not lent its base, which must still keep its
+        // clock past the branch point (see `Volume::lend_again`).
+        for meta in damaged.values().filter_map(|damage| damage.meta.as_ref()) {
+            if let Some((base, volume)) =
+                meta.lent_base().and_then(|base| Some((base, volumes.get(base.volume.as_str())?)))
+            {
+                volume.advance_clock(base.at);
+            }
+        }
         let mut missing_by_volume = Vec::new();
         for volume in volumes.values() {
             let mut missing = Vec::new();
