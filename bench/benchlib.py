@@ -2,6 +2,9 @@
 they ran on, and writing their section of BENCHMARKS.md."""
 
 import json
+import statistics
+import shutil
+import os
 import re
 import signal
 import subprocess
@@ -126,3 +129,31 @@ def wait_port(port):
                 return
         time.sleep(0.05)
     raise RuntimeError(f"nothing listens on {port}")
+
+
+def spread(values, digits=2):
+    """min / median / max of `values`, to `digits` decimals."""
+    return f"{min(values):.{digits}f} / {statistics.median(values):.{digits}f} / {max(values):.{digits}f}"
+
+
+def timed(command, **kwargs):
+    """Runs `command`; its wall-clock seconds and its stdout."""
+    start = time.monotonic()
+    output = subprocess.run(command, check=True, capture_output=True, text=True, **kwargs).stdout
+    return time.monotonic() - start, output
+
+
+def start_server(work_dir, nbd, http):
+    """A fresh `work_dir` and a Rewind server on its `data` directory, NBD
+    and HTTP on 127.0.0.1 at the given ports: (work, data, server)."""
+    work = Path(work_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    data = work / "data"
+    server = Process(
+        [str(REWIND), "serve", "--data-dir", str(data), "--nbd", f"127.0.0.1:{nbd}", "--http", f"127.0.0.1:{http}"],
+        ready_pattern=[r"listening http"],
+        env={**os.environ, "RUST_LOG": "warn"},
+    )
+    return work, data, server
+

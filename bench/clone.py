@@ -13,12 +13,9 @@ Usage: python3 bench/clone.py [--runs 3] [--runtime 10]
 """
 
 import argparse
-import os
 import shutil
-import statistics
-from pathlib import Path
 
-from benchlib import REWIND, Process, api, environment, fio, remember_token, wait_port, write_section
+from benchlib import api, environment, fio, remember_token, spread, start_server, wait_port, write_section
 
 NBD, HTTP = 10951, 10952
 JOBS = {
@@ -27,9 +24,6 @@ JOBS = {
 }
 
 
-def spread(values, digits=2):
-    return f"{min(values):.{digits}f} / {statistics.median(values):.{digits}f} / {max(values):.{digits}f}"
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -37,15 +31,7 @@ def main():
     parser.add_argument("--runtime", type=int, default=10)
     parser.add_argument("--dir", default="/var/tmp/rewind-bench-clone")
     args = parser.parse_args()
-    work = Path(args.dir)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    data = work / "data"
-    server = Process(
-        [str(REWIND), "serve", "--data-dir", str(data), "--nbd", f"127.0.0.1:{NBD}", "--http", f"127.0.0.1:{HTTP}"],
-        ready_pattern=[r"listening http"],
-        env={**os.environ, "RUST_LOG": "warn"},
-    )
+    work, data, server = start_server(args.dir, NBD, HTTP)
     iops = {job: {"plain": [], "clone": []} for job in JOBS}
     try:
         wait_port(NBD)

@@ -27,27 +27,15 @@ Usage: python3 bench/restore.py [--runs 3]
 
 import argparse
 import json
-import os
 import shutil
-import statistics
 import subprocess
-import time
-from pathlib import Path
 
-from benchlib import REWIND, Process, api, environment, fio, remember_token, wait_archived, wait_port, write_section
+from benchlib import REWIND, api, environment, fio, remember_token, spread, start_server, timed, wait_archived, wait_port, write_section
 
 NBD, HTTP = 10941, 10942
 SIZE = 1 << 30
 
 
-def timed(command, **kwargs):
-    start = time.monotonic()
-    output = subprocess.run(command, check=True, capture_output=True, text=True, **kwargs).stdout
-    return time.monotonic() - start, output
-
-
-def spread(values, digits=2):
-    return f"{min(values):.{digits}f} / {statistics.median(values):.{digits}f} / {max(values):.{digits}f}"
 
 
 def main():
@@ -55,15 +43,7 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dir", default="/var/tmp/rewind-bench-restore")
     args = parser.parse_args()
-    work = Path(args.dir)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    data = work / "data"
-    server = Process(
-        [str(REWIND), "serve", "--data-dir", str(data), "--nbd", f"127.0.0.1:{NBD}", "--http", f"127.0.0.1:{HTTP}"],
-        ready_pattern=[r"listening http"],
-        env={**os.environ, "RUST_LOG": "warn"},
-    )
+    work, data, server = start_server(args.dir, NBD, HTTP)
     rewind = [str(REWIND), "--server", f"http://127.0.0.1:{HTTP}", "--data-dir", str(data)]
     seconds = {"rewind": [], "nbdcopy": [], "cp": [], "fio-direct": []}
     incremental = []
