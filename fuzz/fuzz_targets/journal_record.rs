@@ -56,6 +56,7 @@ fn stamp(header: &RecordHeader) -> RecordStamp {
         lsn_committed: header.lsn_committed,
         timestamp: header.timestamp,
         block_first: header.block_first,
+        revert: header.revert,
     }
 }
 

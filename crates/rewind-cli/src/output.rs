@@ -187,6 +187,13 @@ pub fn volume_detail(detail: &VolumeDetail) {
         stats.lsn_durable,
         HumanBytes(stats.journal_bytes_reclaimable)
     );
+    if stats.revert_copy_blocks_left > 0 {
+        println!(
+            "after revert    copying back into the current store in the background: {} blocks to look at \
+             (reads are correct meanwhile, and faster as it goes)",
+            stats.revert_copy_blocks_left
+        );
+    }
     println!("export          {} (and {}@TIME)", info.export, info.export);
 }
 

@@ -43,6 +43,7 @@ pub use volume::import::ImportReport;
 pub use volume::promote::PromoteReport;
 pub use volume::read::{BlockStatus, View};
 pub use volume::revert::{RevertReport, Writers};
+pub use volume::revert_copy::RevertCopyStatus;
 pub use volume::space::{ratio, VolumeSpace};
 pub use volume::writes::{WriteExtent, WriteExtents, WriteHistory};
 pub use volume::{Durability, Volume, VolumeConfig, ZeroMode};

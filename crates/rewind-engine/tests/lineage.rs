@@ -2,7 +2,8 @@
 //! are clones of each other (clones of clones, clones at past points and at
 //! now), written, zeroed, flushed, bookmarked, reverted in place and
 //! reverts undone, the two roots bookmarked and reverted as a group,
-//! maintained (archive, retention, collection), promoted (a clone's own
+//! maintained (archive, retention, collection, the background copy after
+//! a revert), promoted (a clone's own
 //! copy of its base, after which the base may go) and crashed at random,
 //! checked against an oracle per volume whose first state is its
 //! base as it was at the branch point, and whose state after a revert is
@@ -69,6 +70,8 @@ struct Exercised {
     group_bookmarks: u64,
     group_reverts: u64,
     promotes: u64,
+    /// Blocks the background copy after a revert put back into a current store.
+    revert_blocks_copied: u64,
     /// Versions a base's retention thinned while clones read from it.
     thinned_under_clones: u64,
 }
@@ -261,7 +264,12 @@ fn run(seed: u64) -> Exercised {
             }
             60..=69 => {
                 case.node.maintain(now).unwrap();
+                let copied = || -> u64 {
+                    case.node.volumes().iter().map(|volume| volume.stats().unwrap().revert_blocks_copied).sum()
+                };
+                let before = copied();
                 case.node.maintain_history(now).unwrap();
+                exercised.revert_blocks_copied += copied() - before;
                 if case.has_clones(line) {
                     exercised.thinned_under_clones =
                         exercised.thinned_under_clones.max(volume.stats().unwrap().versions_thinned);
@@ -465,6 +473,7 @@ fn clones_read_their_base_at_the_branch_point_through_crashes() {
         group_bookmarks: total.group_bookmarks + case.group_bookmarks,
         group_reverts: total.group_reverts + case.group_reverts,
         promotes: total.promotes + case.promotes,
+        revert_blocks_copied: total.revert_blocks_copied + case.revert_blocks_copied,
     });
     println!("{total:?}");
     let enough = total.clones > 100
@@ -478,11 +487,12 @@ fn clones_read_their_base_at_the_branch_point_through_crashes() {
         && total.thinned_under_clones > 0
         && total.group_bookmarks > 100
         && total.group_reverts > 30
-        && total.promotes > 30;
+        && total.promotes > 30
+        && total.revert_blocks_copied > 100;
     assert!(
         seeds < 30 || enough,
-        "clones, reverts, group bookmarks and reverts, promotes, crashes, refused deletes and thinning under clones \
-         must be exercised"
+        "clones, reverts, group bookmarks and reverts, promotes, crashes, refused deletes, thinning under clones and \
+         the copy after reverts must be exercised"
     );
 }
 

@@ -109,6 +109,11 @@ pub struct RecordHeader {
     pub timestamp: Timestamp,
     pub block_first: BlockIndex,
     pub block_count: u32,
+    /// Write and zero records of a revert's background copy only: the time
+    /// of that revert (`None` otherwise). Their blocks are the volume as at
+    /// the point it went back to, in effect from the revert's time: not a
+    /// write, nor history, and `timestamp` is only the newest time so far.
+    pub revert: Option<Timestamp>,
 }
 
 impl RecordHeader {
@@ -150,7 +155,8 @@ impl RecordHeader {
             .u64(self.block_first.0)
             .u32(self.block_count)
             .u64(self.lsn_committed.0)
-            .zeros(CHECKSUM_OFFSET - 44);
+            .u64(self.revert.map_or(0, Timestamp::unix_nanos))
+            .zeros(CHECKSUM_OFFSET - 52);
         writer.into_bytes()
     }
 
@@ -180,7 +186,14 @@ impl RecordHeader {
         let block_first = BlockIndex(reader.u64()?);
         let block_count = reader.u32()?;
         let lsn_committed = Lsn(reader.u64()?);
-        let header = RecordHeader { kind, block_size, lsn, lsn_committed, timestamp, block_first, block_count };
+        let revert = match reader.u64()? {
+            0 => None,
+            nanos => Some(Timestamp::from_unix_nanos(nanos)),
+        };
+        if revert.is_some() && !matches!(kind, RecordKind::Write | RecordKind::Zero) {
+            return Err(reader.invalid("only write and zero records belong to a revert's copy"));
+        }
+        let header = RecordHeader { kind, block_size, lsn, lsn_committed, timestamp, block_first, block_count, revert };
         if kind == RecordKind::Vouch {
             if block_count != 0 || lsn_committed != lsn {
                 return Err(reader.invalid("a vouch record covers no blocks and vouches for its own LSN"));
@@ -201,7 +214,7 @@ impl RecordHeader {
                 return Err(reader.invalid(format!("record {lsn} claims {lsn_committed} was committed before it")));
             }
         }
-        reader.take(CHECKSUM_OFFSET - 44 + 4)?;
+        reader.take(CHECKSUM_OFFSET - 52 + 4)?;
         Ok(header)
     }
 
@@ -222,10 +235,16 @@ pub struct RecordStamp {
     pub lsn_committed: Lsn,
     pub timestamp: Timestamp,
     pub block_first: BlockIndex,
+    /// See [`RecordHeader::revert`].
+    pub revert: Option<Timestamp>,
 }
 
 impl RecordStamp {
     fn header(self, kind: RecordKind, block_count: u32) -> RecordHeader {
+        assert!(
+            self.revert.is_none() || matches!(kind, RecordKind::Write | RecordKind::Zero),
+            "only write and zero records belong to a revert's copy"
+        );
         RecordHeader {
             kind,
             block_size: self.block_size,
@@ -234,6 +253,7 @@ impl RecordStamp {
             timestamp: self.timestamp,
             block_first: self.block_first,
             block_count,
+            revert: self.revert,
         }
     }
 }
@@ -363,6 +383,7 @@ mod tests {
             lsn_committed: Lsn(lsn - 1),
             timestamp: Timestamp::from_unix_nanos(5),
             block_first: BlockIndex(block_first),
+            revert: None,
         }
     }
 
@@ -422,6 +443,27 @@ mod tests {
         damaged[RECORD_HEADER_BYTES + 40] ^= 1;
         let entries = &damaged[RECORD_HEADER_BYTES..header.data_offset()];
         assert!(RecordHeader::verify(&damaged[..RECORD_HEADER_BYTES], entries).is_err());
+    }
+
+    #[test]
+    fn a_revert_copy_record_keeps_its_revert_time_and_only_writes_and_zeros_may_have_one() {
+        let revert = Some(Timestamp::from_unix_nanos(4));
+        let mut record = Vec::new();
+        append_write_record(&mut record, &mut Vec::new(), RecordStamp { revert, ..stamp(3, 8) }, &[7; 512]);
+        append_zero_record(&mut record, RecordStamp { revert, ..stamp(4, 9) }, 2);
+        let write = RecordHeader::decode(&record).unwrap();
+        let zero = RecordHeader::decode(&record[write.record_bytes() as usize..]).unwrap();
+        assert_eq!((write.kind, write.revert), (RecordKind::Write, revert));
+        assert_eq!((zero.kind, zero.revert, zero.block_count), (RecordKind::Zero, revert, 2));
+        let mut plain = Vec::new();
+        append_zero_record(&mut plain, stamp(4, 9), 2);
+        assert_eq!(RecordHeader::decode(&plain).unwrap().revert, None);
+
+        let mut vouch = Vec::new();
+        append_vouch_record(&mut vouch, RecordStamp { lsn_committed: Lsn(6), ..stamp(6, 0) });
+        vouch[44..52].copy_from_slice(&4u64.to_le_bytes());
+        let error = RecordHeader::decode(&vouch).unwrap_err().to_string();
+        assert!(error.contains("only write and zero records belong to a revert's copy"), "{error}");
     }
 
     #[test]

@@ -479,6 +479,36 @@ impl Reverts {
     }
 }
 
+/// `revert-copy`: how far the background copy after a volume's last revert
+/// has come (see `docs/format/metadata.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RevertCopyProgress {
+    /// The time of the revert copied for.
+    pub revert_at: Timestamp,
+    /// Every block before this one reads from where the copy put it, or
+    /// never needed copying.
+    pub block_next: u64,
+}
+
+impl RevertCopyProgress {
+    const MAGIC: [u8; 4] = *b"RWRC";
+    const WHAT: &'static str = "revert copy progress";
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut payload = Writer::new();
+        payload.u64(self.revert_at.unix_nanos()).u64(self.block_next);
+        seal_envelope(Self::MAGIC, payload)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
+        let progress =
+            RevertCopyProgress { revert_at: Timestamp::from_unix_nanos(reader.u64()?), block_next: reader.u64()? };
+        finish(reader)?;
+        Ok(progress)
+    }
+}
+
 /// `policy`: how much of a volume's history is kept. Changeable at any time.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct VolumePolicy {
@@ -768,6 +798,11 @@ mod tests {
         assert_eq!(reverts.era_of(Some(Timestamp::from_unix_nanos(49))), None);
         assert_eq!(reverts.era_of(Some(Timestamp::from_unix_nanos(50))), Some(&reverts.entries[0]));
         assert_eq!(reverts.era_of(None), Some(&reverts.entries[1]));
+        let progress = RevertCopyProgress { revert_at: Timestamp::from_unix_nanos(50), block_next: 77 };
+        assert_eq!(RevertCopyProgress::decode(&progress.encode()).unwrap(), progress);
+        let mut torn = progress.encode();
+        torn.pop();
+        assert!(RevertCopyProgress::decode(&torn).is_err());
         let backwards = Reverts { entries: vec![reverts.entries[1], reverts.entries[0]] };
         assert!(Reverts::decode(&backwards.encode()).unwrap_err().to_string().contains("out of order"));
         let clone = VolumeMeta {

@@ -328,6 +328,14 @@ pub struct Stats {
     /// is told from a torn write after a crash.
     pub lsn_vouched: u64,
     pub versions_pending_destage: u64,
+    /// Blocks the background copy after a revert put back into the current
+    /// store since the server started.
+    #[serde(default)]
+    pub revert_blocks_copied: u64,
+    /// Blocks the background copy after the last revert has yet to look
+    /// at (0 once it is finished, or if there is none).
+    #[serde(default)]
+    pub revert_copy_blocks_left: u64,
 }
 
 impl From<VolumeStats> for Stats {
@@ -358,6 +366,10 @@ impl From<VolumeStats> for Stats {
             lsn_durable: stats.lsn_durable,
             lsn_vouched: stats.lsn_vouched,
             versions_pending_destage: stats.versions_pending_destage,
+            revert_blocks_copied: stats.revert_blocks_copied,
+            revert_copy_blocks_left: stats
+                .revert_copy
+                .map_or(0, |copy| copy.blocks_total.saturating_sub(copy.blocks_done)),
         }
     }
 }

@@ -101,6 +101,16 @@ fn render(node: &Node) -> String {
         ),
         ("rewind_volume_space_max_bytes", "gauge", "Space cap of the archived history (0: none)."),
         ("rewind_volume_pending_destage_versions", "gauge", "Versions not yet copied to the current store."),
+        (
+            "rewind_volume_revert_copied_blocks_total",
+            "counter",
+            "Blocks the background copy after a revert put back into the current store since the server started.",
+        ),
+        (
+            "rewind_volume_revert_copy_left_blocks",
+            "gauge",
+            "Blocks the background copy after the last revert has yet to look at (0: finished or none).",
+        ),
         ("rewind_volume_size_bytes", "gauge", "Volume size."),
         ("rewind_volume_poisoned", "gauge", "1 if the volume refuses writes after a failed fsync."),
         (
@@ -144,6 +154,8 @@ fn render(node: &Node) -> String {
             volume.space().map_or(0, |space| space.chunk_stored_bytes),
             volume.space_max_bytes(),
             stats.versions_pending_destage,
+            stats.revert_blocks_copied,
+            stats.revert_copy.map_or(0, |copy| copy.blocks_total.saturating_sub(copy.blocks_done)),
             volume.size_bytes(),
             u64::from(stats.poisoned),
             u64::from(volume.fault().is_some()),

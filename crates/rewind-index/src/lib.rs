@@ -480,6 +480,27 @@ impl VersionIndex {
         }
     }
 
+    /// Records that every journal record up to `lsn` is in the runs, as it
+    /// is once nothing sealed at or before `lsn` waits to be written, when
+    /// the records after the last version filed carry none (a revert's
+    /// copy): recovery need not look at them again. The caller sealed the
+    /// memtable when `lsn` was the last record, so none after the seal is
+    /// at or before it.
+    pub fn indexed_through(&self, lsn: Lsn) -> Result<(), IndexError> {
+        let _persisting = self.persisting.lock();
+        if self.state.read().frozen.iter().any(|memtable| memtable.lsn_last() <= lsn) {
+            return Ok(());
+        }
+        let mut manifest = self.manifest.lock();
+        if manifest.lsn_indexed >= lsn {
+            return Ok(());
+        }
+        let next = IndexManifest { lsn_indexed: lsn, ..manifest.clone() };
+        self.write_manifest(&next)?;
+        *manifest = next;
+        Ok(())
+    }
+
     fn write_manifest(&self, manifest: &IndexManifest) -> Result<(), IndexError> {
         let path = format!("{}/{MANIFEST}", self.dir);
         // Also makes the names of newly written runs durable: same directory.

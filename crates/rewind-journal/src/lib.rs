@@ -104,6 +104,17 @@ impl JournalError {
     }
 }
 
+/// The time a record is stamped with.
+#[derive(Clone, Copy)]
+enum Stamped {
+    /// A write's own time.
+    At(Timestamp),
+    /// The newest time so far: the record adds no point in time.
+    Latest,
+    /// The newest time so far, for a revert's copy (`RecordHeader::revert`).
+    RevertCopy(Timestamp),
+}
+
 /// Where an appended record landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Appended {
@@ -411,11 +422,7 @@ impl Journal {
         data: &[u8],
         crcs: &mut Vec<u32>,
     ) -> Result<Appended, JournalError> {
-        let block_count = data.len() as u64 / u64::from(self.block_size.bytes());
-        let header_bytes = RECORD_HEADER_BYTES as u64 + (block_count * 4).next_multiple_of(8);
-        self.append(timestamp, block_first, header_bytes, data.len() as u64, |out, stamp| {
-            append_write_record(out, crcs, stamp, data)
-        })
+        self.append_blocks(Stamped::At(timestamp), block_first, data, crcs)
     }
 
     /// Appends a zero record: `block_count` blocks from `block_first` now read
@@ -426,7 +433,53 @@ impl Journal {
         block_first: BlockIndex,
         block_count: u32,
     ) -> Result<Appended, JournalError> {
-        self.append(timestamp, block_first, RECORD_HEADER_BYTES as u64, 0, |out, stamp| {
+        self.append_zeros(Stamped::At(timestamp), block_first, block_count)
+    }
+
+    /// Appends a write record of the background copy after the revert at
+    /// `revert` (see `RecordHeader::revert`): `data`, from `block_first`,
+    /// as the volume reads there from that revert on.
+    pub fn append_revert_copy(
+        &self,
+        revert: Timestamp,
+        block_first: BlockIndex,
+        data: &[u8],
+        crcs: &mut Vec<u32>,
+    ) -> Result<Appended, JournalError> {
+        self.append_blocks(Stamped::RevertCopy(revert), block_first, data, crcs)
+    }
+
+    /// [`Journal::append_revert_copy`] for `block_count` blocks of zeros.
+    pub fn append_revert_zero(
+        &self,
+        revert: Timestamp,
+        block_first: BlockIndex,
+        block_count: u32,
+    ) -> Result<Appended, JournalError> {
+        self.append_zeros(Stamped::RevertCopy(revert), block_first, block_count)
+    }
+
+    fn append_blocks(
+        &self,
+        stamped: Stamped,
+        block_first: BlockIndex,
+        data: &[u8],
+        crcs: &mut Vec<u32>,
+    ) -> Result<Appended, JournalError> {
+        let block_count = data.len() as u64 / u64::from(self.block_size.bytes());
+        let header_bytes = RECORD_HEADER_BYTES as u64 + (block_count * 4).next_multiple_of(8);
+        self.append(stamped, block_first, header_bytes, data.len() as u64, |out, stamp| {
+            append_write_record(out, crcs, stamp, data)
+        })
+    }
+
+    fn append_zeros(
+        &self,
+        stamped: Stamped,
+        block_first: BlockIndex,
+        block_count: u32,
+    ) -> Result<Appended, JournalError> {
+        self.append(stamped, block_first, RECORD_HEADER_BYTES as u64, 0, |out, stamp| {
             append_zero_record(out, stamp, block_count)
         })
     }
@@ -435,13 +488,14 @@ impl Journal {
     /// with the newest time so far.
     pub fn append_copy(&self, versions: &[Version]) -> Result<Appended, JournalError> {
         let header_bytes = (RECORD_HEADER_BYTES + versions.len() * COPY_ENTRY_BYTES) as u64;
-        let timestamp = self.tail.lock().timestamp_last;
-        self.append(timestamp, BlockIndex(0), header_bytes, 0, |out, stamp| append_copy_record(out, stamp, versions))
+        self.append(Stamped::Latest, BlockIndex(0), header_bytes, 0, |out, stamp| {
+            append_copy_record(out, stamp, versions)
+        })
     }
 
     fn append(
         &self,
-        timestamp: Timestamp,
+        stamped: Stamped,
         block_first: BlockIndex,
         header_bytes: u64,
         data_bytes: u64,
@@ -455,12 +509,18 @@ impl Journal {
             self.start_segment(&mut tail)?;
         }
         let lsn = tail.lsn_next;
+        let (timestamp, revert) = match stamped {
+            Stamped::At(timestamp) => (timestamp, None),
+            Stamped::Latest => (tail.timestamp_last, None),
+            Stamped::RevertCopy(revert) => (tail.timestamp_last, Some(revert)),
+        };
         let stamp = RecordStamp {
             block_size: self.block_size,
             lsn,
             lsn_committed: Lsn(self.lsn_durable.load(Ordering::Acquire)),
             timestamp,
             block_first,
+            revert,
         };
         let record_offset = tail.active.end();
         let before = tail.active.bytes.len();
@@ -598,6 +658,7 @@ impl Journal {
                 lsn_committed: lsn_durable,
                 timestamp: tail.timestamp_last,
                 block_first: BlockIndex(0),
+                revert: None,
             };
             append_vouch_record(&mut tail.active.bytes, stamp);
             tail.active.lsn_last = tail.active.lsn_last.max(lsn_durable);
@@ -1133,6 +1194,7 @@ impl Recovery {
             lsn_committed: Lsn(self.lsn_expected.0.saturating_sub(1)),
             timestamp: self.timestamp_last,
             block_first: BlockIndex(0),
+            revert: None,
         };
         let count = u32::try_from(lsn_count).map_err(|_| JournalError::Corrupt {
             path: path.clone(),

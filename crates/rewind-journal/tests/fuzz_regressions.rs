@@ -25,6 +25,7 @@ fn a_damaged_tail_of_part_of_an_8_byte_unit_is_not_repaired_by_a_panic() {
         lsn_committed: Lsn(lsn_committed),
         timestamp: Timestamp::from_unix_nanos(lsn),
         block_first: BlockIndex(0),
+        revert: None,
     };
     let header = |segment, lsn_first| {
         SegmentHeader { segment, block_size, lsn_first: Lsn(lsn_first), timestamp_before: Timestamp::MIN }.encode()

@@ -85,6 +85,7 @@ fn journal() {
         lsn_committed: Lsn(lsn - 1),
         timestamp: at(100 + lsn),
         block_first: BlockIndex(lsn * 3),
+        revert: None,
     };
     let data: Vec<u8> = (0..1024u32).map(|i| (i * 7) as u8).collect();
     let mut write_record = Vec::new();
@@ -100,6 +101,9 @@ fn journal() {
     write("journal_record", "write", &[&[0], &write_record]);
     write("journal_record", "zero", &[&[0], &zero_record]);
     write("journal_record", "copy", &[&[0], &copy_record]);
+    let mut revert_copy_record = Vec::new();
+    append_write_record(&mut revert_copy_record, &mut Vec::new(), RecordStamp { revert: Some(at(2)), ..stamp(5) }, &data);
+    write("journal_record", "revert-copy", &[&[0], &revert_copy_record]);
     let header = |segment, lsn_first| {
         SegmentHeader { segment, block_size, lsn_first: Lsn(lsn_first), timestamp_before: at(1) }.encode()
     };

@@ -28,7 +28,7 @@
 //! came between the record and the overwrite) is not made twice.
 
 use rewind_format::current::{BlockMeta, BlockState};
-use rewind_types::{Version, VersionData};
+use rewind_types::{Timestamp, Version, VersionData};
 
 use crate::volume::Pending;
 use crate::{EngineError, Volume};
@@ -105,6 +105,10 @@ impl Volume {
         let current = self.current.as_ref().expect("these layouts have a current store");
         let copies_current = self.rules().copies_current_version();
         let thinning = self.index.thinning();
+        // A revert's copy (stamped with the revert's time) is not history:
+        // the versions it copies are (see `revert_copy.rs`).
+        let revert_times: Vec<Timestamp> = self.reverts().iter().map(|revert| revert.at).collect();
+        let is_history = |version: &Version| !revert_times.contains(&version.timestamp);
         let mut wanted = Vec::new();
         let mut let_go = Vec::new();
         let mut metas = Vec::new();
@@ -141,16 +145,17 @@ impl Volume {
             }
             let from_overlay = sequence.len() - chain.len();
             for (index, pair) in sequence.windows(2).enumerate() {
-                if !thinning.supersedes(&pair[0].0, &pair[1].0) {
+                if is_history(&pair[0].0) && !thinning.supersedes(&pair[0].0, &pair[1].0) {
                     wanted.push(pair[0]);
                     if index >= from_overlay {
                         let_go.push(chain[index - from_overlay]);
                     }
                 }
             }
-            if !copies_current {
+            let newest = *sequence.last().expect("chains are not empty");
+            if !copies_current && is_history(&newest.0) {
                 // The version destaged leaves the cache for both stores.
-                wanted.push(*sequence.last().expect("chains are not empty"));
+                wanted.push(newest);
             }
         }
         Ok(Filing { wanted, let_go })

@@ -10,11 +10,14 @@
 //! may only err on the side of "changed": a block is reported unchanged
 //! only when both points read the same version, the same chunk (the chunk
 //! store deduplicates, so two versions of equal bytes may share one), or
-//! both read zeros. Either way the two points read the same bytes.
+//! both read zeros. Either way the two points read the same bytes. A block
+//! the background copy after a revert put back into the current store is
+//! planned as the version it copies (`Copies::Traced`), so the copy changes
+//! no answer.
 
 use std::sync::Arc;
 
-use crate::volume::read::{Mismatch, OverlayAccess, Source, View, STATUS_BLOCKS_MAX};
+use crate::volume::read::{Copies, Mismatch, OverlayAccess, Source, View, STATUS_BLOCKS_MAX};
 use crate::{EngineError, Volume};
 use rewind_types::Timestamp;
 
@@ -112,7 +115,8 @@ impl Volume {
         let _no_archive = self.history_work.lock();
         let _no_destage = self.destage.lock();
         let plan = |at: Option<Timestamp>| -> Result<Vec<Source>, EngineError> {
-            self.plan(at, OverlayAccess::Lock, first, count)?.map_err(|Mismatch(block)| self.corrupt_current(block))
+            self.plan(at, OverlayAccess::Lock, Copies::Traced, first, count)?
+                .map_err(|Mismatch(block)| self.corrupt_current(block))
         };
         let before = plan(Some(earlier.at()))?;
         let after = plan(later)?;

@@ -224,6 +224,11 @@ pub struct VolumeStats {
     /// See `rewind_journal::Journal::vouch`.
     pub lsn_vouched: u64,
     pub versions_pending_destage: u64,
+    /// Blocks the background copy after a revert has put back into the
+    /// current store since the volume was opened (see `revert_copy.rs`).
+    pub revert_blocks_copied: u64,
+    /// The background copy after the last revert, while it is unfinished.
+    pub revert_copy: Option<crate::RevertCopyStatus>,
     pub poisoned: bool,
 }
 
@@ -498,6 +503,8 @@ impl Volume {
             lsn_durable: self.journal.lsn_durable().0,
             lsn_vouched: self.journal.lsn_vouched().0,
             versions_pending_destage: self.overlay_versions.load(Ordering::Relaxed) as u64,
+            revert_blocks_copied: counter(&counters.revert_blocks_copied),
+            revert_copy: self.revert_copy_status(),
             poisoned: self.is_poisoned(),
         })
     }

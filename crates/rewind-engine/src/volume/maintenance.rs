@@ -224,6 +224,8 @@ impl Volume {
             let replay_segment = self.maintenance.lock().replay_segment;
             worked |= self.reclaim_journal(replay_segment)?;
         }
+        // Last: it is the work that can wait longest.
+        worked |= self.copy_after_revert()?;
         Ok(worked)
     }
 
@@ -242,6 +244,10 @@ impl Volume {
             self.journal.commit()?;
             self.destage_durable()?;
             self.persist_index(lsn)?;
+            if !self.rules().history_at_destage() {
+                // Records after the last write (a revert's copy) file nothing.
+                self.index.indexed_through(lsn)?;
+            }
             let destage = self.destage.lock();
             assert!(destage.lsn_applied >= lsn, "destaged through the sealed LSN");
             if let Some(current) = &self.current {

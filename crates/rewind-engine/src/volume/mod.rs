@@ -59,6 +59,7 @@ pub(crate) mod promote;
 pub(crate) mod read;
 mod recovery;
 pub(crate) mod revert;
+pub(crate) mod revert_copy;
 pub(crate) mod space;
 pub(crate) mod writes;
 
@@ -176,6 +177,7 @@ struct Counters {
     pub archive_passes: AtomicU64,
     pub versions_archived: AtomicU64,
     pub journal_bytes_reclaimed: AtomicU64,
+    pub revert_blocks_copied: AtomicU64,
 }
 
 /// What a node's volumes share.
@@ -241,6 +243,8 @@ pub struct Volume {
     clones: Mutex<BTreeMap<rewind_types::VolumeName, Timestamp>>,
     /// A promote is copying this clone's base.
     promoting: AtomicBool,
+    /// The background copy after the last revert, while it is unfinished.
+    revert_copy: Mutex<Option<revert_copy::CopyState>>,
 }
 
 impl Volume {

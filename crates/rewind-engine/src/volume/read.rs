@@ -27,6 +27,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rewind_format::current::{BlockMeta, BlockState};
+use rewind_format::meta::Revert;
 use rewind_journal::JournalError;
 use rewind_types::{BlockIndex, ChunkId, Timestamp, Version, VersionData};
 
@@ -139,6 +140,19 @@ pub(super) enum OverlayAccess<'a> {
     Held(&'a WriteState),
 }
 
+/// How a plan takes the blocks a revert's background copy wrote, stamped
+/// with the revert's time (see `revert_copy.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Copies {
+    /// Where they are: in the current store (or the journal), like the
+    /// present they are.
+    Read,
+    /// As the versions they copy, planned at the point the revert went
+    /// back to: two plans then name the same version wherever the contents
+    /// are the same, copied or not (changed-block tracking).
+    Traced,
+}
+
 /// The most blocks one status request answers for (the reply may cover less
 /// than was asked, as NBD allows).
 pub(super) const STATUS_BLOCKS_MAX: u64 = 1 << 18;
@@ -198,7 +212,7 @@ impl Volume {
         self.read_with(None, OverlayAccess::Held(state), offset, buf)
     }
 
-    fn read_with(
+    pub(super) fn read_with(
         &self,
         at: Option<Timestamp>,
         overlay: OverlayAccess<'_>,
@@ -246,6 +260,21 @@ impl Volume {
         Ok(())
     }
 
+    /// The outcome of `plan`, made again under the destage lock if a
+    /// current-store entry failed its check (the destager may have been
+    /// rewriting it); a second failure is corruption. The caller holds
+    /// neither the destage lock nor the write lock.
+    pub(super) fn planned_or_corrupt<T>(
+        &self,
+        plan: impl Fn() -> Result<Result<T, Mismatch>, EngineError>,
+    ) -> Result<T, EngineError> {
+        if let Ok(planned) = plan()? {
+            return Ok(planned);
+        }
+        let _no_destage = self.destage.lock();
+        plan()?.map_err(|Mismatch(block)| self.corrupt_current(block))
+    }
+
     pub(crate) fn corrupt_current(&self, block: BlockIndex) -> EngineError {
         EngineError::Corrupt {
             volume: self.name().to_string(),
@@ -281,7 +310,7 @@ impl Volume {
         count: u64,
         target: &mut [u8],
     ) -> Result<Result<(), Mismatch>, EngineError> {
-        let sources = match self.plan(at, overlay, first, count)? {
+        let sources = match self.plan(at, overlay, Copies::Read, first, count)? {
             Ok(sources) => sources,
             Err(mismatch) => return Ok(Err(mismatch)),
         };
@@ -386,6 +415,7 @@ impl Volume {
         &self,
         at: Option<Timestamp>,
         overlay: OverlayAccess<'_>,
+        copies: Copies,
         first: BlockIndex,
         count: u64,
     ) -> Result<Result<Vec<Source>, Mismatch>, EngineError> {
@@ -395,15 +425,20 @@ impl Volume {
         };
         let era = self.history.reverts.lock().era_of(at).copied();
         let mut sources: Vec<Source> = planned.iter().map(|&(source, _)| source).collect();
-        let Some(revert) = era.filter(|revert| planned.iter().any(|&(_, written)| written < revert.at)) else {
+        // Only the revert's copy is stamped with its time.
+        let reverted = |revert: &Revert, written: Timestamp| match copies {
+            Copies::Read => written < revert.at,
+            Copies::Traced => written <= revert.at,
+        };
+        let Some(revert) = era.filter(|revert| planned.iter().any(|&(_, written)| reverted(revert, written))) else {
             return Ok(Ok(sources));
         };
-        let then = match self.plan(Some(revert.to), overlay, first, count)? {
+        let then = match self.plan(Some(revert.to), overlay, copies, first, count)? {
             Ok(then) => then,
             Err(mismatch) => return Ok(Err(mismatch)),
         };
         for (index, &(_, written)) in planned.iter().enumerate() {
-            if written < revert.at {
+            if reverted(&revert, written) {
                 sources[index] = then[index];
             }
         }
@@ -412,7 +447,7 @@ impl Volume {
 
     /// Per block, where its newest version at or before `at` (the present
     /// if `None`) is, and when it was written (`Timestamp::MIN` if never).
-    fn plan_newest(
+    pub(super) fn plan_newest(
         &self,
         at: Option<Timestamp>,
         overlay: OverlayAccess<'_>,
@@ -499,16 +534,7 @@ impl Volume {
         let first = block_size.block_of(offset);
         let end = offset + length;
         let count = (end.div_ceil(block_bytes) - first.0).min(STATUS_BLOCKS_MAX);
-        let sources = match self.plan(at, OverlayAccess::Lock, first, count)? {
-            Ok(sources) => sources,
-            Err(Mismatch(_)) => {
-                let _no_destage = self.destage.lock();
-                match self.plan(at, OverlayAccess::Lock, first, count)? {
-                    Ok(sources) => sources,
-                    Err(Mismatch(block)) => return Err(self.corrupt_current(block)),
-                }
-            }
-        };
+        let sources = self.planned_or_corrupt(|| self.plan(at, OverlayAccess::Lock, Copies::Read, first, count))?;
         let mut extents: Vec<BlockStatus> = Vec::new();
         let mut push = |length: u64, allocated: bool| match extents.last_mut() {
             Some(last) if last.allocated == allocated => last.length += length,

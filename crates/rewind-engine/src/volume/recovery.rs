@@ -150,6 +150,7 @@ impl Volume {
             base: Mutex::new(base.map(Arc::new)),
             clones: Mutex::new(BTreeMap::new()),
             promoting: AtomicBool::new(false),
+            revert_copy: Mutex::new(None),
         }
     }
 
@@ -245,6 +246,8 @@ impl Volume {
             }
             versions.clear();
             metas.clear();
+            // A revert's copy takes effect from the revert (see `revert_copy.rs`).
+            let timestamp = header.revert.unwrap_or(header.timestamp);
             for index in 0..header.block_count {
                 let (data, crc32c, state) = match header.kind {
                     RecordKind::Write => {
@@ -260,8 +263,8 @@ impl Volume {
                     RecordKind::Vouch | RecordKind::Lost => unreachable!("recovery reads these records itself"),
                 };
                 let block = BlockIndex(first.0 + u64::from(index));
-                versions.push(Version { block, timestamp: header.timestamp, data, crc32c });
-                metas.push(BlockMeta { state, crc32c, timestamp: header.timestamp });
+                versions.push(Version { block, timestamp, data, crc32c });
+                metas.push(BlockMeta { state, crc32c, timestamp });
             }
             // Re-applied (for ROW, an early merge) unless COW must copy first.
             let lsn = header.lsn;
@@ -293,10 +296,12 @@ impl Volume {
             }
             // (A repair may replay from further back than the index covers:
             // what is archived is in archived runs already.)
-            if header.lsn > lsn_indexed && !copies_history && header.timestamp >= index.archived_before() {
+            // A revert's copy is neither history nor a write.
+            let is_write = header.revert.is_none();
+            if is_write && header.lsn > lsn_indexed && !copies_history && header.timestamp >= index.archived_before() {
                 index.insert(header.lsn, &versions);
             }
-            if header.lsn > history.timeline_lsn() {
+            if is_write && header.lsn > history.timeline_lsn() {
                 let bytes = u64::from(header.block_count) * block_bytes as u64;
                 add_to_timeline(&mut timeline, header.timestamp, header.kind == RecordKind::Zero, bytes);
             }
@@ -336,6 +341,7 @@ impl Volume {
         let volume = Volume::assemble(storage, dir, meta, config, parts, checkpoint, shared, recovered, base);
         debug_assert_eq!(volume.zero_block_crc32c, zero_block_crc32c);
         volume.write.lock().timeline_unsaved = timeline;
+        volume.resume_revert_copy()?;
         // Make the replay durable so the next start need not repeat it. In
         // COW that destages, which copies into the chunk store: the node
         // does it once the store has counted its references. On a full disk

@@ -72,6 +72,7 @@ impl Volume {
             *self.history.reverts.lock() = next;
             // Both ends pinned before any later write can be thinned against them.
             self.rethin(&self.history.policy.lock(), &bookmarks);
+            self.start_revert_copy(revert);
             revert
         };
         let disconnected = match writers {
