@@ -402,7 +402,8 @@ fn a_ransomware_attack_is_reverted_and_the_revert_undone() {
 
 /// ext4 on a volume: files written, bookmarked, then every file overwritten
 /// with random bytes and half of them deleted. `rewind revert --to` the
-/// bookmark brings every file back byte for byte; `--undo` brings the
+/// bookmark brings every file back byte for byte, before and after the
+/// background copy that follows it; `--undo` brings the
 /// encrypted state back; a clone at the bookmark takes changes the origin
 /// never sees.
 fn a_ransomware_attack_is_reverted_and_the_revert_undone_in(layout: &str) {
@@ -458,6 +459,23 @@ fn a_ransomware_attack_is_reverted_and_the_revert_undone_in(layout: &str) {
     }
     let timeline = server.rewind(&["timeline", "fs"]);
     assert!(timeline.contains("↶ reverted") && timeline.contains(&before), "{timeline}");
+    fs_test.detach();
+
+    // Meanwhile the background copy has been putting what the revert reads
+    // through history back into the current store; the files are the same
+    // after it (and the filesystem's own writes since are kept).
+    let mut copied = 0;
+    common::wait_for("the background copy after the revert to finish", || {
+        let info = json(&server.rewind(&["volume", "info", "fs", "--json"]));
+        copied = info["stats"]["revert_blocks_copied"].as_u64().unwrap();
+        info["stats"]["revert_copy_blocks_left"].as_u64() == Some(0)
+    });
+    assert_eq!(copied > 0, layout != "logging", "{layout}: {copied} blocks copied (logging has no current store)");
+    let disk = fs_test.attach(&server.uri("fs"), &fs_test.fuse_view.clone(), true);
+    run("mount", &["-o", "ro,noload", &disk, old.to_str().unwrap()]);
+    for (name, bytes) in &files {
+        assert!(fs::read(old.join(name)).unwrap() == *bytes, "{name} reads the same after the copy");
+    }
     fs_test.detach();
 
     // Undo: the encrypted state is back (and stays readable at its bookmark).
