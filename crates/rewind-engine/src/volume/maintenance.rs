@@ -224,7 +224,9 @@ impl Volume {
             let replay_segment = self.maintenance.lock().replay_segment;
             worked |= self.reclaim_journal(replay_segment)?;
         }
-        // Last: it is the work that can wait longest.
+        drop(work);
+        // Last, and without holding off what waits for the rest (a diff):
+        // it is the work that can wait longest, and takes longest.
         worked |= self.copy_after_revert()?;
         Ok(worked)
     }

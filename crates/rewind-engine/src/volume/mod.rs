@@ -245,6 +245,8 @@ pub struct Volume {
     promoting: AtomicBool,
     /// The background copy after the last revert, while it is unfinished.
     revert_copy: Mutex<Option<revert_copy::CopyState>>,
+    /// Held by the pass of that copy running.
+    revert_copying: Mutex<()>,
 }
 
 impl Volume {

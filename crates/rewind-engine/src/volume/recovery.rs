@@ -151,6 +151,7 @@ impl Volume {
             clones: Mutex::new(BTreeMap::new()),
             promoting: AtomicBool::new(false),
             revert_copy: Mutex::new(None),
+            revert_copying: Mutex::new(()),
         }
     }
 

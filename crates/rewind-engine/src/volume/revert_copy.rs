@@ -24,8 +24,8 @@
 //! lock (with the destager held off) before its record is appended: a
 //! client write that came meanwhile is newer, and wins.
 //!
-//! The copy runs with the slow work on history, a bounded amount per pass,
-//! and saves how far it has come (`revert-copy`) once its records are
+//! The copy runs after the slow work on history (not holding it off), a
+//! bounded amount per pass, one pass at a time, and saves how far it has come (`revert-copy`) once its records are
 //! durable; a newer revert starts it again from the first block. The
 //! Logging layout has no current store: nothing to copy. Blocks that read
 //! a clone's base at the point reverted to are left to read it there.
@@ -64,8 +64,8 @@ pub struct RevertCopyStatus {
 /// together; the most one journal record of the copy holds).
 const STEP_BYTES: u64 = 8 << 20;
 /// Bytes copied in one pass of the slow work at most: the copy yields to
-/// retention and archiving, and the disk to clients, between passes.
-const PASS_BYTES_MAX: u64 = 128 << 20;
+/// the other volumes' history work, and the disk to clients, between passes.
+const PASS_BYTES_MAX: u64 = 512 << 20;
 /// Blocks looked at in one pass at most (each costs a current-store entry
 /// read, and where it was changed an index lookup).
 const PASS_BLOCKS_MAX: u64 = 1 << 20;
@@ -118,6 +118,9 @@ impl Volume {
     /// One pass of the copy (see the module documentation). Returns
     /// whether it copied anything.
     pub(crate) fn copy_after_revert(&self) -> Result<bool, EngineError> {
+        let Some(_one_pass_at_a_time) = self.revert_copying.try_lock() else {
+            return Ok(false);
+        };
         let Some(CopyState { revert, mut block_next }) = *self.revert_copy.lock() else {
             return Ok(false);
         };
@@ -131,6 +134,10 @@ impl Volume {
         let mut copied_bytes = 0;
         let step_blocks = (STEP_BYTES / block_bytes).max(1);
         while block_next < pass_end && copied_bytes < PASS_BYTES_MAX {
+            if self.closed.load(Ordering::Acquire) {
+                // Being deleted, or the node is closing: the rest can wait.
+                return Ok(copied_bytes > 0);
+            }
             let count = step_blocks.min(block_count - block_next);
             match self.copy_step(&revert, BlockIndex(block_next), count)? {
                 Some(blocks) => copied_bytes += blocks * block_bytes,
