@@ -16,7 +16,7 @@ use rewind_format::chunks::{
 use rewind_format::journal::{append_copy_record, append_write_record, append_zero_record, RecordStamp, SegmentHeader};
 use rewind_format::meta::{
     Bookmark, Bookmarks, Checkpoint, IndexManifest, JournalPosition, Layout, RetentionTier, RunInfo, TimelineBucket,
-    TimelineFrame, VolumeMeta, VolumePolicy,
+    TimelineFrame, VolumeBase, VolumeMeta, VolumePolicy,
 };
 use rewind_index::{IndexConfig, PageCache, VersionIndex};
 use rewind_io::{read_file, SimConfig, SimStorage, Storage};
@@ -41,8 +41,15 @@ fn metadata() {
         created: at(42),
         layout: Layout::Checkpointing,
         cache_bytes: 64 << 20,
+        base: None,
     };
     write("volume_meta", "checkpointing", &[&[0], &meta.encode()]);
+    let clone = VolumeMeta {
+        name: VolumeName::new("db-debug").unwrap(),
+        base: Some(VolumeBase { volume: VolumeName::new("db").unwrap(), at: at(40), copied: true }),
+        ..meta.clone()
+    };
+    write("volume_meta", "promoted-clone", &[&[0], &clone.encode()]);
     let checkpoint =
         Checkpoint { lsn: Lsn(5), replay_from: JournalPosition { segment: 1, offset: 4160 }, timestamp_last: at(9) };
     write("checkpoint", "one", &[&[0], &checkpoint.encode()]);
