@@ -143,15 +143,18 @@ def timed(command, **kwargs):
     return time.monotonic() - start, output
 
 
-def start_server(work_dir, nbd, http):
-    """A fresh `work_dir` and a Rewind server on its `data` directory, NBD
-    and HTTP on 127.0.0.1 at the given ports: (work, data, server)."""
+def start_server(work_dir, nbd, http, options=(), fresh=True):
+    """A `work_dir` (emptied first if `fresh`) and a Rewind server on its
+    `data` directory, NBD and HTTP on 127.0.0.1 at the given ports, with
+    more `rewind serve` options: (work, data, server)."""
     work = Path(work_dir)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    if fresh:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
     data = work / "data"
     server = Process(
-        [str(REWIND), "serve", "--data-dir", str(data), "--nbd", f"127.0.0.1:{nbd}", "--http", f"127.0.0.1:{http}"],
+        [str(REWIND), "serve", "--data-dir", str(data), "--nbd", f"127.0.0.1:{nbd}", "--http", f"127.0.0.1:{http}",
+         *options],
         ready_pattern=[r"listening http"],
         env={**os.environ, "RUST_LOG": "warn"},
     )
