@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Views at the speed of the present? (issue 13, reqs 3 and 7c)
+
+One Rewind server; per case a 1 GiB volume filled by 1 MiB sequential
+writes, then bookmarked `old`, then random 4 KiB overwrites of one block in
+eight, or of every block once, and the server's archiving let go quiet (the
+history a view of `old` needs is then in the chunk store). Per run, in
+alternating order, fio 1 MiB sequential reads (QD 4, time-based) of the live
+volume and of the view `vol@old` over NBD; view ÷ live.
+
+Usage: python3 bench/views.py [--runs 5] [--runtime 8]
+"""
+
+import argparse
+import shutil
+
+from benchlib import api, environment, fio, remember_token, spread, start_server, wait_archived, wait_port, write_section
+
+NBD, HTTP = 10997, 10998
+SIZE = 1 << 30
+READ = ["--rw=read", "--bs=1m", "--iodepth=4"]
+# What the overwrite covers, in eighths of the volume.
+CASES = {"one block in eight": 1, "every block": 8}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runtime", type=int, default=8)
+    parser.add_argument("--dir", default="/var/tmp/rewind-bench-views")
+    args = parser.parse_args()
+    work, data, server = start_server(args.dir, NBD, HTTP)
+    mib_s = {case: {"live": [], "view": []} for case in CASES}
+    try:
+        wait_port(NBD)
+        http = f"127.0.0.1:{HTTP}"
+        remember_token(http, data)
+        for case, eighths in CASES.items():
+            volume = f"vol{eighths}"
+            api(http, "POST", "/v1/volumes", {"name": volume, "size_bytes": SIZE})
+            live, view = f"nbd://127.0.0.1:{NBD}/{volume}", f"nbd://127.0.0.1:{NBD}/{volume}@old"
+            fio(live, "fill", ["--rw=write", "--bs=1m", "--iodepth=4", "--end_fsync=1"], str(SIZE))
+            api(http, "POST", f"/v1/volumes/{volume}/bookmarks", {"name": "old"})
+            fio(live, "overwrite", ["--rw=randwrite", "--bs=4k", "--iodepth=16", "--end_fsync=1"], str(SIZE),
+                extra=[f"--io_size={SIZE * eighths // 8}"])
+            wait_archived(http, volume)
+            for run in range(args.runs):
+                order = [("live", live), ("view", view)]
+                for name, uri in order if run % 2 == 0 else reversed(order):
+                    result = fio(uri, name, READ, str(SIZE), runtime=args.runtime)
+                    mib_s[case][name].append(result["read"]["bw_bytes"] / (1 << 20))
+                    print(f"{case}, run {run} {name}: {mib_s[case][name][-1]:6.0f} MiB/s", flush=True)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    env = environment()
+    lines = [
+        "<!-- views:begin (written by bench/views.py; do not edit by hand) -->",
+        "## A view of the past against the present (issue 13)",
+        "",
+        f"`python3 bench/views.py --runs {args.runs} --runtime {args.runtime}` — {env['date']}, commit "
+        f"{env['commit']}, {env['cpu']}, {env['memory']}, {env['fio']}. A 1 GiB volume written sequentially, "
+        "bookmarked `old`, then random 4 KiB overwrites of one block in eight or of every block once, archiving let "
+        "go quiet; fio "
+        f"1 MiB sequential reads (`{' '.join(READ)}`, {args.runtime} s) of the live volume and of `vol@old` over NBD, "
+        "alternating. MiB/s (min / median / max).",
+        "",
+        "| overwritten since `old` | live MiB/s | view `vol@old` MiB/s | view ÷ live |",
+        "|---|---:|---:|---:|",
+    ]
+    for case, reads in mib_s.items():
+        ratios = [v / l for v, l in zip(reads["view"], reads["live"])]
+        lines.append(f"| {case} | {spread(reads['live'], 0)} | {spread(reads['view'], 0)} | {spread(ratios)} |")
+    lines.append("<!-- views:end -->")
+    section = "\n".join(lines)
+    print(section)
+    write_section("views", section)
+
+
+if __name__ == "__main__":
+    main()
