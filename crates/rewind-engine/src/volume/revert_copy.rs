@@ -301,7 +301,7 @@ mod tests {
     use rewind_types::{BlockIndex, BlockSize, BookmarkName, Layout, Timestamp, VolumeName};
 
     use crate::volume::read::{Copies, OverlayAccess, Source};
-    use crate::{Durability, LayoutRules, Node, NodeConfig, Volume, VolumeSpec, Writers, ZeroMode};
+    use crate::{Durability, EngineError, LayoutRules, Node, NodeConfig, Volume, VolumeSpec, Writers, ZeroMode};
 
     const BLOCK: u64 = 4096;
     const BLOCKS: u64 = 64;
@@ -450,6 +450,24 @@ mod tests {
             case.crash();
             case.check(&case.volume, "after a checkpoint and a crash");
         }
+    }
+
+    /// A full disk stops the copy as it stops writes: an error of the pass,
+    /// no poison, every read still right; once space is back it finishes.
+    #[test]
+    fn a_full_disk_pauses_the_copy_without_poisoning_the_volume() {
+        let case = reverted(Layout::Journaled);
+        case.storage.set_capacity(Some(case.storage.used_bytes()));
+        let refused = case.volume.copy_after_revert();
+        assert!(refused.as_ref().is_err_and(EngineError::is_transient), "{refused:?}");
+        assert!(case.volume.revert_copy_status().is_some(), "the copy cannot have finished on a full disk");
+        assert!(!case.volume.is_poisoned(), "a full disk is not a reason to poison the volume");
+        case.check(&case.volume, "with the disk full");
+        case.storage.set_capacity(None);
+        copy_to_the_end(&case.node, &case.volume, at(8_000));
+        case.node.checkpoint_all(at(9_000)).unwrap();
+        assert_eq!(from_history(&present_sources(&case.volume)), 0);
+        case.check(&case.volume, "after space came back");
     }
 
     /// Power lost at every moment of the copy's pass and of the checkpoint
