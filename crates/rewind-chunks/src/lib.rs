@@ -23,7 +23,7 @@ mod store;
 mod table;
 
 pub use dedup::DedupConfig;
-pub use pack::{compress, PackReader, PackWriter, SealedPack};
+pub use pack::{compress, Check, PackReader, PackWriter, SealedPack};
 pub use rewind_format::pack::{ChunkHash, Codec};
 pub use store::{
     ArchiveSession, ChunkSet, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting,

@@ -64,7 +64,7 @@ use rustc_hash::FxHashMap;
 
 use crate::dedup::{DedupConfig, DedupIndex};
 use crate::table::{slot_in, ChunkTable};
-use crate::{chunk_hash, pack_name, ChunkError, ChunkLocation, PackReader, PackWriter};
+use crate::{chunk_hash, pack_name, Check, ChunkError, ChunkLocation, PackReader, PackWriter};
 
 #[derive(Clone, Copy, Debug)]
 pub struct ChunkStoreConfig {
@@ -671,7 +671,7 @@ impl ChunkStore {
                     continue;
                 }
                 raw.resize(entry.raw_bytes as usize, 0);
-                if reader.read(reader.location(&entry), &entry.hash, &mut raw).is_err() {
+                if reader.read(reader.location(&entry), &entry.hash, &mut raw, Check::Hash).is_err() {
                     continue;
                 }
                 let slot = slot_of(entry.hash, reader.location(&entry));
@@ -793,8 +793,8 @@ impl ChunkStore {
         Ok(())
     }
 
-    /// Reads chunk `id` into `out` (its raw size), checking the table slot,
-    /// the record's CRC and the BLAKE3 hash of the bytes.
+    /// Reads chunk `id` into `out` (its raw size), checking the table slot
+    /// and the record ([`Check::Crc`]: the hash is for scrubs and copies).
     pub fn read(&self, id: ChunkId, out: &mut [u8]) -> Result<(), ChunkError> {
         // A repack may move the chunk and delete its old pack between our
         // reading the slot and opening the pack: then read the slot again.
@@ -819,7 +819,7 @@ impl ChunkStore {
                 stored_bytes: slot.stored_bytes,
                 raw_bytes: slot.raw_bytes,
             };
-            return reader.read(location, &slot.hash, out);
+            return reader.read(location, &slot.hash, out, Check::Crc);
         }
         unreachable!("the second attempt returns")
     }
@@ -914,6 +914,7 @@ impl ChunkStore {
                             &slot.hash,
                             record,
                             &mut out[index * chunk_bytes..(index + 1) * chunk_bytes],
+                            Check::Crc,
                         )?;
                     }
                 }
@@ -1193,7 +1194,7 @@ impl ChunkStore {
                 for entry in self.live_entries(&reader)? {
                     raw.resize(entry.raw_bytes as usize, 0);
                     let location = reader.location(&entry);
-                    let codec: Codec = reader.read_record(location, &entry.hash, &mut record, &mut raw)?;
+                    let codec: Codec = reader.read_record(location, &entry.hash, &mut record, &mut raw, Check::Hash)?;
                     let stored = &record[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + entry.stored_bytes as usize];
                     let location = writer.add_stored(entry.id, entry.hash, codec, stored, entry.raw_bytes)?;
                     moved.push((entry.id, slot_of(entry.hash, location)));

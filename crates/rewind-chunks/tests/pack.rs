@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use rand::{RngCore, SeedableRng};
-use rewind_chunks::{chunk_hash, ChunkError, Codec, PackReader, PackWriter};
+use rewind_chunks::{chunk_hash, Check, ChunkError, Codec, PackReader, PackWriter};
 use rewind_format::pack::RecordHeader;
 use rewind_io::OsStorage;
 use rewind_types::ChunkId;
@@ -92,7 +92,7 @@ fn sealed_fixture_reads_back_every_chunk() {
         assert_eq!(entry.hash, chunk_hash(chunk));
         assert_eq!(entry.id, ChunkId(100 + index as u64));
         let mut out = vec![0; entry.raw_bytes as usize];
-        reader.read(reader.location(entry), &entry.hash, &mut out).unwrap();
+        reader.read(reader.location(entry), &entry.hash, &mut out, Check::Hash).unwrap();
         assert_eq!(&out, chunk);
     }
     assert_eq!(reader.verify().unwrap(), 4);
@@ -134,7 +134,7 @@ fn corrupt_fixture_fails_that_chunk_only() {
     let entries = reader.footer().unwrap();
     for (index, entry) in entries.iter().enumerate() {
         let mut out = vec![0; entry.raw_bytes as usize];
-        let result = reader.read(reader.location(entry), &entry.hash, &mut out);
+        let result = reader.read(reader.location(entry), &entry.hash, &mut out, Check::Hash);
         if index == 1 {
             let error = result.unwrap_err();
             assert!(
@@ -163,8 +163,29 @@ fn a_record_that_names_another_chunk_is_corruption() {
     let reader = reader.unwrap();
     let entry = reader.footer().unwrap()[0];
     let mut out = vec![0; entry.raw_bytes as usize];
-    let error = reader.read(reader.location(&entry), &[9; 32], &mut out).unwrap_err();
+    let error = reader.read(reader.location(&entry), &[9; 32], &mut out, Check::Hash).unwrap_err();
     assert!(error.to_string().contains("not the chunk"), "{error}");
+}
+
+/// A record whose bytes are intact but are not the chunk it names (a writer
+/// that hashed one buffer and stored another): the CRC-32C every read checks
+/// cannot see it, the BLAKE3 hash that scrubs and copies check does.
+#[test]
+fn only_the_hash_check_sees_a_record_whose_bytes_are_another_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = OsStorage::new(dir.path()).unwrap();
+    let mut writer = PackWriter::create(&storage, ".", 1).unwrap();
+    let (named, stored) = (vec![1u8; 4096], vec![2u8; 4096]);
+    let location = writer.add_stored(ChunkId(1), chunk_hash(&named), Codec::Raw, &stored, 4096).unwrap();
+    writer.seal(&storage).unwrap();
+    let reader = PackReader::open(&storage, ".", 1).unwrap();
+    let mut out = vec![0; 4096];
+    reader.read(location, &chunk_hash(&named), &mut out, Check::Crc).unwrap();
+    assert_eq!(out, stored);
+    let error = reader.read(location, &chunk_hash(&named), &mut out, Check::Hash).unwrap_err();
+    assert!(error.to_string().contains("hash to something else"), "{error}");
+    let error = reader.verify().unwrap_err();
+    assert!(error.to_string().contains("hash to something else"), "{error}");
 }
 
 #[test]
@@ -195,7 +216,7 @@ fn many_chunks_round_trip_through_a_large_pack() {
     let mut codecs = [0; 2];
     for (location, chunk) in &chunks {
         let mut out = vec![0; 4096];
-        reader.read(*location, &chunk_hash(chunk), &mut out).unwrap();
+        reader.read(*location, &chunk_hash(chunk), &mut out, Check::Hash).unwrap();
         assert_eq!(&out, chunk);
         codecs[usize::from(location.stored_bytes < location.raw_bytes)] += 1;
     }
