@@ -66,20 +66,22 @@ def write_section(marker, section):
     path.write_text(text)
 
 
-def wait_archived(http, volume, quiet_seconds=3, timeout_seconds=300):
-    """Waits until the server's background archiving of `volume` (zstd over
-    everything just written, which takes both cores for a while) has gone
-    quiet: no version archived for `quiet_seconds`. So a measurement that
-    follows does not share the CPU with it by chance."""
+def wait_archived(http, volume, timeout_seconds=600):
+    """Waits until the server's background work on `volume` is done: every
+    version archived out of the journal into the chunk store (zstd over
+    everything just written, which takes both cores for a while; passes run
+    every `--archive-interval`, sooner while 64 MiB waits) and every write
+    destaged. So a measurement that follows does not share the CPU with it
+    by chance. Returns the volume's stats."""
     deadline = time.monotonic() + timeout_seconds
-    last, quiet = None, 0
-    while quiet < quiet_seconds:
+    while True:
+        stats = api(http, "GET", f"/v1/volumes/{volume}/stats")
+        pending_destage = api(http, "GET", f"/v1/volumes/{volume}")["stats"]["versions_pending_destage"]
+        if stats["versions_in_journal"] == 0 and pending_destage == 0:
+            return stats
         if time.monotonic() > deadline:
-            raise RuntimeError(f"archiving of {volume} did not settle in {timeout_seconds} s")
-        archived = api(http, "GET", f"/v1/volumes/{volume}/stats")["versions_archived"]
-        quiet = quiet + 1 if archived == last else 0
-        last = archived
-        time.sleep(1)
+            raise RuntimeError(f"archiving of {volume} did not finish in {timeout_seconds} s: {stats}")
+        time.sleep(0.5)
 
 
 def fio(uri, name, args, size, runtime=None, extra=()):

@@ -25,23 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import REWIND, ROOT, api, remember_token, environment, write_section
+from benchlib import REWIND, ROOT, api, remember_token, environment, wait_archived, write_section
 
 # (dedupe percentage, compress percentage) settings for fio
 FIO_SETTINGS = [(0, 0), (50, 0), (0, 50), (50, 50), (80, 80)]
 
 
-
-
-def wait_archived(http, volume):
-    """Until every version of `volume` is out of the journal (the server
-    archives every second)."""
-    deadline = time.time() + 600
-    while api(http, "GET", f"/v1/volumes/{volume}/stats")["versions_in_journal"] > 0:
-        if time.time() > deadline:
-            raise RuntimeError(f"{volume} was not archived within 10 minutes")
-        time.sleep(0.5)
-    return api(http, "GET", f"/v1/volumes/{volume}/stats")
 
 
 def run(*command, **kwargs):

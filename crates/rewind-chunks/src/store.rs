@@ -94,6 +94,8 @@ const FREE: u32 = u32::MAX;
 /// A count that has reached this stays: the chunk is kept for good (a
 /// pattern referenced four billion times) rather than the count wrapping.
 const STICKY: u32 = u32::MAX - 1;
+/// Span buffers of `read_many` kept for reuse (each up to 1 MiB and a record).
+const SPARE_SPANS_MAX: usize = 8;
 /// Table slots read at a time by scans: 1 MiB.
 const SCAN_IDS: u64 = 1 << 14;
 
@@ -231,6 +233,8 @@ pub struct ChunkStore {
     table: ChunkTable,
     state: Mutex<State>,
     readers: Mutex<FxHashMap<u64, Arc<PackReader>>>,
+    /// Buffers for spans of records, kept between reads (see `read_many`).
+    spare_spans: Mutex<Vec<Vec<u8>>>,
     gate: RwLock<()>,
     /// One archive session or collection at a time.
     writing: Mutex<()>,
@@ -442,6 +446,7 @@ impl ChunkStore {
             table,
             state: Mutex::new(state),
             readers: Mutex::new(FxHashMap::default()),
+            spare_spans: Mutex::new(Vec::new()),
             gate: RwLock::new(()),
             writing: Mutex::new(()),
             poisoned: Mutex::new(None),
@@ -830,11 +835,8 @@ impl ChunkStore {
     /// neighbouring records of a pack: history archived together lies
     /// together, so a view's sequential read stays close to sequential I/O.
     pub fn read_many(&self, ids: &[ChunkId], out: &mut [u8]) -> Result<(), ChunkError> {
-        /// Ids apart by at most this share one read of the table...
+        /// Ids apart by at most this share one read of the table.
         const SLOT_SPAN_IDS_MAX: u64 = 256;
-        /// ...and records of a pack within this many bytes one read of the pack.
-        const RECORD_SPAN_BYTES_MAX: u64 = 1 << 20;
-        const RECORD_GAP_BYTES_MAX: u64 = 4096;
         if ids.is_empty() {
             return Ok(());
         }
@@ -870,6 +872,31 @@ impl ChunkStore {
             }
             start = end;
         }
+        // A span buffer zeroed once and reused: a fresh one would be zeroed
+        // on every read, which costs as much as copying the span again.
+        let mut span = self.spare_spans.lock().pop().unwrap_or_default();
+        let read = self.read_spans(&slots, order, ids, chunk_bytes, &mut span, out);
+        let mut spare = self.spare_spans.lock();
+        if spare.len() < SPARE_SPANS_MAX {
+            spare.push(span);
+        }
+        read
+    }
+
+    /// The second half of [`ChunkStore::read_many`]: the records of the
+    /// chunks whose `slots` it found, read in spans of neighbours.
+    fn read_spans(
+        &self,
+        slots: &[Option<TableSlot>],
+        mut order: Vec<usize>,
+        ids: &[ChunkId],
+        chunk_bytes: usize,
+        bytes: &mut Vec<u8>,
+        out: &mut [u8],
+    ) -> Result<(), ChunkError> {
+        /// Records of a pack within this many bytes share one read of the pack.
+        const RECORD_SPAN_BYTES_MAX: u64 = 1 << 20;
+        const RECORD_GAP_BYTES_MAX: u64 = 4096;
         let slot = |index: usize| slots[index].expect("every slot read above");
         order.sort_unstable_by_key(|&index| (slot(index).pack, slot(index).offset));
         let record_end =
@@ -897,8 +924,12 @@ impl ChunkStore {
             };
             match reader {
                 Some(reader) => {
-                    bytes.resize((span_end - u64::from(first.offset)) as usize, 0);
-                    reader.read_span(u64::from(first.offset), &mut bytes)?;
+                    let span_bytes = (span_end - u64::from(first.offset)) as usize;
+                    if bytes.len() < span_bytes {
+                        bytes.resize(span_bytes, 0);
+                    }
+                    let bytes = &mut bytes[..span_bytes];
+                    reader.read_span(u64::from(first.offset), bytes)?;
                     for &index in group {
                         let slot = slot(index);
                         let at = (u64::from(slot.offset) - u64::from(first.offset)) as usize;
