@@ -7,7 +7,9 @@ Per run, in rotating order:
 - the device: fio on a file, `--direct=1 --bs=4m`, with `--fdatasync=1` (every
   byte kept once and synced as it goes: the physical limit for every-write
   history) and without syncs;
-- Rewind (every-write history, the journaled layout, archiving as usual);
+- Rewind (every-write history, the journaled layout, archiving as usual),
+  with its journal written with direct I/O (as shipped) and through the
+  page cache (`--journal-io buffered`, the alternative);
 - `nbdkit file` (the tool a user would pick instead) on a file.
 The NBD jobs are fio `--rw=write --bs=1m --iodepth=4 --end_fsync=1`. Each
 Rewind volume is deleted after its run (and the server's background work
@@ -24,7 +26,11 @@ from pathlib import Path
 
 from benchlib import Process, api, environment, fio, remember_token, spread, start_server, wait_archived, wait_port, write_section
 
-SERVERS = {"rewind": (10981, 10982, [])}
+# Rewind as it ships (journal with direct I/O) and with the alternative it replaced.
+SERVERS = {
+    "rewind": (10981, 10982, []),
+    "rewind, buffered journal": (10983, 10984, ["--journal-io", "buffered"]),
+}
 NBDKIT = 10985
 NBD_JOB = ["--rw=write", "--bs=1m", "--iodepth=4", "--end_fsync=1"]
 
@@ -87,7 +93,7 @@ def main():
                     mib_s[job].append(result["write"]["bw_bytes"] / (1 << 20))
                     wait_archived(http, volume)
                     api(http, "DELETE", f"/v1/volumes/{volume}")
-                print(f"run {run} {job:18}: {mib_s[job][-1]:6.0f} MiB/s", flush=True)
+                print(f"run {run} {job:26}: {mib_s[job][-1]:6.0f} MiB/s", flush=True)
     finally:
         for server in servers:
             server.stop()
@@ -97,7 +103,8 @@ def main():
     rows = {
         "device, fdatasync": "the disk: fio `--direct=1 --bs=4m --fdatasync=1` on a file",
         "device, no syncs": "the disk: fio `--direct=1 --bs=4m`, no syncs",
-        "rewind": "Rewind, over NBD",
+        "rewind": "Rewind, over NBD (journal with direct I/O, as shipped)",
+        "rewind, buffered journal": "Rewind, over NBD, `--journal-io buffered` (through the page cache)",
         "nbdkit file": "`nbdkit file` on a file",
     }
     lines = [

@@ -29,6 +29,13 @@ const MAINTENANCE_PERIOD: Duration = Duration::from_millis(20);
 /// garbage collection) looks for something to do.
 const HISTORY_PERIOD: Duration = Duration::from_secs(1);
 
+/// `--journal-io`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum JournalIo {
+    Direct,
+    Buffered,
+}
+
 #[derive(Args)]
 pub struct ServeArgs {
     /// NBD listening address (TCP).
@@ -65,6 +72,12 @@ pub struct ServeArgs {
     /// never writes one (bench/vouch.py measures the cost).
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     journal_vouch_after: Duration,
+    /// How journals write: `direct` goes around the page cache (O_DIRECT;
+    /// filesystems that refuse it get `buffered`, with a log line), which
+    /// keeps one copy of every byte and syncs only what was written
+    /// (bench/journal.py measures both).
+    #[arg(long, value_enum, default_value_t = JournalIo::Direct)]
+    journal_io: JournalIo,
     /// TLS for NBD (STARTTLS): off; on (offered, optional); require (every
     /// option but STARTTLS refused before it). Default: require when
     /// --tls-cert is given, otherwise off.
@@ -225,6 +238,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     config.volume.archive_interval_nanos = nanos(args.archive_interval, "--archive-interval")?;
     config.collect_interval_nanos = nanos(args.gc_interval, "--gc-interval")?;
     config.reserve = args.reserve;
+    config.volume.journal.direct_io = args.journal_io == JournalIo::Direct;
     config.volume.vouch_after_nanos =
         u64::try_from(args.journal_vouch_after.as_nanos()).context("--journal-vouch-after is too long")?;
     let tokens = Arc::new(Tokens::open(data_dir)?);

@@ -372,6 +372,18 @@ fn seal(mut header: Vec<u8>, covered: &[u8]) -> [u8; RECORD_HEADER_BYTES] {
     header.try_into().expect("64 bytes")
 }
 
+/// Where the records of the segment file `bytes` end, walking their headers
+/// (checksums unchecked): a direct write pads the file with zeros up to the
+/// next 4 KiB after them, so the file's size does not say. For tests and
+/// tools that damage a chosen record.
+pub fn records_end(bytes: &[u8]) -> u64 {
+    let mut offset = SEGMENT_HEADER_BYTES as u64;
+    while let Some(header) = bytes.get(offset as usize..).and_then(|rest| RecordHeader::decode(rest).ok()) {
+        offset += header.record_bytes();
+    }
+    offset
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

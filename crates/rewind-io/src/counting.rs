@@ -96,6 +96,11 @@ impl CountingStorage {
     pub fn counters(&self) -> &Arc<IoCounters> {
         &self.counters
     }
+
+    fn counting(&self, inner: Arc<dyn File>) -> Arc<dyn File> {
+        let number = self.counters.files_opened.fetch_add(1, Ordering::Relaxed) + 1;
+        Arc::new(CountingFile { inner, counters: Arc::clone(&self.counters), number })
+    }
 }
 
 struct CountingFile {
@@ -159,9 +164,7 @@ impl Storage for CountingStorage {
     }
 
     fn open_file(&self, path: &str, mode: OpenMode) -> io::Result<Arc<dyn File>> {
-        let inner = self.inner.open_file(path, mode)?;
-        let number = self.counters.files_opened.fetch_add(1, Ordering::Relaxed) + 1;
-        Ok(Arc::new(CountingFile { inner, counters: Arc::clone(&self.counters), number }))
+        Ok(self.counting(self.inner.open_file(path, mode)?))
     }
 
     fn remove_file(&self, path: &str) -> io::Result<()> {
@@ -192,6 +195,10 @@ impl Storage for CountingStorage {
 
     fn space(&self) -> io::Result<Space> {
         self.inner.space()
+    }
+
+    fn open_direct(&self, path: &str) -> io::Result<Arc<dyn File>> {
+        Ok(self.counting(self.inner.open_direct(path)?))
     }
 }
 

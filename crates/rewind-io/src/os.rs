@@ -208,6 +208,19 @@ impl Storage for OsStorage {
         fs::File::open(self.path(dir))?.sync_all()
     }
 
+    fn open_direct(&self, path: &str) -> io::Result<Arc<dyn File>> {
+        let opened = fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(self.path(path));
+        match opened {
+            Ok(file) => Ok(Arc::new(OsFile { file })),
+            // What open(2) says when the filesystem does not do O_DIRECT.
+            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("the filesystem refuses direct I/O (O_DIRECT): {error}"),
+            )),
+            Err(error) => Err(error),
+        }
+    }
+
     fn space(&self) -> io::Result<Space> {
         let stats = statvfs(&self.root)?;
         Ok(Space {

@@ -43,11 +43,13 @@ pub struct SimConfig {
     /// Chance that a surviving unsynced write is torn.
     pub torn_write: f64,
     pub sector_bytes: u64,
+    /// Whether the filesystem takes direct I/O ([`Storage::open_direct`]).
+    pub direct_io: bool,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig { write_survival: 0.5, torn_write: 0.25, sector_bytes: 512 }
+        SimConfig { write_survival: 0.5, torn_write: 0.25, sector_bytes: 512, direct_io: true }
     }
 }
 
@@ -216,6 +218,47 @@ impl SimStorage {
         state.inodes.retain(|inode, _| live.contains(inode));
     }
 
+    /// Simulates power loss during the last write to `path`: of that write
+    /// only the first `sectors` sectors reached the disk, every earlier
+    /// write to `path` did; the namespace keeps every change; other files
+    /// keep only what was synced. A [`SimStorage::crash`] whose tear is
+    /// chosen, to test each one.
+    pub fn crash_tearing_last_write(&self, path: &str, sectors: u64) -> io::Result<()> {
+        let mut state = self.state.lock();
+        let state = &mut *state;
+        let torn = *state.names.get(path).ok_or_else(|| not_found(path))?;
+        state.epoch += 1;
+        state.changes_until_stop = None;
+        let sector = state.config.sector_bytes;
+        for (&number, inode) in &mut state.inodes {
+            let mut survived = std::mem::take(&mut inode.contents_durable);
+            let mut ops = std::mem::take(&mut inode.pending);
+            if number == torn {
+                let last = ops.iter().rposition(|op| matches!(op, DataOp::Write { .. }));
+                for (index, op) in ops.drain(..).enumerate() {
+                    match op {
+                        DataOp::Write { offset, data } if Some(index) == last => {
+                            let kept = data.len().min((sectors * sector) as usize);
+                            apply_write(&mut survived, offset, &data[..kept]);
+                        }
+                        DataOp::Write { offset, data } => apply_write(&mut survived, offset, &data),
+                        DataOp::SetLen(size_bytes) => survived.resize(size_bytes as usize, 0),
+                        DataOp::PunchHole { offset, length } => apply_punch(&mut survived, offset, length),
+                    }
+                }
+            }
+            inode.contents = survived.clone();
+            inode.contents_durable = survived;
+        }
+        for op in std::mem::take(&mut state.namespace_pending) {
+            apply_namespace(&mut state.names_durable, op.kind);
+        }
+        state.names = state.names_durable.clone();
+        let live: BTreeSet<u64> = state.names.values().copied().collect();
+        state.inodes.retain(|inode, _| live.contains(inode));
+        Ok(())
+    }
+
     /// Lets `changes` more changes (writes, syncs, creations, renames,
     /// removals) through, then fails every call until [`SimStorage::crash`].
     pub fn stop_after(&self, changes: u64) {
@@ -305,6 +348,8 @@ struct SimFile {
     state: Arc<Mutex<State>>,
     inode: u64,
     epoch: u64,
+    /// Opened by `open_direct`: writes only, aligned.
+    direct: bool,
 }
 
 impl SimFile {
@@ -336,6 +381,9 @@ impl SimFile {
 
 impl File for SimFile {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if self.direct {
+            return Err(io::Error::other("a direct handle is for writing only"));
+        }
         self.with_inode(Access::Read, |inode, _| {
             let end = offset.checked_add(buf.len() as u64).filter(|&end| end <= inode.contents.len() as u64);
             let Some(end) = end else {
@@ -347,6 +395,10 @@ impl File for SimFile {
     }
 
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        if self.direct && !crate::is_direct_aligned(data, offset) {
+            let what = format!("direct write of {} bytes at {offset} from {:p} is not aligned", data.len(), data);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, what));
+        }
         self.check_growth(offset + data.len() as u64)?;
         self.with_inode(Access::Change, |inode, _| {
             apply_write(&mut inode.contents, offset, data);
@@ -445,7 +497,17 @@ impl Storage for SimStorage {
                 inode
             }
         };
-        Ok(Arc::new(SimFile { state: Arc::clone(&self.state), inode, epoch: state.epoch }))
+        Ok(Arc::new(SimFile { state: Arc::clone(&self.state), inode, epoch: state.epoch, direct: false }))
+    }
+
+    fn open_direct(&self, path: &str) -> io::Result<Arc<dyn File>> {
+        let state = self.state.lock();
+        state.check_running()?;
+        if !state.config.direct_io {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "the simulated filesystem refuses direct I/O"));
+        }
+        let inode = *state.names.get(path).ok_or_else(|| not_found(path))?;
+        Ok(Arc::new(SimFile { state: Arc::clone(&self.state), inode, epoch: state.epoch, direct: true }))
     }
 
     fn remove_file(&self, path: &str) -> io::Result<()> {

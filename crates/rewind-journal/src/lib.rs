@@ -12,6 +12,20 @@
 //! bytes are served from memory, so a version is readable the moment it is
 //! appended.
 //!
+//! The writes go around the page cache (`O_DIRECT`) where the filesystem
+//! allows: each byte is copied once, into an aligned buffer, and the
+//! `fdatasync` has no dirty pages to write back, only the device cache and
+//! the filesystem's metadata to flush — on the disks measured, buffered
+//! writes with syncs ran at a fraction of the device's bandwidth
+//! (BENCHMARKS.md, bench/journal.py). A direct write covers whole 4 KiB
+//! sectors: it starts at the sector where the written records end,
+//! writing their bytes there again unchanged (a tear of that sector leaves
+//! them either way), and pads the last sector with zeros, which recovery
+//! knows for the end of the records. Batches so written stay in memory for
+//! a while (the destager reads them soon after), since the page cache does
+//! not keep them. A filesystem that refuses direct I/O gets buffered writes,
+//! with a log line.
+//!
 //! The journal is split into segment files (`journal/00000001.seg`, …) of at
 //! most `segment_bytes_max` bytes; a record never spans two segments. Once
 //! history has been archived out of a segment and recovery no longer starts
@@ -60,7 +74,7 @@ use rewind_format::journal::{
 };
 use rewind_format::meta::JournalPosition;
 use rewind_format::FormatError;
-use rewind_io::{File, OpenMode, Storage};
+use rewind_io::{aligned_slice, File, OpenMode, Storage, DIRECT_ALIGN};
 use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp, Version};
 
 #[derive(Clone, Copy, Debug)]
@@ -68,13 +82,16 @@ pub struct JournalConfig {
     /// A segment is closed once it reaches this size. At most `u32::MAX`,
     /// because versions address journal bytes with 32-bit offsets.
     pub segment_bytes_max: u64,
+    /// Write with direct I/O (see the module documentation) where the
+    /// filesystem takes it.
+    pub direct_io: bool,
 }
 
 impl Default for JournalConfig {
     fn default() -> Self {
         // Small enough that archived history gives its journal space back soon,
         // large enough for the biggest record (32 MiB) and few files.
-        JournalConfig { segment_bytes_max: 64 << 20 }
+        JournalConfig { segment_bytes_max: 64 << 20, direct_io: true }
     }
 }
 
@@ -164,6 +181,24 @@ struct Tail {
     timestamp_last: Timestamp,
 }
 
+/// Where direct writes go: the segment being written, and the bytes already
+/// written in its last, partly written sector. A direct write covers whole
+/// sectors, so the next one writes those bytes again, unchanged: a tear of
+/// that sector leaves them either way.
+struct DirectTail {
+    segment: u32,
+    file: Arc<dyn File>,
+    /// Where the partly written sector starts (a multiple of `DIRECT_ALIGN`).
+    sector_offset: u64,
+    sector_bytes: Vec<u8>,
+}
+
+impl DirectTail {
+    fn end(&self) -> u64 {
+        self.sector_offset + self.sector_bytes.len() as u64
+    }
+}
+
 /// What has been written to the segment files; guarded by the lock that
 /// serialises writers and committers.
 struct Written {
@@ -175,10 +210,16 @@ struct Written {
     unsynced: Vec<u32>,
     /// A segment was started since the last sync: its name must be synced.
     new_segment: bool,
+    /// Direct writes: where they go, and the aligned buffer they are made in.
+    direct: Option<DirectTail>,
+    aligned: Vec<u8>,
 }
 
 /// Buffers of written batches kept for reuse.
 const SPARE_BUFFERS_MAX: usize = 4;
+/// Batches written with direct I/O stay in memory up to this many bytes:
+/// the page cache does not hold them, and the destager reads them soon.
+const RECENT_BYTES_MAX: u64 = 64 << 20;
 
 pub struct Journal {
     storage: Arc<dyn Storage>,
@@ -189,6 +230,12 @@ pub struct Journal {
     /// Serialises writing batches out and committing them.
     written: Mutex<Written>,
     spare_buffers: Mutex<Vec<Vec<u8>>>,
+    /// Batches written with direct I/O, oldest first (see `RECENT_BYTES_MAX`).
+    recent: Mutex<VecDeque<Arc<Batch>>>,
+    /// `pack(segment, offset)` of the oldest byte `recent` holds.
+    recent_start: AtomicU64,
+    /// Writes go around the page cache; cleared for good if the filesystem refuses.
+    direct_io: AtomicBool,
     lsn_durable: AtomicU64,
     /// The durable LSN with the position right after its record, updated together.
     durable_point: Mutex<(Lsn, JournalPosition)>,
@@ -276,8 +323,13 @@ impl Journal {
                 end: JournalPosition { segment, offset: end },
                 unsynced: Vec::new(),
                 new_segment: false,
+                direct: None,
+                aligned: Vec::new(),
             }),
             spare_buffers: Mutex::new(Vec::new()),
+            recent: Mutex::new(VecDeque::new()),
+            recent_start: AtomicU64::new(u64::MAX),
+            direct_io: AtomicBool::new(config.direct_io),
             lsn_durable: AtomicU64::new(lsn_next.0 - 1),
             durable_point: Mutex::new((Lsn(lsn_next.0 - 1), JournalPosition { segment, offset: end })),
             written_end: AtomicU64::new(pack(segment, end)),
@@ -705,8 +757,10 @@ impl Journal {
     fn write_sealed(&self, written: &mut Written) -> Result<(), JournalError> {
         let batches: Vec<Arc<Batch>> = self.tail.lock().sealed.iter().cloned().collect();
         for batch in &batches {
-            let file = self.file(batch.segment)?;
-            file.write_all_at(&batch.bytes, batch.offset).map_err(self.segment_io_error(batch.segment))?;
+            if !self.write_direct(written, batch)? {
+                let file = self.file(batch.segment)?;
+                file.write_all_at(&batch.bytes, batch.offset).map_err(self.segment_io_error(batch.segment))?;
+            }
             if written.unsynced.last() != Some(&batch.segment) {
                 written.unsynced.push(batch.segment);
             }
@@ -715,22 +769,95 @@ impl Journal {
             written.end = JournalPosition { segment: batch.segment, offset: batch.end() };
             self.written_end.store(pack(batch.segment, batch.end()), Ordering::Release);
         }
+        let direct = self.direct_io.load(Ordering::Acquire);
         let mut tail = self.tail.lock();
+        // Still readable from memory: `recent` holds them before `sealed` lets go.
+        let mut recent = self.recent.lock();
         for batch in batches {
             let front = tail.sealed.pop_front().expect("written batches are still queued");
             assert!(Arc::ptr_eq(&front, &batch));
             drop(front);
-            // Reuse the buffer: its pages are already faulted in.
-            if let Ok(batch) = Arc::try_unwrap(batch) {
-                let mut spare = self.spare_buffers.lock();
-                if spare.len() < SPARE_BUFFERS_MAX {
-                    let mut bytes = batch.bytes;
-                    bytes.clear();
-                    spare.push(bytes);
+            if direct {
+                if recent.is_empty() {
+                    self.recent_start.store(pack(batch.segment, batch.offset), Ordering::Release);
                 }
+                recent.push_back(batch);
+                continue;
             }
+            self.recycle(batch);
+        }
+        drop(tail);
+        let mut recent_bytes: u64 = recent.iter().map(|batch| batch.bytes.len() as u64).sum();
+        while recent_bytes > RECENT_BYTES_MAX || (!direct && !recent.is_empty()) {
+            let oldest = recent.pop_front().expect("not empty");
+            recent_bytes -= oldest.bytes.len() as u64;
+            let start = recent.front().map_or(u64::MAX, |batch| pack(batch.segment, batch.offset));
+            self.recent_start.store(start, Ordering::Release);
+            self.recycle(oldest);
         }
         Ok(())
+    }
+
+    /// Keeps a written batch's buffer for reuse: its pages are already faulted in.
+    fn recycle(&self, batch: Arc<Batch>) {
+        if let Ok(batch) = Arc::try_unwrap(batch) {
+            let mut spare = self.spare_buffers.lock();
+            if spare.len() < SPARE_BUFFERS_MAX {
+                let mut bytes = batch.bytes;
+                bytes.clear();
+                spare.push(bytes);
+            }
+        }
+    }
+
+    /// Writes `batch` with direct I/O, if the journal does. Returns whether it did.
+    fn write_direct(&self, written: &mut Written, batch: &Batch) -> Result<bool, JournalError> {
+        if !self.direct_io.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let mut tail = match written.direct.take() {
+            Some(tail) if tail.segment == batch.segment && tail.end() == batch.offset => tail,
+            _ => match self.open_direct(batch.segment, batch.offset)? {
+                Some(tail) => tail,
+                None => return Ok(false),
+            },
+        };
+        let align = DIRECT_ALIGN as u64;
+        let length = tail.sector_bytes.len() + batch.bytes.len();
+        let buffer = aligned_slice(&mut written.aligned, length.next_multiple_of(DIRECT_ALIGN));
+        buffer[..tail.sector_bytes.len()].copy_from_slice(&tail.sector_bytes);
+        buffer[tail.sector_bytes.len()..length].copy_from_slice(&batch.bytes);
+        // Past the end: zeros, read by recovery as the padding they are.
+        buffer[length..].fill(0);
+        tail.file.write_all_at(buffer, tail.sector_offset).map_err(self.segment_io_error(batch.segment))?;
+        let sector_offset = batch.end() - batch.end() % align;
+        let kept = (sector_offset - tail.sector_offset) as usize..length;
+        tail.sector_bytes.clear();
+        tail.sector_bytes.extend_from_slice(&buffer[kept]);
+        tail.sector_offset = sector_offset;
+        assert_eq!(tail.end(), batch.end());
+        written.direct = Some(tail);
+        Ok(true)
+    }
+
+    /// Opens `segment` for direct writes from `offset` on, reading the bytes
+    /// of the sector before it; `None` (and buffered writes from now on)
+    /// if the filesystem refuses direct I/O.
+    fn open_direct(&self, segment: u32, offset: u64) -> Result<Option<DirectTail>, JournalError> {
+        let path = self.path(segment);
+        let file = match self.storage.open_direct(&path) {
+            Ok(file) => file,
+            Err(error) if error.kind() == io::ErrorKind::Unsupported => {
+                tracing::info!(journal = %self.dir, %error, "the journal writes through the page cache");
+                self.direct_io.store(false, Ordering::Release);
+                return Ok(None);
+            }
+            Err(error) => return Err(self.io_error(path)(error)),
+        };
+        let sector_offset = offset - offset % DIRECT_ALIGN as u64;
+        let mut sector_bytes = vec![0; (offset - sector_offset) as usize];
+        self.file(segment)?.read_exact_at(&mut sector_bytes, sector_offset).map_err(self.segment_io_error(segment))?;
+        Ok(Some(DirectTail { segment, file, sector_offset, sector_bytes }))
     }
 
     /// Syncs every segment written since the last sync.
@@ -761,7 +888,13 @@ impl Journal {
                     return Ok(());
                 }
             }
-            // Written out since we looked: read it from the file.
+            // Written out since we looked: in `recent`, or in the file.
+        }
+        if pack(segment, offset) >= self.recent_start.load(Ordering::Acquire) {
+            let recent = self.recent.lock();
+            if recent.iter().any(|batch| batch.copy_out(segment, offset, buf)) {
+                return Ok(());
+            }
         }
         let file = match self.file(segment) {
             Err(JournalError::Io { source, .. })
@@ -996,9 +1129,13 @@ impl Recovery {
     pub fn next_record(&mut self) -> Result<Option<ReplayRecord<'_>>, JournalError> {
         loop {
             let (file, size_bytes) = self.file.clone().expect("a segment is open");
-            if self.offset >= size_bytes {
+            if self.offset >= size_bytes || is_padding(&*file, self.offset, size_bytes) {
                 let later = self.segments_after(self.segment)?;
-                let Some(&next) = later.first() else { return Ok(None) };
+                let Some(&next) = later.first() else {
+                    // The records end here (before any padding).
+                    self.file = Some((file, self.offset));
+                    return Ok(None);
+                };
                 if next != self.segment + 1 {
                     return Err(JournalError::Corrupt {
                         path: self.journal.path(self.segment + 1),
@@ -1255,6 +1392,17 @@ impl Recovery {
         };
         Ok((journal, report))
     }
+}
+
+/// Whether `offset..size_bytes` of a segment is the zero padding a direct
+/// write puts after the last record, up to the next `DIRECT_ALIGN`
+/// boundary: the end of the segment's records, not a torn one.
+fn is_padding(file: &dyn File, offset: u64, size_bytes: u64) -> bool {
+    if offset.is_multiple_of(DIRECT_ALIGN as u64) || size_bytes != offset.next_multiple_of(DIRECT_ALIGN as u64) {
+        return false;
+    }
+    let mut padding = vec![0; (size_bytes - offset) as usize];
+    file.read_exact_at(&mut padding, offset).is_ok() && padding.iter().all(|&byte| byte == 0)
 }
 
 /// Reads the record at `offset` into `buffer` and verifies its header

@@ -93,9 +93,10 @@ fn random_op(rng: &mut StdRng) -> Op {
 fn committed_records_survive_every_crash_and_survivors_form_a_prefix() {
     for seed in 0..200u64 {
         println!("seed {seed}");
-        let storage = SimStorage::new(SimConfig::default(), seed);
+        // Half on a filesystem that refuses direct I/O: the journal falls back.
+        let storage = SimStorage::new(SimConfig { direct_io: seed % 2 == 0, ..SimConfig::default() }, seed);
         let mut rng = StdRng::seed_from_u64(seed);
-        let config = JournalConfig { segment_bytes_max: rng.random_range(2_000..20_000) };
+        let config = JournalConfig { segment_bytes_max: rng.random_range(2_000..20_000), ..JournalConfig::default() };
         let journal =
             Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
         let mut appended = Vec::new();
@@ -210,7 +211,7 @@ fn a_failed_fsync_poisons_the_journal() {
 #[test]
 fn reclaim_deletes_only_old_segments_before_the_replay_point() {
     let storage = SimStorage::new(SimConfig::default(), 9);
-    let config = JournalConfig { segment_bytes_max: 4_000 };
+    let config = JournalConfig { segment_bytes_max: 4_000, ..JournalConfig::default() };
     let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
     // Three 512-byte blocks per record: two records per segment.
     let mut appended = Vec::new();
@@ -267,7 +268,8 @@ fn damage_to_the_last_acknowledged_record_is_corruption_once_a_vouch_covers_it()
         )
         .unwrap();
         journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[1; 512], &mut Vec::new()).unwrap();
-        let last = journal.append_write(Timestamp::from_unix_nanos(2), BlockIndex(1), &[2; 1024], &mut Vec::new());
+        let last =
+            journal.append_write(Timestamp::from_unix_nanos(2), BlockIndex(1), &[2; 1024], &mut Vec::new()).unwrap();
         journal.commit().unwrap();
         if vouched {
             assert!(journal.vouch().unwrap(), "two durable records to vouch for");
@@ -277,7 +279,7 @@ fn damage_to_the_last_acknowledged_record_is_corruption_once_a_vouch_covers_it()
         drop(journal);
         storage.crash();
         // One flipped byte in the last record's blocks: the record is whole.
-        storage.corrupt("journal/00000001.seg", u64::from(last.unwrap().data_offset) + 700, 0x10).unwrap();
+        storage.corrupt("journal/00000001.seg", u64::from(last.data_offset) + 700, 0x10).unwrap();
         match (vouched, replay_reporting(&storage)) {
             (true, Err(JournalError::Corrupt { reason, .. })) => {
                 assert!(reason.contains("not a torn write"), "{reason}")
@@ -287,12 +289,83 @@ fn damage_to_the_last_acknowledged_record_is_corruption_once_a_vouch_covers_it()
                 assert_eq!(ops.len(), 1);
                 let dropped = report.dropped.expect("the tail is reported");
                 assert_eq!((dropped.lsn_first, dropped.whole), (Lsn(2), true));
-                assert_eq!(dropped.bytes, 64 + 8 + 1024);
+                // The record, and the zeros its direct write was padded with.
+                let record_end = u64::from(last.data_offset) + 1024;
+                assert_eq!(dropped.bytes, 64 + 8 + 1024 + record_end.next_multiple_of(4096) - record_end);
                 assert!(dropped.reason.contains("damaged"), "{}", dropped.reason);
             }
             (vouched, other) => panic!("vouched {vouched}: unexpected {:?}", other.map(|(ops, _)| ops.len())),
         }
     }
+}
+
+/// Issue 13: a direct write torn at any sector boundary. The batch's write
+/// starts in the sector where the committed records end (writing their
+/// bytes again) and spans many sectors; whatever prefix of its sectors
+/// reached the disk, recovery keeps every committed record, then a prefix
+/// of the batch's records, never a damaged one, and carries on after it.
+#[test]
+fn a_direct_write_torn_at_every_sector_boundary_loses_nothing_committed() {
+    let seed: u64 = rand::random();
+    println!("seed {seed}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    // Odd sizes, so neither the committed records nor the batch end on a sector.
+    let ops = |count: usize, rng: &mut StdRng| -> Vec<Op> {
+        (0..count)
+            .map(|_| {
+                let blocks = rng.random_range(1..=9usize);
+                Op::Write { block: rng.random_range(0..64), data: vec![rng.random_range(1..=255); blocks * 512] }
+            })
+            .collect()
+    };
+    let (committed, batch) = (ops(3, &mut rng), ops(12, &mut rng));
+    let config = SimConfig { sector_bytes: 512, ..SimConfig::default() };
+    let (mut sectors, mut tears) = (u64::MAX, 0);
+    let mut kept_before = 0;
+    while tears <= sectors {
+        let storage = SimStorage::new(config, seed);
+        let journal = Journal::create(
+            Arc::new(storage.clone()),
+            "journal",
+            block_size(),
+            JournalConfig::default(),
+            Timestamp::MIN,
+        )
+        .unwrap();
+        for (step, op) in committed.iter().enumerate() {
+            append(&journal, op, step as u64 + 1);
+        }
+        journal.commit().unwrap();
+        let size_before = storage.open_file("journal/00000001.seg", rewind_io::OpenMode::Existing).unwrap();
+        let committed_end = size_before.size_bytes().unwrap();
+        for (step, op) in batch.iter().enumerate() {
+            append(&journal, op, step as u64 + 10);
+        }
+        // Written with one direct write, and not synced: the crash tears it.
+        journal.write_out().unwrap();
+        let written_end = size_before.size_bytes().unwrap();
+        assert!(written_end.is_multiple_of(4096) && committed_end.is_multiple_of(4096), "direct writes are padded");
+        sectors = (written_end - (committed_end - 4096)) / 512;
+        drop(journal);
+        storage.crash_tearing_last_write("journal/00000001.seg", tears).unwrap();
+        let (survivors, journal) = replay(&storage, JournalConfig::default())
+            .unwrap_or_else(|error| panic!("torn after {tears} sectors: {error}"));
+        assert!(survivors.len() >= committed.len(), "torn after {tears} sectors: lost committed records");
+        let all: Vec<Op> = committed.iter().chain(&batch).cloned().collect();
+        assert_eq!(survivors[..], all[..survivors.len()], "torn after {tears} sectors: not a prefix");
+        assert!(survivors.len() >= kept_before, "more sectors written never keep fewer records");
+        kept_before = survivors.len();
+        // The journal carries on after what it kept.
+        let op = Op::Zero { block: 1, count: 2 };
+        assert_eq!(append(&journal, &op, 100), Lsn(survivors.len() as u64 + 1));
+        journal.commit().unwrap();
+        drop(journal);
+        let (again, _) = replay(&storage, JournalConfig::default()).unwrap();
+        assert_eq!(again.len(), survivors.len() + 1, "torn after {tears} sectors");
+        tears += 1;
+    }
+    assert_eq!(kept_before, committed.len() + batch.len(), "the whole write keeps every record");
+    assert!(sectors > 16, "the batch spans many sectors: {sectors}");
 }
 
 #[test]
@@ -317,7 +390,7 @@ fn a_tail_cut_short_is_reported_as_torn() {
 #[test]
 fn a_full_disk_fails_the_append_that_needs_a_segment_and_nothing_else() {
     let storage = SimStorage::new(SimConfig::default(), 3);
-    let config = JournalConfig { segment_bytes_max: 8_192 };
+    let config = JournalConfig { segment_bytes_max: 8_192, ..JournalConfig::default() };
     let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
     // The first segment is allocated whole: its appends never need space.
     storage.set_capacity(Some(storage.used_bytes()));
@@ -344,7 +417,7 @@ fn a_full_disk_fails_the_append_that_needs_a_segment_and_nothing_else() {
 #[test]
 fn a_repair_replaces_damaged_acknowledged_records_and_keeps_the_ones_after() {
     let storage = SimStorage::new(SimConfig::default(), 5);
-    let config = JournalConfig { segment_bytes_max: 4_000 };
+    let config = JournalConfig { segment_bytes_max: 4_000, ..JournalConfig::default() };
     let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
     // Two records per segment: damage one in the middle of segment 2 and
     // the header of segment 4.

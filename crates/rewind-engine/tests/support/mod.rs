@@ -69,7 +69,10 @@ impl Oracle {
 pub fn config(rng: &mut StdRng) -> NodeConfig {
     NodeConfig {
         volume: VolumeConfig {
-            journal: JournalConfig { segment_bytes_max: rng.random_range(16 << 10..256 << 10) },
+            journal: JournalConfig {
+                segment_bytes_max: rng.random_range(16 << 10..256 << 10),
+                ..JournalConfig::default()
+            },
             index: IndexConfig {
                 merge_fanin: rng.random_range(2..5),
                 runs_soft_max: rng.random_range(6..20),
