@@ -45,7 +45,8 @@ fn the_api_needs_a_token_and_tokens_are_scoped() {
     // No token, a wrong one, or a malformed header: 401 and nothing else.
     for route in ["/v1/health", "/v1/volumes", "/v1/volumes/alpha", "/metrics", "/v1/tokens", "/nosuch"] {
         let url = format!("{api}{route}");
-        assert_eq!(curl(&[&url]), (401, UNAUTHORIZED.to_owned()), "{route}");
+        // (The data directory tells whose answer it was, should another server answer.)
+        assert_eq!(curl(&[&url]), (401, UNAUTHORIZED.to_owned()), "{route} on the server of {}", data.display());
         let wrong = bearer(&format!("{}0", &server.token[..server.token.len() - 1]));
         assert_eq!(curl(&["-H", &wrong, &url]), (401, UNAUTHORIZED.to_owned()), "{route}");
         assert_eq!(curl(&["-H", "Authorization: Basic YWRtaW46YWRtaW4=", &url]).0, 401, "{route}");
