@@ -217,8 +217,9 @@ struct Written {
 
 /// Buffers of written batches kept for reuse.
 const SPARE_BUFFERS_MAX: usize = 4;
-/// Batches written with direct I/O stay in memory up to this many bytes:
-/// the page cache does not hold them, and the destager reads them soon.
+/// Batches written with direct I/O stay in memory up to this many bytes,
+/// until the destager has read them ([`Journal::forget_written`]): the page
+/// cache does not hold them.
 const RECENT_BYTES_MAX: u64 = 64 << 20;
 
 pub struct Journal {
@@ -788,14 +789,31 @@ impl Journal {
         }
         drop(tail);
         let mut recent_bytes: u64 = recent.iter().map(|batch| batch.bytes.len() as u64).sum();
-        while recent_bytes > RECENT_BYTES_MAX || (!direct && !recent.is_empty()) {
-            let oldest = recent.pop_front().expect("not empty");
+        self.forget_recent(&mut recent, |oldest| {
+            if direct && recent_bytes <= RECENT_BYTES_MAX {
+                return false;
+            }
             recent_bytes -= oldest.bytes.len() as u64;
+            true
+        });
+        Ok(())
+    }
+
+    /// Lets the written batches whose records are all at or below `lsn` go
+    /// from memory: whoever was to read them soon (the destager) has.
+    pub fn forget_written(&self, lsn: Lsn) {
+        let mut recent = self.recent.lock();
+        self.forget_recent(&mut recent, |oldest| oldest.lsn_last <= lsn);
+    }
+
+    /// Drops the oldest of the `recent` batches while `forget` says so.
+    fn forget_recent(&self, recent: &mut VecDeque<Arc<Batch>>, mut forget: impl FnMut(&Batch) -> bool) {
+        while recent.front().is_some_and(|oldest| forget(oldest)) {
+            let oldest = recent.pop_front().expect("not empty");
             let start = recent.front().map_or(u64::MAX, |batch| pack(batch.segment, batch.offset));
             self.recent_start.store(start, Ordering::Release);
             self.recycle(oldest);
         }
-        Ok(())
     }
 
     /// Keeps a written batch's buffer for reuse: its pages are already faulted in.

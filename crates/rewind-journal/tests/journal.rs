@@ -368,6 +368,26 @@ fn a_direct_write_torn_at_every_sector_boundary_loses_nothing_committed() {
     assert!(sectors > 16, "the batch spans many sectors: {sectors}");
 }
 
+/// Batches written with direct I/O are read from memory until the destager
+/// says it has read them; after that from the file, the same bytes.
+#[test]
+fn written_batches_are_read_from_memory_until_forgotten() {
+    let storage = Arc::new(rewind_io::CountingStorage::new(Arc::new(SimStorage::new(SimConfig::default(), 9))));
+    let shared: Arc<dyn Storage> = Arc::clone(&storage) as Arc<dyn Storage>;
+    let journal = Journal::create(shared, "journal", block_size(), JournalConfig::default(), Timestamp::MIN).unwrap();
+    let appended = journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[7; 1024], &mut Vec::new());
+    let appended = appended.unwrap();
+    journal.commit().unwrap();
+    let reads = || storage.counters().stats().reads;
+    let (before, mut block) = (reads(), vec![0; 1024]);
+    journal.read(appended.segment, u64::from(appended.data_offset), &mut block).unwrap();
+    assert_eq!((block.as_slice(), reads()), (&[7; 1024][..], before), "read from memory");
+    journal.forget_written(appended.lsn);
+    block.fill(0);
+    journal.read(appended.segment, u64::from(appended.data_offset), &mut block).unwrap();
+    assert_eq!((block.as_slice(), reads()), (&[7; 1024][..], before + 1), "read from the file");
+}
+
 #[test]
 fn a_tail_cut_short_is_reported_as_torn() {
     let storage = SimStorage::new(SimConfig::default(), 5);

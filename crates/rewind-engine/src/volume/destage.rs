@@ -51,6 +51,7 @@ impl Volume {
         if self.current.is_none() {
             // Logging: the index is the present; nothing is destaged.
             destage.lsn_applied = destage.lsn_applied.max(lsn_durable);
+            self.journal.forget_written(destage.lsn_applied);
             return Ok(());
         }
         if destage.lsn_applied >= lsn_durable && self.overlay_versions.load(Ordering::Relaxed) == 0 {
@@ -68,6 +69,7 @@ impl Volume {
         self.apply_to_current(&newest).map_err(|error| self.fail(error))?;
         if !cached_only {
             destage.lsn_applied = destage.lsn_applied.max(lsn_durable);
+            self.journal.forget_written(destage.lsn_applied);
         }
         // Retired before `destage` is let go, so no other pass (a bookmark's
         // merge, a writer's backpressure) applies or files them again.
