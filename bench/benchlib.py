@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -118,8 +119,16 @@ class Process:
                     break
 
     def stop(self):
+        """SIGTERM, and SIGKILL if it has not exited within 120 s — said on
+        stderr, and the measurements already taken are kept: a slow
+        shutdown is a finding, not a reason to lose a run."""
         self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=120)
+        try:
+            self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            print(f"warning: {self.process.args[0]} did not stop within 120 s of SIGTERM; killed", file=sys.stderr)
+            self.process.kill()
+            self.process.wait()
 
 
 def wait_port(port):
