@@ -6,7 +6,10 @@
 //! history is archived as it grows, as maintenance does. Then retention is
 //! set to drop the older half of the history (each block keeps its state at
 //! the horizon), one retention pass runs, and a garbage collection frees
-//! the chunks nothing refers to any more.
+//! the chunks nothing refers to any more. Before retention, the trace of
+//! the kept writes is exported (`rewind trace export`) and its memory
+//! measured. `--zeroes` writes zeros instead (versions without data), to
+//! reach 10^8 versions for the export without 36 GiB of packs.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,7 +20,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use rewind_bench_common::{measure, parse_count, DataDir};
 use rewind_engine::{
-    BlockSize, Durability, Node, NodeConfig, PolicyChange, RetentionTier, Timestamp, VolumeName, VolumeSpec,
+    BlockSize, Durability, Node, NodeConfig, PolicyChange, RetentionTier, Timestamp, VolumeName, VolumeSpec, ZeroMode,
 };
 use rewind_io::OsStorage;
 use serde_json::json;
@@ -38,6 +41,9 @@ pub struct HistoryArgs {
     blocks: u64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Write zeros (versions without data, no chunks).
+    #[arg(long)]
+    zeroes: bool,
 }
 
 const MILLISECOND: u64 = 1_000_000;
@@ -79,7 +85,12 @@ pub fn run(dir: &Path, args: &HistoryArgs, json: bool) -> anyhow::Result<()> {
                 version[block_bytes / 2..].fill((written % 251) as u8);
             }
             now = now.saturating_add_nanos(MILLISECOND);
-            volume.write(now, block * u64::from(args.block_bytes), bytes, Durability::Buffered)?;
+            let offset = block * u64::from(args.block_bytes);
+            if args.zeroes {
+                volume.zero(now, offset, bytes.len() as u64, ZeroMode::Deallocate, Durability::Buffered)?;
+            } else {
+                volume.write(now, offset, bytes, Durability::Buffered)?;
+            }
             written += count;
             if written % 100_000 < count {
                 node.maintain(now)?;
@@ -107,6 +118,22 @@ pub fn run(dir: &Path, args: &HistoryArgs, json: bool) -> anyhow::Result<()> {
         chunks.chunks_live,
         mib(chunks.pack_bytes),
         mib(write_peak.unwrap_or(0))
+    ));
+
+    // The trace of every kept write, oldest first (what `rewind trace
+    // export` writes), read to the end.
+    let ((extents, blocks), export_seconds, export_peak) = timed(|| {
+        let (mut extents, mut blocks) = (0u64, 0u64);
+        for write in volume.write_history()? {
+            extents += 1;
+            blocks += write?.length_bytes / u64::from(args.block_bytes);
+        }
+        Ok((extents, blocks))
+    })?;
+    ensure!(blocks == args.versions, "the trace holds every version: {blocks} of {}", args.versions);
+    say(format!(
+        "trace export: {extents} writes ({blocks} versions) in {export_seconds:.1} s; peak resident {:.0} MiB",
+        mib(export_peak.unwrap_or(0))
     ));
 
     // Retention: keep every write of the newer half, drop the older half.
@@ -149,6 +176,10 @@ pub fn run(dir: &Path, args: &HistoryArgs, json: bool) -> anyhow::Result<()> {
                 "write_and_archive_seconds": write_seconds,
                 "chunks": chunks.chunks_live,
                 "pack_bytes": chunks.pack_bytes,
+                "zeroes": args.zeroes,
+                "trace_export_seconds": export_seconds,
+                "trace_export_peak_resident_bytes": export_peak,
+                "trace_export_writes": extents,
                 "retention_seconds": retention_seconds,
                 "retention_peak_resident_bytes": retention_peak,
                 "versions_kept": kept,

@@ -37,6 +37,9 @@ pub struct StoreArgs {
     seed: u64,
 }
 
+/// Chunks per run of the "stored together" lookups.
+const STREAM_CHUNKS: u64 = 4096;
+
 /// Chunk `index`'s bytes: its number, then a filler that depends on it.
 fn contents(index: u64, bytes: usize, out: &mut Vec<u8>) {
     out.clear();
@@ -98,9 +101,28 @@ pub fn run(dir: &Path, args: &StoreArgs, json: bool) -> anyhow::Result<()> {
         }
         Ok(session.finish()?)
     })?;
+    // Stored contents again in the order they were stored, as a copied
+    // image brings them: runs of neighbouring chunks from random places.
+    let stream_indexes: Vec<u64> = (0..args.lookups.div_ceil(STREAM_CHUNKS))
+        .flat_map(|_| {
+            let start = rng.random_range(0..args.chunks.saturating_sub(STREAM_CHUNKS).max(1));
+            start..(start + STREAM_CHUNKS).min(args.chunks)
+        })
+        .take(args.lookups as usize)
+        .collect();
+    let nearby_before = store.stats().dedup_hits_nearby;
+    let ((), stream_seconds, _) = timed(|| {
+        let mut session = store.session()?;
+        for &index in &stream_indexes {
+            contents(index, args.chunk_bytes, &mut bytes);
+            ensure!(session.put(&bytes)? == ChunkId(index + 1), "a stored chunk is found again");
+        }
+        Ok(session.finish()?)
+    })?;
+    let nearby = store.stats().dedup_hits_nearby - nearby_before;
     {
         let _gate = store.hold_references();
-        for &index in &hit_indexes {
+        for &index in hit_indexes.iter().chain(&stream_indexes) {
             store.release(ChunkId(index + 1), args.chunk_bytes as u32);
         }
     }
@@ -114,8 +136,11 @@ pub fn run(dir: &Path, args: &StoreArgs, json: bool) -> anyhow::Result<()> {
     })?;
     let total = args.chunks + args.lookups;
     say(format!(
-        "dedup lookups: hits {:.0}/s, misses (stored) {:.0}/s",
+        "dedup lookups: hits {:.0}/s at random, {:.0}/s in runs of {STREAM_CHUNKS} stored together \
+         ({nearby} of {} from the locality cache), misses (stored) {:.0}/s",
         args.lookups as f64 / hit_seconds,
+        stream_indexes.len() as f64 / stream_seconds,
+        stream_indexes.len(),
         args.lookups as f64 / miss_seconds
     ));
 
@@ -133,6 +158,24 @@ pub fn run(dir: &Path, args: &StoreArgs, json: bool) -> anyhow::Result<()> {
     say(format!(
         "open and count {total} chunks: {open_seconds:.1} s, peak resident {:.0} MiB",
         mib(open_peak.unwrap_or(after_open.hwm_bytes))
+    ));
+
+    // A clean shutdown saves the counts; opening again takes them back
+    // (the engine describes its runs; here the history is this run's).
+    let history = format!("chunk-bench store: {total} chunks, one reference each");
+    let (saved, save_seconds, _) = timed(|| Ok(store.save_counts(history.as_bytes())?))?;
+    ensure!(saved, "counts that are not in doubt are saved");
+    drop(store);
+    let (store, resume_seconds, resume_peak) = timed(|| {
+        let store = ChunkStore::open(storage.clone(), "chunks", config)?;
+        ensure!(store.resume_counts(history.as_bytes()), "the saved counts apply");
+        Ok(store)
+    })?;
+    ensure!(store.stats().references == total, "the counts taken back are the counted ones");
+    say(format!(
+        "save the counts at shutdown: {save_seconds:.1} s; open taking them back: {resume_seconds:.1} s, \
+         peak resident {:.0} MiB",
+        mib(resume_peak.unwrap_or(0))
     ));
 
     // Three chunks in four lose their last reference, spread over every
@@ -169,9 +212,14 @@ pub fn run(dir: &Path, args: &StoreArgs, json: bool) -> anyhow::Result<()> {
                 "chunk_memory_bytes": stats.memory_bytes,
                 "disk_allocated_bytes": disk.allocated_bytes,
                 "dedup_hits_per_second": args.lookups as f64 / hit_seconds,
+                "dedup_hits_in_runs_per_second": stream_indexes.len() as f64 / stream_seconds,
+                "dedup_hits_in_runs_from_locality_cache": nearby,
                 "dedup_misses_per_second": args.lookups as f64 / miss_seconds,
                 "open_seconds": open_seconds,
                 "peak_resident_bytes_during_open": open_peak,
+                "save_counts_seconds": save_seconds,
+                "open_with_saved_counts_seconds": resume_seconds,
+                "peak_resident_bytes_during_open_with_saved_counts": resume_peak,
                 "collect_seconds": collect_seconds,
                 "peak_resident_bytes_during_collect": collect_peak,
                 "chunks_freed": report.chunks_freed,

@@ -18,7 +18,9 @@
 mod dedup;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod locality;
 mod pack;
+mod saved;
 mod store;
 mod table;
 

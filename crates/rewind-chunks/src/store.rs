@@ -7,14 +7,17 @@
 //! finish ──► seal packs ──► table slots ──► fsync table
 //! ```
 //!
-//! **Reference counts live in memory only, and are exact.** The version
-//! index runs of the volumes are the truth about which chunk ids history
-//! refers to; on open, the engine *marks* every id its runs refer to, so the
-//! counts start exact, and from then on they change in step with the runs:
-//! an archive pass counts its references before its run is written, a merge
+//! **Reference counts live in memory, and are exact.** The version index
+//! runs of the volumes are the truth about which chunk ids history refers
+//! to; on open, the engine *marks* every id its runs refer to, so the counts
+//! start exact, and from then on they change in step with the runs: an
+//! archive pass counts its references before its run is written, a merge
 //! releases what it drops while it writes the run that no longer refers to
-//! it. Nothing about counts is ever written to disk, so no crash can leave
-//! them wrong — after a crash they are simply counted again.
+//! it. After a crash they are simply counted again. Counting 10^8 references
+//! takes tens of seconds, so a clean shutdown saves them
+//! ([`ChunkStore::save_counts`]) and the next open may take them back
+//! ([`ChunkStore::resume_counts`]) — only if nothing can have changed since,
+//! which `saved.rs` makes sure of.
 //!
 //! Garbage collection frees the ids whose count is zero and rewrites packs
 //! that are mostly dead. It must never free a chunk that a durable run still
@@ -53,7 +56,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
-use rewind_format::chunks::{RepackIntent, TableSlot};
+use rewind_format::chunks::{RepackIntent, SavedCounts, SavedPack, TableSlot};
 use rewind_format::meta::healed;
 use rewind_format::pack::{
     ChunkHash, Codec, FooterEntry, FOOTER_ENTRY_BYTES, PACK_HEADER_BYTES, PACK_TRAILER_BYTES, RECORD_HEADER_BYTES,
@@ -63,6 +66,8 @@ use rewind_types::ChunkId;
 use rustc_hash::FxHashMap;
 
 use crate::dedup::{DedupConfig, DedupIndex};
+use crate::locality::{self, LocalityCache};
+use crate::saved::{self, Saved};
 use crate::table::{slot_in, ChunkTable};
 use crate::{chunk_hash, pack_name, Check, ChunkError, ChunkLocation, PackReader, PackWriter};
 
@@ -158,6 +163,8 @@ struct State {
     held_raw_bytes: u64,
     held_stored_bytes: u64,
     dedup: DedupIndex,
+    /// Hashes of ids near recent dedup hits (see `locality.rs`).
+    locality: LocalityCache,
     /// Ids handed out by the session in progress, whose slots are not
     /// written yet: their table slots may still describe what the id held
     /// before it was freed.
@@ -175,6 +182,12 @@ struct State {
     dedup_damage: Option<String>,
     /// Ids history refers to whose chunk is nowhere to be found, with why.
     missing: BTreeMap<u64, String>,
+    /// Counts a clean shutdown saved, until opening takes them or counts.
+    saved: Option<Box<Saved>>,
+    /// The counts were taken from the last clean shutdown, not counted.
+    counts_restored: bool,
+    /// The counts were saved: the store is closed for good.
+    closed: bool,
 }
 
 impl State {
@@ -218,6 +231,7 @@ struct Counters {
     raw_bytes_written: AtomicU64,
     stored_bytes_written: AtomicU64,
     dedup_hits: AtomicU64,
+    dedup_hits_nearby: AtomicU64,
     collections: AtomicU64,
     chunks_freed: AtomicU64,
     packs_deleted: AtomicU64,
@@ -273,6 +287,8 @@ pub struct ChunkStats {
     pub raw_bytes_written: u64,
     pub stored_bytes_written: u64,
     pub dedup_hits: u64,
+    /// Dedup hits answered by the locality cache, without a read.
+    pub dedup_hits_nearby: u64,
     pub collections: u64,
     pub chunks_freed: u64,
     pub packs_deleted: u64,
@@ -284,6 +300,9 @@ pub struct ChunkStats {
     pub chunks_missing: u64,
     /// Packs read through the table because their footer is damaged.
     pub packs_footer_damaged: u64,
+    /// The reference counts were saved by the last clean shutdown and
+    /// taken back at open, rather than counted.
+    pub counts_restored: bool,
 }
 
 /// How opening (or a recount) counts the chunks nothing referred to.
@@ -376,6 +395,7 @@ impl ChunkStore {
         let packs_dir = format!("{dir}/packs");
         storage.create_dir_all(&packs_dir).map_err(ChunkError::io(&packs_dir))?;
         storage.sync_dir(dir).map_err(ChunkError::sync(dir))?;
+        let saved = saved::take(&*storage, dir)?.map(Box::new);
         let table = ChunkTable::open(&*storage, &format!("{dir}/table"))?;
         finish_repack(&*storage, dir, &packs_dir, &table)?;
         let mut packs = BTreeMap::new();
@@ -429,6 +449,7 @@ impl ChunkStore {
             held_raw_bytes: 0,
             held_stored_bytes: 0,
             dedup,
+            locality: LocalityCache::default(),
             unslotted: Default::default(),
             pack_next,
             packs,
@@ -437,6 +458,9 @@ impl ChunkStore {
             recount: None,
             dedup_damage: None,
             missing: BTreeMap::new(),
+            saved,
+            counts_restored: false,
+            closed: false,
         };
         Ok(ChunkStore {
             storage,
@@ -459,8 +483,124 @@ impl ChunkStore {
     /// names what refers to it.
     pub fn mark(&self, id: ChunkId, raw_bytes: u32) -> Result<(), ChunkError> {
         let mut state = self.state.lock();
-        assert!(!state.open, "marking happens while opening or recounting");
+        assert!(!state.open && !state.closed, "marking happens while opening");
         mark_in(&mut state, id, raw_bytes)
+    }
+
+    /// Ends opening with the counts the last clean shutdown saved (see
+    /// [`ChunkStore::save_counts`]) instead of marking, if they were saved
+    /// for the same `history` — the embedder's description of everything it
+    /// would mark, hashed — and the store holds what it held then (the same
+    /// table length, packs and dedup coverage, none damaged). Otherwise
+    /// returns false and changes nothing: the caller marks every reference
+    /// and calls [`ChunkStore::finish_open`].
+    pub fn resume_counts(&self, history: &[u8]) -> bool {
+        let mut state = self.state.lock();
+        assert!(!state.open && !state.closed, "resuming happens while opening");
+        let Some(saved) = state.saved.take() else {
+            return false;
+        };
+        if let Err(difference) = self.still_applies(&state, &saved.meta, history) {
+            tracing::info!(%difference, "counting chunk references: the counts saved at shutdown no longer apply");
+            return false;
+        }
+        let Saved { meta, counts } = *saved;
+        for pack in &meta.packs {
+            let stats = state.packs.get_mut(&pack.pack).expect("still_applies checked the packs");
+            (stats.held_chunks, stats.held_bytes) = (pack.held_chunks, pack.held_bytes);
+        }
+        state.counts = counts;
+        (state.live, state.dead, state.references, state.logical_bytes) =
+            (meta.live, meta.dead, meta.references, meta.logical_bytes);
+        (state.held_raw_bytes, state.held_stored_bytes) = (meta.held_raw_bytes, meta.held_stored_bytes);
+        // The footers of packs the dedup runs do not cover were indexed
+        // again by `open`, freed ids included.
+        let state = &mut *state;
+        let counts = &state.counts;
+        state.dedup.forget(|id| counts.get(id.0 as usize).is_some_and(|&count| count != FREE));
+        (state.counts_restored, state.open) = (true, true);
+        tracing::info!(live = state.live, dead = state.dead, "took back the chunk reference counts saved at shutdown");
+        true
+    }
+
+    /// Why saved counts do not describe this store, if they do not.
+    fn still_applies(&self, state: &State, meta: &SavedCounts, history: &[u8]) -> Result<(), String> {
+        if meta.history != *blake3::hash(history).as_bytes() {
+            return Err("the volumes' history changed since they were saved".into());
+        }
+        if meta.table_id_end != self.table.id_end() || meta.count_entries < meta.table_id_end {
+            return Err(format!("the chunk table ends at id {}, saved at {}", self.table.id_end(), meta.table_id_end));
+        }
+        if let Some((pack, problem)) = state.unreadable.first_key_value() {
+            return Err(format!("pack {} does not open: {problem}", pack_name(*pack)));
+        }
+        let packs_now: Vec<(u64, u64)> = state.packs.iter().map(|(&pack, stats)| (pack, stats.bytes)).collect();
+        let packs_saved: Vec<(u64, u64)> = meta.packs.iter().map(|pack| (pack.pack, pack.bytes)).collect();
+        if packs_now != packs_saved {
+            return Err("the packs are not those saved with them".into());
+        }
+        if meta.packs_covered != state.dedup.packs_covered() {
+            return Err("the dedup index covers other packs than when they were saved".into());
+        }
+        Ok(())
+    }
+
+    /// Saves the reference counts for the next open to take back
+    /// ([`ChunkStore::resume_counts`]), `history` describing what they count
+    /// as the embedder will describe it then. The last thing a clean
+    /// shutdown does: the store is closed afterwards, for good (no archive
+    /// session, recount or collection). Counts in doubt (a recount pending),
+    /// a poisoned store, damaged packs or missing chunks (which the next
+    /// open should find and report again) are not saved, and the next open
+    /// counts; false then.
+    pub fn save_counts(&self, history: &[u8]) -> Result<bool, ChunkError> {
+        let _gate = self.gate.write();
+        let _writing = self.writing.lock();
+        let mut state = self.state.lock();
+        assert!(state.open && state.unslotted.is_empty(), "saving happens once, with no session in flight");
+        (state.open, state.closed) = (false, true);
+        let doubt = if let Some(cause) = self.poisoned.lock().clone() {
+            Some(format!("the store is poisoned ({cause})"))
+        } else if let Some(cause) = &state.recount {
+            Some(format!("they are in doubt ({cause})"))
+        } else if let Some(damage) = &state.dedup_damage {
+            Some(format!("the dedup index is damaged ({damage})"))
+        } else if state.packs.values().any(|pack| pack.footer_damaged) {
+            Some("a pack's footer is damaged".to_owned())
+        } else if !state.missing.is_empty() {
+            Some(format!("history refers to {} chunks that are missing", state.missing.len()))
+        } else {
+            None
+        };
+        if let Some(doubt) = doubt {
+            tracing::info!(%doubt, "not saving the chunk reference counts: the next start counts them");
+            return Ok(false);
+        }
+        let meta = SavedCounts {
+            history: *blake3::hash(history).as_bytes(),
+            table_id_end: self.table.id_end(),
+            packs_covered: state.dedup.packs_covered(),
+            live: state.live,
+            dead: state.dead,
+            references: state.references,
+            logical_bytes: state.logical_bytes,
+            held_raw_bytes: state.held_raw_bytes,
+            held_stored_bytes: state.held_stored_bytes,
+            packs: state
+                .packs
+                .iter()
+                .map(|(&pack, stats)| SavedPack {
+                    pack,
+                    bytes: stats.bytes,
+                    held_chunks: stats.held_chunks,
+                    held_bytes: stats.held_bytes,
+                })
+                .collect(),
+            count_entries: 0,
+            counts_crc32c: 0,
+        };
+        saved::save(&*self.storage, &self.dir, meta, &state.counts)?;
+        Ok(true)
     }
 
     /// Ends opening: checks that every referenced chunk has a valid slot in
@@ -470,6 +610,8 @@ impl ChunkStore {
     /// reported, never an error: only the history that needs it is lost.
     pub fn finish_open(&self, counting: Counting) -> Result<OpenReport, ChunkError> {
         let mut state = self.state.lock();
+        assert!(!state.open && !state.closed, "finishing happens while opening");
+        state.saved = None;
         let report = self.settle(&mut state, counting)?;
         if counting == Counting::Conservative {
             state.recount.get_or_insert_with(|| "some history could not be read to count its chunks".into());
@@ -488,6 +630,7 @@ impl ChunkStore {
     ) -> Result<OpenReport, E> {
         let _gate = self.gate.write();
         let _writing = self.writing.lock();
+        assert!(!self.state.lock().closed, "the store is open");
         // Counted apart and put in place only once complete: a recount that
         // fails leaves the counts as they were (in doubt, so collection
         // still waits), and never frees an id history refers to.
@@ -511,6 +654,7 @@ impl ChunkStore {
         state.live = counts.iter().filter(|&&count| count != FREE && count > 0).count() as u64;
         state.dead = 0;
         state.counts = counts;
+        state.locality.clear();
         (state.references, state.logical_bytes) = (references, logical_bytes);
         state.free_hint = 1;
         (state.held_raw_bytes, state.held_stored_bytes) = (0, 0);
@@ -978,10 +1122,18 @@ impl ChunkStore {
         Ok(reader)
     }
 
-    /// Finds a valid id holding `hash`. A damaged dedup run fails the
-    /// lookup and has the index rebuilt before the next session.
+    /// Finds a valid id holding `hash`: in the dedup index's memory, the
+    /// locality cache, or its runs (checked against the table). A damaged
+    /// dedup run fails the lookup and has the index rebuilt before the next
+    /// session.
     fn find(&self, state: &mut State, hash: &ChunkHash) -> Result<Option<ChunkId>, ChunkError> {
         if let Some(id) = state.dedup.find_in_memory(hash) {
+            return Ok(Some(id));
+        }
+        if let Some(id) = state.locality.find(hash) {
+            assert!(state.is_live(id) && !state.unslotted.contains(&id.0), "the cache forgets freed ids");
+            state.locality.hit(id);
+            self.counters.dedup_hits_nearby.fetch_add(1, Ordering::Relaxed);
             return Ok(Some(id));
         }
         let mut candidates = Vec::new();
@@ -992,10 +1144,36 @@ impl ChunkStore {
         for id in candidates {
             let slotted = state.is_live(id) && !state.unslotted.contains(&id.0);
             if slotted && self.table.read(id)?.is_some_and(|slot| slot.hash == *hash) {
+                if state.locality.hit(id) {
+                    self.read_ahead(state, id)?;
+                }
                 return Ok(Some(id));
             }
         }
         Ok(None)
+    }
+
+    /// Puts the hashes of the ids after `id` in the locality cache: one
+    /// sequential read of their table slots. Slots that do not decode are
+    /// left to the lookups that need them.
+    fn read_ahead(&self, state: &mut State, id: ChunkId) -> Result<(), ChunkError> {
+        let first = id.0 + 1;
+        let end = (id.0 + locality::WINDOW_IDS).min(self.table.id_end()).min(state.counts.len() as u64);
+        if first >= end {
+            return Ok(());
+        }
+        let mut bytes = Vec::new();
+        self.table.read_range(first, end - first, &mut bytes)?;
+        for index in 0..(end - first) as usize {
+            let id = ChunkId(first + index as u64);
+            if !state.is_live(id) || state.unslotted.contains(&id.0) {
+                continue;
+            }
+            if let Ok(Some(slot)) = slot_in(&bytes, index, id) {
+                state.locality.insert(slot.hash, id);
+            }
+        }
+        Ok(())
     }
 
     pub fn stats(&self) -> ChunkStats {
@@ -1018,11 +1196,14 @@ impl ChunkStore {
             table_bytes: self.table.id_end() * rewind_format::chunks::TABLE_SLOT_BYTES as u64,
             dedup_entries: state.dedup.entry_count(),
             dedup_runs: state.dedup.run_count() as u64,
-            memory_bytes: (state.counts.capacity() * 4) as u64 + state.dedup.memory_bytes(),
+            memory_bytes: (state.counts.capacity() * 4) as u64
+                + state.dedup.memory_bytes()
+                + state.locality.memory_bytes(),
             chunks_written: counter(&self.counters.chunks_written),
             raw_bytes_written: counter(&self.counters.raw_bytes_written),
             stored_bytes_written: counter(&self.counters.stored_bytes_written),
             dedup_hits: counter(&self.counters.dedup_hits),
+            dedup_hits_nearby: counter(&self.counters.dedup_hits_nearby),
             collections: counter(&self.counters.collections),
             chunks_freed: counter(&self.counters.chunks_freed),
             packs_deleted: counter(&self.counters.packs_deleted),
@@ -1031,6 +1212,7 @@ impl ChunkStore {
             recount_pending: state.recount.clone(),
             chunks_missing: state.missing.len() as u64,
             packs_footer_damaged: state.packs.values().filter(|pack| pack.footer_damaged).count() as u64,
+            counts_restored: state.counts_restored,
         }
     }
 
@@ -1086,9 +1268,12 @@ impl ChunkStore {
         let _gate = self.gate.write();
         let _writing = self.writing.lock();
         self.check_poisoned()?;
-        if let Some(cause) = self.state.lock().recount.clone() {
+        let state = self.state.lock();
+        assert!(!state.closed, "the store is open");
+        if let Some(cause) = state.recount.clone() {
             return Err(ChunkError::CountsStale { cause });
         }
+        drop(state);
         let mut report = CollectReport::default();
         self.sweep(&mut report, progress).map_err(|error| self.fail(error))?;
         self.repack(&mut report, progress).map_err(|error| self.fail(error))?;
@@ -1149,6 +1334,7 @@ impl ChunkStore {
         let state = &mut *state;
         let counts = &state.counts;
         state.dedup.forget(|id| counts.get(id.0 as usize).is_some_and(|&count| count != FREE));
+        state.locality.clear();
         Ok(())
     }
 

@@ -3,7 +3,9 @@
 //! session finished as "durable history", releases some of them (as merges
 //! do, under the reference gate), collects garbage, and dies at random
 //! points — any step of a session or of a collection — after which the store
-//! is reopened and marked from the durable references. Every durable
+//! is reopened and marked from the durable references. Sometimes it shuts
+//! down cleanly instead, saving its counts, and the next open takes them
+//! back (unless the save died part-way). Every durable
 //! reference must read back its bytes; deduplication must find repeated
 //! contents; nothing the durable references hold may be collected.
 //!
@@ -47,9 +49,19 @@ fn contents(rng: &mut StdRng, pool: u64) -> Vec<u8> {
     bytes
 }
 
+/// The durable history, as the engine describes its runs to the store.
+fn describe(durable: &[(ChunkId, Vec<u8>)]) -> Vec<u8> {
+    durable.iter().flat_map(|(id, _)| id.0.to_le_bytes()).collect()
+}
+
+/// Opens the store: with the counts a clean shutdown saved for this
+/// history if there are any, else marking every durable reference.
 fn open(storage: &SimStorage, config: ChunkStoreConfig, durable: &[(ChunkId, Vec<u8>)], seed: u64) -> ChunkStore {
     let store = ChunkStore::open(Arc::new(storage.clone()), "chunks", config)
         .unwrap_or_else(|error| panic!("seed {seed}: open: {error}"));
+    if store.resume_counts(&describe(durable)) {
+        return store;
+    }
     for (id, bytes) in durable {
         store.mark(*id, bytes.len() as u32).unwrap_or_else(|error| panic!("seed {seed}: mark {id}: {error}"));
     }
@@ -83,6 +95,7 @@ struct Exercised {
     chunks_freed: u64,
     packs_rewritten: u64,
     deaths: u64,
+    counts_restored: u64,
 }
 
 fn run(seed: u64) -> Exercised {
@@ -100,13 +113,14 @@ fn run(seed: u64) -> Exercised {
         if dies {
             storage.stop_after(rng.random_range(0..30));
         }
-        let op = rng.random_range(0..10);
+        let op = rng.random_range(0..11);
         if std::env::var_os("REWIND_DEBUG").is_some() {
             println!(
                 "step {step} op {op} dies {dies} durable {:?}",
                 durable.iter().map(|(id, b)| (id.0, b[0], b[8])).collect::<Vec<_>>()
             );
         }
+        let mut saved_counts = None;
         let outcome: Result<(), ChunkError> = match op {
             0..=4 => {
                 let count = rng.random_range(1..60);
@@ -131,6 +145,7 @@ fn run(seed: u64) -> Exercised {
                 }
                 Ok(())
             }
+            10 => store.save_counts(&describe(&durable)).map(|saved| saved_counts = Some(saved)),
             _ => {
                 store.collect(&mut |_: CollectPhase, done, total| assert!(done <= total, "seed {seed}")).map(|report| {
                     exercised.chunks_freed += report.chunks_freed;
@@ -147,6 +162,14 @@ fn run(seed: u64) -> Exercised {
         } else {
             storage.stop_after(u64::MAX);
             outcome.unwrap_or_else(|error| panic!("seed {seed} step {step}: {error}"));
+            if let Some(saved) = saved_counts {
+                // A clean shutdown, and power lost while the store is down.
+                drop(store);
+                storage.crash();
+                store = open(&storage, config, &durable, seed);
+                assert_eq!(store.stats().counts_restored, saved, "seed {seed} step {step}: saved counts taken back");
+                exercised.counts_restored += u64::from(saved);
+            }
         }
         check_reads(&store, &durable, seed);
         let stats = store.stats();
@@ -185,12 +208,17 @@ fn chunk_store_keeps_every_durable_reference_through_deaths() {
         total.chunks_freed += case.chunks_freed;
         total.packs_rewritten += case.packs_rewritten;
         total.deaths += case.deaths;
+        total.counts_restored += case.counts_restored;
     }
     println!("{total:?}");
     assert!(
         seeds < 50
-            || (total.dedup_hits > 100 && total.chunks_freed > 100 && total.packs_rewritten > 20 && total.deaths > 50),
-        "dedup, collection, repacking and deaths must be exercised"
+            || (total.dedup_hits > 100
+                && total.chunks_freed > 100
+                && total.packs_rewritten > 20
+                && total.deaths > 50
+                && total.counts_restored > 50),
+        "dedup, collection, repacking, deaths and saved counts must be exercised"
     );
 }
 
@@ -243,4 +271,155 @@ fn storage_pack(storage: &SimStorage) -> String {
     let names = storage.list_dir("chunks/packs").unwrap();
     assert_eq!(names.len(), 1);
     format!("chunks/packs/{}", names[0])
+}
+
+/// A store with 50 chunks, two references to each of the first ten.
+fn store_with_history(storage: &SimStorage, seed: u64) -> (ChunkStore, Vec<(ChunkId, Vec<u8>)>) {
+    let store = open(storage, ChunkStoreConfig::default(), &[], seed);
+    let blocks: Vec<Vec<u8>> = (0..50u32).chain(0..10).map(|index| index.to_le_bytes().repeat(BLOCK / 4)).collect();
+    let mut session = store.session().unwrap();
+    let durable = blocks.iter().map(|block| (session.put(block).unwrap(), block.clone())).collect();
+    session.finish().unwrap();
+    (store, durable)
+}
+
+#[test]
+fn saved_counts_never_outlive_a_crash_after_the_open_that_took_them() {
+    let storage = SimStorage::new(SimConfig::default(), 3);
+    let (store, mut durable) = store_with_history(&storage, 3);
+    assert!(store.save_counts(&describe(&durable)).unwrap());
+    drop(store);
+    let store = open(&storage, ChunkStoreConfig::default(), &durable, 3);
+    assert!(store.stats().counts_restored, "a clean shutdown's counts are taken back");
+    // History moves on (a merge drops the second reference to five chunks),
+    // then the process dies: the counts saved before are stale.
+    {
+        let _gate = store.hold_references();
+        for (id, bytes) in durable.drain(50..55) {
+            store.release(id, bytes.len() as u32);
+        }
+    }
+    drop(store);
+    storage.crash();
+    // Even told the old history, the store has nothing saved to believe.
+    let stale: Vec<(ChunkId, Vec<u8>)> = durable.iter().cloned().chain(durable[..5].iter().cloned()).collect();
+    let store = ChunkStore::open(Arc::new(storage.clone()), "chunks", ChunkStoreConfig::default()).unwrap();
+    assert!(!store.resume_counts(&describe(&stale)), "opening removed the saved counts");
+    drop(store);
+    let store = open(&storage, ChunkStoreConfig::default(), &durable, 3);
+    let stats = store.stats();
+    assert!(!stats.counts_restored);
+    assert_eq!((stats.chunks_live, stats.references), (50, 55));
+    check_reads(&store, &durable, 3);
+}
+
+#[test]
+fn saved_counts_apply_only_to_the_history_and_files_they_were_saved_with() {
+    // A history described differently from how it was saved.
+    let storage = SimStorage::new(SimConfig::default(), 4);
+    let (store, durable) = store_with_history(&storage, 4);
+    assert!(store.save_counts(&describe(&durable)).unwrap());
+    drop(store);
+    let store = ChunkStore::open(Arc::new(storage.clone()), "chunks", ChunkStoreConfig::default()).unwrap();
+    assert!(!store.resume_counts(&describe(&durable[..59])), "one reference fewer");
+    for (id, bytes) in &durable {
+        store.mark(*id, bytes.len() as u32).unwrap();
+    }
+    store.finish_open(Counting::Exact).unwrap();
+    assert_eq!(store.stats().references, 60);
+    drop(store);
+
+    // Damage to either file: reported, and counted again.
+    for (file, offset) in [("chunks/counts.meta", 40), ("chunks/counts", 4 * 7)] {
+        assert!(store_saved_again(&storage, &durable));
+        storage.corrupt(file, offset, 0x10).unwrap();
+        if file.ends_with(".meta") {
+            // The meta file keeps two copies: damage both.
+            let half = storage_file_len(&storage, file) / 2;
+            storage.corrupt(file, half + offset, 0x10).unwrap();
+        }
+        let store = ChunkStore::open(Arc::new(storage.clone()), "chunks", ChunkStoreConfig::default()).unwrap();
+        assert!(!store.resume_counts(&describe(&durable)), "damaged {file}");
+        drop(store);
+    }
+
+    // A pack that went away while the store was down.
+    assert!(store_saved_again(&storage, &durable));
+    let pack = storage_pack(&storage);
+    rewind_io::Storage::remove_file(&storage, &pack).unwrap();
+    let store = ChunkStore::open(Arc::new(storage.clone()), "chunks", ChunkStoreConfig::default()).unwrap();
+    assert!(!store.resume_counts(&describe(&durable)), "a pack is missing");
+}
+
+/// Opens the store by counting, and saves its counts again.
+fn store_saved_again(storage: &SimStorage, durable: &[(ChunkId, Vec<u8>)]) -> bool {
+    let store = open(storage, ChunkStoreConfig::default(), durable, 4);
+    store.save_counts(&describe(durable)).unwrap()
+}
+
+fn storage_file_len(storage: &SimStorage, path: &str) -> u64 {
+    use rewind_io::{OpenMode, Storage};
+    storage.open_file(path, OpenMode::Existing).unwrap().size_bytes().unwrap()
+}
+
+#[test]
+fn counts_in_doubt_are_not_saved() {
+    let storage = SimStorage::new(SimConfig::default(), 5);
+    let (store, durable) = store_with_history(&storage, 5);
+    store.request_recount("a merge failed".into());
+    assert!(!store.save_counts(&describe(&durable)).unwrap());
+    drop(store);
+    let store = open(&storage, ChunkStoreConfig::default(), &durable, 5);
+    assert!(!store.stats().counts_restored);
+}
+
+#[test]
+fn history_written_again_in_order_dedups_from_the_locality_cache() {
+    let storage = SimStorage::new(SimConfig::default(), 6);
+    // Entries leave memory for runs quickly, so hits would need reads.
+    let config = ChunkStoreConfig {
+        dedup: DedupConfig { memtable_entries_max: 64, ..DedupConfig::default() },
+        ..ChunkStoreConfig::default()
+    };
+    let blocks: Vec<Vec<u8>> = (0..3000u32).map(|index| index.to_le_bytes().repeat(BLOCK / 4)).collect();
+    let store = open(&storage, config, &[], 6);
+    let mut session = store.session().unwrap();
+    let first: Vec<ChunkId> = blocks.iter().map(|block| session.put(block).unwrap()).collect();
+    session.finish().unwrap();
+    let mut durable: Vec<(ChunkId, Vec<u8>)> = first.iter().copied().zip(blocks.iter().cloned()).collect();
+    drop(store);
+    let store = open(&storage, config, &durable, 6);
+
+    // The same history again, in order, as a copied image brings it.
+    let mut session = store.session().unwrap();
+    let again: Vec<ChunkId> = blocks.iter().map(|block| session.put(block).unwrap()).collect();
+    session.finish().unwrap();
+    assert_eq!(first, again, "the same contents get the same ids");
+    let stats = store.stats();
+    assert_eq!(stats.dedup_hits, 3000);
+    assert!(stats.dedup_hits_nearby >= 2990, "nearly all hits without a read: {stats:?}");
+    durable.extend(again.iter().copied().zip(blocks.iter().cloned()));
+
+    // Collection frees ids (which may be reused for other bytes): the cache
+    // forgets them, and every lookup after it is right.
+    {
+        let _gate = store.hold_references();
+        for (id, bytes) in durable.iter().filter(|(id, _)| id.0 % 2 == 0) {
+            store.release(*id, bytes.len() as u32);
+        }
+    }
+    durable.retain(|(id, _)| id.0 % 2 == 1);
+    assert_eq!(store.collect(&mut |_, _, _| {}).unwrap().chunks_freed, 1500);
+    let mut session = store.session().unwrap();
+    for (index, block) in blocks.iter().enumerate() {
+        let fresh = (index as u32 + 10_000).to_le_bytes().repeat(BLOCK / 4);
+        durable.push((session.put(&fresh).unwrap(), fresh));
+        let id = session.put(block).unwrap();
+        if first[index].0 % 2 == 1 {
+            assert_eq!(id, first[index], "a live chunk is found again");
+        }
+        durable.push((id, block.clone()));
+    }
+    session.finish().unwrap();
+    check_reads(&store, &durable, 6);
 }

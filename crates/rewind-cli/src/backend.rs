@@ -569,7 +569,7 @@ impl LocalBackend {
 
 impl Drop for LocalBackend {
     fn drop(&mut self) {
-        if let Err(error) = self.node.checkpoint_all(now()) {
+        if let Err(error) = self.node.shut_down(now()) {
             eprintln!("warning: checkpoint on exit failed ({error}); the next start replays the journal");
         }
     }
@@ -668,7 +668,7 @@ impl Backend for LocalBackend {
     }
 
     fn write_history(&self, name: &str, each: &mut dyn FnMut(KeptWrite) -> Result<()>) -> Result<()> {
-        self.node.volume(name)?.write_history()?.into_iter().try_for_each(|write| each(kept_write(&write)))
+        self.node.volume(name)?.write_history()?.into_iter().try_for_each(|write| each(kept_write(&write?)))
     }
 
     fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>> {

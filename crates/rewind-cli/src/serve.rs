@@ -349,7 +349,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     stopping.store(true, Ordering::Release);
     node.work_signal().notify();
     maintenance.join().expect("maintenance thread does not panic");
-    node.checkpoint_all(now()).context("final checkpoint failed; the next start replays the journal")?;
+    node.shut_down(now()).context("final checkpoint failed; the next start replays the journal")?;
     served
 }
 

@@ -163,3 +163,52 @@ fn an_expired_view_names_the_bookmark_before_it_and_returns() {
     assert!(error.to_string().contains("(bookmark kept)"), "{error}");
     volume.create_bookmark(rewind_engine::BookmarkName::new("after").unwrap(), None, later).unwrap();
 }
+
+/// A clean shutdown saves the chunk store's reference counts and the next
+/// start takes them back instead of reading every run to count them; after
+/// a crash they are counted again, whatever was saved before.
+#[test]
+fn reference_counts_survive_a_clean_shutdown_and_never_a_crash() {
+    let storage = SimStorage::new(SimConfig::default(), 3);
+    let mut config = NodeConfig::default();
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_interval_nanos = 1;
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    let at = |second: u64| start.saturating_add_nanos(second * SECOND);
+    let write_and_archive = |node: &Node, second: u64| {
+        let volume = node.volume("v").unwrap();
+        for block in 0..8u64 {
+            let bytes = [(second * 16 + block + 1) as u8; 4096];
+            volume.write(at(second).saturating_add_nanos(block), block * 4096, &bytes, Durability::Fua).unwrap();
+        }
+        node.maintain(at(second + 1)).unwrap();
+        node.maintain_history(at(second + 1)).unwrap();
+    };
+    let counted = |stats: rewind_engine::ChunkStats| (stats.chunks_live, stats.chunks_dead, stats.references);
+
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+    node.create_volume(spec, start).unwrap();
+    write_and_archive(&node, 1);
+    write_and_archive(&node, 2);
+    let before = counted(node.chunk_stats());
+    assert_eq!(before.2, 16, "two archived versions of eight blocks");
+    node.shut_down(at(3)).unwrap();
+    drop(node);
+
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    assert!(node.chunk_stats().counts_restored, "the clean shutdown's counts are taken back");
+    assert_eq!(counted(node.chunk_stats()), before);
+    let mut block = vec![0; 4096];
+    node.volume("v").unwrap().view(at(1).saturating_add_nanos(10)).unwrap().read(3 * 4096, &mut block).unwrap();
+    assert_eq!(block, vec![16 + 3 + 1; 4096], "archived history reads back");
+    write_and_archive(&node, 4);
+    let after = counted(node.chunk_stats());
+    assert_eq!(after.2, 24);
+    drop(node);
+    storage.crash();
+
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    assert!(!node.chunk_stats().counts_restored, "after a crash the counts are counted");
+    assert_eq!(counted(node.chunk_stats()), after);
+}

@@ -369,9 +369,137 @@ impl RepackIntent {
     }
 }
 
+/// One pack in [`SavedCounts`]: what collection knows of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SavedPack {
+    pub pack: u64,
+    pub bytes: u64,
+    pub held_chunks: u64,
+    pub held_bytes: u64,
+}
+
+/// `chunks/counts.meta`: the chunk store's reference counts as a clean
+/// shutdown left them, so opening need not count every reference again.
+/// The counts themselves are `chunks/counts`: one little-endian u32 per id
+/// from 0, `counts_crc32c` over all of them. Both files are removed when
+/// the store opens (before anything can change), so only a clean shutdown
+/// leaves them; `history` names the version index state they were counted
+/// from, and they are used only if the embedder's history still matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedCounts {
+    /// BLAKE3 of the embedder's description of the history counted.
+    pub history: [u8; 32],
+    /// The table's id end and the dedup index's covered packs when saved:
+    /// what the store must still find.
+    pub table_id_end: u64,
+    pub packs_covered: u64,
+    pub live: u64,
+    pub dead: u64,
+    pub references: u64,
+    pub logical_bytes: u64,
+    pub held_raw_bytes: u64,
+    pub held_stored_bytes: u64,
+    pub packs: Vec<SavedPack>,
+    /// Entries of `chunks/counts`, and their CRC-32C.
+    pub count_entries: u64,
+    pub counts_crc32c: u32,
+}
+
+impl SavedCounts {
+    const MAGIC: [u8; 4] = *b"RWSC";
+    const WHAT: &'static str = "saved chunk counts";
+    pub const PACKS_MAX: usize = 1 << 22;
+
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.packs.len() <= Self::PACKS_MAX);
+        let mut payload = Writer::new();
+        payload
+            .slice(&self.history)
+            .u64(self.table_id_end)
+            .u64(self.packs_covered)
+            .u64(self.live)
+            .u64(self.dead)
+            .u64(self.references)
+            .u64(self.logical_bytes)
+            .u64(self.held_raw_bytes)
+            .u64(self.held_stored_bytes)
+            .u64(self.count_entries)
+            .u32(self.counts_crc32c)
+            .u32(self.packs.len() as u32);
+        for pack in &self.packs {
+            payload.u64(pack.pack).u64(pack.bytes).u64(pack.held_chunks).u64(pack.held_bytes);
+        }
+        seal_envelope(Self::MAGIC, payload)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut reader = open_envelope(Self::WHAT, Self::MAGIC, bytes)?;
+        let history = reader.take(32)?.try_into().expect("32 bytes");
+        let (table_id_end, packs_covered) = (reader.u64()?, reader.u64()?);
+        let (live, dead, references, logical_bytes) = (reader.u64()?, reader.u64()?, reader.u64()?, reader.u64()?);
+        let (held_raw_bytes, held_stored_bytes, count_entries) = (reader.u64()?, reader.u64()?, reader.u64()?);
+        let counts_crc32c = reader.u32()?;
+        let pack_count = reader.u32()? as usize;
+        if pack_count > Self::PACKS_MAX {
+            return Err(reader.invalid(format!("{pack_count} packs")));
+        }
+        let mut packs = Vec::with_capacity(pack_count);
+        for _ in 0..pack_count {
+            let (pack, bytes, held_chunks, held_bytes) = (reader.u64()?, reader.u64()?, reader.u64()?, reader.u64()?);
+            packs.push(SavedPack { pack, bytes, held_chunks, held_bytes });
+        }
+        finish(reader)?;
+        Ok(SavedCounts {
+            history,
+            table_id_end,
+            packs_covered,
+            live,
+            dead,
+            references,
+            logical_bytes,
+            held_raw_bytes,
+            held_stored_bytes,
+            packs,
+            count_entries,
+            counts_crc32c,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn saved_counts_round_trip_and_catch_damage() {
+        let saved = SavedCounts {
+            history: [7; 32],
+            table_id_end: 1000,
+            packs_covered: 11,
+            live: 900,
+            dead: 50,
+            references: 4000,
+            logical_bytes: 4000 * 4096,
+            held_raw_bytes: 950 * 4096,
+            held_stored_bytes: 950 * 2000,
+            packs: vec![
+                SavedPack { pack: 3, bytes: 1 << 25, held_chunks: 500, held_bytes: 1 << 24 },
+                SavedPack { pack: 11, bytes: 1 << 20, held_chunks: 450, held_bytes: 1 << 19 },
+            ],
+            count_entries: 1000,
+            counts_crc32c: 0xdead_beef,
+        };
+        let bytes = saved.encode();
+        assert_eq!(SavedCounts::decode(&bytes).unwrap(), saved);
+        let half = bytes.len() / 2;
+        for bit in 0..half * 8 {
+            let mut damaged = bytes.clone();
+            damaged[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(SavedCounts::decode(&damaged).unwrap(), saved, "one damaged copy, bit {bit}");
+            damaged[half + bit / 8] ^= 1 << (bit % 8);
+            assert!(SavedCounts::decode(&damaged).is_err(), "both copies damaged, bit {bit}");
+        }
+    }
 
     #[test]
     fn slots_round_trip_and_know_their_place() {

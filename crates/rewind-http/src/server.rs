@@ -695,10 +695,16 @@ async fn write_history(
     const WRITES_PER_CHUNK: usize = 8192;
     let node = Arc::clone(&state.node);
     let history = slow(&jobs, move || node.volume(&name)?.write_history()).await?;
+    // A read of the sort's scratch files that fails ends the stream early:
+    // the client sees a cut-short response, and the server logs why.
     let chunks = futures_util::stream::iter(history).chunks(WRITES_PER_CHUNK).map(|writes| {
         let mut text = Vec::with_capacity(WRITES_PER_CHUNK * 40);
-        for write in &writes {
-            serde_json::to_writer(&mut text, &crate::api::kept_write(write)).expect("numbers serialize");
+        for write in writes {
+            let write = write.map_err(|error| {
+                tracing::error!(%error, "the write history could not be read to the end");
+                io::Error::other(error.to_string())
+            })?;
+            serde_json::to_writer(&mut text, &crate::api::kept_write(&write)).expect("numbers serialize");
             text.push(b'\n');
         }
         Ok::<_, io::Error>(Bytes::from(text))

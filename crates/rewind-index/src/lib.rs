@@ -312,6 +312,25 @@ impl VersionIndex {
         })
     }
 
+    /// Appends to `out` a description of the versions
+    /// [`VersionIndex::for_each_chunk`] visits: each run's id, size and time
+    /// range, and how many versions are in memory. Runs are immutable and a
+    /// volume never reuses a run id, so while the description stays the same
+    /// so do the chunk references (a chunk store trusts the counts it saved
+    /// at shutdown only as long as this holds).
+    pub fn describe(&self, out: &mut Vec<u8>) {
+        let state = self.state.read();
+        let in_memory = state.frozen.iter().map(|memtable| memtable.len()).sum::<usize>() + state.active.len();
+        out.extend_from_slice(&(state.runs.len() as u64).to_le_bytes());
+        for run in &state.runs {
+            let info = run.info();
+            for field in [info.id, info.entry_count, info.timestamp_min.unix_nanos(), info.timestamp_max.unix_nanos()] {
+                out.extend_from_slice(&field.to_le_bytes());
+            }
+        }
+        out.extend_from_slice(&(in_memory as u64).to_le_bytes());
+    }
+
     /// Calls `visit` with every version the index holds, run by run and
     /// then the memtables (so in no particular order).
     pub fn for_each_version(

@@ -200,6 +200,10 @@ impl Storage for CountingStorage {
     fn open_direct(&self, path: &str) -> io::Result<Arc<dyn File>> {
         Ok(self.counting(self.inner.open_direct(path)?))
     }
+
+    fn create_scratch(&self, dir: &str) -> io::Result<Arc<dyn File>> {
+        Ok(self.counting(self.inner.create_scratch(dir)?))
+    }
 }
 
 #[cfg(test)]

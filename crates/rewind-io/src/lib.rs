@@ -128,6 +128,10 @@ pub trait Storage: Send + Sync {
     /// writing only. Fails with `ErrorKind::Unsupported` where the
     /// filesystem refuses direct I/O.
     fn open_direct(&self, path: &str) -> io::Result<Arc<dyn File>>;
+    /// A new, empty file with no name, in `dir`: scratch space for work
+    /// too large for memory (sorting). It is gone when its last handle is,
+    /// and after a crash; it is never synced.
+    fn create_scratch(&self, dir: &str) -> io::Result<Arc<dyn File>>;
 }
 
 /// The alignment of direct I/O ([`Storage::open_direct`]): 4 KiB suits

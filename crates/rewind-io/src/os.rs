@@ -208,6 +208,13 @@ impl Storage for OsStorage {
         fs::File::open(self.path(dir))?.sync_all()
     }
 
+    fn create_scratch(&self, dir: &str) -> io::Result<Arc<dyn File>> {
+        // O_TMPFILE where the filesystem has it: never linked, so nothing
+        // is left behind by a crash.
+        let file = tempfile::tempfile_in(self.path(dir))?;
+        Ok(Arc::new(OsFile { file }))
+    }
+
     fn open_direct(&self, path: &str) -> io::Result<Arc<dyn File>> {
         let opened = fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(self.path(path));
         match opened {

@@ -510,6 +510,19 @@ impl Storage for SimStorage {
         Ok(Arc::new(SimFile { state: Arc::clone(&self.state), inode, epoch: state.epoch, direct: true }))
     }
 
+    fn create_scratch(&self, dir: &str) -> io::Result<Arc<dyn File>> {
+        let mut state = self.state.lock();
+        state.change()?;
+        if !state.dirs.contains(dir) {
+            return Err(not_found(dir));
+        }
+        // An inode no name links: nothing of it is durable.
+        let inode = state.inode_next;
+        state.inode_next += 1;
+        state.inodes.insert(inode, Inode::default());
+        Ok(Arc::new(SimFile { state: Arc::clone(&self.state), inode, epoch: state.epoch, direct: false }))
+    }
+
     fn remove_file(&self, path: &str) -> io::Result<()> {
         let mut state = self.state.lock();
         state.change()?;

@@ -34,6 +34,16 @@ impl Volume {
         Ok(())
     }
 
+    /// Appends a description of what [`Volume::mark_chunks`] would count
+    /// (see `VersionIndex::describe`), naming the volume.
+    pub(crate) fn describe_chunks(&self, out: &mut Vec<u8>) {
+        let name = self.name().as_str().as_bytes();
+        out.extend_from_slice(&(name.len() as u64).to_le_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(&self.meta().created.unix_nanos().to_le_bytes());
+        self.index.describe(out);
+    }
+
     pub(crate) fn note_history_damage(&self, note: &str) {
         let mut notes = self.damage.notes.lock();
         if notes.len() < NOTES_MAX && !notes.iter().any(|known| known == note) {
