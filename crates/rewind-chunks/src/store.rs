@@ -440,7 +440,9 @@ impl ChunkStore {
         let newest = packs.keys().chain(unreadable.keys()).max().copied().unwrap_or(0);
         let pack_next = newest.max(dedup.packs_covered()) + 1;
         let state = State {
-            counts: vec![FREE; table.id_end() as usize],
+            // Allocated when counting starts (`start_counting`), unless the
+            // saved counts are taken back: never both at once.
+            counts: Vec::new(),
             free_hint: 1,
             live: 0,
             dead: 0,
@@ -484,6 +486,7 @@ impl ChunkStore {
     pub fn mark(&self, id: ChunkId, raw_bytes: u32) -> Result<(), ChunkError> {
         let mut state = self.state.lock();
         assert!(!state.open && !state.closed, "marking happens while opening");
+        self.start_counting(&mut state);
         mark_in(&mut state, id, raw_bytes)
     }
 
@@ -502,6 +505,7 @@ impl ChunkStore {
         };
         if let Err(difference) = self.still_applies(&state, &saved.meta, history) {
             tracing::info!(%difference, "counting chunk references: the counts saved at shutdown no longer apply");
+            self.start_counting(&mut state);
             return false;
         }
         let Saved { meta, counts } = *saved;
@@ -603,6 +607,15 @@ impl ChunkStore {
         Ok(true)
     }
 
+    /// Drops saved counts (once it is decided they are not used) and starts
+    /// every id free, to be marked.
+    fn start_counting(&self, state: &mut State) {
+        if state.counts.is_empty() {
+            state.saved = None;
+            state.counts = vec![FREE; self.table.id_end() as usize];
+        }
+    }
+
     /// Ends opening: checks that every referenced chunk has a valid slot in
     /// a sealed pack (one sequential read of the table), mends what can be
     /// mended from what it is derived from, counts what the packs hold, and
@@ -611,7 +624,7 @@ impl ChunkStore {
     pub fn finish_open(&self, counting: Counting) -> Result<OpenReport, ChunkError> {
         let mut state = self.state.lock();
         assert!(!state.open && !state.closed, "finishing happens while opening");
-        state.saved = None;
+        self.start_counting(&mut state);
         let report = self.settle(&mut state, counting)?;
         if counting == Counting::Conservative {
             state.recount.get_or_insert_with(|| "some history could not be read to count its chunks".into());
