@@ -86,8 +86,12 @@ def wait_archived(http, volume, timeout_seconds=600):
 
 
 def fio(uri, name, args, size, runtime=None, extra=()):
+    """Runs one fio job against an NBD `uri`, or against a file path with
+    direct I/O (the device's own limit on the same filesystem)."""
+    target = (["--ioengine=nbd", f"--uri={uri}"] if uri.startswith("nbd://")
+              else ["--ioengine=libaio", "--direct=1", f"--filename={uri}"])
     command = [
-        "fio", "--output-format=json", f"--name={name}", "--ioengine=nbd", f"--uri={uri}",
+        "fio", "--output-format=json", f"--name={name}", *target,
         f"--size={size}", "--randseed=1", *args, *extra,
     ]
     if runtime:

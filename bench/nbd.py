@@ -3,7 +3,9 @@
 `nbdkit file` on the same disk, side by side in one run, interleaved job by job.
 
 Writes a table of throughput ratios (Rewind / nbdkit file; min, median and max
-over the runs) into BENCHMARKS.md between the `nbd` markers. Not a test: no
+over the runs) into BENCHMARKS.md between the `nbd` markers, beside the
+device's own limit: the same jobs by fio on a file of the same filesystem
+with direct I/O (libaio), measured in the same run. Not a test: no
 thresholds fail it, it reports.
 
     python3 bench/nbd.py --runs 3 --size 1G --runtime 15 --core 41e2a30
@@ -92,8 +94,10 @@ def run_once(args, run_index, results, view_results):
     work.mkdir(parents=True)
     # Baseline: nbdkit's file plugin on a file on the same disk.
     base_file = work / "nbdkit.img"
-    with open(base_file, "wb") as f:
-        f.truncate(size)
+    device_file = work / "device.img"
+    for path in [base_file, device_file]:
+        with open(path, "wb") as f:
+            f.truncate(size)
     base_port, rewind_port, http_port, core_port, core_http_port = 10900, 10901, 10902, 10903, 10904
     nbdkit = Process(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(base_port), "file", str(base_file)])
     wait_port(base_port)
@@ -114,7 +118,8 @@ def run_once(args, run_index, results, view_results):
 
     http = start_rewind(REWIND, "rewind", rewind_port, http_port, ["--archive-interval", "5s"])
     https = [http]
-    targets = {"nbdkit": f"nbd://127.0.0.1:{base_port}/", "rewind": f"nbd://127.0.0.1:{rewind_port}/bench"}
+    targets = {"nbdkit": f"nbd://127.0.0.1:{base_port}/", "rewind": f"nbd://127.0.0.1:{rewind_port}/bench",
+               "device": str(device_file)}
     if args.core_binary:
         https.append(start_rewind(args.core_binary, "core", core_port, core_http_port))
         targets["core"] = f"nbd://127.0.0.1:{core_port}/bench"
@@ -126,10 +131,12 @@ def run_once(args, run_index, results, view_results):
         for name, job_args, direction, _target in JOBS:
             if name == "seqread-1m-after-overwrite":
                 bookmark = api(http, "POST", "/v1/volumes/bench/bookmarks", {"name": f"before-overwrite-{run_index}"})
-                for target in order:
+                for target in [t for t in order if t != "device"]:
                     # Every block rewritten once, in random order (fio's random map).
                     fio(targets[target], "overwrite", ["--rw=randwrite", "--bs=4k", "--iodepth=32"], size)
             for target in order:
+                if target == "device" and name in BACK_TO_BACK_SKIPS:
+                    continue
                 settle(https, view_results)
                 job = fio(targets[target], name, job_args, size, runtime=args.runtime)
                 results.setdefault(name, {}).setdefault(target, []).append(throughput(job, direction))
@@ -146,7 +153,7 @@ def run_once(args, run_index, results, view_results):
               f"live {throughput(live, 'read') / 2**20:.1f} MiB/s", flush=True)
         # The jobs again, back to back: each server brought to rest once, then
         # every job right after the one before, whatever work that left.
-        for target in [t for t in order if t != "core"]:
+        for target in [t for t in order if t not in ("core", "device")]:
             settle(https, view_results)
             for name, job_args, direction, _target in JOBS:
                 if name in BACK_TO_BACK_SKIPS:
@@ -196,9 +203,13 @@ def table(args, results, view_results, env):
         + (f" *Core* is Rewind at commit {args.core} (journal and current store, no chunk store), run alongside."
            if args.core_binary else ""),
         "",
-        "| job | nbdkit file (median) | Rewind (median) | ratio min / median / max | target | |"
+        "The device's own limit: the same fio job on a file of the same filesystem with direct I/O (libaio), in "
+        "the same run; *÷ device* is each server's throughput over it (medians of the per-run ratios).",
+        "",
+        "| job | device (median) | nbdkit file (median) | Rewind (median) | Rewind ÷ nbdkit min / median / max "
+        "| target | | nbdkit ÷ device | Rewind ÷ device min / median / max |"
         + (" core (median) | core ÷ nbdkit (median) | Rewind ÷ core min / median / max |" if args.core_binary else ""),
-        "|---|---:|---:|---|---:|---|" + ("---:|---:|---|" if args.core_binary else ""),
+        "|---|---:|---:|---:|---|---:|---|---:|---|" + ("---:|---:|---|" if args.core_binary else ""),
     ]
     for name, _args, _direction, target in JOBS:
         base = results[name]["nbdkit"]
@@ -206,9 +217,21 @@ def table(args, results, view_results, env):
         ratios = [o / b for o, b in zip(ours, base)]
         low, median, high = spread(ratios)
         mark = "met" if median >= target else "**missed**"
+        device = results[name].get("device")
+        if device:
+            device_low, device_median, device_high = spread([o / d for o, d in zip(ours, device)])
+            device_cells = (
+                f"{statistics.median([b / d for b, d in zip(base, device)]):.2f} | "
+                f"{device_low:.2f} / {device_median:.2f} / {device_high:.2f} |"
+            )
+            device_text = f"{statistics.median(device) / 2**20:.0f} MiB/s"
+        else:
+            # After the overwrite: a file has no history, so no device figure.
+            device_cells, device_text = "– | – |", "–"
         line = (
-            f"| {name} | {statistics.median(base) / 2**20:.0f} MiB/s | {statistics.median(ours) / 2**20:.0f} MiB/s | "
-            f"{low:.2f} / {median:.2f} / {high:.2f} | ≥ {target} | {mark} |"
+            f"| {name} | {device_text} | {statistics.median(base) / 2**20:.0f} MiB/s | "
+            f"{statistics.median(ours) / 2**20:.0f} MiB/s | "
+            f"{low:.2f} / {median:.2f} / {high:.2f} | ≥ {target} | {mark} | {device_cells}"
         )
         if args.core_binary:
             core = results[name]["core"]
