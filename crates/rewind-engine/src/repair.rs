@@ -88,7 +88,11 @@ impl Node {
     ) -> Result<RepairReport, EngineError> {
         let _admin = self.admin.lock();
         let mut report = RepairReport { volume: name.to_owned(), ..RepairReport::default() };
-        if let Some(volume) = self.volumes.read().get(name).cloned() {
+        // Not `if let Some(..) = self.volumes.read()...`: the guard would
+        // live through the block, and setting the volume aside takes the
+        // lock for writing.
+        let open = self.volumes.read().get(name).cloned();
+        if let Some(volume) = open {
             match volume.mark_chunks(&mut |_, _| {}) {
                 Ok(()) => {
                     report.repaired = true;
