@@ -48,6 +48,17 @@ fn contents(index: u64, bytes: usize, out: &mut Vec<u8>) {
     out.truncate(bytes);
 }
 
+/// Puts stored chunks again, in one session: each must be found, not stored.
+fn put_again(store: &ChunkStore, indexes: &[u64], chunk_bytes: usize) -> anyhow::Result<()> {
+    let mut session = store.session()?;
+    let mut bytes = Vec::new();
+    for &index in indexes {
+        contents(index, chunk_bytes, &mut bytes);
+        ensure!(session.put(&bytes)? == ChunkId(index + 1), "a stored chunk is found again");
+    }
+    Ok(session.finish()?)
+}
+
 pub fn run(dir: &Path, args: &StoreArgs, json: bool) -> anyhow::Result<()> {
     ensure!(args.chunk_bytes >= 8 && args.chunk_bytes <= 65536, "--chunk-bytes must be 8..=65536");
     let data_dir = DataDir::fresh(dir)?;
@@ -93,14 +104,7 @@ pub fn run(dir: &Path, args: &StoreArgs, json: bool) -> anyhow::Result<()> {
     // new ones (misses, which store a chunk each).
     let mut rng = SmallRng::seed_from_u64(args.seed);
     let hit_indexes: Vec<u64> = (0..args.lookups).map(|_| rng.random_range(0..args.chunks)).collect();
-    let ((), hit_seconds, _) = timed(|| {
-        let mut session = store.session()?;
-        for &index in &hit_indexes {
-            contents(index, args.chunk_bytes, &mut bytes);
-            ensure!(session.put(&bytes)? == ChunkId(index + 1), "a stored chunk is found again");
-        }
-        Ok(session.finish()?)
-    })?;
+    let ((), hit_seconds, _) = timed(|| put_again(&store, &hit_indexes, args.chunk_bytes))?;
     // Stored contents again in the order they were stored, as a copied
     // image brings them: runs of neighbouring chunks from random places.
     let stream_indexes: Vec<u64> = (0..args.lookups.div_ceil(STREAM_CHUNKS))
@@ -111,14 +115,7 @@ pub fn run(dir: &Path, args: &StoreArgs, json: bool) -> anyhow::Result<()> {
         .take(args.lookups as usize)
         .collect();
     let nearby_before = store.stats().dedup_hits_nearby;
-    let ((), stream_seconds, _) = timed(|| {
-        let mut session = store.session()?;
-        for &index in &stream_indexes {
-            contents(index, args.chunk_bytes, &mut bytes);
-            ensure!(session.put(&bytes)? == ChunkId(index + 1), "a stored chunk is found again");
-        }
-        Ok(session.finish()?)
-    })?;
+    let ((), stream_seconds, _) = timed(|| put_again(&store, &stream_indexes, args.chunk_bytes))?;
     let nearby = store.stats().dedup_hits_nearby - nearby_before;
     {
         let _gate = store.hold_references();

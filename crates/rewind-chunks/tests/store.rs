@@ -363,6 +363,22 @@ fn storage_file_len(storage: &SimStorage, path: &str) -> u64 {
 }
 
 #[test]
+fn counts_that_do_not_fit_on_a_full_disk_are_not_saved_and_cost_only_a_count() {
+    let storage = SimStorage::new(SimConfig::default(), 7);
+    let (store, durable) = store_with_history(&storage, 7);
+    storage.set_capacity(Some(storage.used_bytes() + 16));
+    let error = store.save_counts(&describe(&durable)).unwrap_err();
+    assert!(error.is_transient(), "a full disk passes: {error}");
+    drop(store);
+    storage.set_capacity(None);
+    let store = open(&storage, ChunkStoreConfig::default(), &durable, 7);
+    let stats = store.stats();
+    assert!(!stats.counts_restored, "nothing half-saved is taken back");
+    assert_eq!((stats.chunks_live, stats.references), (50, 60));
+    check_reads(&store, &durable, 7);
+}
+
+#[test]
 fn counts_in_doubt_are_not_saved() {
     let storage = SimStorage::new(SimConfig::default(), 5);
     let (store, durable) = store_with_history(&storage, 5);
