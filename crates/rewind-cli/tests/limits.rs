@@ -207,21 +207,28 @@ fn deleting_a_volume_with_a_client_connected_names_it_and_needs_force() {
 fn the_history_thread_yields_the_cpu_to_the_threads_serving_clients() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let nice_by_thread: Vec<(String, i64)> = std::fs::read_dir(format!("/proc/{}/task", server.pid()))
-        .unwrap()
-        .map(|task| {
-            let task = task.unwrap().path();
-            let name = std::fs::read_to_string(task.join("comm")).unwrap().trim().to_owned();
-            let stat = std::fs::read_to_string(task.join("stat")).unwrap();
-            // Fields after the parenthesised name: state is the 3rd, nice the 19th.
-            let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-            (name, fields[16].parse().unwrap())
-        })
-        .collect();
-    let nice_of = |name: &str| nice_by_thread.iter().find(|(thread, _)| thread == name).map(|(_, nice)| *nice);
-    assert_eq!(nice_of("history"), Some(10), "{nice_by_thread:?}");
-    assert_eq!(nice_of("maintenance"), Some(0), "{nice_by_thread:?}");
-    assert!(nice_by_thread.iter().filter(|(_, nice)| *nice == 0).count() > 2, "{nice_by_thread:?}");
+    let nice_by_thread = || -> Vec<(String, i64)> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", server.pid())).unwrap();
+        tasks
+            .filter_map(|task| {
+                let task = task.unwrap().path();
+                let name = std::fs::read_to_string(task.join("comm")).ok()?.trim().to_owned();
+                let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+                // Fields after the parenthesised name: state is the 3rd, nice the 19th.
+                let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+                Some((name, fields[16].parse().unwrap()))
+            })
+            .collect()
+    };
+    let nice_of = |threads: &[(String, i64)], name: &str| {
+        threads.iter().find(|(thread, _)| thread == name).map(|(_, nice)| *nice)
+    };
+    // A new thread names itself and lowers its own priority as it starts,
+    // which may be after the server answers: wait for both to be done.
+    wait_for("the history thread to start at nice 10", || nice_of(&nice_by_thread(), "history") == Some(10));
+    let threads = nice_by_thread();
+    assert_eq!(nice_of(&threads, "maintenance"), Some(0), "{threads:?}");
+    assert!(threads.iter().filter(|(_, nice)| *nice == 0).count() > 2, "{threads:?}");
 }
 
 fn threads_and_rss_kib(pid: u32) -> (u64, u64) {
