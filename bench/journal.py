@@ -30,6 +30,7 @@ from benchlib import Process, api, environment, fio, remember_token, spread, sta
 SERVERS = {
     "rewind": (10981, 10982, []),
     "rewind, buffered journal": (10983, 10984, ["--journal-io", "buffered"]),
+    "rewind, no burst quiet": (10986, 10987, ["--burst-quiet", "0s"]),
 }
 NBDKIT = 10985
 NBD_JOB = ["--rw=write", "--bs=1m", "--iodepth=4", "--end_fsync=1"]
@@ -105,6 +106,7 @@ def main():
         "device, no syncs": "the disk: fio `--direct=1 --bs=4m`, no syncs",
         "rewind": "Rewind, over NBD (journal with direct I/O, as shipped)",
         "rewind, buffered journal": "Rewind, over NBD, `--journal-io buffered` (through the page cache)",
+        "rewind, no burst quiet": "Rewind, over NBD, `--burst-quiet 0s` (destaging and archiving alongside the burst)",
         "nbdkit file": "`nbdkit file` on a file",
     }
     lines = [

@@ -72,6 +72,13 @@ pub struct ServeArgs {
     /// never writes one (bench/vouch.py measures the cost).
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     journal_vouch_after: Duration,
+    /// While a volume is being written (a write within this long), its
+    /// destaging, archiving and checkpoints wait so the burst has the disk —
+    /// up to 1 GiB of history, or 2 GiB of journal for checkpoints — and
+    /// catch up once writes pause; 0s never waits (bench/journal.py
+    /// measures both).
+    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
+    burst_quiet: Duration,
     /// How journals write: `direct` goes around the page cache (O_DIRECT;
     /// filesystems that refuse it get `buffered`, with a log line), which
     /// keeps one copy of every byte and syncs only what was written
@@ -238,6 +245,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     config.volume.archive_interval_nanos = nanos(args.archive_interval, "--archive-interval")?;
     config.collect_interval_nanos = nanos(args.gc_interval, "--gc-interval")?;
     config.reserve = args.reserve;
+    config.volume.burst_quiet_nanos = nanos(args.burst_quiet, "--burst-quiet")?;
     config.volume.journal.direct_io = args.journal_io == JournalIo::Direct;
     config.volume.vouch_after_nanos =
         u64::try_from(args.journal_vouch_after.as_nanos()).context("--journal-vouch-after is too long")?;

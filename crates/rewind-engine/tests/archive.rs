@@ -18,6 +18,8 @@ fn archive_ten_writes(granularity_nanos: u64) -> (u64, Vec<u8>) {
     let mut config = NodeConfig::default();
     config.volume.archive_age_nanos = 0;
     config.volume.archive_interval_nanos = 1;
+    // Archiving right after the last write, not once writes pause.
+    config.volume.burst_quiet_nanos = 0;
     let node = Node::open(Arc::new(storage), config).unwrap();
     let start = Timestamp::from_unix_nanos(1_000 * SECOND);
     let spec = VolumeSpec {
@@ -79,6 +81,8 @@ fn concurrently(layout: Layout) {
     config.volume.archive_interval_nanos = 1;
     config.volume.checkpoint_interval_nanos = 1;
     config.collect_interval_nanos = 1;
+    // The writer never pauses: background work must not wait for it to.
+    config.volume.burst_quiet_nanos = 0;
     let node = Arc::new(Node::open(Arc::new(storage), config).unwrap());
     let clock = Arc::new(AtomicU64::new(1_000 * SECOND));
     let now = {

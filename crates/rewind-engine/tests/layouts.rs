@@ -27,7 +27,10 @@ fn create_with_cache(
     start: Timestamp,
     cache_bytes: u64,
 ) -> (Node, Arc<Volume>) {
-    let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+    let mut config = NodeConfig::default();
+    // The layouts' own rules, alone: background work does not wait for bursts.
+    config.volume.burst_quiet_nanos = 0;
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
     let spec = VolumeSpec {
         granularity_nanos,
         layout,

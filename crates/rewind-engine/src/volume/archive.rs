@@ -127,6 +127,9 @@ impl Volume {
     pub(crate) fn archive_due(&self, work: &HistoryWork, now: Timestamp) -> bool {
         let elapsed = now.unix_nanos().saturating_sub(work.archive_last.unix_nanos());
         let waiting = self.index.versions_unarchived() * u64::from(self.block_size().bytes());
+        if self.in_burst(now) {
+            return waiting >= self.config.archive_bytes_burst;
+        }
         elapsed >= self.config.archive_interval_nanos || waiting >= self.config.archive_bytes_soft
     }
 

@@ -89,7 +89,10 @@ impl Volume {
         }
         worked |= self.vouch_when_quiet(&mut maintenance, now)?;
         let merge_due = self.merge_due(&maintenance, now);
-        if self.overlay_versions.load(Ordering::Relaxed) > 0 && merge_due {
+        let in_burst = self.in_burst(now);
+        let overlay_versions = self.overlay_versions.load(Ordering::Relaxed);
+        let destage_waits = in_burst && overlay_versions < self.config.overlay_versions_max / 2;
+        if overlay_versions > 0 && merge_due && !destage_waits {
             let before = self.overlay_versions.load(Ordering::Relaxed);
             self.destage(self.rules().has_controller_cache())?;
             maintenance.merged_at = now;
@@ -103,9 +106,15 @@ impl Volume {
         let journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
         let since = now.unix_nanos().saturating_sub(maintenance.checkpoint_last.unix_nanos());
         // A checkpoint destages everything: in ROW, a merge, so only at a
-        // snapshot, unless the journal since the last one grows too long.
-        let due = (since >= self.config.checkpoint_interval_nanos && merge_due)
-            || journal_bytes - maintenance.checkpoint_journal_bytes >= self.config.checkpoint_journal_bytes;
+        // snapshot, unless the journal since the last one grows too long;
+        // in a burst, only once it has grown twice as long.
+        let journal_since = journal_bytes - maintenance.checkpoint_journal_bytes;
+        let due = if in_burst {
+            journal_since >= 2 * self.config.checkpoint_journal_bytes
+        } else {
+            (since >= self.config.checkpoint_interval_nanos && merge_due)
+                || journal_since >= self.config.checkpoint_journal_bytes
+        };
         if lsn_last > maintenance.checkpoint_lsn && due {
             drop(maintenance);
             self.checkpoint(now)?;
@@ -130,6 +139,15 @@ impl Volume {
             return Ok(false);
         }
         self.journal.vouch().map_err(|error| self.fail(error.into()))
+    }
+
+    /// Whether the volume has been written within `burst_quiet_nanos` of
+    /// `now`: background work then waits, within its budgets, so the
+    /// burst has the disk (see `VolumeConfig::burst_quiet_nanos`).
+    pub(crate) fn in_burst(&self, now: Timestamp) -> bool {
+        let written_at = self.written_at_nanos.load(Ordering::Relaxed);
+        let quiet = self.config.burst_quiet_nanos;
+        quiet > 0 && written_at > 0 && now.unix_nanos().saturating_sub(written_at) < quiet
     }
 
     /// Records a failure of this volume's work at `now`; returns whether to

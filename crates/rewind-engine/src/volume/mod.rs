@@ -84,6 +84,13 @@ pub struct VolumeConfig {
     pub commit_interval_nanos: u64,
     /// Block versions waiting to be destaged before writers destage themselves.
     pub overlay_versions_max: usize,
+    /// While the volume is being written (a write within this many
+    /// nanoseconds; 0 never waits), background work leaves the disk to the
+    /// journal: destaging waits until half of `overlay_versions_max` is
+    /// waiting, archiving until `archive_bytes_burst`, checkpoints until
+    /// twice `checkpoint_journal_bytes`. A burst then goes to the disk once,
+    /// at the journal's speed, and the second copies follow it.
+    pub burst_quiet_nanos: u64,
     /// Versions in the live memtable before it is sealed and written as a run.
     pub memtable_versions_max: usize,
     /// Checkpoint at least this often (nanoseconds) while there are writes...
@@ -98,6 +105,9 @@ pub struct VolumeConfig {
     /// (nanoseconds), or sooner once `archive_bytes_soft` of it waits.
     pub archive_interval_nanos: u64,
     pub archive_bytes_soft: u64,
+    /// How much history may wait for the archiver during a burst (see
+    /// `burst_quiet_nanos`).
+    pub archive_bytes_burst: u64,
     /// Versions younger than this (nanoseconds) stay in the journal.
     pub archive_age_nanos: u64,
     /// Once the journal has been quiet this long (nanoseconds) after a
@@ -114,13 +124,15 @@ impl Default for VolumeConfig {
             commit_bytes_soft: 4 << 20,
             unwritten_bytes_max: 64 << 20,
             commit_interval_nanos: 50_000_000,
-            overlay_versions_max: 1 << 18,
+            overlay_versions_max: 1 << 19,
+            burst_quiet_nanos: 250_000_000,
             memtable_versions_max: 1 << 20,
             checkpoint_interval_nanos: 30_000_000_000,
             checkpoint_journal_bytes: 1 << 30,
             retention_interval_nanos: 600_000_000_000,
             archive_interval_nanos: 30_000_000_000,
             archive_bytes_soft: 64 << 20,
+            archive_bytes_burst: 1 << 30,
             archive_age_nanos: 1_000_000_000,
             vouch_after_nanos: 100_000_000,
         }
@@ -214,6 +226,9 @@ pub struct Volume {
     /// Taken by the slow work on history (never while holding `maintenance`).
     history_work: Mutex<HistoryWork>,
     overlay_versions: AtomicUsize,
+    /// The time of the last version appended (unix nanoseconds): whether
+    /// the volume is in a burst of writes (see `burst_quiet_nanos`).
+    written_at_nanos: AtomicU64,
     poisoned: Mutex<Option<String>>,
     closed: AtomicBool,
     history: History,
@@ -481,6 +496,7 @@ impl Volume {
         let bytes = versions.len() as u64 * u64::from(self.meta.block_size.bytes());
         add_to_timeline(&mut state.timeline_unsaved, first.timestamp, zero, bytes);
         self.counters.journal_bytes_appended.fetch_add(journal_bytes, Ordering::Relaxed);
+        self.written_at_nanos.fetch_max(first.timestamp.unix_nanos(), Ordering::Relaxed);
         state.versions = versions;
     }
 

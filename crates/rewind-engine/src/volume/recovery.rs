@@ -137,6 +137,7 @@ impl Volume {
             history,
             space: Mutex::new(None),
             counters: Counters::default(),
+            written_at_nanos: AtomicU64::new(0),
             clients: crate::volume::clients::Clients::default(),
             damage: crate::volume::damage::HistoryDamage::default(),
             fault: Mutex::new(None),

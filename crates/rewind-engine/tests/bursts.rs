@@ -1,0 +1,74 @@
+//! A burst of writes has the disk (issue 13): while a volume is being
+//! written, its destaging, archiving and checkpoints wait, each within a
+//! budget, so the burst reaches the disk once at the journal's speed; the
+//! second copies follow once the writes pause.
+
+use std::sync::Arc;
+
+use rewind_engine::{BlockSize, Durability, Node, NodeConfig, Timestamp, Volume, VolumeName, VolumeSpec};
+use rewind_io::{SimConfig, SimStorage};
+
+const MILLI: u64 = 1_000_000;
+const BLOCK: usize = 4096;
+
+fn write_blocks(volume: &Volume, at: impl Fn(u64) -> Timestamp, blocks: std::ops::Range<u64>) {
+    for block in blocks {
+        volume.write(at(block), block * BLOCK as u64, &[block as u8 + 1; BLOCK], Durability::Buffered).unwrap();
+    }
+    volume.flush().unwrap();
+}
+
+#[test]
+fn background_work_waits_while_a_burst_lasts_and_within_its_budgets() {
+    let storage = SimStorage::new(SimConfig::default(), 5);
+    let mut config = NodeConfig::default();
+    config.volume.burst_quiet_nanos = 250 * MILLI;
+    // Destaging waits for 32 versions at most, archiving for 48 blocks,
+    // checkpoints for 2 × 64 KiB of journal; without a burst, archiving
+    // would start at 4 blocks and checkpoints at 64 KiB.
+    config.volume.overlay_versions_max = 64;
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_bytes_soft = 4 * BLOCK as u64;
+    config.volume.archive_bytes_burst = 48 * BLOCK as u64;
+    config.volume.checkpoint_journal_bytes = 64 << 10;
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    let checkpoints_at_creation = volume.stats().unwrap().checkpoints;
+    // Block n is written at millisecond n.
+    let at = |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
+    let work = |millis: u64| {
+        node.maintain(at(millis)).unwrap();
+        node.maintain_history(at(millis)).unwrap();
+        volume.stats().unwrap()
+    };
+
+    // 20 blocks (80 KiB of journal), then background work 80 ms later:
+    // still the burst, and every budget has room.
+    write_blocks(&volume, at, 0..20);
+    let stats = work(100);
+    assert_eq!(volume.io_stats().current.write_bytes, 0, "destaging waits: {stats:?}");
+    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (20, 0), "{stats:?}");
+    assert_eq!(stats.checkpoints, checkpoints_at_creation, "the checkpoint waits: {stats:?}");
+
+    // 30 more: 50 waiting is past every budget, so the work goes on
+    // during the burst.
+    write_blocks(&volume, |block| at(100 + block), 20..50);
+    let stats = work(155);
+    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (0, 50), "{stats:?}");
+    assert!(stats.checkpoints > checkpoints_at_creation, "{stats:?}");
+
+    // 5 more wait while the burst lasts and go once it has paused 250 ms.
+    write_blocks(&volume, |block| at(200 + block), 50..55);
+    let stats = work(260);
+    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (5, 50), "{stats:?}");
+    let stats = work(254 + 250);
+    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (0, 55), "{stats:?}");
+
+    let mut image = vec![0; 55 * BLOCK];
+    volume.read(0, &mut image).unwrap();
+    for (block, bytes) in image.chunks(BLOCK).enumerate() {
+        assert!(bytes.iter().all(|&byte| byte == block as u8 + 1), "block {block} reads what was written");
+    }
+}
