@@ -14,7 +14,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rewind_chunks::{pack_name, ChunkError, PackReader};
+use std::sync::Arc;
+
+use rewind_chunks::{pack_name, ChunkError, LocalPackStore, PackReader, PackStore};
 use rewind_format::pack::{
     Codec, FooterEntry, PackHeader, PackTrailer, RecordHeader, CHUNK_BYTES_MAX, PACK_HEADER_BYTES, PACK_TRAILER_BYTES,
     RECORD_HEADER_BYTES, RECORD_MAGIC,
@@ -167,7 +169,8 @@ fn pack_file(mode: u8, mut pack: Vec<u8>) {
     let built = mode & 0x10 != 0;
     let every_record_holds = built && build(&mut pack);
     let storage = storage_with(&[(&format!("packs/{}", pack_name(PACK)), &pack)]);
-    let (scrub, peak) = peak_heap_bytes(|| PackReader::open(&*storage, "packs", PACK)?.verify());
+    let packs: Arc<dyn PackStore> = Arc::new(LocalPackStore::open(storage, "packs").expect("in-memory storage"));
+    let (scrub, peak) = peak_heap_bytes(|| PackReader::open(&packs, PACK)?.verify());
     // Reading a chunk needs its record and its raw bytes: at most two
     // chunks' worth beyond what follows the file.
     assert_heap_follows_input(peak, pack.len(), 3, 4 * CHUNK_BYTES_MAX as usize);

@@ -6,8 +6,9 @@
 //! puts the pieces together: the chunk table, the dedup index, reference
 //! counts and garbage collection.
 //!
-//! A pack is written once, front to back, and sealed: footer, trailer,
-//! `fsync`, directory `fsync`. Nothing may refer to a chunk before its pack is
+//! A pack is written once, front to back, and sealed: footer, trailer, then
+//! made durable under its number by the pack store it lives in
+//! ([`pack_store`]: a local directory, or object storage). Nothing may refer to a chunk before its pack is
 //! sealed, so a pack found unsealed after a crash holds nothing anyone needs;
 //! a pack that something refers to and that fails to open or verify is
 //! corruption.
@@ -15,17 +16,21 @@
 //! Every read checks the stored bytes' CRC-32C, decompresses, and checks the
 //! BLAKE3 hash of the result against the chunk's name.
 
+pub mod conformance;
 mod dedup;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod locality;
 mod pack;
+pub mod pack_store;
 mod saved;
 mod store;
 mod table;
+pub mod tiered;
 
 pub use dedup::DedupConfig;
 pub use pack::{compress, Check, PackReader, PackWriter, SealedPack};
+pub use pack_store::{Generation, LocalPackStore, PackStore, PackUpload, StoredPack};
 pub use rewind_format::pack::{ChunkHash, Codec};
 pub use store::{
     ArchiveSession, ChunkSet, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting,
@@ -86,6 +91,15 @@ impl ChunkError {
 
     fn sync(path: &str) -> impl FnOnce(io::Error) -> ChunkError + '_ {
         move |source| ChunkError::SyncFailed { path: path.to_owned(), source }
+    }
+
+    /// For a call that may have lost what it was to make durable (a
+    /// pack's finish or delete): a sync error unless it is one that passes.
+    fn sync_or_io(path: &str) -> impl FnOnce(io::Error) -> ChunkError + '_ {
+        move |source| match rewind_io::is_transient(&source) {
+            true => ChunkError::Io { path: path.to_owned(), source },
+            false => ChunkError::SyncFailed { path: path.to_owned(), source },
+        }
     }
 
     fn corrupt(path: &str, offset: u64, reason: impl ToString) -> ChunkError {

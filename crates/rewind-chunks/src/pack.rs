@@ -7,11 +7,10 @@ use rewind_format::pack::{
     ChunkHash, Codec, FooterEntry, PackHeader, PackTrailer, RecordHeader, CHUNK_BYTES_MAX, PACK_HEADER_BYTES,
     PACK_TRAILER_BYTES, RECORD_HEADER_BYTES,
 };
-use rewind_io::{File, OpenMode, Storage};
-
 use rewind_types::ChunkId;
 
-use crate::{chunk_hash, pack_name, ChunkError, ChunkLocation};
+use crate::pack_store::{Generation, PackStore, PackUpload};
+use crate::{chunk_hash, ChunkError, ChunkLocation};
 
 /// zstd level: fast enough to keep up with the journal on one core, and most
 /// of the ratio the higher levels get on block data.
@@ -43,13 +42,11 @@ pub fn compress(compressor: &mut zstd::bulk::Compressor<'_>, raw: &[u8], out: &m
 /// A pack being written.
 pub struct PackWriter {
     pack: u64,
-    dir: String,
+    /// Where the pack goes, for messages.
     path: String,
-    file: Arc<dyn File>,
-    /// Encoded records not yet written to the file.
+    upload: Box<dyn PackUpload>,
+    /// Encoded records not yet handed to the upload.
     pending: Vec<u8>,
-    /// Bytes of the pack already written to the file.
-    written: u64,
     entries: Vec<FooterEntry>,
     raw_total: u64,
     compressor: zstd::bulk::Compressor<'static>,
@@ -57,7 +54,7 @@ pub struct PackWriter {
 }
 
 /// What a sealed pack holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SealedPack {
     pub pack: u64,
     pub chunk_count: u32,
@@ -65,21 +62,21 @@ pub struct SealedPack {
     pub bytes: u64,
     /// The chunks' size before compression.
     pub raw_bytes: u64,
+    /// Which object the store holds under the pack's number.
+    pub generation: Generation,
 }
 
 impl PackWriter {
-    /// Creates pack number `pack` in `dir`; it must not exist.
-    pub fn create(storage: &dyn Storage, dir: &str, pack: u64) -> Result<PackWriter, ChunkError> {
-        let path = format!("{dir}/{}", pack_name(pack));
-        let file = storage.open_file(&path, OpenMode::CreateNew).map_err(ChunkError::io(&path))?;
+    /// Starts pack number `pack` in `packs`; it must not exist.
+    pub fn create(packs: &dyn PackStore, pack: u64) -> Result<PackWriter, ChunkError> {
+        let path = packs.locate(pack);
+        let upload = packs.create(pack).map_err(ChunkError::io(&path))?;
         let compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(ChunkError::io(&path))?;
         Ok(PackWriter {
             pack,
-            dir: dir.to_owned(),
             path,
-            file,
+            upload,
             pending: PackHeader { pack }.encode().to_vec(),
-            written: 0,
             entries: Vec::new(),
             raw_total: 0,
             compressor,
@@ -123,7 +120,7 @@ impl PackWriter {
 
     /// The pack's size so far.
     pub fn bytes(&self) -> u64 {
-        self.written + self.pending.len() as u64
+        self.upload.len() + self.pending.len() as u64
     }
 
     pub fn chunk_count(&self) -> usize {
@@ -131,23 +128,22 @@ impl PackWriter {
     }
 
     fn write_pending(&mut self) -> Result<(), ChunkError> {
-        // Space first: a full disk fails here, never at the seal's sync.
-        let length = self.pending.len() as u64;
-        self.file.allocate(self.written, length).map_err(ChunkError::io(&self.path))?;
-        self.file.write_all_at(&self.pending, self.written).map_err(ChunkError::io(&self.path))?;
-        self.written += self.pending.len() as u64;
+        // A local store takes the room here: a full disk fails an append,
+        // never the seal.
+        self.upload.append(&self.pending).map_err(ChunkError::io(&self.path))?;
         self.pending.clear();
         Ok(())
     }
 
-    /// Deletes the unfinished pack (an archive pass or a repack failed).
-    pub fn discard(self, storage: &dyn Storage) -> Result<(), ChunkError> {
-        drop(self.file);
-        storage.remove_file(&self.path).map_err(ChunkError::io(&self.path))
+    /// Leaves nothing of the unfinished pack (an archive pass or a repack failed).
+    pub fn discard(self) -> Result<(), ChunkError> {
+        self.upload.abort().map_err(ChunkError::io(&self.path))
     }
 
-    /// Writes the footer and trailer and makes the pack and its name durable.
-    pub fn seal(mut self, storage: &dyn Storage) -> Result<SealedPack, ChunkError> {
+    /// Writes the footer and trailer and makes the pack durable under its
+    /// number. A failure that does not pass (a failed sync) may have lost
+    /// what was written: the caller poisons the store.
+    pub fn seal(mut self) -> Result<SealedPack, ChunkError> {
         let footer_offset = self.bytes();
         let mut footer = Vec::with_capacity(self.entries.len() * rewind_format::pack::FOOTER_ENTRY_BYTES);
         for entry in &self.entries {
@@ -161,13 +157,14 @@ impl PackWriter {
         self.pending.extend_from_slice(&footer);
         self.pending.extend_from_slice(&trailer.encode());
         self.write_pending()?;
-        self.file.sync_data().map_err(ChunkError::sync(&self.path))?;
-        storage.sync_dir(&self.dir).map_err(ChunkError::sync(&self.dir))?;
+        let bytes = self.upload.len();
+        let generation = self.upload.finish().map_err(ChunkError::sync_or_io(&self.path))?;
         Ok(SealedPack {
             pack: self.pack,
             chunk_count: trailer.entry_count,
-            bytes: self.written,
+            bytes,
             raw_bytes: self.raw_total,
+            generation,
         })
     }
 }
@@ -176,7 +173,7 @@ impl PackWriter {
 pub struct PackReader {
     pack: u64,
     path: String,
-    file: Arc<dyn File>,
+    packs: Arc<dyn PackStore>,
     bytes: u64,
     /// `None` for a pack whose trailer or footer is damaged: its records
     /// are still read where the chunk table says they are.
@@ -184,21 +181,19 @@ pub struct PackReader {
 }
 
 impl PackReader {
-    /// Opens pack `pack` in `dir`, checking its header and trailer (the
+    /// Opens pack `pack` in `packs`, checking its header and trailer (the
     /// footer is read only by [`PackReader::footer`]).
-    pub fn open(storage: &dyn Storage, dir: &str, pack: u64) -> Result<PackReader, ChunkError> {
-        let path = format!("{dir}/{}", pack_name(pack));
-        let file = storage.open_file(&path, OpenMode::Existing).map_err(ChunkError::io(&path))?;
-        let bytes = file.size_bytes().map_err(ChunkError::io(&path))?;
+    pub fn open(packs: &Arc<dyn PackStore>, pack: u64) -> Result<PackReader, ChunkError> {
+        let mut reader = PackReader::open_records(packs, pack)?;
+        let (path, bytes) = (&reader.path.clone(), reader.bytes);
         let unsealed = |reason: String| ChunkError::Unsealed { path: path.clone(), reason };
         if bytes < (PACK_HEADER_BYTES + PACK_TRAILER_BYTES) as u64 {
             return Err(unsealed(format!("{bytes} bytes is too short for a header and a trailer")));
         }
         let trailer_offset = bytes - PACK_TRAILER_BYTES as u64;
         let mut trailer = [0; PACK_TRAILER_BYTES];
-        file.read_exact_at(&mut trailer, trailer_offset).map_err(ChunkError::io(&path))?;
+        packs.read(pack, trailer_offset, &mut trailer).map_err(ChunkError::io(path))?;
         let trailer = PackTrailer::decode(&trailer, bytes).map_err(|error| unsealed(error.to_string()))?;
-        let mut reader = PackReader::open_records(storage, dir, pack)?;
         reader.trailer = Some(trailer);
         Ok(reader)
     }
@@ -206,17 +201,16 @@ impl PackReader {
     /// Opens pack `pack` for reading records at known offsets, checking its
     /// header only: for a sealed pack whose trailer or footer is damaged
     /// (its chunks are found through the chunk table).
-    pub fn open_records(storage: &dyn Storage, dir: &str, pack: u64) -> Result<PackReader, ChunkError> {
-        let path = format!("{dir}/{}", pack_name(pack));
-        let file = storage.open_file(&path, OpenMode::Existing).map_err(ChunkError::io(&path))?;
-        let bytes = file.size_bytes().map_err(ChunkError::io(&path))?;
+    pub fn open_records(packs: &Arc<dyn PackStore>, pack: u64) -> Result<PackReader, ChunkError> {
+        let path = packs.locate(pack);
+        let bytes = packs.stat(pack).map_err(ChunkError::io(&path))?.bytes;
         let mut header = [0; PACK_HEADER_BYTES];
-        file.read_exact_at(&mut header, 0).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
+        packs.read(pack, 0, &mut header).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
         let header = PackHeader::decode(&header).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
         if header.pack != pack {
             return Err(ChunkError::corrupt(&path, 0, format!("the header names pack {}", header.pack)));
         }
-        Ok(PackReader { pack, path, file, bytes, trailer: None })
+        Ok(PackReader { pack, path, packs: Arc::clone(packs), bytes, trailer: None })
     }
 
     pub fn pack(&self) -> u64 {
@@ -239,7 +233,7 @@ impl PackReader {
             ));
         };
         let mut footer = vec![0; trailer.footer_bytes() as usize];
-        self.file.read_exact_at(&mut footer, trailer.footer_offset).map_err(ChunkError::io(&self.path))?;
+        self.packs.read(self.pack, trailer.footer_offset, &mut footer).map_err(ChunkError::io(&self.path))?;
         let corrupt = |reason: String| ChunkError::corrupt(&self.path, trailer.footer_offset, reason);
         rewind_format::verify_crc("pack footer", trailer.footer_crc32c, crc32c(&footer))
             .map_err(|error| corrupt(error.to_string()))?;
@@ -297,7 +291,7 @@ impl PackReader {
             let reason = format!("{} bytes at {offset} do not fit in a pack of {} bytes", buf.len(), self.bytes);
             return Err(ChunkError::corrupt(&self.path, offset, reason));
         }
-        self.file.read_exact_at(buf, offset).map_err(ChunkError::io(&self.path))
+        self.packs.read(self.pack, offset, buf).map_err(ChunkError::io(&self.path))
     }
 
     /// Checks the record `record` (read from `location`) and that it holds

@@ -67,6 +67,7 @@ use rustc_hash::FxHashMap;
 
 use crate::dedup::{DedupConfig, DedupIndex};
 use crate::locality::{self, LocalityCache};
+use crate::pack_store::{LocalPackStore, PackStore};
 use crate::saved::{self, Saved};
 use crate::table::{slot_in, ChunkTable};
 use crate::{chunk_hash, pack_name, Check, ChunkError, ChunkLocation, PackReader, PackWriter};
@@ -242,7 +243,8 @@ struct Counters {
 pub struct ChunkStore {
     storage: Arc<dyn Storage>,
     dir: String,
-    packs_dir: String,
+    /// Where the sealed packs are (see `pack_store`).
+    packs: Arc<dyn PackStore>,
     config: ChunkStoreConfig,
     table: ChunkTable,
     state: Mutex<State>,
@@ -391,21 +393,31 @@ impl ChunkStore {
     /// to what is derived (the dedup index, a table header) is repaired
     /// here; packs that do not open are decided on by `finish_open`.
     pub fn open(storage: Arc<dyn Storage>, dir: &str, config: ChunkStoreConfig) -> Result<ChunkStore, ChunkError> {
-        assert!(config.pack_bytes_target > 0 && config.pack_bytes_target < 1 << 32);
         let packs_dir = format!("{dir}/packs");
-        storage.create_dir_all(&packs_dir).map_err(ChunkError::io(&packs_dir))?;
+        let packs = LocalPackStore::open(Arc::clone(&storage), &packs_dir).map_err(ChunkError::io(&packs_dir))?;
+        ChunkStore::open_with_packs(storage, dir, config, Arc::new(packs))
+    }
+
+    /// Opens the chunk store in `dir` as [`ChunkStore::open`] does, with its
+    /// packs in `packs` rather than in `dir/packs`.
+    pub fn open_with_packs(
+        storage: Arc<dyn Storage>,
+        dir: &str,
+        config: ChunkStoreConfig,
+        packs_store: Arc<dyn PackStore>,
+    ) -> Result<ChunkStore, ChunkError> {
+        assert!(config.pack_bytes_target > 0 && config.pack_bytes_target < 1 << 32);
+        storage.create_dir_all(dir).map_err(ChunkError::io(dir))?;
         storage.sync_dir(dir).map_err(ChunkError::sync(dir))?;
         let saved = saved::take(&*storage, dir)?.map(Box::new);
         let table = ChunkTable::open(&*storage, &format!("{dir}/table"))?;
-        finish_repack(&*storage, dir, &packs_dir, &table)?;
+        finish_repack(&*storage, dir, &packs_store, &table)?;
         let mut packs = BTreeMap::new();
         let mut unreadable = BTreeMap::new();
-        for name in storage.list_dir(&packs_dir).map_err(ChunkError::io(&packs_dir))? {
-            let Some(pack) = parse_pack_name(&name) else {
-                tracing::warn!(path = %format!("{packs_dir}/{name}"), "ignoring a file that is not a pack");
-                continue;
-            };
-            match PackReader::open(&*storage, &packs_dir, pack) {
+        let listing = packs_store.list().map_err(ChunkError::io(&packs_store.locate(0)))?;
+        for stored in listing {
+            let pack = stored.pack;
+            match PackReader::open(&packs_store, pack) {
                 Ok(reader) => {
                     packs.insert(pack, PackStats::new(reader.bytes()));
                 }
@@ -428,7 +440,7 @@ impl ChunkStore {
         // footer that never reached the disk.
         let uncovered: Vec<u64> = packs.range(dedup.packs_covered() + 1..).map(|(&pack, _)| pack).collect();
         for pack in uncovered {
-            match index_footer(&*storage, &packs_dir, pack, &table, &mut dedup) {
+            match index_footer(&packs_store, pack, &table, &mut dedup) {
                 Ok(()) => {}
                 Err(error @ (ChunkError::Corrupt { .. } | ChunkError::Io { .. })) => {
                     packs.remove(&pack);
@@ -467,7 +479,7 @@ impl ChunkStore {
         Ok(ChunkStore {
             storage,
             dir: dir.to_owned(),
-            packs_dir,
+            packs: packs_store,
             config,
             table,
             state: Mutex::new(state),
@@ -773,15 +785,14 @@ impl ChunkStore {
         // newest one unsealed (its writes may reach the disk in any order).
         let newest_sealed = state.packs.keys().next_back().copied().unwrap_or(0);
         for (pack, damage) in std::mem::take(&mut state.unreadable) {
-            let path = format!("{}/{}", self.packs_dir, pack_name(pack));
+            let path = self.packs.locate(pack);
             if pack > newest_sealed {
                 tracing::info!(%path, %damage, "deleting a pack a crash left unfinished");
             } else {
                 tracing::warn!(%path, %damage, "deleting a damaged pack that nothing refers to");
             }
-            self.storage.remove_file(&path).map_err(ChunkError::io(&path))?;
+            self.packs.delete(pack).map_err(ChunkError::sync_or_io(&path))?;
         }
-        self.storage.sync_dir(&self.packs_dir).map_err(ChunkError::sync(&self.packs_dir))?;
         report.packs_footer_damaged =
             state.packs.iter().filter(|(_, pack)| pack.footer_damaged).map(|(&pack, _)| pack).collect();
         let counts = &state.counts;
@@ -794,7 +805,7 @@ impl ChunkStore {
     /// then read through the table, and rewritten by the next collection).
     fn pack_for<'s>(&self, state: &'s mut State, pack: u64) -> Result<&'s mut PackStats, String> {
         if let Some(damage) = state.unreadable.remove(&pack) {
-            match PackReader::open_records(&*self.storage, &self.packs_dir, pack) {
+            match PackReader::open_records(&self.packs, pack) {
                 Ok(reader) => {
                     tracing::warn!(
                         pack = %pack_name(pack),
@@ -826,7 +837,7 @@ impl ChunkStore {
             if ids.is_empty() {
                 break;
             }
-            let Ok(reader) = PackReader::open(&*self.storage, &self.packs_dir, pack) else { continue };
+            let Ok(reader) = PackReader::open(&self.packs, pack) else { continue };
             let Ok(footer) = reader.footer() else { continue };
             for entry in footer {
                 if !ids.contains_key(&entry.id.0) {
@@ -1123,8 +1134,8 @@ impl ChunkStore {
         }
         let footer_damaged = self.state.lock().packs.get(&pack).is_some_and(|stats| stats.footer_damaged);
         let reader = Arc::new(match footer_damaged {
-            true => PackReader::open_records(&*self.storage, &self.packs_dir, pack)?,
-            false => PackReader::open(&*self.storage, &self.packs_dir, pack)?,
+            true => PackReader::open_records(&self.packs, pack)?,
+            false => PackReader::open(&self.packs, pack)?,
         });
         let mut readers = self.readers.lock();
         if readers.len() >= self.config.open_packs_max {
@@ -1413,7 +1424,7 @@ impl ChunkStore {
             state.pack_next += 1;
             state.pack_next - 1
         };
-        let mut writer = PackWriter::create(&*self.storage, &self.packs_dir, number)?;
+        let mut writer = PackWriter::create(&*self.packs, number)?;
         let mut moved: Vec<(ChunkId, TableSlot)> = Vec::new();
         let copied = (|| {
             let (mut record, mut raw) = (Vec::new(), Vec::new());
@@ -1436,13 +1447,13 @@ impl ChunkStore {
             Ok(bytes) => bytes,
             Err(error) => {
                 // Nothing refers to the new pack yet: it goes, the old ones stay.
-                if let Err(discard) = writer.discard(&*self.storage) {
+                if let Err(discard) = writer.discard() {
                     tracing::warn!(%discard, "cannot delete the unfinished pack of a failed repack");
                 }
                 return Err(error);
             }
         };
-        let sealed = writer.seal(&*self.storage)?;
+        let sealed = writer.seal()?;
         self.replace_packs(number, group, &moved)?;
         let mut state = self.state.lock();
         for pack in group {
@@ -1530,11 +1541,9 @@ impl ChunkStore {
         let mut readers = self.readers.lock();
         for &pack in old {
             readers.remove(&pack);
-            let path = format!("{}/{}", self.packs_dir, pack_name(pack));
-            self.storage.remove_file(&path).map_err(ChunkError::io(&path))?;
+            self.packs.delete(pack).map_err(ChunkError::sync_or_io(&self.packs.locate(pack)))?;
         }
         drop(readers);
-        self.storage.sync_dir(&self.packs_dir).map_err(ChunkError::sync(&self.packs_dir))?;
         self.storage.remove_file(intent_path).map_err(ChunkError::io(intent_path))?;
         self.storage.sync_dir(&self.dir).map_err(ChunkError::sync(&self.dir))
     }
@@ -1563,13 +1572,13 @@ fn slot_of(hash: ChunkHash, location: ChunkLocation) -> TableSlot {
     }
 }
 
-fn parse_pack_name(name: &str) -> Option<u64> {
-    let digits = name.strip_suffix(".pack").filter(|digits| digits.len() == 16)?;
-    u64::from_str_radix(digits, 16).ok()
-}
-
 /// Completes a repack a crash interrupted (see [`ChunkStore::replace_packs`]).
-fn finish_repack(storage: &dyn Storage, dir: &str, packs_dir: &str, table: &ChunkTable) -> Result<(), ChunkError> {
+fn finish_repack(
+    storage: &dyn Storage,
+    dir: &str,
+    packs: &Arc<dyn PackStore>,
+    table: &ChunkTable,
+) -> Result<(), ChunkError> {
     let path = format!("{dir}/{REPACK_INTENT}");
     if !storage.exists(&path).map_err(ChunkError::io(&path))? {
         return Ok(());
@@ -1590,19 +1599,15 @@ fn finish_repack(storage: &dyn Storage, dir: &str, packs_dir: &str, table: &Chun
     tracing::info!(new = intent.new, old = ?intent.old, "completing an interrupted repack");
     if intent.new != 0 {
         // Sealed before the intent was written.
-        let reader = PackReader::open(storage, packs_dir, intent.new)?;
+        let reader = PackReader::open(packs, intent.new)?;
         for entry in reader.footer()? {
             table.write(entry.id, &slot_of(entry.hash, reader.location(&entry)))?;
         }
         table.sync()?;
     }
     for pack in intent.old {
-        let pack_path = format!("{packs_dir}/{}", pack_name(pack));
-        if storage.exists(&pack_path).map_err(ChunkError::io(&pack_path))? {
-            storage.remove_file(&pack_path).map_err(ChunkError::io(&pack_path))?;
-        }
+        packs.delete(pack).map_err(ChunkError::sync_or_io(&packs.locate(pack)))?;
     }
-    storage.sync_dir(packs_dir).map_err(ChunkError::io(packs_dir))?;
     storage.remove_file(&path).map_err(ChunkError::io(&path))?;
     storage.sync_dir(dir).map_err(ChunkError::io(dir))
 }
@@ -1642,7 +1647,7 @@ impl ArchiveSession<'_> {
         let store = self.store;
         self.done = true;
         if let Some(writer) = self.writer.take() {
-            if let Err(discard) = writer.discard(&*store.storage) {
+            if let Err(discard) = writer.discard() {
                 tracing::warn!(%discard, "cannot delete the unfinished pack of a failed archive pass");
             }
         }
@@ -1681,7 +1686,7 @@ impl ArchiveSession<'_> {
                 state.pack_next += 1;
                 state.pack_next - 1
             };
-            self.writer = Some(PackWriter::create(&*store.storage, &store.packs_dir, number)?);
+            self.writer = Some(PackWriter::create(&*store.packs, number)?);
         }
         let writer = self.writer.as_mut().expect("opened above");
         let location = writer.add(id, hash, raw)?;
@@ -1697,7 +1702,7 @@ impl ArchiveSession<'_> {
 
     fn seal(&mut self) -> Result<(), ChunkError> {
         let Some(writer) = self.writer.take() else { return Ok(()) };
-        let sealed = writer.seal(&*self.store.storage)?;
+        let sealed = writer.seal()?;
         let mut state = self.store.state.lock();
         let mut stats = PackStats::new(sealed.bytes);
         for (_, slot) in &self.unsealed {
@@ -1780,13 +1785,12 @@ fn mark_in(state: &mut State, id: ChunkId, raw_bytes: u32) -> Result<(), ChunkEr
 /// Adds the chunks of `pack`'s footer that the table agrees are its live
 /// copies to `dedup` (opening, for packs the dedup runs do not cover).
 fn index_footer(
-    storage: &dyn Storage,
-    packs_dir: &str,
+    packs: &Arc<dyn PackStore>,
     pack: u64,
     table: &ChunkTable,
     dedup: &mut DedupIndex,
 ) -> Result<(), ChunkError> {
-    let reader = PackReader::open(storage, packs_dir, pack)?;
+    let reader = PackReader::open(packs, pack)?;
     for entry in reader.footer()? {
         // A damaged slot is mended (or reported) once references are counted.
         let current = table.read(entry.id).unwrap_or(None);

@@ -12,6 +12,14 @@ use rand::{RngCore, SeedableRng};
 use rewind_chunks::{chunk_hash, Check, ChunkError, Codec, PackReader, PackWriter};
 use rewind_format::pack::RecordHeader;
 use rewind_io::OsStorage;
+use std::sync::Arc;
+
+use rewind_chunks::{LocalPackStore, PackStore};
+
+/// The packs in `dir`, as the chunk store keeps them locally.
+fn packs_in(dir: &Path) -> Arc<dyn PackStore> {
+    Arc::new(LocalPackStore::open(Arc::new(OsStorage::new(dir).unwrap()), ".").unwrap())
+}
 use rewind_types::ChunkId;
 
 const FIXTURE_PACK: u64 = 0x2a;
@@ -32,12 +40,12 @@ fn fixtures_dir() -> PathBuf {
 
 /// Writes the fixture pack into `dir` and returns its path.
 fn write_fixture_pack(dir: &Path) -> PathBuf {
-    let storage = OsStorage::new(dir).unwrap();
-    let mut writer = PackWriter::create(&storage, ".", FIXTURE_PACK).unwrap();
+    let packs = packs_in(dir);
+    let mut writer = PackWriter::create(&*packs, FIXTURE_PACK).unwrap();
     for (index, chunk) in fixture_chunks().iter().enumerate() {
         writer.add(ChunkId(100 + index as u64), chunk_hash(chunk), chunk).unwrap();
     }
-    writer.seal(&storage).unwrap();
+    writer.seal().unwrap();
     dir.join(rewind_chunks::pack_name(FIXTURE_PACK))
 }
 
@@ -45,8 +53,7 @@ fn write_fixture_pack(dir: &Path) -> PathBuf {
 fn open_fixture(name: &str) -> (tempfile::TempDir, Result<PackReader, ChunkError>) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(fixtures_dir().join(name), dir.path().join(rewind_chunks::pack_name(FIXTURE_PACK))).unwrap();
-    let storage = OsStorage::new(dir.path()).unwrap();
-    let reader = PackReader::open(&storage, ".", FIXTURE_PACK);
+    let reader = PackReader::open(&packs_in(dir.path()), FIXTURE_PACK);
     (dir, reader)
 }
 
@@ -116,9 +123,8 @@ fn writing_the_fixture_today_reads_the_same() {
     // chunks at the same offsets (compressed bytes may differ between zstd
     // releases, so the bytes are not compared).
     let dir = tempfile::tempdir().unwrap();
-    let storage = OsStorage::new(dir.path()).unwrap();
     write_fixture_pack(dir.path());
-    let fresh = PackReader::open(&storage, ".", FIXTURE_PACK).unwrap();
+    let fresh = PackReader::open(&packs_in(dir.path()), FIXTURE_PACK).unwrap();
     let (_fixture_dir, fixture) = open_fixture("sealed.pack");
     let fixture = fixture.unwrap();
     let hashes =
@@ -173,12 +179,12 @@ fn a_record_that_names_another_chunk_is_corruption() {
 #[test]
 fn only_the_hash_check_sees_a_record_whose_bytes_are_another_chunk() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = OsStorage::new(dir.path()).unwrap();
-    let mut writer = PackWriter::create(&storage, ".", 1).unwrap();
+    let packs = packs_in(dir.path());
+    let mut writer = PackWriter::create(&*packs, 1).unwrap();
     let (named, stored) = (vec![1u8; 4096], vec![2u8; 4096]);
     let location = writer.add_stored(ChunkId(1), chunk_hash(&named), Codec::Raw, &stored, 4096).unwrap();
-    writer.seal(&storage).unwrap();
-    let reader = PackReader::open(&storage, ".", 1).unwrap();
+    writer.seal().unwrap();
+    let reader = PackReader::open(&packs, 1).unwrap();
     let mut out = vec![0; 4096];
     reader.read(location, &chunk_hash(&named), &mut out, Check::Crc).unwrap();
     assert_eq!(out, stored);
@@ -194,8 +200,8 @@ fn many_chunks_round_trip_through_a_large_pack() {
     println!("seed {seed}");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
-    let storage = OsStorage::new(dir.path()).unwrap();
-    let mut writer = PackWriter::create(&storage, ".", 1).unwrap();
+    let packs = packs_in(dir.path());
+    let mut writer = PackWriter::create(&*packs, 1).unwrap();
     let mut chunks = Vec::new();
     for index in 0..2000usize {
         // Half compressible (a repeated byte with some noise), half random.
@@ -208,11 +214,11 @@ fn many_chunks_round_trip_through_a_large_pack() {
         let location = writer.add(ChunkId(index as u64 + 1), chunk_hash(&chunk), &chunk).unwrap();
         chunks.push((location, chunk));
     }
-    let sealed = writer.seal(&storage).unwrap();
+    let sealed = writer.seal().unwrap();
     assert_eq!(sealed.chunk_count, 2000);
     assert_eq!(sealed.raw_bytes, 2000 * 4096);
     assert!(sealed.bytes < sealed.raw_bytes * 6 / 10, "half the chunks compress well: {sealed:?}");
-    let reader = PackReader::open(&storage, ".", 1).unwrap();
+    let reader = PackReader::open(&packs, 1).unwrap();
     let mut codecs = [0; 2];
     for (location, chunk) in &chunks {
         let mut out = vec![0; 4096];
@@ -226,7 +232,12 @@ fn many_chunks_round_trip_through_a_large_pack() {
 #[test]
 fn a_pack_is_never_overwritten() {
     let dir = tempfile::tempdir().unwrap();
-    write_fixture_pack(dir.path());
-    let storage = OsStorage::new(dir.path()).unwrap();
-    assert!(matches!(PackWriter::create(&storage, ".", FIXTURE_PACK), Err(ChunkError::Io { .. })));
+    let path = write_fixture_pack(dir.path());
+    let before = std::fs::read(&path).unwrap();
+    let mut writer = PackWriter::create(&*packs_in(dir.path()), FIXTURE_PACK).unwrap();
+    writer.add(ChunkId(1), chunk_hash(&[1; 4096]), &[1; 4096]).unwrap();
+    let error = writer.seal().unwrap_err();
+    assert!(error.to_string().contains("already exists"), "{error}");
+    assert!(!error.is_transient());
+    assert_eq!(std::fs::read(&path).unwrap(), before, "the sealed pack is unchanged");
 }

@@ -167,14 +167,16 @@ pub struct Space {
 }
 
 /// Whether `error` is a condition that passes: a full disk or quota, no
-/// file descriptors or memory left, a call to retry. Such an error fails
-/// the request that met it and nothing else; anything else from a write or
-/// a sync (EIO, say) means the device may have lost data.
+/// file descriptors or memory left, a call to retry, a remote store that
+/// does not answer or drops the connection. Such an error fails the request
+/// that met it and nothing else; anything else from a write or a sync (EIO,
+/// say) means the device may have lost data.
 pub fn is_transient(error: &io::Error) -> bool {
     use io::ErrorKind::*;
     const EMFILE: i32 = 24;
     const ENFILE: i32 = 23;
     matches!(error.kind(), StorageFull | QuotaExceeded | OutOfMemory | WouldBlock | Interrupted)
+        || matches!(error.kind(), TimedOut | ConnectionRefused | ConnectionReset | ConnectionAborted | NotConnected)
         || matches!(error.raw_os_error(), Some(EMFILE | ENFILE))
 }
 

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rewind_chunks::{pack_name, PackWriter};
+use rewind_chunks::{pack_name, LocalPackStore, PackWriter};
 use rewind_format::chunks::{
     bloom_bits, encode_dedup_page, encode_fence, encode_table_header, fence_key, DedupEntry, DedupRunHeader, TableSlot,
     DEDUP_ENTRIES_PER_PAGE, DEDUP_PAGE_BYTES,
@@ -167,9 +167,9 @@ fn chunks() {
 
     // A pack written by the real writer: compressible, random-ish and
     // repeated chunks.
-    let storage = SimStorage::new(SimConfig::default(), 1);
-    storage.create_dir_all("packs").unwrap();
-    let mut writer = PackWriter::create(&storage, "packs", 7).unwrap();
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 1));
+    let packs = LocalPackStore::open(Arc::clone(&storage) as Arc<dyn Storage>, "packs").unwrap();
+    let mut writer = PackWriter::create(&packs, 7).unwrap();
     let chunks: [Vec<u8>; 3] = [
         vec![5; 4096],
         (0..512u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect(),
@@ -179,8 +179,8 @@ fn chunks() {
         let hash: [u8; 32] = blake3_hash(chunk);
         writer.add(ChunkId(index as u64 + 1), hash, chunk).unwrap();
     }
-    writer.seal(&storage).unwrap();
-    let pack = read_file(&storage, &format!("packs/{}", pack_name(7))).unwrap();
+    writer.seal().unwrap();
+    let pack = read_file(&*storage, &format!("packs/{}", pack_name(7))).unwrap();
     write("pack", "three-chunks", &[&[1], &pack]);
     // Header and records only: the target builds footer and trailer.
     let footer_offset = u64::from_le_bytes(pack[pack.len() - 24..pack.len() - 16].try_into().unwrap()) as usize;

@@ -1,0 +1,445 @@
+//! The pack-store seam: where sealed packs live (issue 14). The chunk store
+//! writes, reads, lists and deletes packs only through [`PackStore`]; a
+//! local directory ([`LocalPackStore`]) and S3-compatible object storage
+//! (the `rewind-s3` crate) implement it, and [`conformance`] is the one
+//! suite every implementation passes — with [`FaultyPackStore`] injecting
+//! failures around any of them.
+//!
+//! The contract is object storage's, the weaker of the two:
+//! - A pack is written once, whole: [`PackUpload`] takes its bytes front to
+//!   back and nothing is visible under its number until
+//!   [`PackUpload::finish`], which makes it durable and fails with
+//!   `AlreadyExists` if the number is taken (S3 `If-None-Match: *`). An
+//!   upload dropped or aborted leaves nothing behind.
+//! - Reads are byte ranges (S3 ranged GETs); a range past the end fails
+//!   with `UnexpectedEof`, a missing pack with `NotFound`.
+//! - Every stored pack has a [`Generation`]: a token that differs between
+//!   two objects written under the same number with different contents (S3's
+//!   ETag), so whoever recorded one can tell the object was replaced.
+//! - Errors are `std::io::Error`s; those [`rewind_io::is_transient`] calls
+//!   transient (a full disk, a timeout, a throttled request) may be retried.
+
+use std::fmt;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rewind_format::crc32c;
+use rewind_io::{File, OpenMode, Storage};
+use rustc_hash::FxHashMap;
+
+use crate::pack_name;
+
+/// Which version of a stored object this is (see the module documentation).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Generation(pub String);
+
+impl fmt::Display for Generation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A pack as the store lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredPack {
+    pub pack: u64,
+    pub bytes: u64,
+    pub generation: Generation,
+}
+
+/// Where sealed packs live. See the module documentation for the contract.
+pub trait PackStore: Send + Sync {
+    /// Where pack `pack` is, for messages: a path or a URL.
+    fn locate(&self, pack: u64) -> String;
+    /// Starts writing pack `pack`.
+    fn create(&self, pack: u64) -> io::Result<Box<dyn PackUpload>>;
+    /// The size and generation of pack `pack`.
+    fn stat(&self, pack: u64) -> io::Result<StoredPack>;
+    /// Reads `buf.len()` bytes of pack `pack` at `offset`.
+    fn read(&self, pack: u64, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Removes pack `pack` durably; removing a pack that is not there is not
+    /// an error (a crash may have come between a removal and its record).
+    fn delete(&self, pack: u64) -> io::Result<()>;
+    /// Every pack stored, in number order.
+    fn list(&self) -> io::Result<Vec<StoredPack>>;
+}
+
+/// A pack being written; see [`PackStore::create`].
+pub trait PackUpload: Send {
+    /// Adds `bytes` to the end of the pack. Local stores take the room here,
+    /// so a full disk fails an append, never the finish.
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()>;
+    /// The bytes appended so far.
+    fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Makes the pack durable and visible under its number.
+    fn finish(self: Box<Self>) -> io::Result<Generation>;
+    /// Leaves nothing behind.
+    fn abort(self: Box<Self>) -> io::Result<()>;
+}
+
+/// How many bytes at the end of a local pack its generation covers: a
+/// pack's trailer and footer (their CRCs) are there.
+const GENERATION_TAIL_BYTES: u64 = 4096;
+
+/// Packs as files in a directory of a [`Storage`]: `NNNN.pack`, written as
+/// `NNNN.pack.part` and renamed when finished. A local pack's generation is
+/// its size and the CRC-32C of its last 4 KiB, where a pack keeps its
+/// trailer and the CRC of its footer.
+pub struct LocalPackStore {
+    storage: Arc<dyn Storage>,
+    dir: String,
+    /// Packs opened for reading, kept open: reads come one chunk at a time.
+    open: parking_lot::Mutex<FxHashMap<u64, Arc<dyn File>>>,
+}
+
+/// How many packs [`LocalPackStore`] keeps open for reading.
+const OPEN_PACKS_MAX: usize = 256;
+
+impl LocalPackStore {
+    /// The packs in `dir` (created if needed). Uploads a crash interrupted
+    /// (`.part` files) are removed.
+    pub fn open(storage: Arc<dyn Storage>, dir: &str) -> io::Result<LocalPackStore> {
+        storage.create_dir_all(dir)?;
+        let mut removed = false;
+        for name in storage.list_dir(dir)? {
+            if name.ends_with(PART_SUFFIX) {
+                tracing::info!(path = %format!("{dir}/{name}"), "removing a pack a crash left half written");
+                storage.remove_file(&format!("{dir}/{name}"))?;
+                removed = true;
+            }
+        }
+        if removed {
+            storage.sync_dir(dir)?;
+        }
+        Ok(LocalPackStore { storage, dir: dir.to_owned(), open: Default::default() })
+    }
+
+    fn path(&self, pack: u64) -> String {
+        format!("{}/{}", self.dir, pack_name(pack))
+    }
+
+    /// Pack `pack`, open for reading.
+    fn file(&self, pack: u64) -> io::Result<Arc<dyn File>> {
+        if let Some(file) = self.open.lock().get(&pack) {
+            return Ok(Arc::clone(file));
+        }
+        let file = self.storage.open_file(&self.path(pack), OpenMode::Existing)?;
+        let mut open = self.open.lock();
+        if open.len() >= OPEN_PACKS_MAX {
+            open.clear();
+        }
+        open.insert(pack, Arc::clone(&file));
+        Ok(file)
+    }
+
+    fn generation_of(file: &dyn File, bytes: u64) -> io::Result<Generation> {
+        let tail = bytes.min(GENERATION_TAIL_BYTES);
+        let mut buf = vec![0; tail as usize];
+        file.read_exact_at(&mut buf, bytes - tail)?;
+        Ok(local_generation(bytes, &buf))
+    }
+}
+
+const PART_SUFFIX: &str = ".part";
+
+fn local_generation(bytes: u64, tail: &[u8]) -> Generation {
+    Generation(format!("{bytes}-{:08x}", crc32c(tail)))
+}
+
+/// `name` if it names a pack (16 hex digits and `.pack`).
+pub fn parse_pack_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".pack")?;
+    if digits.len() != 16 || !digits.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
+}
+
+impl PackStore for LocalPackStore {
+    fn locate(&self, pack: u64) -> String {
+        self.path(pack)
+    }
+
+    fn create(&self, pack: u64) -> io::Result<Box<dyn PackUpload>> {
+        let path = self.path(pack);
+        let part = format!("{path}{PART_SUFFIX}");
+        let file = match self.storage.open_file(&part, OpenMode::CreateNew) {
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                // Left by an upload this process abandoned without aborting.
+                self.storage.remove_file(&part)?;
+                self.storage.open_file(&part, OpenMode::CreateNew)?
+            }
+            opened => opened?,
+        };
+        Ok(Box::new(LocalUpload {
+            storage: Arc::clone(&self.storage),
+            dir: self.dir.clone(),
+            path,
+            part,
+            file: Some(file),
+            written: 0,
+            tail: Vec::new(),
+        }))
+    }
+
+    fn stat(&self, pack: u64) -> io::Result<StoredPack> {
+        let file = self.file(pack)?;
+        let bytes = file.size_bytes()?;
+        Ok(StoredPack { pack, bytes, generation: LocalPackStore::generation_of(&*file, bytes)? })
+    }
+
+    fn read(&self, pack: u64, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        // A range past the end fails with `UnexpectedEof` (a short read).
+        self.file(pack)?.read_exact_at(buf, offset)
+    }
+
+    fn delete(&self, pack: u64) -> io::Result<()> {
+        self.open.lock().remove(&pack);
+        match self.storage.remove_file(&self.path(pack)) {
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+            removed => removed,
+        }?;
+        self.storage.sync_dir(&self.dir)
+    }
+
+    fn list(&self) -> io::Result<Vec<StoredPack>> {
+        let mut packs = Vec::new();
+        for name in self.storage.list_dir(&self.dir)? {
+            let Some(pack) = parse_pack_name(&name) else {
+                if !name.ends_with(PART_SUFFIX) {
+                    tracing::warn!(path = %format!("{}/{name}", self.dir), "ignoring a file that is not a pack");
+                }
+                continue;
+            };
+            match self.stat(pack) {
+                Ok(stored) => packs.push(stored),
+                // Deleted since the listing (a collection running meanwhile).
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => return Err(error),
+            }
+        }
+        packs.sort_by_key(|stored| stored.pack);
+        Ok(packs)
+    }
+}
+
+struct LocalUpload {
+    storage: Arc<dyn Storage>,
+    dir: String,
+    path: String,
+    part: String,
+    /// `None` once finished or aborted.
+    file: Option<Arc<dyn File>>,
+    written: u64,
+    /// The last bytes appended, up to [`GENERATION_TAIL_BYTES`].
+    tail: Vec<u8>,
+}
+
+impl LocalUpload {
+    fn file(&self) -> &Arc<dyn File> {
+        self.file.as_ref().expect("an upload is used until it is finished or aborted")
+    }
+
+    /// Removes the part file: the upload leaves nothing behind.
+    fn remove_part(&mut self) -> io::Result<()> {
+        self.file.take();
+        self.storage.remove_file(&self.part)
+    }
+}
+
+impl PackUpload for LocalUpload {
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
+        // Space first: a full disk fails here, never at the finish's sync.
+        self.file().allocate(self.written, bytes.len() as u64)?;
+        self.file().write_all_at(bytes, self.written)?;
+        self.written += bytes.len() as u64;
+        let keep = GENERATION_TAIL_BYTES as usize;
+        if bytes.len() >= keep {
+            self.tail.clear();
+            self.tail.extend_from_slice(&bytes[bytes.len() - keep..]);
+        } else {
+            self.tail.extend_from_slice(bytes);
+            let excess = self.tail.len().saturating_sub(keep);
+            self.tail.drain(..excess);
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> u64 {
+        self.written
+    }
+
+    fn finish(mut self: Box<Self>) -> io::Result<Generation> {
+        self.file().sync_data()?;
+        if self.storage.exists(&self.path)? {
+            self.remove_part()?;
+            let message = format!("{} already exists; packs are written once", self.path);
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, message));
+        }
+        self.storage.rename(&self.part, &self.path)?;
+        self.file.take();
+        self.storage.sync_dir(&self.dir)?;
+        Ok(local_generation(self.written, &self.tail))
+    }
+
+    fn abort(mut self: Box<Self>) -> io::Result<()> {
+        self.remove_part()
+    }
+}
+
+impl Drop for LocalUpload {
+    /// An upload dropped unfinished (a panic, an error on the way) leaves
+    /// nothing; a crash leaves its part file to the next open.
+    fn drop(&mut self) {
+        if self.file.is_some() {
+            if let Err(error) = self.remove_part() {
+                tracing::warn!(path = %self.part, %error, "cannot remove an unfinished pack");
+            }
+        }
+    }
+}
+
+/// What [`FaultyPackStore`] breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Every call fails with a transient error (`TimedOut`), as a store that
+    /// does not answer; nothing reaches the inner store.
+    Unreachable,
+    /// Every read returns its bytes with one bit flipped.
+    FlipBit,
+    /// Finishing an upload fails after the inner store finished it: the
+    /// caller does not know the pack is there (a reply lost on the way).
+    LoseFinishReply,
+}
+
+/// A [`PackStore`] around another that fails on request: the conformance
+/// suite and the chunk store's tests use it to show that faults stay
+/// errors of the calls they hit.
+pub struct FaultyPackStore {
+    inner: Arc<dyn PackStore>,
+    fault: Arc<parking_lot::Mutex<Option<Fault>>>,
+    injected: Arc<AtomicU64>,
+}
+
+impl FaultyPackStore {
+    pub fn new(inner: Arc<dyn PackStore>) -> FaultyPackStore {
+        FaultyPackStore { inner, fault: Arc::default(), injected: Arc::default() }
+    }
+
+    /// Breaks what `fault` says from now on (`None`: nothing).
+    pub fn set(&self, fault: Option<Fault>) {
+        *self.fault.lock() = fault;
+    }
+
+    /// How many calls a fault has broken.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::Relaxed)
+    }
+
+    fn is(&self, fault: Fault) -> bool {
+        *self.fault.lock() == Some(fault)
+    }
+
+    fn check_reachable(&self) -> io::Result<()> {
+        if !self.is(Fault::Unreachable) {
+            return Ok(());
+        }
+        self.injected.fetch_add(1, Ordering::Relaxed);
+        Err(unreachable_error())
+    }
+}
+
+fn unreachable_error() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "the pack store does not answer (an injected fault)")
+}
+
+impl PackStore for FaultyPackStore {
+    fn locate(&self, pack: u64) -> String {
+        self.inner.locate(pack)
+    }
+
+    fn create(&self, pack: u64) -> io::Result<Box<dyn PackUpload>> {
+        self.check_reachable()?;
+        let inner = self.inner.create(pack)?;
+        Ok(Box::new(FaultyUpload { inner, fault: Arc::clone(&self.fault), injected: Arc::clone(&self.injected) }))
+    }
+
+    fn stat(&self, pack: u64) -> io::Result<StoredPack> {
+        self.check_reachable()?;
+        self.inner.stat(pack)
+    }
+
+    fn read(&self, pack: u64, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check_reachable()?;
+        self.inner.read(pack, offset, buf)?;
+        if self.is(Fault::FlipBit) && !buf.is_empty() {
+            self.injected.fetch_add(1, Ordering::Relaxed);
+            let middle = buf.len() / 2;
+            buf[middle] ^= 0x10;
+        }
+        Ok(())
+    }
+
+    fn delete(&self, pack: u64) -> io::Result<()> {
+        self.check_reachable()?;
+        self.inner.delete(pack)
+    }
+
+    fn list(&self) -> io::Result<Vec<StoredPack>> {
+        self.check_reachable()?;
+        self.inner.list()
+    }
+}
+
+struct FaultyUpload {
+    inner: Box<dyn PackUpload>,
+    fault: Arc<parking_lot::Mutex<Option<Fault>>>,
+    injected: Arc<AtomicU64>,
+}
+
+impl FaultyUpload {
+    fn fault(&self) -> Option<Fault> {
+        *self.fault.lock()
+    }
+}
+
+impl PackUpload for FaultyUpload {
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if self.fault() == Some(Fault::Unreachable) {
+            self.injected.fetch_add(1, Ordering::Relaxed);
+            return Err(unreachable_error());
+        }
+        self.inner.append(bytes)
+    }
+
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn finish(self: Box<Self>) -> io::Result<Generation> {
+        match self.fault() {
+            Some(Fault::Unreachable) => {
+                self.injected.fetch_add(1, Ordering::Relaxed);
+                self.inner.abort()?;
+                Err(unreachable_error())
+            }
+            Some(Fault::LoseFinishReply) => {
+                self.injected.fetch_add(1, Ordering::Relaxed);
+                self.inner.finish()?;
+                Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "the reply to a finished upload was lost (an injected fault)",
+                ))
+            }
+            _ => self.inner.finish(),
+        }
+    }
+
+    fn abort(self: Box<Self>) -> io::Result<()> {
+        self.inner.abort()
+    }
+}

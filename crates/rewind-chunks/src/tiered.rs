@@ -1,0 +1,440 @@
+//! Packs on two tiers (issue 14 req 2, MYCDP's Disk_Cache over the cloud,
+//! seed 004 §3.2): every pack is written locally and sealed there, then
+//! uploaded to a remote store (a bucket) in the background; once uploaded,
+//! its local copy may be evicted to keep the local tier under a budget,
+//! least recently read first and never the newest packs (recent writes, the
+//! history the present and recent views read). Reads of evicted packs are
+//! ranged reads of the remote copy, through a small in-memory cache of the
+//! ranges read last.
+//!
+//! The upload and the eviction are work the embedder calls
+//! ([`TieredPackStore::upload_next`], [`TieredPackStore::evict`]), as the
+//! rest of the chunk store's background work: nothing here starts a
+//! thread or reads the clock.
+//!
+//! What is on which tier is found again at open from the two listings: a
+//! pack only local is waiting for its upload (one a crash interrupted is
+//! uploaded again: a lost reply shows as the pack already there, of the
+//! same size); a pack only remote was evicted.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::pack_store::{Generation, PackStore, PackUpload, StoredPack};
+
+/// The local tier's budget and what never leaves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TierConfig {
+    /// Bytes of packs the local tier keeps at most, once they are uploaded
+    /// (packs waiting for their upload stay whatever their size).
+    pub cache_bytes_max: u64,
+    /// The newest packs are never evicted: the history written last.
+    pub newest_kept: usize,
+    /// Bytes of remote ranges kept in memory.
+    pub memory_bytes_max: usize,
+}
+
+impl Default for TierConfig {
+    fn default() -> Self {
+        TierConfig { cache_bytes_max: u64::MAX, newest_kept: 4, memory_bytes_max: 64 << 20 }
+    }
+}
+
+/// Where one pack is.
+#[derive(Clone, Debug)]
+struct Placement {
+    bytes: u64,
+    generation: Generation,
+    local: bool,
+    remote: bool,
+    uploading: bool,
+    /// When the pack was last read (a tick of `clock`), for eviction.
+    read_at: u64,
+}
+
+/// What the tiers hold and have done, for `rewind stats` and `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    pub local_packs: u64,
+    pub local_bytes: u64,
+    pub remote_packs: u64,
+    pub remote_bytes: u64,
+    /// Packs (and their bytes) sealed locally and not yet uploaded: what
+    /// losing the local disk now would lose.
+    pub upload_waiting_packs: u64,
+    pub upload_waiting_bytes: u64,
+    pub uploads: u64,
+    pub uploaded_bytes: u64,
+    pub evictions: u64,
+    pub evicted_bytes: u64,
+    /// Reads served by the local tier, by the memory cache, by the remote one.
+    pub local_reads: u64,
+    pub memory_reads: u64,
+    pub remote_reads: u64,
+    pub remote_read_bytes: u64,
+    pub remote_deletes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    uploads: AtomicU64,
+    uploaded_bytes: AtomicU64,
+    evictions: AtomicU64,
+    evicted_bytes: AtomicU64,
+    local_reads: AtomicU64,
+    memory_reads: AtomicU64,
+    remote_reads: AtomicU64,
+    remote_read_bytes: AtomicU64,
+    remote_deletes: AtomicU64,
+}
+
+/// A range of a pack read from the remote tier.
+struct CachedRange {
+    pack: u64,
+    offset: u64,
+    bytes: Vec<u8>,
+}
+
+/// The ranges read from the remote tier last, newest at the back.
+#[derive(Default)]
+struct RangeCache {
+    ranges: VecDeque<CachedRange>,
+    bytes: usize,
+}
+
+impl RangeCache {
+    fn get(&self, pack: u64, offset: u64, length: usize) -> Option<&[u8]> {
+        self.ranges.iter().rev().find_map(|range| {
+            let end = range.offset + range.bytes.len() as u64;
+            let inside = range.pack == pack && range.offset <= offset && offset + length as u64 <= end;
+            let start = (offset.saturating_sub(range.offset)) as usize;
+            inside.then(|| &range.bytes[start..start + length])
+        })
+    }
+
+    fn insert(&mut self, pack: u64, offset: u64, bytes: Vec<u8>, max: usize) {
+        if bytes.len() > max {
+            return;
+        }
+        self.bytes += bytes.len();
+        self.ranges.push_back(CachedRange { pack, offset, bytes });
+        while self.bytes > max {
+            let oldest = self.ranges.pop_front().expect("over budget means not empty");
+            self.bytes -= oldest.bytes.len();
+        }
+    }
+
+    fn forget(&mut self, pack: u64) {
+        self.ranges.retain(|range| range.pack != pack);
+        self.bytes = self.ranges.iter().map(|range| range.bytes.len()).sum();
+    }
+}
+
+/// Packs on a local and a remote tier; see the module documentation.
+pub struct TieredPackStore {
+    local: Arc<dyn PackStore>,
+    remote: Arc<dyn PackStore>,
+    config: TierConfig,
+    placements: Arc<Mutex<BTreeMap<u64, Placement>>>,
+    memory: Mutex<RangeCache>,
+    clock: AtomicU64,
+    counters: Counters,
+}
+
+impl TieredPackStore {
+    /// The two tiers, with what each holds found from their listings.
+    pub fn open(
+        local: Arc<dyn PackStore>,
+        remote: Arc<dyn PackStore>,
+        config: TierConfig,
+    ) -> io::Result<TieredPackStore> {
+        let mut placements = BTreeMap::new();
+        for stored in remote.list()? {
+            placements.insert(stored.pack, Placement::of(&stored, false, true));
+        }
+        for stored in local.list()? {
+            let placement = placements.entry(stored.pack).or_insert_with(|| Placement::of(&stored, true, false));
+            if placement.remote && placement.bytes != stored.bytes {
+                let message = format!(
+                    "pack {} is {} bytes here and {} bytes in {}: two writers share the bucket",
+                    local.locate(stored.pack),
+                    stored.bytes,
+                    placement.bytes,
+                    remote.locate(stored.pack)
+                );
+                return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+            }
+            placement.local = true;
+        }
+        let waiting = placements.values().filter(|placement| !placement.remote).count();
+        if waiting > 0 {
+            tracing::info!(packs = waiting, "packs wait for their upload");
+        }
+        Ok(TieredPackStore {
+            local,
+            remote,
+            config,
+            placements: Arc::new(Mutex::new(placements)),
+            memory: Mutex::default(),
+            clock: AtomicU64::new(1),
+            counters: Counters::default(),
+        })
+    }
+
+    /// Uploads the oldest pack waiting for its upload, if any; returns it.
+    /// Several threads may call it at once: each takes another pack.
+    pub fn upload_next(&self) -> io::Result<Option<u64>> {
+        let pack = {
+            let mut placements = self.placements.lock();
+            let next = placements
+                .iter_mut()
+                .find(|(_, placement)| placement.local && !placement.remote && !placement.uploading);
+            let Some((&pack, placement)) = next else { return Ok(None) };
+            placement.uploading = true;
+            pack
+        };
+        let uploaded = self.upload(pack);
+        let mut placements = self.placements.lock();
+        let placement = placements.get_mut(&pack).expect("a pack being uploaded is not deleted");
+        placement.uploading = false;
+        let bytes = uploaded?;
+        placement.remote = true;
+        self.counters.uploads.fetch_add(1, Ordering::Relaxed);
+        self.counters.uploaded_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(Some(pack))
+    }
+
+    /// Copies local pack `pack` to the remote tier; returns its size.
+    fn upload(&self, pack: u64) -> io::Result<u64> {
+        const PIECE: u64 = 8 << 20;
+        let bytes = self.local.stat(pack)?.bytes;
+        let mut upload = self.remote.create(pack)?;
+        let mut piece = Vec::new();
+        let mut offset = 0;
+        while offset < bytes {
+            piece.resize(PIECE.min(bytes - offset) as usize, 0);
+            self.local.read(pack, offset, &mut piece)?;
+            upload.append(&piece)?;
+            offset += piece.len() as u64;
+        }
+        match upload.finish() {
+            Ok(_) => Ok(bytes),
+            // An earlier upload whose reply was lost: there if the same size.
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                let there = self.remote.stat(pack)?;
+                if there.bytes != bytes {
+                    let message = format!(
+                        "{} is already there with {} bytes, not {bytes}",
+                        self.remote.locate(pack),
+                        there.bytes
+                    );
+                    return Err(io::Error::new(io::ErrorKind::AlreadyExists, message));
+                }
+                Ok(bytes)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Removes the local copies of uploaded packs, least recently read first
+    /// and never the newest [`TierConfig::newest_kept`], until the local
+    /// tier is within [`TierConfig::cache_bytes_max`]. Returns the bytes freed.
+    pub fn evict(&self) -> io::Result<u64> {
+        let mut freed = 0;
+        loop {
+            let victim = {
+                let placements = self.placements.lock();
+                let local_bytes: u64 =
+                    placements.values().filter(|placement| placement.local).map(|placement| placement.bytes).sum();
+                if local_bytes <= self.config.cache_bytes_max {
+                    return Ok(freed);
+                }
+                let newest: Vec<u64> = placements.keys().rev().take(self.config.newest_kept).copied().collect();
+                placements
+                    .iter()
+                    .filter(|(pack, placement)| {
+                        placement.local && placement.remote && !placement.uploading && !newest.contains(pack)
+                    })
+                    .min_by_key(|(_, placement)| placement.read_at)
+                    .map(|(&pack, placement)| (pack, placement.bytes))
+            };
+            // Whatever is left waits for its upload, or is the newest.
+            let Some((pack, bytes)) = victim else { return Ok(freed) };
+            // Marked first: a read from now on goes to the remote copy.
+            self.placements.lock().get_mut(&pack).expect("listed above").local = false;
+            if let Err(error) = self.local.delete(pack) {
+                self.placements.lock().get_mut(&pack).expect("listed above").local = true;
+                return Err(error);
+            }
+            freed += bytes;
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            self.counters.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    pub fn stats(&self) -> TierStats {
+        let placements = self.placements.lock();
+        let mut stats = TierStats {
+            uploads: self.counters.uploads.load(Ordering::Relaxed),
+            uploaded_bytes: self.counters.uploaded_bytes.load(Ordering::Relaxed),
+            evictions: self.counters.evictions.load(Ordering::Relaxed),
+            evicted_bytes: self.counters.evicted_bytes.load(Ordering::Relaxed),
+            local_reads: self.counters.local_reads.load(Ordering::Relaxed),
+            memory_reads: self.counters.memory_reads.load(Ordering::Relaxed),
+            remote_reads: self.counters.remote_reads.load(Ordering::Relaxed),
+            remote_read_bytes: self.counters.remote_read_bytes.load(Ordering::Relaxed),
+            remote_deletes: self.counters.remote_deletes.load(Ordering::Relaxed),
+            ..TierStats::default()
+        };
+        for placement in placements.values() {
+            if placement.local {
+                stats.local_packs += 1;
+                stats.local_bytes += placement.bytes;
+            }
+            if placement.remote {
+                stats.remote_packs += 1;
+                stats.remote_bytes += placement.bytes;
+            } else {
+                stats.upload_waiting_packs += 1;
+                stats.upload_waiting_bytes += placement.bytes;
+            }
+        }
+        stats
+    }
+
+    fn placement(&self, pack: u64) -> io::Result<Placement> {
+        self.placements.lock().get(&pack).cloned().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("{} is on neither tier", self.local.locate(pack)))
+        })
+    }
+}
+
+impl Placement {
+    fn of(stored: &StoredPack, local: bool, remote: bool) -> Placement {
+        Placement {
+            bytes: stored.bytes,
+            generation: stored.generation.clone(),
+            local,
+            remote,
+            uploading: false,
+            read_at: 0,
+        }
+    }
+}
+
+impl PackStore for TieredPackStore {
+    fn locate(&self, pack: u64) -> String {
+        match self.placements.lock().get(&pack) {
+            Some(placement) if !placement.local => self.remote.locate(pack),
+            _ => self.local.locate(pack),
+        }
+    }
+
+    fn create(&self, pack: u64) -> io::Result<Box<dyn PackUpload>> {
+        if self.placements.lock().contains_key(&pack) {
+            let message = format!("{} already exists; packs are written once", self.locate(pack));
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, message));
+        }
+        let inner = self.local.create(pack)?;
+        Ok(Box::new(TieredUpload { inner, pack, placements: Arc::clone(&self.placements) }))
+    }
+
+    fn stat(&self, pack: u64) -> io::Result<StoredPack> {
+        let placement = self.placement(pack)?;
+        Ok(StoredPack { pack, bytes: placement.bytes, generation: placement.generation })
+    }
+
+    fn read(&self, pack: u64, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
+        let local = {
+            let mut placements = self.placements.lock();
+            let placement = placements.get_mut(&pack).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::NotFound, format!("{} is on neither tier", self.local.locate(pack)))
+            })?;
+            placement.read_at = tick;
+            placement.local
+        };
+        if local {
+            match self.local.read(pack, offset, buf) {
+                Ok(()) => {
+                    self.counters.local_reads.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                // Evicted since the look-up.
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => return Err(error),
+            }
+        }
+        if let Some(cached) = self.memory.lock().get(pack, offset, buf.len()) {
+            buf.copy_from_slice(cached);
+            self.counters.memory_reads.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.remote.read(pack, offset, buf)?;
+        self.counters.remote_reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.remote_read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.memory.lock().insert(pack, offset, buf.to_vec(), self.config.memory_bytes_max);
+        Ok(())
+    }
+
+    fn delete(&self, pack: u64) -> io::Result<()> {
+        let Some(placement) = self.placements.lock().get(&pack).cloned() else { return Ok(()) };
+        if placement.uploading {
+            let message = format!("{} is being uploaded; delete it once that is done", self.locate(pack));
+            return Err(io::Error::new(io::ErrorKind::WouldBlock, message));
+        }
+        self.memory.lock().forget(pack);
+        self.remote.delete(pack)?;
+        if placement.remote {
+            self.counters.remote_deletes.fetch_add(1, Ordering::Relaxed);
+        }
+        self.local.delete(pack)?;
+        self.placements.lock().remove(&pack);
+        Ok(())
+    }
+
+    fn list(&self) -> io::Result<Vec<StoredPack>> {
+        let placements = self.placements.lock();
+        Ok(placements
+            .iter()
+            .map(|(&pack, placement)| StoredPack {
+                pack,
+                bytes: placement.bytes,
+                generation: placement.generation.clone(),
+            })
+            .collect())
+    }
+}
+
+/// A pack being written to the local tier; once finished it waits for its upload.
+struct TieredUpload {
+    inner: Box<dyn PackUpload>,
+    pack: u64,
+    placements: Arc<Mutex<BTreeMap<u64, Placement>>>,
+}
+
+impl PackUpload for TieredUpload {
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.inner.append(bytes)
+    }
+
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn finish(self: Box<Self>) -> io::Result<Generation> {
+        let bytes = self.inner.len();
+        let generation = self.inner.finish()?;
+        let stored = StoredPack { pack: self.pack, bytes, generation: generation.clone() };
+        self.placements.lock().insert(self.pack, Placement::of(&stored, true, false));
+        Ok(generation)
+    }
+
+    fn abort(self: Box<Self>) -> io::Result<()> {
+        self.inner.abort()
+    }
+}

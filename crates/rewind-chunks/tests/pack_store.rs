@@ -1,0 +1,181 @@
+//! The pack-store seam (issue 14): the local store passes the conformance
+//! suite on a real filesystem and on the simulated disk, faults injected
+//! around it stay errors of their calls, and the chunk store over a faulty
+//! store reports flipped bits as corruption and an unreachable store as a
+//! passing error, and works again once it answers.
+
+use std::sync::Arc;
+
+use rewind_chunks::conformance::{check_faults, check_store};
+use rewind_chunks::pack_store::{Fault, FaultyPackStore};
+use rewind_chunks::tiered::{TierConfig, TieredPackStore};
+use rewind_chunks::{ChunkError, ChunkStore, ChunkStoreConfig, Counting, LocalPackStore, PackStore};
+use rewind_io::{OsStorage, SimConfig, SimStorage, Storage};
+
+#[test]
+fn the_local_pack_store_keeps_the_contract_on_a_real_filesystem() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    let store = LocalPackStore::open(Arc::clone(&storage), "packs").unwrap();
+    check_store(&store, 1, 12 << 20);
+    let left: Vec<String> = storage.list_dir("packs").unwrap();
+    assert!(left.is_empty(), "no upload leaves a file behind: {left:?}");
+}
+
+#[test]
+fn the_local_pack_store_keeps_the_contract_on_the_simulated_disk() {
+    let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(SimConfig::default(), 1));
+    let store = LocalPackStore::open(storage, "packs").unwrap();
+    check_store(&store, 1 << 40, 3 << 20);
+}
+
+#[test]
+fn a_half_written_upload_is_gone_after_a_crash() {
+    let storage = SimStorage::new(SimConfig::default(), 2);
+    let store = LocalPackStore::open(Arc::new(storage.clone()), "packs").unwrap();
+    let mut upload = store.create(7).unwrap();
+    upload.append(&[7; 10_000]).unwrap();
+    std::mem::forget(upload);
+    storage.crash();
+    let store = LocalPackStore::open(Arc::new(storage.clone()), "packs").unwrap();
+    assert!(store.list().unwrap().is_empty());
+    assert!(storage.list_dir("packs").unwrap().is_empty(), "{:?}", storage.list_dir("packs"));
+}
+
+#[test]
+fn faults_around_the_local_pack_store_stay_errors_of_their_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    let faulty = FaultyPackStore::new(Arc::new(LocalPackStore::open(storage, "packs").unwrap()));
+    check_store(&faulty, 1, 3 << 20);
+    check_faults(&faulty, 100);
+}
+
+#[test]
+fn the_chunk_store_over_a_faulty_pack_store_reports_and_recovers() {
+    let storage = SimStorage::new(SimConfig::default(), 3);
+    let local = LocalPackStore::open(Arc::new(storage.clone()), "chunks/packs").unwrap();
+    let faulty = Arc::new(FaultyPackStore::new(Arc::new(local)));
+    let packs: Arc<dyn PackStore> = Arc::clone(&faulty) as Arc<dyn PackStore>;
+    let store =
+        ChunkStore::open_with_packs(Arc::new(storage.clone()), "chunks", ChunkStoreConfig::default(), packs).unwrap();
+    store.finish_open(Counting::Exact).unwrap();
+    let block: Vec<u8> = (0..4096u32).map(|index| (index * 7 % 251) as u8).collect();
+    let mut session = store.session().unwrap();
+    let id = session.put(&block).unwrap();
+    session.finish().unwrap();
+
+    // A bit flipped on the way is corruption, reported, never returned.
+    faulty.set(Some(Fault::FlipBit));
+    let mut out = vec![0; 4096];
+    let error = store.read(id, &mut out).unwrap_err();
+    assert!(matches!(error, ChunkError::Corrupt { .. }), "{error}");
+
+    // An unreachable store fails the session that needed it, with an error
+    // that passes; nothing is poisoned, and the next session works.
+    faulty.set(Some(Fault::Unreachable));
+    let failed = (|| {
+        let mut session = store.session()?;
+        session.put(&[9; 4096])?;
+        session.finish()
+    })();
+    let error = failed.expect_err("the pack cannot be stored");
+    assert!(error.is_transient(), "{error}");
+    assert!(!store.is_poisoned());
+    faulty.set(None);
+    let mut session = store.session().unwrap();
+    let again = session.put(&[9; 4096]).unwrap();
+    session.finish().unwrap();
+    store.read(again, &mut out).unwrap();
+    assert_eq!(out, vec![9; 4096]);
+    store.read(id, &mut out).unwrap();
+    assert_eq!(out, block, "the first chunk reads right once the bits arrive as written");
+}
+
+/// Two local stores, the second standing in for the bucket.
+fn two_tiers(config: TierConfig) -> (tempfile::TempDir, Arc<dyn PackStore>, Arc<FaultyPackStore>, TieredPackStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    let local: Arc<dyn PackStore> = Arc::new(LocalPackStore::open(Arc::clone(&storage), "local").unwrap());
+    let remote = Arc::new(FaultyPackStore::new(Arc::new(LocalPackStore::open(storage, "remote").unwrap())));
+    let tiered = TieredPackStore::open(Arc::clone(&local), Arc::clone(&remote) as Arc<dyn PackStore>, config).unwrap();
+    (dir, local, remote, tiered)
+}
+
+#[test]
+fn the_tiered_pack_store_keeps_the_contract() {
+    let (_dir, _, _, tiered) = two_tiers(TierConfig::default());
+    check_store(&tiered, 1, 3 << 20);
+}
+
+fn put(store: &dyn PackStore, pack: u64, byte: u8, bytes: usize) {
+    let mut upload = store.create(pack).unwrap();
+    upload.append(&vec![byte; bytes]).unwrap();
+    upload.finish().unwrap();
+}
+
+#[test]
+fn packs_are_uploaded_then_evicted_least_recently_read_first_and_read_back_from_the_bucket() {
+    let config = TierConfig { cache_bytes_max: 3 << 20, newest_kept: 2, memory_bytes_max: 1 << 20 };
+    let (dir, local, remote, tiered) = two_tiers(config);
+    for pack in 1..=6 {
+        put(&tiered, pack, pack as u8, 1 << 20);
+    }
+    let stats = tiered.stats();
+    assert_eq!((stats.local_packs, stats.upload_waiting_packs, stats.remote_packs), (6, 6, 0));
+    // Nothing is evicted before it is uploaded.
+    assert_eq!(tiered.evict().unwrap(), 0);
+
+    // The bucket does not answer: the upload fails, transiently, and waits.
+    remote.set(Some(Fault::Unreachable));
+    let error = tiered.upload_next().unwrap_err();
+    assert!(rewind_io::is_transient(&error), "{error}");
+    remote.set(None);
+    let mut uploaded = Vec::new();
+    while let Some(pack) = tiered.upload_next().unwrap() {
+        uploaded.push(pack);
+    }
+    assert_eq!(uploaded, vec![1, 2, 3, 4, 5, 6], "oldest first");
+    assert_eq!(remote.list().unwrap().len(), 6);
+
+    // Pack 1 was read lately: 2 and 3 go first; 5 and 6 are the newest.
+    let mut buf = vec![0; 4096];
+    tiered.read(1, 0, &mut buf).unwrap();
+    assert_eq!(tiered.evict().unwrap(), 3 << 20);
+    let on_disk: Vec<u64> = local.list().unwrap().iter().map(|stored| stored.pack).collect();
+    assert_eq!(on_disk, vec![1, 5, 6]);
+
+    // An evicted pack reads from the bucket, then from memory.
+    tiered.read(2, 4096, &mut buf).unwrap();
+    assert_eq!(buf, vec![2; 4096]);
+    tiered.read(2, 4096, &mut buf).unwrap();
+    let stats = tiered.stats();
+    assert_eq!((stats.remote_reads, stats.memory_reads, stats.local_reads), (1, 1, 1), "{stats:?}");
+    assert_eq!((stats.local_packs, stats.remote_packs, stats.upload_waiting_packs), (3, 6, 0));
+
+    // Opened again, each pack is found where it is; a new pack waits for
+    // its upload; a deleted one is gone from both tiers.
+    put(&tiered, 7, 7, 1000);
+    drop(tiered);
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    let local: Arc<dyn PackStore> = Arc::new(LocalPackStore::open(Arc::clone(&storage), "local").unwrap());
+    let tiered = TieredPackStore::open(local, Arc::clone(&remote) as Arc<dyn PackStore>, config).unwrap();
+    let stats = tiered.stats();
+    assert_eq!((stats.local_packs, stats.remote_packs, stats.upload_waiting_packs), (4, 6, 1), "{stats:?}");
+    tiered.read(3, 0, &mut buf).unwrap();
+    assert_eq!(buf, vec![3; 4096]);
+    tiered.delete(3).unwrap();
+    assert!(remote.stat(3).is_err() && tiered.stat(3).is_err());
+}
+
+#[test]
+fn an_upload_whose_reply_was_lost_is_found_there_by_the_next_try() {
+    let (_dir, _, remote, tiered) = two_tiers(TierConfig::default());
+    put(&tiered, 1, 1, 5000);
+    remote.set(Some(Fault::LoseFinishReply));
+    assert!(tiered.upload_next().is_err());
+    remote.set(None);
+    assert_eq!(tiered.stats().upload_waiting_packs, 1);
+    assert_eq!(tiered.upload_next().unwrap(), Some(1));
+    assert_eq!(tiered.stats().upload_waiting_packs, 0);
+}
