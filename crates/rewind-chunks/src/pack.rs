@@ -205,7 +205,10 @@ impl PackReader {
         let path = packs.locate(pack);
         let bytes = packs.stat(pack).map_err(ChunkError::io(&path))?.bytes;
         let mut header = [0; PACK_HEADER_BYTES];
-        packs.read(pack, 0, &mut header).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
+        packs.read(pack, 0, &mut header).map_err(|error| match rewind_io::is_transient(&error) {
+            true => ChunkError::io(&path)(error),
+            false => ChunkError::corrupt(&path, 0, error),
+        })?;
         let header = PackHeader::decode(&header).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
         if header.pack != pack {
             return Err(ChunkError::corrupt(&path, 0, format!("the header names pack {}", header.pack)));

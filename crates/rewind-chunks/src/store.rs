@@ -421,6 +421,9 @@ impl ChunkStore {
                 Ok(reader) => {
                     packs.insert(pack, PackStats::new(reader.bytes()));
                 }
+                // A bucket that does not answer says nothing about the pack:
+                // the open fails, to be tried again, and nothing is deleted.
+                Err(error) if error.is_transient() => return Err(error),
                 Err(error) => {
                     unreadable.insert(pack, error.to_string());
                 }
@@ -442,6 +445,7 @@ impl ChunkStore {
         for pack in uncovered {
             match index_footer(&packs_store, pack, &table, &mut dedup) {
                 Ok(()) => {}
+                Err(error) if error.is_transient() => return Err(error),
                 Err(error @ (ChunkError::Corrupt { .. } | ChunkError::Io { .. })) => {
                     packs.remove(&pack);
                     unreadable.insert(pack, error.to_string());

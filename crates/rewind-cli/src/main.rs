@@ -64,7 +64,7 @@ Views are NBD exports named VOLUME@TIME, e.g. nbd://127.0.0.1:10809/db@-10m";
 #[derive(Subcommand)]
 enum Command {
     /// Serve every volume over NBD (VOLUME, and VOLUME@TIME read-only views) and the management API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Create, import, list, inspect and delete volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
@@ -534,7 +534,7 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
         die_on_broken_pipe();
     }
     let command = match cli.command {
-        Command::Serve(args) => return serve::serve(&cli.data_dir, args),
+        Command::Serve(args) => return serve::serve(&cli.data_dir, *args),
         Command::Lab(command) => return lab::run(command),
         command => command,
     };

@@ -534,6 +534,26 @@ pub fn node_report(report: &NodeReport) {
         HumanBytes(report.disk_total_bytes),
         HumanBytes(report.disk_reserve_bytes)
     );
+    if let Some(bucket) = &report.bucket {
+        println!(
+            "bucket          {} in {} packs; here {} in {} packs; waiting for upload {} in {} packs",
+            HumanBytes(bucket.bucket_bytes),
+            bucket.bucket_packs,
+            HumanBytes(bucket.local_bytes),
+            bucket.local_packs,
+            HumanBytes(bucket.upload_waiting_bytes),
+            bucket.upload_waiting_packs
+        );
+        println!(
+            "bucket traffic  {} uploads ({}), {} reads from the bucket ({}), {} evictions; cache hit ratio {:.3}",
+            bucket.uploads,
+            HumanBytes(bucket.uploaded_bytes),
+            bucket.bucket_reads,
+            HumanBytes(bucket.bucket_read_bytes),
+            bucket.evictions,
+            bucket.cache_hit_ratio
+        );
+    }
     for damaged in &report.volumes_damaged {
         println!("DAMAGED         {}: {}", damaged.name, damaged.problem.as_deref().unwrap_or_default());
     }

@@ -12,11 +12,12 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
 use rewind_access::{Grants, Tokens, ADMIN_TOKEN_FILE};
-use rewind_engine::{Node, NodeConfig, Reserve, Timestamp};
+use rewind_engine::{Bucket, Node, NodeConfig, Reserve, TierConfig, Timestamp};
 use rewind_http::{AllowedHosts, ApiState, Door, HttpConfig};
 use rewind_io::OsStorage;
 use rewind_nbd::engine::{AccessPolicy, EngineCatalog};
 use rewind_nbd::{NbdTls, Server, TlsMode};
+use rewind_s3::{S3Config, S3PackStore};
 
 use crate::limits::{self, LimitArgs};
 
@@ -28,6 +29,9 @@ const MAINTENANCE_PERIOD: Duration = Duration::from_millis(20);
 /// How often the slow work on history (archiving, retention, merges,
 /// garbage collection) looks for something to do.
 const HISTORY_PERIOD: Duration = Duration::from_secs(1);
+/// Threads uploading packs to the bucket, and how often each looks for work.
+const UPLOADERS: usize = 2;
+const UPLOAD_PERIOD: Duration = Duration::from_millis(500);
 
 /// `--journal-io`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -79,6 +83,21 @@ pub struct ServeArgs {
     /// measures both).
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     burst_quiet: Duration,
+    /// Tier history's packs to S3-compatible object storage: `s3://BUCKET/PREFIX`.
+    /// Packs are sealed here, uploaded in the background, and evicted from
+    /// the local disk beyond `--cache-max`. Credentials come from the AWS
+    /// chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a web identity,
+    /// instance metadata); `--endpoint` names a store other than AWS's.
+    #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+    bucket: Option<String>,
+    /// The S3-compatible endpoint of `--bucket` (MinIO, Ceph RGW, …), e.g.
+    /// http://127.0.0.1:9000.
+    #[arg(long, value_name = "URL", requires = "bucket")]
+    endpoint: Option<String>,
+    /// With `--bucket`: bytes of uploaded packs kept on the local disk (the
+    /// newest packs, and those read last); the rest is read from the bucket.
+    #[arg(long, value_name = "SIZE", requires = "bucket", value_parser = parse_size_arg)]
+    cache_max: Option<u64>,
     /// How journals write: `direct` goes around the page cache (O_DIRECT;
     /// filesystems that refuse it get `buffered`, with a log line), which
     /// keeps one copy of every byte and syncs only what was written
@@ -218,6 +237,10 @@ fn parse_reserve(text: &str) -> Result<Reserve, String> {
         .map_err(|error| format!("{text:?} is neither a size (1GiB) nor a share (2%): {error}"))
 }
 
+fn parse_size_arg(text: &str) -> Result<u64, String> {
+    crate::parse_bytes(text, "size").map_err(|error| format!("{error:#}"))
+}
+
 fn nanos(duration: Duration, option: &str) -> Result<u64> {
     let nanos = u64::try_from(duration.as_nanos()).with_context(|| format!("{option} is too long"))?;
     Ok(nanos.max(1))
@@ -252,7 +275,16 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     let tokens = Arc::new(Tokens::open(data_dir)?);
     let made_admin = tokens.ensure_admin()?.is_some();
     let grants = Arc::new(Grants::open(data_dir)?);
-    let node = Arc::new(Node::open(Arc::new(storage), config)?);
+    let bucket = match &args.bucket {
+        None => None,
+        Some(url) => {
+            let s3 = S3Config::from_url(url, args.endpoint.clone()).map_err(anyhow::Error::msg)?;
+            let packs = S3PackStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
+            let tier = TierConfig { cache_bytes_max: args.cache_max.unwrap_or(u64::MAX), ..TierConfig::default() };
+            Some(Bucket { packs: Arc::new(packs), tier })
+        }
+    };
+    let node = Arc::new(Node::open_with_bucket(Arc::new(storage), config, bucket)?);
 
     let policy =
         AccessPolicy::Grants { grants: Arc::clone(&grants), client_certificates_required: args.tls_verify_peer };
@@ -279,6 +311,32 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
             }
         })?
     };
+    // Packs go to the bucket on threads of their own: two uploads at once.
+    let uploaders: Vec<_> = (0..if args.bucket.is_some() { UPLOADERS } else { 0 })
+        .map(|index| {
+            let node = Arc::clone(&node);
+            let stopping = Arc::clone(&stopping);
+            thread::Builder::new().name(format!("upload-{index}")).spawn(move || {
+                yield_to_serving();
+                let mut failing = false;
+                while !stopping.load(Ordering::Acquire) {
+                    match node.maintain_bucket() {
+                        Ok(_) if failing => {
+                            tracing::info!("the bucket answers again; uploads go on");
+                            failing = false;
+                        }
+                        Ok(_) => {}
+                        Err(error) if !failing => {
+                            tracing::warn!(%error, "uploading to the bucket failed; retrying");
+                            failing = true;
+                        }
+                        Err(_) => {}
+                    }
+                    thread::park_timeout(UPLOAD_PERIOD);
+                }
+            })
+        })
+        .collect::<Result<_, _>>()?;
     let (history_stop, history_stopped) = std::sync::mpsc::channel::<()>();
     let history = {
         let node = Arc::clone(&node);
@@ -357,6 +415,10 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     stopping.store(true, Ordering::Release);
     node.work_signal().notify();
     maintenance.join().expect("maintenance thread does not panic");
+    for uploader in uploaders {
+        uploader.thread().unpark();
+        uploader.join().expect("upload thread does not panic");
+    }
     node.shut_down(now()).context("final checkpoint failed; the next start replays the journal")?;
     served
 }

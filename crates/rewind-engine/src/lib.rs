@@ -29,10 +29,13 @@ pub use device_io::VolumeIoStats;
 pub use error::EngineError;
 pub use group::GroupRevertTo;
 pub use layout::{CurrentWrites, Destage, HistorySource, Indexing, LayoutRules};
-pub use node::{Clones, DamagedVolume, Node, NodeConfig, VolumeSpec, WorkSignal};
+pub use node::{Bucket, Clones, DamagedVolume, Node, NodeConfig, VolumeSpec, WorkSignal};
 pub use repair::{RepairMode, RepairReport, RepairStep};
 pub use reserve::{Reserve, SpaceReport, SpaceState};
-pub use rewind_chunks::{ChunkError, ChunkStats, ChunkStoreConfig, CollectPhase, CollectReport, DedupConfig};
+pub use rewind_chunks::tiered::{TierConfig, TierStats};
+pub use rewind_chunks::{
+    ChunkError, ChunkStats, ChunkStoreConfig, CollectPhase, CollectReport, DedupConfig, PackStore,
+};
 pub use rewind_format::groups::{Group, GroupBookmark, MemberPoint};
 pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, Revert, TimelineBucket, VolumeBase};
 pub use rewind_io::IoStats;

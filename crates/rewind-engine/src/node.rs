@@ -6,7 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
-use rewind_chunks::{ChunkError, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting};
+use rewind_chunks::tiered::{TierConfig, TierStats, TieredPackStore};
+use rewind_chunks::{
+    ChunkError, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting, LocalPackStore,
+    PackStore,
+};
 use rewind_format::meta::{Layout, RetentionTier, VolumeBase, VolumeMeta, VolumePolicy};
 use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::{CountingStorage, IoStats, Storage};
@@ -180,6 +184,14 @@ pub struct Node {
     /// which volumes are in which group.
     pub(crate) admin: Mutex<()>,
     collect_last: Mutex<Option<Timestamp>>,
+    /// The packs' two tiers, when they go to a bucket.
+    tiered: Option<Arc<TieredPackStore>>,
+}
+
+/// Where a node's packs go beyond its disk (see [`Node::open_with_bucket`]).
+pub struct Bucket {
+    pub packs: Arc<dyn PackStore>,
+    pub tier: TierConfig,
 }
 
 pub(crate) fn volume_dir(name: &str) -> String {
@@ -194,10 +206,40 @@ impl Node {
     /// refers to a chunk that is damaged or missing fails only the reads
     /// that need it (see [`Volume::history_damage`]).
     pub fn open(storage: Arc<dyn Storage>, config: NodeConfig) -> Result<Node, EngineError> {
+        Node::open_with_bucket(storage, config, None)
+    }
+
+    /// Opens the node as [`Node::open`] does, its packs tiered to `bucket`
+    /// if given: sealed here, uploaded by [`Node::maintain_bucket`], and
+    /// evicted locally beyond the tier's budget (see `rewind_chunks::tiered`).
+    pub fn open_with_bucket(
+        storage: Arc<dyn Storage>,
+        config: NodeConfig,
+        bucket: Option<Bucket>,
+    ) -> Result<Node, EngineError> {
         storage.create_dir_all(VOLUMES_DIR).map_err(EngineError::io(VOLUMES_DIR))?;
         storage.sync_dir("").map_err(EngineError::io("."))?;
         let chunk_io = Arc::new(CountingStorage::new(Arc::clone(&storage)));
-        let chunks = Arc::new(ChunkStore::open(Arc::clone(&chunk_io) as Arc<dyn Storage>, CHUNKS_DIR, config.chunks)?);
+        let packs_dir = format!("{CHUNKS_DIR}/packs");
+        let local: Arc<dyn PackStore> = Arc::new(
+            LocalPackStore::open(Arc::clone(&chunk_io) as Arc<dyn Storage>, &packs_dir)
+                .map_err(EngineError::io(&packs_dir))?,
+        );
+        let tiered = match bucket {
+            None => None,
+            Some(bucket) => {
+                let tiered = TieredPackStore::open(local.clone(), bucket.packs, bucket.tier)
+                    .map_err(EngineError::io(&packs_dir))?;
+                Some(Arc::new(tiered))
+            }
+        };
+        let packs = tiered.clone().map_or(local, |tiered| tiered as Arc<dyn PackStore>);
+        let chunks = Arc::new(ChunkStore::open_with_packs(
+            Arc::clone(&chunk_io) as Arc<dyn Storage>,
+            CHUNKS_DIR,
+            config.chunks,
+            packs,
+        )?);
         let shared = Shared {
             cache: PageCache::new(config.index_cache_bytes),
             chunks: Arc::clone(&chunks),
@@ -347,9 +389,31 @@ impl Node {
             groups,
             admin: Mutex::new(()),
             collect_last: Mutex::new(None),
+            tiered,
         };
         node.finish_groups();
         Ok(node)
+    }
+
+    /// Uploads every pack waiting for its upload, then evicts uploaded packs
+    /// beyond the local tier's budget; the embedder calls it from threads
+    /// of its own (several may upload at once). Does nothing without a
+    /// bucket. A failure (the bucket does not answer) is returned and the
+    /// work is tried again by the next call.
+    pub fn maintain_bucket(&self) -> Result<bool, EngineError> {
+        let Some(tiered) = &self.tiered else { return Ok(false) };
+        let mut worked = false;
+        while let Some(_pack) = tiered.upload_next().map_err(EngineError::io("the bucket"))? {
+            worked = true;
+        }
+        worked |= tiered.evict().map_err(EngineError::io("the local pack cache"))? > 0;
+        Ok(worked)
+    }
+
+    /// What the local tier and the bucket hold, and what waits for its
+    /// upload; `None` without a bucket.
+    pub fn bucket_stats(&self) -> Option<TierStats> {
+        self.tiered.as_ref().map(|tiered| tiered.stats())
     }
 
     /// Volumes that did not open, with what is wrong.

@@ -11,8 +11,8 @@ use rewind_engine::timespec::{
 use rewind_engine::{
     ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, DamagedVolume, EngineError, Group,
     GroupBookmark, IoStats, Layout, MemberPoint, PolicyChange, PromoteReport, RepairReport, Revert, RevertReport,
-    SpaceReport, TimelineReport, Timestamp, Volume, VolumeBase, VolumeIoStats, VolumeName, VolumeSpace, VolumeSpec,
-    VolumeStats,
+    SpaceReport, TierStats, TimelineReport, Timestamp, Volume, VolumeBase, VolumeIoStats, VolumeName, VolumeSpace,
+    VolumeSpec, VolumeStats,
 };
 
 pub fn time(at: Timestamp) -> String {
@@ -1058,7 +1058,58 @@ pub struct NodeReport {
     pub volumes_damaged: Vec<VolumeInfo>,
     /// Device I/O by store, all volumes summed, and the chunk store's.
     pub io: StoreIo,
+    /// The packs' local tier and bucket, when history goes to one.
+    #[serde(default)]
+    pub bucket: Option<BucketReport>,
     pub volumes: Vec<VolumeReport>,
+}
+
+/// Where packs are when they go to a bucket (`rewind serve --bucket`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct BucketReport {
+    pub local_packs: u64,
+    pub local_bytes: u64,
+    pub bucket_packs: u64,
+    pub bucket_bytes: u64,
+    /// Sealed here and not yet in the bucket: what losing this disk now
+    /// would lose of the archived history.
+    pub upload_waiting_packs: u64,
+    pub upload_waiting_bytes: u64,
+    /// Since the server started.
+    pub uploads: u64,
+    pub uploaded_bytes: u64,
+    pub evictions: u64,
+    pub evicted_bytes: u64,
+    /// Pack reads served by the local disk, by memory, by the bucket; the
+    /// share not sent to the bucket.
+    pub local_reads: u64,
+    pub memory_reads: u64,
+    pub bucket_reads: u64,
+    pub bucket_read_bytes: u64,
+    pub cache_hit_ratio: f64,
+}
+
+impl BucketReport {
+    pub fn of(stats: &TierStats) -> BucketReport {
+        let hits = stats.local_reads + stats.memory_reads;
+        BucketReport {
+            local_packs: stats.local_packs,
+            local_bytes: stats.local_bytes,
+            bucket_packs: stats.remote_packs,
+            bucket_bytes: stats.remote_bytes,
+            upload_waiting_packs: stats.upload_waiting_packs,
+            upload_waiting_bytes: stats.upload_waiting_bytes,
+            uploads: stats.uploads,
+            uploaded_bytes: stats.uploaded_bytes,
+            evictions: stats.evictions,
+            evicted_bytes: stats.evicted_bytes,
+            local_reads: stats.local_reads,
+            memory_reads: stats.memory_reads,
+            bucket_reads: stats.remote_reads,
+            bucket_read_bytes: stats.remote_read_bytes,
+            cache_hit_ratio: ratio(hits, hits + stats.remote_reads),
+        }
+    }
 }
 
 impl NodeReport {
@@ -1087,7 +1138,8 @@ impl NodeReport {
             ),
         };
         let report = NodeReport::of(&node.chunk_stats(), io, volumes);
-        Ok(NodeReport { collection_waits, volumes_damaged: damaged, ..report.with_space(node.space()) })
+        let bucket = node.bucket_stats().as_ref().map(BucketReport::of);
+        Ok(NodeReport { collection_waits, volumes_damaged: damaged, bucket, ..report.with_space(node.space()) })
     }
 
     fn with_space(self, space: SpaceReport) -> NodeReport {
@@ -1138,6 +1190,7 @@ impl NodeReport {
             disk_state: String::new(),
             volumes_damaged: Vec::new(),
             io,
+            bucket: None,
             volumes,
         }
     }

@@ -274,6 +274,9 @@ fn render(node: &Node) -> String {
         families.push(Family { name, kind, help, samples: vec![(String::new(), value)] });
     }
     families.extend(store_io_families(node));
+    if let Some(bucket) = node.bucket_stats() {
+        families.extend(bucket_families(&bucket));
+    }
     let cache = node.page_cache_stats();
     families.push(Family {
         name: "rewind_index_cache_hits_total",
@@ -300,4 +303,54 @@ fn render(node: &Node) -> String {
         }
     }
     text
+}
+
+/// The packs' tiers with `--bucket`: where packs are, the upload lag, and
+/// requests and bytes each way.
+fn bucket_families(bucket: &rewind_engine::TierStats) -> Vec<Family> {
+    let one = |name, kind, help, value| Family { name, kind, help, samples: vec![(String::new(), value)] };
+    let reads = Family {
+        name: "rewind_bucket_pack_reads_total",
+        kind: "counter",
+        help: "Pack reads by where they were served: the local disk, memory, the bucket.",
+        samples: vec![
+            ("from=\"local\"".to_owned(), bucket.local_reads),
+            ("from=\"memory\"".to_owned(), bucket.memory_reads),
+            ("from=\"bucket\"".to_owned(), bucket.remote_reads),
+        ],
+    };
+    vec![
+        one("rewind_bucket_packs", "gauge", "Packs in the bucket.", bucket.remote_packs),
+        one("rewind_bucket_bytes", "gauge", "Bytes of packs in the bucket.", bucket.remote_bytes),
+        one("rewind_bucket_local_packs", "gauge", "Packs on the local disk.", bucket.local_packs),
+        one("rewind_bucket_local_bytes", "gauge", "Bytes of packs on the local disk.", bucket.local_bytes),
+        one(
+            "rewind_bucket_upload_waiting_packs",
+            "gauge",
+            "Packs sealed here and not yet in the bucket (the upload lag).",
+            bucket.upload_waiting_packs,
+        ),
+        one(
+            "rewind_bucket_upload_waiting_bytes",
+            "gauge",
+            "Bytes of packs not yet in the bucket: what losing this disk would lose of the archived history.",
+            bucket.upload_waiting_bytes,
+        ),
+        one("rewind_bucket_uploads_total", "counter", "Packs uploaded (PUT requests).", bucket.uploads),
+        one("rewind_bucket_uploaded_bytes_total", "counter", "Bytes uploaded.", bucket.uploaded_bytes),
+        one(
+            "rewind_bucket_read_bytes_total",
+            "counter",
+            "Bytes read from the bucket (ranged GET requests).",
+            bucket.remote_read_bytes,
+        ),
+        one("rewind_bucket_deletes_total", "counter", "Packs deleted from the bucket.", bucket.remote_deletes),
+        one(
+            "rewind_bucket_evictions_total",
+            "counter",
+            "Uploaded packs evicted from the local disk.",
+            bucket.evictions,
+        ),
+        reads,
+    ]
 }

@@ -22,6 +22,8 @@
 //! The calls are synchronous, as the chunk store's threads make them; the
 //! requests run on a small Tokio runtime of the store's own.
 
+pub mod minio;
+
 use std::future::Future;
 use std::io;
 use std::sync::Arc;

@@ -3,104 +3,36 @@
 //! MinIO that stops answering and comes back. `scripts/test.sh` installs
 //! MinIO; `REWIND_MINIO` names another binary.
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rewind_chunks::conformance::{check_faults, check_store};
 use rewind_chunks::pack_store::FaultyPackStore;
 use rewind_chunks::PackStore;
-use rewind_s3::{S3Config, S3PackStore};
+use rewind_s3::S3PackStore;
 
-const USER: &str = "rewind-test";
-const PASSWORD: &str = "rewind-test-secret";
-const BUCKET: &str = "rewind";
-
-fn minio_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("REWIND_MINIO") {
-        return PathBuf::from(path);
-    }
-    let home_go = std::env::var_os("HOME").map(|home| Path::new(&home).join("go/bin/minio"));
-    let on_path = std::env::var_os("PATH")
-        .and_then(|paths| std::env::split_paths(&paths).map(|dir| dir.join("minio")).find(|path| path.exists()));
-    on_path.or(home_go.filter(|path| path.exists())).unwrap_or_else(|| {
-        panic!("MinIO is needed (a real S3 server): scripts/test.sh installs it, or set REWIND_MINIO=/path/to/minio")
-    })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A MinIO server on its own directory and port, with one bucket.
+/// A MinIO on a directory of its own, and pack stores in its bucket.
 struct Minio {
-    dir: tempfile::TempDir,
-    port: u16,
-    child: Option<Child>,
+    server: rewind_s3::minio::Minio,
+    _dir: tempfile::TempDir,
 }
 
 impl Minio {
     fn start() -> Minio {
         let dir = tempfile::tempdir().unwrap();
-        // A top-level directory of the drive is a bucket to MinIO.
-        std::fs::create_dir_all(dir.path().join("data").join(BUCKET)).unwrap();
-        let mut minio = Minio { dir, port: free_port(), child: None };
-        minio.run();
-        minio
-    }
-
-    fn run(&mut self) {
-        let log = std::fs::File::create(self.dir.path().join("minio.log")).unwrap();
-        let child = Command::new(minio_binary())
-            .args(["server", "--quiet", "--address", &format!("127.0.0.1:{}", self.port)])
-            .args(["--console-address", &format!("127.0.0.1:{}", free_port())])
-            .arg(self.dir.path().join("data"))
-            .env("MINIO_ROOT_USER", USER)
-            .env("MINIO_ROOT_PASSWORD", PASSWORD)
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("start minio");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !self.ready() {
-            assert!(Instant::now() < deadline, "MinIO did not start: {}", self.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// MinIO's liveness check answers 200.
-    fn ready(&self) -> bool {
-        let url = format!("http://127.0.0.1:{}/minio/health/ready", self.port);
-        ureq::get(&url).call().is_ok_and(|response| response.status() == 200)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("minio.log")).unwrap_or_default()
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
-        }
+        Minio { server: rewind_s3::minio::Minio::start(dir.path()), _dir: dir }
     }
 
     fn store(&self, prefix: &str) -> S3PackStore {
-        let config = S3Config {
-            prefix: prefix.to_owned(),
-            access_key: Some((USER.to_owned(), PASSWORD.to_owned())),
-            ..S3Config::from_url(&format!("s3://{BUCKET}"), Some(format!("http://127.0.0.1:{}", self.port))).unwrap()
-        };
-        S3PackStore::new(&config).unwrap()
+        S3PackStore::new(&self.server.config(prefix)).unwrap()
     }
-}
 
-impl Drop for Minio {
-    fn drop(&mut self) {
-        self.stop();
+    fn stop(&mut self) {
+        self.server.stop();
+    }
+
+    fn run(&mut self) {
+        self.server.run();
     }
 }
 
@@ -216,4 +148,48 @@ fn the_chunk_store_keeps_its_packs_in_minio() {
     }
     store.collect(&mut |_, _, _| {}).unwrap();
     assert!(minio.store("chunks").list().unwrap().is_empty(), "collected from the bucket");
+}
+
+/// A chunk store whose bucket does not answer at open fails to open, with
+/// an error that passes, and deletes nothing; it opens once the bucket is back.
+#[test]
+fn a_chunk_store_opened_while_its_bucket_is_down_fails_and_deletes_nothing() {
+    use rewind_chunks::tiered::{TierConfig, TieredPackStore};
+    use rewind_chunks::{ChunkStore, ChunkStoreConfig, Counting, LocalPackStore};
+    use rewind_io::{OsStorage, Storage};
+
+    let mut minio = Minio::start();
+    let local = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(local.path()).unwrap());
+    let tier = TierConfig { cache_bytes_max: 0, newest_kept: 0, ..TierConfig::default() };
+    let open = |minio: &Minio| -> Result<(ChunkStore, Arc<TieredPackStore>), rewind_chunks::ChunkError> {
+        let local = LocalPackStore::open(Arc::clone(&storage), "chunks/packs").unwrap();
+        let remote: Arc<dyn PackStore> = Arc::new(minio.store("down"));
+        let tiered = Arc::new(
+            TieredPackStore::open(Arc::new(local), remote, tier)
+                .map_err(|source| rewind_chunks::ChunkError::Io { path: "tiers".into(), source })?,
+        );
+        let packs = Arc::clone(&tiered) as Arc<dyn PackStore>;
+        let store = ChunkStore::open_with_packs(Arc::clone(&storage), "chunks", ChunkStoreConfig::default(), packs)?;
+        Ok((store, tiered))
+    };
+    let (store, tiered) = open(&minio).unwrap();
+    store.finish_open(Counting::Exact).unwrap();
+    let mut session = store.session().unwrap();
+    let id = session.put(&[5; 4096]).unwrap();
+    session.finish().unwrap();
+    while tiered.upload_next().unwrap().is_some() {}
+    assert!(tiered.evict().unwrap() > 0, "evicted: only the bucket has it now");
+    drop((store, tiered));
+
+    minio.stop();
+    let error = open(&minio).err().expect("the open fails while the bucket is down");
+    assert!(error.is_transient(), "{error}");
+    minio.run();
+    let (store, _) = open(&minio).unwrap();
+    store.mark(id, 4096).unwrap();
+    store.finish_open(Counting::Exact).unwrap();
+    let mut out = vec![0; 4096];
+    store.read(id, &mut out).unwrap();
+    assert_eq!(out, vec![5; 4096], "nothing was deleted");
 }

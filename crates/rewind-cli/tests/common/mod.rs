@@ -53,6 +53,13 @@ impl Server {
         Server::start_command(command, data_dir, options)
     }
 
+    /// Starts `rewind serve` with `options` and these environment variables.
+    pub fn start_with_env(data_dir: &Path, options: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut command = Command::new(REWIND);
+        command.env("RUST_LOG", "warn").envs(env.iter().copied()).stderr(Stdio::inherit());
+        Server::start_command(command, data_dir, options)
+    }
+
     /// Starts `rewind serve` logging at `info` into `log`, as an operator
     /// running it as a service would.
     pub fn start_logging(data_dir: &Path, options: &[&str], log: &Path) -> Server {

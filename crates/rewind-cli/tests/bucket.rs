@@ -1,0 +1,77 @@
+//! History off the machine (issue 14 req 2): `rewind serve --bucket` seals
+//! packs locally, uploads them to a real MinIO, evicts them beyond
+//! `--cache-max`, and serves views of evicted history from the bucket with
+//! ranged reads; `rewind stats` and `/metrics` show where packs are and the
+//! traffic each way.
+
+mod common;
+
+use common::{json, require, run, wait_for, Server};
+use rewind_s3::minio::{Minio, PASSWORD, USER};
+
+/// `bytes` bytes that do not compress, different for every `seed`.
+fn noise(seed: u64, bytes: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..bytes)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+fn node_stats(server: &Server) -> serde_json::Value {
+    json(&server.rewind(&["stats", "--json"]))
+}
+
+#[test]
+fn history_goes_to_the_bucket_and_views_of_evicted_history_read_from_it() {
+    require("nbdcopy");
+    let dir = tempfile::tempdir().unwrap();
+    let minio = Minio::start(&dir.path().join("minio"));
+    let endpoint = minio.endpoint();
+    let options =
+        ["--bucket", "s3://rewind/node-1", "--endpoint", &endpoint, "--cache-max", "1MiB", "--archive-interval", "1s"];
+    let env = [("AWS_ACCESS_KEY_ID", USER), ("AWS_SECRET_ACCESS_KEY", PASSWORD)];
+    let server = Server::start_with_env(&dir.path().join("data"), &options, &env);
+    server.rewind(&["volume", "create", "v", "--size", "8MiB"]);
+
+    // Six rounds of 2 MiB that do not compress, each bookmarked and
+    // archived into a pack of its own before the next.
+    const ROUND: usize = 2 << 20;
+    for round in 0..6u64 {
+        let image = dir.path().join(format!("round-{round}.raw"));
+        std::fs::write(&image, noise(round, ROUND)).unwrap();
+        run("nbdcopy", &[image.to_str().unwrap(), &server.uri("v")]);
+        server.rewind(&["bookmark", "v", &format!("r{round}")]);
+        wait_for("the round to be archived", || node_stats(&server)["pack_count"].as_u64() > Some(round));
+    }
+
+    // Every pack uploaded; all but the newest four evicted from the disk.
+    wait_for("every pack to be uploaded and the oldest evicted", || {
+        let bucket = &node_stats(&server)["bucket"];
+        bucket["upload_waiting_packs"] == 0 && bucket["evictions"].as_u64() >= Some(2)
+    });
+    let bucket = node_stats(&server)["bucket"].clone();
+    assert!(bucket["bucket_packs"].as_u64() >= Some(6), "{bucket}");
+    assert!(bucket["local_bytes"].as_u64() < bucket["bucket_bytes"].as_u64(), "{bucket}");
+    assert_eq!(bucket["bucket_reads"], 0, "nothing read from the bucket yet: {bucket}");
+
+    // The first round's view reads from the bucket, byte for byte.
+    let out = dir.path().join("r0.raw");
+    run("nbdcopy", &[&server.uri("v@r0"), out.to_str().unwrap()]);
+    let read = std::fs::read(&out).unwrap();
+    assert!(read[..ROUND] == noise(0, ROUND)[..], "the view at r0 reads what round 0 wrote");
+    let bucket = node_stats(&server)["bucket"].clone();
+    assert!(bucket["bucket_reads"].as_u64() > Some(0), "read from the bucket: {bucket}");
+    assert!(bucket["bucket_read_bytes"].as_u64() >= Some(ROUND as u64 / 2), "{bucket}");
+
+    let text = server.rewind(&["stats"]);
+    assert!(text.contains("bucket ") && text.contains("waiting for upload 0 B in 0 packs"), "{text}");
+    let metrics = run("curl", &["-sf", "-H", &server.authorization(), &format!("{}/metrics", server.api())]);
+    for family in ["rewind_bucket_upload_waiting_bytes 0", "rewind_bucket_pack_reads_total{from=\"bucket\"}"] {
+        assert!(metrics.contains(family), "{family} in /metrics");
+    }
+}
