@@ -18,28 +18,70 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rewind_chunks::pack_store::{Fault, FaultyPackStore};
+use rewind_chunks::LocalPackStore;
 use rewind_engine::{
-    BlockSize, BookmarkName, Durability, EngineError, Layout, LayoutRules, Node, NodeConfig, PolicyChange,
-    RetentionTier, Timestamp, Volume, VolumeName, VolumeSpec, ZeroMode,
+    BlockSize, BookmarkName, Bucket, Durability, EngineError, Layout, LayoutRules, Node, NodeConfig, PackStore,
+    PolicyChange, RetentionTier, TierConfig, Timestamp, Volume, VolumeName, VolumeSpec, ZeroMode,
 };
 use rewind_io::{SimConfig, SimStorage};
 
 mod support;
 use support::{check_everything, config, random_policy, write_data, Oracle};
 
+/// A quarter of the cases keep their packs on two tiers: the simulated
+/// disk and a bucket (a directory of the same disk: what is finished there
+/// is durable, as in a bucket), with evictions under a small budget and a
+/// bucket that sometimes does not answer.
+#[derive(Clone, Copy)]
+struct Tiering {
+    tier: TierConfig,
+}
+
+impl Tiering {
+    fn random(rng: &mut StdRng, seed: u64) -> Option<Tiering> {
+        let tier = TierConfig {
+            cache_bytes_max: rng.random_range(0..256 << 10),
+            newest_kept: rng.random_range(0..3),
+            memory_bytes_max: rng.random_range(0..64 << 10),
+        };
+        (seed % 4 == 3).then_some(Tiering { tier })
+    }
+
+    /// The bucket, reached again (after a crash, as the process starting).
+    fn bucket(storage: &SimStorage) -> Arc<FaultyPackStore> {
+        let packs = LocalPackStore::open(Arc::new(storage.clone()), "bucket/packs").expect("the bucket's directory");
+        Arc::new(FaultyPackStore::new(Arc::new(packs)))
+    }
+}
+
+fn open_node(
+    storage: &SimStorage,
+    config: NodeConfig,
+    tiering: Option<Tiering>,
+) -> Result<(Node, Option<Arc<FaultyPackStore>>), EngineError> {
+    let remote = tiering.map(|_| Tiering::bucket(storage));
+    let bucket = tiering
+        .zip(remote.clone())
+        .map(|(tiering, remote)| Bucket { packs: remote as Arc<dyn PackStore>, tier: tiering.tier });
+    Ok((Node::open_with_bucket(Arc::new(storage.clone()), config, bucket)?, remote))
+}
+
 /// Restarts after a crash: reopens the node and trims the oracle to the
 /// records that survived, checking that every acknowledged one did, and that
 /// every time still reads as it did.
+#[allow(clippy::too_many_arguments)]
 fn restart(
     storage: &SimStorage,
     config: NodeConfig,
+    tiering: Option<Tiering>,
     oracle: &mut Oracle,
     bookmarks: &mut Vec<(BookmarkName, Timestamp)>,
     seed: u64,
     step: usize,
-) -> (Node, Arc<Volume>) {
+) -> (Node, Option<Arc<FaultyPackStore>>, Arc<Volume>) {
     storage.crash();
-    let node = Node::open(Arc::new(storage.clone()), config)
+    let (node, remote) = open_node(storage, config, tiering)
         .unwrap_or_else(|error| panic!("seed {seed} step {step}: recovery failed: {error}"));
     let volume = node.volume("v").unwrap();
     // Write and zero records that survived, as the timeline counts them
@@ -57,7 +99,7 @@ fn restart(
     oracle.clock = volume.timestamp_last();
     bookmarks.retain(|(name, _)| volume.bookmarks().iter().any(|bookmark| &bookmark.name == name));
     check_everything(&volume, oracle, seed);
-    (node, volume)
+    (node, remote, volume)
 }
 
 fn check_view(volume: &Arc<Volume>, oracle: &Oracle, at: Timestamp, rng: &mut StdRng, seed: u64) {
@@ -106,6 +148,10 @@ struct Exercised {
     capped: u64,
     /// Writes refused, and maintenance passes failed, for a full disk.
     no_space: u64,
+    /// Maintenance passes that uploaded or evicted packs, and reads of
+    /// packs from the bucket.
+    uploads: u64,
+    bucket_reads: u64,
 }
 
 fn run(seed: u64) -> Exercised {
@@ -121,7 +167,8 @@ fn run(seed: u64) -> Exercised {
     let block_count = rng.random_range(8..64u64);
     let size = block_count * u64::from(block_bytes);
     let mut now = Timestamp::from_unix_nanos(1_000_000);
-    let mut node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let tiering = Tiering::random(&mut rng, seed);
+    let (mut node, mut remote) = open_node(&storage, config, tiering).unwrap();
     let spec = VolumeSpec {
         // Time advances up to 5 µs a step: windows of a few to a few dozen steps.
         granularity_nanos: if seed % 3 == 2 { rng.random_range(5_000..100_000) } else { 0 },
@@ -226,6 +273,18 @@ fn run(seed: u64) -> Exercised {
                 let worked = node.maintain_history(now);
                 if trace {
                     println!("seed {seed} step {step}: maintain history: {worked:?}");
+                }
+                if let Some(remote) = &remote {
+                    // Uploads and evictions; now and then the bucket does not answer.
+                    let down = rng.random_bool(0.2);
+                    remote.set(down.then_some(Fault::Unreachable));
+                    let uploaded = node.maintain_bucket();
+                    remote.set(None);
+                    if trace {
+                        println!("seed {seed} step {step}: maintain bucket (down: {down}): {uploaded:?}");
+                    }
+                    assert!(down || full || uploaded.is_ok(), "seed {seed} step {step}: {uploaded:?}");
+                    exercised.uploads += u64::from(uploaded.unwrap_or(false));
                 }
                 assert!(poisoned || worked.is_ok() || full, "seed {seed}: {worked:?}");
                 if let (true, Err(error)) = (full, &worked) {
@@ -343,7 +402,7 @@ fn run(seed: u64) -> Exercised {
                 // Power loss (or a failed fsync followed by a restart).
                 drop(volume);
                 drop(node);
-                (node, volume) = restart(&storage, config, &mut oracle, &mut bookmarks, seed, step);
+                (node, remote, volume) = restart(&storage, config, tiering, &mut oracle, &mut bookmarks, seed, step);
                 poisoned = false;
             }
             85..=86 => {
@@ -366,13 +425,15 @@ fn run(seed: u64) -> Exercised {
                 }
                 let _ = node.maintain(now);
                 let _ = node.maintain_history(now);
+                let _ = node.maintain_bucket();
                 if rng.random_bool(0.5) {
                     let _ = node.collect(&mut |_, _, _| {});
                 }
                 if storage.is_stopped() {
                     drop(volume);
                     drop(node);
-                    (node, volume) = restart(&storage, config, &mut oracle, &mut bookmarks, seed, step);
+                    (node, remote, volume) =
+                        restart(&storage, config, tiering, &mut oracle, &mut bookmarks, seed, step);
                     poisoned = false;
                     exercised.deaths += 1;
                 } else {
@@ -447,8 +508,15 @@ fn run(seed: u64) -> Exercised {
         // Whatever garbage there is can be collected, and history still reads.
         node.collect(&mut |_, _, _| {}).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
         check_everything(&volume, &oracle, seed);
+        if remote.is_some() {
+            // Everything uploaded and as much evicted as the budget says:
+            // history reads from the bucket as it did from the disk.
+            node.maintain_bucket().unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+            check_everything(&volume, &oracle, seed);
+        }
     }
     // Counted since the last restart.
+    exercised.bucket_reads = node.bucket_stats().map_or(0, |stats| stats.remote_reads);
     let chunk_stats = node.chunk_stats();
     exercised.dedup_hits = chunk_stats.dedup_hits;
     exercised.chunks_freed += chunk_stats.chunks_freed;
@@ -474,6 +542,8 @@ fn engine_matches_the_oracle_through_crashes() {
         deaths: total.deaths + case.deaths,
         capped: total.capped + case.capped,
         no_space: total.no_space + case.no_space,
+        uploads: total.uploads + case.uploads,
+        bucket_reads: total.bucket_reads + case.bucket_reads,
     });
     println!("{total:?}");
     let enough = total.thinned > 100 && total.range_deletes > 30 && total.policy_changes > 30 && total.expired > 30;
@@ -484,6 +554,11 @@ fn engine_matches_the_oracle_through_crashes() {
         && total.journal_bytes_reclaimed > 0
         && total.deaths > 30
         && total.capped > 10
-        && total.no_space > 30;
-    assert!(seeds < 30 || chunks, "archiving, collection, dedup, journal reclaim, deaths and caps must be exercised");
+        && total.no_space > 30
+        && total.uploads > 30
+        && total.bucket_reads > 30;
+    assert!(
+        seeds < 30 || chunks,
+        "archiving, collection, dedup, journal reclaim, deaths, caps and uploads must be exercised"
+    );
 }
