@@ -67,6 +67,14 @@ def write_section(marker, section):
     path.write_text(text)
 
 
+def publish(marker, lines):
+    """Prints a benchmark's section (`lines`, with its markers) and writes it
+    into BENCHMARKS.md."""
+    section = "\n".join(lines)
+    print(section)
+    write_section(marker, section)
+
+
 def wait_archived(http, volume, timeout_seconds=600):
     """Waits until the server's background work on `volume` is done: every
     version archived out of the journal into the chunk store (zstd over

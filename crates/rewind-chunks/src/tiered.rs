@@ -4,8 +4,8 @@
 //! its local copy may be evicted to keep the local tier under a budget,
 //! least recently read first and never the newest packs (recent writes, the
 //! history the present and recent views read). Reads of evicted packs are
-//! ranged reads of the remote copy, through a small in-memory cache of the
-//! ranges read last.
+//! ranged reads of the remote copy, each of the aligned 1 MiB window around
+//! what was asked, kept in a small in-memory cache of the windows read last.
 //!
 //! The upload and the eviction are work the embedder calls
 //! ([`TieredPackStore::upload_next`], [`TieredPackStore::evict`]), as the
@@ -22,9 +22,14 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
+use rustc_hash::FxHashSet;
 
 use crate::pack_store::{Generation, PackStore, PackUpload, StoredPack};
+
+/// How much of a pack one read from the remote tier fetches at least: the
+/// aligned window around what was asked for.
+const REMOTE_WINDOW_BYTES: u64 = 1 << 20;
 
 /// The local tier's budget and what never leaves it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +146,10 @@ pub struct TieredPackStore {
     config: TierConfig,
     placements: Arc<Mutex<BTreeMap<u64, Placement>>>,
     memory: Mutex<RangeCache>,
+    /// Windows being fetched from the remote tier: a reader that needs one
+    /// waits for it (`fetched`) rather than fetching it again.
+    fetching: Mutex<FxHashSet<(u64, u64)>>,
+    fetched: Condvar,
     clock: AtomicU64,
     counters: Counters,
 }
@@ -180,6 +189,8 @@ impl TieredPackStore {
             config,
             placements: Arc::new(Mutex::new(placements)),
             memory: Mutex::default(),
+            fetching: Mutex::default(),
+            fetched: Condvar::new(),
             clock: AtomicU64::new(1),
             counters: Counters::default(),
         })
@@ -306,6 +317,23 @@ impl TieredPackStore {
         stats
     }
 
+    /// Reads the window of `pack` from `start` (to the end of the pack,
+    /// or of the range asked for) from the remote tier into memory, and
+    /// the range asked for into `buf`.
+    fn fetch_window(&self, pack: u64, start: u64, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let size = self.placement(pack)?.bytes;
+        // Past the end only if the range asked for is (then the read fails).
+        let end = (start + REMOTE_WINDOW_BYTES).min(size).max(offset + buf.len() as u64);
+        let mut window = vec![0; (end - start) as usize];
+        self.remote.read(pack, start, &mut window)?;
+        self.counters.remote_reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.remote_read_bytes.fetch_add(window.len() as u64, Ordering::Relaxed);
+        let inside = (offset - start) as usize;
+        buf.copy_from_slice(&window[inside..inside + buf.len()]);
+        self.memory.lock().insert(pack, start, window, self.config.memory_bytes_max);
+        Ok(())
+    }
+
     fn placement(&self, pack: u64) -> io::Result<Placement> {
         self.placements.lock().get(&pack).cloned().ok_or_else(|| {
             io::Error::new(io::ErrorKind::NotFound, format!("{} is on neither tier", self.local.locate(pack)))
@@ -369,16 +397,29 @@ impl PackStore for TieredPackStore {
                 Err(error) => return Err(error),
             }
         }
-        if let Some(cached) = self.memory.lock().get(pack, offset, buf.len()) {
-            buf.copy_from_slice(cached);
-            self.counters.memory_reads.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+        // The aligned window around the range, fetched once for the reads
+        // after it: history comes back in the order it was archived, so a
+        // view reads a pack front to back, a chunk or a span at a time, often
+        // from several requests at once.
+        let start = offset - offset % REMOTE_WINDOW_BYTES;
+        loop {
+            if let Some(cached) = self.memory.lock().get(pack, offset, buf.len()) {
+                buf.copy_from_slice(cached);
+                self.counters.memory_reads.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            let mut fetching = self.fetching.lock();
+            if fetching.contains(&(pack, start)) {
+                self.fetched.wait(&mut fetching);
+                continue;
+            }
+            fetching.insert((pack, start));
+            break;
         }
-        self.remote.read(pack, offset, buf)?;
-        self.counters.remote_reads.fetch_add(1, Ordering::Relaxed);
-        self.counters.remote_read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
-        self.memory.lock().insert(pack, offset, buf.to_vec(), self.config.memory_bytes_max);
-        Ok(())
+        let fetched = self.fetch_window(pack, start, offset, buf);
+        self.fetching.lock().remove(&(pack, start));
+        self.fetched.notify_all();
+        fetched
     }
 
     fn delete(&self, pack: u64) -> io::Result<()> {
