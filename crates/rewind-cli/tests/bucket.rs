@@ -2,7 +2,9 @@
 //! packs locally, uploads them to a real MinIO, evicts them beyond
 //! `--cache-max`, and serves views of evicted history from the bucket with
 //! ranged reads; `rewind stats` and `/metrics` show where packs are and the
-//! traffic each way.
+//! traffic each way; restores and clones read it too. While the bucket
+//! does not answer, writes and archiving go on and the uploads wait; they
+//! catch up once it answers.
 
 mod common;
 
@@ -68,10 +70,57 @@ fn history_goes_to_the_bucket_and_views_of_evicted_history_read_from_it() {
     assert!(bucket["bucket_reads"].as_u64() > Some(0), "read from the bucket: {bucket}");
     assert!(bucket["bucket_read_bytes"].as_u64() >= Some(ROUND as u64 / 2), "{bucket}");
 
+    // A restore of round 1 and a clone of round 0 read what left the disk too.
+    let restored = dir.path().join("r1.restored");
+    server.rewind(&["restore", "v@r1", "--to", restored.to_str().unwrap()]);
+    assert!(std::fs::read(&restored).unwrap()[..ROUND] == noise(1, ROUND)[..], "the restore of r1");
+    server.rewind(&["volume", "clone", "v@r0", "c"]);
+    let cloned = dir.path().join("c.raw");
+    run("nbdcopy", &[&server.uri("c"), cloned.to_str().unwrap()]);
+    assert!(std::fs::read(&cloned).unwrap()[..ROUND] == noise(0, ROUND)[..], "the clone of r0");
+
     let text = server.rewind(&["stats"]);
     assert!(text.contains("bucket ") && text.contains("waiting for upload 0 B in 0 packs"), "{text}");
     let metrics = run("curl", &["-sf", "-H", &server.authorization(), &format!("{}/metrics", server.api())]);
     for family in ["rewind_bucket_upload_waiting_bytes 0", "rewind_bucket_pack_reads_total{from=\"bucket\"}"] {
         assert!(metrics.contains(family), "{family} in /metrics");
+    }
+}
+
+#[test]
+fn writes_go_on_while_the_bucket_is_down_and_uploads_catch_up_after() {
+    require("nbdcopy");
+    let dir = tempfile::tempdir().unwrap();
+    let mut minio = Minio::start(&dir.path().join("minio"));
+    let endpoint = minio.endpoint();
+    let options = ["--bucket", "s3://rewind/node-2", "--endpoint", &endpoint, "--archive-interval", "1s"];
+    let env = [("AWS_ACCESS_KEY_ID", USER), ("AWS_SECRET_ACCESS_KEY", PASSWORD)];
+    let server = Server::start_with_env(&dir.path().join("data"), &options, &env);
+    server.rewind(&["volume", "create", "v", "--size", "8MiB"]);
+    const ROUND: usize = 1 << 20;
+    let write_round = |round: u64| {
+        let image = dir.path().join(format!("round-{round}.raw"));
+        std::fs::write(&image, noise(round, ROUND)).unwrap();
+        run("nbdcopy", &[image.to_str().unwrap(), &server.uri("v")]);
+        server.rewind(&["bookmark", "v", &format!("r{round}")]);
+        wait_for("the round to be archived", || node_stats(&server)["pack_count"].as_u64() > Some(round));
+    };
+    write_round(0);
+    wait_for("the first pack to be uploaded", || node_stats(&server)["bucket"]["upload_waiting_packs"] == 0);
+
+    minio.stop();
+    for round in 1..4 {
+        write_round(round);
+    }
+    let bucket = node_stats(&server)["bucket"].clone();
+    assert_eq!(bucket["upload_waiting_packs"], 3, "three packs wait while the bucket is down: {bucket}");
+
+    minio.run();
+    wait_for("the uploads to catch up", || node_stats(&server)["bucket"]["upload_waiting_packs"] == 0);
+    assert!(node_stats(&server)["bucket"]["bucket_packs"].as_u64() >= Some(4));
+    for round in 0..4u64 {
+        let out = dir.path().join(format!("r{round}.out"));
+        run("nbdcopy", &[&server.uri(&format!("v@r{round}")), out.to_str().unwrap()]);
+        assert!(std::fs::read(&out).unwrap()[..ROUND] == noise(round, ROUND)[..], "round {round} reads back");
     }
 }
