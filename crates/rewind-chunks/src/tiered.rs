@@ -287,6 +287,12 @@ impl TieredPackStore {
         }
     }
 
+    /// The packs waiting for their upload, oldest first.
+    pub fn waiting(&self) -> Vec<u64> {
+        let placements = self.placements.lock();
+        placements.iter().filter(|(_, placement)| !placement.remote).map(|(&pack, _)| pack).collect()
+    }
+
     pub fn stats(&self) -> TierStats {
         let placements = self.placements.lock();
         let mut stats = TierStats {

@@ -536,13 +536,14 @@ pub fn node_report(report: &NodeReport) {
     );
     if let Some(bucket) = &report.bucket {
         println!(
-            "bucket          {} in {} packs; here {} in {} packs; waiting for upload {} in {} packs",
+            "bucket          {} in {} packs; here {} in {} packs; waiting for upload {} in {} packs (oldest {:.1} s)",
             HumanBytes(bucket.bucket_bytes),
             bucket.bucket_packs,
             HumanBytes(bucket.local_bytes),
             bucket.local_packs,
             HumanBytes(bucket.upload_waiting_bytes),
-            bucket.upload_waiting_packs
+            bucket.upload_waiting_packs,
+            bucket.upload_lag_seconds
         );
         println!(
             "bucket traffic  {} uploads ({}), {} reads from the bucket ({}), {} evictions; cache hit ratio {:.3}",

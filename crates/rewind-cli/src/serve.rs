@@ -320,7 +320,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
                 yield_to_serving();
                 let mut failing = false;
                 while !stopping.load(Ordering::Acquire) {
-                    match node.maintain_bucket() {
+                    match node.maintain_bucket(now()) {
                         Ok(_) if failing => {
                             tracing::info!("the bucket answers again; uploads go on");
                             failing = false;

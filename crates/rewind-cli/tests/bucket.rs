@@ -80,9 +80,14 @@ fn history_goes_to_the_bucket_and_views_of_evicted_history_read_from_it() {
     assert!(std::fs::read(&cloned).unwrap()[..ROUND] == noise(0, ROUND)[..], "the clone of r0");
 
     let text = server.rewind(&["stats"]);
-    assert!(text.contains("bucket ") && text.contains("waiting for upload 0 B in 0 packs"), "{text}");
+    assert!(text.contains("bucket ") && text.contains("waiting for upload 0 B in 0 packs (oldest 0.0 s)"), "{text}");
     let metrics = run("curl", &["-sf", "-H", &server.authorization(), &format!("{}/metrics", server.api())]);
-    for family in ["rewind_bucket_upload_waiting_bytes 0", "rewind_bucket_pack_reads_total{from=\"bucket\"}"] {
+    let families = [
+        "rewind_bucket_upload_waiting_bytes 0",
+        "rewind_bucket_upload_lag_seconds 0",
+        "rewind_bucket_pack_reads_total{from=\"bucket\"}",
+    ];
+    for family in families {
         assert!(metrics.contains(family), "{family} in /metrics");
     }
 }
@@ -114,6 +119,7 @@ fn writes_go_on_while_the_bucket_is_down_and_uploads_catch_up_after() {
     }
     let bucket = node_stats(&server)["bucket"].clone();
     assert_eq!(bucket["upload_waiting_packs"], 3, "three packs wait while the bucket is down: {bucket}");
+    assert!(bucket["upload_lag_seconds"].as_f64() > Some(0.0), "the oldest has waited: {bucket}");
 
     minio.run();
     wait_for("the uploads to catch up", || node_stats(&server)["bucket"]["upload_waiting_packs"] == 0);

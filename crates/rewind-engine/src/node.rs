@@ -186,6 +186,8 @@ pub struct Node {
     collect_last: Mutex<Option<Timestamp>>,
     /// The packs' two tiers, when they go to a bucket.
     tiered: Option<Arc<TieredPackStore>>,
+    /// Since when each pack waiting for its upload has been seen waiting.
+    upload_waiting_since: Mutex<BTreeMap<u64, Timestamp>>,
 }
 
 /// Where a node's packs go beyond its disk (see [`Node::open_with_bucket`]).
@@ -390,6 +392,7 @@ impl Node {
             admin: Mutex::new(()),
             collect_last: Mutex::new(None),
             tiered,
+            upload_waiting_since: Mutex::new(BTreeMap::new()),
         };
         node.finish_groups();
         Ok(node)
@@ -400,20 +403,43 @@ impl Node {
     /// of its own (several may upload at once). Does nothing without a
     /// bucket. A failure (the bucket does not answer) is returned and the
     /// work is tried again by the next call.
-    pub fn maintain_bucket(&self) -> Result<bool, EngineError> {
+    pub fn maintain_bucket(&self, now: Timestamp) -> Result<bool, EngineError> {
         let Some(tiered) = &self.tiered else { return Ok(false) };
         let mut worked = false;
+        self.note_waiting(tiered, now);
         while let Some(_pack) = tiered.upload_next().map_err(EngineError::io("the bucket"))? {
             worked = true;
         }
         worked |= tiered.evict().map_err(EngineError::io("the local pack cache"))? > 0;
+        self.note_waiting(tiered, now);
         Ok(worked)
+    }
+
+    /// Remembers since when each pack waiting for its upload has been seen
+    /// waiting (at most one upload pass after it was sealed).
+    fn note_waiting(&self, tiered: &TieredPackStore, now: Timestamp) {
+        let waiting = tiered.waiting();
+        let mut since = self.upload_waiting_since.lock();
+        since.retain(|pack, _| waiting.contains(pack));
+        for pack in waiting {
+            since.entry(pack).or_insert(now);
+        }
     }
 
     /// What the local tier and the bucket hold, and what waits for its
     /// upload; `None` without a bucket.
     pub fn bucket_stats(&self) -> Option<TierStats> {
         self.tiered.as_ref().map(|tiered| tiered.stats())
+    }
+
+    /// How long the oldest pack waiting for its upload has waited at `now`
+    /// (nanoseconds; 0 when none waits): the archived history a lost disk
+    /// would take with it is that old at most. `None` without a bucket.
+    pub fn bucket_upload_lag_nanos(&self, now: Timestamp) -> Option<u64> {
+        self.tiered.as_ref()?;
+        let since = self.upload_waiting_since.lock();
+        let oldest = since.values().min().copied();
+        Some(oldest.map_or(0, |oldest| now.unix_nanos().saturating_sub(oldest.unix_nanos())))
     }
 
     /// Volumes that did not open, with what is wrong.

@@ -278,7 +278,7 @@ fn run(seed: u64) -> Exercised {
                     // Uploads and evictions; now and then the bucket does not answer.
                     let down = rng.random_bool(0.2);
                     remote.set(down.then_some(Fault::Unreachable));
-                    let uploaded = node.maintain_bucket();
+                    let uploaded = node.maintain_bucket(now);
                     remote.set(None);
                     if trace {
                         println!("seed {seed} step {step}: maintain bucket (down: {down}): {uploaded:?}");
@@ -425,7 +425,7 @@ fn run(seed: u64) -> Exercised {
                 }
                 let _ = node.maintain(now);
                 let _ = node.maintain_history(now);
-                let _ = node.maintain_bucket();
+                let _ = node.maintain_bucket(now);
                 if rng.random_bool(0.5) {
                     let _ = node.collect(&mut |_, _, _| {});
                 }
@@ -511,7 +511,7 @@ fn run(seed: u64) -> Exercised {
         if remote.is_some() {
             // Everything uploaded and as much evicted as the budget says:
             // history reads from the bucket as it did from the disk.
-            node.maintain_bucket().unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+            node.maintain_bucket(now).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
             check_everything(&volume, &oracle, seed);
         }
     }

@@ -1075,6 +1075,8 @@ pub struct BucketReport {
     /// would lose of the archived history.
     pub upload_waiting_packs: u64,
     pub upload_waiting_bytes: u64,
+    /// How long the oldest of them has waited (0 when none waits).
+    pub upload_lag_seconds: f64,
     /// Since the server started.
     pub uploads: u64,
     pub uploaded_bytes: u64,
@@ -1090,7 +1092,7 @@ pub struct BucketReport {
 }
 
 impl BucketReport {
-    pub fn of(stats: &TierStats) -> BucketReport {
+    pub fn of(stats: &TierStats, upload_lag_nanos: u64) -> BucketReport {
         let hits = stats.local_reads + stats.memory_reads;
         BucketReport {
             local_packs: stats.local_packs,
@@ -1099,6 +1101,7 @@ impl BucketReport {
             bucket_bytes: stats.remote_bytes,
             upload_waiting_packs: stats.upload_waiting_packs,
             upload_waiting_bytes: stats.upload_waiting_bytes,
+            upload_lag_seconds: upload_lag_nanos as f64 / 1e9,
             uploads: stats.uploads,
             uploaded_bytes: stats.uploaded_bytes,
             evictions: stats.evictions,
@@ -1138,7 +1141,8 @@ impl NodeReport {
             ),
         };
         let report = NodeReport::of(&node.chunk_stats(), io, volumes);
-        let bucket = node.bucket_stats().as_ref().map(BucketReport::of);
+        let lag = node.bucket_upload_lag_nanos(now).unwrap_or(0);
+        let bucket = node.bucket_stats().map(|stats| BucketReport::of(&stats, lag));
         Ok(NodeReport { collection_waits, volumes_damaged: damaged, bucket, ..report.with_space(node.space()) })
     }
 

@@ -275,7 +275,8 @@ fn render(node: &Node) -> String {
     }
     families.extend(store_io_families(node));
     if let Some(bucket) = node.bucket_stats() {
-        families.extend(bucket_families(&bucket));
+        let lag_nanos = node.bucket_upload_lag_nanos(crate::server::now()).unwrap_or(0);
+        families.extend(bucket_families(&bucket, lag_nanos / 1_000_000_000));
     }
     let cache = node.page_cache_stats();
     families.push(Family {
@@ -307,7 +308,7 @@ fn render(node: &Node) -> String {
 
 /// The packs' tiers with `--bucket`: where packs are, the upload lag, and
 /// requests and bytes each way.
-fn bucket_families(bucket: &rewind_engine::TierStats) -> Vec<Family> {
+fn bucket_families(bucket: &rewind_engine::TierStats, upload_lag_seconds: u64) -> Vec<Family> {
     let one = |name, kind, help, value| Family { name, kind, help, samples: vec![(String::new(), value)] };
     let reads = Family {
         name: "rewind_bucket_pack_reads_total",
@@ -335,6 +336,12 @@ fn bucket_families(bucket: &rewind_engine::TierStats) -> Vec<Family> {
             "gauge",
             "Bytes of packs not yet in the bucket: what losing this disk would lose of the archived history.",
             bucket.upload_waiting_bytes,
+        ),
+        one(
+            "rewind_bucket_upload_lag_seconds",
+            "gauge",
+            "How long the oldest pack not yet in the bucket has waited (whole seconds).",
+            upload_lag_seconds,
         ),
         one("rewind_bucket_uploads_total", "counter", "Packs uploaded (PUT requests).", bucket.uploads),
         one("rewind_bucket_uploaded_bytes_total", "counter", "Bytes uploaded.", bucket.uploaded_bytes),

@@ -59,7 +59,7 @@ pub struct ApiState {
 type Shared = Arc<ApiState>;
 
 /// The wall clock, read here at the edge and passed into the engine.
-fn now() -> Timestamp {
+pub(crate) fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
 
