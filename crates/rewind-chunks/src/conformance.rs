@@ -10,9 +10,10 @@ use std::io;
 
 use crate::pack_store::{Fault, FaultyPackStore, PackStore};
 
-/// Bytes of pack `pack`, `length` long, distinct per `(pack, salt)`.
-fn contents(pack: u64, salt: u8, length: usize) -> Vec<u8> {
-    let mut state = pack.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(salt);
+/// `length` bytes that neither compress nor repeat, different for every
+/// `seed` (xorshift): test data for packs, chunks and volumes.
+pub fn noise(seed: u64, length: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..length)
         .map(|_| {
             state ^= state << 13;
@@ -21,6 +22,11 @@ fn contents(pack: u64, salt: u8, length: usize) -> Vec<u8> {
             state as u8
         })
         .collect()
+}
+
+/// Bytes of pack `pack`, `length` long, distinct per `(pack, salt)`.
+fn contents(pack: u64, salt: u8, length: usize) -> Vec<u8> {
+    noise(pack.wrapping_mul(256) ^ u64::from(salt), length)
 }
 
 fn put(store: &dyn PackStore, pack: u64, bytes: &[u8], piece: usize) -> io::Result<crate::pack_store::Generation> {

@@ -9,20 +9,8 @@
 mod common;
 
 use common::{json, require, run, wait_for, Server};
+use rewind_chunks::conformance::noise;
 use rewind_s3::minio::{Minio, PASSWORD, USER};
-
-/// `bytes` bytes that do not compress, different for every `seed`.
-fn noise(seed: u64, bytes: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..bytes)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
 
 fn node_stats(server: &Server) -> serde_json::Value {
     json(&server.rewind(&["stats", "--json"]))

@@ -105,16 +105,7 @@ fn the_chunk_store_keeps_its_packs_in_minio() {
         ChunkStore::open_with_packs(Arc::clone(&storage), "chunks", config, packs).unwrap()
     };
     // Bytes that do not compress: 200 blocks fill several packs.
-    let noise = |seed: u64| {
-        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..4096).map(move |_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-    };
-    let blocks: Vec<Vec<u8>> = (0..200u64).map(|index| noise(index).collect()).collect();
+    let blocks: Vec<Vec<u8>> = (0..200u64).map(|index| rewind_chunks::conformance::noise(index, 4096)).collect();
     let store = open();
     store.finish_open(Counting::Exact).unwrap();
     let mut session = store.session().unwrap();
