@@ -21,6 +21,7 @@ mod dedup;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod locality;
+pub mod meta_store;
 mod pack;
 pub mod pack_store;
 mod saved;
@@ -30,6 +31,7 @@ pub mod tiered;
 
 pub use dedup::DedupConfig;
 pub use pack::{compress, Check, PackReader, PackWriter, SealedPack};
+pub use meta_store::{LocalMetaStore, MetaStore};
 pub use pack_store::{Generation, LocalPackStore, PackStore, PackUpload, StoredPack};
 pub use rewind_format::pack::{ChunkHash, Codec};
 pub use store::{

@@ -12,6 +12,14 @@
 //! rest of the chunk store's background work: nothing here starts a
 //! thread or reads the clock.
 //!
+//! A pack deleted (a collection rewrote or freed it) leaves the local tier at
+//! once, but its remote copy is only *retired*: a node's catalog in the
+//! bucket (`rewind_engine::catalog`) may still name it, so it is deleted
+//! remotely once a catalog taken after the delete is published
+//! ([`TieredPackStore::begin_capture`], [`TieredPackStore::delete_retired`]).
+//! A crash forgets what was retired; such a pack is listed again at open, a
+//! pack no chunk lives in, and the next collection deletes it again.
+//!
 //! What is on which tier is found again at open from the two listings: a
 //! pack only local is waiting for its upload (one a crash interrupted is
 //! uploaded again: a lost reply shows as the pack already there, of the
@@ -152,6 +160,11 @@ pub struct TieredPackStore {
     fetched: Condvar,
     clock: AtomicU64,
     counters: Counters,
+    /// Packs deleted here whose remote copies wait for a catalog taken
+    /// after their deletion, with the capture epoch they were deleted in.
+    retired: Mutex<Vec<(u64, u64)>>,
+    /// Counts catalog captures (see [`TieredPackStore::begin_capture`]).
+    epoch: AtomicU64,
 }
 
 impl TieredPackStore {
@@ -193,6 +206,8 @@ impl TieredPackStore {
             fetched: Condvar::new(),
             clock: AtomicU64::new(1),
             counters: Counters::default(),
+            retired: Mutex::default(),
+            epoch: AtomicU64::new(0),
         })
     }
 
@@ -285,6 +300,31 @@ impl TieredPackStore {
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             self.counters.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
+    }
+
+    /// Starts a capture of what the packs hold (a catalog): returns its
+    /// epoch. Packs deleted before this call may go from the remote tier
+    /// once what was captured is published ([`TieredPackStore::delete_retired`]).
+    pub fn begin_capture(&self) -> u64 {
+        self.epoch.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Deletes the remote copies of the packs retired before capture `epoch`
+    /// began; returns how many. A failure leaves the rest for the next call.
+    pub fn delete_retired(&self, epoch: u64) -> io::Result<usize> {
+        let due: Vec<u64> =
+            self.retired.lock().iter().filter(|&&(_, retired)| retired < epoch).map(|&(pack, _)| pack).collect();
+        for &pack in &due {
+            self.remote.delete(pack)?;
+            self.counters.remote_deletes.fetch_add(1, Ordering::Relaxed);
+            self.retired.lock().retain(|&(retired, _)| retired != pack);
+        }
+        Ok(due.len())
+    }
+
+    /// Every pack the tiers hold, in number order.
+    pub fn packs(&self) -> Vec<u64> {
+        self.placements.lock().keys().copied().collect()
     }
 
     /// The packs waiting for their upload, oldest first.
@@ -435,12 +475,10 @@ impl PackStore for TieredPackStore {
             return Err(io::Error::new(io::ErrorKind::WouldBlock, message));
         }
         self.memory.lock().forget(pack);
-        self.remote.delete(pack)?;
-        if placement.remote {
-            self.counters.remote_deletes.fetch_add(1, Ordering::Relaxed);
-        }
         self.local.delete(pack)?;
         self.placements.lock().remove(&pack);
+        // Even one never uploaded: an upload whose reply was lost is there.
+        self.retired.lock().push((pack, self.epoch.load(Ordering::SeqCst)));
         Ok(())
     }
 

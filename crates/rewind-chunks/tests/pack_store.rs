@@ -7,9 +7,10 @@
 use std::sync::Arc;
 
 use rewind_chunks::conformance::{check_faults, check_store};
+use rewind_chunks::meta_store::check_meta_store;
 use rewind_chunks::pack_store::{Fault, FaultyPackStore};
 use rewind_chunks::tiered::{TierConfig, TieredPackStore};
-use rewind_chunks::{ChunkError, ChunkStore, ChunkStoreConfig, Counting, LocalPackStore, PackStore};
+use rewind_chunks::{ChunkError, ChunkStore, ChunkStoreConfig, Counting, LocalMetaStore, LocalPackStore, PackStore};
 use rewind_io::{OsStorage, SimConfig, SimStorage, Storage};
 
 #[test]
@@ -20,6 +21,13 @@ fn the_local_pack_store_keeps_the_contract_on_a_real_filesystem() {
     check_store(&store, 1, 12 << 20);
     let left: Vec<String> = storage.list_dir("packs").unwrap();
     assert!(left.is_empty(), "no upload leaves a file behind: {left:?}");
+}
+
+#[test]
+fn the_local_meta_store_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    check_meta_store(&LocalMetaStore::open(storage, "bucket").unwrap(), "catalogs");
 }
 
 #[test]
@@ -154,7 +162,8 @@ fn packs_are_uploaded_then_evicted_least_recently_read_first_and_read_back_from_
     assert_eq!((stats.local_packs, stats.remote_packs, stats.upload_waiting_packs), (3, 6, 0));
 
     // Opened again, each pack is found where it is; a new pack waits for
-    // its upload; a deleted one is gone from both tiers.
+    // its upload; a deleted one is gone here at once, and from the bucket
+    // once a capture begun after the delete is published.
     put(&tiered, 7, 7, 1000);
     drop(tiered);
     let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
@@ -164,8 +173,15 @@ fn packs_are_uploaded_then_evicted_least_recently_read_first_and_read_back_from_
     assert_eq!((stats.local_packs, stats.remote_packs, stats.upload_waiting_packs), (4, 6, 1), "{stats:?}");
     tiered.read(3, 0, &mut buf).unwrap();
     assert_eq!(buf, vec![3; 4096]);
+    let before = tiered.begin_capture();
     tiered.delete(3).unwrap();
-    assert!(remote.stat(3).is_err() && tiered.stat(3).is_err());
+    assert!(tiered.stat(3).is_err() && !tiered.packs().contains(&3), "gone here");
+    assert!(remote.stat(3).is_ok(), "a catalog taken before the delete may name it");
+    assert_eq!(tiered.delete_retired(before).unwrap(), 0, "not before a capture begun after it");
+    let after = tiered.begin_capture();
+    assert_eq!(tiered.delete_retired(after).unwrap(), 1);
+    assert!(remote.stat(3).is_err(), "gone from the bucket");
+    assert_eq!(tiered.stats().remote_deletes, 1);
 }
 
 #[test]

@@ -5,6 +5,7 @@ mod backend;
 mod group;
 mod lab;
 mod limits;
+mod node_cmd;
 mod output;
 mod restore;
 mod serve;
@@ -68,6 +69,9 @@ enum Command {
     /// Create, import, list, inspect and delete volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// The node as a whole: `rewind node recover --bucket s3://BUCKET/PREFIX` rebuilds a lost one from its bucket.
+    #[command(subcommand)]
+    Node(node_cmd::NodeCommand),
     /// Name a point in time: `rewind bookmark VOLUME NAME [--at TIME]`; also `list` and `delete`.
     /// Given a group, one instant across its volumes.
     Bookmark(BookmarkArgs),
@@ -536,6 +540,7 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
     let command = match cli.command {
         Command::Serve(args) => return serve::serve(&cli.data_dir, *args),
         Command::Lab(command) => return lab::run(command),
+        Command::Node(command) => return node_cmd::run(&cli.data_dir, command),
         command => command,
     };
     let creates = matches!(command, Command::Volume(VolumeCommand::Create { .. } | VolumeCommand::Import { .. }));
@@ -545,7 +550,7 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
         backend::connect(&cli.server, server_given, cli.server_ca.as_deref(), &cli.data_dir, creates)?
     };
     match command {
-        Command::Serve(_) | Command::Lab(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Lab(_) | Command::Node(_) => unreachable!("handled above"),
         Command::Trace(TraceCommand::Export { volume }) => lab::export(&*backend, &volume),
         Command::Volume(command) => volume(&*backend, command),
         Command::Bookmark(args) => bookmark(&*backend, args),

@@ -6,18 +6,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
 use rewind_access::{Grants, Tokens, ADMIN_TOKEN_FILE};
-use rewind_engine::{Bucket, Node, NodeConfig, Reserve, TierConfig, Timestamp};
+use rewind_engine::{Bucket, EngineError, Node, NodeConfig, Reserve, TierConfig, Timestamp};
 use rewind_http::{AllowedHosts, ApiState, Door, HttpConfig};
 use rewind_io::OsStorage;
 use rewind_nbd::engine::{AccessPolicy, EngineCatalog};
 use rewind_nbd::{NbdTls, Server, TlsMode};
-use rewind_s3::{S3Config, S3PackStore};
+use rewind_s3::{S3Config, S3MetaStore, S3PackStore};
 
 use crate::limits::{self, LimitArgs};
 
@@ -32,6 +32,19 @@ const HISTORY_PERIOD: Duration = Duration::from_secs(1);
 /// Threads uploading packs to the bucket, and how often each looks for work.
 const UPLOADERS: usize = 2;
 const UPLOAD_PERIOD: Duration = Duration::from_millis(500);
+/// Top-level files of the data directory the node's catalog keeps besides
+/// the engine's own (tokens are not: a recovered node makes new ones).
+const CATALOGED_NODE_FILES: [&str; 1] = [rewind_access::GRANTS_FILE];
+
+/// The bucket `url` (`s3://BUCKET/PREFIX`) at `endpoint`, its packs kept
+/// locally up to `cache_max` bytes once uploaded.
+pub fn open_bucket(url: &str, endpoint: Option<String>, cache_max: Option<u64>) -> anyhow::Result<Bucket> {
+    let s3 = S3Config::from_url(url, endpoint).map_err(anyhow::Error::msg)?;
+    let packs = S3PackStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
+    let meta = S3MetaStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
+    let tier = TierConfig { cache_bytes_max: cache_max.unwrap_or(u64::MAX), ..TierConfig::default() };
+    Ok(Bucket { packs: Arc::new(packs), tier, meta: Arc::new(meta) })
+}
 
 /// `--journal-io`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -98,6 +111,12 @@ pub struct ServeArgs {
     /// newest packs, and those read last); the rest is read from the bucket.
     #[arg(long, value_name = "SIZE", requires = "bucket", value_parser = parse_size_arg)]
     cache_max: Option<u64>,
+    /// With `--bucket`: how often the node's catalog (what `rewind node
+    /// recover` rebuilds it from: volumes, bookmarks, policies, index runs,
+    /// chunk table) is published to the bucket once archived history has
+    /// changed. With `--archive-interval`, it bounds what a lost disk loses.
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration, requires = "bucket")]
+    upload_interval: Duration,
     /// How journals write: `direct` goes around the page cache (O_DIRECT;
     /// filesystems that refuse it get `buffered`, with a log line), which
     /// keeps one copy of every byte and syncs only what was written
@@ -277,12 +296,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     let grants = Arc::new(Grants::open(data_dir)?);
     let bucket = match &args.bucket {
         None => None,
-        Some(url) => {
-            let s3 = S3Config::from_url(url, args.endpoint.clone()).map_err(anyhow::Error::msg)?;
-            let packs = S3PackStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
-            let tier = TierConfig { cache_bytes_max: args.cache_max.unwrap_or(u64::MAX), ..TierConfig::default() };
-            Some(Bucket { packs: Arc::new(packs), tier })
-        }
+        Some(url) => Some(open_bucket(url, args.endpoint.clone(), args.cache_max)?),
     };
     let node = Arc::new(Node::open_with_bucket(Arc::new(storage), config, bucket)?);
 
@@ -316,11 +330,41 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         .map(|index| {
             let node = Arc::clone(&node);
             let stopping = Arc::clone(&stopping);
+            let upload_interval = args.upload_interval;
             thread::Builder::new().name(format!("upload-{index}")).spawn(move || {
                 yield_to_serving();
                 let mut failing = false;
-                while !stopping.load(Ordering::Acquire) {
-                    match node.maintain_bucket(now()) {
+                // The first uploader publishes the catalog too.
+                let publishes = index == 0;
+                let mut published_at: Option<Instant> = None;
+                let publish = |node: &Node| -> Result<(), EngineError> {
+                    if let Some(published) = node.publish_catalog(now(), &CATALOGED_NODE_FILES)? {
+                        tracing::info!(
+                            generation = published.generation,
+                            files = published.files,
+                            pieces_uploaded = published.pieces_uploaded,
+                            bytes_uploaded = published.bytes_uploaded,
+                            "published the node's catalog to the bucket"
+                        );
+                    }
+                    Ok(())
+                };
+                loop {
+                    if stopping.load(Ordering::Acquire) {
+                        // A last catalog: a clean stop leaves the bucket current.
+                        if publishes {
+                            if let Err(error) = node.maintain_bucket(now()).and_then(|_| publish(&node)) {
+                                tracing::warn!(%error, "the last catalog was not published");
+                            }
+                        }
+                        break;
+                    }
+                    let due = publishes && published_at.is_none_or(|at| at.elapsed() >= upload_interval);
+                    let worked = node.maintain_bucket(now()).and_then(|worked| match due {
+                        true => publish(&node).map(|()| published_at = Some(Instant::now())),
+                        false => Ok(worked).map(|_| ()),
+                    });
+                    match worked {
                         Ok(_) if failing => {
                             tracing::info!("the bucket answers again; uploads go on");
                             failing = false;

@@ -26,7 +26,7 @@ use crate::node::Node;
 use crate::volume::revert::{RevertReport, Writers};
 use crate::{EngineError, Volume};
 
-const GROUPS_FILE: &str = "groups";
+pub(crate) const GROUPS_FILE: &str = "groups";
 
 /// The node's groups, and what is wrong with the `groups` file if it could
 /// not be read (then no group operation runs; volumes are served).

@@ -14,6 +14,7 @@
 //! [`Node::maintain`] (the server does so from a thread, the simulator from its
 //! event loop).
 
+pub mod catalog;
 mod current;
 mod device_io;
 mod error;

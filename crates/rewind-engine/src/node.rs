@@ -9,13 +9,14 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use rewind_chunks::tiered::{TierConfig, TierStats, TieredPackStore};
 use rewind_chunks::{
     ChunkError, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting, LocalPackStore,
-    PackStore,
+    MetaStore, PackStore,
 };
 use rewind_format::meta::{Layout, RetentionTier, VolumeBase, VolumeMeta, VolumePolicy};
 use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::{CountingStorage, IoStats, Storage};
 use rewind_types::{BlockSize, Timestamp, VolumeName};
 
+use crate::catalog::Catalogs;
 use crate::group::GroupState;
 use crate::layout::LayoutRules;
 use crate::reserve::{Reserve, SpaceGauge, SpaceReport, SpaceState};
@@ -150,10 +151,10 @@ impl DamagedVolume {
     }
 }
 
-const VOLUMES_DIR: &str = "volumes";
+pub(crate) const VOLUMES_DIR: &str = "volumes";
 /// EFBIG.
 const FILE_TOO_LARGE: i32 = 27;
-const CHUNKS_DIR: &str = "chunks";
+pub(crate) const CHUNKS_DIR: &str = "chunks";
 /// A volume size the 64-bit byte offsets of NBD and the formats can address.
 const VOLUME_BYTES_MAX: u64 = 1 << 60;
 
@@ -185,15 +186,19 @@ pub struct Node {
     pub(crate) admin: Mutex<()>,
     collect_last: Mutex<Option<Timestamp>>,
     /// The packs' two tiers, when they go to a bucket.
-    tiered: Option<Arc<TieredPackStore>>,
+    pub(crate) tiered: Option<Arc<TieredPackStore>>,
     /// Since when each pack waiting for its upload has been seen waiting.
     upload_waiting_since: Mutex<BTreeMap<u64, Timestamp>>,
+    /// The node's catalogs in the bucket, when it has one.
+    pub(crate) catalogs: Option<Catalogs>,
 }
 
 /// Where a node's packs go beyond its disk (see [`Node::open_with_bucket`]).
 pub struct Bucket {
     pub packs: Arc<dyn PackStore>,
     pub tier: TierConfig,
+    /// Where the node's catalogs go (see `crate::catalog`).
+    pub meta: Arc<dyn MetaStore>,
 }
 
 pub(crate) fn volume_dir(name: &str) -> String {
@@ -227,12 +232,12 @@ impl Node {
             LocalPackStore::open(Arc::clone(&chunk_io) as Arc<dyn Storage>, &packs_dir)
                 .map_err(EngineError::io(&packs_dir))?,
         );
-        let tiered = match bucket {
-            None => None,
+        let (tiered, catalogs) = match bucket {
+            None => (None, None),
             Some(bucket) => {
                 let tiered = TieredPackStore::open(local.clone(), bucket.packs, bucket.tier)
                     .map_err(EngineError::io(&packs_dir))?;
-                Some(Arc::new(tiered))
+                (Some(Arc::new(tiered)), Some(Catalogs::new(bucket.meta)))
             }
         };
         let packs = tiered.clone().map_or(local, |tiered| tiered as Arc<dyn PackStore>);
@@ -393,6 +398,7 @@ impl Node {
             collect_last: Mutex::new(None),
             tiered,
             upload_waiting_since: Mutex::new(BTreeMap::new()),
+            catalogs,
         };
         node.finish_groups();
         Ok(node)

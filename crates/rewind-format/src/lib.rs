@@ -5,6 +5,7 @@
 //! width. The byte-level layout is documented in `docs/format/`.
 
 mod bytes;
+pub mod catalog;
 pub mod chunks;
 pub mod current;
 pub mod groups;

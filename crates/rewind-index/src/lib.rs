@@ -45,6 +45,7 @@ mod run;
 mod thin;
 
 pub use cache::{PageCache, PageCacheStats};
+pub use run::Run;
 pub use memtable::Memtable;
 pub use thin::Thinning;
 
@@ -61,7 +62,7 @@ use rewind_format::FormatError;
 use rewind_io::{read_file_healing, write_file_atomic, Storage};
 use rewind_types::{Lsn, Timestamp, Version, VersionData};
 
-use run::{Run, RunWriter};
+use run::RunWriter;
 use thin::Thin;
 
 #[derive(Debug, thiserror::Error)]
@@ -188,6 +189,11 @@ fn scan_runs<'a>(
     Ok(())
 }
 
+/// The name of run `id`'s file in the index's directory.
+pub fn run_file_name(id: u64) -> String {
+    run_name(id)
+}
+
 fn run_name(id: u64) -> String {
     format!("{id:010}.run")
 }
@@ -280,6 +286,32 @@ impl VersionIndex {
     /// Every version older than this is archived.
     pub fn archived_before(&self) -> Timestamp {
         self.manifest.lock().archived_before
+    }
+
+    /// The archived part of the index, as one consistent whole: the runs
+    /// wholly before [`VersionIndex::archived_before`] (held, so their
+    /// files stay readable whatever merges do meanwhile; file names as
+    /// [`run_file_name`] gives them), and the manifest of an index made of
+    /// them alone, which covers no journal record. What a node needs of the
+    /// index to be rebuilt from its chunk store (`rewind_engine::catalog`).
+    pub fn archived_part(&self) -> (IndexManifest, Vec<Arc<Run>>) {
+        let manifest = self.manifest.lock();
+        assert!(!manifest.late_entries, "an index of late entries has no archived part");
+        let archived_before = manifest.archived_before;
+        let runs: Vec<Arc<Run>> = self
+            .state
+            .read()
+            .runs
+            .iter()
+            .filter(|run| run.info().timestamp_max < archived_before)
+            .cloned()
+            .collect();
+        let part = IndexManifest {
+            lsn_indexed: Lsn::ZERO,
+            runs: runs.iter().map(|run| run.info()).collect(),
+            ..manifest.clone()
+        };
+        (part, runs)
     }
 
     /// The oldest version not yet in a run, if any.

@@ -77,6 +77,15 @@ impl Run {
         self.info
     }
 
+    /// The run's file, whole: readable while this run is held, even once a
+    /// merge has replaced it and removed its file.
+    pub fn read_bytes(&self) -> Result<Vec<u8>, IndexError> {
+        let size_bytes = self.file.size_bytes().map_err(IndexError::io(&self.path))?;
+        let mut bytes = vec![0; usize::try_from(size_bytes).expect("a run fits in memory")];
+        self.file.read_exact_at(&mut bytes, 0).map_err(IndexError::io(&self.path))?;
+        Ok(bytes)
+    }
+
     pub fn uid(&self) -> u64 {
         self.uid
     }

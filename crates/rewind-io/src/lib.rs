@@ -199,6 +199,10 @@ pub fn write_file_atomic(storage: &dyn Storage, path: &str, contents: &[u8]) -> 
 /// Writes `data` at `offset` after reserving its space (see
 /// [`File::allocate`]), so a full disk fails this call and not a later sync.
 pub fn write_reserved(file: &dyn File, data: &[u8], offset: u64) -> io::Result<()> {
+    if data.is_empty() {
+        // fallocate refuses an empty range.
+        return Ok(());
+    }
     file.allocate(offset, data.len() as u64)?;
     file.write_all_at(data, offset)
 }

@@ -34,6 +34,7 @@ use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig};
 use parking_lot::Mutex;
+use rewind_chunks::meta_store::MetaStore;
 use rewind_chunks::pack_name;
 use rewind_chunks::pack_store::{parse_pack_name, Generation, PackStore, PackUpload, StoredPack};
 use rustc_hash::FxHashMap;
@@ -66,6 +67,14 @@ impl S3Config {
         Ok(S3Config { bucket: bucket.to_owned(), prefix, endpoint, region: None, access_key: None })
     }
 
+    /// `PREFIX/name`.
+    fn path(&self, name: &str) -> Path {
+        match self.prefix.is_empty() {
+            true => Path::from(name),
+            false => Path::from(format!("{}/{name}", self.prefix)),
+        }
+    }
+
     fn url(&self) -> String {
         match self.prefix.is_empty() {
             true => format!("s3://{}", self.bucket),
@@ -92,41 +101,35 @@ pub struct S3PackStore {
     runtime: tokio::runtime::Runtime,
 }
 
+/// A client of the store `config` names, with the runtime its requests run on.
+fn connect(config: &S3Config) -> io::Result<(Arc<dyn ObjectStore>, tokio::runtime::Runtime)> {
+    // reqwest's TLS takes rustls' default provider: ring, as everywhere
+    // in Rewind. Already installed is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(&config.bucket)
+        .with_conditional_put(S3ConditionalPut::ETagMatch)
+        .with_client_options(ClientOptions::new().with_timeout(REQUEST_TIMEOUT).with_connect_timeout(CONNECT_TIMEOUT))
+        .with_retry(RetryConfig { max_retries: RETRIES_MAX, retry_timeout: RETRY_TIMEOUT, ..Default::default() });
+    if let Some(endpoint) = &config.endpoint {
+        builder = builder.with_endpoint(endpoint).with_allow_http(endpoint.starts_with("http://"));
+    }
+    if let Some(region) = &config.region {
+        builder = builder.with_region(region);
+    }
+    if let Some((id, secret)) = &config.access_key {
+        builder = builder.with_access_key_id(id).with_secret_access_key(secret);
+    }
+    let store = builder.build().map_err(|error| to_io(error, &config.url()))?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("s3").enable_all().build()?;
+    Ok((Arc::new(store), runtime))
+}
+
 impl S3PackStore {
     pub fn new(config: &S3Config) -> io::Result<S3PackStore> {
-        // reqwest's TLS takes rustls' default provider: ring, as everywhere
-        // in Rewind. Already installed is fine.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = AmazonS3Builder::from_env()
-            .with_bucket_name(&config.bucket)
-            .with_conditional_put(S3ConditionalPut::ETagMatch)
-            .with_client_options(
-                ClientOptions::new().with_timeout(REQUEST_TIMEOUT).with_connect_timeout(CONNECT_TIMEOUT),
-            )
-            .with_retry(RetryConfig { max_retries: RETRIES_MAX, retry_timeout: RETRY_TIMEOUT, ..Default::default() });
-        if let Some(endpoint) = &config.endpoint {
-            builder = builder.with_endpoint(endpoint).with_allow_http(endpoint.starts_with("http://"));
-        }
-        if let Some(region) = &config.region {
-            builder = builder.with_region(region);
-        }
-        if let Some((id, secret)) = &config.access_key {
-            builder = builder.with_access_key_id(id).with_secret_access_key(secret);
-        }
-        let store = builder.build().map_err(|error| to_io(error, &config.url()))?;
-        let runtime =
-            tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("s3").enable_all().build()?;
-        let dir = match config.prefix.is_empty() {
-            true => Path::from("packs"),
-            false => Path::from(format!("{}/packs", config.prefix)),
-        };
-        Ok(S3PackStore {
-            store: Arc::new(store),
-            dir,
-            url: format!("{}/packs", config.url()),
-            sizes: Arc::default(),
-            runtime,
-        })
+        let (store, runtime) = connect(config)?;
+        Ok(S3PackStore { store, dir: config.path("packs"), url: format!("{}/packs", config.url()), sizes: Arc::default(), runtime })
     }
 
     fn location(&self, pack: u64) -> Path {
@@ -292,5 +295,66 @@ impl PackUpload for S3Upload {
     fn abort(self: Box<Self>) -> io::Result<()> {
         // Nothing was sent.
         Ok(())
+    }
+}
+
+/// A node's catalog objects in the bucket, under `PREFIX/` (see
+/// `rewind_chunks::meta_store`). Written with one PUT with `If-None-Match: *`.
+pub struct S3MetaStore {
+    store: Arc<dyn ObjectStore>,
+    config: S3Config,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl S3MetaStore {
+    pub fn new(config: &S3Config) -> io::Result<S3MetaStore> {
+        let (store, runtime) = connect(config)?;
+        Ok(S3MetaStore { store, config: config.clone(), runtime })
+    }
+
+    fn run<T: Send + 'static>(&self, future: impl Future<Output = T> + Send + 'static) -> T {
+        run_on(self.runtime.handle(), future)
+    }
+}
+
+impl MetaStore for S3MetaStore {
+    fn locate(&self, name: &str) -> String {
+        format!("{}/{name}", self.config.url())
+    }
+
+    fn put_new(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let (store, location) = (Arc::clone(&self.store), self.config.path(name));
+        let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+        let payload = PutPayload::from(bytes.to_vec());
+        self.run(async move { store.put_opts(&location, payload, options).await })
+            .map_err(|error| to_io(error, &self.locate(name)))?;
+        Ok(())
+    }
+
+    fn get(&self, name: &str) -> io::Result<Vec<u8>> {
+        let (store, location) = (Arc::clone(&self.store), self.config.path(name));
+        let bytes = self
+            .run(async move { store.get(&location).await?.bytes().await })
+            .map_err(|error| to_io(error, &self.locate(name)))?;
+        Ok(bytes.to_vec())
+    }
+
+    fn list(&self, dir: &str) -> io::Result<Vec<String>> {
+        let (store, location) = (Arc::clone(&self.store), self.config.path(dir));
+        let listed = self
+            .run(async move { store.list_with_delimiter(Some(&location)).await })
+            .map_err(|error| to_io(error, &self.locate(dir)))?;
+        let mut names: Vec<String> =
+            listed.objects.iter().filter_map(|object| object.location.filename().map(str::to_owned)).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    fn delete(&self, name: &str) -> io::Result<()> {
+        let (store, location) = (Arc::clone(&self.store), self.config.path(name));
+        match self.run(async move { store.delete(&location).await }) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(error) => Err(to_io(error, &self.locate(name))),
+        }
     }
 }

@@ -1,15 +1,17 @@
 //! The S3 pack store against a real MinIO (issue 14, req 1): the pack-store
 //! conformance suite, the same with the fault wrapper around it, and a
-//! MinIO that stops answering and comes back. `scripts/test.sh` installs
+//! MinIO that stops answering and comes back; the catalog's meta store's
+//! contract. `scripts/test.sh` installs
 //! MinIO; `REWIND_MINIO` names another binary.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rewind_chunks::conformance::{check_faults, check_store};
+use rewind_chunks::meta_store::check_meta_store;
 use rewind_chunks::pack_store::FaultyPackStore;
 use rewind_chunks::PackStore;
-use rewind_s3::S3PackStore;
+use rewind_s3::{S3MetaStore, S3PackStore};
 
 /// A MinIO on a directory of its own, and pack stores in its bucket.
 struct Minio {
@@ -34,6 +36,13 @@ impl Minio {
     fn run(&mut self) {
         self.server.run();
     }
+}
+
+#[test]
+fn the_s3_meta_store_keeps_the_contract_on_minio() {
+    let minio = Minio::start();
+    check_meta_store(&S3MetaStore::new(&minio.server.config("node-a")).unwrap(), "catalogs");
+    check_meta_store(&S3MetaStore::new(&minio.server.config("")).unwrap(), "top");
 }
 
 #[test]

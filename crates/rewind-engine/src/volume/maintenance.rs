@@ -36,7 +36,7 @@ pub(crate) struct Fault {
     pub since: Timestamp,
 }
 
-pub(super) fn write_checkpoint(storage: &dyn Storage, dir: &str, checkpoint: &Checkpoint) -> Result<(), EngineError> {
+pub(crate) fn write_checkpoint(storage: &dyn Storage, dir: &str, checkpoint: &Checkpoint) -> Result<(), EngineError> {
     let path = format!("{dir}/checkpoint");
     write_file_atomic(storage, &path, &checkpoint.encode()).map_err(EngineError::io(&path))
 }

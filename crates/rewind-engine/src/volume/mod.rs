@@ -57,6 +57,7 @@ mod maintenance;
 mod overlay;
 pub(crate) mod promote;
 pub(crate) mod read;
+pub(crate) mod rebuild;
 mod recovery;
 pub(crate) mod revert;
 pub(crate) mod revert_copy;

@@ -13,6 +13,7 @@ use rewind_journal::JournalConfig;
 
 /// The volume's contents after each write or zero record (entry 0 is the
 /// empty volume at creation).
+#[derive(Clone)]
 pub struct Oracle {
     pub states: Vec<(Timestamp, Vec<u8>)>,
     /// The engine's clock: the last time it handed out.

@@ -1,0 +1,162 @@
+//! `rewind node recover`: a lost node rebuilt from its bucket (issue 14
+//! req 3; `rewind_engine::catalog`).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use rewind_engine::timespec::DisplayTime;
+use rewind_engine::{Node, NodeConfig};
+use rewind_io::OsStorage;
+use serde::Serialize;
+
+use crate::backend::progress_bar;
+use crate::serve::{open_bucket, LOCK_FILE};
+
+#[derive(Subcommand)]
+pub enum NodeCommand {
+    /// Rebuild a lost node from its bucket onto an empty data directory:
+    /// every volume, with its bookmarks, policies and every point in time
+    /// uploaded (`rewind node recover --bucket s3://backups/rewind
+    /// --endpoint URL --data-dir ./rewind-data`); then `rewind serve` it
+    /// with the same `--bucket`.
+    Recover(RecoverArgs),
+}
+
+#[derive(Args)]
+pub struct RecoverArgs {
+    /// The bucket the lost node published to: `s3://BUCKET/PREFIX`.
+    /// Credentials come from the AWS chain (AWS_ACCESS_KEY_ID, …).
+    #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+    bucket: String,
+    /// The S3-compatible endpoint (MinIO, Ceph RGW, …), e.g. http://127.0.0.1:9000.
+    #[arg(long, value_name = "URL")]
+    endpoint: Option<String>,
+    /// Show progress bars.
+    #[arg(long)]
+    progress: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct RecoveredVolume {
+    name: String,
+    /// The point it was recovered at: its present, and its newest history.
+    at: String,
+    blocks: u64,
+    bookmarks: usize,
+    bookmarks_left_out: Vec<String>,
+    reverts_left_out: usize,
+}
+
+#[derive(Serialize)]
+struct LeftOut {
+    name: String,
+    reason: String,
+}
+
+#[derive(Serialize)]
+struct RecoverSummary {
+    catalog_generation: u64,
+    catalog_taken: String,
+    volumes: Vec<RecoveredVolume>,
+    left_out: Vec<LeftOut>,
+    catalog_bytes: u64,
+    seconds: f64,
+}
+
+pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
+    let NodeCommand::Recover(args) = command;
+    let started = Instant::now();
+    std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let storage = OsStorage::new(data_dir)?;
+    let _lock = storage.lock_exclusive(LOCK_FILE).context("the data directory is in use by another rewind process")?;
+    let storage = Arc::new(storage);
+    let bucket = open_bucket(&args.bucket, args.endpoint.clone(), None)?;
+    let mut bar: Option<(String, indicatif::ProgressBar)> = None;
+    let mut progress = |what: &str, done: u64, total: u64| {
+        if !args.progress {
+            return;
+        }
+        if bar.as_ref().is_none_or(|(shown, _)| shown != what) {
+            if let Some((_, old)) = bar.take() {
+                old.finish_and_clear();
+            }
+            bar = Some((what.to_owned(), progress_bar(total, what)));
+        }
+        let (_, shown) = bar.as_ref().expect("set above");
+        shown.set_length(total);
+        shown.set_position(done);
+    };
+    let recovered = Node::recover(Arc::clone(&storage) as _, &NodeConfig::default(), bucket, &mut progress)
+        .with_context(|| format!("cannot recover a node from {}", args.bucket))?;
+    if let Some((_, bar)) = bar.take() {
+        bar.finish_and_clear();
+    }
+    // Opened once as the server will: every volume, its history counted.
+    let bucket = open_bucket(&args.bucket, args.endpoint.clone(), None)?;
+    let node = Node::open_with_bucket(storage, NodeConfig::default(), Some(bucket))
+        .context("the recovered node does not open")?;
+    let damaged = node.damaged_volumes();
+    node.shut_down(crate::serve::now()).context("cannot close the recovered node")?;
+    if let Some(volume) = damaged.first() {
+        anyhow::bail!("the recovered volume {} does not open: {}", volume.name, volume.problem);
+    }
+    let summary = RecoverSummary {
+        catalog_generation: recovered.generation,
+        catalog_taken: DisplayTime(recovered.taken).to_string(),
+        volumes: recovered
+            .volumes
+            .iter()
+            .map(|volume| RecoveredVolume {
+                name: volume.name.clone(),
+                at: DisplayTime(volume.at).to_string(),
+                blocks: volume.blocks,
+                bookmarks: volume.bookmarks,
+                bookmarks_left_out: volume.bookmarks_left_out.clone(),
+                reverts_left_out: volume.reverts_left_out,
+            })
+            .collect(),
+        left_out: recovered
+            .left_out
+            .iter()
+            .map(|(name, reason)| LeftOut { name: name.clone(), reason: reason.clone() })
+            .collect(),
+        catalog_bytes: recovered.bytes_downloaded,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    if args.json {
+        return crate::output::json(&summary);
+    }
+    println!(
+        "recovered {} volume{} from catalog {} of {} (taken {}) in {:.1} s",
+        summary.volumes.len(),
+        if summary.volumes.len() == 1 { "" } else { "s" },
+        summary.catalog_generation,
+        args.bucket,
+        summary.catalog_taken,
+        summary.seconds
+    );
+    for volume in &summary.volumes {
+        println!("  {}: as of {}, {} bookmarks", volume.name, volume.at, volume.bookmarks);
+        if !volume.bookmarks_left_out.is_empty() {
+            println!("    left out (after the last upload): bookmarks {}", volume.bookmarks_left_out.join(", "));
+        }
+        if volume.reverts_left_out > 0 {
+            println!("    left out (after the last upload): {} reverts", volume.reverts_left_out);
+        }
+    }
+    for left in &summary.left_out {
+        println!("  {} was not recovered: {}", left.name, left.reason);
+    }
+    let endpoint = args.endpoint.as_ref().map(|endpoint| format!(" --endpoint {endpoint}")).unwrap_or_default();
+    println!(
+        "serve it with: rewind --data-dir {} serve --bucket {}{endpoint}",
+        data_dir.display(),
+        args.bucket
+    );
+    Ok(())
+}
