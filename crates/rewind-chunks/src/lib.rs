@@ -30,8 +30,8 @@ mod table;
 pub mod tiered;
 
 pub use dedup::DedupConfig;
-pub use pack::{compress, Check, PackReader, PackWriter, SealedPack};
 pub use meta_store::{LocalMetaStore, MetaStore};
+pub use pack::{compress, Check, PackReader, PackWriter, SealedPack};
 pub use pack_store::{Generation, LocalPackStore, PackStore, PackUpload, StoredPack};
 pub use rewind_format::pack::{ChunkHash, Codec};
 pub use store::{

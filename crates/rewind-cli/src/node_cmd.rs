@@ -153,10 +153,6 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
         println!("  {} was not recovered: {}", left.name, left.reason);
     }
     let endpoint = args.endpoint.as_ref().map(|endpoint| format!(" --endpoint {endpoint}")).unwrap_or_default();
-    println!(
-        "serve it with: rewind --data-dir {} serve --bucket {}{endpoint}",
-        data_dir.display(),
-        args.bucket
-    );
+    println!("serve it with: rewind --data-dir {} serve --bucket {}{endpoint}", data_dir.display(), args.bucket);
     Ok(())
 }

@@ -554,6 +554,21 @@ pub fn node_report(report: &NodeReport) {
             bucket.evictions,
             bucket.cache_hit_ratio
         );
+        match &bucket.catalog {
+            None => println!("catalog         none published yet: `rewind node recover` has nothing to rebuild from"),
+            Some(catalog) => {
+                println!(
+                    "catalog         generation {}, taken {}, current as of {:.1} s ago",
+                    catalog.generation, catalog.taken, catalog.age_seconds
+                );
+                for volume in &catalog.volumes {
+                    println!(
+                        "  {:<14}recoverable to {} ({:.1} s ago)",
+                        volume.name, volume.recoverable_to, volume.rpo_seconds
+                    );
+                }
+            }
+        }
     }
     for damaged in &report.volumes_damaged {
         println!("DAMAGED         {}: {}", damaged.name, damaged.problem.as_deref().unwrap_or_default());

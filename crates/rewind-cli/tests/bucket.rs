@@ -4,7 +4,8 @@
 //! ranged reads; `rewind stats` and `/metrics` show where packs are and the
 //! traffic each way; restores and clones read it too. While the bucket
 //! does not answer, writes and archiving go on and the uploads wait; they
-//! catch up once it answers.
+//! catch up once it answers. A node whose disk is lost is rebuilt from its
+//! bucket alone (`rewind node recover`).
 
 mod common;
 
@@ -117,4 +118,103 @@ fn writes_go_on_while_the_bucket_is_down_and_uploads_catch_up_after() {
         run("nbdcopy", &[&server.uri(&format!("v@r{round}")), out.to_str().unwrap()]);
         assert!(std::fs::read(&out).unwrap()[..ROUND] == noise(round, ROUND)[..], "round {round} reads back");
     }
+}
+
+/// The catalog covers each volume up to at least `nanos` (Unix).
+fn catalog_covers(server: &Server, volumes: &[&str], nanos: u128) -> bool {
+    let stats = node_stats(server);
+    let Some(listed) = stats["bucket"]["catalog"]["volumes"].as_array().cloned() else { return false };
+    volumes.iter().all(|name| {
+        listed.iter().any(|volume| {
+            volume["name"] == *name
+                && volume["recoverable_to_unix_nanos"].as_u64().is_some_and(|at| u128::from(at) > nanos)
+        })
+    })
+}
+
+#[test]
+fn a_lost_node_is_recovered_from_its_bucket_alone() {
+    require("nbdcopy");
+    let dir = tempfile::tempdir().unwrap();
+    let minio = Minio::start(&dir.path().join("minio"));
+    let endpoint = minio.endpoint();
+    let options = [
+        "--bucket",
+        "s3://rewind/lost-node",
+        "--endpoint",
+        &endpoint,
+        "--cache-max",
+        "1MiB",
+        "--archive-interval",
+        "1s",
+        "--upload-interval",
+        "1s",
+    ];
+    let env = [("AWS_ACCESS_KEY_ID", USER), ("AWS_SECRET_ACCESS_KEY", PASSWORD)];
+    let data = dir.path().join("data");
+    let mut server = Server::start_with_env(&data, &options, &env);
+    server.rewind(&["volume", "create", "db", "--size", "8MiB"]);
+    server.rewind(&["volume", "create", "logs", "--size", "4MiB", "--layout", "logging"]);
+    server.rewind(&["volume", "create", "scratch", "--size", "4MiB", "--layout", "cow"]);
+    const ROUND: usize = 2 << 20;
+    let write = |server: &Server, volume: &str, seed: u64| {
+        let image = dir.path().join(format!("{volume}-{seed}.raw"));
+        std::fs::write(&image, noise(seed, ROUND)).unwrap();
+        run("nbdcopy", &[image.to_str().unwrap(), &server.uri(volume)]);
+    };
+    for round in 0..3u64 {
+        write(&server, "db", round);
+        write(&server, "logs", 100 + round);
+        server.rewind(&["bookmark", "db", &format!("r{round}")]);
+        server.rewind(&["bookmark", "logs", &format!("r{round}")]);
+    }
+    server.rewind(&["volume", "clone", "db@r0", "c"]);
+    write(&server, "c", 9);
+    write(&server, "scratch", 50);
+    let written = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    wait_for("a catalog covering every write", || catalog_covers(&server, &["db", "logs", "c"], written));
+    let text = server.rewind(&["stats"]);
+    assert!(text.contains("catalog         generation") && text.contains("recoverable to"), "{text}");
+    let metrics = run("curl", &["-sf", "-H", &server.authorization(), &format!("{}/metrics", server.api())]);
+    assert!(metrics.contains("rewind_bucket_recovery_point_age_seconds{volume=\"db\"}"), "{metrics}");
+
+    // The machine is lost.
+    server.kill();
+    std::fs::remove_dir_all(&data).unwrap();
+
+    let recovered = dir.path().join("recovered");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"));
+    command
+        .args(["--data-dir", recovered.to_str().unwrap(), "node", "recover"])
+        .args(["--bucket", "s3://rewind/lost-node", "--endpoint", &endpoint, "--json"])
+        .envs(env);
+    let output = common::bounded_output(command);
+    assert!(output.status.success(), "{}", common::describe(&output));
+    let summary = json(&String::from_utf8_lossy(&output.stdout));
+    let names: Vec<&str> = summary["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["c", "db", "logs"], "{summary}");
+    let left_out = &summary["left_out"][0];
+    assert_eq!(left_out["name"], "scratch", "{summary}");
+    assert!(left_out["reason"].as_str().unwrap().contains("cow"), "{summary}");
+
+    // Served again: every bookmark and the present of each volume read back.
+    let server = Server::start_with_env(&recovered, &options, &env);
+    let read = |export: &str| {
+        let out = dir.path().join(format!("{}.out", export.replace('@', "-")));
+        run("nbdcopy", &[&server.uri(export), out.to_str().unwrap()]);
+        std::fs::read(&out).unwrap()
+    };
+    for round in 0..3u64 {
+        assert!(read(&format!("db@r{round}"))[..ROUND] == noise(round, ROUND)[..], "db@r{round}");
+        assert!(read(&format!("logs@r{round}"))[..ROUND] == noise(100 + round, ROUND)[..], "logs@r{round}");
+    }
+    assert!(read("db")[..ROUND] == noise(2, ROUND)[..], "db's present");
+    assert!(read("c")[..ROUND] == noise(9, ROUND)[..], "the clone's present");
+    let info = json(&server.rewind(&["volume", "info", "c", "--json"]));
+    assert_eq!(info["base"]["volume"], "db", "still a clone of db: {info}");
+    // And it goes on: a write to the recovered volume, kept as history.
+    write(&server, "db", 7);
+    server.rewind(&["bookmark", "db", "after"]);
+    assert!(read("db@after")[..ROUND] == noise(7, ROUND)[..]);
+    assert!(read("db@r1")[..ROUND] == noise(1, ROUND)[..]);
 }

@@ -37,7 +37,7 @@ use rewind_chunks::tiered::TieredPackStore;
 use rewind_chunks::{ChunkStore, LocalPackStore, PackStore};
 use rewind_format::catalog::{Catalog, CatalogFile, PIECE_BYTES};
 use rewind_format::groups::Groups;
-use rewind_format::meta::VolumeMeta;
+use rewind_format::meta::{IndexManifest, VolumeMeta};
 use rewind_index::{run_file_name, Run};
 use rewind_io::{read_file, write_file_atomic, Storage};
 use rewind_types::Timestamp;
@@ -50,7 +50,6 @@ use crate::{EngineError, Node, NodeConfig, Volume};
 
 /// Catalogs kept in the bucket: the newest and the two before it.
 pub const CATALOGS_KEPT: usize = 3;
-
 
 /// The node's side of its catalogs.
 pub(crate) struct Catalogs {
@@ -70,6 +69,8 @@ struct CatalogState {
     runs: FxHashMap<u64, CatalogFile>,
     /// When the newest catalog was last found to describe the node.
     current_at: Option<Timestamp>,
+    /// Per volume in the newest catalog, the point it rebuilds it at.
+    points: Vec<(String, Timestamp)>,
 }
 
 /// What [`Node::publish_catalog`] did.
@@ -92,9 +93,18 @@ pub struct CatalogStatus {
     pub volumes: Vec<(String, Timestamp)>,
 }
 
+/// What a catalog is made of: its files (by path), and the packs the
+/// captured chunk table may name (sorted).
+struct Capture {
+    files: Vec<(String, Captured)>,
+    packs: Vec<u64>,
+}
+
 /// A file captured for a catalog.
 enum Captured {
     Bytes(Vec<u8>),
+    /// A volume's archived index manifest.
+    Manifest(String, IndexManifest),
     Run(Arc<Run>),
 }
 
@@ -135,6 +145,49 @@ fn fetch_catalog(store: &dyn MetaStore, generation: u64) -> Result<Catalog, Engi
     })
 }
 
+/// Per volume in `catalog`, the point a recovery rebuilds it at (read
+/// from its index manifest's pieces).
+fn recovery_points(store: &dyn MetaStore, catalog: &Catalog) -> Result<Vec<(String, Timestamp)>, EngineError> {
+    let mut points = Vec::new();
+    for file in &catalog.files {
+        let Some(name) =
+            file.path.strip_prefix(&format!("{VOLUMES_DIR}/")).and_then(|rest| rest.strip_suffix("/index/manifest"))
+        else {
+            continue;
+        };
+        let bytes = fetch_file(store, file)?;
+        let manifest = IndexManifest::decode(&bytes).map_err(|error| EngineError::Corrupt {
+            volume: name.to_owned(),
+            detail: format!("{} in the catalog: {error}", file.path),
+        })?;
+        points.push((name.to_owned(), manifest.archived_before));
+    }
+    Ok(points)
+}
+
+/// A cataloged file's bytes, each piece checked against its name.
+fn fetch_file(store: &dyn MetaStore, file: &CatalogFile) -> Result<Vec<u8>, EngineError> {
+    let mut bytes = Vec::with_capacity(file.bytes as usize);
+    for hash in &file.pieces {
+        let name = Catalog::piece_name(hash);
+        let piece = store.get(&name).map_err(bucket_error)?;
+        if piece_hash(&piece) != *hash {
+            return Err(EngineError::Corrupt {
+                volume: String::new(),
+                detail: format!("{} does not hash to its name", store.locate(&name)),
+            });
+        }
+        bytes.extend_from_slice(&piece);
+    }
+    if bytes.len() as u64 != file.bytes {
+        return Err(EngineError::Corrupt {
+            volume: String::new(),
+            detail: format!("{}: {} bytes, the catalog says {}", file.path, bytes.len(), file.bytes),
+        });
+    }
+    Ok(bytes)
+}
+
 fn piece_hash(bytes: &[u8]) -> [u8; 32] {
     *blake3::hash(bytes).as_bytes()
 }
@@ -166,10 +219,21 @@ impl Node {
                 .iter()
                 .filter_map(|name| parse_hex_hash(name))
                 .collect();
+            state.points = match state.kept.back() {
+                Some(newest) => recovery_points(&*catalogs.store, newest)?,
+                None => Vec::new(),
+            };
             state.listed = true;
         }
         let epoch = tiered.begin_capture();
-        let (captured, packs) = self.capture(tiered, node_files)?;
+        let Capture { files: captured, packs } = self.capture(tiered, node_files)?;
+        let points: Vec<(String, Timestamp)> = captured
+            .iter()
+            .filter_map(|(_, content)| match content {
+                Captured::Manifest(volume, manifest) => Some((volume.clone(), manifest.archived_before)),
+                _ => None,
+            })
+            .collect();
         // Every pack the captured table may name goes first.
         while tiered.upload_next().map_err(bucket_error)?.is_some() {}
         if tiered.waiting().iter().any(|pack| packs.binary_search(pack).is_ok()) {
@@ -180,7 +244,7 @@ impl Node {
         for (path, content) in captured {
             let uid = match &content {
                 Captured::Run(run) => Some(run.uid()),
-                Captured::Bytes(_) => None,
+                Captured::Bytes(_) | Captured::Manifest(..) => None,
             };
             if let Some(file) = uid.and_then(|uid| state.runs.get(&uid)).filter(|file| file.path == path) {
                 files.push(file.clone());
@@ -188,6 +252,7 @@ impl Node {
             }
             let bytes = match content {
                 Captured::Bytes(bytes) => bytes,
+                Captured::Manifest(_, manifest) => manifest.encode(),
                 Captured::Run(run) => run.read_bytes()?,
             };
             let mut pieces = Vec::new();
@@ -231,9 +296,9 @@ impl Node {
                     },
                     _ => bucket_error(error),
                 })?;
-                let report =
-                    Published { generation, files: catalog.files.len(), pieces_uploaded, bytes_uploaded };
+                let report = Published { generation, files: catalog.files.len(), pieces_uploaded, bytes_uploaded };
                 state.kept.push_back(catalog);
+                state.points = points;
                 Some(report)
             }
         };
@@ -259,8 +324,11 @@ impl Node {
                 catalogs.store.delete(&format!("catalogs/{name}")).map_err(bucket_error)?;
             }
         }
-        let named: FxHashSet<[u8; 32]> =
-            state.kept.iter().flat_map(|catalog| catalog.files.iter().flat_map(|file| file.pieces.iter().copied())).collect();
+        let named: FxHashSet<[u8; 32]> = state
+            .kept
+            .iter()
+            .flat_map(|catalog| catalog.files.iter().flat_map(|file| file.pieces.iter().copied()))
+            .collect();
         let unnamed: Vec<[u8; 32]> = state.pieces.iter().filter(|hash| !named.contains(*hash)).copied().collect();
         for hash in unnamed {
             catalogs.store.delete(&Catalog::piece_name(&hash)).map_err(bucket_error)?;
@@ -276,12 +344,8 @@ impl Node {
         rebuildable.flat_map(|volume| volume.archived_part().1).map(|run| run.uid()).collect()
     }
 
-    /// The files of a catalog, and the packs the table may name (sorted).
-    fn capture(
-        &self,
-        tiered: &TieredPackStore,
-        node_files: &[&str],
-    ) -> Result<(Vec<(String, Captured)>, Vec<u64>), EngineError> {
+    /// The files of a catalog, and the packs its table may name.
+    fn capture(&self, tiered: &TieredPackStore, node_files: &[&str]) -> Result<Capture, EngineError> {
         let read = |path: &str| -> Result<Option<Vec<u8>>, EngineError> {
             match read_file(&*self.storage, path) {
                 Ok(bytes) => Ok(Some(bytes)),
@@ -301,7 +365,8 @@ impl Node {
             }
             // The runs first: files read after them may only be newer.
             let (manifest, runs) = volume.archived_part();
-            captured.push((format!("{dir}/index/manifest"), Captured::Bytes(manifest.encode())));
+            let name = volume.name().to_string();
+            captured.push((format!("{dir}/index/manifest"), Captured::Manifest(name, manifest)));
             for run in runs {
                 captured.push((format!("{dir}/index/{}", run_file_name(run.info().id)), Captured::Run(run)));
             }
@@ -320,30 +385,18 @@ impl Node {
         let table = format!("{CHUNKS_DIR}/table");
         let bytes = read(&table)?.ok_or_else(|| EngineError::io(&table)(std::io::ErrorKind::NotFound.into()))?;
         captured.push((table, Captured::Bytes(bytes)));
-        Ok((captured, tiered.packs()))
+        Ok(Capture { files: captured, packs: tiered.packs() })
     }
 
     /// What the newest catalog holds; `None` without a bucket or before one.
     pub fn catalog_status(&self) -> Option<CatalogStatus> {
         let state = self.catalogs.as_ref()?.state.lock();
         let newest = state.kept.back()?;
-        let volumes = newest
-            .files
-            .iter()
-            .filter_map(|file| {
-                let name = file.path.strip_prefix(&format!("{VOLUMES_DIR}/"))?.strip_suffix("/index/manifest")?;
-                Some(name.to_owned())
-            })
-            .filter_map(|name| {
-                let volume = self.volumes.read().get(&name).cloned()?;
-                Some((name, volume.archived_part().0.archived_before))
-            })
-            .collect();
         Some(CatalogStatus {
             generation: newest.generation,
             taken: newest.taken,
             current_at: state.current_at.unwrap_or(newest.taken),
-            volumes,
+            volumes: state.points.clone(),
         })
     }
 
@@ -375,24 +428,7 @@ impl Node {
         let mut files = BTreeMap::new();
         let mut downloaded = 0;
         for file in &catalog.files {
-            let mut bytes = Vec::with_capacity(file.bytes as usize);
-            for hash in &file.pieces {
-                let name = Catalog::piece_name(hash);
-                let piece = bucket.meta.get(&name).map_err(bucket_error)?;
-                if piece_hash(&piece) != *hash {
-                    return Err(EngineError::Corrupt {
-                        volume: String::new(),
-                        detail: format!("{} does not hash to its name", bucket.meta.locate(&name)),
-                    });
-                }
-                bytes.extend_from_slice(&piece);
-            }
-            if bytes.len() as u64 != file.bytes {
-                return Err(EngineError::Corrupt {
-                    volume: String::new(),
-                    detail: format!("{}: {} bytes, the catalog says {}", file.path, bytes.len(), file.bytes),
-                });
-            }
+            let bytes = fetch_file(&*bucket.meta, file)?;
             downloaded += file.bytes;
             progress("downloading the catalog", downloaded, total);
             files.insert(file.path.clone(), bytes);
@@ -418,7 +454,9 @@ impl Node {
         // Each volume's files, by volume; bases before their clones.
         let mut by_volume: BTreeMap<String, BTreeMap<String, Vec<u8>>> = BTreeMap::new();
         for (path, bytes) in files.iter() {
-            if let Some((volume, name)) = path.strip_prefix(&format!("{VOLUMES_DIR}/")).and_then(|rest| rest.split_once('/')) {
+            if let Some((volume, name)) =
+                path.strip_prefix(&format!("{VOLUMES_DIR}/")).and_then(|rest| rest.split_once('/'))
+            {
                 by_volume.entry(volume.to_owned()).or_default().insert(name.to_owned(), bytes.clone());
             }
         }
@@ -447,7 +485,9 @@ impl Node {
                             continue;
                         }
                         Some(_) => {}
-                        None if by_volume.contains_key(&base_name) && !left_out.iter().any(|(left, _)| *left == base_name) => {
+                        None if by_volume.contains_key(&base_name)
+                            && !left_out.iter().any(|(left, _)| *left == base_name) =>
+                        {
                             waiting.push(name);
                             continue;
                         }
@@ -459,9 +499,15 @@ impl Node {
                 }
                 let dir = volume_dir(&name);
                 let what = format!("rebuilding {name}");
-                let volume = rebuild(&storage, &dir, volume_files, &config.volume, Arc::clone(&cache), &chunks, &mut |done, total| {
-                    progress(&what, done, total)
-                })?;
+                let volume = rebuild(
+                    &storage,
+                    &dir,
+                    volume_files,
+                    &config.volume,
+                    Arc::clone(&cache),
+                    &chunks,
+                    &mut |done, total| progress(&what, done, total),
+                )?;
                 rebuilt.insert(name, volume);
             }
             if waiting.len() == before {
@@ -501,7 +547,10 @@ fn groups_of(bytes: &[u8], rebuilt: &BTreeMap<String, RebuiltVolume>) -> Result<
     for group in &mut groups.entries {
         group.members.retain(|member| rebuilt.contains_key(member.as_str()));
         group.bookmarks.retain(|bookmark| {
-            bookmark.members.iter().all(|point| rebuilt.get(point.volume.as_str()).is_some_and(|volume| point.at < volume.at))
+            bookmark
+                .members
+                .iter()
+                .all(|point| rebuilt.get(point.volume.as_str()).is_some_and(|volume| point.at < volume.at))
         });
         group.revert = None;
     }

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use rewind_engine::catalog::CatalogStatus;
 use rewind_engine::timespec::{
     display_granularity, display_retention, parse_granularity, parse_retention, DisplayTime,
 };
@@ -1089,10 +1090,56 @@ pub struct BucketReport {
     pub bucket_reads: u64,
     pub bucket_read_bytes: u64,
     pub cache_hit_ratio: f64,
+    /// The newest catalog in the bucket: what `rewind node recover` rebuilds
+    /// the node from. `None` until one is published.
+    pub catalog: Option<CatalogReport>,
+}
+
+/// The newest catalog the node published (see `rewind_engine::catalog`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CatalogReport {
+    pub generation: u64,
+    pub taken: String,
+    /// Since the node last found it current (it publishes a new one once
+    /// archived history changes, every `--upload-interval`).
+    pub age_seconds: f64,
+    /// Per volume, the point a recovery from it rebuilds: the RPO is what
+    /// was written after it.
+    pub volumes: Vec<CatalogVolume>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CatalogVolume {
+    pub name: String,
+    pub recoverable_to: String,
+    pub recoverable_to_unix_nanos: u64,
+    /// How far behind the present that point is.
+    pub rpo_seconds: f64,
+}
+
+impl CatalogReport {
+    pub fn of(status: &CatalogStatus, now: Timestamp) -> CatalogReport {
+        let since = |at: Timestamp| now.unix_nanos().saturating_sub(at.unix_nanos()) as f64 / 1e9;
+        CatalogReport {
+            generation: status.generation,
+            taken: DisplayTime(status.taken).to_string(),
+            age_seconds: since(status.current_at),
+            volumes: status
+                .volumes
+                .iter()
+                .map(|(name, at)| CatalogVolume {
+                    name: name.clone(),
+                    recoverable_to: DisplayTime(*at).to_string(),
+                    recoverable_to_unix_nanos: at.unix_nanos(),
+                    rpo_seconds: since(*at),
+                })
+                .collect(),
+        }
+    }
 }
 
 impl BucketReport {
-    pub fn of(stats: &TierStats, upload_lag_nanos: u64) -> BucketReport {
+    pub fn of(stats: &TierStats, upload_lag_nanos: u64, catalog: Option<CatalogReport>) -> BucketReport {
         let hits = stats.local_reads + stats.memory_reads;
         BucketReport {
             local_packs: stats.local_packs,
@@ -1111,6 +1158,7 @@ impl BucketReport {
             bucket_reads: stats.remote_reads,
             bucket_read_bytes: stats.remote_read_bytes,
             cache_hit_ratio: ratio(hits, hits + stats.remote_reads),
+            catalog,
         }
     }
 }
@@ -1142,7 +1190,8 @@ impl NodeReport {
         };
         let report = NodeReport::of(&node.chunk_stats(), io, volumes);
         let lag = node.bucket_upload_lag_nanos(now).unwrap_or(0);
-        let bucket = node.bucket_stats().map(|stats| BucketReport::of(&stats, lag));
+        let catalog = node.catalog_status().map(|status| CatalogReport::of(&status, now));
+        let bucket = node.bucket_stats().map(|stats| BucketReport::of(&stats, lag, catalog));
         Ok(NodeReport { collection_waits, volumes_damaged: damaged, bucket, ..report.with_space(node.space()) })
     }
 

@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 
-use rewind_engine::{IoStats, Node};
+use rewind_engine::{IoStats, Node, Timestamp};
 
 use crate::ApiState;
 
@@ -277,6 +277,9 @@ fn render(node: &Node) -> String {
     if let Some(bucket) = node.bucket_stats() {
         let lag_nanos = node.bucket_upload_lag_nanos(crate::server::now()).unwrap_or(0);
         families.extend(bucket_families(&bucket, lag_nanos / 1_000_000_000));
+        if let Some(catalog) = node.catalog_status() {
+            families.push(catalog_family(&catalog, crate::server::now()));
+        }
     }
     let cache = node.page_cache_stats();
     families.push(Family {
@@ -304,6 +307,24 @@ fn render(node: &Node) -> String {
         }
     }
     text
+}
+
+/// Per volume, how far behind the present its point in the newest catalog
+/// is: what a lost disk would lose of it (the RPO).
+fn catalog_family(catalog: &rewind_engine::catalog::CatalogStatus, now: Timestamp) -> Family {
+    Family {
+        name: "rewind_bucket_recovery_point_age_seconds",
+        kind: "gauge",
+        help: "Per volume, how old the newest point a recovery from the bucket rebuilds is (whole seconds).",
+        samples: catalog
+            .volumes
+            .iter()
+            .map(|(name, at)| {
+                let age = now.unix_nanos().saturating_sub(at.unix_nanos()) / 1_000_000_000;
+                (format!("volume=\"{name}\""), age)
+            })
+            .collect(),
+    }
 }
 
 /// The packs' tiers with `--bucket`: where packs are, the upload lag, and

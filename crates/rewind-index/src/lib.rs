@@ -45,8 +45,8 @@ mod run;
 mod thin;
 
 pub use cache::{PageCache, PageCacheStats};
-pub use run::Run;
 pub use memtable::Memtable;
+pub use run::Run;
 pub use thin::Thinning;
 
 use std::cmp::Reverse;
@@ -298,14 +298,8 @@ impl VersionIndex {
         let manifest = self.manifest.lock();
         assert!(!manifest.late_entries, "an index of late entries has no archived part");
         let archived_before = manifest.archived_before;
-        let runs: Vec<Arc<Run>> = self
-            .state
-            .read()
-            .runs
-            .iter()
-            .filter(|run| run.info().timestamp_max < archived_before)
-            .cloned()
-            .collect();
+        let runs: Vec<Arc<Run>> =
+            self.state.read().runs.iter().filter(|run| run.info().timestamp_max < archived_before).cloned().collect();
         let part = IndexManifest {
             lsn_indexed: Lsn::ZERO,
             runs: runs.iter().map(|run| run.info()).collect(),

@@ -129,7 +129,13 @@ fn connect(config: &S3Config) -> io::Result<(Arc<dyn ObjectStore>, tokio::runtim
 impl S3PackStore {
     pub fn new(config: &S3Config) -> io::Result<S3PackStore> {
         let (store, runtime) = connect(config)?;
-        Ok(S3PackStore { store, dir: config.path("packs"), url: format!("{}/packs", config.url()), sizes: Arc::default(), runtime })
+        Ok(S3PackStore {
+            store,
+            dir: config.path("packs"),
+            url: format!("{}/packs", config.url()),
+            sizes: Arc::default(),
+            runtime,
+        })
     }
 
     fn location(&self, pack: u64) -> Path {

@@ -119,8 +119,7 @@ pub(crate) fn rebuild(
     }
 
     // What was kept of its history is kept; what comes after `at` was not uploaded.
-    let mut bookmarks =
-        Bookmarks::decode(file("bookmarks")?).map_err(|error| decoded("bookmarks", error))?;
+    let mut bookmarks = Bookmarks::decode(file("bookmarks")?).map_err(|error| decoded("bookmarks", error))?;
     let (kept, left_out): (Vec<_>, Vec<_>) = bookmarks.entries.drain(..).partition(|bookmark| bookmark.timestamp < at);
     bookmarks.entries = kept;
     let mut reverts = match files.get("reverts") {
