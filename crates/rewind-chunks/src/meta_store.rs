@@ -29,6 +29,12 @@ pub trait MetaStore: Send + Sync {
     fn list(&self, dir: &str) -> io::Result<Vec<String>>;
     /// Removes object `name`; one that is not there is not an error.
     fn delete(&self, name: &str) -> io::Result<()>;
+    /// The name-worthy hash of `bytes` (objects named by their contents):
+    /// BLAKE3, or a keyed hash where the store must not let its owner test
+    /// for known contents.
+    fn content_hash(&self, bytes: &[u8]) -> [u8; 32] {
+        *blake3::hash(bytes).as_bytes()
+    }
 }
 
 /// Objects as files under a directory of a [`Storage`], each written to a

@@ -1,7 +1,7 @@
 //! `rewind node recover`: a lost node rebuilt from its bucket (issue 14
 //! req 3; `rewind_engine::catalog`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,6 +10,8 @@ use clap::{Args, Subcommand};
 use rewind_engine::timespec::DisplayTime;
 use rewind_engine::{Node, NodeConfig};
 use rewind_io::OsStorage;
+use rewind_s3::{S3Config, S3MetaStore};
+use rewind_seal::KeySource;
 use serde::Serialize;
 
 use crate::backend::progress_bar;
@@ -23,6 +25,34 @@ pub enum NodeCommand {
     /// --endpoint URL --data-dir ./rewind-data`); then `rewind serve` it
     /// with the same `--bucket`.
     Recover(RecoverArgs),
+    /// Wrap an encrypted bucket's data key under a new key (`--key-file
+    /// OLD --new-key-file NEW`): nothing else in the bucket changes, and
+    /// the old key no longer opens it.
+    Rekey(RekeyArgs),
+}
+
+#[derive(Args)]
+pub struct RekeyArgs {
+    #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+    bucket: String,
+    #[arg(long, value_name = "URL")]
+    endpoint: Option<String>,
+    /// The key that opens the bucket now.
+    #[arg(long, value_name = "FILE")]
+    key_file: PathBuf,
+    /// The key to open it with from now on (32 bytes, 64 hex digits, or a passphrase).
+    #[arg(long, value_name = "FILE")]
+    new_key_file: PathBuf,
+}
+
+fn rekey(args: RekeyArgs) -> Result<()> {
+    let s3 = S3Config::from_url(&args.bucket, args.endpoint).map_err(anyhow::Error::msg)?;
+    let meta = S3MetaStore::new(&s3).with_context(|| format!("cannot use the bucket {}", args.bucket))?;
+    let old = KeySource::from_file(&args.key_file)?;
+    let new = KeySource::from_file(&args.new_key_file)?;
+    let name = rewind_seal::rekey(&meta, &old, &new).with_context(|| format!("cannot re-key {}", args.bucket))?;
+    println!("the data key of {} is now wrapped by {} ({name})", args.bucket, args.new_key_file.display());
+    Ok(())
 }
 
 #[derive(Args)]
@@ -34,6 +64,9 @@ pub struct RecoverArgs {
     /// The S3-compatible endpoint (MinIO, Ceph RGW, …), e.g. http://127.0.0.1:9000.
     #[arg(long, value_name = "URL")]
     endpoint: Option<String>,
+    /// The key the bucket was encrypted with (`rewind serve --key-file`).
+    #[arg(long, value_name = "FILE")]
+    key_file: Option<PathBuf>,
     /// Show progress bars.
     #[arg(long)]
     progress: bool,
@@ -69,13 +102,17 @@ struct RecoverSummary {
 }
 
 pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
-    let NodeCommand::Recover(args) = command;
+    let args = match command {
+        NodeCommand::Recover(args) => args,
+        NodeCommand::Rekey(args) => return rekey(args),
+    };
     let started = Instant::now();
+    // The bucket and its key first: a wrong key writes nothing.
+    let bucket = open_bucket(&args.bucket, args.endpoint.clone(), None, args.key_file.as_deref())?;
     std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
     let storage = OsStorage::new(data_dir)?;
     let _lock = storage.lock_exclusive(LOCK_FILE).context("the data directory is in use by another rewind process")?;
     let storage = Arc::new(storage);
-    let bucket = open_bucket(&args.bucket, args.endpoint.clone(), None)?;
     let mut bar: Option<(String, indicatif::ProgressBar)> = None;
     let mut progress = |what: &str, done: u64, total: u64| {
         if !args.progress {
@@ -97,7 +134,7 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
         bar.finish_and_clear();
     }
     // Opened once as the server will: every volume, its history counted.
-    let bucket = open_bucket(&args.bucket, args.endpoint.clone(), None)?;
+    let bucket = open_bucket(&args.bucket, args.endpoint.clone(), None, args.key_file.as_deref())?;
     let node = Node::open_with_bucket(storage, NodeConfig::default(), Some(bucket))
         .context("the recovered node does not open")?;
     let damaged = node.damaged_volumes();

@@ -18,6 +18,7 @@ use rewind_io::OsStorage;
 use rewind_nbd::engine::{AccessPolicy, EngineCatalog};
 use rewind_nbd::{NbdTls, Server, TlsMode};
 use rewind_s3::{S3Config, S3MetaStore, S3PackStore};
+use rewind_seal::{seal_bucket, KeySource};
 
 use crate::limits::{self, LimitArgs};
 
@@ -37,13 +38,22 @@ const UPLOAD_PERIOD: Duration = Duration::from_millis(500);
 const CATALOGED_NODE_FILES: [&str; 1] = [rewind_access::GRANTS_FILE];
 
 /// The bucket `url` (`s3://BUCKET/PREFIX`) at `endpoint`, its packs kept
-/// locally up to `cache_max` bytes once uploaded.
-pub fn open_bucket(url: &str, endpoint: Option<String>, cache_max: Option<u64>) -> anyhow::Result<Bucket> {
+/// locally up to `cache_max` bytes once uploaded; sealed under the
+/// bucket's data key, opened with the key in `key_file` (see `rewind_seal`).
+pub fn open_bucket(
+    url: &str,
+    endpoint: Option<String>,
+    cache_max: Option<u64>,
+    key_file: Option<&Path>,
+) -> anyhow::Result<Bucket> {
     let s3 = S3Config::from_url(url, endpoint).map_err(anyhow::Error::msg)?;
     let packs = S3PackStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
     let meta = S3MetaStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
+    let key = key_file.map(KeySource::from_file).transpose()?;
+    let (packs, meta) = seal_bucket(Arc::new(packs), Arc::new(meta), key.as_ref())
+        .with_context(|| format!("cannot use the bucket {url}"))?;
     let tier = TierConfig { cache_bytes_max: cache_max.unwrap_or(u64::MAX), ..TierConfig::default() };
-    Ok(Bucket { packs: Arc::new(packs), tier, meta: Arc::new(meta) })
+    Ok(Bucket { packs, tier, meta })
 }
 
 /// `--journal-io`.
@@ -117,6 +127,14 @@ pub struct ServeArgs {
     /// changed. With `--archive-interval`, it bounds what a lost disk loses.
     #[arg(long, default_value = "1m", value_parser = humantime::parse_duration, requires = "bucket")]
     upload_interval: Duration,
+    /// With `--bucket`: encrypt everything sent to it (XChaCha20-Poly1305)
+    /// under the bucket's data key, wrapped by this key: a file of 32 bytes
+    /// (or 64 hex digits), or of a passphrase (stretched with Argon2id).
+    /// A new bucket or prefix gets its data key on first use; one that is
+    /// encrypted cannot be used without it. Keep a copy off this machine:
+    /// without it, the bucket's history cannot be read.
+    #[arg(long, value_name = "FILE", requires = "bucket")]
+    key_file: Option<PathBuf>,
     /// How journals write: `direct` goes around the page cache (O_DIRECT;
     /// filesystems that refuse it get `buffered`, with a log line), which
     /// keeps one copy of every byte and syncs only what was written
@@ -296,7 +314,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     let grants = Arc::new(Grants::open(data_dir)?);
     let bucket = match &args.bucket {
         None => None,
-        Some(url) => Some(open_bucket(url, args.endpoint.clone(), args.cache_max)?),
+        Some(url) => Some(open_bucket(url, args.endpoint.clone(), args.cache_max, args.key_file.as_deref())?),
     };
     let node = Arc::new(Node::open_with_bucket(Arc::new(storage), config, bucket)?);
 

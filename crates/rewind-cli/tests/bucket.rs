@@ -218,3 +218,98 @@ fn a_lost_node_is_recovered_from_its_bucket_alone() {
     assert!(read("db@after")[..ROUND] == noise(7, ROUND)[..]);
     assert!(read("db@r1")[..ROUND] == noise(1, ROUND)[..]);
 }
+
+/// Whether any file under `dir` holds the 64 bytes `probe`.
+fn found_under(dir: &std::path::Path, probe: &[u8]) -> bool {
+    std::fs::read_dir(dir).unwrap().any(|entry| {
+        let path = entry.unwrap().path();
+        match path.is_dir() {
+            true => found_under(&path, probe),
+            false => std::fs::read(&path).unwrap().windows(probe.len()).any(|window| window == probe),
+        }
+    })
+}
+
+#[test]
+fn an_encrypted_bucket_holds_nothing_readable_and_opens_only_with_its_key() {
+    require("nbdcopy");
+    let dir = tempfile::tempdir().unwrap();
+    let minio_dir = dir.path().join("minio");
+    let minio = Minio::start(&minio_dir);
+    let endpoint = minio.endpoint();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "a passphrase only the operator knows\n").unwrap();
+    let key = key.to_str().unwrap();
+    let bucket = ["--bucket", "s3://rewind/sealed", "--endpoint", &endpoint];
+    let tiering = ["--archive-interval", "1s", "--upload-interval", "1s", "--key-file", key];
+    let options: Vec<&str> = bucket.iter().chain(&tiering).copied().collect();
+    let env = [("AWS_ACCESS_KEY_ID", USER), ("AWS_SECRET_ACCESS_KEY", PASSWORD)];
+    let data = dir.path().join("data");
+    let mut server = Server::start_with_env(&data, &options, &env);
+    server.rewind(&["volume", "create", "db", "--size", "4MiB"]);
+    const ROUND: usize = 1 << 20;
+    let image = dir.path().join("round.raw");
+    std::fs::write(&image, noise(42, ROUND)).unwrap();
+    run("nbdcopy", &[image.to_str().unwrap(), &server.uri("db")]);
+    server.rewind(&["bookmark", "db", "sealed"]);
+    let written = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    wait_for("a catalog covering the write", || catalog_covers(&server, &["db"], written));
+    server.kill();
+    // Packs, catalog and pieces are in MinIO's directory; none of the bytes written is.
+    for offset in [0, ROUND / 3, ROUND - 64] {
+        assert!(
+            !found_under(&minio_dir, &noise(42, ROUND)[offset..offset + 64]),
+            "plaintext at {offset} in the bucket"
+        );
+    }
+    // The search would find it: the same bytes sent unsealed are found.
+    let plain = rewind_s3::S3PackStore::new(&minio.config("plain")).unwrap();
+    let mut upload = rewind_chunks::PackStore::create(&plain, 1).unwrap();
+    upload.append(&noise(42, ROUND)).unwrap();
+    upload.finish().unwrap();
+    assert!(found_under(&minio_dir, &noise(42, ROUND)[ROUND / 3..ROUND / 3 + 64]), "unsealed bytes are found");
+
+    let recover = |target: &std::path::Path, key: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"));
+        command.args(["--data-dir", target.to_str().unwrap(), "node", "recover"]).args(bucket).envs(env);
+        if let Some(key) = key {
+            command.args(["--key-file", key]);
+        }
+        common::bounded_output(command)
+    };
+    let target = dir.path().join("recovered");
+    let output = recover(&target, None);
+    assert!(!output.status.success() && common::describe(&output).contains("the bucket is encrypted"));
+    assert!(!target.exists(), "nothing written without the key");
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "not the passphrase at all").unwrap();
+    let output = recover(&target, Some(wrong.to_str().unwrap()));
+    assert!(
+        !output.status.success() && common::describe(&output).contains("does not open"),
+        "{}",
+        common::describe(&output)
+    );
+    assert!(!target.exists(), "nothing written with a wrong key");
+
+    // Re-keyed to a new key file: the old one no longer opens it; the new one does.
+    let new = dir.path().join("new-key");
+    std::fs::write(&new, [7u8; 32]).unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"));
+    command
+        .args(["node", "rekey"])
+        .args(bucket)
+        .args(["--key-file", key, "--new-key-file", new.to_str().unwrap()])
+        .envs(env);
+    let output = common::bounded_output(command);
+    assert!(output.status.success(), "{}", common::describe(&output));
+    assert!(!recover(&target, Some(key)).status.success(), "the old key no longer opens the bucket");
+    let output = recover(&target, Some(new.to_str().unwrap()));
+    assert!(output.status.success(), "{}", common::describe(&output));
+
+    let new_key = ["--key-file", new.to_str().unwrap()];
+    let options: Vec<&str> = bucket.iter().chain(&tiering[..4]).chain(&new_key).copied().collect();
+    let server = Server::start_with_env(&target, &options, &env);
+    let out = dir.path().join("sealed.out");
+    run("nbdcopy", &[&server.uri("db@sealed"), out.to_str().unwrap()]);
+    assert!(std::fs::read(&out).unwrap()[..ROUND] == noise(42, ROUND)[..], "the bookmark reads back");
+}

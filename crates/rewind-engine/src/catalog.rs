@@ -171,7 +171,7 @@ fn fetch_file(store: &dyn MetaStore, file: &CatalogFile) -> Result<Vec<u8>, Engi
     for hash in &file.pieces {
         let name = Catalog::piece_name(hash);
         let piece = store.get(&name).map_err(bucket_error)?;
-        if piece_hash(&piece) != *hash {
+        if store.content_hash(&piece) != *hash {
             return Err(EngineError::Corrupt {
                 volume: String::new(),
                 detail: format!("{} does not hash to its name", store.locate(&name)),
@@ -186,10 +186,6 @@ fn fetch_file(store: &dyn MetaStore, file: &CatalogFile) -> Result<Vec<u8>, Engi
         });
     }
     Ok(bytes)
-}
-
-fn piece_hash(bytes: &[u8]) -> [u8; 32] {
-    *blake3::hash(bytes).as_bytes()
 }
 
 impl Node {
@@ -257,7 +253,7 @@ impl Node {
             };
             let mut pieces = Vec::new();
             for piece in bytes.chunks(PIECE_BYTES as usize) {
-                let hash = piece_hash(piece);
+                let hash = catalogs.store.content_hash(piece);
                 if !state.pieces.contains(&hash) {
                     match catalogs.store.put_new(&Catalog::piece_name(&hash), piece) {
                         // Content-addressed: what is there is this piece.

@@ -188,23 +188,42 @@ fn write_present(
         data.resize(ids.len() * block_bytes, 0);
         chunks.read_many(&ids, &mut data)?;
         let mut stored = data.chunks_exact(block_bytes);
+        // Neighbouring data blocks go to the current store in one write.
+        let mut run: Option<(u64, Vec<u8>, Vec<BlockMeta>)> = None;
         for (&block, version) in blocks.iter().zip(&found) {
+            let follows = run.as_ref().is_some_and(|(first, _, metas)| *first + metas.len() as u64 == block);
+            let is_data = version.as_ref().is_some_and(|version| matches!(version.data, VersionData::Chunk(_)));
+            if !(follows && is_data) {
+                if let Some((first, bytes, metas)) = run.take() {
+                    current.write_blocks(BlockIndex(first), &bytes, &metas)?;
+                }
+            }
             let Some(version) = version else { continue };
-            let meta_of = |state| [BlockMeta { state, crc32c: version.crc32c, timestamp: version.timestamp }];
             match version.data {
                 VersionData::Chunk(id) => {
                     let bytes = stored.next().expect("one stored block per chunk id");
                     if rewind_format::crc32c(bytes) != version.crc32c {
                         return Err(corrupt(format!("block {block}: chunk {} does not match its version's CRC", id.0)));
                     }
-                    current.write_blocks(BlockIndex(block), bytes, &meta_of(BlockState::Data))?;
+                    let meta =
+                        BlockMeta { state: BlockState::Data, crc32c: version.crc32c, timestamp: version.timestamp };
+                    let (_, run_bytes, metas) = run.get_or_insert_with(|| (block, Vec::new(), Vec::new()));
+                    run_bytes.extend_from_slice(bytes);
+                    metas.push(meta);
                 }
-                VersionData::Zero => current.zero_blocks(BlockIndex(block), &meta_of(BlockState::Zero))?,
+                VersionData::Zero => {
+                    let meta =
+                        BlockMeta { state: BlockState::Zero, crc32c: version.crc32c, timestamp: version.timestamp };
+                    current.zero_blocks(BlockIndex(block), &[meta])?;
+                }
                 VersionData::Journal { .. } => {
                     return Err(corrupt(format!("block {block}: an archived run names a journal version")));
                 }
             }
             written += 1;
+        }
+        if let Some((first, bytes, metas)) = run.take() {
+            current.write_blocks(BlockIndex(first), &bytes, &metas)?;
         }
         progress(blocks.last().map_or(0, |last| last + 1), block_count);
     }
