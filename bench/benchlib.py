@@ -183,3 +183,28 @@ def start_server(work_dir, nbd, http, options=(), fresh=True):
     )
     return work, data, server
 
+
+
+MINIO_USER, MINIO_PASSWORD = "rewind-bench", "rewind-bench-secret"
+
+
+def minio_binary():
+    if os.environ.get("REWIND_MINIO"):
+        return os.environ["REWIND_MINIO"]
+    return shutil.which("minio") or str(Path.home() / "go/bin/minio")
+
+
+def start_minio(directory, port, buckets):
+    """A MinIO serving `directory` on 127.0.0.1:`port` with `buckets` made,
+    its credentials exported as AWS_* for the processes started after it."""
+    for bucket in buckets:
+        (Path(directory) / bucket).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "MINIO_ROOT_USER": MINIO_USER, "MINIO_ROOT_PASSWORD": MINIO_PASSWORD}
+    minio = subprocess.Popen(
+        [minio_binary(), "server", "--quiet", "--address", f"127.0.0.1:{port}",
+         "--console-address", f"127.0.0.1:{port + 100}", str(directory)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    os.environ.update({"AWS_ACCESS_KEY_ID": MINIO_USER, "AWS_SECRET_ACCESS_KEY": MINIO_PASSWORD})
+    wait_port(port)
+    return minio

@@ -21,14 +21,12 @@ Usage: python3 bench/bucket.py [--runs 3] [--size 512M]
 """
 
 import argparse
-import os
+import json
 import shutil
+import statistics
 import subprocess
 import time
 from pathlib import Path
-
-import json
-import statistics
 
 from benchlib import (
     REWIND,
@@ -38,6 +36,7 @@ from benchlib import (
     publish,
     remember_token,
     spread,
+    start_minio,
     start_server,
     wait_archived,
     wait_port,
@@ -45,13 +44,6 @@ from benchlib import (
 
 MINIO_PORT = 10990
 SERVERS = {"local": (10991, 10992), "bucket": (10993, 10994)}
-USER, PASSWORD = "rewind-bench", "rewind-bench-secret"
-
-
-def minio_binary():
-    if os.environ.get("REWIND_MINIO"):
-        return os.environ["REWIND_MINIO"]
-    return shutil.which("minio") or str(Path.home() / "go/bin/minio")
 
 
 def bucket_stats(http):
@@ -67,15 +59,7 @@ def main():
     size_bytes = int(args.size[:-1]) << {"M": 20, "G": 30}[args.size[-1]]
     work = Path(args.dir)
     shutil.rmtree(work, ignore_errors=True)
-    (work / "minio" / "rewind").mkdir(parents=True)
-    minio_env = {**os.environ, "MINIO_ROOT_USER": USER, "MINIO_ROOT_PASSWORD": PASSWORD}
-    minio = subprocess.Popen(
-        [minio_binary(), "server", "--quiet", "--address", f"127.0.0.1:{MINIO_PORT}",
-         "--console-address", f"127.0.0.1:{MINIO_PORT + 100}", str(work / "minio")],
-        env=minio_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    os.environ.update({"AWS_ACCESS_KEY_ID": USER, "AWS_SECRET_ACCESS_KEY": PASSWORD})
-    wait_port(MINIO_PORT)
+    minio = start_minio(work / "minio", MINIO_PORT, ["rewind"])
     options = {
         "local": [],
         "bucket": ["--bucket", "s3://rewind/bench", "--endpoint", f"http://127.0.0.1:{MINIO_PORT}", "--cache-max", "0"],

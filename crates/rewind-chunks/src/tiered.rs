@@ -4,8 +4,12 @@
 //! its local copy may be evicted to keep the local tier under a budget,
 //! least recently read first and never the newest packs (recent writes, the
 //! history the present and recent views read). Reads of evicted packs are
-//! ranged reads of the remote copy, each of the aligned 1 MiB window around
-//! what was asked, kept in a small in-memory cache of the windows read last.
+//! ranged reads of the remote copy, of each aligned 4 MiB window a read
+//! covers (those a read needs fetched in parallel, each once however many
+//! readers want it), kept in a small in-memory cache of the windows read
+//! last. Windows this large keep a restore from the bucket from paying a
+//! request per MiB (1 MiB windows restored at 0.8× the speed of 4 MiB ones;
+//! bench/restic.py), at the price of 4 MiB fetched for a random 4 KiB read.
 //!
 //! The upload and the eviction are work the embedder calls
 //! ([`TieredPackStore::upload_next`], [`TieredPackStore::evict`]), as the
@@ -35,9 +39,11 @@ use rustc_hash::FxHashSet;
 
 use crate::pack_store::{Generation, PackStore, PackUpload, StoredPack};
 
-/// How much of a pack one read from the remote tier fetches at least: the
-/// aligned window around what was asked for.
-const REMOTE_WINDOW_BYTES: u64 = 1 << 20;
+/// The aligned windows reads from the remote tier fetch whole.
+const REMOTE_WINDOW_BYTES: u64 = 4 << 20;
+/// How many windows one read fetches at once: ranged GETs in parallel (MYCDP's
+/// Recovery_Assembler fetching from the cloud in parallel).
+const PARALLEL_FETCHES_MAX: usize = 8;
 
 /// The local tier's budget and what never leaves it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,45 +111,41 @@ struct Counters {
     remote_deletes: AtomicU64,
 }
 
-/// A range of a pack read from the remote tier.
-struct CachedRange {
+/// A window of a pack read from the remote tier.
+struct CachedWindow {
     pack: u64,
-    offset: u64,
-    bytes: Vec<u8>,
+    start: u64,
+    bytes: Arc<Vec<u8>>,
 }
 
-/// The ranges read from the remote tier last, newest at the back.
+/// The windows read from the remote tier last, newest at the back.
 #[derive(Default)]
-struct RangeCache {
-    ranges: VecDeque<CachedRange>,
+struct WindowCache {
+    windows: VecDeque<CachedWindow>,
     bytes: usize,
 }
 
-impl RangeCache {
-    fn get(&self, pack: u64, offset: u64, length: usize) -> Option<&[u8]> {
-        self.ranges.iter().rev().find_map(|range| {
-            let end = range.offset + range.bytes.len() as u64;
-            let inside = range.pack == pack && range.offset <= offset && offset + length as u64 <= end;
-            let start = (offset.saturating_sub(range.offset)) as usize;
-            inside.then(|| &range.bytes[start..start + length])
-        })
+impl WindowCache {
+    fn get(&self, pack: u64, start: u64) -> Option<Arc<Vec<u8>>> {
+        let found = self.windows.iter().rev().find(|window| window.pack == pack && window.start == start);
+        found.map(|window| Arc::clone(&window.bytes))
     }
 
-    fn insert(&mut self, pack: u64, offset: u64, bytes: Vec<u8>, max: usize) {
-        if bytes.len() > max {
+    fn insert(&mut self, pack: u64, start: u64, bytes: Arc<Vec<u8>>, max: usize) {
+        if bytes.len() > max || self.get(pack, start).is_some() {
             return;
         }
         self.bytes += bytes.len();
-        self.ranges.push_back(CachedRange { pack, offset, bytes });
+        self.windows.push_back(CachedWindow { pack, start, bytes });
         while self.bytes > max {
-            let oldest = self.ranges.pop_front().expect("over budget means not empty");
+            let oldest = self.windows.pop_front().expect("over budget means not empty");
             self.bytes -= oldest.bytes.len();
         }
     }
 
     fn forget(&mut self, pack: u64) {
-        self.ranges.retain(|range| range.pack != pack);
-        self.bytes = self.ranges.iter().map(|range| range.bytes.len()).sum();
+        self.windows.retain(|window| window.pack != pack);
+        self.bytes = self.windows.iter().map(|window| window.bytes.len()).sum();
     }
 }
 
@@ -153,7 +155,7 @@ pub struct TieredPackStore {
     remote: Arc<dyn PackStore>,
     config: TierConfig,
     placements: Arc<Mutex<BTreeMap<u64, Placement>>>,
-    memory: Mutex<RangeCache>,
+    memory: Mutex<WindowCache>,
     /// Windows being fetched from the remote tier: a reader that needs one
     /// waits for it (`fetched`) rather than fetching it again.
     fetching: Mutex<FxHashSet<(u64, u64)>>,
@@ -363,20 +365,110 @@ impl TieredPackStore {
         stats
     }
 
-    /// Reads the window of `pack` from `start` (to the end of the pack,
-    /// or of the range asked for) from the remote tier into memory, and
-    /// the range asked for into `buf`.
-    fn fetch_window(&self, pack: u64, start: u64, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let size = self.placement(pack)?.bytes;
-        // Past the end only if the range asked for is (then the read fails).
-        let end = (start + REMOTE_WINDOW_BYTES).min(size).max(offset + buf.len() as u64);
-        let mut window = vec![0; (end - start) as usize];
+    /// Window `start` of `pack` (of `size` bytes) read from the remote tier.
+    fn fetch_window(&self, pack: u64, size: u64, start: u64) -> io::Result<Arc<Vec<u8>>> {
+        let mut window = vec![0; (REMOTE_WINDOW_BYTES.min(size - start)) as usize];
         self.remote.read(pack, start, &mut window)?;
         self.counters.remote_reads.fetch_add(1, Ordering::Relaxed);
         self.counters.remote_read_bytes.fetch_add(window.len() as u64, Ordering::Relaxed);
-        let inside = (offset - start) as usize;
-        buf.copy_from_slice(&window[inside..inside + buf.len()]);
-        self.memory.lock().insert(pack, start, window, self.config.memory_bytes_max);
+        Ok(Arc::new(window))
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of `pack` from the remote tier:
+    /// each aligned window the range covers is taken from memory, waited
+    /// for if another reader is fetching it, or fetched — those this read
+    /// fetches, in parallel (up to [`PARALLEL_FETCHES_MAX`] at once).
+    fn read_remote(&self, pack: u64, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let size = self.placement(pack)?.bytes;
+        if offset.checked_add(buf.len() as u64).is_none_or(|end| end > size) {
+            let message =
+                format!("{} bytes at {offset} are past the end of {} ({size} bytes)", buf.len(), self.locate(pack));
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, message));
+        }
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let first = offset / REMOTE_WINDOW_BYTES;
+        let last = (offset + buf.len() as u64 - 1) / REMOTE_WINDOW_BYTES;
+        let starts: Vec<u64> = (first..=last).map(|window| window * REMOTE_WINDOW_BYTES).collect();
+        let mut windows: Vec<Option<Arc<Vec<u8>>>> = vec![None; starts.len()];
+        let mut fetched_any = false;
+        loop {
+            // Cached, or claimed here to be fetched; the rest another reader fetches.
+            let mut claimed = Vec::new();
+            {
+                let memory = self.memory.lock();
+                let mut fetching = self.fetching.lock();
+                for (index, &start) in starts.iter().enumerate() {
+                    if windows[index].is_some() {
+                        continue;
+                    }
+                    if let Some(window) = memory.get(pack, start) {
+                        windows[index] = Some(window);
+                    } else if fetching.insert((pack, start)) {
+                        claimed.push(index);
+                    }
+                }
+                if claimed.is_empty() && windows.iter().any(Option::is_none) {
+                    drop(memory);
+                    self.fetched.wait(&mut fetching);
+                    continue;
+                }
+            }
+            if claimed.is_empty() {
+                break;
+            }
+            fetched_any = true;
+            let results: Vec<io::Result<Arc<Vec<u8>>>> = match claimed.len() {
+                1 => vec![self.fetch_window(pack, size, starts[claimed[0]])],
+                _ => std::thread::scope(|scope| {
+                    let mut results = Vec::with_capacity(claimed.len());
+                    for batch in claimed.chunks(PARALLEL_FETCHES_MAX) {
+                        let handles: Vec<_> = batch
+                            .iter()
+                            .map(|&index| {
+                                let start = starts[index];
+                                scope.spawn(move || self.fetch_window(pack, size, start))
+                            })
+                            .collect();
+                        results
+                            .extend(handles.into_iter().map(|handle| handle.join().expect("a fetch does not panic")));
+                    }
+                    results
+                }),
+            };
+            let mut failed = None;
+            {
+                let mut memory = self.memory.lock();
+                let mut fetching = self.fetching.lock();
+                for (&index, result) in claimed.iter().zip(results) {
+                    fetching.remove(&(pack, starts[index]));
+                    match result {
+                        Ok(window) => {
+                            memory.insert(pack, starts[index], Arc::clone(&window), self.config.memory_bytes_max);
+                            windows[index] = Some(window);
+                        }
+                        Err(error) => failed = Some(error),
+                    }
+                }
+            }
+            self.fetched.notify_all();
+            if let Some(error) = failed {
+                return Err(error);
+            }
+        }
+        if !fetched_any {
+            self.counters.memory_reads.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut copied = 0;
+        for (start, window) in starts.iter().zip(windows) {
+            let window = window.expect("every window is in hand");
+            let from = (offset + copied as u64 - start) as usize;
+            let take = (window.len() - from).min(buf.len() - copied);
+            buf[copied..copied + take].copy_from_slice(&window[from..from + take]);
+            copied += take;
+        }
+        assert_eq!(copied, buf.len(), "the windows cover the range");
         Ok(())
     }
 
@@ -443,29 +535,10 @@ impl PackStore for TieredPackStore {
                 Err(error) => return Err(error),
             }
         }
-        // The aligned window around the range, fetched once for the reads
-        // after it: history comes back in the order it was archived, so a
-        // view reads a pack front to back, a chunk or a span at a time, often
-        // from several requests at once.
-        let start = offset - offset % REMOTE_WINDOW_BYTES;
-        loop {
-            if let Some(cached) = self.memory.lock().get(pack, offset, buf.len()) {
-                buf.copy_from_slice(cached);
-                self.counters.memory_reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
-            }
-            let mut fetching = self.fetching.lock();
-            if fetching.contains(&(pack, start)) {
-                self.fetched.wait(&mut fetching);
-                continue;
-            }
-            fetching.insert((pack, start));
-            break;
-        }
-        let fetched = self.fetch_window(pack, start, offset, buf);
-        self.fetching.lock().remove(&(pack, start));
-        self.fetched.notify_all();
-        fetched
+        // History comes back in the order it was archived: a view reads a
+        // pack front to back, a chunk or a span at a time, often from
+        // several requests at once; each window is fetched once for them all.
+        self.read_remote(pack, offset, buf)
     }
 
     fn delete(&self, pack: u64) -> io::Result<()> {

@@ -554,6 +554,9 @@ pub fn node_report(report: &NodeReport) {
             bucket.evictions,
             bucket.cache_hit_ratio
         );
+        if let Some(alert) = &bucket.alert {
+            println!("ALERT           {alert}");
+        }
         match &bucket.catalog {
             None => println!("catalog         none published yet: `rewind node recover` has nothing to rebuild from"),
             Some(catalog) => {

@@ -33,6 +33,8 @@ const HISTORY_PERIOD: Duration = Duration::from_secs(1);
 /// Threads uploading packs to the bucket, and how often each looks for work.
 const UPLOADERS: usize = 2;
 const UPLOAD_PERIOD: Duration = Duration::from_millis(500);
+/// `--upload-alert-after`'s default, for commands that do not take it.
+const DEFAULT_ALERT_AFTER_NANOS: u64 = 600_000_000_000;
 /// Top-level files of the data directory the node's catalog keeps besides
 /// the engine's own (tokens are not: a recovered node makes new ones).
 const CATALOGED_NODE_FILES: [&str; 1] = [rewind_access::GRANTS_FILE];
@@ -53,7 +55,7 @@ pub fn open_bucket(
     let (packs, meta) = seal_bucket(Arc::new(packs), Arc::new(meta), key.as_ref())
         .with_context(|| format!("cannot use the bucket {url}"))?;
     let tier = TierConfig { cache_bytes_max: cache_max.unwrap_or(u64::MAX), ..TierConfig::default() };
-    Ok(Bucket { packs, tier, meta })
+    Ok(Bucket { packs, tier, meta, alert_after_nanos: DEFAULT_ALERT_AFTER_NANOS })
 }
 
 /// `--journal-io`.
@@ -135,6 +137,11 @@ pub struct ServeArgs {
     /// without it, the bucket's history cannot be read.
     #[arg(long, value_name = "FILE", requires = "bucket")]
     key_file: Option<PathBuf>,
+    /// With `--bucket`: once history has waited this long for its upload
+    /// (the bucket unreachable, credentials refused), `rewind stats` shows
+    /// an alert and the log says so (once).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration, requires = "bucket")]
+    upload_alert_after: Duration,
     /// How journals write: `direct` goes around the page cache (O_DIRECT;
     /// filesystems that refuse it get `buffered`, with a log line), which
     /// keeps one copy of every byte and syncs only what was written
@@ -314,7 +321,11 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     let grants = Arc::new(Grants::open(data_dir)?);
     let bucket = match &args.bucket {
         None => None,
-        Some(url) => Some(open_bucket(url, args.endpoint.clone(), args.cache_max, args.key_file.as_deref())?),
+        Some(url) => {
+            let mut bucket = open_bucket(url, args.endpoint.clone(), args.cache_max, args.key_file.as_deref())?;
+            bucket.alert_after_nanos = nanos(args.upload_alert_after, "--upload-alert-after")?;
+            Some(bucket)
+        }
     };
     let node = Arc::new(Node::open_with_bucket(Arc::new(storage), config, bucket)?);
 
@@ -355,6 +366,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
                 // The first uploader publishes the catalog too.
                 let publishes = index == 0;
                 let mut published_at: Option<Instant> = None;
+                let mut alerting = false;
                 let publish = |node: &Node| -> Result<(), EngineError> {
                     if let Some(published) = node.publish_catalog(now(), &CATALOGED_NODE_FILES)? {
                         tracing::info!(
@@ -378,12 +390,16 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
                         break;
                     }
                     let due = publishes && published_at.is_none_or(|at| at.elapsed() >= upload_interval);
-                    let worked = node.maintain_bucket(now()).and_then(|worked| match due {
-                        true => publish(&node).map(|()| published_at = Some(Instant::now())),
-                        false => Ok(worked).map(|_| ()),
+                    // Whether the bucket answered: something uploaded, or a catalog published.
+                    let answered = node.maintain_bucket(now()).and_then(|worked| match due {
+                        true => publish(&node).map(|()| {
+                            published_at = Some(Instant::now());
+                            true
+                        }),
+                        false => Ok(worked),
                     });
-                    match worked {
-                        Ok(_) if failing => {
+                    match answered {
+                        Ok(true) if failing => {
                             tracing::info!("the bucket answers again; uploads go on");
                             failing = false;
                         }
@@ -393,6 +409,16 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
                             failing = true;
                         }
                         Err(_) => {}
+                    }
+                    if publishes {
+                        // Said once when it starts and once when it ends.
+                        let alert = node.bucket_alert(now());
+                        match (&alert, alerting) {
+                            (Some(alert), false) => tracing::error!(alert = %alert, "history waits for the bucket"),
+                            (None, true) => tracing::info!("every pack waiting for the bucket is uploaded again"),
+                            _ => {}
+                        }
+                        alerting = alert.is_some();
                     }
                     thread::park_timeout(UPLOAD_PERIOD);
                 }

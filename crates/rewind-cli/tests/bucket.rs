@@ -87,7 +87,16 @@ fn writes_go_on_while_the_bucket_is_down_and_uploads_catch_up_after() {
     let dir = tempfile::tempdir().unwrap();
     let mut minio = Minio::start(&dir.path().join("minio"));
     let endpoint = minio.endpoint();
-    let options = ["--bucket", "s3://rewind/node-2", "--endpoint", &endpoint, "--archive-interval", "1s"];
+    let options = [
+        "--bucket",
+        "s3://rewind/node-2",
+        "--endpoint",
+        &endpoint,
+        "--archive-interval",
+        "1s",
+        "--upload-alert-after",
+        "1s",
+    ];
     let env = [("AWS_ACCESS_KEY_ID", USER), ("AWS_SECRET_ACCESS_KEY", PASSWORD)];
     let server = Server::start_with_env(&dir.path().join("data"), &options, &env);
     server.rewind(&["volume", "create", "v", "--size", "8MiB"]);
@@ -109,9 +118,13 @@ fn writes_go_on_while_the_bucket_is_down_and_uploads_catch_up_after() {
     let bucket = node_stats(&server)["bucket"].clone();
     assert_eq!(bucket["upload_waiting_packs"], 3, "three packs wait while the bucket is down: {bucket}");
     assert!(bucket["upload_lag_seconds"].as_f64() > Some(0.0), "the oldest has waited: {bucket}");
+    wait_for("the alert: history waits for the bucket", || node_stats(&server)["bucket"]["alert"].is_string());
+    let text = server.rewind(&["stats"]);
+    assert!(text.contains("ALERT") && text.contains("a lost disk would lose it"), "{text}");
 
     minio.run();
     wait_for("the uploads to catch up", || node_stats(&server)["bucket"]["upload_waiting_packs"] == 0);
+    assert!(node_stats(&server)["bucket"]["alert"].is_null(), "the alert ends with the backlog");
     assert!(node_stats(&server)["bucket"]["bucket_packs"].as_u64() >= Some(4));
     for round in 0..4u64 {
         let out = dir.path().join(format!("r{round}.out"));

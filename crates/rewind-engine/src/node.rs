@@ -191,6 +191,8 @@ pub struct Node {
     upload_waiting_since: Mutex<BTreeMap<u64, Timestamp>>,
     /// The node's catalogs in the bucket, when it has one.
     pub(crate) catalogs: Option<Catalogs>,
+    /// See [`Bucket::alert_after_nanos`].
+    bucket_alert_after_nanos: u64,
 }
 
 /// Where a node's packs go beyond its disk (see [`Node::open_with_bucket`]).
@@ -199,6 +201,9 @@ pub struct Bucket {
     pub tier: TierConfig,
     /// Where the node's catalogs go (see `crate::catalog`).
     pub meta: Arc<dyn MetaStore>,
+    /// History waiting this long (nanoseconds) for its upload is an alert
+    /// (see [`Node::bucket_alert`]).
+    pub alert_after_nanos: u64,
 }
 
 pub(crate) fn volume_dir(name: &str) -> String {
@@ -232,6 +237,7 @@ impl Node {
             LocalPackStore::open(Arc::clone(&chunk_io) as Arc<dyn Storage>, &packs_dir)
                 .map_err(EngineError::io(&packs_dir))?,
         );
+        let bucket_alert_after_nanos = bucket.as_ref().map_or(u64::MAX, |bucket| bucket.alert_after_nanos);
         let (tiered, catalogs) = match bucket {
             None => (None, None),
             Some(bucket) => {
@@ -399,6 +405,7 @@ impl Node {
             tiered,
             upload_waiting_since: Mutex::new(BTreeMap::new()),
             catalogs,
+            bucket_alert_after_nanos,
         };
         node.finish_groups();
         Ok(node)
@@ -446,6 +453,23 @@ impl Node {
         let since = self.upload_waiting_since.lock();
         let oldest = since.values().min().copied();
         Some(oldest.map_or(0, |oldest| now.unix_nanos().saturating_sub(oldest.unix_nanos())))
+    }
+
+    /// An alert when history has waited for its upload longer than the
+    /// bucket's `alert_after_nanos`: a lost disk now would lose it. `None`
+    /// otherwise, and without a bucket.
+    pub fn bucket_alert(&self, now: Timestamp) -> Option<String> {
+        let lag = self.bucket_upload_lag_nanos(now)?;
+        let stats = self.bucket_stats()?;
+        (lag >= self.bucket_alert_after_nanos).then(|| {
+            format!(
+                "history has waited {:.0} s for the bucket ({} bytes in {} packs): a lost disk would lose it; is the \
+                 bucket reachable, are the credentials right? (the log says what failed)",
+                lag as f64 / 1e9,
+                stats.upload_waiting_bytes,
+                stats.upload_waiting_packs
+            )
+        })
     }
 
     /// Volumes that did not open, with what is wrong.

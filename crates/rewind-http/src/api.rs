@@ -1078,6 +1078,9 @@ pub struct BucketReport {
     pub upload_waiting_bytes: u64,
     /// How long the oldest of them has waited (0 when none waits).
     pub upload_lag_seconds: f64,
+    /// Set when history has waited for the bucket longer than
+    /// `--upload-alert-after`: what to look at.
+    pub alert: Option<String>,
     /// Since the server started.
     pub uploads: u64,
     pub uploaded_bytes: u64,
@@ -1139,7 +1142,12 @@ impl CatalogReport {
 }
 
 impl BucketReport {
-    pub fn of(stats: &TierStats, upload_lag_nanos: u64, catalog: Option<CatalogReport>) -> BucketReport {
+    pub fn of(
+        stats: &TierStats,
+        upload_lag_nanos: u64,
+        alert: Option<String>,
+        catalog: Option<CatalogReport>,
+    ) -> BucketReport {
         let hits = stats.local_reads + stats.memory_reads;
         BucketReport {
             local_packs: stats.local_packs,
@@ -1149,6 +1157,7 @@ impl BucketReport {
             upload_waiting_packs: stats.upload_waiting_packs,
             upload_waiting_bytes: stats.upload_waiting_bytes,
             upload_lag_seconds: upload_lag_nanos as f64 / 1e9,
+            alert,
             uploads: stats.uploads,
             uploaded_bytes: stats.uploaded_bytes,
             evictions: stats.evictions,
@@ -1191,7 +1200,8 @@ impl NodeReport {
         let report = NodeReport::of(&node.chunk_stats(), io, volumes);
         let lag = node.bucket_upload_lag_nanos(now).unwrap_or(0);
         let catalog = node.catalog_status().map(|status| CatalogReport::of(&status, now));
-        let bucket = node.bucket_stats().map(|stats| BucketReport::of(&stats, lag, catalog));
+        let alert = node.bucket_alert(now);
+        let bucket = node.bucket_stats().map(|stats| BucketReport::of(&stats, lag, alert, catalog));
         Ok(NodeReport { collection_waits, volumes_damaged: damaged, bucket, ..report.with_space(node.space()) })
     }
 

@@ -20,7 +20,7 @@
 
 use std::io;
 
-use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::aead::{Aead, AeadInPlace, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 
 use crate::key::DataKey;
@@ -150,11 +150,17 @@ impl Sealer {
     pub fn open(&self, name: &str, what: &str, sealed: &[u8]) -> io::Result<Vec<u8>> {
         let header = self.read_header(what, sealed)?;
         let size = sealed.len() as u64;
-        self.open_segments(name, what, &header, size, 0, &sealed[HEADER_BYTES as usize..])
+        let plain = plain_bytes(size).ok_or_else(|| truncated(what, size))?;
+        let mut body = sealed[HEADER_BYTES as usize..].to_vec();
+        let mut out = vec![0; plain as usize];
+        self.open_segments(name, what, &header, size, 0, &mut body, 0, &mut out)?;
+        Ok(out)
     }
 
-    /// Opens the segments from `first` whose sealed bytes are `sealed`, of
-    /// an object of `size` sealed bytes; returns their plaintext.
+    /// Opens, in place, the segments from `first` whose sealed bytes are
+    /// `sealed`, of an object of `size` sealed bytes, and copies their
+    /// plaintext from byte `skip` on into `out` (filled exactly).
+    #[allow(clippy::too_many_arguments)]
     pub fn open_segments(
         &self,
         name: &str,
@@ -162,25 +168,36 @@ impl Sealer {
         header: &Header,
         size: u64,
         first: u64,
-        sealed: &[u8],
-    ) -> io::Result<Vec<u8>> {
+        sealed: &mut [u8],
+        skip: usize,
+        out: &mut [u8],
+    ) -> io::Result<()> {
         let count = segment_count(size).ok_or_else(|| truncated(what, size))?;
-        let mut plain = Vec::with_capacity(sealed.len());
-        for (offset, index) in (0..sealed.len()).step_by((SEGMENT_BYTES + TAG_BYTES) as usize).zip(first..) {
-            let end = (offset + (SEGMENT_BYTES + TAG_BYTES) as usize).min(sealed.len());
+        let stride = (SEGMENT_BYTES + TAG_BYTES) as usize;
+        let (mut skip, mut copied) = (skip, 0);
+        for (segment, index) in sealed.chunks_mut(stride).zip(first..) {
+            let failed = || {
+                invalid(format!(
+                    "{what} does not open with this bucket's data key (segment {index}): it was damaged, \
+                     truncated, or swapped for another object"
+                ))
+            };
+            let Some(split) = segment.len().checked_sub(TAG_BYTES as usize) else { return Err(failed()) };
+            let (text, tag) = segment.split_at_mut(split);
             let aad = Self::associated(name, header, index, index + 1 == count);
-            let opened = self
-                .cipher
-                .decrypt(&Self::nonce(header, index), Payload { msg: &sealed[offset..end], aad: &aad })
-                .map_err(|_| {
-                    invalid(format!(
-                        "{what} does not open with this bucket's data key (segment {index}): it was damaged, \
-                         truncated, or swapped for another object"
-                    ))
-                })?;
-            plain.extend_from_slice(&opened);
+            self.cipher
+                .decrypt_in_place_detached(&Self::nonce(header, index), &aad, text, (&*tag).into())
+                .map_err(|_| failed())?;
+            let from = skip.min(text.len());
+            let take = (text.len() - from).min(out.len() - copied);
+            out[copied..copied + take].copy_from_slice(&text[from..from + take]);
+            copied += take;
+            skip -= from;
+            if copied == out.len() {
+                return Ok(());
+            }
         }
-        Ok(plain)
+        Err(truncated(what, size))
     }
 }
 

@@ -96,11 +96,9 @@ impl PackStore for SealedPackStore {
         let (first, range) = sealed_range(size, offset, buf.len() as u64);
         let mut sealed = vec![0u8; (range.end - range.start) as usize];
         self.inner.read(pack, range.start, &mut sealed)?;
-        let opened =
-            self.sealer.open_segments(&pack_object_name(pack), &self.locate(pack), &header, size, first, &sealed)?;
-        let start = (offset - first * SEGMENT_BYTES) as usize;
-        buf.copy_from_slice(&opened[start..start + buf.len()]);
-        Ok(())
+        let skip = (offset - first * SEGMENT_BYTES) as usize;
+        let (name, what) = (pack_object_name(pack), self.locate(pack));
+        self.sealer.open_segments(&name, &what, &header, size, first, &mut sealed, skip, buf)
     }
 
     fn delete(&self, pack: u64) -> io::Result<()> {
