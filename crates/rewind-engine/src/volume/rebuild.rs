@@ -13,6 +13,7 @@
 //! journal starts after it.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rewind_chunks::ChunkStore;
@@ -34,8 +35,9 @@ use crate::{EngineError, Volume, VolumeConfig};
 /// The files of a volume's directory a catalog keeps as they are.
 pub(crate) const CATALOGED_FILES: [&str; 5] = ["volume.meta", "bookmarks", "policy", "reverts", "timeline"];
 
-/// The blocks rebuilt at a time.
+/// The blocks rebuilt at a time, and how many batches at once.
 const REBUILD_BATCH_BLOCKS: u64 = 1024;
+const REBUILD_THREADS: usize = 4;
 
 impl Volume {
     /// Why a volume made as `meta` says cannot be rebuilt from its
@@ -163,6 +165,9 @@ pub(crate) fn rebuild(
 
 /// Writes each block's newest version in `index` into `current` (blocks
 /// with none stay unwritten: zeros, or a clone's base); returns how many.
+/// Batches of blocks are rebuilt by [`REBUILD_THREADS`] threads at once, so
+/// the bucket's GETs, the opening of sealed segments and the checks run on
+/// every core.
 fn write_present(
     meta: &VolumeMeta,
     index: &VersionIndex,
@@ -172,60 +177,98 @@ fn write_present(
 ) -> Result<u64, EngineError> {
     let block_bytes = meta.block_size.bytes() as usize;
     let block_count = meta.size_bytes / block_bytes as u64;
-    let corrupt = |detail: String| EngineError::Corrupt { volume: meta.name.to_string(), detail };
-    let mut written = 0;
-    let mut data = Vec::new();
-    for first in (0..block_count).step_by(REBUILD_BATCH_BLOCKS as usize) {
-        let blocks: Vec<u64> = (first..block_count.min(first + REBUILD_BATCH_BLOCKS)).collect();
-        let found = index.find_le_many(&blocks, Timestamp::MAX)?;
-        let ids: Vec<ChunkId> = found
-            .iter()
-            .filter_map(|version| match version.as_ref()?.data {
-                VersionData::Chunk(id) => Some(id),
-                _ => None,
+    let next = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
+    let (report, reports) = std::sync::mpsc::channel::<u64>();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..REBUILD_THREADS)
+            .map(|_| {
+                let report = report.clone();
+                let (next, done) = (&next, &done);
+                scope.spawn(move || -> Result<u64, EngineError> {
+                    let mut written = 0;
+                    let mut data = Vec::new();
+                    loop {
+                        let first = next.fetch_add(REBUILD_BATCH_BLOCKS, Ordering::Relaxed);
+                        if first >= block_count {
+                            return Ok(written);
+                        }
+                        written += write_batch(meta, index, current, chunks, first, &mut data)?;
+                        let blocks = (block_count - first).min(REBUILD_BATCH_BLOCKS);
+                        let _ = report.send(done.fetch_add(blocks, Ordering::Relaxed) + blocks);
+                    }
+                })
             })
             .collect();
-        data.resize(ids.len() * block_bytes, 0);
-        chunks.read_many(&ids, &mut data)?;
-        let mut stored = data.chunks_exact(block_bytes);
-        // Neighbouring data blocks go to the current store in one write.
-        let mut run: Option<(u64, Vec<u8>, Vec<BlockMeta>)> = None;
-        for (&block, version) in blocks.iter().zip(&found) {
-            let follows = run.as_ref().is_some_and(|(first, _, metas)| *first + metas.len() as u64 == block);
-            let is_data = version.as_ref().is_some_and(|version| matches!(version.data, VersionData::Chunk(_)));
-            if !(follows && is_data) {
-                if let Some((first, bytes, metas)) = run.take() {
-                    current.write_blocks(BlockIndex(first), &bytes, &metas)?;
-                }
-            }
-            let Some(version) = version else { continue };
-            match version.data {
-                VersionData::Chunk(id) => {
-                    let bytes = stored.next().expect("one stored block per chunk id");
-                    if rewind_format::crc32c(bytes) != version.crc32c {
-                        return Err(corrupt(format!("block {block}: chunk {} does not match its version's CRC", id.0)));
-                    }
-                    let meta =
-                        BlockMeta { state: BlockState::Data, crc32c: version.crc32c, timestamp: version.timestamp };
-                    let (_, run_bytes, metas) = run.get_or_insert_with(|| (block, Vec::new(), Vec::new()));
-                    run_bytes.extend_from_slice(bytes);
-                    metas.push(meta);
-                }
-                VersionData::Zero => {
-                    let meta =
-                        BlockMeta { state: BlockState::Zero, crc32c: version.crc32c, timestamp: version.timestamp };
-                    current.zero_blocks(BlockIndex(block), &[meta])?;
-                }
-                VersionData::Journal { .. } => {
-                    return Err(corrupt(format!("block {block}: an archived run names a journal version")));
-                }
-            }
-            written += 1;
+        drop(report);
+        for blocks_done in reports {
+            progress(blocks_done, block_count);
         }
-        if let Some((first, bytes, metas)) = run.take() {
-            current.write_blocks(BlockIndex(first), &bytes, &metas)?;
+        workers.into_iter().map(|worker| worker.join().expect("a rebuild thread does not panic")).sum()
+    })
+}
+
+/// Rebuilds the blocks of the batch from `first`; returns how many had a version.
+fn write_batch(
+    meta: &VolumeMeta,
+    index: &VersionIndex,
+    current: &CurrentStore,
+    chunks: &ChunkStore,
+    first: u64,
+    data: &mut Vec<u8>,
+) -> Result<u64, EngineError> {
+    let block_bytes = meta.block_size.bytes() as usize;
+    let block_count = meta.size_bytes / block_bytes as u64;
+    let corrupt = |detail: String| EngineError::Corrupt { volume: meta.name.to_string(), detail };
+    let mut written = 0;
+    let blocks: Vec<u64> = (first..block_count.min(first + REBUILD_BATCH_BLOCKS)).collect();
+    let found = index.find_le_many(&blocks, Timestamp::MAX)?;
+    let ids: Vec<ChunkId> = found
+        .iter()
+        .filter_map(|version| match version.as_ref()?.data {
+            VersionData::Chunk(id) => Some(id),
+            _ => None,
+        })
+        .collect();
+    data.resize(ids.len() * block_bytes, 0);
+    chunks.read_many(&ids, data)?;
+    let mut stored = data.chunks_exact(block_bytes);
+    // Neighbouring data blocks go to the current store in one write.
+    let mut run: Option<(u64, Vec<u8>, Vec<BlockMeta>)> = None;
+    for (&block, version) in blocks.iter().zip(&found) {
+        let follows = run.as_ref().is_some_and(|(first, _, metas)| *first + metas.len() as u64 == block);
+        let is_data = version.as_ref().is_some_and(|version| matches!(version.data, VersionData::Chunk(_)));
+        if !(follows && is_data) {
+            if let Some((first, bytes, metas)) = run.take() {
+                current.write_blocks(BlockIndex(first), &bytes, &metas)?;
+            }
         }
-        progress(blocks.last().map_or(0, |last| last + 1), block_count);
+        let Some(version) = version else { continue };
+        match version.data {
+            VersionData::Chunk(id) => {
+                let bytes = stored.next().expect("one stored block per chunk id");
+                if rewind_format::crc32c(bytes) != version.crc32c {
+                    return Err(corrupt(format!("block {block}: chunk {} does not match its version's CRC", id.0)));
+                }
+                let meta =
+                    BlockMeta { state: BlockState::Data, crc32c: version.crc32c, timestamp: version.timestamp };
+                let (_, run_bytes, metas) = run.get_or_insert_with(|| (block, Vec::new(), Vec::new()));
+                run_bytes.extend_from_slice(bytes);
+                metas.push(meta);
+            }
+            VersionData::Zero => {
+                let meta =
+                    BlockMeta { state: BlockState::Zero, crc32c: version.crc32c, timestamp: version.timestamp };
+                current.zero_blocks(BlockIndex(block), &[meta])?;
+            }
+            VersionData::Journal { .. } => {
+                return Err(corrupt(format!("block {block}: an archived run names a journal version")));
+            }
+        }
+        written += 1;
+    }
+    if let Some((first, bytes, metas)) = run.take() {
+        current.write_blocks(BlockIndex(first), &bytes, &metas)?;
     }
     Ok(written)
 }
