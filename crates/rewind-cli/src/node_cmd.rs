@@ -178,7 +178,8 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
         summary.seconds
     );
     for volume in &summary.volumes {
-        println!("  {}: as of {}, {} bookmarks", volume.name, volume.at, volume.bookmarks);
+        let plural = if volume.bookmarks == 1 { "" } else { "s" };
+        println!("  {}: as of {}, {} bookmark{plural}", volume.name, volume.at, volume.bookmarks);
         if !volume.bookmarks_left_out.is_empty() {
             println!("    left out (after the last upload): bookmarks {}", volume.bookmarks_left_out.join(", "));
         }
@@ -190,6 +191,7 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
         println!("  {} was not recovered: {}", left.name, left.reason);
     }
     let endpoint = args.endpoint.as_ref().map(|endpoint| format!(" --endpoint {endpoint}")).unwrap_or_default();
-    println!("serve it with: rewind --data-dir {} serve --bucket {}{endpoint}", data_dir.display(), args.bucket);
+    let key = args.key_file.as_ref().map(|file| format!(" --key-file {}", file.display())).unwrap_or_default();
+    println!("serve it with: rewind --data-dir {} serve --bucket {}{endpoint}{key}", data_dir.display(), args.bucket);
     Ok(())
 }

@@ -250,15 +250,13 @@ fn write_batch(
                 if rewind_format::crc32c(bytes) != version.crc32c {
                     return Err(corrupt(format!("block {block}: chunk {} does not match its version's CRC", id.0)));
                 }
-                let meta =
-                    BlockMeta { state: BlockState::Data, crc32c: version.crc32c, timestamp: version.timestamp };
+                let meta = BlockMeta { state: BlockState::Data, crc32c: version.crc32c, timestamp: version.timestamp };
                 let (_, run_bytes, metas) = run.get_or_insert_with(|| (block, Vec::new(), Vec::new()));
                 run_bytes.extend_from_slice(bytes);
                 metas.push(meta);
             }
             VersionData::Zero => {
-                let meta =
-                    BlockMeta { state: BlockState::Zero, crc32c: version.crc32c, timestamp: version.timestamp };
+                let meta = BlockMeta { state: BlockState::Zero, crc32c: version.crc32c, timestamp: version.timestamp };
                 current.zero_blocks(BlockIndex(block), &[meta])?;
             }
             VersionData::Journal { .. } => {
