@@ -20,7 +20,7 @@ Both restores end with their data synced; the page cache is dropped before
 each. Each restored file is compared with the image once. Then fio writes
 (`--rw=write --bs=1m --iodepth=4`, --write-size to a new volume per run,
 with a final fsync) to a server with the bucket and key and one without, in
-alternating order: tiering on ÷ off.
+alternating order: tiering on ÷ off (both archiving every second).
 
 Usage: python3 bench/restic.py [--runs 3] [--size 2G] [--write-size 1G]
 """
@@ -137,7 +137,8 @@ def main():
                     raise RuntimeError(f"{tool}'s restore differs from the image")
                 shutil.rmtree(target)
 
-        _, plain_data, plain = start_server(work / "plain", *PLAIN)
+        # The same server but for the bucket: archiving every second too.
+        _, plain_data, plain = start_server(work / "plain", *PLAIN, ["--archive-interval", "1s"])
         servers.append(plain)
         wait_port(PLAIN[0])
         remember_token(f"127.0.0.1:{PLAIN[1]}", plain_data)
