@@ -72,6 +72,8 @@ def main():
     parser.add_argument("--write-size", default="1G")
     parser.add_argument("--dir", default="/var/tmp/rewind-bench-restic")
     args = parser.parse_args()
+    if shutil.which("restic") is None:
+        raise SystemExit("bench/restic.py compares against restic: apt-get install restic (Debian 12 has 0.14)")
     size = size_of(args.size)
     work = Path(args.dir)
     shutil.rmtree(work, ignore_errors=True)
