@@ -148,6 +148,7 @@ fn catalog_covers(server: &Server, volumes: &[&str], nanos: u128) -> bool {
 #[test]
 fn a_lost_node_is_recovered_from_its_bucket_alone() {
     require("nbdcopy");
+    require("qemu-img");
     let dir = tempfile::tempdir().unwrap();
     let minio = Minio::start(&dir.path().join("minio"));
     let endpoint = minio.endpoint();
@@ -175,6 +176,8 @@ fn a_lost_node_is_recovered_from_its_bucket_alone() {
         std::fs::write(&image, noise(seed, ROUND)).unwrap();
         run("nbdcopy", &[image.to_str().unwrap(), &server.uri(volume)]);
     };
+    let now_nanos = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let started = now_nanos();
     for round in 0..3u64 {
         write(&server, "db", round);
         write(&server, "logs", 100 + round);
@@ -184,8 +187,24 @@ fn a_lost_node_is_recovered_from_its_bucket_alone() {
     server.rewind(&["volume", "clone", "db@r0", "c"]);
     write(&server, "c", 9);
     write(&server, "scratch", 50);
-    let written = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let written = now_nanos();
     wait_for("a catalog covering every write", || catalog_covers(&server, &["db", "logs", "c"], written));
+    // Points between the bookmarks too: five times spread over the history,
+    // as Unix nanoseconds, read before the loss to compare after it.
+    let points: Vec<String> =
+        (0..5u128).map(|i| (started + (written - started) * (2 * i + 1) / 10).to_string()).collect();
+    let read_point = |server: &Server, export: &str, tag: &str| {
+        let out = dir.path().join(format!("{}-{tag}.raw", export.replace('@', "-")));
+        run("nbdcopy", &[&server.uri(export), out.to_str().unwrap()]);
+        out
+    };
+    let mut before = Vec::new();
+    for point in &points {
+        for volume in ["db", "logs"] {
+            let export = format!("{volume}@{point}");
+            before.push((read_point(&server, &export, "before"), export));
+        }
+    }
     let text = server.rewind(&["stats"]);
     assert!(text.contains("catalog         generation") && text.contains("recoverable to"), "{text}");
     let metrics = run("curl", &["-sf", "-H", &server.authorization(), &format!("{}/metrics", server.api())]);
@@ -222,6 +241,12 @@ fn a_lost_node_is_recovered_from_its_bucket_alone() {
         assert!(read(&format!("logs@r{round}"))[..ROUND] == noise(100 + round, ROUND)[..], "logs@r{round}");
     }
     assert!(read("db")[..ROUND] == noise(2, ROUND)[..], "db's present");
+    for (before, export) in &before {
+        let after = read_point(&server, export, "after");
+        let (before, after) = (before.to_str().unwrap(), after.to_str().unwrap());
+        let compared = run("qemu-img", &["compare", "-f", "raw", "-F", "raw", before, after]);
+        assert!(compared.contains("identical"), "{export}: {compared}");
+    }
     assert!(read("c")[..ROUND] == noise(9, ROUND)[..], "the clone's present");
     let info = json(&server.rewind(&["volume", "info", "c", "--json"]));
     assert_eq!(info["base"]["volume"], "db", "still a clone of db: {info}");
