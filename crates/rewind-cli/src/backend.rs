@@ -562,7 +562,9 @@ impl LocalBackend {
         let lock = storage
             .lock_exclusive(crate::serve::LOCK_FILE)
             .context("it is in use by another rewind process (a server whose API is elsewhere? pass --server)")?;
-        let node = Node::open(Arc::new(storage), NodeConfig::default())?;
+        // A node whose history went to a bucket opens with it.
+        let bucket = crate::serve::BucketRecord::read(data_dir)?.map(|record| record.open(None)).transpose()?;
+        let node = Node::open_with_bucket(Arc::new(storage), NodeConfig::default(), bucket)?;
         Ok(LocalBackend { node: Arc::new(node), data_dir: data_dir.to_owned(), _lock: lock })
     }
 }

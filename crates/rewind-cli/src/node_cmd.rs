@@ -15,7 +15,7 @@ use rewind_seal::KeySource;
 use serde::Serialize;
 
 use crate::backend::progress_bar;
-use crate::serve::{open_bucket, LOCK_FILE};
+use crate::serve::{BucketRecord, LOCK_FILE};
 
 #[derive(Subcommand)]
 pub enum NodeCommand {
@@ -108,7 +108,8 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
     };
     let started = Instant::now();
     // The bucket and its key first: a wrong key writes nothing.
-    let bucket = open_bucket(&args.bucket, args.endpoint.clone(), None, args.key_file.as_deref())?;
+    let record = BucketRecord::new(&args.bucket, args.endpoint.clone(), args.key_file.as_deref())?;
+    let bucket = record.open(None)?;
     std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
     let storage = OsStorage::new(data_dir)?;
     let _lock = storage.lock_exclusive(LOCK_FILE).context("the data directory is in use by another rewind process")?;
@@ -134,7 +135,7 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
         bar.finish_and_clear();
     }
     // Opened once as the server will: every volume, its history counted.
-    let bucket = open_bucket(&args.bucket, args.endpoint.clone(), None, args.key_file.as_deref())?;
+    let bucket = record.open(None)?;
     let node = Node::open_with_bucket(storage, NodeConfig::default(), Some(bucket))
         .context("the recovered node does not open")?;
     let damaged = node.damaged_volumes();
@@ -142,6 +143,8 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
     if let Some(volume) = damaged.first() {
         anyhow::bail!("the recovered volume {} does not open: {}", volume.name, volume.problem);
     }
+    // `rewind serve` on this directory serves it with this bucket.
+    record.write(data_dir)?;
     let summary = RecoverSummary {
         catalog_generation: recovered.generation,
         catalog_taken: DisplayTime(recovered.taken).to_string(),
@@ -190,8 +193,9 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
     for left in &summary.left_out {
         println!("  {} was not recovered: {}", left.name, left.reason);
     }
-    let endpoint = args.endpoint.as_ref().map(|endpoint| format!(" --endpoint {endpoint}")).unwrap_or_default();
-    let key = args.key_file.as_ref().map(|file| format!(" --key-file {}", file.display())).unwrap_or_default();
-    println!("serve it with: rewind --data-dir {} serve --bucket {}{endpoint}{key}", data_dir.display(), args.bucket);
+    println!(
+        "serve it with: rewind --data-dir {} serve (the bucket, its endpoint and key file are recorded in its bucket.json)",
+        data_dir.display()
+    );
     Ok(())
 }

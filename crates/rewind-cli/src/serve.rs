@@ -39,23 +39,89 @@ const DEFAULT_ALERT_AFTER_NANOS: u64 = 600_000_000_000;
 /// the engine's own (tokens are not: a recovered node makes new ones).
 const CATALOGED_NODE_FILES: [&str; 1] = [rewind_access::GRANTS_FILE];
 
-/// The bucket `url` (`s3://BUCKET/PREFIX`) at `endpoint`, its packs kept
-/// locally up to `cache_max` bytes once uploaded; sealed under the
-/// bucket's data key, opened with the key in `key_file` (see `rewind_seal`).
-pub fn open_bucket(
-    url: &str,
-    endpoint: Option<String>,
-    cache_max: Option<u64>,
-    key_file: Option<&Path>,
-) -> anyhow::Result<Bucket> {
-    let s3 = S3Config::from_url(url, endpoint).map_err(anyhow::Error::msg)?;
-    let packs = S3PackStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
-    let meta = S3MetaStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
-    let key = key_file.map(KeySource::from_file).transpose()?;
-    let (packs, meta) = seal_bucket(Arc::new(packs), Arc::new(meta), key.as_ref())
-        .with_context(|| format!("cannot use the bucket {url}"))?;
-    let tier = TierConfig { cache_bytes_max: cache_max.unwrap_or(u64::MAX), ..TierConfig::default() };
-    Ok(Bucket { packs, tier, meta, alert_after_nanos: DEFAULT_ALERT_AFTER_NANOS })
+/// The bucket a data directory's node keeps its history in: recorded in
+/// `DATA_DIR/bucket.json` the first time it is served with `--bucket` (or
+/// recovered from one), because once packs have left for the bucket the
+/// node cannot be served without it. `rewind serve` and the offline
+/// commands use it when no `--bucket` is given.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BucketRecord {
+    pub url: String,
+    pub endpoint: Option<String>,
+    /// Absolute.
+    pub key_file: Option<PathBuf>,
+}
+
+const BUCKET_FILE: &str = "bucket.json";
+
+impl BucketRecord {
+    pub fn new(url: &str, endpoint: Option<String>, key_file: Option<&Path>) -> Result<BucketRecord> {
+        let key_file = key_file
+            .map(|file| file.canonicalize().with_context(|| format!("cannot find the key file {}", file.display())))
+            .transpose()?;
+        Ok(BucketRecord { url: url.to_owned(), endpoint, key_file })
+    }
+
+    /// The bucket recorded for `data_dir`, if any.
+    pub fn read(data_dir: &Path) -> Result<Option<BucketRecord>> {
+        let path = data_dir.join(BUCKET_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).with_context(|| {
+                format!("{} is damaged: it names the bucket this node's history is in", path.display())
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+
+    /// Records it for `data_dir` (atomically).
+    pub fn write(&self, data_dir: &Path) -> Result<()> {
+        let path = data_dir.join(BUCKET_FILE);
+        let temporary = data_dir.join(format!("{BUCKET_FILE}.tmp"));
+        let file =
+            std::fs::File::create(&temporary).with_context(|| format!("cannot write {}", temporary.display()))?;
+        serde_json::to_writer_pretty(&file, self)?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, &path).with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::File::open(data_dir)?.sync_all()?;
+        Ok(())
+    }
+
+    /// The bucket, its packs kept locally up to `cache_max` bytes once
+    /// uploaded; sealed under the bucket's data key, opened with the key
+    /// file (see `rewind_seal`).
+    pub fn open(&self, cache_max: Option<u64>) -> Result<Bucket> {
+        let url = &self.url;
+        let s3 = S3Config::from_url(url, self.endpoint.clone()).map_err(anyhow::Error::msg)?;
+        let packs = S3PackStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
+        let meta = S3MetaStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
+        let key = self.key_file.as_deref().map(KeySource::from_file).transpose()?;
+        let (packs, meta) = seal_bucket(Arc::new(packs), Arc::new(meta), key.as_ref())
+            .with_context(|| format!("cannot use the bucket {url}"))?;
+        let tier = TierConfig { cache_bytes_max: cache_max.unwrap_or(u64::MAX), ..TierConfig::default() };
+        Ok(Bucket { packs, tier, meta, alert_after_nanos: DEFAULT_ALERT_AFTER_NANOS })
+    }
+
+    /// The bucket to serve `data_dir` with: the one given (which must be the
+    /// one recorded, if any), else the one recorded.
+    pub fn to_serve(data_dir: &Path, given: Option<BucketRecord>) -> Result<Option<BucketRecord>> {
+        let recorded = BucketRecord::read(data_dir)?;
+        match (recorded, given) {
+            (Some(recorded), Some(given)) if recorded.url != given.url => bail!(
+                "the history of the node in {} is in {} (recorded in {}): it cannot be served with --bucket {}",
+                data_dir.display(),
+                recorded.url,
+                data_dir.join(BUCKET_FILE).display(),
+                given.url
+            ),
+            (_, Some(given)) => Ok(Some(given)),
+            (Some(recorded), None) => {
+                tracing::info!(bucket = %recorded.url, "serving with the bucket recorded in {BUCKET_FILE}");
+                Ok(Some(recorded))
+            }
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 /// `--journal-io`.
@@ -109,6 +175,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     burst_quiet: Duration,
     /// Tier history's packs to S3-compatible object storage: `s3://BUCKET/PREFIX`.
+    /// Recorded in DATA_DIR/bucket.json: later starts (and `--offline`
+    /// commands) use it without the option, since the history is there.
     /// Packs are sealed here, uploaded in the background, and evicted from
     /// the local disk beyond `--cache-max`. Credentials come from the AWS
     /// chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a web identity,
@@ -121,7 +189,7 @@ pub struct ServeArgs {
     endpoint: Option<String>,
     /// With `--bucket`: bytes of uploaded packs kept on the local disk (the
     /// newest packs, and those read last); the rest is read from the bucket.
-    #[arg(long, value_name = "SIZE", requires = "bucket", value_parser = parse_size_arg)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     cache_max: Option<u64>,
     /// With `--bucket`: how often the node's catalog (what `rewind node
     /// recover` rebuilds it from: volumes, bookmarks, policies, index runs,
@@ -319,15 +387,23 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     let tokens = Arc::new(Tokens::open(data_dir)?);
     let made_admin = tokens.ensure_admin()?.is_some();
     let grants = Arc::new(Grants::open(data_dir)?);
-    let bucket = match &args.bucket {
+    let given = match &args.bucket {
+        Some(url) => Some(BucketRecord::new(url, args.endpoint.clone(), args.key_file.as_deref())?),
         None => None,
-        Some(url) => {
-            let mut bucket = open_bucket(url, args.endpoint.clone(), args.cache_max, args.key_file.as_deref())?;
+    };
+    let record = BucketRecord::to_serve(data_dir, given)?;
+    let bucket = match &record {
+        None => None,
+        Some(record) => {
+            let mut bucket = record.open(args.cache_max)?;
             bucket.alert_after_nanos = nanos(args.upload_alert_after, "--upload-alert-after")?;
             Some(bucket)
         }
     };
     let node = Arc::new(Node::open_with_bucket(Arc::new(storage), config, bucket)?);
+    if let Some(record) = &record {
+        record.write(data_dir)?;
+    }
 
     let policy =
         AccessPolicy::Grants { grants: Arc::clone(&grants), client_certificates_required: args.tls_verify_peer };
@@ -355,7 +431,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         })?
     };
     // Packs go to the bucket on threads of their own: two uploads at once.
-    let uploaders: Vec<_> = (0..if args.bucket.is_some() { UPLOADERS } else { 0 })
+    let uploaders: Vec<_> = (0..if record.is_some() { UPLOADERS } else { 0 })
         .map(|index| {
             let node = Arc::clone(&node);
             let stopping = Arc::clone(&stopping);

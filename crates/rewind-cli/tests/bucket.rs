@@ -343,10 +343,15 @@ fn an_encrypted_bucket_holds_nothing_readable_and_opens_only_with_its_key() {
     assert!(!recover(&target, Some(key)).status.success(), "the old key no longer opens the bucket");
     let output = recover(&target, Some(new.to_str().unwrap()));
     assert!(output.status.success(), "{}", common::describe(&output));
+    assert!(common::describe(&output).contains("bucket.json"), "it says how to serve it");
 
-    let new_key = ["--key-file", new.to_str().unwrap()];
-    let options: Vec<&str> = bucket.iter().chain(&tiering[..4]).chain(&new_key).copied().collect();
-    let server = Server::start_with_env(&target, &options, &env);
+    // The recovered directory remembers its bucket, endpoint and key file:
+    // another bucket is refused, and a plain `rewind serve` serves it.
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"));
+    command.args(["--data-dir", target.to_str().unwrap(), "serve", "--bucket", "s3://rewind/other"]).envs(env);
+    let refused = common::describe(&common::bounded_output(command));
+    assert!(refused.contains("cannot be served with --bucket s3://rewind/other"), "{refused}");
+    let server = Server::start_with_env(&target, &["--archive-interval", "1s"], &env);
     let out = dir.path().join("sealed.out");
     run("nbdcopy", &[&server.uri("db@sealed"), out.to_str().unwrap()]);
     assert!(std::fs::read(&out).unwrap()[..ROUND] == noise(42, ROUND)[..], "the bookmark reads back");
