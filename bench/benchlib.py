@@ -208,3 +208,13 @@ def start_minio(directory, port, buckets):
     os.environ.update({"AWS_ACCESS_KEY_ID": MINIO_USER, "AWS_SECRET_ACCESS_KEY": MINIO_PASSWORD})
     wait_port(port)
     return minio
+
+
+def tear_down(servers, minio, work):
+    """Stops the Rewind servers and the MinIO a benchmark started, and
+    removes its working directory."""
+    for server in servers:
+        server.stop()
+    minio.terminate()
+    minio.wait()
+    shutil.rmtree(work, ignore_errors=True)

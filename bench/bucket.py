@@ -38,6 +38,7 @@ from benchlib import (
     spread,
     start_minio,
     start_server,
+    tear_down,
     wait_archived,
     wait_port,
 )
@@ -112,11 +113,7 @@ def main():
             print(f"run {run} recover: {recover_seconds[-1]:.2f} s", flush=True)
             shutil.rmtree(target)
     finally:
-        for server in servers:
-            server.stop()
-        minio.terminate()
-        minio.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        tear_down(servers, minio, work)
     gib_read = args.runs * size_bytes / (1 << 30)
     requests = (after["bucket_reads"] - before["bucket_reads"]) / gib_read
     bytes_read = (after["bucket_read_bytes"] - before["bucket_read_bytes"]) / gib_read / (1 << 30)

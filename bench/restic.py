@@ -43,6 +43,7 @@ from benchlib import (
     spread,
     start_minio,
     start_server,
+    tear_down,
     timed,
     wait_archived,
     wait_port,
@@ -154,11 +155,7 @@ def main():
                 write_mib_s[mode].append(job["write"]["bw_bytes"] / (1 << 20))
                 print(f"run {run} tiering {mode:3}: {write_mib_s[mode][-1]:6.0f} MiB/s", flush=True)
     finally:
-        for server in servers:
-            server.stop()
-        minio.terminate()
-        minio.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        tear_down(servers, minio, work)
 
     mib_s = {tool: [size / (1 << 20) / s for s in values] for tool, values in seconds.items()}
     speedup = [restic / rewind for rewind, restic in zip(seconds["rewind"], seconds["restic"])]
