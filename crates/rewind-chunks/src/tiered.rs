@@ -38,6 +38,7 @@ use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashSet;
 
 use crate::pack_store::{Generation, PackStore, PackUpload, StoredPack};
+use crate::retention::locked;
 
 /// The aligned windows reads from the remote tier fetch whole.
 const REMOTE_WINDOW_BYTES: u64 = 4 << 20;
@@ -312,16 +313,24 @@ impl TieredPackStore {
     }
 
     /// Deletes the remote copies of the packs retired before capture `epoch`
-    /// began; returns how many. A failure leaves the rest for the next call.
+    /// began; returns how many. A pack under object lock stays retired until
+    /// its hold runs out (`crate::retention`); any other failure leaves the
+    /// rest for the next call.
     pub fn delete_retired(&self, epoch: u64) -> io::Result<usize> {
         let due: Vec<u64> =
             self.retired.lock().iter().filter(|&&(_, retired)| retired < epoch).map(|&(pack, _)| pack).collect();
+        let mut deleted = 0;
         for &pack in &due {
-            self.remote.delete(pack)?;
+            match self.remote.delete(pack) {
+                Ok(()) => {}
+                Err(error) if locked(&error).is_some() => continue,
+                Err(error) => return Err(error),
+            }
+            deleted += 1;
             self.counters.remote_deletes.fetch_add(1, Ordering::Relaxed);
             self.retired.lock().retain(|&(retired, _)| retired != pack);
         }
-        Ok(due.len())
+        Ok(deleted)
     }
 
     /// Every pack the tiers hold, in number order.

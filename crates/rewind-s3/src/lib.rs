@@ -22,6 +22,7 @@
 //! The calls are synchronous, as the chunk store's threads make them; the
 //! requests run on a small Tokio runtime of the store's own.
 
+pub mod lock;
 pub mod minio;
 
 use std::future::Future;
@@ -30,7 +31,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use lock::ObjectLock;
+use object_store::aws::{AmazonS3, AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig};
 use parking_lot::Mutex;
@@ -99,10 +101,16 @@ pub struct S3PackStore {
     url: String,
     sizes: Arc<Mutex<FxHashMap<u64, u64>>>,
     runtime: tokio::runtime::Runtime,
+    lock: Option<Arc<ObjectLock>>,
 }
 
 /// A client of the store `config` names, with the runtime its requests run on.
 fn connect(config: &S3Config) -> io::Result<(Arc<dyn ObjectStore>, tokio::runtime::Runtime)> {
+    let (store, runtime) = connect_s3(config)?;
+    Ok((Arc::new(store), runtime))
+}
+
+fn connect_s3(config: &S3Config) -> io::Result<(AmazonS3, tokio::runtime::Runtime)> {
     // reqwest's TLS takes rustls' default provider: ring, as everywhere
     // in Rewind. Already installed is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -123,7 +131,7 @@ fn connect(config: &S3Config) -> io::Result<(Arc<dyn ObjectStore>, tokio::runtim
     let store = builder.build().map_err(|error| to_io(error, &config.url()))?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("s3").enable_all().build()?;
-    Ok((Arc::new(store), runtime))
+    Ok((store, runtime))
 }
 
 impl S3PackStore {
@@ -135,7 +143,13 @@ impl S3PackStore {
             url: format!("{}/packs", config.url()),
             sizes: Arc::default(),
             runtime,
+            lock: None,
         })
+    }
+
+    /// Every pack written is held under `lock`, and deletes respect it.
+    pub fn with_lock(self, lock: Arc<ObjectLock>) -> S3PackStore {
+        S3PackStore { lock: Some(lock), ..self }
     }
 
     fn location(&self, pack: u64) -> Path {
@@ -199,6 +213,7 @@ impl PackStore for S3PackStore {
             bytes: Vec::new(),
             sizes: Arc::clone(&self.sizes),
             runtime: self.runtime.handle().clone(),
+            lock: self.lock.clone(),
         }))
     }
 
@@ -235,9 +250,12 @@ impl PackStore for S3PackStore {
 
     fn delete(&self, pack: u64) -> io::Result<()> {
         let (store, location, url) = (Arc::clone(&self.store), self.location(pack), self.locate(pack));
-        match self.run(async move { store.delete(&location).await }) {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(error) => return Err(to_io(error, &url)),
+        match &self.lock {
+            Some(lock) => lock.delete(&location, &url)?,
+            None => match self.run(async move { store.delete(&location).await }) {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(error) => return Err(to_io(error, &url)),
+            },
         }
         self.sizes.lock().remove(&pack);
         Ok(())
@@ -267,6 +285,28 @@ impl PackStore for S3PackStore {
     }
 }
 
+/// Writes `payload` at `location`, then holds it under `lock`: at once, or
+/// (an object already there: a retried write) at the next extension.
+fn put_held(
+    runtime: &tokio::runtime::Handle,
+    store: &Arc<dyn ObjectStore>,
+    lock: Option<&ObjectLock>,
+    location: &Path,
+    payload: PutPayload,
+    options: PutOptions,
+) -> object_store::Result<object_store::PutResult> {
+    let (store, at) = (Arc::clone(store), location.clone());
+    let put = run_on(runtime, async move { store.put_opts(&at, payload, options).await });
+    match (&put, lock) {
+        (Ok(_), Some(lock)) => lock.hold_new(location),
+        (Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }), Some(lock)) => {
+            lock.hold_later(location)
+        }
+        _ => {}
+    }
+    put
+}
+
 /// A pack on its way: its bytes wait in memory for the finish's one PUT.
 struct S3Upload {
     store: Arc<dyn ObjectStore>,
@@ -276,6 +316,7 @@ struct S3Upload {
     bytes: Vec<u8>,
     sizes: Arc<Mutex<FxHashMap<u64, u64>>>,
     runtime: tokio::runtime::Handle,
+    lock: Option<Arc<ObjectLock>>,
 }
 
 impl PackUpload for S3Upload {
@@ -289,10 +330,10 @@ impl PackUpload for S3Upload {
     }
 
     fn finish(self: Box<Self>) -> io::Result<Generation> {
-        let S3Upload { store, location, url, pack, bytes, sizes, runtime } = *self;
+        let S3Upload { store, location, url, pack, bytes, sizes, runtime, lock } = *self;
         let size = bytes.len() as u64;
         let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
-        let put = run_on(&runtime, async move { store.put_opts(&location, PutPayload::from(bytes), options).await })
+        let put = put_held(&runtime, &store, lock.as_deref(), &location, PutPayload::from(bytes), options)
             .map_err(|error| to_io(error, &url))?;
         sizes.lock().insert(pack, size);
         generation(put.e_tag, put.version, &url)
@@ -310,12 +351,18 @@ pub struct S3MetaStore {
     store: Arc<dyn ObjectStore>,
     config: S3Config,
     runtime: tokio::runtime::Runtime,
+    lock: Option<Arc<ObjectLock>>,
 }
 
 impl S3MetaStore {
     pub fn new(config: &S3Config) -> io::Result<S3MetaStore> {
         let (store, runtime) = connect(config)?;
-        Ok(S3MetaStore { store, config: config.clone(), runtime })
+        Ok(S3MetaStore { store, config: config.clone(), runtime, lock: None })
+    }
+
+    /// Every object written is held under `lock`, and deletes respect it.
+    pub fn with_lock(self, lock: Arc<ObjectLock>) -> S3MetaStore {
+        S3MetaStore { lock: Some(lock), ..self }
     }
 
     fn run<T: Send + 'static>(&self, future: impl Future<Output = T> + Send + 'static) -> T {
@@ -329,10 +376,10 @@ impl MetaStore for S3MetaStore {
     }
 
     fn put_new(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-        let (store, location) = (Arc::clone(&self.store), self.config.path(name));
+        let location = self.config.path(name);
         let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
         let payload = PutPayload::from(bytes.to_vec());
-        self.run(async move { store.put_opts(&location, payload, options).await })
+        put_held(self.runtime.handle(), &self.store, self.lock.as_deref(), &location, payload, options)
             .map_err(|error| to_io(error, &self.locate(name)))?;
         Ok(())
     }
@@ -358,6 +405,9 @@ impl MetaStore for S3MetaStore {
 
     fn delete(&self, name: &str) -> io::Result<()> {
         let (store, location) = (Arc::clone(&self.store), self.config.path(name));
+        if let Some(lock) = &self.lock {
+            return lock.delete(&location, &self.locate(name));
+        }
         match self.run(async move { store.delete(&location).await }) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(error) => Err(to_io(error, &self.locate(name))),

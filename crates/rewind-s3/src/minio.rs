@@ -16,6 +16,9 @@ pub const USER: &str = "rewind-test";
 pub const PASSWORD: &str = "rewind-test-secret";
 /// The bucket every test MinIO has.
 pub const BUCKET: &str = "rewind";
+/// The bucket with object lock a test MinIO makes when asked
+/// ([`Minio::create_locked_bucket`]).
+pub const LOCKED_BUCKET: &str = "rewind-locked";
 
 /// Where the MinIO binary is: `REWIND_MINIO`, else `minio` on the `PATH`,
 /// else Go's `~/go/bin/minio`.
@@ -112,6 +115,19 @@ impl Minio {
             region: None,
             access_key: Some((USER.to_owned(), PASSWORD.to_owned())),
         }
+    }
+}
+
+impl Minio {
+    /// Creates [`LOCKED_BUCKET`], with object lock (a bucket's lock is
+    /// chosen when it is made, through the API).
+    pub fn create_locked_bucket(&self) {
+        crate::lock::create_locked_bucket(&self.locked_config("")).expect("MinIO makes a bucket with object lock");
+    }
+
+    /// Where a store under `prefix` of [`LOCKED_BUCKET`] is.
+    pub fn locked_config(&self, prefix: &str) -> S3Config {
+        S3Config { bucket: LOCKED_BUCKET.to_owned(), ..self.config(prefix) }
     }
 }
 

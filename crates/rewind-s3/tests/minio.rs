@@ -193,3 +193,73 @@ fn a_chunk_store_opened_while_its_bucket_is_down_fails_and_deletes_nothing() {
     store.read(id, &mut out).unwrap();
     assert_eq!(out, vec![5; 4096], "nothing was deleted");
 }
+
+/// Object lock (issue 14 req 6) on a MinIO bucket made with it: what the
+/// stores write is held; a delete inside the hold is refused — Rewind's own
+/// (`Locked`, the object given up) and a delete of the object's version by
+/// anyone with the same credentials — and succeeds once the hold has run
+/// out; a restarted node finds the holds and extends those still wanted.
+#[test]
+fn a_locked_bucket_keeps_what_was_written_until_its_hold_runs_out() {
+    use rewind_chunks::meta_store::MetaStore;
+    use rewind_chunks::retention::{locked, Retention};
+    use rewind_s3::lock::{delete_version, ObjectLock};
+
+    let minio = Minio::start();
+    let refused = ObjectLock::new(&minio.server.config("plain"), Duration::from_secs(3600)).err().unwrap();
+    assert!(refused.to_string().contains("has no object lock"), "{refused}");
+    minio.server.create_locked_bucket();
+    let config = minio.server.locked_config("held");
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+
+    // A long hold: nothing deletes inside it.
+    let day = Duration::from_secs(24 * 3600);
+    let lock = Arc::new(ObjectLock::new(&config, day).unwrap());
+    let packs = S3PackStore::new(&config).unwrap().with_lock(Arc::clone(&lock));
+    let meta = S3MetaStore::new(&config).unwrap().with_lock(Arc::clone(&lock));
+    let mut upload = packs.create(1).unwrap();
+    upload.append(&[7; 1000]).unwrap();
+    upload.finish().unwrap();
+    meta.put_new("catalogs/0000000000000001", b"a catalog").unwrap();
+    let report = lock.report();
+    assert_eq!((report.held, report.pending, report.given_up), (2, 0, 0), "{report:?}");
+    assert!(report.earliest_end_unix_seconds.unwrap() >= now() + day.as_secs(), "{report:?}");
+
+    let error = packs.delete(1).unwrap_err();
+    assert!(locked(&error).is_some_and(|held| held.until_unix_seconds > now()), "{error}");
+    assert_eq!(packs.stat(1).unwrap().bytes, 1000, "still there");
+    assert_eq!(lock.report().given_up, 1);
+    // AWS says 403 AccessDenied; MinIO 400 "Object is WORM protected".
+    let error = delete_version(&config, "packs/0000000000000001.pack").unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("AccessDenied") || message.contains("WORM protected"), "{error}");
+    assert_eq!(packs.stat(1).unwrap().bytes, 1000, "still there");
+    let error = meta.delete("catalogs/0000000000000001").unwrap_err();
+    assert!(locked(&error).is_some(), "{error}");
+    assert_eq!(meta.get("catalogs/0000000000000001").unwrap(), b"a catalog");
+
+    // A restarted node, with a longer lock: it finds both holds and extends them.
+    let longer = ObjectLock::new(&config, 2 * day).unwrap();
+    let report = longer.extend().unwrap();
+    assert_eq!((report.held, report.extensions), (2, 2), "{report:?}");
+    assert!(report.earliest_end_unix_seconds.unwrap() >= now() + 2 * day.as_secs(), "{report:?}");
+    let report = longer.extend().unwrap();
+    assert_eq!(report.extensions, 2, "not due again: {report:?}");
+
+    // A short hold runs out, and then the delete removes the object's version.
+    let short = Duration::from_secs(2);
+    let lock = Arc::new(ObjectLock::new(&config, short).unwrap());
+    let packs = S3PackStore::new(&config).unwrap().with_lock(Arc::clone(&lock));
+    let mut upload = packs.create(2).unwrap();
+    upload.append(&[8; 10]).unwrap();
+    upload.finish().unwrap();
+    let until = lock.report().earliest_end_unix_seconds.unwrap();
+    assert!(locked(&packs.delete(2).unwrap_err()).is_some());
+    // The hold is wall-clock time: wait until it has passed.
+    while now() <= until {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    packs.delete(2).unwrap();
+    assert_eq!(packs.stat(2).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    assert!(packs.list().unwrap().iter().all(|stored| stored.pack != 2));
+}
