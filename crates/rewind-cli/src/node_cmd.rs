@@ -3,12 +3,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use rewind_engine::timespec::DisplayTime;
-use rewind_engine::{Node, NodeConfig};
+use jiff::tz::TimeZone;
+use rewind_engine::timespec::{parse_point_in_time, DisplayTime, PointInTime};
+use rewind_engine::{Node, NodeConfig, Timestamp};
 use rewind_io::OsStorage;
 use rewind_s3::{S3Config, S3MetaStore};
 use rewind_seal::KeySource;
@@ -67,6 +68,15 @@ pub struct RecoverArgs {
     /// The key the bucket was encrypted with (`rewind serve --key-file`).
     #[arg(long, value_name = "FILE")]
     key_file: Option<PathBuf>,
+    /// Recover the node as its newest catalog taken at or before this time
+    /// said it was (RFC 3339, Unix seconds, `-2h`, …): before its history
+    /// was deleted, from the older catalogs a bucket's object lock keeps.
+    #[arg(long, value_name = "TIME")]
+    as_of: Option<String>,
+    /// The bucket's object lock (`rewind serve --lock`), needed for a
+    /// bucket that has one; recorded for `rewind serve`.
+    #[arg(long, value_name = "PERIOD")]
+    lock: Option<String>,
     /// Show progress bars.
     #[arg(long)]
     progress: bool,
@@ -108,7 +118,20 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
     };
     let started = Instant::now();
     // The bucket and its key first: a wrong key writes nothing.
-    let record = BucketRecord::new(&args.bucket, args.endpoint.clone(), args.key_file.as_deref())?;
+    let as_of = args
+        .as_of
+        .as_deref()
+        .map(|text| {
+            match parse_point_in_time(text, Timestamp::from_system_time(SystemTime::now()), &TimeZone::system())? {
+                PointInTime::At(at) => Ok(at),
+                PointInTime::Bookmark(_) => {
+                    bail!("--as-of {text:?}: a time, not a bookmark (catalogs are found by time)")
+                }
+            }
+        })
+        .transpose()?;
+    let record =
+        BucketRecord::new(&args.bucket, args.endpoint.clone(), args.key_file.as_deref(), args.lock.as_deref())?;
     let bucket = record.open(None)?;
     std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
     let storage = OsStorage::new(data_dir)?;
@@ -129,7 +152,7 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
         shown.set_length(total);
         shown.set_position(done);
     };
-    let recovered = Node::recover(Arc::clone(&storage) as _, &NodeConfig::default(), bucket, &mut progress)
+    let recovered = Node::recover(Arc::clone(&storage) as _, &NodeConfig::default(), bucket, as_of, &mut progress)
         .with_context(|| format!("cannot recover a node from {}", args.bucket))?;
     if let Some((_, bar)) = bar.take() {
         bar.finish_and_clear();

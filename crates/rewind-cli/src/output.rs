@@ -570,6 +570,17 @@ pub fn node_report(report: &NodeReport) {
                         volume.name, volume.recoverable_to, volume.rpo_seconds
                     );
                 }
+                if let Some(lock) = &catalog.lock {
+                    println!(
+                        "object lock     {} held, each for {} past its last use ({} waiting to expire, {} pending); \
+                         {} older catalogs kept (node recover --as-of)",
+                        lock.held,
+                        humantime::format_duration(std::time::Duration::from_secs(lock.period_seconds)),
+                        lock.waiting_to_expire,
+                        lock.pending,
+                        catalog.held_catalogs
+                    );
+                }
             }
         }
     }

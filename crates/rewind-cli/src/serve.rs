@@ -12,11 +12,13 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
 use rewind_access::{Grants, Tokens, ADMIN_TOKEN_FILE};
-use rewind_engine::{Bucket, EngineError, Node, NodeConfig, Reserve, TierConfig, Timestamp};
+use rewind_engine::{Bucket, EngineError, Node, NodeConfig, Reserve, Retention, TierConfig, Timestamp};
 use rewind_http::{AllowedHosts, ApiState, Door, HttpConfig};
 use rewind_io::OsStorage;
 use rewind_nbd::engine::{AccessPolicy, EngineCatalog};
 use rewind_nbd::{NbdTls, Server, TlsMode};
+
+use rewind_s3::lock::ObjectLock;
 use rewind_s3::{S3Config, S3MetaStore, S3PackStore};
 use rewind_seal::{seal_bucket, KeySource};
 
@@ -50,16 +52,27 @@ pub struct BucketRecord {
     pub endpoint: Option<String>,
     /// Absolute.
     pub key_file: Option<PathBuf>,
+    /// The object lock everything written is held under (`--lock`), as given.
+    #[serde(default)]
+    pub lock: Option<String>,
 }
 
 const BUCKET_FILE: &str = "bucket.json";
 
 impl BucketRecord {
-    pub fn new(url: &str, endpoint: Option<String>, key_file: Option<&Path>) -> Result<BucketRecord> {
+    pub fn new(
+        url: &str,
+        endpoint: Option<String>,
+        key_file: Option<&Path>,
+        lock: Option<&str>,
+    ) -> Result<BucketRecord> {
         let key_file = key_file
             .map(|file| file.canonicalize().with_context(|| format!("cannot find the key file {}", file.display())))
             .transpose()?;
-        Ok(BucketRecord { url: url.to_owned(), endpoint, key_file })
+        if let Some(lock) = lock {
+            parse_lock(lock)?;
+        }
+        Ok(BucketRecord { url: url.to_owned(), endpoint, key_file, lock: lock.map(str::to_owned) })
     }
 
     /// The bucket recorded for `data_dir`, if any.
@@ -93,13 +106,31 @@ impl BucketRecord {
     pub fn open(&self, cache_max: Option<u64>) -> Result<Bucket> {
         let url = &self.url;
         let s3 = S3Config::from_url(url, self.endpoint.clone()).map_err(anyhow::Error::msg)?;
-        let packs = S3PackStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
-        let meta = S3MetaStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
+        let mut packs = S3PackStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
+        let mut meta = S3MetaStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
+        let lock = match &self.lock {
+            Some(lock) => {
+                let lock = ObjectLock::new(&s3, parse_lock(lock)?).with_context(|| format!("cannot lock {url}"))?;
+                Some(Arc::new(lock))
+            }
+            // Deletes that only hide objects behind delete markers would
+            // go unnoticed: a locked bucket is served with its lock.
+            None if rewind_s3::lock::has_lock(&s3).with_context(|| format!("cannot use the bucket {url}"))? => bail!(
+                "{url} has object lock: serve (or recover) it with --lock PERIOD, how long what is written \
+                 there is held (e.g. --lock 30d)"
+            ),
+            None => None,
+        };
+        if let Some(lock) = &lock {
+            packs = packs.with_lock(Arc::clone(lock));
+            meta = meta.with_lock(Arc::clone(lock));
+        }
         let key = self.key_file.as_deref().map(KeySource::from_file).transpose()?;
         let (packs, meta) = seal_bucket(Arc::new(packs), Arc::new(meta), key.as_ref())
             .with_context(|| format!("cannot use the bucket {url}"))?;
         let tier = TierConfig { cache_bytes_max: cache_max.unwrap_or(u64::MAX), ..TierConfig::default() };
-        Ok(Bucket { packs, tier, meta, alert_after_nanos: DEFAULT_ALERT_AFTER_NANOS })
+        let retention = lock.map(|lock| lock as Arc<dyn Retention>);
+        Ok(Bucket { packs, tier, meta, retention, alert_after_nanos: DEFAULT_ALERT_AFTER_NANOS })
     }
 
     /// The bucket to serve `data_dir` with: the one given (which must be the
@@ -114,7 +145,11 @@ impl BucketRecord {
                 data_dir.join(BUCKET_FILE).display(),
                 given.url
             ),
-            (_, Some(given)) => Ok(Some(given)),
+            // The lock, once given, stays until another is given.
+            (recorded, Some(given)) => {
+                let lock = given.lock.clone().or(recorded.and_then(|recorded| recorded.lock));
+                Ok(Some(BucketRecord { lock, ..given }))
+            }
             (Some(recorded), None) => {
                 tracing::info!(bucket = %recorded.url, "serving with the bucket recorded in {BUCKET_FILE}");
                 Ok(Some(recorded))
@@ -122,6 +157,15 @@ impl BucketRecord {
             (None, None) => Ok(None),
         }
     }
+}
+
+/// `--lock`'s period: at least a second.
+fn parse_lock(text: &str) -> Result<Duration> {
+    let period = humantime::parse_duration(text).map_err(|error| anyhow::anyhow!("--lock {text:?}: {error}"))?;
+    if period.as_secs() == 0 {
+        bail!("--lock {text:?}: an object lock holds for a second at least (e.g. --lock 30d)");
+    }
+    Ok(period)
 }
 
 /// `--journal-io`.
@@ -210,6 +254,14 @@ pub struct ServeArgs {
     /// an alert and the log says so (once).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration, requires = "bucket")]
     upload_alert_after: Duration,
+    /// With `--bucket`: hold everything written there under S3 Object Lock
+    /// (compliance mode) for this long (`30d`), extended while it is still
+    /// wanted: history published inside the lock cannot be deleted, not
+    /// even with the node's credentials; deletes wait for holds to run out.
+    /// The bucket must have been created with object lock. Recorded in
+    /// DATA_DIR/bucket.json.
+    #[arg(long, value_name = "PERIOD", requires = "bucket")]
+    lock: Option<String>,
     /// How journals write: `direct` goes around the page cache (O_DIRECT;
     /// filesystems that refuse it get `buffered`, with a log line), which
     /// keeps one copy of every byte and syncs only what was written
@@ -388,7 +440,9 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     let made_admin = tokens.ensure_admin()?.is_some();
     let grants = Arc::new(Grants::open(data_dir)?);
     let given = match &args.bucket {
-        Some(url) => Some(BucketRecord::new(url, args.endpoint.clone(), args.key_file.as_deref())?),
+        Some(url) => {
+            Some(BucketRecord::new(url, args.endpoint.clone(), args.key_file.as_deref(), args.lock.as_deref())?)
+        }
         None => None,
     };
     let record = BucketRecord::to_serve(data_dir, given)?;

@@ -11,7 +11,7 @@ mod common;
 
 use common::{json, require, run, wait_for, Server};
 use rewind_chunks::conformance::noise;
-use rewind_s3::minio::{Minio, PASSWORD, USER};
+use rewind_s3::minio::{Minio, LOCKED_BUCKET, PASSWORD, USER};
 
 fn node_stats(server: &Server) -> serde_json::Value {
     json(&server.rewind(&["stats", "--json"]))
@@ -355,4 +355,96 @@ fn an_encrypted_bucket_holds_nothing_readable_and_opens_only_with_its_key() {
     let out = dir.path().join("sealed.out");
     run("nbdcopy", &[&server.uri("db@sealed"), out.to_str().unwrap()]);
     assert!(std::fs::read(&out).unwrap()[..ROUND] == noise(42, ROUND)[..], "the bookmark reads back");
+}
+
+/// Object lock (issue 14 req 6): a node served with `--lock` into a bucket
+/// made with object lock has its history deleted with its own credentials
+/// — the volume deleted, its chunks collected, newer catalogs published —
+/// and the bucket still holds the older catalogs and everything they name:
+/// `rewind node recover --as-of` brings the volume back as it was. A locked
+/// bucket is not served, nor recovered, without `--lock`.
+#[test]
+fn history_in_a_locked_bucket_outlives_its_deletion() {
+    require("nbdcopy");
+    let dir = tempfile::tempdir().unwrap();
+    let minio = Minio::start(&dir.path().join("minio"));
+    minio.create_locked_bucket();
+    let endpoint = minio.endpoint();
+    let env = [("AWS_ACCESS_KEY_ID", USER), ("AWS_SECRET_ACCESS_KEY", PASSWORD)];
+    let url = format!("s3://{LOCKED_BUCKET}/node");
+    let bucket = ["--bucket", &url, "--endpoint", &endpoint];
+    let intervals = ["--archive-interval", "1s", "--upload-interval", "1s", "--gc-interval", "1s"];
+
+    // Without --lock, a locked bucket is refused: deletes would only hide objects.
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"));
+    let unlocked = dir.path().join("unlocked");
+    command.args(["--data-dir", unlocked.to_str().unwrap(), "serve"]).args(bucket).envs(env);
+    let output = common::bounded_output(command);
+    assert!(!output.status.success(), "{}", common::describe(&output));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--lock PERIOD"), "{}", common::describe(&output));
+
+    let data = dir.path().join("data");
+    let options: Vec<&str> = bucket.iter().chain(&intervals).copied().chain(["--lock", "1h"]).collect();
+    let mut server = Server::start_with_env(&data, &options, &env);
+    let generation = |server: &Server| node_stats(server)["bucket"]["catalog"]["generation"].as_u64().unwrap_or(0);
+    const SIZE: usize = 2 << 20;
+    let write = |server: &Server, volume: &str, seed: u64| {
+        let image = dir.path().join(format!("{volume}-{seed}.raw"));
+        std::fs::write(&image, noise(seed, SIZE)).unwrap();
+        run("nbdcopy", &[image.to_str().unwrap(), &server.uri(volume)]);
+    };
+    let now_nanos = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    server.rewind(&["volume", "create", "db", "--size", "2MiB"]);
+    server.rewind(&["volume", "create", "other", "--size", "2MiB"]);
+    write(&server, "db", 1);
+    server.rewind(&["bookmark", "db", "good"]);
+    let written = now_nanos();
+    wait_for("a catalog covering db", || catalog_covers(&server, &["db"], written));
+    let before_the_attack = now_nanos();
+
+    // The attack, with the node's own credentials: db and its history
+    // deleted, collected, and catalogs published until db's have left the
+    // ones the node keeps.
+    server.rewind(&["volume", "delete", "db", "--yes"]);
+    let deleted_at = generation(&server);
+    for seed in 0..4 {
+        let last = generation(&server);
+        write(&server, "other", 10 + seed);
+        let written = now_nanos();
+        wait_for("a newer catalog", || generation(&server) > last && catalog_covers(&server, &["other"], written));
+    }
+    let stats = node_stats(&server);
+    let catalog = &stats["bucket"]["catalog"];
+    assert!(catalog["generation"].as_u64().unwrap() >= deleted_at + 4, "{stats}");
+    assert!(catalog["volumes"].as_array().unwrap().iter().all(|volume| volume["name"] != "db"), "{stats}");
+    assert!(catalog["held_catalogs"].as_u64().unwrap() >= 1, "older catalogs held: {stats}");
+    let lock = &catalog["lock"];
+    assert_eq!(lock["period_seconds"], 3600, "{stats}");
+    assert!(lock["waiting_to_expire"].as_u64().unwrap() >= 1, "deletes refused: {stats}");
+    assert!(lock["held"].as_u64().unwrap() > lock["waiting_to_expire"].as_u64().unwrap(), "{stats}");
+    let text = server.rewind(&["stats"]);
+    assert!(text.contains("object lock") && text.contains("older catalogs kept"), "{text}");
+
+    // The machine is lost too. Recovered as of before the attack, from the
+    // catalogs and packs the lock kept.
+    server.kill();
+    std::fs::remove_dir_all(&data).unwrap();
+    let recover = |into: &std::path::Path, extra: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"));
+        command.args(["--data-dir", into.to_str().unwrap(), "node", "recover", "--json"]).args(bucket).args(extra);
+        command.envs(env);
+        common::bounded_output(command)
+    };
+    let recovered = dir.path().join("recovered");
+    let output = recover(&recovered, &["--as-of", &before_the_attack.to_string()]);
+    assert!(!output.status.success() && String::from_utf8_lossy(&output.stderr).contains("--lock"));
+    let output = recover(&recovered, &["--as-of", &before_the_attack.to_string(), "--lock", "1h"]);
+    assert!(output.status.success(), "{}", common::describe(&output));
+    let summary = json(&String::from_utf8_lossy(&output.stdout));
+    let names: Vec<&str> = summary["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["db", "other"], "{summary}");
+    let server = Server::start_with_env(&recovered, &options, &env);
+    let out = dir.path().join("db-good.out");
+    run("nbdcopy", &[&server.uri("db@good"), out.to_str().unwrap()]);
+    assert!(std::fs::read(&out).unwrap() == noise(1, SIZE), "db@good as it was before the attack");
 }

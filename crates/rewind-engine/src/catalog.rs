@@ -28,11 +28,12 @@
 //! The RPO is what the newest catalog does not hold: history not yet
 //! archived (`--archive-interval`) or not yet published (`--upload-interval`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{btree_map, BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rewind_chunks::meta_store::MetaStore;
+use rewind_chunks::retention::{locked, Retention, RetentionReport};
 use rewind_chunks::tiered::TieredPackStore;
 use rewind_chunks::{ChunkStore, LocalPackStore, PackStore};
 use rewind_format::catalog::{Catalog, CatalogFile, PIECE_BYTES};
@@ -54,6 +55,7 @@ pub const CATALOGS_KEPT: usize = 3;
 /// The node's side of its catalogs.
 pub(crate) struct Catalogs {
     store: Arc<dyn MetaStore>,
+    retention: Option<Arc<dyn Retention>>,
     state: Mutex<CatalogState>,
 }
 
@@ -63,6 +65,9 @@ struct CatalogState {
     listed: bool,
     /// The newest catalogs, oldest first (at most [`CATALOGS_KEPT`]).
     kept: VecDeque<Catalog>,
+    /// Older catalogs the bucket's object lock keeps (a delete was refused),
+    /// by generation: their pieces stay too.
+    held: BTreeMap<u64, Catalog>,
     /// Pieces in the bucket.
     pieces: FxHashSet<[u8; 32]>,
     /// Index runs already cut into pieces, by [`Run::uid`]: runs never change.
@@ -91,6 +96,11 @@ pub struct CatalogStatus {
     pub current_at: Timestamp,
     /// Per volume in it, the point it would be recovered at.
     pub volumes: Vec<(String, Timestamp)>,
+    /// Older catalogs the bucket's object lock keeps: points a node can
+    /// still be recovered at (`--as-of`).
+    pub held_catalogs: usize,
+    /// The bucket's object lock, if any.
+    pub lock: Option<RetentionReport>,
 }
 
 /// What a catalog is made of: its files (by path), and the packs the
@@ -120,8 +130,8 @@ pub struct Recovered {
 }
 
 impl Catalogs {
-    pub(crate) fn new(store: Arc<dyn MetaStore>) -> Catalogs {
-        Catalogs { store, state: Mutex::default() }
+    pub(crate) fn new(store: Arc<dyn MetaStore>, retention: Option<Arc<dyn Retention>>) -> Catalogs {
+        Catalogs { store, retention, state: Mutex::default() }
     }
 }
 
@@ -129,11 +139,19 @@ fn bucket_error(error: std::io::Error) -> EngineError {
     EngineError::io("the bucket")(error)
 }
 
-/// The newest catalog in `store`, if any.
-fn newest(store: &dyn MetaStore) -> Result<Option<Catalog>, EngineError> {
+/// The newest catalog in `store` taken at or before `as_of` (the newest of
+/// all without it), if any.
+fn newest(store: &dyn MetaStore, as_of: Option<Timestamp>) -> Result<Option<Catalog>, EngineError> {
     let names = store.list("catalogs").map_err(bucket_error)?;
-    let Some(generation) = names.iter().filter_map(|name| Catalog::parse_name(name)).max() else { return Ok(None) };
-    fetch_catalog(store, generation).map(Some)
+    let mut generations: Vec<u64> = names.iter().filter_map(|name| Catalog::parse_name(name)).collect();
+    generations.sort_unstable();
+    for &generation in generations.iter().rev() {
+        let catalog = fetch_catalog(store, generation)?;
+        if as_of.is_none_or(|as_of| catalog.taken <= as_of) {
+            return Ok(Some(catalog));
+        }
+    }
+    Ok(None)
 }
 
 fn fetch_catalog(store: &dyn MetaStore, generation: u64) -> Result<Catalog, EngineError> {
@@ -301,8 +319,11 @@ impl Node {
         state.current_at = Some(now);
         // Nothing taken from here on may name what was retired before it.
         tiered.delete_retired(epoch).map_err(bucket_error)?;
-        if published.is_some() {
+        if published.is_some() || !state.held.is_empty() {
             self.prune_catalogs(catalogs, &mut state)?;
+        }
+        if let Some(retention) = &catalogs.retention {
+            retention.extend().map_err(bucket_error)?;
         }
         let live: FxHashSet<u64> = self.runs_held();
         state.runs.retain(|uid, _| live.contains(uid));
@@ -310,24 +331,48 @@ impl Node {
     }
 
     /// Deletes catalogs older than the kept ones, and pieces none names.
+    /// Those the bucket's object lock holds stay, and a catalog held keeps
+    /// its pieces: until its hold runs out it is a point a node can still
+    /// be recovered at (`rewind node recover --as-of`).
     fn prune_catalogs(&self, catalogs: &Catalogs, state: &mut CatalogState) -> Result<(), EngineError> {
+        let mut dropped: FxHashMap<u64, Catalog> = FxHashMap::default();
         while state.kept.len() > CATALOGS_KEPT {
-            state.kept.pop_front();
+            let catalog = state.kept.pop_front().expect("more than kept");
+            dropped.insert(catalog.generation, catalog);
         }
         let oldest = state.kept.front().map_or(0, |catalog| catalog.generation);
         for name in catalogs.store.list("catalogs").map_err(bucket_error)? {
-            if Catalog::parse_name(&name).is_some_and(|generation| generation < oldest) {
-                catalogs.store.delete(&format!("catalogs/{name}")).map_err(bucket_error)?;
+            let Some(generation) = Catalog::parse_name(&name).filter(|&generation| generation < oldest) else {
+                continue;
+            };
+            match catalogs.store.delete(&format!("catalogs/{name}")) {
+                Ok(()) => {
+                    state.held.remove(&generation);
+                }
+                Err(error) if locked(&error).is_some() => {
+                    if let btree_map::Entry::Vacant(entry) = state.held.entry(generation) {
+                        entry.insert(match dropped.remove(&generation) {
+                            Some(catalog) => catalog,
+                            None => fetch_catalog(&*catalogs.store, generation)?,
+                        });
+                    }
+                }
+                Err(error) => return Err(bucket_error(error)),
             }
         }
         let named: FxHashSet<[u8; 32]> = state
             .kept
             .iter()
+            .chain(state.held.values())
             .flat_map(|catalog| catalog.files.iter().flat_map(|file| file.pieces.iter().copied()))
             .collect();
         let unnamed: Vec<[u8; 32]> = state.pieces.iter().filter(|hash| !named.contains(*hash)).copied().collect();
         for hash in unnamed {
-            catalogs.store.delete(&Catalog::piece_name(&hash)).map_err(bucket_error)?;
+            match catalogs.store.delete(&Catalog::piece_name(&hash)) {
+                Ok(()) => {}
+                Err(error) if locked(&error).is_some() => continue,
+                Err(error) => return Err(bucket_error(error)),
+            }
             state.pieces.remove(&hash);
         }
         Ok(())
@@ -393,11 +438,15 @@ impl Node {
             taken: newest.taken,
             current_at: state.current_at.unwrap_or(newest.taken),
             volumes: state.points.clone(),
+            held_catalogs: state.held.len(),
+            lock: self.catalogs.as_ref()?.retention.as_ref().map(|retention| retention.report()),
         })
     }
 
     /// Rebuilds a node on the empty data directory of `storage` from the
-    /// newest catalog in `bucket`: every volume it holds, as of the point
+    /// newest catalog in `bucket` (taken at or before `as_of`, if given: an
+    /// older catalog a bucket's object lock kept, the node as it was before
+    /// someone deleted its history): every volume it holds, as of the point
     /// its history was archived and published to, with its bookmarks and
     /// policies; its packs stay in the bucket (serve the node with it).
     /// `progress` hears what is being done, and how far.
@@ -405,6 +454,7 @@ impl Node {
         storage: Arc<dyn Storage>,
         config: &NodeConfig,
         bucket: Bucket,
+        as_of: Option<Timestamp>,
         progress: &mut dyn FnMut(&str, u64, u64),
     ) -> Result<Recovered, EngineError> {
         let occupied = |dir: &str| storage.list_dir(dir).map(|names| !names.is_empty()).unwrap_or(false);
@@ -413,12 +463,20 @@ impl Node {
                 "the data directory holds a node already: recover into an empty one (--data-dir)".into(),
             ));
         }
-        let Some(catalog) = newest(&*bucket.meta)? else {
-            return Err(EngineError::InvalidArgument(format!(
-                "no catalog in {}: nothing was published there (a node publishes one every --upload-interval \
-                 once its history is archived)",
-                bucket.meta.locate("catalogs")
-            )));
+        let Some(catalog) = newest(&*bucket.meta, as_of)? else {
+            return Err(EngineError::InvalidArgument(match as_of {
+                None => format!(
+                    "no catalog in {}: nothing was published there (a node publishes one every --upload-interval \
+                     once its history is archived)",
+                    bucket.meta.locate("catalogs")
+                ),
+                Some(as_of) => format!(
+                    "no catalog in {} was taken at or before {}: the oldest left is newer (older ones \
+                     were pruned, or let go once their object lock ran out)",
+                    bucket.meta.locate("catalogs"),
+                    crate::timespec::DisplayTime(as_of)
+                ),
+            }));
         };
         let total: u64 = catalog.files.iter().map(|file| file.bytes).sum();
         let mut files = BTreeMap::new();

@@ -33,6 +33,7 @@ pub use layout::{CurrentWrites, Destage, HistorySource, Indexing, LayoutRules};
 pub use node::{Bucket, Clones, DamagedVolume, Node, NodeConfig, VolumeSpec, WorkSignal};
 pub use repair::{RepairMode, RepairReport, RepairStep};
 pub use reserve::{Reserve, SpaceReport, SpaceState};
+pub use rewind_chunks::retention::{Retention, RetentionReport};
 pub use rewind_chunks::tiered::{TierConfig, TierStats};
 pub use rewind_chunks::{
     ChunkError, ChunkStats, ChunkStoreConfig, CollectPhase, CollectReport, DedupConfig, PackStore,

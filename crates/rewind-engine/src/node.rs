@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
+use rewind_chunks::retention::Retention;
 use rewind_chunks::tiered::{TierConfig, TierStats, TieredPackStore};
 use rewind_chunks::{
     ChunkError, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting, LocalPackStore,
@@ -201,6 +202,9 @@ pub struct Bucket {
     pub tier: TierConfig,
     /// Where the node's catalogs go (see `crate::catalog`).
     pub meta: Arc<dyn MetaStore>,
+    /// The bucket's object lock, if it holds what is written
+    /// (`rewind_chunks::retention`): extended after each catalog.
+    pub retention: Option<Arc<dyn Retention>>,
     /// History waiting this long (nanoseconds) for its upload is an alert
     /// (see [`Node::bucket_alert`]).
     pub alert_after_nanos: u64,
@@ -243,7 +247,7 @@ impl Node {
             Some(bucket) => {
                 let tiered = TieredPackStore::open(local.clone(), bucket.packs, bucket.tier)
                     .map_err(EngineError::io(&packs_dir))?;
-                (Some(Arc::new(tiered)), Some(Catalogs::new(bucket.meta)))
+                (Some(Arc::new(tiered)), Some(Catalogs::new(bucket.meta, bucket.retention)))
             }
         };
         let packs = tiered.clone().map_or(local, |tiered| tiered as Arc<dyn PackStore>);

@@ -68,6 +68,7 @@ fn open_node(
         packs: packs as Arc<dyn PackStore>,
         tier: tiering.tier,
         meta,
+        retention: None,
         alert_after_nanos: u64::MAX,
     });
     Ok((Node::open_with_bucket(Arc::new(storage.clone()), config, bucket)?, remote))
@@ -99,8 +100,14 @@ fn check_recovered(
     let fresh = SimStorage::new(SimConfig::default(), seed);
     copy_tree(storage, &fresh, "bucket");
     let (packs, meta) = Tiering::bucket(&fresh);
-    let bucket = Bucket { packs: packs as Arc<dyn PackStore>, tier: tiering.tier, meta, alert_after_nanos: u64::MAX };
-    let recovered = Node::recover(Arc::new(fresh.clone()), &config, bucket, &mut |_, _, _| {})
+    let bucket = Bucket {
+        packs: packs as Arc<dyn PackStore>,
+        tier: tiering.tier,
+        meta,
+        retention: None,
+        alert_after_nanos: u64::MAX,
+    };
+    let recovered = Node::recover(Arc::new(fresh.clone()), &config, bucket, None, &mut |_, _, _| {})
         .unwrap_or_else(|error| panic!("seed {seed}: recover: {error}"));
     let Some(rebuilt) = recovered.volumes.iter().find(|volume| volume.name == "v") else {
         let (_, reason) = recovered.left_out.iter().find(|(name, _)| name == "v").expect("v is rebuilt or left out");

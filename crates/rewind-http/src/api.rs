@@ -1109,6 +1109,23 @@ pub struct CatalogReport {
     /// Per volume, the point a recovery from it rebuilds: the RPO is what
     /// was written after it.
     pub volumes: Vec<CatalogVolume>,
+    /// Older catalogs the bucket's object lock keeps (`node recover --as-of`).
+    pub held_catalogs: usize,
+    /// The bucket's object lock (`--lock`), if any.
+    pub lock: Option<LockReport>,
+}
+
+/// What the bucket's object lock holds (`rewind_chunks::retention`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LockReport {
+    pub period_seconds: u64,
+    /// Objects held, and extended while wanted.
+    pub held: u64,
+    /// Objects deleted while held: they go once their hold runs out.
+    pub waiting_to_expire: u64,
+    /// Objects written whose hold is not set yet (retried).
+    pub pending: u64,
+    pub earliest_end: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -1137,6 +1154,16 @@ impl CatalogReport {
                     rpo_seconds: since(*at),
                 })
                 .collect(),
+            held_catalogs: status.held_catalogs,
+            lock: status.lock.as_ref().map(|lock| LockReport {
+                period_seconds: lock.period_seconds,
+                held: lock.held,
+                waiting_to_expire: lock.given_up,
+                pending: lock.pending,
+                earliest_end: lock.earliest_end_unix_seconds.map(|at| {
+                    DisplayTime(Timestamp::from_unix_nanos(at.saturating_mul(Timestamp::NANOS_PER_SECOND))).to_string()
+                }),
+            }),
         }
     }
 }

@@ -225,13 +225,21 @@ impl Inner {
         io::Error::new(kind, format!("{what}: {status} {code}: {message}"))
     }
 
-    async fn check_bucket(&self) -> io::Result<()> {
+    /// Whether the bucket has object lock.
+    async fn bucket_locked(&self) -> io::Result<bool> {
         let (status, body) = self.send(Method::GET, "", "object-lock", &[], Vec::new()).await?;
-        let enabled = status.is_success() && element(&body, "ObjectLockEnabled") == Some("Enabled");
-        if enabled {
-            return Ok(());
+        if status.is_success() {
+            return Ok(element(&body, "ObjectLockEnabled") == Some("Enabled"));
         }
-        if status.is_success() || element(&body, "Code") == Some("ObjectLockConfigurationNotFoundError") {
+        match element(&body, "Code") {
+            // Stores without object lock at all say so.
+            Some("ObjectLockConfigurationNotFoundError" | "NotImplemented") => Ok(false),
+            _ => Err(self.refused(&format!("cannot read the object lock of {}", self.url), status, &body)),
+        }
+    }
+
+    async fn check_bucket(&self) -> io::Result<()> {
+        if !self.bucket_locked().await? {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
@@ -241,7 +249,7 @@ impl Inner {
                 ),
             ));
         }
-        Err(self.refused(&format!("cannot read the object lock of {}", self.url), status, &body))
+        Ok(())
     }
 
     /// Sets `key`'s hold (compliance mode) to end at `until`.
@@ -369,9 +377,12 @@ impl Inner {
         if !self.state.lock().listed {
             self.list_holds().await?;
         }
+        // Holds end at least a period away between two extensions (an
+        // upload interval apart, well within half the headroom).
         let now = unix_now();
-        let wanted_until = now + self.period.as_secs();
-        let new_until = wanted_until + headroom(self.period).as_secs();
+        let headroom = headroom(self.period).as_secs();
+        let wanted_until = now + self.period.as_secs() + headroom / 2;
+        let new_until = now + self.period.as_secs() + headroom;
         let due: Vec<String> = {
             let state = self.state.lock();
             let short = state.until.iter().filter(|&(_, &until)| until < wanted_until).map(|(key, _)| key);
@@ -411,6 +422,13 @@ impl Retention for ObjectLock {
     fn report(&self) -> RetentionReport {
         self.inner.report()
     }
+}
+
+/// Whether `config`'s bucket has object lock: one request.
+pub fn has_lock(config: &S3Config) -> io::Result<bool> {
+    let lock = ObjectLock::unchecked(config, Duration::from_secs(1))?;
+    let inner = Arc::clone(&lock.inner);
+    lock.run(async move { inner.bucket_locked().await })
 }
 
 /// Creates `config`'s bucket with object lock enabled (for tests: a
