@@ -22,6 +22,7 @@
 //! The calls are synchronous, as the chunk store's threads make them; the
 //! requests run on a small Tokio runtime of the store's own.
 
+pub mod faulty_http;
 pub mod lock;
 pub mod minio;
 

@@ -100,6 +100,10 @@ impl Minio {
         }
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// `http://127.0.0.1:PORT`.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)

@@ -263,3 +263,95 @@ fn a_locked_bucket_keeps_what_was_written_until_its_hold_runs_out() {
     assert_eq!(packs.stat(2).unwrap_err().kind(), std::io::ErrorKind::NotFound);
     assert!(packs.list().unwrap().iter().all(|stored| stored.pack != 2));
 }
+
+/// S3 misbehaving (issue 14 req 5), through a proxy in front of MinIO that
+/// answers a share of requests with 503 SlowDown or 500, resets
+/// connections, and loses the replies of requests MinIO carried out (a PUT
+/// that succeeded, unheard): a chunk store's packs all reach the bucket,
+/// whole and once each, and read back from it, with every failure a
+/// transient error its caller tries again. Prints its seed.
+#[test]
+fn packs_reach_the_bucket_through_s3_errors_resets_and_lost_replies() {
+    use rewind_chunks::conformance::noise;
+    use rewind_chunks::tiered::{TierConfig, TieredPackStore};
+    use rewind_chunks::{ChunkStore, ChunkStoreConfig, Counting, LocalPackStore};
+    use rewind_io::{OsStorage, Storage};
+    use rewind_s3::faulty_http::FaultyProxy;
+
+    let seed = std::env::var("REWIND_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    println!("seed {seed} (REWIND_SEED={seed} draws the same faults)");
+    let minio = Minio::start();
+    let proxy = FaultyProxy::start(minio.server.port(), seed, 0.3);
+    let config = rewind_s3::S3Config { endpoint: Some(proxy.endpoint()), ..minio.server.config("faults") };
+    // Every call the bucket fails is transient, and tried again.
+    let mut failures = 0;
+    let mut again = |error: &dyn std::fmt::Display, transient: bool| {
+        assert!(transient, "seed {seed}: not transient: {error}");
+        failures += 1;
+        assert!(failures < 2000, "seed {seed}: still failing: {error}");
+    };
+
+    let local = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(local.path()).unwrap());
+    let tier = TierConfig { cache_bytes_max: 0, newest_kept: 0, ..TierConfig::default() };
+    let tiered = loop {
+        let packs = LocalPackStore::open(Arc::clone(&storage), "chunks/packs").unwrap();
+        let remote: Arc<dyn PackStore> = Arc::new(S3PackStore::new(&config).unwrap());
+        match TieredPackStore::open(Arc::new(packs), remote, tier) {
+            Ok(tiered) => break Arc::new(tiered),
+            Err(error) => again(&error, error.kind() == std::io::ErrorKind::ConnectionAborted),
+        }
+    };
+    let packs = Arc::clone(&tiered) as Arc<dyn PackStore>;
+    let store =
+        ChunkStore::open_with_packs(Arc::clone(&storage), "chunks", ChunkStoreConfig::default(), packs).unwrap();
+    store.finish_open(Counting::Exact).unwrap();
+    // Sixteen packs of sixteen distinct chunks.
+    let mut written = Vec::new();
+    for session in 0..16u64 {
+        let mut open = store.session().unwrap();
+        for chunk in 0..16u64 {
+            let bytes = noise(session * 16 + chunk, 16 << 10);
+            written.push((open.put(&bytes).unwrap(), bytes));
+        }
+        open.finish().unwrap();
+    }
+    loop {
+        match tiered.upload_next() {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(error) => again(&error, error.kind() == std::io::ErrorKind::ConnectionAborted),
+        }
+    }
+    assert!(tiered.waiting().is_empty(), "seed {seed}: every pack uploaded");
+    while let Err(error) = tiered.evict() {
+        again(&error, error.kind() == std::io::ErrorKind::ConnectionAborted);
+    }
+    assert_eq!(tiered.stats().local_packs, 0, "seed {seed}: only the bucket has them");
+    for (id, bytes) in &written {
+        let mut out = vec![0; bytes.len()];
+        while let Err(error) = store.read(*id, &mut out) {
+            again(&error, error.is_transient());
+        }
+        assert!(out == *bytes, "seed {seed}: chunk {id:?} read back from the bucket");
+    }
+
+    // In the bucket, straight from MinIO: each pack once, whole.
+    let direct = minio.store("faults");
+    let listed = direct.list().unwrap();
+    assert_eq!(listed.iter().map(|stored| stored.pack).collect::<Vec<_>>(), tiered.packs(), "seed {seed}");
+    let counts = proxy.counts();
+    let count = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "seed {seed}: {} forwarded, {} SlowDown, {} InternalError, {} resets, {} lost replies; {failures} calls failed",
+        count(&counts.forwarded),
+        count(&counts.slow_downs),
+        count(&counts.internal_errors),
+        count(&counts.resets),
+        count(&counts.lost_replies)
+    );
+    assert!(count(&counts.slow_downs) > 0 && count(&counts.internal_errors) > 0, "seed {seed}");
+    assert!(count(&counts.resets) > 0 && count(&counts.lost_replies) > 0, "seed {seed}");
+}
