@@ -10,7 +10,7 @@
 //! It speaks just enough HTTP/1.1 for S3 clients: requests framed by
 //! `Content-Length`, replies by `Content-Length` or chunked, none to HEAD.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
