@@ -5,8 +5,10 @@
 //! - Pack `n` is the object `PREFIX/packs/NNNN.pack` (16 hex digits). An
 //!   upload is kept in memory (a pack is its target size, 32 MiB, plus a
 //!   chunk at most) and sent at the finish as one PUT with
-//!   `If-None-Match: *`: the pack appears whole or not at all, and never
-//!   over another. Its generation is the object's ETag.
+//!   `If-None-Match: *` — or, from 16 MiB, as 8 MiB parts in parallel
+//!   completed with `If-None-Match: *` (`multipart`): the pack appears whole
+//!   or not at all, and never over another. Its generation is the object's
+//!   ETag.
 //! - Reads are ranged GETs. Pack objects never change, so their sizes are
 //!   remembered from the listing, a stat or the upload, and a range past
 //!   the end is refused without a request.
@@ -25,6 +27,8 @@
 pub mod faulty_http;
 pub mod lock;
 pub mod minio;
+mod multipart;
+mod signed;
 
 use std::future::Future;
 use std::io;
@@ -41,6 +45,7 @@ use rewind_chunks::meta_store::MetaStore;
 use rewind_chunks::pack_name;
 use rewind_chunks::pack_store::{parse_pack_name, Generation, PackStore, PackUpload, StoredPack};
 use rustc_hash::FxHashMap;
+use signed::Signed;
 
 /// Where the packs are.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +108,8 @@ pub struct S3PackStore {
     sizes: Arc<Mutex<FxHashMap<u64, u64>>>,
     runtime: tokio::runtime::Runtime,
     lock: Option<Arc<ObjectLock>>,
+    /// Multipart uploads, and what `object_store` does not make.
+    signed: Arc<Signed>,
 }
 
 /// A client of the store `config` names, with the runtime its requests run on.
@@ -137,9 +144,11 @@ fn connect_s3(config: &S3Config) -> io::Result<(AmazonS3, tokio::runtime::Runtim
 
 impl S3PackStore {
     pub fn new(config: &S3Config) -> io::Result<S3PackStore> {
-        let (store, runtime) = connect(config)?;
+        let (s3, runtime) = connect_s3(config)?;
+        let signed = Arc::new(Signed::new(config, s3.clone())?);
         Ok(S3PackStore {
-            store,
+            store: Arc::new(s3),
+            signed,
             dir: config.path("packs"),
             url: format!("{}/packs", config.url()),
             sizes: Arc::default(),
@@ -215,6 +224,7 @@ impl PackStore for S3PackStore {
             sizes: Arc::clone(&self.sizes),
             runtime: self.runtime.handle().clone(),
             lock: self.lock.clone(),
+            signed: Arc::clone(&self.signed),
         }))
     }
 
@@ -251,6 +261,9 @@ impl PackStore for S3PackStore {
 
     fn delete(&self, pack: u64) -> io::Result<()> {
         let (store, location, url) = (Arc::clone(&self.store), self.location(pack), self.locate(pack));
+        // An upload of it a crash left unfinished goes too.
+        let (signed, key) = (Arc::clone(&self.signed), location.to_string());
+        self.run(async move { multipart::abort_unfinished(&signed, &key).await })?;
         match &self.lock {
             Some(lock) => lock.delete(&location, &url)?,
             None => match self.run(async move { store.delete(&location).await }) {
@@ -286,26 +299,26 @@ impl PackStore for S3PackStore {
     }
 }
 
-/// Writes `payload` at `location`, then holds it under `lock`: at once, or
-/// (an object already there: a retried write) at the next extension.
-fn put_held(
+/// Writes `payload` at `location` with one PUT, if nothing is there.
+fn put_new(
     runtime: &tokio::runtime::Handle,
     store: &Arc<dyn ObjectStore>,
-    lock: Option<&ObjectLock>,
     location: &Path,
     payload: PutPayload,
-    options: PutOptions,
 ) -> object_store::Result<object_store::PutResult> {
     let (store, at) = (Arc::clone(store), location.clone());
-    let put = run_on(runtime, async move { store.put_opts(&at, payload, options).await });
-    match (&put, lock) {
+    let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+    run_on(runtime, async move { store.put_opts(&at, payload, options).await })
+}
+
+/// Holds what was written at `location` under `lock`: at once, or (an
+/// object already there: a retried write) at the next extension.
+fn hold<T>(lock: Option<&ObjectLock>, location: &Path, put: &io::Result<T>) {
+    match (put, lock) {
         (Ok(_), Some(lock)) => lock.hold_new(location),
-        (Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }), Some(lock)) => {
-            lock.hold_later(location)
-        }
+        (Err(error), Some(lock)) if error.kind() == io::ErrorKind::AlreadyExists => lock.hold_later(location),
         _ => {}
     }
-    put
 }
 
 /// A pack on its way: its bytes wait in memory for the finish's one PUT.
@@ -318,6 +331,7 @@ struct S3Upload {
     sizes: Arc<Mutex<FxHashMap<u64, u64>>>,
     runtime: tokio::runtime::Handle,
     lock: Option<Arc<ObjectLock>>,
+    signed: Arc<Signed>,
 }
 
 impl PackUpload for S3Upload {
@@ -331,13 +345,23 @@ impl PackUpload for S3Upload {
     }
 
     fn finish(self: Box<Self>) -> io::Result<Generation> {
-        let S3Upload { store, location, url, pack, bytes, sizes, runtime, lock } = *self;
+        let S3Upload { store, location, url, pack, bytes, sizes, runtime, lock, signed } = *self;
         let size = bytes.len() as u64;
-        let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
-        let put = put_held(&runtime, &store, lock.as_deref(), &location, PutPayload::from(bytes), options)
-            .map_err(|error| to_io(error, &url))?;
-        sizes.lock().insert(pack, size);
-        generation(put.e_tag, put.version, &url)
+        let put = match bytes.len() >= multipart::MULTIPART_MIN_BYTES {
+            true => {
+                let (at, what) = (location.clone(), url.clone());
+                run_on(&runtime, async move { multipart::put_new(&signed, &at, bytes, &what).await })
+                    .map(|completed| Generation(completed.e_tag))
+            }
+            false => put_new(&runtime, &store, &location, PutPayload::from(bytes))
+                .map_err(|error| to_io(error, &url))
+                .and_then(|put| generation(put.e_tag, put.version, &url)),
+        };
+        hold(lock.as_deref(), &location, &put);
+        if put.is_ok() {
+            sizes.lock().insert(pack, size);
+        }
+        put
     }
 
     fn abort(self: Box<Self>) -> io::Result<()> {
@@ -378,11 +402,10 @@ impl MetaStore for S3MetaStore {
 
     fn put_new(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
         let location = self.config.path(name);
-        let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
-        let payload = PutPayload::from(bytes.to_vec());
-        put_held(self.runtime.handle(), &self.store, self.lock.as_deref(), &location, payload, options)
-            .map_err(|error| to_io(error, &self.locate(name)))?;
-        Ok(())
+        let put = put_new(self.runtime.handle(), &self.store, &location, PutPayload::from(bytes.to_vec()))
+            .map_err(|error| to_io(error, &self.locate(name)));
+        hold(self.lock.as_deref(), &location, &put);
+        put.map(drop)
     }
 
     fn get(&self, name: &str) -> io::Result<Vec<u8>> {

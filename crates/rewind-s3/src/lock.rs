@@ -19,7 +19,7 @@
 //! and keep its bytes).
 //!
 //! Object lock's calls are not in `object_store`: they are made here, as
-//! SigV4-signed requests (`object_store`'s own signer) on `reqwest`.
+//! requests signed by `crate::signed`.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -29,8 +29,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine;
 use futures_util::{StreamExt, TryStreamExt};
 use md5::Digest;
-use object_store::aws::{AmazonS3, AwsAuthorizer};
-use object_store::client::HttpRequestBody;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parking_lot::Mutex;
@@ -38,6 +36,7 @@ use reqwest::{Method, StatusCode};
 use rewind_chunks::retention::{Locked, Retention, RetentionReport};
 use rustc_hash::FxHashSet;
 
+use crate::signed::{element, Signed};
 use crate::{run_on, to_io, S3Config};
 
 /// How much longer than the period a hold is set for, so that extending
@@ -57,15 +56,7 @@ pub struct ObjectLock {
 
 struct Inner {
     period: Duration,
-    /// For its credentials (the AWS chain, as the stores use it), listings
-    /// and stats.
-    store: AmazonS3,
-    http: reqwest::Client,
-    /// `ENDPOINT/BUCKET`: requests are path-style, as `object_store` makes them.
-    base: String,
-    region: String,
-    /// `s3://BUCKET/PREFIX`, for messages.
-    url: String,
+    signed: Signed,
     /// `PREFIX`: what [`ObjectLock::extend`] lists.
     prefix: Path,
     state: Mutex<LockState>,
@@ -91,13 +82,6 @@ fn rfc3339(unix_seconds: u64) -> String {
     jiff::Timestamp::from_second(unix_seconds as i64).expect("a time Rewind sets is in jiff's range").to_string()
 }
 
-/// The text of the first `<tag>` element of `xml`.
-fn element<'a>(xml: &'a str, tag: &str) -> Option<&'a str> {
-    let start = xml.find(&format!("<{tag}>"))? + tag.len() + 2;
-    let end = start + xml[start..].find(&format!("</{tag}>"))?;
-    Some(&xml[start..end])
-}
-
 impl ObjectLock {
     /// The lock over `config`'s bucket, holding objects `period`; fails with
     /// what to do if the bucket has no object lock.
@@ -114,27 +98,8 @@ impl ObjectLock {
     /// The lock over `config`'s bucket, whether or not it has one.
     fn unchecked(config: &S3Config, period: Duration) -> io::Result<ObjectLock> {
         let (store, runtime) = crate::connect_s3(config)?;
-        let region = config
-            .region
-            .clone()
-            .or_else(|| std::env::var("AWS_REGION").ok())
-            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
-            .unwrap_or_else(|| "us-east-1".to_owned());
-        let endpoint = config.endpoint.clone().unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
-        let inner = Arc::new(Inner {
-            period,
-            store,
-            http: reqwest::Client::builder()
-                .timeout(crate::REQUEST_TIMEOUT)
-                .connect_timeout(crate::CONNECT_TIMEOUT)
-                .build()
-                .map_err(io::Error::other)?,
-            base: format!("{}/{}", endpoint.trim_end_matches('/'), config.bucket),
-            region,
-            url: config.url(),
-            prefix: config.path(""),
-            state: Mutex::default(),
-        });
+        let signed = Signed::new(config, store)?;
+        let inner = Arc::new(Inner { period, signed, prefix: config.path(""), state: Mutex::default() });
         Ok(ObjectLock { inner, runtime })
     }
 
@@ -170,71 +135,18 @@ impl ObjectLock {
 }
 
 impl Inner {
-    /// A signed request for `key` (the bucket itself when empty) with
-    /// `query` (`retention`, `versionId=…`); its status and body.
-    async fn send(
-        &self,
-        method: Method,
-        key: &str,
-        query: &str,
-        headers: &[(&str, String)],
-        body: Vec<u8>,
-    ) -> io::Result<(StatusCode, String)> {
-        let mut url = match key.is_empty() {
-            true => format!("{}/", self.base),
-            false => format!("{}/{key}", self.base),
-        };
-        if !query.is_empty() {
-            url = format!("{url}?{query}");
-        }
-        let credential = self.store.credentials().get_credential().await.map_err(|error| to_io(error, &self.url))?;
-        let mut request = http::Request::builder().method(method.clone()).uri(&url);
-        for (name, value) in headers {
-            request = request.header(*name, value);
-        }
-        let mut request = request.body(HttpRequestBody::from(body.clone())).map_err(io::Error::other)?;
-        AwsAuthorizer::new(&credential, "s3", &self.region)
-            .try_authorize(&mut request, None)
-            .map_err(|error| to_io(error, &url))?;
-        let reply = self
-            .http
-            .request(method, &url)
-            .headers(request.headers().clone())
-            .body(body)
-            .send()
-            .await
-            .map_err(|error| io::Error::new(io::ErrorKind::ConnectionAborted, format!("{url}: {error}")))?;
-        let status = reply.status();
-        let text = reply
-            .text()
-            .await
-            .map_err(|error| io::Error::new(io::ErrorKind::ConnectionAborted, format!("{url}: {error}")))?;
-        Ok((status, text))
-    }
-
-    /// `error` from a reply the store refused.
-    fn refused(&self, what: &str, status: StatusCode, body: &str) -> io::Error {
-        let code = element(body, "Code").unwrap_or("");
-        let message = element(body, "Message").unwrap_or(body);
-        let kind = match status {
-            StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => io::ErrorKind::PermissionDenied,
-            StatusCode::NOT_FOUND => io::ErrorKind::NotFound,
-            status if status.is_server_error() => io::ErrorKind::ConnectionAborted,
-            _ => io::ErrorKind::Other,
-        };
-        io::Error::new(kind, format!("{what}: {status} {code}: {message}"))
-    }
-
     /// Whether the bucket has object lock.
     async fn bucket_locked(&self) -> io::Result<bool> {
-        let (status, body) = self.send(Method::GET, "", "object-lock", &[], Vec::new()).await?;
+        let (status, body) = self.signed.send(Method::GET, "", "object-lock", &[], Vec::new()).await?;
         if status.is_success() {
             return Ok(element(&body, "ObjectLockEnabled") == Some("Enabled"));
         }
         match element(&body, "Code") {
             // Stores without object lock at all say so.
             Some("ObjectLockConfigurationNotFoundError" | "NotImplemented") => Ok(false),
-            _ => Err(self.refused(&format!("cannot read the object lock of {}", self.url), status, &body)),
+            _ => {
+                Err(self.signed.refused(&format!("cannot read the object lock of {}", self.signed.url), status, &body))
+            }
         }
     }
 
@@ -245,7 +157,7 @@ impl Inner {
                 format!(
                     "{} has no object lock: --lock needs a bucket created with object lock enabled \
                      (`mc mb --with-lock`, `aws s3api create-bucket --object-lock-enabled-for-bucket`)",
-                    self.url
+                    self.signed.url
                 ),
             ));
         }
@@ -262,9 +174,9 @@ impl Inner {
         .into_bytes();
         let md5 = base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(&body));
         let headers = [("content-md5", md5), ("content-type", "application/xml".to_owned())];
-        let (status, reply) = self.send(Method::PUT, key, "retention", &headers, body).await?;
+        let (status, reply) = self.signed.send(Method::PUT, key, "retention", &headers, body).await?;
         if !status.is_success() {
-            return Err(self.refused(&format!("cannot lock {}/{key}", self.base), status, &reply));
+            return Err(self.signed.refused(&format!("cannot lock {}/{key}", self.signed.base), status, &reply));
         }
         let mut state = self.state.lock();
         state.until.insert(key.to_owned(), until);
@@ -275,17 +187,22 @@ impl Inner {
 
     /// When `key`'s hold ends (Unix seconds), if it has one.
     async fn get_retention(&self, key: &str) -> io::Result<Option<u64>> {
-        let (status, body) = self.send(Method::GET, key, "retention", &[], Vec::new()).await?;
+        let (status, body) = self.signed.send(Method::GET, key, "retention", &[], Vec::new()).await?;
         if !status.is_success() {
             let code = element(&body, "Code").unwrap_or("");
             if code == "NoSuchObjectLockConfiguration" || code == "ObjectLockConfigurationNotFoundError" {
                 return Ok(None);
             }
-            return Err(self.refused(&format!("cannot read the lock of {}/{key}", self.base), status, &body));
+            return Err(self.signed.refused(
+                &format!("cannot read the lock of {}/{key}", self.signed.base),
+                status,
+                &body,
+            ));
         }
-        let until = element(&body, "RetainUntilDate")
-            .and_then(|date| date.parse::<jiff::Timestamp>().ok())
-            .ok_or_else(|| io::Error::other(format!("{}/{key}: a retention without a date: {body}", self.base)))?;
+        let until =
+            element(&body, "RetainUntilDate").and_then(|date| date.parse::<jiff::Timestamp>().ok()).ok_or_else(
+                || io::Error::other(format!("{}/{key}: a retention without a date: {body}", self.signed.base)),
+            )?;
         Ok(Some(until.as_second().max(0) as u64))
     }
 
@@ -311,7 +228,7 @@ impl Inner {
             self.state.lock().given_up.insert(key);
             return Err(Locked { object: what, until_unix_seconds: until }.into_io());
         }
-        let version = match self.store.head(&location).await {
+        let version = match self.signed.store.head(&location).await {
             Ok(meta) => meta.version,
             Err(object_store::Error::NotFound { .. }) => return Ok(()),
             Err(error) => return Err(to_io(error, &what)),
@@ -319,12 +236,12 @@ impl Inner {
         match version {
             Some(version) => {
                 let query = format!("versionId={version}");
-                let (status, body) = self.send(Method::DELETE, &key, &query, &[], Vec::new()).await?;
+                let (status, body) = self.signed.send(Method::DELETE, &key, &query, &[], Vec::new()).await?;
                 if !status.is_success() && status != StatusCode::NOT_FOUND {
-                    return Err(self.refused(&format!("cannot delete {what}"), status, &body));
+                    return Err(self.signed.refused(&format!("cannot delete {what}"), status, &body));
                 }
             }
-            None => match self.store.delete(&location).await {
+            None => match self.signed.store.delete(&location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(error) => return Err(to_io(error, &what)),
             },
@@ -339,12 +256,13 @@ impl Inner {
     /// Every object under the prefix, with its hold asked for (after a start).
     async fn list_holds(self: &Arc<Self>) -> io::Result<()> {
         let keys: Vec<String> = self
+            .signed
             .store
             .list(Some(&self.prefix))
             .map_ok(|object| object.location.to_string())
             .try_collect()
             .await
-            .map_err(|error| to_io(error, &self.url))?;
+            .map_err(|error| to_io(error, &self.signed.url))?;
         let unknown: Vec<String> = {
             let state = self.state.lock();
             keys.into_iter().filter(|key| !state.until.contains_key(key)).collect()
@@ -438,10 +356,10 @@ pub fn create_locked_bucket(config: &S3Config) -> io::Result<()> {
     let inner = Arc::clone(&lock.inner);
     lock.run(async move {
         let headers = [("x-amz-bucket-object-lock-enabled", "true".to_owned())];
-        let (status, body) = inner.send(Method::PUT, "", "", &headers, Vec::new()).await?;
+        let (status, body) = inner.signed.send(Method::PUT, "", "", &headers, Vec::new()).await?;
         match status.is_success() {
             true => Ok(()),
-            false => Err(inner.refused(&format!("cannot create {}", inner.url), status, &body)),
+            false => Err(inner.signed.refused(&format!("cannot create {}", inner.signed.url), status, &body)),
         }
     })
 }
@@ -453,13 +371,15 @@ pub fn delete_version(config: &S3Config, name: &str) -> io::Result<()> {
     let inner = Arc::clone(&lock.inner);
     let location = config.path(name);
     lock.run(async move {
-        let meta = inner.store.head(&location).await.map_err(|error| to_io(error, location.as_ref()))?;
+        let meta = inner.signed.store.head(&location).await.map_err(|error| to_io(error, location.as_ref()))?;
         let version = meta.version.ok_or_else(|| io::Error::other(format!("{location} has no version id")))?;
-        let (status, body) =
-            inner.send(Method::DELETE, location.as_ref(), &format!("versionId={version}"), &[], Vec::new()).await?;
+        let (status, body) = inner
+            .signed
+            .send(Method::DELETE, location.as_ref(), &format!("versionId={version}"), &[], Vec::new())
+            .await?;
         match status.is_success() {
             true => Ok(()),
-            false => Err(inner.refused(&format!("cannot delete {location}"), status, &body)),
+            false => Err(inner.signed.refused(&format!("cannot delete {location}"), status, &body)),
         }
     })
 }

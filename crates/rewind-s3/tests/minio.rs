@@ -308,11 +308,12 @@ fn packs_reach_the_bucket_through_s3_errors_resets_and_lost_replies() {
     let store =
         ChunkStore::open_with_packs(Arc::clone(&storage), "chunks", ChunkStoreConfig::default(), packs).unwrap();
     store.finish_open(Counting::Exact).unwrap();
-    // Sixteen packs of sixteen distinct chunks.
+    // Sixteen packs of sixteen distinct chunks, and one of 20 MiB, which
+    // goes up in parts.
     let mut written = Vec::new();
-    for session in 0..16u64 {
+    for session in 0..17u64 {
         let mut open = store.session().unwrap();
-        for chunk in 0..16u64 {
+        for chunk in 0..if session < 16 { 16 } else { 1280 } {
             let bytes = noise(session * 16 + chunk, 16 << 10);
             written.push((open.put(&bytes).unwrap(), bytes));
         }
@@ -342,6 +343,7 @@ fn packs_reach_the_bucket_through_s3_errors_resets_and_lost_replies() {
     let direct = minio.store("faults");
     let listed = direct.list().unwrap();
     assert_eq!(listed.iter().map(|stored| stored.pack).collect::<Vec<_>>(), tiered.packs(), "seed {seed}");
+    assert!(listed.iter().any(|stored| stored.bytes >= 20 << 20), "seed {seed}: a pack in parts: {listed:?}");
     let counts = proxy.counts();
     let count = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
     println!(
@@ -354,4 +356,71 @@ fn packs_reach_the_bucket_through_s3_errors_resets_and_lost_replies() {
     );
     assert!(count(&counts.slow_downs) > 0 && count(&counts.internal_errors) > 0, "seed {seed}");
     assert!(count(&counts.resets) > 0 && count(&counts.lost_replies) > 0, "seed {seed}");
+}
+
+/// Packs from 16 MiB go up in parts (issue 14 req 2), still only where no
+/// object is; an upload a crash left unfinished is aborted when the pack is
+/// uploaded again, or deleted (req 5).
+#[test]
+fn large_packs_go_up_in_parts_and_unfinished_uploads_are_aborted() {
+    use object_store::aws::AmazonS3Builder;
+    use object_store::multipart::MultipartStore;
+    use rewind_chunks::conformance::noise;
+
+    let minio = Minio::start();
+    let store = minio.store("parts");
+    let bytes = noise(3, (40 << 20) + 12345);
+    let mut upload = store.create(1).unwrap();
+    upload.append(&bytes).unwrap();
+    let generation = upload.finish().unwrap();
+    assert!(generation.0.ends_with("-6"), "an ETag of six parts: {generation:?}");
+    let stored = store.stat(1).unwrap();
+    assert_eq!((stored.bytes, stored.generation), (bytes.len() as u64, generation));
+    let mut back = vec![0; bytes.len()];
+    store.read(1, 0, &mut back).unwrap();
+    assert!(back == bytes, "read back whole");
+    let mut again = store.create(1).unwrap();
+    again.append(&noise(4, 20 << 20)).unwrap();
+    let error = again.finish().unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::AlreadyExists, "{error}");
+    store.read(1, 0, &mut back).unwrap();
+    assert!(back == bytes, "not overwritten");
+
+    // A node that crashed mid-upload left a part behind.
+    let config = minio.server.config("parts");
+    let s3 = AmazonS3Builder::new()
+        .with_bucket_name(&config.bucket)
+        .with_endpoint(config.endpoint.clone().unwrap())
+        .with_allow_http(true)
+        .with_region("us-east-1")
+        .with_access_key_id(rewind_s3::minio::USER)
+        .with_secret_access_key(rewind_s3::minio::PASSWORD)
+        .build()
+        .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let location = object_store::path::Path::from("parts/packs/0000000000000002.pack");
+    let (id, part) = runtime.block_on(async {
+        let id = s3.create_multipart(&location).await.unwrap();
+        let part = s3.put_part(&location, &id, 0, noise(5, 5 << 20).into()).await.unwrap();
+        (id, part)
+    });
+    let restarted = minio.store("parts");
+    assert_eq!(restarted.list().unwrap().iter().map(|stored| stored.pack).collect::<Vec<_>>(), [1]);
+    let mut upload = restarted.create(2).unwrap();
+    upload.append(&bytes).unwrap();
+    upload.finish().unwrap();
+    let completed = runtime.block_on(s3.complete_multipart(&location, &id, vec![part]));
+    assert!(completed.is_err(), "the unfinished upload was aborted: {completed:?}");
+    store.read(2, 0, &mut back).unwrap();
+    assert!(back == bytes, "the pack uploaded again");
+    // And one left by a pack deleted before it was uploaded again.
+    let location = object_store::path::Path::from("parts/packs/0000000000000003.pack");
+    let (id, part) = runtime.block_on(async {
+        let id = s3.create_multipart(&location).await.unwrap();
+        let part = s3.put_part(&location, &id, 0, noise(6, 5 << 20).into()).await.unwrap();
+        (id, part)
+    });
+    restarted.delete(3).unwrap();
+    let completed = runtime.block_on(s3.complete_multipart(&location, &id, vec![part]));
+    assert!(completed.is_err(), "the unfinished upload was aborted: {completed:?}");
 }
