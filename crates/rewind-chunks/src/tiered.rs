@@ -168,7 +168,12 @@ pub struct TieredPackStore {
     retired: Mutex<Vec<(u64, u64)>>,
     /// Counts catalog captures (see [`TieredPackStore::begin_capture`]).
     epoch: AtomicU64,
+    /// Told whenever a pack is sealed locally: it waits for its upload.
+    waker: Arc<Mutex<Option<Waker>>>,
 }
+
+/// What [`TieredPackStore::wake_on_sealed`] calls.
+pub type Waker = Box<dyn Fn() + Send + Sync>;
 
 impl TieredPackStore {
     /// The two tiers, with what each holds found from their listings.
@@ -211,7 +216,15 @@ impl TieredPackStore {
             counters: Counters::default(),
             retired: Mutex::default(),
             epoch: AtomicU64::new(0),
+            waker: Arc::default(),
         })
+    }
+
+    /// Calls `waker` whenever a pack is sealed locally and waits for its
+    /// upload: the embedder's uploaders start at once rather than at their
+    /// next look.
+    pub fn wake_on_sealed(&self, waker: Waker) {
+        *self.waker.lock() = Some(waker);
     }
 
     /// Uploads the oldest pack waiting for its upload, if any; returns it.
@@ -515,7 +528,8 @@ impl PackStore for TieredPackStore {
             return Err(io::Error::new(io::ErrorKind::AlreadyExists, message));
         }
         let inner = self.local.create(pack)?;
-        Ok(Box::new(TieredUpload { inner, pack, placements: Arc::clone(&self.placements) }))
+        let (placements, waker) = (Arc::clone(&self.placements), Arc::clone(&self.waker));
+        Ok(Box::new(TieredUpload { inner, pack, placements, waker }))
     }
 
     fn stat(&self, pack: u64) -> io::Result<StoredPack> {
@@ -582,6 +596,7 @@ struct TieredUpload {
     inner: Box<dyn PackUpload>,
     pack: u64,
     placements: Arc<Mutex<BTreeMap<u64, Placement>>>,
+    waker: Arc<Mutex<Option<Waker>>>,
 }
 
 impl PackUpload for TieredUpload {
@@ -598,6 +613,9 @@ impl PackUpload for TieredUpload {
         let generation = self.inner.finish()?;
         let stored = StoredPack { pack: self.pack, bytes, generation: generation.clone() };
         self.placements.lock().insert(self.pack, Placement::of(&stored, true, false));
+        if let Some(wake) = &*self.waker.lock() {
+            wake();
+        }
         Ok(generation)
     }
 

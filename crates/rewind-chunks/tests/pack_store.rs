@@ -195,3 +195,22 @@ fn an_upload_whose_reply_was_lost_is_found_there_by_the_next_try() {
     assert_eq!(tiered.upload_next().unwrap(), Some(1));
     assert_eq!(tiered.stats().upload_waiting_packs, 0);
 }
+
+#[test]
+fn a_pack_sealed_wakes_the_uploaders() {
+    let (_dir, _, _, tiered) = two_tiers(TierConfig::default());
+    let woken = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = Arc::clone(&woken);
+    tiered.wake_on_sealed(Box::new(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }));
+    let mut upload = tiered.create(1).unwrap();
+    upload.append(&[1; 100]).unwrap();
+    assert_eq!(woken.load(std::sync::atomic::Ordering::Relaxed), 0, "not before the pack is sealed");
+    upload.finish().unwrap();
+    assert_eq!(woken.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let mut aborted = tiered.create(2).unwrap();
+    aborted.append(&[2; 100]).unwrap();
+    aborted.abort().unwrap();
+    assert_eq!(woken.load(std::sync::atomic::Ordering::Relaxed), 1, "nothing to upload");
+}

@@ -550,11 +550,14 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
                         }
                         alerting = alert.is_some();
                     }
+                    // Woken at once when a pack is sealed (below).
                     thread::park_timeout(UPLOAD_PERIOD);
                 }
             })
         })
         .collect::<Result<_, _>>()?;
+    let upload_threads: Vec<thread::Thread> = uploaders.iter().map(|uploader| uploader.thread().clone()).collect();
+    node.wake_on_sealed(Box::new(move || upload_threads.iter().for_each(thread::Thread::unpark)));
     let (history_stop, history_stopped) = std::sync::mpsc::channel::<()>();
     let history = {
         let node = Arc::clone(&node);

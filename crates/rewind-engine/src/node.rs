@@ -415,6 +415,15 @@ impl Node {
         Ok(node)
     }
 
+    /// Calls `waker` whenever a pack is sealed and waits for its upload (the
+    /// embedder's uploaders: see [`Node::maintain_bucket`]). Nothing without
+    /// a bucket.
+    pub fn wake_on_sealed(&self, waker: rewind_chunks::tiered::Waker) {
+        if let Some(tiered) = &self.tiered {
+            tiered.wake_on_sealed(waker);
+        }
+    }
+
     /// Uploads every pack waiting for its upload, then evicts uploaded packs
     /// beyond the local tier's budget; the embedder calls it from threads
     /// of its own (several may upload at once). Does nothing without a
