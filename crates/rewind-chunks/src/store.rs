@@ -1399,6 +1399,43 @@ impl ChunkStore {
         if candidates.len() == 1 && !worth_alone(&candidates[0].1) {
             candidates.clear();
         }
+        self.rewrite_in_groups(&candidates, report, progress)
+    }
+
+    /// Rewrites the live chunks of the small packs among `packs` (under a
+    /// quarter of the target size, holding live chunks) into packs of about
+    /// the target size; returns how many packs were rewritten. For packs
+    /// waiting for their upload to a bucket: they go up together rather
+    /// than as small objects.
+    pub fn coalesce(&self, packs: &[u64]) -> Result<u64, ChunkError> {
+        let _gate = self.gate.write();
+        let _writing = self.writing.lock();
+        self.check_poisoned()?;
+        let candidates: Vec<(u64, PackStats)> = {
+            let state = self.state.lock();
+            assert!(!state.closed, "the store is open");
+            let small = |pack: &&PackStats| pack.held_chunks > 0 && pack.bytes < self.config.pack_bytes_target / 4;
+            packs
+                .iter()
+                .filter_map(|number| state.packs.get(number).filter(small).map(|&pack| (*number, pack)))
+                .collect()
+        };
+        if candidates.len() < 2 {
+            return Ok(0);
+        }
+        let mut report = CollectReport::default();
+        self.rewrite_in_groups(&candidates, &mut report, &mut |_, _, _| {}).map_err(|error| self.fail(error))?;
+        self.counters.packs_rewritten.fetch_add(report.packs_rewritten, Ordering::Relaxed);
+        Ok(report.packs_rewritten)
+    }
+
+    /// Rewrites `candidates` in groups whose live chunks fill about a pack.
+    fn rewrite_in_groups(
+        &self,
+        candidates: &[(u64, PackStats)],
+        report: &mut CollectReport,
+        progress: &mut dyn FnMut(CollectPhase, u64, u64),
+    ) -> Result<(), ChunkError> {
         let total: u64 = candidates.iter().map(|(_, pack)| pack.bytes).sum();
         let mut done = 0;
         let mut group: Vec<u64> = Vec::new();

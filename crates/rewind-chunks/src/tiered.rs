@@ -56,11 +56,15 @@ pub struct TierConfig {
     pub newest_kept: usize,
     /// Bytes of remote ranges kept in memory.
     pub memory_bytes_max: usize,
+    /// Packs smaller than this wait to go up together
+    /// ([`TieredPackStore::upload_next_large`] passes them by): a bucket
+    /// is billed, and slowed, by the object.
+    pub batch_below_bytes: u64,
 }
 
 impl Default for TierConfig {
     fn default() -> Self {
-        TierConfig { cache_bytes_max: u64::MAX, newest_kept: 4, memory_bytes_max: 64 << 20 }
+        TierConfig { cache_bytes_max: u64::MAX, newest_kept: 4, memory_bytes_max: 64 << 20, batch_below_bytes: 8 << 20 }
     }
 }
 
@@ -230,11 +234,34 @@ impl TieredPackStore {
     /// Uploads the oldest pack waiting for its upload, if any; returns it.
     /// Several threads may call it at once: each takes another pack.
     pub fn upload_next(&self) -> io::Result<Option<u64>> {
+        self.upload_next_where(|_| true)
+    }
+
+    /// Uploads the next pack waiting for its upload that is not small
+    /// ([`TierConfig::batch_below_bytes`]): the small ones wait for
+    /// [`TieredPackStore::waiting_small`]'s caller to put them together.
+    pub fn upload_next_large(&self) -> io::Result<Option<u64>> {
+        self.upload_next_where(|placement| placement.bytes >= self.config.batch_below_bytes)
+    }
+
+    /// The packs waiting for their upload that are small, in number order.
+    pub fn waiting_small(&self) -> Vec<u64> {
+        let placements = self.placements.lock();
+        let small = |placement: &Placement| {
+            placement.local
+                && !placement.remote
+                && !placement.uploading
+                && placement.bytes < self.config.batch_below_bytes
+        };
+        placements.iter().filter(|(_, placement)| small(placement)).map(|(&pack, _)| pack).collect()
+    }
+
+    fn upload_next_where(&self, wanted: impl Fn(&Placement) -> bool) -> io::Result<Option<u64>> {
         let pack = {
             let mut placements = self.placements.lock();
-            let next = placements
-                .iter_mut()
-                .find(|(_, placement)| placement.local && !placement.remote && !placement.uploading);
+            let next = placements.iter_mut().find(|(_, placement)| {
+                placement.local && !placement.remote && !placement.uploading && wanted(placement)
+            });
             let Some((&pack, placement)) = next else { return Ok(None) };
             placement.uploading = true;
             pack

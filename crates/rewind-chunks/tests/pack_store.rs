@@ -124,7 +124,8 @@ fn put(store: &dyn PackStore, pack: u64, byte: u8, bytes: usize) {
 
 #[test]
 fn packs_are_uploaded_then_evicted_least_recently_read_first_and_read_back_from_the_bucket() {
-    let config = TierConfig { cache_bytes_max: 3 << 20, newest_kept: 2, memory_bytes_max: 1 << 20 };
+    let config =
+        TierConfig { cache_bytes_max: 3 << 20, newest_kept: 2, memory_bytes_max: 1 << 20, ..TierConfig::default() };
     let (dir, local, remote, tiered) = two_tiers(config);
     for pack in 1..=6 {
         put(&tiered, pack, pack as u8, 1 << 20);
@@ -213,4 +214,42 @@ fn a_pack_sealed_wakes_the_uploaders() {
     aborted.append(&[2; 100]).unwrap();
     aborted.abort().unwrap();
     assert_eq!(woken.load(std::sync::atomic::Ordering::Relaxed), 1, "nothing to upload");
+}
+
+/// Small packs do not become small objects (issue 14 req 2): the
+/// background uploads pass them by, and once put together by the chunk
+/// store they go up as one pack; every chunk reads as it was written.
+#[test]
+fn small_packs_wait_and_go_up_together() {
+    let (dir, _, remote, tiered) = two_tiers(TierConfig { batch_below_bytes: 1 << 20, ..TierConfig::default() });
+    let tiered = Arc::new(tiered);
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    let packs = Arc::clone(&tiered) as Arc<dyn PackStore>;
+    let store = ChunkStore::open_with_packs(storage, "chunks", ChunkStoreConfig::default(), packs).unwrap();
+    store.finish_open(Counting::Exact).unwrap();
+    let mut written = Vec::new();
+    for session in 0..5u8 {
+        let mut open = store.session().unwrap();
+        for chunk in 0..4u8 {
+            let bytes = vec![session * 16 + chunk; 4096];
+            written.push((open.put(&bytes).unwrap(), bytes));
+        }
+        open.finish().unwrap();
+    }
+    let small = tiered.waiting_small();
+    assert_eq!(small.len(), 5, "one small pack per session: {small:?}");
+    assert_eq!(tiered.upload_next_large().unwrap(), None, "the background uploads pass them by");
+    assert_eq!(store.coalesce(&small).unwrap(), 5);
+    // Still small (20 chunks); the catalog's upload takes it as it is.
+    let together = tiered.waiting_small();
+    assert!(together.len() == 1 && !small.contains(&together[0]), "one pack of the five: {together:?}");
+    assert_eq!(store.coalesce(&together).unwrap(), 0, "one pack alone is not rewritten");
+    assert_eq!(tiered.upload_next().unwrap(), Some(together[0]));
+    assert_eq!(tiered.upload_next().unwrap(), None);
+    assert_eq!(remote.list().unwrap().len(), 1, "one object in the bucket");
+    let mut out = vec![0; 4096];
+    for (id, bytes) in &written {
+        store.read(*id, &mut out).unwrap();
+        assert_eq!(&out, bytes);
+    }
 }

@@ -235,6 +235,12 @@ pub struct ServeArgs {
     /// newest packs, and those read last); the rest is read from the bucket.
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     cache_max: Option<u64>,
+    /// With `--bucket`: packs smaller than this (what a quiet minute of
+    /// archiving makes) are not uploaded one by one but at the next catalog,
+    /// rewritten into one first: a bucket bills, and slows, by the object.
+    /// `0` uploads every pack as soon as it is sealed.
+    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = parse_size_arg, requires = "bucket")]
+    upload_batch_below: u64,
     /// With `--bucket`: how often the node's catalog (what `rewind node
     /// recover` rebuilds it from: volumes, bookmarks, policies, index runs,
     /// chunk table) is published to the bucket once archived history has
@@ -451,6 +457,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         Some(record) => {
             let mut bucket = record.open(args.cache_max)?;
             bucket.alert_after_nanos = nanos(args.upload_alert_after, "--upload-alert-after")?;
+            bucket.tier.batch_below_bytes = args.upload_batch_below;
             Some(bucket)
         }
     };

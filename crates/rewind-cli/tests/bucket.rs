@@ -23,8 +23,19 @@ fn history_goes_to_the_bucket_and_views_of_evicted_history_read_from_it() {
     let dir = tempfile::tempdir().unwrap();
     let minio = Minio::start(&dir.path().join("minio"));
     let endpoint = minio.endpoint();
-    let options =
-        ["--bucket", "s3://rewind/node-1", "--endpoint", &endpoint, "--cache-max", "1MiB", "--archive-interval", "1s"];
+    // Every pack goes up as it is sealed (small ones would wait for a catalog).
+    let options = [
+        "--bucket",
+        "s3://rewind/node-1",
+        "--endpoint",
+        &endpoint,
+        "--cache-max",
+        "1MiB",
+        "--archive-interval",
+        "1s",
+        "--upload-batch-below",
+        "0",
+    ];
     let env = [("AWS_ACCESS_KEY_ID", USER), ("AWS_SECRET_ACCESS_KEY", PASSWORD)];
     let server = Server::start_with_env(&dir.path().join("data"), &options, &env);
     server.rewind(&["volume", "create", "v", "--size", "8MiB"]);
@@ -96,6 +107,8 @@ fn writes_go_on_while_the_bucket_is_down_and_uploads_catch_up_after() {
         "1s",
         "--upload-alert-after",
         "1s",
+        "--upload-batch-below",
+        "0",
     ];
     let env = [("AWS_ACCESS_KEY_ID", USER), ("AWS_SECRET_ACCESS_KEY", PASSWORD)];
     let server = Server::start_with_env(&dir.path().join("data"), &options, &env);
@@ -447,4 +460,57 @@ fn history_in_a_locked_bucket_outlives_its_deletion() {
     let out = dir.path().join("db-good.out");
     run("nbdcopy", &[&server.uri("db@good"), out.to_str().unwrap()]);
     assert!(std::fs::read(&out).unwrap() == noise(1, SIZE), "db@good as it was before the attack");
+}
+
+/// Small packs do not become small objects (issue 14 req 2): six rounds of
+/// history archived into six small packs wait for the next catalog (here,
+/// the last at a clean stop), which puts them together; the bucket holds
+/// one pack for them, and every round reads back from it after a restart.
+#[test]
+fn small_packs_go_to_the_bucket_together() {
+    require("nbdcopy");
+    let dir = tempfile::tempdir().unwrap();
+    let minio = Minio::start(&dir.path().join("minio"));
+    let endpoint = minio.endpoint();
+    let options = [
+        "--bucket",
+        "s3://rewind/batched",
+        "--endpoint",
+        &endpoint,
+        "--archive-interval",
+        "1s",
+        "--upload-interval",
+        "1h",
+        "--cache-max",
+        "0",
+    ];
+    let env = [("AWS_ACCESS_KEY_ID", USER), ("AWS_SECRET_ACCESS_KEY", PASSWORD)];
+    let data = dir.path().join("data");
+    let mut server = Server::start_with_env(&data, &options, &env);
+    server.rewind(&["volume", "create", "v", "--size", "4MiB"]);
+    const ROUND: usize = 512 << 10;
+    for round in 0..6u64 {
+        let image = dir.path().join(format!("round-{round}.raw"));
+        std::fs::write(&image, noise(round, ROUND)).unwrap();
+        run("nbdcopy", &[image.to_str().unwrap(), &server.uri("v")]);
+        server.rewind(&["bookmark", "v", &format!("r{round}")]);
+        wait_for("the round's pack to wait for the catalog", || {
+            node_stats(&server)["bucket"]["upload_waiting_packs"].as_u64() > Some(round)
+        });
+    }
+    assert_eq!(node_stats(&server)["bucket"]["bucket_packs"], 0, "none uploaded one by one");
+    server.stop();
+
+    let server = Server::start_with_env(&data, &options, &env);
+    let bucket = node_stats(&server)["bucket"].clone();
+    assert_eq!(
+        (bucket["bucket_packs"].as_u64(), bucket["upload_waiting_packs"].as_u64()),
+        (Some(1), Some(0)),
+        "{bucket}"
+    );
+    for round in 0..6u64 {
+        let out = dir.path().join(format!("r{round}.out"));
+        run("nbdcopy", &[&server.uri(&format!("v@r{round}")), out.to_str().unwrap()]);
+        assert!(std::fs::read(&out).unwrap()[..ROUND] == noise(round, ROUND)[..], "round {round} reads back");
+    }
 }

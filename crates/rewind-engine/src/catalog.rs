@@ -239,6 +239,11 @@ impl Node {
             };
             state.listed = true;
         }
+        // Small packs waiting for their upload go up as one (or a few).
+        let small = tiered.waiting_small();
+        if small.len() > 1 {
+            self.shared.chunks.coalesce(&small)?;
+        }
         let epoch = tiered.begin_capture();
         let Capture { files: captured, packs } = self.capture(tiered, node_files)?;
         let points: Vec<(String, Timestamp)> = captured

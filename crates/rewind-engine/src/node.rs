@@ -433,7 +433,8 @@ impl Node {
         let Some(tiered) = &self.tiered else { return Ok(false) };
         let mut worked = false;
         self.note_waiting(tiered, now);
-        while let Some(_pack) = tiered.upload_next().map_err(EngineError::io("the bucket"))? {
+        // Small packs go at the next catalog, put together (`publish_catalog`).
+        while let Some(_pack) = tiered.upload_next_large().map_err(EngineError::io("the bucket"))? {
             worked = true;
         }
         worked |= tiered.evict().map_err(EngineError::io("the local pack cache"))? > 0;

@@ -44,6 +44,8 @@ impl Tiering {
             cache_bytes_max: rng.random_range(0..256 << 10),
             newest_kept: rng.random_range(0..3),
             memory_bytes_max: rng.random_range(0..64 << 10),
+            // Sometimes no batching; sometimes most packs wait for the catalog.
+            batch_below_bytes: rng.random_range(0..128 << 10),
         };
         (seed % 4 == 3).then_some(Tiering { tier })
     }
