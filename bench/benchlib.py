@@ -159,6 +159,20 @@ def spread(values, digits=2):
     return f"{min(values):.{digits}f} / {statistics.median(values):.{digits}f} / {max(values):.{digits}f}"
 
 
+def size_of(text):
+    """Bytes in a size given as `512M` or `2G`."""
+    return int(text[:-1]) << {"M": 20, "G": 30}[text[-1]]
+
+
+def drop_caches():
+    """Writes dirty pages back and drops the page cache, so reads go to the disk."""
+    subprocess.run(["sync"], check=True)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as error:
+        print(f"warning: the page cache stays ({error})", flush=True)
+
+
 def timed(command, **kwargs):
     """Runs `command`; its wall-clock seconds and its stdout."""
     start = time.monotonic()

@@ -36,10 +36,12 @@ from pathlib import Path
 from benchlib import (
     REWIND,
     api,
+    drop_caches,
     environment,
     fio,
     publish,
     remember_token,
+    size_of,
     spread,
     start_minio,
     start_server,
@@ -52,18 +54,6 @@ from benchlib import (
 MINIO_PORT = 10960
 TIERED = (10961, 10962)
 PLAIN = (10963, 10964)
-
-
-def size_of(text):
-    return int(text[:-1]) << {"M": 20, "G": 30}[text[-1]]
-
-
-def drop_caches():
-    subprocess.run(["sync"], check=True)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as error:
-        print(f"warning: the page cache stays ({error})", flush=True)
 
 
 def main():
