@@ -239,6 +239,11 @@ impl Node {
             };
             state.listed = true;
         }
+        // Holds first: a catalog that waits for its packs must not let the
+        // bucket's older objects go.
+        if let Some(retention) = &catalogs.retention {
+            retention.extend().map_err(bucket_error)?;
+        }
         // Small packs waiting for their upload go up as one (or a few).
         let small = tiered.waiting_small();
         if small.len() > 1 {
@@ -326,9 +331,6 @@ impl Node {
         tiered.delete_retired(epoch).map_err(bucket_error)?;
         if published.is_some() || !state.held.is_empty() {
             self.prune_catalogs(catalogs, &mut state)?;
-        }
-        if let Some(retention) = &catalogs.retention {
-            retention.extend().map_err(bucket_error)?;
         }
         let live: FxHashSet<u64> = self.runs_held();
         state.runs.retain(|uid, _| live.contains(uid));

@@ -309,7 +309,18 @@ impl Inner {
         futures_util::stream::iter(due)
             .map(|key| {
                 let inner = Arc::clone(&self);
-                async move { inner.put_retention(&key, new_until).await }
+                async move {
+                    match inner.put_retention(&key, new_until).await {
+                        // Gone (deleted by someone else): nothing to hold.
+                        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                            let mut state = inner.state.lock();
+                            state.until.remove(&key);
+                            state.pending.remove(&key);
+                            Ok(())
+                        }
+                        held => held,
+                    }
+                }
             })
             .buffer_unordered(PARALLEL_REQUESTS)
             .try_collect::<Vec<()>>()
@@ -343,10 +354,18 @@ impl Retention for ObjectLock {
 }
 
 /// Whether `config`'s bucket has object lock: one request.
+/// Credentials that may not read a bucket's lock configuration are not a
+/// reason to refuse it: the bucket is taken as unlocked, with a warning.
 pub fn has_lock(config: &S3Config) -> io::Result<bool> {
     let lock = ObjectLock::unchecked(config, Duration::from_secs(1))?;
     let inner = Arc::clone(&lock.inner);
-    lock.run(async move { inner.bucket_locked().await })
+    match lock.run(async move { inner.bucket_locked().await }) {
+        Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
+            tracing::warn!(bucket = %config.url(), %error, "cannot tell whether the bucket has object lock; taken as not");
+            Ok(false)
+        }
+        locked => locked,
+    }
 }
 
 /// Creates `config`'s bucket with object lock enabled (for tests: a
