@@ -5,10 +5,13 @@
 //! traffic each way; restores and clones read it too. While the bucket
 //! does not answer, writes and archiving go on and the uploads wait; they
 //! catch up once it answers. A node whose disk is lost is rebuilt from its
-//! bucket alone (`rewind node recover`).
+//! bucket alone (`rewind node recover`): byte images at bookmarks and at
+//! times between them, fio's verified writes and an ext4 filesystem at two
+//! bookmarks come back.
 
 mod common;
 
+use common::filesystem::FsTest;
 use common::{json, require, run, wait_for, Server};
 use rewind_chunks::conformance::noise;
 use rewind_s3::minio::{Minio, LOCKED_BUCKET, PASSWORD, USER};
@@ -158,10 +161,37 @@ fn catalog_covers(server: &Server, volumes: &[&str], nanos: u128) -> bool {
     })
 }
 
+/// fio's verified random writes into the upper half of db (8 MiB): the
+/// rounds of nbdcopy write the lower half.
+fn fio_verified(uri: &str, extra: &[&str]) -> String {
+    let uri = format!("--uri={uri}");
+    let mut args = vec![
+        "--name=verify",
+        "--ioengine=nbd",
+        "--rw=randwrite",
+        "--bs=4k",
+        "--offset=4M",
+        "--size=4M",
+        "--iodepth=8",
+        "--verify=crc32c",
+        "--randseed=42",
+        // fio would otherwise leave a verify state file in the working directory.
+        "--verify_state_save=0",
+        &uri,
+    ];
+    args.extend_from_slice(extra);
+    run("fio", &args)
+}
+
 #[test]
 fn a_lost_node_is_recovered_from_its_bucket_alone() {
     require("nbdcopy");
     require("qemu-img");
+    require("fio");
+    require("nbdfuse");
+    require("mkfs.ext4");
+    require("losetup");
+    let _mounts = FsTest::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let minio = Minio::start(&dir.path().join("minio"));
     let endpoint = minio.endpoint();
@@ -200,8 +230,32 @@ fn a_lost_node_is_recovered_from_its_bucket_alone() {
     server.rewind(&["volume", "clone", "db@r0", "c"]);
     write(&server, "c", 9);
     write(&server, "scratch", 50);
+    // fio's verified writes, then a filesystem's story: ext4 made, files
+    // written, frozen and bookmarked, then changed and bookmarked again.
+    fio_verified(&server.uri("db"), &["--fsync=16"]);
+    server.rewind(&["bookmark", "db", "fio"]);
+    server.rewind(&["volume", "create", "fs", "--size", "32MiB"]);
+    let mut fs_test = FsTest::new(dir.path());
+    let (fuse, mnt) = (fs_test.fuse.clone(), fs_test.mnt.clone());
+    let disk = fs_test.attach(&server.uri("fs"), &fuse, false);
+    run("mkfs.ext4", &["-q", &disk]);
+    run("mount", &[&disk, mnt.to_str().unwrap()]);
+    let (keep, doomed) = (noise(11, 3 << 20), noise(12, 1 << 20));
+    std::fs::write(mnt.join("keep.bin"), &keep).unwrap();
+    std::fs::write(mnt.join("doomed.bin"), &doomed).unwrap();
+    std::fs::create_dir(mnt.join("dir")).unwrap();
+    std::fs::write(mnt.join("dir/note.txt"), b"before the upgrade\n").unwrap();
+    run("fsfreeze", &["-f", mnt.to_str().unwrap()]);
+    server.rewind(&["bookmark", "fs", "before-upgrade"]);
+    run("fsfreeze", &["-u", mnt.to_str().unwrap()]);
+    std::fs::remove_file(mnt.join("doomed.bin")).unwrap();
+    std::fs::write(mnt.join("dir/note.txt"), b"after the upgrade\n").unwrap();
+    run("fsfreeze", &["-f", mnt.to_str().unwrap()]);
+    server.rewind(&["bookmark", "fs", "after-upgrade"]);
+    run("fsfreeze", &["-u", mnt.to_str().unwrap()]);
+    fs_test.detach();
     let written = now_nanos();
-    wait_for("a catalog covering every write", || catalog_covers(&server, &["db", "logs", "c"], written));
+    wait_for("a catalog covering every write", || catalog_covers(&server, &["db", "logs", "c", "fs"], written));
     // Points between the bookmarks too: five times spread over the history,
     // as Unix nanoseconds, read before the loss to compare after it.
     let points: Vec<String> =
@@ -237,7 +291,7 @@ fn a_lost_node_is_recovered_from_its_bucket_alone() {
     assert!(output.status.success(), "{}", common::describe(&output));
     let summary = json(&String::from_utf8_lossy(&output.stdout));
     let names: Vec<&str> = summary["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["c", "db", "logs"], "{summary}");
+    assert_eq!(names, ["c", "db", "fs", "logs"], "{summary}");
     let left_out = &summary["left_out"][0];
     assert_eq!(left_out["name"], "scratch", "{summary}");
     assert!(left_out["reason"].as_str().unwrap().contains("cow"), "{summary}");
@@ -261,6 +315,24 @@ fn a_lost_node_is_recovered_from_its_bucket_alone() {
         assert!(compared.contains("identical"), "{export}: {compared}");
     }
     assert!(read("c")[..ROUND] == noise(9, ROUND)[..], "the clone's present");
+    // fio's data verifies at its bookmark; the filesystem mounts at both of
+    // its bookmarks and holds what it held.
+    fio_verified(&server.uri("db@fio"), &["--verify_only"]);
+    std::fs::create_dir(dir.path().join("after")).unwrap();
+    let mut fs_test = FsTest::new(&dir.path().join("after"));
+    let (fuse, fuse_view, mnt, old) =
+        (fs_test.fuse.clone(), fs_test.fuse_view.clone(), fs_test.mnt.clone(), fs_test.old.clone());
+    let before = fs_test.attach(&server.uri("fs@before-upgrade"), &fuse_view, true);
+    run("mount", &["-o", "ro,noload", &before, old.to_str().unwrap()]);
+    assert!(std::fs::read(old.join("keep.bin")).unwrap() == keep, "keep.bin before the upgrade");
+    assert!(std::fs::read(old.join("doomed.bin")).unwrap() == doomed, "the deleted file, before the upgrade");
+    assert_eq!(std::fs::read(old.join("dir/note.txt")).unwrap(), b"before the upgrade\n");
+    let after = fs_test.attach(&server.uri("fs@after-upgrade"), &fuse, true);
+    run("mount", &["-o", "ro,noload", &after, mnt.to_str().unwrap()]);
+    assert!(std::fs::read(mnt.join("keep.bin")).unwrap() == keep, "keep.bin after the upgrade");
+    assert!(!mnt.join("doomed.bin").exists(), "deleted after the upgrade");
+    assert_eq!(std::fs::read(mnt.join("dir/note.txt")).unwrap(), b"after the upgrade\n");
+    fs_test.detach();
     let info = json(&server.rewind(&["volume", "info", "c", "--json"]));
     assert_eq!(info["base"]["volume"], "db", "still a clone of db: {info}");
     // And it goes on: a write to the recovered volume, kept as history.

@@ -353,5 +353,6 @@ impl Watchdog {
     }
 }
 
+pub mod filesystem;
 pub mod nbd_client;
 pub mod pki;
