@@ -261,9 +261,13 @@ impl PackStore for S3PackStore {
 
     fn delete(&self, pack: u64) -> io::Result<()> {
         let (store, location, url) = (Arc::clone(&self.store), self.location(pack), self.locate(pack));
-        // An upload of it a crash left unfinished goes too.
-        let (signed, key) = (Arc::clone(&self.signed), location.to_string());
-        self.run(async move { multipart::abort_unfinished(&signed, &key).await })?;
+        // An upload of it a crash left unfinished goes too: only a pack large
+        // enough for parts, or one never seen whole, can have one.
+        let known = self.sizes.lock().get(&pack).copied();
+        if known.is_none_or(|bytes| bytes >= multipart::MULTIPART_MIN_BYTES as u64) {
+            let (signed, key) = (Arc::clone(&self.signed), location.to_string());
+            self.run(async move { multipart::abort_unfinished(&signed, &key).await })?;
+        }
         match &self.lock {
             Some(lock) => lock.delete(&location, &url)?,
             None => match self.run(async move { store.delete(&location).await }) {

@@ -80,8 +80,9 @@ impl Signed {
             attempt += 1;
             // 100 ms, 200 ms, 400 ms, with up to as much again of jitter.
             let pause = Duration::from_millis(100 << (attempt - 1));
-            let jitter = u64::from(std::time::SystemTime::now().elapsed().unwrap_or_default().subsec_nanos())
-                % pause.as_millis().max(1) as u64;
+            // The clock's nanoseconds: enough to keep retrying clients apart.
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let jitter = u64::from(nanos.subsec_nanos()) % pause.as_millis().max(1) as u64;
             tokio::time::sleep(pause + Duration::from_millis(jitter)).await;
         }
     }
