@@ -24,6 +24,7 @@ mod locality;
 pub mod meta_store;
 mod pack;
 pub mod pack_store;
+pub mod peers;
 pub mod retention;
 mod saved;
 mod store;

@@ -95,6 +95,50 @@ impl MetaStore for LocalMetaStore {
     }
 }
 
+/// The objects of another store under one of its directories: a node's
+/// own objects in a bucket shared by several (`crate::peers`).
+pub struct Within {
+    store: Arc<dyn MetaStore>,
+    dir: String,
+}
+
+impl Within {
+    pub fn new(store: Arc<dyn MetaStore>, dir: &str) -> Within {
+        assert!(!dir.is_empty() && !dir.starts_with('/') && !dir.ends_with('/'), "directory {dir:?}");
+        Within { store, dir: dir.to_owned() }
+    }
+
+    fn name(&self, name: &str) -> String {
+        format!("{}/{name}", self.dir)
+    }
+}
+
+impl MetaStore for Within {
+    fn locate(&self, name: &str) -> String {
+        self.store.locate(&self.name(name))
+    }
+
+    fn put_new(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        self.store.put_new(&self.name(name), bytes)
+    }
+
+    fn get(&self, name: &str) -> io::Result<Vec<u8>> {
+        self.store.get(&self.name(name))
+    }
+
+    fn list(&self, dir: &str) -> io::Result<Vec<String>> {
+        self.store.list(&self.name(dir))
+    }
+
+    fn delete(&self, name: &str) -> io::Result<()> {
+        self.store.delete(&self.name(name))
+    }
+
+    fn content_hash(&self, bytes: &[u8]) -> [u8; 32] {
+        self.store.content_hash(bytes)
+    }
+}
+
 /// The contract of [`MetaStore`], checked on `store` (empty under `dir`).
 /// Panics with what broke it.
 pub fn check_meta_store(store: &dyn MetaStore, dir: &str) {

@@ -68,6 +68,7 @@ use rustc_hash::FxHashMap;
 use crate::dedup::{DedupConfig, DedupIndex};
 use crate::locality::{self, LocalityCache};
 use crate::pack_store::{LocalPackStore, PackStore};
+use crate::peers::{pack_owner, packs_before, PeerChunks};
 use crate::saved::{self, Saved};
 use crate::table::{slot_in, ChunkTable};
 use crate::{chunk_hash, pack_name, Check, ChunkError, ChunkLocation, PackReader, PackWriter};
@@ -82,6 +83,9 @@ pub struct ChunkStoreConfig {
     pub repack_live_percent: u64,
     /// Sealed packs kept open for reading.
     pub open_packs_max: usize,
+    /// This node's number among the nodes sharing its bucket (0: a bucket of
+    /// its own); its packs are numbered under it (`crate::peers`).
+    pub node: u16,
 }
 
 impl Default for ChunkStoreConfig {
@@ -91,6 +95,7 @@ impl Default for ChunkStoreConfig {
             dedup: DedupConfig::default(),
             repack_live_percent: 50,
             open_packs_max: 32,
+            node: 0,
         }
     }
 }
@@ -163,6 +168,11 @@ struct State {
     /// Raw and stored bytes of the chunks that are not free.
     held_raw_bytes: u64,
     held_stored_bytes: u64,
+    /// Chunks that are not free whose slots name other nodes' packs
+    /// (borrowed, `crate::peers`), and their stored bytes: not counted in
+    /// the held bytes above, nor in any pack's stats.
+    borrowed_chunks: u64,
+    borrowed_stored_bytes: u64,
     dedup: DedupIndex,
     /// Hashes of ids near recent dedup hits (see `locality.rs`).
     locality: LocalityCache,
@@ -237,6 +247,7 @@ struct Counters {
     chunks_freed: AtomicU64,
     packs_deleted: AtomicU64,
     packs_rewritten: AtomicU64,
+    dedup_hits_peers: AtomicU64,
 }
 
 /// The chunk store of a node. See the module documentation.
@@ -257,6 +268,9 @@ pub struct ChunkStore {
     /// Set by a failed sync; see the module documentation.
     poisoned: Mutex<Option<String>>,
     counters: Counters,
+    /// What other nodes sharing the bucket store, and until when (the
+    /// embedder's clock) it may be borrowed from (see [`ChunkStore::set_peers`]).
+    peers: RwLock<Option<(Arc<dyn PeerChunks>, u64)>>,
 }
 
 /// Sizes and ratios, for `rewind stats` and `/metrics`.
@@ -295,6 +309,13 @@ pub struct ChunkStats {
     pub chunks_freed: u64,
     pub packs_deleted: u64,
     pub packs_rewritten: u64,
+    /// Since the store was opened: chunks found in other nodes' packs
+    /// (`crate::peers`) rather than stored.
+    pub dedup_hits_peers: u64,
+    /// Chunks held whose bytes are in other nodes' packs, and their stored
+    /// bytes (not in `unique_*_bytes`).
+    pub borrowed_chunks: u64,
+    pub borrowed_stored_bytes: u64,
     pub poisoned: Option<String>,
     /// Why collection waits for a recount of references, if it does.
     pub recount_pending: Option<String>,
@@ -454,7 +475,7 @@ impl ChunkStore {
             }
         }
         let newest = packs.keys().chain(unreadable.keys()).max().copied().unwrap_or(0);
-        let pack_next = newest.max(dedup.packs_covered()) + 1;
+        let pack_next = newest.max(dedup.packs_covered()).max(packs_before(config.node)) + 1;
         let state = State {
             // Allocated when counting starts (`start_counting`), unless the
             // saved counts are taken back: never both at once.
@@ -466,6 +487,8 @@ impl ChunkStore {
             logical_bytes: 0,
             held_raw_bytes: 0,
             held_stored_bytes: 0,
+            borrowed_chunks: 0,
+            borrowed_stored_bytes: 0,
             dedup,
             locality: LocalityCache::default(),
             unslotted: Default::default(),
@@ -493,6 +516,7 @@ impl ChunkStore {
             writing: Mutex::new(()),
             poisoned: Mutex::new(None),
             counters: Counters::default(),
+            peers: RwLock::new(None),
         })
     }
 
@@ -589,6 +613,9 @@ impl ChunkStore {
             Some("a pack's footer is damaged".to_owned())
         } else if !state.missing.is_empty() {
             Some(format!("history refers to {} chunks that are missing", state.missing.len()))
+        } else if state.borrowed_chunks > 0 {
+            // The saved counts hold no record of them.
+            Some(format!("{} chunks are borrowed from other nodes", state.borrowed_chunks))
         } else {
             None
         };
@@ -687,6 +714,7 @@ impl ChunkStore {
         (state.references, state.logical_bytes) = (references, logical_bytes);
         state.free_hint = 1;
         (state.held_raw_bytes, state.held_stored_bytes) = (0, 0);
+        (state.borrowed_chunks, state.borrowed_stored_bytes) = (0, 0);
         for pack in state.packs.values_mut() {
             (pack.held_chunks, pack.held_bytes) = (0, 0);
         }
@@ -729,7 +757,10 @@ impl ChunkStore {
         while first < id_end {
             let count = SCAN_IDS.min(id_end - first);
             let window = &state.counts[first as usize..(first + count) as usize];
-            if counting == Counting::Exact && window.iter().all(|&count| count == FREE) {
+            // A node sharing its bucket reads them all: stale slots
+            // naming other nodes' packs are cleared below.
+            let shares_bucket = self.config.node != 0;
+            if counting == Counting::Exact && !shares_bucket && window.iter().all(|&count| count == FREE) {
                 first += count;
                 continue;
             }
@@ -750,6 +781,22 @@ impl ChunkStore {
                     Ok(None) | Err(_) => continue,
                 };
                 if !referenced && counting == Counting::Exact {
+                    // A stale slot naming another node's pack (its id freed
+                    // before a crash cleared it) would keep the pack's
+                    // owner from deleting it (`crate::peers`).
+                    if self.is_borrowed(&slot) {
+                        self.table.clear(id)?;
+                    }
+                    continue;
+                }
+                if self.is_borrowed(&slot) {
+                    // Another node's pack: read (and checked) when read.
+                    if !referenced {
+                        state.counts[id.0 as usize] = 0;
+                        state.dead += 1;
+                    }
+                    state.borrowed_chunks += 1;
+                    state.borrowed_stored_bytes += u64::from(slot.stored_bytes);
                     continue;
                 }
                 match self.pack_for(state, slot.pack) {
@@ -922,6 +969,39 @@ impl ChunkStore {
     }
 
     /// Starts putting chunks; only one session or collection runs at a time.
+    /// Lets archive passes borrow chunks that other nodes sharing the
+    /// bucket store (`crate::peers`): a chunk the node's own dedup index
+    /// does not have but `peers` finds gets a slot naming the other node's
+    /// pack instead of being stored again — until [`ChunkStore::expire_peers`]
+    /// is told a time at or after `until` (what `peers` knows is then too
+    /// old to trust). The store reads no clock: the embedder calls
+    /// `expire_peers` before each archive pass and regularly.
+    pub fn set_peers(&self, peers: Arc<dyn PeerChunks>, until: u64) {
+        *self.peers.write() = Some((peers, until));
+    }
+
+    /// Stops the borrowing [`ChunkStore::set_peers`] allowed if `now` is
+    /// at or past its end.
+    pub fn expire_peers(&self, now: u64) {
+        let mut peers = self.peers.write();
+        if peers.as_ref().is_some_and(|&(_, until)| now >= until) {
+            *peers = None;
+        }
+    }
+
+    /// Whether `slot` names another node's pack.
+    fn is_borrowed(&self, slot: &TableSlot) -> bool {
+        pack_owner(slot.pack) != self.config.node
+    }
+
+    /// Another node's slot for chunk `hash` of `raw_bytes`, if the peers
+    /// know one that describes it.
+    fn peer_chunk(&self, hash: &ChunkHash, raw_bytes: u32) -> Option<TableSlot> {
+        let slot = self.peers.read().as_ref()?.0.find(hash)?;
+        let fits = slot.hash == *hash && slot.raw_bytes == raw_bytes && self.is_borrowed(&slot);
+        fits.then_some(slot)
+    }
+
     pub fn session(&self) -> Result<ArchiveSession<'_>, ChunkError> {
         let writing = self.writing.lock();
         self.check_poisoned()?;
@@ -938,6 +1018,7 @@ impl ChunkStore {
             writer: None,
             unsealed: Vec::new(),
             sealed: Vec::new(),
+            borrowed: Vec::new(),
             new_ids: Vec::new(),
             done: false,
         })
@@ -1236,6 +1317,9 @@ impl ChunkStore {
             chunks_freed: counter(&self.counters.chunks_freed),
             packs_deleted: counter(&self.counters.packs_deleted),
             packs_rewritten: counter(&self.counters.packs_rewritten),
+            dedup_hits_peers: counter(&self.counters.dedup_hits_peers),
+            borrowed_chunks: state.borrowed_chunks,
+            borrowed_stored_bytes: state.borrowed_stored_bytes,
             poisoned: self.poisoned.lock().clone(),
             recount_pending: state.recount.clone(),
             chunks_missing: state.missing.len() as u64,
@@ -1348,6 +1432,14 @@ impl ChunkStore {
                         .ok_or_else(|| {
                             ChunkError::corrupt(self.table.path(), id.0 * 64, "slot of a counted chunk is empty")
                         })?;
+                    if self.is_borrowed(&slot) {
+                        state.borrowed_chunks -= 1;
+                        state.borrowed_stored_bytes -= u64::from(slot.stored_bytes);
+                        // A stale slot naming another node's pack would
+                        // keep its owner from deleting it (`crate::peers`).
+                        self.table.clear(id)?;
+                        continue;
+                    }
                     state.held_raw_bytes -= u64::from(slot.raw_bytes);
                     state.held_stored_bytes -= u64::from(slot.stored_bytes);
                     if let Some(pack) = state.packs.get_mut(&slot.pack) {
@@ -1665,6 +1757,8 @@ pub struct ArchiveSession<'a> {
     /// Chunks in the open pack, and in packs sealed by this session.
     unsealed: Vec<(ChunkId, TableSlot)>,
     sealed: Vec<(ChunkId, TableSlot)>,
+    /// Chunks borrowed from other nodes' packs (`crate::peers`).
+    borrowed: Vec<(ChunkId, TableSlot)>,
     /// Ids this session handed out (their slots are written by `finish`).
     new_ids: Vec<ChunkId>,
     done: bool,
@@ -1714,11 +1808,17 @@ impl ArchiveSession<'_> {
                 store.counters.dedup_hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(id);
             }
+            let borrowed = store.peer_chunk(&hash, raw_bytes);
             let id = state.allocate();
             state.reference(id, raw_bytes);
             state.dedup.insert(hash, id);
             state.unslotted.insert(id.0);
             self.new_ids.push(id);
+            if let Some(slot) = borrowed {
+                self.borrowed.push((id, slot));
+                store.counters.dedup_hits_peers.fetch_add(1, Ordering::Relaxed);
+                return Ok(id);
+            }
             id
         };
         if self.writer.is_none() {
@@ -1771,13 +1871,14 @@ impl ArchiveSession<'_> {
 
     fn finish_inner(&mut self) -> Result<(), ChunkError> {
         self.seal()?;
-        if self.sealed.is_empty() {
+        if self.sealed.is_empty() && self.borrowed.is_empty() {
             return Ok(());
         }
         let store = self.store;
-        let id_end = self.sealed.iter().map(|(id, _)| id.0 + 1).max().expect("not empty");
+        let slots = || self.sealed.iter().chain(&self.borrowed);
+        let id_end = slots().map(|(id, _)| id.0 + 1).max().expect("not empty");
         store.table.reserve(id_end)?;
-        for (id, slot) in &self.sealed {
+        for (id, slot) in slots() {
             store.table.write(*id, slot)?;
         }
         store.table.sync()?;
@@ -1785,6 +1886,11 @@ impl ArchiveSession<'_> {
         for id in &self.new_ids {
             state.unslotted.remove(&id.0);
         }
+        for (_, slot) in &self.borrowed {
+            state.borrowed_chunks += 1;
+            state.borrowed_stored_bytes += u64::from(slot.stored_bytes);
+        }
+        self.borrowed.clear();
         if state.dedup.is_full() {
             let covered = state.packs.keys().next_back().copied().unwrap_or(0);
             let state = &mut *state;

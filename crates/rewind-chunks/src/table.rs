@@ -91,6 +91,12 @@ impl ChunkTable {
         Ok(())
     }
 
+    /// Zeroes the slot of `id`, a freed id, as if never written.
+    pub fn clear(&self, id: ChunkId) -> Result<(), ChunkError> {
+        assert!(id.0 > 0 && id.0 < self.id_end());
+        self.file.write_all_at(&[0; TABLE_SLOT_BYTES], id.0 * SLOT).map_err(ChunkError::io(&self.path))
+    }
+
     pub fn sync(&self) -> Result<(), ChunkError> {
         self.file.sync_data().map_err(ChunkError::sync(&self.path))
     }

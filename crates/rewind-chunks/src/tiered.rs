@@ -38,6 +38,7 @@ use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashSet;
 
 use crate::pack_store::{Generation, PackStore, PackUpload, StoredPack};
+use crate::peers::pack_owner;
 use crate::retention::locked;
 
 /// The aligned windows reads from the remote tier fetch whole.
@@ -60,11 +61,22 @@ pub struct TierConfig {
     /// ([`TieredPackStore::upload_next_large`] passes them by): a bucket
     /// is billed, and slowed, by the object.
     pub batch_below_bytes: u64,
+    /// This node's number in a bucket shared with other nodes
+    /// (`crate::peers`): its packs are the remote tier's packs of that
+    /// number; the others' are read (borrowed chunks) but never listed,
+    /// evicted or deleted here.
+    pub node: u16,
 }
 
 impl Default for TierConfig {
     fn default() -> Self {
-        TierConfig { cache_bytes_max: u64::MAX, newest_kept: 4, memory_bytes_max: 64 << 20, batch_below_bytes: 8 << 20 }
+        TierConfig {
+            cache_bytes_max: u64::MAX,
+            newest_kept: 4,
+            memory_bytes_max: 64 << 20,
+            batch_below_bytes: 8 << 20,
+            node: 0,
+        }
     }
 }
 
@@ -78,6 +90,8 @@ struct Placement {
     uploading: bool,
     /// When the pack was last read (a tick of `clock`), for eviction.
     read_at: u64,
+    /// Another node's pack, found when first read (`crate::peers`).
+    borrowed: bool,
 }
 
 /// What the tiers hold and have done, for `rewind stats` and `/metrics`.
@@ -101,6 +115,9 @@ pub struct TierStats {
     pub remote_reads: u64,
     pub remote_read_bytes: u64,
     pub remote_deletes: u64,
+    /// Packs deleted here whose remote copies wait (for a catalog, or for
+    /// the other nodes sharing the bucket to let them go).
+    pub retired_packs: u64,
 }
 
 #[derive(Default)]
@@ -168,12 +185,22 @@ pub struct TieredPackStore {
     clock: AtomicU64,
     counters: Counters,
     /// Packs deleted here whose remote copies wait for a catalog taken
-    /// after their deletion, with the capture epoch they were deleted in.
-    retired: Mutex<Vec<(u64, u64)>>,
+    /// after their deletion.
+    retired: Mutex<Vec<Retired>>,
     /// Counts catalog captures (see [`TieredPackStore::begin_capture`]).
     epoch: AtomicU64,
     /// Told whenever a pack is sealed locally: it waits for its upload.
     waker: Arc<Mutex<Option<Waker>>>,
+}
+
+/// A pack deleted here, not yet from the remote tier.
+#[derive(Clone, Copy, Debug)]
+struct Retired {
+    pack: u64,
+    /// The capture epoch it was deleted in.
+    epoch: u64,
+    /// When a catalog taken after it was first published (the caller's clock).
+    published_at: Option<u64>,
 }
 
 /// What [`TieredPackStore::wake_on_sealed`] calls.
@@ -187,7 +214,7 @@ impl TieredPackStore {
         config: TierConfig,
     ) -> io::Result<TieredPackStore> {
         let mut placements = BTreeMap::new();
-        for stored in remote.list()? {
+        for stored in remote.list()?.into_iter().filter(|stored| pack_owner(stored.pack) == config.node) {
             placements.insert(stored.pack, Placement::of(&stored, false, true));
         }
         for stored in local.list()? {
@@ -322,7 +349,8 @@ impl TieredPackStore {
                 if local_bytes <= self.config.cache_bytes_max {
                     return Ok(freed);
                 }
-                let newest: Vec<u64> = placements.keys().rev().take(self.config.newest_kept).copied().collect();
+                let own = placements.iter().filter(|(_, placement)| !placement.borrowed);
+                let newest: Vec<u64> = own.rev().take(self.config.newest_kept).map(|(&pack, _)| pack).collect();
                 placements
                     .iter()
                     .filter(|(pack, placement)| {
@@ -353,12 +381,32 @@ impl TieredPackStore {
     }
 
     /// Deletes the remote copies of the packs retired before capture `epoch`
-    /// began; returns how many. A pack under object lock stays retired until
-    /// its hold runs out (`crate::retention`); any other failure leaves the
-    /// rest for the next call.
+    /// began, once its catalog is published; returns how many. A pack under
+    /// object lock stays retired until its hold runs out
+    /// (`crate::retention`); any other failure leaves the rest for the next
+    /// call.
     pub fn delete_retired(&self, epoch: u64) -> io::Result<usize> {
-        let due: Vec<u64> =
-            self.retired.lock().iter().filter(|&&(_, retired)| retired < epoch).map(|&(pack, _)| pack).collect();
+        self.delete_retired_unless(epoch, 0, |_, _| false)
+    }
+
+    /// [`TieredPackStore::delete_retired`], but a pack for which `keep`
+    /// says yes stays retired, to be asked about again at the next call:
+    /// `keep` is given the pack and when a catalog taken after its retiring
+    /// was first published (`now`, of this call or an earlier one) — what
+    /// the nodes sharing the bucket decide by (`crate::peers`).
+    pub fn delete_retired_unless(&self, epoch: u64, now: u64, keep: impl Fn(u64, u64) -> bool) -> io::Result<usize> {
+        let due: Vec<u64> = {
+            let mut retired = self.retired.lock();
+            for entry in retired.iter_mut().filter(|entry| entry.epoch < epoch) {
+                entry.published_at.get_or_insert(now);
+            }
+            retired
+                .iter()
+                .filter_map(|entry| {
+                    entry.published_at.filter(|&published| !keep(entry.pack, published)).map(|_| entry.pack)
+                })
+                .collect()
+        };
         let mut deleted = 0;
         for &pack in &due {
             match self.remote.delete(pack) {
@@ -368,14 +416,15 @@ impl TieredPackStore {
             }
             deleted += 1;
             self.counters.remote_deletes.fetch_add(1, Ordering::Relaxed);
-            self.retired.lock().retain(|&(retired, _)| retired != pack);
+            self.retired.lock().retain(|entry| entry.pack != pack);
         }
         Ok(deleted)
     }
 
     /// Every pack the tiers hold, in number order.
     pub fn packs(&self) -> Vec<u64> {
-        self.placements.lock().keys().copied().collect()
+        let placements = self.placements.lock();
+        placements.iter().filter(|(_, placement)| !placement.borrowed).map(|(&pack, _)| pack).collect()
     }
 
     /// The packs waiting for their upload, oldest first.
@@ -396,9 +445,10 @@ impl TieredPackStore {
             remote_reads: self.counters.remote_reads.load(Ordering::Relaxed),
             remote_read_bytes: self.counters.remote_read_bytes.load(Ordering::Relaxed),
             remote_deletes: self.counters.remote_deletes.load(Ordering::Relaxed),
+            retired_packs: self.retired.lock().len() as u64,
             ..TierStats::default()
         };
-        for placement in placements.values() {
+        for placement in placements.values().filter(|placement| !placement.borrowed) {
             if placement.local {
                 stats.local_packs += 1;
                 stats.local_bytes += placement.bytes;
@@ -522,9 +572,22 @@ impl TieredPackStore {
     }
 
     fn placement(&self, pack: u64) -> io::Result<Placement> {
-        self.placements.lock().get(&pack).cloned().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, format!("{} is on neither tier", self.local.locate(pack)))
-        })
+        if let Some(placement) = self.placements.lock().get(&pack) {
+            return Ok(placement.clone());
+        }
+        self.borrow(pack)
+    }
+
+    /// Another node's pack `pack`, placed on the remote tier when first
+    /// asked for; any other pack not placed is on neither tier.
+    fn borrow(&self, pack: u64) -> io::Result<Placement> {
+        if pack_owner(pack) == self.config.node {
+            let message = format!("{} is on neither tier", self.local.locate(pack));
+            return Err(io::Error::new(io::ErrorKind::NotFound, message));
+        }
+        let stored = self.remote.stat(pack)?;
+        let placement = Placement { borrowed: true, ..Placement::of(&stored, false, true) };
+        Ok(self.placements.lock().entry(pack).or_insert(placement).clone())
     }
 }
 
@@ -537,6 +600,7 @@ impl Placement {
             remote,
             uploading: false,
             read_at: 0,
+            borrowed: false,
         }
     }
 }
@@ -545,6 +609,7 @@ impl PackStore for TieredPackStore {
     fn locate(&self, pack: u64) -> String {
         match self.placements.lock().get(&pack) {
             Some(placement) if !placement.local => self.remote.locate(pack),
+            None if pack_owner(pack) != self.config.node => self.remote.locate(pack),
             _ => self.local.locate(pack),
         }
     }
@@ -568,11 +633,16 @@ impl PackStore for TieredPackStore {
         let tick = self.clock.fetch_add(1, Ordering::Relaxed);
         let local = {
             let mut placements = self.placements.lock();
-            let placement = placements.get_mut(&pack).ok_or_else(|| {
-                io::Error::new(io::ErrorKind::NotFound, format!("{} is on neither tier", self.local.locate(pack)))
-            })?;
-            placement.read_at = tick;
-            placement.local
+            match placements.get_mut(&pack) {
+                Some(placement) => {
+                    placement.read_at = tick;
+                    placement.local
+                }
+                None => {
+                    drop(placements);
+                    self.borrow(pack)?.local
+                }
+            }
         };
         if local {
             match self.local.read(pack, offset, buf) {
@@ -593,6 +663,12 @@ impl PackStore for TieredPackStore {
 
     fn delete(&self, pack: u64) -> io::Result<()> {
         let Some(placement) = self.placements.lock().get(&pack).cloned() else { return Ok(()) };
+        if placement.borrowed {
+            // Its owner deletes it.
+            self.memory.lock().forget(pack);
+            self.placements.lock().remove(&pack);
+            return Ok(());
+        }
         if placement.uploading {
             let message = format!("{} is being uploaded; delete it once that is done", self.locate(pack));
             return Err(io::Error::new(io::ErrorKind::WouldBlock, message));
@@ -601,7 +677,7 @@ impl PackStore for TieredPackStore {
         self.local.delete(pack)?;
         self.placements.lock().remove(&pack);
         // Even one never uploaded: an upload whose reply was lost is there.
-        self.retired.lock().push((pack, self.epoch.load(Ordering::SeqCst)));
+        self.retired.lock().push(Retired { pack, epoch: self.epoch.load(Ordering::SeqCst), published_at: None });
         Ok(())
     }
 
@@ -609,6 +685,7 @@ impl PackStore for TieredPackStore {
         let placements = self.placements.lock();
         Ok(placements
             .iter()
+            .filter(|(_, placement)| !placement.borrowed)
             .map(|(&pack, placement)| StoredPack {
                 pack,
                 bytes: placement.bytes,

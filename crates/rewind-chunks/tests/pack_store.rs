@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use rewind_chunks::conformance::{check_faults, check_store};
-use rewind_chunks::meta_store::check_meta_store;
+use rewind_chunks::meta_store::{check_meta_store, MetaStore, Within};
 use rewind_chunks::pack_store::{Fault, FaultyPackStore};
 use rewind_chunks::tiered::{TierConfig, TieredPackStore};
 use rewind_chunks::{ChunkError, ChunkStore, ChunkStoreConfig, Counting, LocalMetaStore, LocalPackStore, PackStore};
@@ -28,6 +28,17 @@ fn the_local_meta_store_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
     let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
     check_meta_store(&LocalMetaStore::open(storage, "bucket").unwrap(), "catalogs");
+}
+
+#[test]
+fn a_directory_of_a_meta_store_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    let bucket: Arc<dyn MetaStore> = Arc::new(LocalMetaStore::open(storage, "bucket").unwrap());
+    check_meta_store(&Within::new(Arc::clone(&bucket), "nodes/a"), "catalogs");
+    Within::new(Arc::clone(&bucket), "nodes/a").put_new("catalogs/1", b"one").unwrap();
+    assert_eq!(bucket.get("nodes/a/catalogs/1").unwrap(), b"one", "under its directory");
+    assert!(Within::new(bucket, "nodes/b").list("catalogs").unwrap().is_empty(), "and no other");
 }
 
 #[test]

@@ -33,6 +33,8 @@ fn config(rng: &mut StdRng) -> ChunkStoreConfig {
         },
         repack_live_percent: rng.random_range(20..80),
         open_packs_max: rng.random_range(1..8),
+        // Packs numbered under a node number of a shared bucket, or not.
+        node: rng.random_range(0..3),
     }
 }
 

@@ -77,6 +77,11 @@ pub struct RecoverArgs {
     /// bucket that has one; recorded for `rewind serve`.
     #[arg(long, value_name = "PERIOD")]
     lock: Option<String>,
+    /// The lost node's name in a bucket shared by several nodes
+    /// (`rewind serve --node-name`): it is recovered under it, with its
+    /// node number.
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
     /// Show progress bars.
     #[arg(long)]
     progress: bool,
@@ -131,7 +136,8 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
         })
         .transpose()?;
     let record =
-        BucketRecord::new(&args.bucket, args.endpoint.clone(), args.key_file.as_deref(), args.lock.as_deref())?;
+        BucketRecord::new(&args.bucket, args.endpoint.clone(), args.key_file.as_deref(), args.lock.as_deref())?
+            .in_pool(args.node_name.clone(), None)?;
     let bucket = record.open(None)?;
     std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
     let storage = OsStorage::new(data_dir)?;

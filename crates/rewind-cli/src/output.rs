@@ -570,6 +570,30 @@ pub fn node_report(report: &NodeReport) {
                         volume.name, volume.recoverable_to, volume.rpo_seconds
                     );
                 }
+                if let Some(pool) = &catalog.pool {
+                    let others: Vec<String> = pool
+                        .other_nodes
+                        .iter()
+                        .map(|peer| match &peer.catalog_taken {
+                            Some(taken) => format!("{} (catalog {})", peer.name, taken),
+                            None => format!("{} (no catalog yet)", peer.name),
+                        })
+                        .collect();
+                    println!(
+                        "shared bucket   node {} (number {}); others: {}",
+                        pool.node_name,
+                        pool.node_number,
+                        if others.is_empty() { "none".to_owned() } else { others.join(", ") }
+                    );
+                    println!(
+                        "  borrowed      {} chunks ({}) kept in other nodes' packs; {} lendable; {} packs of ours wait \
+                         to leave the bucket",
+                        pool.chunks_borrowed,
+                        HumanBytes(pool.bytes_borrowed),
+                        pool.chunks_lendable,
+                        bucket.retired_packs
+                    );
+                }
                 if let Some(lock) = &catalog.lock {
                     println!(
                         "object lock     {} held, each for {} past its last use ({} waiting to expire, {} pending); \

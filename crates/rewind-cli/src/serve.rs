@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
 use rewind_access::{Grants, Tokens, ADMIN_TOKEN_FILE};
+use rewind_engine::pool::Pool;
 use rewind_engine::{Bucket, EngineError, Node, NodeConfig, Reserve, Retention, TierConfig, Timestamp};
 use rewind_http::{AllowedHosts, ApiState, Door, HttpConfig};
 use rewind_io::OsStorage;
@@ -55,7 +56,18 @@ pub struct BucketRecord {
     /// The object lock everything written is held under (`--lock`), as given.
     #[serde(default)]
     pub lock: Option<String>,
+    /// The node's name among the nodes sharing the bucket (`--node-name`).
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// How long a pack no node needs waits before it leaves the bucket
+    /// (`--pool-grace`), as given.
+    #[serde(default)]
+    pub pool_grace: Option<String>,
 }
+
+/// `--pool-grace`'s default: a generous bound on how far the nodes' clocks
+/// and archive passes may lag.
+const DEFAULT_POOL_GRACE: &str = "1h";
 
 const BUCKET_FILE: &str = "bucket.json";
 
@@ -72,7 +84,29 @@ impl BucketRecord {
         if let Some(lock) = lock {
             parse_lock(lock)?;
         }
-        Ok(BucketRecord { url: url.to_owned(), endpoint, key_file, lock: lock.map(str::to_owned) })
+        Ok(BucketRecord {
+            url: url.to_owned(),
+            endpoint,
+            key_file,
+            lock: lock.map(str::to_owned),
+            node_name: None,
+            pool_grace: None,
+        })
+    }
+
+    /// The node joins the nodes sharing the bucket as `name`
+    /// (`rewind_engine::pool`), with a grace period (`--pool-grace`).
+    pub fn in_pool(self, name: Option<String>, grace: Option<String>) -> Result<BucketRecord> {
+        if let Some(grace) = &grace {
+            parse_grace(grace)?;
+        }
+        if name.is_some() && self.lock.is_some() {
+            bail!(
+                "--lock with --node-name: object lock is not yet kept for a bucket shared by several nodes (each \
+                 would extend the others' holds); use a bucket, or prefix, per node to lock it"
+            );
+        }
+        Ok(BucketRecord { node_name: name, pool_grace: grace, ..self })
     }
 
     /// The bucket recorded for `data_dir`, if any.
@@ -128,9 +162,19 @@ impl BucketRecord {
         let key = self.key_file.as_deref().map(KeySource::from_file).transpose()?;
         let (packs, meta) = seal_bucket(Arc::new(packs), Arc::new(meta), key.as_ref())
             .with_context(|| format!("cannot use the bucket {url}"))?;
-        let tier = TierConfig { cache_bytes_max: cache_max.unwrap_or(u64::MAX), ..TierConfig::default() };
+        let mut tier = TierConfig { cache_bytes_max: cache_max.unwrap_or(u64::MAX), ..TierConfig::default() };
         let retention = lock.map(|lock| lock as Arc<dyn Retention>);
-        Ok(Bucket { packs, tier, meta, retention, alert_after_nanos: DEFAULT_ALERT_AFTER_NANOS })
+        let (meta, pool) = match &self.node_name {
+            None => (meta, None),
+            Some(name) => {
+                let grace = parse_grace(self.pool_grace.as_deref().unwrap_or(DEFAULT_POOL_GRACE))?;
+                let pool = Pool::join(meta, name, grace)
+                    .with_context(|| format!("cannot join the nodes sharing {url} as {name:?}"))?;
+                tier.node = pool.number;
+                (pool.node_store(name), Some(pool))
+            }
+        };
+        Ok(Bucket { packs, tier, meta, retention, alert_after_nanos: DEFAULT_ALERT_AFTER_NANOS, pool })
     }
 
     /// The bucket to serve `data_dir` with: the one given (which must be the
@@ -146,9 +190,26 @@ impl BucketRecord {
                 given.url
             ),
             // The lock, once given, stays until another is given.
+            (Some(recorded), Some(given))
+                if recorded.node_name.is_some()
+                    && given.node_name.is_some()
+                    && recorded.node_name != given.node_name =>
+            {
+                bail!(
+                    "the node in {} is {:?} in {} (recorded in {}): it cannot be served as {:?}",
+                    data_dir.display(),
+                    recorded.node_name.unwrap_or_default(),
+                    recorded.url,
+                    data_dir.join(BUCKET_FILE).display(),
+                    given.node_name.unwrap_or_default()
+                )
+            }
             (recorded, Some(given)) => {
-                let lock = given.lock.clone().or(recorded.and_then(|recorded| recorded.lock));
-                Ok(Some(BucketRecord { lock, ..given }))
+                let lock = given.lock.clone().or(recorded.as_ref().and_then(|recorded| recorded.lock.clone()));
+                let node_name =
+                    given.node_name.clone().or(recorded.as_ref().and_then(|recorded| recorded.node_name.clone()));
+                let pool_grace = given.pool_grace.clone().or(recorded.and_then(|recorded| recorded.pool_grace));
+                Ok(Some(BucketRecord { lock, node_name, pool_grace, ..given }))
             }
             (Some(recorded), None) => {
                 tracing::info!(bucket = %recorded.url, "serving with the bucket recorded in {BUCKET_FILE}");
@@ -160,6 +221,16 @@ impl BucketRecord {
 }
 
 /// `--lock`'s period: at least a second.
+/// `--pool-grace` in nanoseconds.
+fn parse_grace(text: &str) -> Result<u64> {
+    let grace =
+        humantime::parse_duration(text).with_context(|| format!("bad --pool-grace {text:?}; write it like 1h"))?;
+    u64::try_from(grace.as_nanos())
+        .ok()
+        .filter(|&nanos| nanos > 0)
+        .with_context(|| format!("--pool-grace {text:?} is out of range"))
+}
+
 fn parse_lock(text: &str) -> Result<Duration> {
     let period = humantime::parse_duration(text).map_err(|error| anyhow::anyhow!("--lock {text:?}: {error}"))?;
     if period.as_secs() == 0 {
@@ -268,6 +339,18 @@ pub struct ServeArgs {
     /// DATA_DIR/bucket.json.
     #[arg(long, value_name = "PERIOD", requires = "bucket")]
     lock: Option<String>,
+    /// With `--bucket`: share the bucket with other nodes, as this node
+    /// (a name unique among them): each writes its own volumes, and history
+    /// one node has stored the others do not store again (they borrow it
+    /// from its packs). Recorded in DATA_DIR/bucket.json.
+    #[arg(long, value_name = "NAME", requires = "bucket")]
+    node_name: Option<String>,
+    /// With `--node-name`: a pack no node needs any more leaves the bucket
+    /// once every node has published a catalog taken half this long after
+    /// it was let go; it must exceed how far the nodes' clocks disagree
+    /// plus a few `--upload-interval`s (default 1h).
+    #[arg(long, value_name = "DURATION", requires = "node_name")]
+    pool_grace: Option<String>,
     /// How journals write: `direct` goes around the page cache (O_DIRECT;
     /// filesystems that refuse it get `buffered`, with a log line), which
     /// keeps one copy of every byte and syncs only what was written
@@ -447,7 +530,8 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     let grants = Arc::new(Grants::open(data_dir)?);
     let given = match &args.bucket {
         Some(url) => {
-            Some(BucketRecord::new(url, args.endpoint.clone(), args.key_file.as_deref(), args.lock.as_deref())?)
+            let record = BucketRecord::new(url, args.endpoint.clone(), args.key_file.as_deref(), args.lock.as_deref())?;
+            Some(record.in_pool(args.node_name.clone(), args.pool_grace.clone())?)
         }
         None => None,
     };
@@ -456,6 +540,18 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         None => None,
         Some(record) => {
             let mut bucket = record.open(args.cache_max)?;
+            if let Some(pool) = &bucket.pool {
+                // The others' tables are trusted a quarter of the grace
+                // period: several catalogs must fit in it.
+                let upload_nanos = nanos(args.upload_interval, "--upload-interval")?;
+                if pool.grace_nanos < upload_nanos.saturating_mul(8) {
+                    bail!(
+                        "--pool-grace must be at least 8 times --upload-interval ({:?}): the nodes read each \
+                         other's catalogs at every upload",
+                        args.upload_interval
+                    );
+                }
+            }
             bucket.alert_after_nanos = nanos(args.upload_alert_after, "--upload-alert-after")?;
             bucket.tier.batch_below_bytes = args.upload_batch_below;
             Some(bucket)

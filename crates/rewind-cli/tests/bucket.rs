@@ -586,3 +586,133 @@ fn small_packs_go_to_the_bucket_together() {
         assert!(std::fs::read(&out).unwrap()[..ROUND] == noise(round, ROUND)[..], "round {round} reads back");
     }
 }
+
+/// Two nodes, one bucket (issue 14 req 7): `b` stores nothing that `a`
+/// already stored — it borrows `a`'s chunks from `a`'s packs — and reads
+/// them back from the bucket; `a`'s garbage collection keeps the packs `b`
+/// borrows from however it is interrupted (kill -9 at a random moment of
+/// it, the delay printed with its seed), and lets them go once `b`'s own
+/// collection (killed too) has given them up: the bucket ends empty.
+#[test]
+fn two_nodes_share_a_bucket_and_collect_safely_while_the_other_writes() {
+    require("nbdcopy");
+    let seed: u64 = match std::env::var("REWIND_SEED") {
+        Ok(seed) => seed.parse().expect("REWIND_SEED is a number"),
+        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
+    };
+    println!("seed {seed} (REWIND_SEED={seed} replays the kill delays)");
+    let dir = tempfile::tempdir().unwrap();
+    let minio = Minio::start(&dir.path().join("minio"));
+    let endpoint = minio.endpoint();
+    let env = [("AWS_ACCESS_KEY_ID", USER), ("AWS_SECRET_ACCESS_KEY", PASSWORD)];
+    // One data key for the bucket, wrapped by one key file both nodes have.
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, "a passphrase both nodes know\n").unwrap();
+    let key = key_file.to_str().unwrap();
+    let bucket_options = ["--bucket", "s3://rewind/shared", "--endpoint", &endpoint, "--key-file", key];
+    let start = |name: &str| {
+        let options = [
+            "--node-name",
+            name,
+            "--pool-grace",
+            "12s",
+            "--archive-interval",
+            "1s",
+            "--upload-interval",
+            "1s",
+            "--gc-interval",
+            "1s",
+            "--upload-batch-below",
+            "0",
+        ];
+        let options: Vec<&str> = bucket_options.iter().chain(&options).copied().collect();
+        Server::start_with_env(&dir.path().join(name), &options, &env)
+    };
+    let pool = |server: &Server| node_stats(server)["bucket"]["catalog"]["pool"].clone();
+    let bucket = |server: &Server| node_stats(server)["bucket"].clone();
+    const SIZE: usize = 8 << 20;
+    const CHUNKS: u64 = (SIZE / 4096) as u64;
+    let write = |server: &Server, volume: &str, image: u64| {
+        let path = dir.path().join(format!("image-{image}.raw"));
+        std::fs::write(&path, noise(image, SIZE)).unwrap();
+        run("nbdcopy", &[path.to_str().unwrap(), &server.uri(volume)]);
+    };
+    let now_nanos = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    // A kill at a random moment of the collection a delete starts.
+    let mut delays = (0..2).map(|round| (seed.wrapping_mul(2_654_435_761).rotate_left(round * 17)) % 1500);
+    let kill_during_collection = |server: &mut Server, delay: u64| {
+        println!("kill -9 {delay} ms after the delete");
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        server.kill();
+    };
+
+    let mut a = start("a");
+    let mut b = start("b");
+    a.rewind(&["volume", "create", "db", "--size", "8MiB"]);
+    write(&a, "db", 1);
+    let written = now_nanos();
+    wait_for("a's catalog covering db", || catalog_covers(&a, &["db"], written));
+    wait_for("b to read a's chunk table", || pool(&b)["chunks_lendable"].as_u64() >= Some(CHUNKS));
+
+    // b writes the same bytes, bookmarks them and overwrites them.
+    b.rewind(&["volume", "create", "copy", "--size", "8MiB"]);
+    write(&b, "copy", 1);
+    b.rewind(&["bookmark", "copy", "one"]);
+    write(&b, "copy", 2);
+    let written = now_nanos();
+    wait_for("b's catalog covering copy", || catalog_covers(&b, &["copy"], written));
+    let shared = pool(&b);
+    assert_eq!(shared["node_name"], "b", "{shared}");
+    assert_eq!(shared["chunks_borrowed"].as_u64(), Some(CHUNKS), "every chunk of image 1 borrowed: {shared}");
+    let stored = node_stats(&b)["unique_stored_bytes"].as_u64().unwrap();
+    assert!(stored < (SIZE + SIZE / 8) as u64, "b stored image 2 alone, {stored} bytes");
+    assert!(pool(&a)["other_nodes"].as_array().unwrap().iter().any(|peer| peer["name"] == "b"), "{}", pool(&a));
+    let text = b.rewind(&["stats"]);
+    assert!(text.contains("shared bucket   node b (number 2); others: a (catalog"), "{text}");
+    let read_back = |server: &Server, export: &str, image: u64| {
+        let out = dir.path().join("read.raw");
+        run("nbdcopy", &[&server.uri(export), out.to_str().unwrap()]);
+        assert!(std::fs::read(&out).unwrap() == noise(image, SIZE), "{export} reads image {image}");
+    };
+    read_back(&b, "copy@one", 1);
+
+    // a deletes db and collects, killed part-way; restarted, it collects
+    // again, and keeps in the bucket every pack b borrows from.
+    a.rewind(&["volume", "delete", "db", "--yes"]);
+    kill_during_collection(&mut a, delays.next().unwrap());
+    let a = start("a");
+    wait_for("a to collect db's history", || node_stats(&a)["pack_count"] == 0);
+    let generation = |server: &Server| bucket(server)["catalog"]["generation"].as_u64().unwrap_or(0);
+    let (first_a, first_b) = (generation(&a), generation(&b));
+    wait_for("several catalogs of both nodes past the grace period", || {
+        generation(&a) >= first_a + 4 && generation(&b) >= first_b + 4
+    });
+    assert!(bucket(&a)["retired_packs"].as_u64() > Some(0), "kept for b: {}", bucket(&a));
+
+    // b's machine is lost: recovered from the bucket under its name, its
+    // present and copy@one rebuilt from a's packs as much as its own.
+    b.kill();
+    std::fs::remove_dir_all(dir.path().join("b")).unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"));
+    command.args(["--data-dir", dir.path().join("b").to_str().unwrap(), "node", "recover", "--json"]);
+    command.args(bucket_options).args(["--node-name", "b"]).envs(env);
+    let output = common::bounded_output(command);
+    assert!(output.status.success(), "{}", common::describe(&output));
+    let mut b = start("b");
+    read_back(&b, "copy@one", 1);
+    read_back(&b, "copy", 2);
+
+    // b lets copy go, killed during its collection too: a's packs leave
+    // the bucket once b's catalogs no longer name them, and b's own go.
+    b.rewind(&["volume", "delete", "copy", "--yes"]);
+    kill_during_collection(&mut b, delays.next().unwrap());
+    let b = start("b");
+    wait_for("b to give back what it borrowed", || pool(&b)["chunks_borrowed"] == 0);
+    wait_for("the bucket to empty", || {
+        let (of_a, of_b) = (bucket(&a), bucket(&b));
+        of_a["retired_packs"] == 0
+            && of_a["bucket_packs"] == 0
+            && of_b["retired_packs"] == 0
+            && of_b["bucket_packs"] == 0
+    });
+}

@@ -35,7 +35,7 @@ use parking_lot::Mutex;
 use rewind_chunks::meta_store::MetaStore;
 use rewind_chunks::retention::{locked, Retention, RetentionReport};
 use rewind_chunks::tiered::TieredPackStore;
-use rewind_chunks::{ChunkStore, LocalPackStore, PackStore};
+use rewind_chunks::{ChunkStore, ChunkStoreConfig, LocalPackStore, PackStore};
 use rewind_format::catalog::{Catalog, CatalogFile, PIECE_BYTES};
 use rewind_format::groups::Groups;
 use rewind_format::meta::{IndexManifest, VolumeMeta};
@@ -46,6 +46,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::group::GROUPS_FILE;
 use crate::node::{volume_dir, Bucket, CHUNKS_DIR, VOLUMES_DIR};
+use crate::pool::{Members, Pool, PoolStatus};
 use crate::volume::rebuild::{rebuild, RebuiltVolume, CATALOGED_FILES};
 use crate::{EngineError, Node, NodeConfig, Volume};
 
@@ -56,6 +57,8 @@ pub const CATALOGS_KEPT: usize = 3;
 pub(crate) struct Catalogs {
     store: Arc<dyn MetaStore>,
     retention: Option<Arc<dyn Retention>>,
+    /// The other nodes sharing the bucket, if any (`crate::pool`).
+    members: Option<Members>,
     state: Mutex<CatalogState>,
 }
 
@@ -101,6 +104,8 @@ pub struct CatalogStatus {
     pub held_catalogs: usize,
     /// The bucket's object lock, if any.
     pub lock: Option<RetentionReport>,
+    /// The other nodes sharing the bucket, if any.
+    pub pool: Option<PoolStatus>,
 }
 
 /// What a catalog is made of: its files (by path), and the packs the
@@ -130,8 +135,12 @@ pub struct Recovered {
 }
 
 impl Catalogs {
-    pub(crate) fn new(store: Arc<dyn MetaStore>, retention: Option<Arc<dyn Retention>>) -> Catalogs {
-        Catalogs { store, retention, state: Mutex::default() }
+    pub(crate) fn new(
+        store: Arc<dyn MetaStore>,
+        retention: Option<Arc<dyn Retention>>,
+        pool: Option<Pool>,
+    ) -> Catalogs {
+        Catalogs { store, retention, members: pool.map(Members::new), state: Mutex::default() }
     }
 }
 
@@ -141,7 +150,7 @@ fn bucket_error(error: std::io::Error) -> EngineError {
 
 /// The newest catalog in `store` taken at or before `as_of` (the newest of
 /// all without it), if any.
-fn newest(store: &dyn MetaStore, as_of: Option<Timestamp>) -> Result<Option<Catalog>, EngineError> {
+pub(crate) fn newest(store: &dyn MetaStore, as_of: Option<Timestamp>) -> Result<Option<Catalog>, EngineError> {
     let names = store.list("catalogs").map_err(bucket_error)?;
     let mut generations: Vec<u64> = names.iter().filter_map(|name| Catalog::parse_name(name)).collect();
     generations.sort_unstable();
@@ -184,7 +193,7 @@ fn recovery_points(store: &dyn MetaStore, catalog: &Catalog) -> Result<Vec<(Stri
 }
 
 /// A cataloged file's bytes, each piece checked against its name.
-fn fetch_file(store: &dyn MetaStore, file: &CatalogFile) -> Result<Vec<u8>, EngineError> {
+pub(crate) fn fetch_file(store: &dyn MetaStore, file: &CatalogFile) -> Result<Vec<u8>, EngineError> {
     let mut bytes = Vec::with_capacity(file.bytes as usize);
     for hash in &file.pieces {
         let name = Catalog::piece_name(hash);
@@ -238,6 +247,14 @@ impl Node {
                 None => Vec::new(),
             };
             state.listed = true;
+        }
+        // What the other nodes sharing the bucket store, before this
+        // catalog: what it borrows is what they had published. A bucket
+        // that does not answer here does not stop the catalog.
+        if let Some(members) = &catalogs.members {
+            if let Err(error) = members.refresh(now, &self.shared.chunks) {
+                tracing::warn!(%error, "cannot read the other nodes' catalogs; their packs are kept");
+            }
         }
         // Holds first: a catalog that waits for its packs must not let the
         // bucket's older objects go.
@@ -303,7 +320,10 @@ impl Node {
             files.push(file);
         }
         files.sort_by(|a, b| a.path.cmp(&b.path));
-        let unchanged = state.kept.back().is_some_and(|newest| newest.files == files);
+        let republish = |newest: &Catalog| {
+            catalogs.members.as_ref().is_some_and(|members| members.republish_due(newest.taken, now))
+        };
+        let unchanged = state.kept.back().is_some_and(|newest| newest.files == files && !republish(newest));
         let published = match unchanged {
             true => None,
             false => {
@@ -328,7 +348,13 @@ impl Node {
         };
         state.current_at = Some(now);
         // Nothing taken from here on may name what was retired before it.
-        tiered.delete_retired(epoch).map_err(bucket_error)?;
+        match &catalogs.members {
+            None => tiered.delete_retired(epoch),
+            Some(members) => tiered.delete_retired_unless(epoch, now.unix_nanos(), |pack, published_at| {
+                members.holds(pack, Timestamp::from_unix_nanos(published_at))
+            }),
+        }
+        .map_err(bucket_error)?;
         if published.is_some() || !state.held.is_empty() {
             self.prune_catalogs(catalogs, &mut state)?;
         }
@@ -447,6 +473,7 @@ impl Node {
             volumes: state.points.clone(),
             held_catalogs: state.held.len(),
             lock: self.catalogs.as_ref()?.retention.as_ref().map(|retention| retention.report()),
+            pool: self.catalogs.as_ref()?.members.as_ref().map(|members| members.status(&self.shared.chunks)),
         })
     }
 
@@ -509,7 +536,8 @@ impl Node {
             Arc::new(LocalPackStore::open(Arc::clone(&storage), &packs_dir).map_err(EngineError::io(&packs_dir))?);
         let tiered = TieredPackStore::open(local, bucket.packs, bucket.tier).map_err(bucket_error)?;
         progress("reading the packs' footers", 0, 1);
-        let chunks = ChunkStore::open_with_packs(Arc::clone(&storage), CHUNKS_DIR, config.chunks, Arc::new(tiered))?;
+        let chunks_config = ChunkStoreConfig { node: bucket.tier.node, ..config.chunks };
+        let chunks = ChunkStore::open_with_packs(Arc::clone(&storage), CHUNKS_DIR, chunks_config, Arc::new(tiered))?;
         let cache = rewind_index::PageCache::new(config.index_cache_bytes);
 
         // Each volume's files, by volume; bases before their clones.

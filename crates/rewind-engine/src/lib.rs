@@ -21,6 +21,7 @@ mod error;
 mod group;
 mod layout;
 mod node;
+pub mod pool;
 mod repair;
 mod reserve;
 pub mod timespec;

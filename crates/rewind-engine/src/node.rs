@@ -20,6 +20,7 @@ use rewind_types::{BlockSize, Timestamp, VolumeName};
 use crate::catalog::Catalogs;
 use crate::group::GroupState;
 use crate::layout::LayoutRules;
+use crate::pool::Pool;
 use crate::reserve::{Reserve, SpaceGauge, SpaceReport, SpaceState};
 use crate::volume::{Base, Shared};
 use crate::{EngineError, InUse, PromoteReport, Volume, VolumeConfig};
@@ -208,6 +209,10 @@ pub struct Bucket {
     /// History waiting this long (nanoseconds) for its upload is an alert
     /// (see [`Node::bucket_alert`]).
     pub alert_after_nanos: u64,
+    /// The node's place among others sharing the bucket (`crate::pool`):
+    /// `meta` is then its own directory of the bucket, and `tier.node`
+    /// its number.
+    pub pool: Option<Pool>,
 }
 
 pub(crate) fn volume_dir(name: &str) -> String {
@@ -242,12 +247,17 @@ impl Node {
                 .map_err(EngineError::io(&packs_dir))?,
         );
         let bucket_alert_after_nanos = bucket.as_ref().map_or(u64::MAX, |bucket| bucket.alert_after_nanos);
+        let node_number = bucket.as_ref().map_or(0, |bucket| bucket.tier.node);
+        if let Some(pool) = bucket.as_ref().and_then(|bucket| bucket.pool.as_ref()) {
+            assert_eq!(pool.number, node_number, "the pool's node number is the tier's");
+        }
+        let config = NodeConfig { chunks: ChunkStoreConfig { node: node_number, ..config.chunks }, ..config };
         let (tiered, catalogs) = match bucket {
             None => (None, None),
             Some(bucket) => {
                 let tiered = TieredPackStore::open(local.clone(), bucket.packs, bucket.tier)
                     .map_err(EngineError::io(&packs_dir))?;
-                (Some(Arc::new(tiered)), Some(Catalogs::new(bucket.meta, bucket.retention)))
+                (Some(Arc::new(tiered)), Some(Catalogs::new(bucket.meta, bucket.retention, bucket.pool)))
             }
         };
         let packs = tiered.clone().map_or(local, |tiered| tiered as Arc<dyn PackStore>);
@@ -431,6 +441,8 @@ impl Node {
     /// work is tried again by the next call.
     pub fn maintain_bucket(&self, now: Timestamp) -> Result<bool, EngineError> {
         let Some(tiered) = &self.tiered else { return Ok(false) };
+        // Filing history at destage has no clock of its own (`Volume::archive` has).
+        self.shared.chunks.expire_peers(now.unix_nanos());
         let mut worked = false;
         self.note_waiting(tiered, now);
         // Small packs go at the next catalog, put together (`publish_catalog`).

@@ -46,6 +46,8 @@ impl Tiering {
             memory_bytes_max: rng.random_range(0..64 << 10),
             // Sometimes no batching; sometimes most packs wait for the catalog.
             batch_below_bytes: rng.random_range(0..128 << 10),
+            // Packs numbered under a node number of a shared bucket, or not.
+            node: rng.random_range(0..3),
         };
         (seed % 4 == 3).then_some(Tiering { tier })
     }
@@ -72,6 +74,7 @@ fn open_node(
         meta,
         retention: None,
         alert_after_nanos: u64::MAX,
+        pool: None,
     });
     Ok((Node::open_with_bucket(Arc::new(storage.clone()), config, bucket)?, remote))
 }
@@ -108,6 +111,7 @@ fn check_recovered(
         meta,
         retention: None,
         alert_after_nanos: u64::MAX,
+        pool: None,
     };
     let recovered = Node::recover(Arc::new(fresh.clone()), &config, bucket, None, &mut |_, _, _| {})
         .unwrap_or_else(|error| panic!("seed {seed}: recover: {error}"));

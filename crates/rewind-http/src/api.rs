@@ -1093,6 +1093,11 @@ pub struct BucketReport {
     pub bucket_reads: u64,
     pub bucket_read_bytes: u64,
     pub cache_hit_ratio: f64,
+    /// Packs deleted here whose bucket copies wait: for a catalog taken
+    /// after their deletion, or for other nodes sharing the bucket to let
+    /// them go.
+    #[serde(default)]
+    pub retired_packs: u64,
     /// The newest catalog in the bucket: what `rewind node recover` rebuilds
     /// the node from. `None` until one is published.
     pub catalog: Option<CatalogReport>,
@@ -1113,6 +1118,35 @@ pub struct CatalogReport {
     pub held_catalogs: usize,
     /// The bucket's object lock (`--lock`), if any.
     pub lock: Option<LockReport>,
+    /// The other nodes sharing the bucket (`--node-name`), if any.
+    #[serde(default)]
+    pub pool: Option<PoolReport>,
+}
+
+/// This node among the nodes sharing its bucket (`rewind_engine::pool`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PoolReport {
+    pub node_name: String,
+    pub node_number: u16,
+    pub other_nodes: Vec<PoolPeer>,
+    /// When the other nodes' catalogs were last read.
+    pub read_at: Option<String>,
+    /// Chunks the other nodes' tables lend.
+    pub chunks_lendable: u64,
+    /// Chunks of this node's history kept in other nodes' packs, their
+    /// stored bytes, and how many were found there since the start.
+    pub chunks_borrowed: u64,
+    pub bytes_borrowed: u64,
+    pub borrowed_since_start: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PoolPeer {
+    pub name: String,
+    pub number: u16,
+    /// Its newest catalog, if it has published one.
+    pub catalog_generation: Option<u64>,
+    pub catalog_taken: Option<String>,
 }
 
 /// What the bucket's object lock holds (`rewind_chunks::retention`).
@@ -1164,6 +1198,25 @@ impl CatalogReport {
                     DisplayTime(Timestamp::from_unix_nanos(at.saturating_mul(Timestamp::NANOS_PER_SECOND))).to_string()
                 }),
             }),
+            pool: status.pool.as_ref().map(|pool| PoolReport {
+                node_name: pool.name.clone(),
+                node_number: pool.number,
+                other_nodes: pool
+                    .peers
+                    .iter()
+                    .map(|peer| PoolPeer {
+                        name: peer.name.clone(),
+                        number: peer.number,
+                        catalog_generation: peer.generation,
+                        catalog_taken: peer.generation.map(|_| DisplayTime(peer.taken).to_string()),
+                    })
+                    .collect(),
+                read_at: pool.read_at.map(|at| DisplayTime(at).to_string()),
+                chunks_lendable: pool.chunks_lendable,
+                chunks_borrowed: pool.chunks_borrowed,
+                bytes_borrowed: pool.bytes_borrowed,
+                borrowed_since_start: pool.borrowed_since_start,
+            }),
         }
     }
 }
@@ -1194,6 +1247,7 @@ impl BucketReport {
             bucket_reads: stats.remote_reads,
             bucket_read_bytes: stats.remote_read_bytes,
             cache_hit_ratio: ratio(hits, hits + stats.remote_reads),
+            retired_packs: stats.retired_packs,
             catalog,
         }
     }

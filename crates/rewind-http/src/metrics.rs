@@ -374,6 +374,12 @@ fn bucket_families(bucket: &rewind_engine::TierStats, upload_lag_seconds: u64) -
         ),
         one("rewind_bucket_deletes_total", "counter", "Packs deleted from the bucket.", bucket.remote_deletes),
         one(
+            "rewind_bucket_retired_packs",
+            "gauge",
+            "Packs deleted here whose bucket copies wait: for the next catalog, or for other nodes sharing the bucket.",
+            bucket.retired_packs,
+        ),
+        one(
             "rewind_bucket_evictions_total",
             "counter",
             "Uploaded packs evicted from the local disk.",

@@ -161,6 +161,8 @@ impl Volume {
             state.timestamp_floor = state.timestamp_floor.max(cutoff);
             cutoff
         };
+        // What other nodes sharing the bucket lend is trusted only so long.
+        self.chunks.expire_peers(now.unix_nanos());
         let _gate = self.chunks.hold_references();
         let mut archiver =
             JournalArchiver { volume: self, session: Some(self.chunks.session()?), buffer: Vec::new(), error: None };

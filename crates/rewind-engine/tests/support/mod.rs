@@ -104,6 +104,7 @@ pub fn config(rng: &mut StdRng) -> NodeConfig {
             },
             repack_live_percent: rng.random_range(20..80),
             open_packs_max: rng.random_range(1..8),
+            node: 0,
         },
         collect_interval_nanos: rng.random_range(5_000..500_000),
         // The simulated disk has room to spare but for the full-disk steps.
