@@ -3,7 +3,10 @@
 //! SlowDown or 500 InternalError without reaching the server, connections
 //! reset before a request is sent on, and requests the server carried out
 //! whose reply is lost (the connection closed instead) — a PUT that
-//! succeeded but whose client never heard. Which requests meet a fault is
+//! succeeded but whose client never heard — and requests the server
+//! carried out whose reply is held back until the client gives up waiting
+//! (a timeout; the client's request timeout must be short for a test to
+//! meet several). Which requests meet a fault is
 //! drawn from a seed (the order requests arrive in still varies from run
 //! to run), the kinds of fault taking turns; counts of each are kept.
 //!
@@ -26,6 +29,7 @@ enum Fault {
     InternalError,
     Reset,
     LostReply,
+    Stall,
 }
 
 /// How many requests met each fault.
@@ -36,6 +40,7 @@ pub struct FaultCounts {
     pub internal_errors: AtomicU64,
     pub resets: AtomicU64,
     pub lost_replies: AtomicU64,
+    pub stalls: AtomicU64,
 }
 
 /// See the module documentation.
@@ -70,11 +75,12 @@ impl Draw {
             return Fault::None;
         }
         self.faults += 1;
-        match self.faults % 4 {
+        match self.faults % 5 {
             0 => Fault::SlowDown,
             1 => Fault::InternalError,
             2 => Fault::Reset,
-            _ => Fault::LostReply,
+            3 => Fault::LostReply,
+            _ => Fault::Stall,
         }
     }
 }
@@ -232,7 +238,7 @@ fn serve(client: TcpStream, upstream: u16, counts: &FaultCounts, draw: &Mutex<Dr
                 counts.resets.fetch_add(1, Ordering::Relaxed);
                 return to_client.shutdown(Shutdown::Both);
             }
-            Fault::None | Fault::LostReply => {}
+            Fault::None | Fault::LostReply | Fault::Stall => {}
         }
         if server.is_none() {
             let stream = TcpStream::connect(("127.0.0.1", upstream))?;
@@ -251,6 +257,16 @@ fn serve(client: TcpStream, upstream: u16, counts: &FaultCounts, draw: &Mutex<Dr
             // The server did it; the client never hears.
             counts.lost_replies.fetch_add(1, Ordering::Relaxed);
             return to_client.shutdown(Shutdown::Both);
+        }
+        if fault == Fault::Stall {
+            // The server did it; the reply waits until the client's
+            // timeout closes the connection (or a minute, whichever first).
+            counts.stalls.fetch_add(1, Ordering::Relaxed);
+            let connection = from_client.get_ref();
+            connection.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
+            let mut rest = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut from_client, &mut rest);
+            return Ok(());
         }
         counts.forwarded.fetch_add(1, Ordering::Relaxed);
         to_client.write_all(&reply.head)?;

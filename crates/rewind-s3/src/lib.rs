@@ -59,6 +59,9 @@ pub struct S3Config {
     pub region: Option<String>,
     /// An access key and its secret, instead of the AWS credential chain.
     pub access_key: Option<(String, String)>,
+    /// How long one request may take before it is given up (and retried);
+    /// 30 s when `None`.
+    pub request_timeout: Option<Duration>,
 }
 
 impl S3Config {
@@ -72,7 +75,14 @@ impl S3Config {
             return Err(format!("{url:?} names no bucket: write it as s3://BUCKET/PREFIX"));
         }
         let prefix = prefix.trim_matches('/').to_owned();
-        Ok(S3Config { bucket: bucket.to_owned(), prefix, endpoint, region: None, access_key: None })
+        Ok(S3Config {
+            bucket: bucket.to_owned(),
+            prefix,
+            endpoint,
+            region: None,
+            access_key: None,
+            request_timeout: None,
+        })
     }
 
     /// `PREFIX/name`.
@@ -81,6 +91,10 @@ impl S3Config {
             true => Path::from(name),
             false => Path::from(format!("{}/{name}", self.prefix)),
         }
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.request_timeout.unwrap_or(REQUEST_TIMEOUT)
     }
 
     fn url(&self) -> String {
@@ -125,7 +139,9 @@ fn connect_s3(config: &S3Config) -> io::Result<(AmazonS3, tokio::runtime::Runtim
     let mut builder = AmazonS3Builder::from_env()
         .with_bucket_name(&config.bucket)
         .with_conditional_put(S3ConditionalPut::ETagMatch)
-        .with_client_options(ClientOptions::new().with_timeout(REQUEST_TIMEOUT).with_connect_timeout(CONNECT_TIMEOUT))
+        .with_client_options(
+            ClientOptions::new().with_timeout(config.request_timeout()).with_connect_timeout(CONNECT_TIMEOUT),
+        )
         .with_retry(RetryConfig { max_retries: RETRIES_MAX, retry_timeout: RETRY_TIMEOUT, ..Default::default() });
     if let Some(endpoint) = &config.endpoint {
         builder = builder.with_endpoint(endpoint).with_allow_http(endpoint.starts_with("http://"));

@@ -118,6 +118,7 @@ impl Minio {
             endpoint: Some(self.endpoint()),
             region: None,
             access_key: Some((USER.to_owned(), PASSWORD.to_owned())),
+            request_timeout: None,
         }
     }
 }

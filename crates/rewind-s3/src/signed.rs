@@ -45,7 +45,7 @@ impl Signed {
         Ok(Signed {
             store,
             http: reqwest::Client::builder()
-                .timeout(crate::REQUEST_TIMEOUT)
+                .timeout(config.request_timeout())
                 .connect_timeout(crate::CONNECT_TIMEOUT)
                 .build()
                 .map_err(io::Error::other)?,

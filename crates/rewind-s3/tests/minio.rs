@@ -266,12 +266,13 @@ fn a_locked_bucket_keeps_what_was_written_until_its_hold_runs_out() {
 
 /// S3 misbehaving (issue 14 req 5), through a proxy in front of MinIO that
 /// answers a share of requests with 503 SlowDown or 500, resets
-/// connections, and loses the replies of requests MinIO carried out (a PUT
-/// that succeeded, unheard): a chunk store's packs all reach the bucket,
+/// connections, loses the replies of requests MinIO carried out (a PUT
+/// that succeeded, unheard) and holds others back until the client times
+/// out: a chunk store's packs all reach the bucket,
 /// whole and once each, and read back from it, with every failure a
 /// transient error its caller tries again. Prints its seed.
 #[test]
-fn packs_reach_the_bucket_through_s3_errors_resets_and_lost_replies() {
+fn packs_reach_the_bucket_through_s3_errors_resets_lost_replies_and_timeouts() {
     use rewind_chunks::conformance::noise;
     use rewind_chunks::tiered::{TierConfig, TieredPackStore};
     use rewind_chunks::{ChunkStore, ChunkStoreConfig, Counting, LocalPackStore};
@@ -284,7 +285,13 @@ fn packs_reach_the_bucket_through_s3_errors_resets_and_lost_replies() {
     println!("seed {seed} (REWIND_SEED={seed} draws the same faults)");
     let minio = Minio::start();
     let proxy = FaultyProxy::start(minio.server.port(), seed, 0.3);
-    let config = rewind_s3::S3Config { endpoint: Some(proxy.endpoint()), ..minio.server.config("faults") };
+    // A short request timeout, so that the replies the proxy holds back
+    // (stalls) cost seconds, not minutes.
+    let config = rewind_s3::S3Config {
+        endpoint: Some(proxy.endpoint()),
+        request_timeout: Some(std::time::Duration::from_secs(2)),
+        ..minio.server.config("faults")
+    };
     // Every call the bucket fails is transient, and tried again.
     let mut failures = 0;
     let mut again = |error: &dyn std::fmt::Display, transient: bool| {
@@ -347,15 +354,18 @@ fn packs_reach_the_bucket_through_s3_errors_resets_and_lost_replies() {
     let counts = proxy.counts();
     let count = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
     println!(
-        "seed {seed}: {} forwarded, {} SlowDown, {} InternalError, {} resets, {} lost replies; {failures} calls failed",
+        "seed {seed}: {} forwarded, {} SlowDown, {} InternalError, {} resets, {} lost replies, {} stalls; {failures} \
+         calls failed",
         count(&counts.forwarded),
         count(&counts.slow_downs),
         count(&counts.internal_errors),
         count(&counts.resets),
-        count(&counts.lost_replies)
+        count(&counts.lost_replies),
+        count(&counts.stalls)
     );
     assert!(count(&counts.slow_downs) > 0 && count(&counts.internal_errors) > 0, "seed {seed}");
     assert!(count(&counts.resets) > 0 && count(&counts.lost_replies) > 0, "seed {seed}");
+    assert!(count(&counts.stalls) > 0, "seed {seed}: requests timed out");
 }
 
 /// Packs from 16 MiB go up in parts (issue 14 req 2), still only where no
