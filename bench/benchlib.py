@@ -213,7 +213,9 @@ def start_minio(directory, port, buckets):
     its credentials exported as AWS_* for the processes started after it."""
     for bucket in buckets:
         (Path(directory) / bucket).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "MINIO_ROOT_USER": MINIO_USER, "MINIO_ROOT_PASSWORD": MINIO_PASSWORD}
+    # Its metrics readable without a token: `minio_requests` counts requests.
+    env = {**os.environ, "MINIO_ROOT_USER": MINIO_USER, "MINIO_ROOT_PASSWORD": MINIO_PASSWORD,
+           "MINIO_PROMETHEUS_AUTH_TYPE": "public"}
     minio = subprocess.Popen(
         [minio_binary(), "server", "--quiet", "--address", f"127.0.0.1:{port}",
          "--console-address", f"127.0.0.1:{port + 100}", str(directory)],
@@ -222,6 +224,35 @@ def start_minio(directory, port, buckets):
     os.environ.update({"AWS_ACCESS_KEY_ID": MINIO_USER, "AWS_SECRET_ACCESS_KEY": MINIO_PASSWORD})
     wait_port(port)
     return minio
+
+
+def minio_requests(port):
+    """MinIO's own count of the S3 requests it served, by API
+    (`putobject`, `getobject`, `listobjectsv2`, …), and the bytes it
+    received and sent: what a bucket bills for, seen from the bucket."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/minio/v2/metrics/cluster") as response:
+        text = response.read().decode()
+    requests, received, sent = {}, 0.0, 0.0
+    for line in text.splitlines():
+        value = line.rsplit(" ", 1)[-1]
+        if line.startswith("minio_s3_requests_total{"):
+            api_name = re.search(r'api="([^"]+)"', line).group(1)
+            requests[api_name] = requests.get(api_name, 0) + float(value)
+        elif line.startswith("minio_s3_traffic_received_bytes"):
+            received += float(value)
+        elif line.startswith("minio_s3_traffic_sent_bytes"):
+            sent += float(value)
+    return {"requests": requests, "received": received, "sent": sent}
+
+
+def minio_since(before, after):
+    """What MinIO served between two `minio_requests` readings."""
+    names = set(before["requests"]) | set(after["requests"])
+    return {
+        "requests": {name: after["requests"].get(name, 0) - before["requests"].get(name, 0) for name in names},
+        "received": after["received"] - before["received"],
+        "sent": after["sent"] - before["sent"],
+    }
 
 
 def tear_down(servers, minio, work):

@@ -55,20 +55,28 @@ pub struct PeerTables {
 
 impl PeerTables {
     /// Adds the chunk table `bytes` of node `node` (as its catalog holds
-    /// it): its chunks in its own packs become findable, and every pack any
-    /// of its slots names is counted as named. A slot that does not decode
-    /// is an error: the table is damaged, and the packs it names unknown.
-    pub fn add_table(&mut self, node: u16, bytes: &[u8]) -> Result<(), String> {
+    /// it: [`crate::ChunkStore::table_for_catalog`], free ids zeroed): its
+    /// chunks in its own packs become findable, and every pack any of its
+    /// slots names is counted as named. Returns how many slots did not
+    /// decode: damaged, they are skipped (what a damaged slot named is lost
+    /// to its node already; one slot must not stop every node's deletions).
+    /// A table that is not whole slots, or whose header is damaged, is an
+    /// error.
+    pub fn add_table(&mut self, node: u16, bytes: &[u8]) -> Result<u64, String> {
         if bytes.len() < TABLE_SLOT_BYTES || !bytes.len().is_multiple_of(TABLE_SLOT_BYTES) {
             return Err(format!("a chunk table of {} bytes is not whole slots", bytes.len()));
         }
         decode_table_header(&bytes[..TABLE_SLOT_BYTES]).map_err(|error| error.to_string())?;
+        let mut damaged = 0;
         for (index, slot_bytes) in bytes.chunks_exact(TABLE_SLOT_BYTES).enumerate().skip(1) {
             let id = ChunkId(index as u64);
             let slot = match TableSlot::decode(slot_bytes, id) {
                 Ok(Some(slot)) => slot,
                 Ok(None) => continue,
-                Err(error) => return Err(format!("slot {id}: {error}")),
+                Err(_) => {
+                    damaged += 1;
+                    continue;
+                }
             };
             // Stale slots (freed ids) are counted too: conservative.
             self.named.insert(slot.pack);
@@ -76,7 +84,7 @@ impl PeerTables {
                 self.chunks.entry(slot.hash).or_insert(slot);
             }
         }
-        Ok(())
+        Ok(damaged)
     }
 
     /// Whether some table added names pack `pack`.
@@ -137,12 +145,16 @@ mod tests {
     }
 
     #[test]
-    fn a_damaged_table_is_refused() {
-        let mut bytes = table(&[Some(slot(1, packs_before(2) + 1))]);
+    fn a_damaged_slot_is_skipped_and_a_damaged_table_refused() {
+        let mut bytes = table(&[Some(slot(1, packs_before(2) + 1)), Some(slot(2, packs_before(2) + 2))]);
         bytes[TABLE_SLOT_BYTES + 40] ^= 1;
-        let error = PeerTables::default().add_table(2, &bytes).expect_err("a flipped bit");
-        assert!(error.contains("slot 1"), "{error}");
+        let mut tables = PeerTables::default();
+        assert_eq!(tables.add_table(2, &bytes), Ok(1), "one slot damaged");
+        assert_eq!((tables.chunk_count(), tables.names(packs_before(2) + 2)), (1, true));
         let error = PeerTables::default().add_table(2, &bytes[..100]).expect_err("half a slot");
         assert!(error.contains("not whole slots"), "{error}");
+        bytes[10] ^= 1;
+        let error = PeerTables::default().add_table(2, &bytes).expect_err("a damaged header");
+        assert!(!error.contains("whole"), "{error}");
     }
 }

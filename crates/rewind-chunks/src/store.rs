@@ -107,6 +107,7 @@ const FREE: u32 = u32::MAX;
 const STICKY: u32 = u32::MAX - 1;
 /// Span buffers of `read_many` kept for reuse (each up to 1 MiB and a record).
 const SPARE_SPANS_MAX: usize = 8;
+const SLOT_BYTES: u64 = rewind_format::chunks::TABLE_SLOT_BYTES as u64;
 /// Table slots read at a time by scans: 1 MiB.
 const SCAN_IDS: u64 = 1 << 14;
 
@@ -438,6 +439,22 @@ impl ChunkStore {
         let listing = packs_store.list().map_err(ChunkError::io(&packs_store.locate(0)))?;
         for stored in listing {
             let pack = stored.pack;
+            // Every pack is borrowed to a store of another number: its own
+            // would be deleted as empty (`crate::peers`).
+            if pack_owner(pack) != config.node {
+                return Err(ChunkError::Io {
+                    path: packs_store.locate(pack),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        format!(
+                            "this pack was written by node number {} and the store opens as node {}: a node's \
+                             history keeps the node number it was written under",
+                            pack_owner(pack),
+                            config.node
+                        ),
+                    ),
+                });
+            }
             match PackReader::open(&packs_store, pack) {
                 Ok(reader) => {
                     packs.insert(pack, PackStats::new(reader.bytes()));
@@ -968,7 +985,6 @@ impl ChunkStore {
         state.logical_bytes -= u64::from(raw_bytes);
     }
 
-    /// Starts putting chunks; only one session or collection runs at a time.
     /// Lets archive passes borrow chunks that other nodes sharing the
     /// bucket store (`crate::peers`): a chunk the node's own dedup index
     /// does not have but `peers` finds gets a slot naming the other node's
@@ -1002,6 +1018,33 @@ impl ChunkStore {
         fits.then_some(slot)
     }
 
+    /// The chunk table as a catalog keeps it (`rewind_engine::catalog`,
+    /// `crate::peers`): read once no archive session is in flight (it waits
+    /// for one), with the slots of free ids (and of ids a failed session
+    /// left unslotted) zeroed — what such a slot
+    /// still names may be gone, and must be neither lent to other nodes nor
+    /// keep their packs from being deleted. The caller holds
+    /// [`ChunkStore::hold_references`], so no id history refers to is freed
+    /// meanwhile.
+    pub fn table_for_catalog(&self) -> Result<Vec<u8>, ChunkError> {
+        let _writing = self.writing.lock();
+        let id_end = self.table.id_end();
+        let mut bytes =
+            rewind_io::read_file(&*self.storage, self.table.path()).map_err(ChunkError::io(self.table.path()))?;
+        let state = self.state.lock();
+        for id in 1..id_end.min(bytes.len() as u64 / SLOT_BYTES) {
+            // Ids a failed session handed out stay unslotted (until a
+            // recount frees them): their slots say nothing either.
+            let free = state.counts.get(id as usize).is_none_or(|&count| count == FREE);
+            if free || state.unslotted.contains(&id) {
+                let slot = (id * SLOT_BYTES) as usize;
+                bytes[slot..slot + SLOT_BYTES as usize].fill(0);
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Starts putting chunks; only one session or collection runs at a time.
     pub fn session(&self) -> Result<ArchiveSession<'_>, ChunkError> {
         let writing = self.writing.lock();
         self.check_poisoned()?;
@@ -1289,7 +1332,8 @@ impl ChunkStore {
         let state = self.state.lock();
         let pack_bytes: u64 = state.packs.values().map(|pack| pack.bytes).sum();
         let slack: u64 = state.packs.values().map(PackStats::slack).sum();
-        let held = state.live + state.dead;
+        // Borrowed chunks take no bytes here.
+        let held = (state.live + state.dead).saturating_sub(state.borrowed_chunks);
         let dead_estimate = (state.held_stored_bytes * state.dead).checked_div(held).unwrap_or(0);
         let counter = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         ChunkStats {

@@ -140,3 +140,46 @@ fn a_node_borrows_what_another_stored_and_never_deletes_it() {
     let stats = b.stats();
     assert_eq!((stats.dedup_hits_peers, stats.chunks_written), (1, 1), "{stats:?}");
 }
+
+/// A catalog's table lends only chunks the node holds: freed ids' slots
+/// (whose packs may be gone) are zeroed in it. And a store never opens
+/// over packs of another node number: its own history would be taken for
+/// borrowed and its packs deleted as empty.
+#[test]
+fn a_node_lends_only_what_it_holds_and_keeps_its_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    let bucket: Arc<dyn PackStore> = Arc::new(LocalPackStore::open(shared, "bucket").unwrap());
+    let (_, _, a) = node(dir.path(), "a", 1, &bucket);
+    a.finish_open(Counting::Exact).unwrap();
+    let ids = put_all(&a, &(0..8).map(block).collect::<Vec<_>>());
+    {
+        let _gate = a.hold_references();
+        for id in &ids[..5] {
+            a.release(*id, 4096);
+        }
+    }
+    a.collect(&mut |_, _, _| {}).unwrap();
+    let lent = |table: &[u8]| {
+        let mut tables = PeerTables::default();
+        assert_eq!(tables.add_table(1, table), Ok(0));
+        tables.chunk_count()
+    };
+    assert_eq!(lent(&std::fs::read(dir.path().join("a/chunks/table")).unwrap()), 8, "freed slots stay on disk");
+    let table = {
+        let _gate = a.hold_references();
+        a.table_for_catalog().unwrap()
+    };
+    assert_eq!(lent(&table), 3, "the catalog's table lends what is held");
+
+    // The same store opened under another node number is refused.
+    drop(a);
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    let local: Arc<dyn PackStore> = Arc::new(LocalPackStore::open(Arc::clone(&storage), "a/local").unwrap());
+    let tiered = TieredPackStore::open(local, Arc::clone(&bucket), TierConfig { node: 3, ..TierConfig::default() });
+    let chunks = ChunkStoreConfig { node: 3, ..ChunkStoreConfig::default() };
+    let error = ChunkStore::open_with_packs(storage, "a/chunks", chunks, Arc::new(tiered.unwrap()) as _)
+        .err()
+        .expect("packs of node 1 under node 3");
+    assert!(error.to_string().contains("written by node number 1"), "{error}");
+}

@@ -138,7 +138,7 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
     let record =
         BucketRecord::new(&args.bucket, args.endpoint.clone(), args.key_file.as_deref(), args.lock.as_deref())?
             .in_pool(args.node_name.clone(), None)?;
-    let bucket = record.open(None)?;
+    let bucket = record.open_member()?;
     std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
     let storage = OsStorage::new(data_dir)?;
     let _lock = storage.lock_exclusive(LOCK_FILE).context("the data directory is in use by another rewind process")?;

@@ -100,12 +100,6 @@ impl BucketRecord {
         if let Some(grace) = &grace {
             parse_grace(grace)?;
         }
-        if name.is_some() && self.lock.is_some() {
-            bail!(
-                "--lock with --node-name: object lock is not yet kept for a bucket shared by several nodes (each \
-                 would extend the others' holds); use a bucket, or prefix, per node to lock it"
-            );
-        }
         Ok(BucketRecord { node_name: name, pool_grace: grace, ..self })
     }
 
@@ -136,9 +130,27 @@ impl BucketRecord {
 
     /// The bucket, its packs kept locally up to `cache_max` bytes once
     /// uploaded; sealed under the bucket's data key, opened with the key
-    /// file (see `rewind_seal`).
+    /// file (see `rewind_seal`). A node named for a shared bucket joins
+    /// the nodes sharing it, if it has not yet.
     pub fn open(&self, cache_max: Option<u64>) -> Result<Bucket> {
+        self.open_as(cache_max, true)
+    }
+
+    /// [`BucketRecord::open`] for a node that must already be a member of
+    /// the nodes sharing the bucket, if it is named (a recovery: a
+    /// mistyped name must not join a node that never publishes).
+    pub fn open_member(&self) -> Result<Bucket> {
+        self.open_as(None, false)
+    }
+
+    fn open_as(&self, cache_max: Option<u64>, may_join: bool) -> Result<Bucket> {
         let url = &self.url;
+        if self.node_name.is_some() && self.lock.is_some() {
+            bail!(
+                "--lock with --node-name: object lock is not yet kept for a bucket shared by several nodes (each \
+                 would extend the others' holds); use a bucket, or prefix, per node to lock it"
+            );
+        }
         let s3 = S3Config::from_url(url, self.endpoint.clone()).map_err(anyhow::Error::msg)?;
         let mut packs = S3PackStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
         let mut meta = S3MetaStore::new(&s3).with_context(|| format!("cannot use the bucket {url}"))?;
@@ -168,8 +180,11 @@ impl BucketRecord {
             None => (meta, None),
             Some(name) => {
                 let grace = parse_grace(self.pool_grace.as_deref().unwrap_or(DEFAULT_POOL_GRACE))?;
-                let pool = Pool::join(meta, name, grace)
-                    .with_context(|| format!("cannot join the nodes sharing {url} as {name:?}"))?;
+                let pool = match may_join {
+                    true => Pool::join(meta, name, grace),
+                    false => Pool::member(meta, name, grace),
+                }
+                .with_context(|| format!("cannot be node {name:?} of the nodes sharing {url}"))?;
                 tier.node = pool.number;
                 (pool.node_store(name), Some(pool))
             }
@@ -189,7 +204,13 @@ impl BucketRecord {
                 data_dir.join(BUCKET_FILE).display(),
                 given.url
             ),
-            // The lock, once given, stays until another is given.
+            (Some(recorded), Some(given)) if recorded.node_name.is_none() && given.node_name.is_some() => bail!(
+                "the node in {} keeps its history in {} as a node of its own (recorded in {}): it cannot join the \
+                 nodes sharing a bucket (--node-name) — its packs are numbered for a bucket of its own",
+                data_dir.display(),
+                recorded.url,
+                data_dir.join(BUCKET_FILE).display()
+            ),
             (Some(recorded), Some(given))
                 if recorded.node_name.is_some()
                     && given.node_name.is_some()
@@ -204,6 +225,7 @@ impl BucketRecord {
                     given.node_name.unwrap_or_default()
                 )
             }
+            // The lock, once given, stays until another is given.
             (recorded, Some(given)) => {
                 let lock = given.lock.clone().or(recorded.as_ref().and_then(|recorded| recorded.lock.clone()));
                 let node_name =
@@ -220,7 +242,6 @@ impl BucketRecord {
     }
 }
 
-/// `--lock`'s period: at least a second.
 /// `--pool-grace` in nanoseconds.
 fn parse_grace(text: &str) -> Result<u64> {
     let grace =
@@ -231,6 +252,7 @@ fn parse_grace(text: &str) -> Result<u64> {
         .with_context(|| format!("--pool-grace {text:?} is out of range"))
 }
 
+/// `--lock`'s period: at least a second.
 fn parse_lock(text: &str) -> Result<Duration> {
     let period = humantime::parse_duration(text).map_err(|error| anyhow::anyhow!("--lock {text:?}: {error}"))?;
     if period.as_secs() == 0 {
@@ -347,8 +369,8 @@ pub struct ServeArgs {
     node_name: Option<String>,
     /// With `--node-name`: a pack no node needs any more leaves the bucket
     /// once every node has published a catalog taken half this long after
-    /// it was let go; it must exceed how far the nodes' clocks disagree
-    /// plus a few `--upload-interval`s (default 1h).
+    /// it was let go. The nodes' clocks must agree to within a quarter of
+    /// it, and it must be at least 8 `--upload-interval`s (default 1h).
     #[arg(long, value_name = "DURATION", requires = "node_name")]
     pool_grace: Option<String>,
     /// How journals write: `direct` goes around the page cache (O_DIRECT;

@@ -698,6 +698,14 @@ fn two_nodes_share_a_bucket_and_collect_safely_while_the_other_writes() {
     command.args(bucket_options).args(["--node-name", "b"]).envs(env);
     let output = common::bounded_output(command);
     assert!(output.status.success(), "{}", common::describe(&output));
+    // A mistyped name does not join (it would never publish, and hold every
+    // deletion): the recovery is refused, naming the nodes.
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"));
+    command.args(["--data-dir", dir.path().join("typo").to_str().unwrap(), "node", "recover"]);
+    command.args(bucket_options).args(["--node-name", "bb"]).envs(env);
+    let output = common::bounded_output(command);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("the nodes are: a, b"), "{}", common::describe(&output));
     let mut b = start("b");
     read_back(&b, "copy@one", 1);
     read_back(&b, "copy", 2);
@@ -715,4 +723,16 @@ fn two_nodes_share_a_bucket_and_collect_safely_while_the_other_writes() {
             && of_b["retired_packs"] == 0
             && of_b["bucket_packs"] == 0
     });
+
+    // A node that kept history in a bucket of its own cannot join: its packs
+    // are numbered for a bucket of its own.
+    let solo = dir.path().join("solo");
+    let mut alone = Server::start_with_env(&solo, &["--bucket", "s3://rewind/solo", "--endpoint", &endpoint], &env);
+    alone.stop();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"));
+    command.args(["--data-dir", solo.to_str().unwrap(), "serve", "--bucket", "s3://rewind/solo"]);
+    command.args(["--endpoint", &endpoint, "--node-name", "solo"]).envs(env);
+    let output = common::bounded_output(command);
+    assert!(!output.status.success(), "{}", common::describe(&output));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot join"), "{}", common::describe(&output));
 }

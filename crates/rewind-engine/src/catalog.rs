@@ -456,9 +456,10 @@ impl Node {
                 captured.push((path.to_owned(), Captured::Bytes(bytes)));
             }
         }
-        let table = format!("{CHUNKS_DIR}/table");
-        let bytes = read(&table)?.ok_or_else(|| EngineError::io(&table)(std::io::ErrorKind::NotFound.into()))?;
-        captured.push((table, Captured::Bytes(bytes)));
+        // After any archive pass in flight: what it borrowed from other
+        // nodes sharing the bucket is in this catalog (`crate::pool`).
+        let bytes = self.shared.chunks.table_for_catalog()?;
+        captured.push((format!("{CHUNKS_DIR}/table"), Captured::Bytes(bytes)));
         Ok(Capture { files: captured, packs: tiered.packs() })
     }
 

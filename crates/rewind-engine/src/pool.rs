@@ -16,9 +16,10 @@
 //! taken after retiring it: every other member has published a catalog
 //! taken at `P` + half the grace period or later — so any lookup in a
 //! table read before `P`, the last tables that named the pack, has ended
-//! in a catalog (a table is trusted a quarter of the grace period; the
-//! other quarter covers an archive pass in flight and the nodes' clocks
-//! disagreeing) — and none of those newest catalogs names the pack. A
+//! in a catalog (a table is trusted a quarter of the grace period, and a
+//! catalog's table is captured after the archive pass in flight; the
+//! other quarter covers the nodes' clocks disagreeing) — and none of
+//! those newest catalogs names the pack. A
 //! member that stops publishing holds every retired pack of the others
 //! until it publishes again or leaves the pool: safe, at the price of
 //! space, and shown in `rewind stats`.
@@ -124,6 +125,27 @@ impl Pool {
         Ok(Pool { name: name.to_owned(), number, store, grace_nanos })
     }
 
+    /// Node `name` of the nodes sharing `store`, which must have joined
+    /// before (what a recovery asks: a mistyped name must not join).
+    pub fn member(store: Arc<dyn MetaStore>, name: &str, grace_nanos: u64) -> io::Result<Pool> {
+        let member = format!("{MEMBERS_DIR}/{name}");
+        match store.get(&member) {
+            Ok(bytes) => {
+                let number = parse_number(&store.locate(&member), &bytes)?;
+                Ok(Pool { name: name.to_owned(), number, store, grace_nanos })
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                let members = store.list(MEMBERS_DIR)?;
+                let message = format!(
+                    "no node {name:?} has joined; the nodes are: {}",
+                    if members.is_empty() { "none".to_owned() } else { members.join(", ") }
+                );
+                Err(io::Error::new(io::ErrorKind::NotFound, message))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
     /// Where node `name`'s own objects are: its catalogs and their pieces.
     pub fn node_store(&self, name: &str) -> Arc<dyn MetaStore> {
         Arc::new(Within::new(Arc::clone(&self.store), &format!("nodes/{name}")))
@@ -155,7 +177,7 @@ fn claim_number(store: &dyn MetaStore, name: &str) -> io::Result<u16> {
     let claimed = store.list(NUMBERS_DIR)?;
     for claim in &claimed {
         if store.get(&format!("{NUMBERS_DIR}/{claim}"))? == name.as_bytes() {
-            return parse_number(&store.locate(claim), claim.as_bytes());
+            return parse_number(&store.locate(&format!("{NUMBERS_DIR}/{claim}")), claim.as_bytes());
         }
     }
     let highest = claimed.iter().filter_map(|claim| claim.parse::<u16>().ok()).max().unwrap_or(0);
@@ -187,11 +209,15 @@ impl Members {
                 if changed {
                     let mut tables = PeerTables::default();
                     for (peer, table) in peers.values() {
-                        if !table.is_empty() {
-                            tables.add_table(peer.number, table).map_err(|error| EngineError::Corrupt {
-                                volume: String::new(),
-                                detail: format!("the chunk table of node {} in the bucket: {error}", peer.name),
-                            })?;
+                        if table.is_empty() {
+                            continue;
+                        }
+                        let damaged = tables.add_table(peer.number, table).map_err(|error| EngineError::Corrupt {
+                            volume: String::new(),
+                            detail: format!("the chunk table of node {} in the bucket: {error}", peer.name),
+                        })?;
+                        if damaged > 0 {
+                            tracing::warn!(node = %peer.name, damaged, "slots of another node's chunk table are damaged");
                         }
                     }
                     seen.tables = Arc::new(tables);
@@ -297,6 +323,10 @@ mod tests {
         let members = a.members().unwrap();
         assert_eq!(members, [("a".into(), 1), ("b".into(), 2), ("c".into(), 3), ("d".into(), 4)]);
         a.node_store("a").put_new("catalogs/x", b"1").unwrap();
+        assert_eq!(Pool::member(Arc::clone(&store), "b", 1).unwrap().number, 2);
+        let error = Pool::member(Arc::clone(&store), "x", 1).err().expect("never joined");
+        assert!(error.to_string().contains("the nodes are: a, b, c, d"), "{error}");
+        assert!(store.get("members/x").is_err(), "asking does not join");
         assert_eq!(store.get("nodes/a/catalogs/x").unwrap(), b"1");
     }
 
