@@ -20,9 +20,13 @@ Both restores end with their data synced; the page cache is dropped before
 each. Each restored file is compared with the image once. Then fio writes
 (`--rw=write --bs=1m --iodepth=4`, --write-size to a new volume per run,
 with a final fsync) to a server with the bucket and key and one without, in
-alternating order: tiering on ÷ off (both archiving every second).
+alternating order, --write-runs times: tiering on ÷ off (both archiving
+every second). Before each write both servers are brought to rest — every
+volume archived, every pack uploaded, `sync` — so that no write pays for
+the previous one's archiving and uploads on these two shared cores (MinIO
+is on the same machine), only for what tiering does during it.
 
-Usage: python3 bench/restic.py [--runs 3] [--size 2G] [--write-size 1G]
+Usage: python3 bench/restic.py [--runs 3] [--size 2G] [--write-size 1G] [--write-runs 5]
 """
 
 import argparse
@@ -61,6 +65,7 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--size", default="2G")
     parser.add_argument("--write-size", default="1G")
+    parser.add_argument("--write-runs", type=int, default=5)
     parser.add_argument("--dir", default="/var/tmp/rewind-bench-restic")
     args = parser.parse_args()
     if shutil.which("restic") is None:
@@ -136,10 +141,25 @@ def main():
         wait_port(PLAIN[0])
         remember_token(f"127.0.0.1:{PLAIN[1]}", plain_data)
         write = ["--rw=write", "--bs=1m", "--iodepth=4", "--refill_buffers", "--end_fsync=1"]
-        for run in range(args.runs):
+        written = {"on": [], "off": []}
+
+        def rest():
+            subprocess.run(["sync"], check=True)
+            for mode, (_, http_port) in (("on", TIERED), ("off", PLAIN)):
+                for volume in written[mode]:
+                    wait_archived(f"127.0.0.1:{http_port}", volume)
+            deadline = time.monotonic() + 900
+            while api(http, "GET", "/v1/stats")["bucket"]["upload_waiting_packs"] > 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the uploads did not finish")
+                time.sleep(0.2)
+
+        for run in range(args.write_runs):
             order = [("on", TIERED), ("off", PLAIN)]
             for mode, (nbd, http_port) in order if run % 2 == 0 else reversed(order):
                 name = f"w{run}"
+                rest()
+                written[mode].append(name)
                 api(f"127.0.0.1:{http_port}", "POST", "/v1/volumes", {"name": name, "size_bytes": size_of(args.write_size)})
                 job = fio(f"nbd://127.0.0.1:{nbd}/{name}", name, write, args.write_size)
                 write_mib_s[mode].append(job["write"]["bw_bytes"] / (1 << 20))
@@ -156,7 +176,8 @@ def main():
         "<!-- restic:begin (written by bench/restic.py; do not edit by hand) -->",
         "## Restore from a bucket: Rewind and restic (issue 14)",
         "",
-        f"`python3 bench/restic.py --runs {args.runs} --size {args.size} --write-size {args.write_size}` — "
+        f"`python3 bench/restic.py --runs {args.runs} --size {args.size} --write-size {args.write_size} "
+        f"--write-runs {args.write_runs}` — "
         f"{env['date']}, commit {env['commit']}, {env['cpu']}, {env['memory']}, {restic_version}, MinIO on "
         f"127.0.0.1 (same disk). The same {args.size}iB image of random bytes restored from the same MinIO: by "
         "`restic restore latest` after `restic backup` of the image, and by `rewind restore v@point` of a "
@@ -171,7 +192,8 @@ def main():
         "",
         f"`restic backup` of the image took {backup_seconds:.1f} s (once). Writes with tiering on (the bucket, "
         f"the key, uploads and evictions running) ÷ off, fio `--rw=write --bs=1m --iodepth=4` of "
-        f"{args.write_size}iB to a new volume with a final fsync: on {spread(write_mib_s['on'], 0)} MiB/s, off "
+        f"{args.write_size}iB to a new volume with a final fsync, {args.write_runs} runs, both servers brought to "
+        f"rest (archived, uploaded, synced) before each: on {spread(write_mib_s['on'], 0)} MiB/s, off "
         f"{spread(write_mib_s['off'], 0)} MiB/s, ratio {spread(tiering)}.",
         "<!-- restic:end -->",
     ]
