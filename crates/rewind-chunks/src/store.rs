@@ -1044,6 +1044,36 @@ impl ChunkStore {
         Ok(bytes)
     }
 
+    /// The packs that hold chunks `ids` (sorted and deduplicated here), as
+    /// their table slots say now: a collection may move them afterwards.
+    /// Ids without a valid slot are passed over.
+    pub fn packs_of(&self, ids: &mut Vec<ChunkId>) -> Result<rustc_hash::FxHashSet<u64>, ChunkError> {
+        ids.sort_unstable();
+        ids.dedup();
+        let mut packs = rustc_hash::FxHashSet::default();
+        let id_end = self.table.id_end();
+        let mut bytes = Vec::new();
+        let mut next = 0;
+        while next < ids.len() {
+            // One read of the table for the ids of each window.
+            let first = ids[next].0;
+            if first == 0 || first >= id_end {
+                next += 1;
+                continue;
+            }
+            let count = SCAN_IDS.min(id_end - first);
+            self.table.read_range(first, count, &mut bytes)?;
+            while next < ids.len() && ids[next].0 < first + count {
+                let id = ids[next];
+                if let Ok(Some(slot)) = slot_in(&bytes, (id.0 - first) as usize, id) {
+                    packs.insert(slot.pack);
+                }
+                next += 1;
+            }
+        }
+        Ok(packs)
+    }
+
     /// Starts putting chunks; only one session or collection runs at a time.
     pub fn session(&self) -> Result<ArchiveSession<'_>, ChunkError> {
         let writing = self.writing.lock();

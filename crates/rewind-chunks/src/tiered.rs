@@ -118,6 +118,8 @@ pub struct TierStats {
     /// Packs deleted here whose remote copies wait (for a catalog, or for
     /// the other nodes sharing the bucket to let them go).
     pub retired_packs: u64,
+    /// Packs kept on the local tier whatever the budget (the present's).
+    pub kept_packs: u64,
 }
 
 #[derive(Default)]
@@ -191,6 +193,9 @@ pub struct TieredPackStore {
     epoch: AtomicU64,
     /// Told whenever a pack is sealed locally: it waits for its upload.
     waker: Arc<Mutex<Option<Waker>>>,
+    /// Packs the embedder keeps on the local tier whatever the budget
+    /// ([`TieredPackStore::keep_local`]).
+    kept: Mutex<FxHashSet<u64>>,
 }
 
 /// A pack deleted here, not yet from the remote tier.
@@ -248,6 +253,7 @@ impl TieredPackStore {
             retired: Mutex::default(),
             epoch: AtomicU64::new(0),
             waker: Arc::default(),
+            kept: Mutex::default(),
         })
     }
 
@@ -306,18 +312,8 @@ impl TieredPackStore {
 
     /// Copies local pack `pack` to the remote tier; returns its size.
     fn upload(&self, pack: u64) -> io::Result<u64> {
-        const PIECE: u64 = 8 << 20;
         let bytes = self.local.stat(pack)?.bytes;
-        let mut upload = self.remote.create(pack)?;
-        let mut piece = Vec::new();
-        let mut offset = 0;
-        while offset < bytes {
-            piece.resize(PIECE.min(bytes - offset) as usize, 0);
-            self.local.read(pack, offset, &mut piece)?;
-            upload.append(&piece)?;
-            offset += piece.len() as u64;
-        }
-        match upload.finish() {
+        match copy_pack(&*self.local, &*self.remote, pack, bytes) {
             Ok(_) => Ok(bytes),
             // An earlier upload whose reply was lost: there if the same size.
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
@@ -336,6 +332,39 @@ impl TieredPackStore {
         }
     }
 
+    /// Keeps `packs` on the local tier from now on, in place of those kept
+    /// before, whatever the budget: MYCDP's hot set, the versions the
+    /// present reads (the embedder names the packs of the volumes that
+    /// read their present from history). Those evicted already come back
+    /// with [`TieredPackStore::fetch_next_kept`].
+    pub fn keep_local(&self, packs: FxHashSet<u64>) {
+        *self.kept.lock() = packs;
+    }
+
+    /// Copies back to the local tier one kept pack that is only remote, if
+    /// any ([`TieredPackStore::keep_local`]); returns it.
+    pub fn fetch_next_kept(&self) -> io::Result<Option<u64>> {
+        let kept = self.kept.lock().clone();
+        let next = {
+            let mut placements = self.placements.lock();
+            let next = placements.iter_mut().find(|(pack, placement)| {
+                kept.contains(pack) && !placement.local && !placement.borrowed && !placement.uploading
+            });
+            let Some((&pack, placement)) = next else { return Ok(None) };
+            // Not deleted meanwhile, as an upload is not.
+            placement.uploading = true;
+            (pack, placement.bytes)
+        };
+        let (pack, bytes) = next;
+        let fetched = copy_pack(&*self.remote, &*self.local, pack, bytes);
+        let mut placements = self.placements.lock();
+        let placement = placements.get_mut(&pack).expect("a pack being fetched is not deleted");
+        placement.uploading = false;
+        fetched?;
+        placement.local = true;
+        Ok(Some(pack))
+    }
+
     /// Removes the local copies of uploaded packs, least recently read first
     /// and never the newest [`TierConfig::newest_kept`], until the local
     /// tier is within [`TierConfig::cache_bytes_max`]. Returns the bytes freed.
@@ -351,10 +380,15 @@ impl TieredPackStore {
                 }
                 let own = placements.iter().filter(|(_, placement)| !placement.borrowed);
                 let newest: Vec<u64> = own.rev().take(self.config.newest_kept).map(|(&pack, _)| pack).collect();
+                let kept = self.kept.lock();
                 placements
                     .iter()
                     .filter(|(pack, placement)| {
-                        placement.local && placement.remote && !placement.uploading && !newest.contains(pack)
+                        placement.local
+                            && placement.remote
+                            && !placement.uploading
+                            && !newest.contains(pack)
+                            && !kept.contains(pack)
                     })
                     .min_by_key(|(_, placement)| placement.read_at)
                     .map(|(&pack, placement)| (pack, placement.bytes))
@@ -446,6 +480,7 @@ impl TieredPackStore {
             remote_read_bytes: self.counters.remote_read_bytes.load(Ordering::Relaxed),
             remote_deletes: self.counters.remote_deletes.load(Ordering::Relaxed),
             retired_packs: self.retired.lock().len() as u64,
+            kept_packs: self.kept.lock().len() as u64,
             ..TierStats::default()
         };
         for placement in placements.values().filter(|placement| !placement.borrowed) {
@@ -589,6 +624,21 @@ impl TieredPackStore {
         let placement = Placement { borrowed: true, ..Placement::of(&stored, false, true) };
         Ok(self.placements.lock().entry(pack).or_insert(placement).clone())
     }
+}
+
+/// Copies pack `pack` of `bytes` from one tier to the other, 8 MiB at a time.
+fn copy_pack(from: &dyn PackStore, to: &dyn PackStore, pack: u64, bytes: u64) -> io::Result<Generation> {
+    const PIECE: u64 = 8 << 20;
+    let mut copy = to.create(pack)?;
+    let mut piece = Vec::new();
+    let mut offset = 0;
+    while offset < bytes {
+        piece.resize(PIECE.min(bytes - offset) as usize, 0);
+        from.read(pack, offset, &mut piece)?;
+        copy.append(&piece)?;
+        offset += piece.len() as u64;
+    }
+    copy.finish()
 }
 
 impl Placement {

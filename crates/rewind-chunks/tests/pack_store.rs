@@ -264,3 +264,31 @@ fn small_packs_wait_and_go_up_together() {
         assert_eq!(&out, bytes);
     }
 }
+
+/// The packs the embedder keeps local (the present's: MYCDP's hot set) are
+/// never evicted, whatever the budget, and one evicted before it was kept
+/// comes back from the bucket, whole.
+#[test]
+fn kept_packs_stay_on_the_disk_and_come_back() {
+    let config = TierConfig { cache_bytes_max: 0, newest_kept: 0, ..TierConfig::default() };
+    let (_dir, local, _remote, tiered) = two_tiers(config);
+    for pack in 1..=3 {
+        put(&tiered, pack, pack as u8, 1 << 20);
+    }
+    while tiered.upload_next().unwrap().is_some() {}
+    tiered.keep_local([2].into_iter().collect());
+    assert_eq!(tiered.evict().unwrap(), 2 << 20);
+    let on_disk = || local.list().unwrap().iter().map(|stored| stored.pack).collect::<Vec<_>>();
+    assert_eq!(on_disk(), vec![2]);
+
+    tiered.keep_local([2, 3].into_iter().collect());
+    assert_eq!(tiered.fetch_next_kept().unwrap(), Some(3));
+    assert_eq!(tiered.fetch_next_kept().unwrap(), None, "nothing else to fetch");
+    assert_eq!(on_disk(), vec![2, 3]);
+    let mut buf = vec![0; 4096];
+    tiered.read(3, 1 << 19, &mut buf).unwrap();
+    assert_eq!(buf, vec![3; 4096]);
+    let stats = tiered.stats();
+    assert_eq!((stats.local_reads, stats.remote_reads, stats.kept_packs), (1, 0, 2), "{stats:?}");
+    assert_eq!(tiered.evict().unwrap(), 0, "both kept");
+}

@@ -545,6 +545,12 @@ pub fn node_report(report: &NodeReport) {
             bucket.upload_waiting_packs,
             bucket.upload_lag_seconds
         );
+        if bucket.kept_packs > 0 {
+            println!(
+                "  kept here     {} packs the present of logging volumes reads, whatever --cache-max",
+                bucket.kept_packs
+            );
+        }
         println!(
             "bucket traffic  {} uploads ({}), {} reads from the bucket ({}), {} evictions; cache hit ratio {:.3}",
             bucket.uploads,

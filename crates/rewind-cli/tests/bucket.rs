@@ -736,3 +736,66 @@ fn two_nodes_share_a_bucket_and_collect_safely_while_the_other_writes() {
     assert!(!output.status.success(), "{}", common::describe(&output));
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot join"), "{}", common::describe(&output));
 }
+
+/// MYCDP's hot set (issue 14 req 2): a `logging` volume reads its present
+/// from history, so the packs holding the newest version of its blocks stay
+/// on the disk whatever `--cache-max` — here the oldest pack, which an
+/// eviction by age and reads alone would have sent away — while superseded
+/// history leaves it and is read back from the bucket.
+#[test]
+fn the_present_of_a_logging_volume_stays_on_the_disk() {
+    require("nbdcopy");
+    let dir = tempfile::tempdir().unwrap();
+    let minio = Minio::start(&dir.path().join("minio"));
+    let endpoint = minio.endpoint();
+    let options = [
+        "--bucket",
+        "s3://rewind/hot",
+        "--endpoint",
+        &endpoint,
+        "--cache-max",
+        "0",
+        "--archive-interval",
+        "1s",
+        "--upload-interval",
+        "1s",
+        "--upload-batch-below",
+        "0",
+    ];
+    let env = [("AWS_ACCESS_KEY_ID", USER), ("AWS_SECRET_ACCESS_KEY", PASSWORD)];
+    let server = Server::start_with_env(&dir.path().join("data"), &options, &env);
+    server.rewind(&["volume", "create", "log", "--size", "8MiB", "--layout", "logging"]);
+
+    // Round 0 writes the whole volume, rounds 1 to 6 its first MiB only:
+    // the present is round 6's first MiB and round 0's other seven.
+    const SIZE: usize = 8 << 20;
+    const MIB: usize = 1 << 20;
+    for round in 0..=6u64 {
+        let image = dir.path().join(format!("round-{round}.raw"));
+        std::fs::write(&image, noise(round, if round == 0 { SIZE } else { MIB })).unwrap();
+        run("nbdcopy", &[image.to_str().unwrap(), &server.uri("log")]);
+        server.rewind(&["bookmark", "log", &format!("r{round}")]);
+        wait_for("the round to be archived", || node_stats(&server)["pack_count"].as_u64() > Some(round));
+    }
+    wait_for("every pack uploaded and the superseded ones evicted", || {
+        let bucket = &node_stats(&server)["bucket"];
+        bucket["upload_waiting_packs"] == 0 && bucket["evictions"].as_u64() >= Some(2)
+    });
+    let bucket = node_stats(&server)["bucket"].clone();
+    assert!(bucket["kept_packs"].as_u64() >= Some(1), "{bucket}");
+    let reads = |server: &Server| node_stats(server)["bucket"]["bucket_reads"].as_u64().unwrap();
+    let before = reads(&server);
+
+    let out = dir.path().join("present.raw");
+    run("nbdcopy", &[&server.uri("log"), out.to_str().unwrap()]);
+    let present = std::fs::read(&out).unwrap();
+    assert!(present[..MIB] == noise(6, MIB)[..] && present[MIB..] == noise(0, SIZE)[MIB..], "the present");
+    assert_eq!(reads(&server), before, "the present read from the disk alone");
+
+    let out = dir.path().join("r1.raw");
+    run("nbdcopy", &[&server.uri("log@r1"), out.to_str().unwrap()]);
+    assert!(std::fs::read(&out).unwrap()[..MIB] == noise(1, MIB)[..], "log@r1");
+    assert!(reads(&server) > before, "superseded history read back from the bucket");
+    let text = server.rewind(&["stats"]);
+    assert!(text.contains("kept here"), "{text}");
+}

@@ -261,6 +261,8 @@ impl Node {
         if let Some(retention) = &catalogs.retention {
             retention.extend().map_err(bucket_error)?;
         }
+        // MYCDP's hot set: the versions the present reads stay on the disk.
+        self.keep_present_local(tiered)?;
         // Small packs waiting for their upload go up as one (or a few).
         let small = tiered.waiting_small();
         if small.len() > 1 {
@@ -361,6 +363,23 @@ impl Node {
         let live: FxHashSet<u64> = self.runs_held();
         state.runs.retain(|uid, _| live.contains(uid));
         Ok(published)
+    }
+
+    /// Keeps on the local tier, whatever `--cache-max`, the packs holding
+    /// the newest archived version of every block of the volumes that read
+    /// their present from history (no current store: `logging`); the other
+    /// layouts' present is in their current store. Evicted ones come back
+    /// (`Node::maintain_bucket`). Recent writes and views are the newest
+    /// packs, which the tiered store keeps anyway.
+    fn keep_present_local(&self, tiered: &TieredPackStore) -> Result<(), EngineError> {
+        let volumes: Vec<Arc<Volume>> =
+            self.volumes.read().values().filter(|volume| !volume.rules().has_current_store()).cloned().collect();
+        let mut ids = Vec::new();
+        for volume in &volumes {
+            volume.present_chunks(&mut ids)?;
+        }
+        tiered.keep_local(self.shared.chunks.packs_of(&mut ids)?);
+        Ok(())
     }
 
     /// Deletes catalogs older than the kept ones, and pieces none names.

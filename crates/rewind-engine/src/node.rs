@@ -449,6 +449,10 @@ impl Node {
         while let Some(_pack) = tiered.upload_next_large().map_err(EngineError::io("the bucket"))? {
             worked = true;
         }
+        // The present's packs, evicted before they were known to be (`keep_present_local`).
+        while let Some(_pack) = tiered.fetch_next_kept().map_err(EngineError::io("the bucket"))? {
+            worked = true;
+        }
         worked |= tiered.evict().map_err(EngineError::io("the local pack cache"))? > 0;
         self.note_waiting(tiered, now);
         Ok(worked)

@@ -1098,6 +1098,10 @@ pub struct BucketReport {
     /// them go.
     #[serde(default)]
     pub retired_packs: u64,
+    /// Packs kept on this disk whatever `--cache-max`: those the present of
+    /// a `logging` volume reads.
+    #[serde(default)]
+    pub kept_packs: u64,
     /// The newest catalog in the bucket: what `rewind node recover` rebuilds
     /// the node from. `None` until one is published.
     pub catalog: Option<CatalogReport>,
@@ -1248,6 +1252,7 @@ impl BucketReport {
             bucket_read_bytes: stats.remote_read_bytes,
             cache_hit_ratio: ratio(hits, hits + stats.remote_reads),
             retired_packs: stats.retired_packs,
+            kept_packs: stats.kept_packs,
             catalog,
         }
     }

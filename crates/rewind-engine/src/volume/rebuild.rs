@@ -59,6 +59,27 @@ impl Volume {
     pub(crate) fn archived_part(&self) -> (IndexManifest, Vec<Arc<Run>>) {
         self.index.archived_part()
     }
+
+    /// Adds to `ids` the chunk of each block's newest version that is
+    /// archived: what a read of the present needs from the chunk store when
+    /// the layout keeps no current store (MYCDP's hot set, `Node::publish_catalog`).
+    pub(crate) fn present_chunks(&self, ids: &mut Vec<ChunkId>) -> Result<(), EngineError> {
+        const BATCH: u64 = 4096;
+        let block_count = self.meta.size_bytes / u64::from(self.meta.block_size.bytes());
+        let mut blocks = Vec::with_capacity(BATCH as usize);
+        let mut first = 0;
+        while first < block_count {
+            blocks.clear();
+            blocks.extend(first..(first + BATCH).min(block_count));
+            for version in self.index.find_le_many(&blocks, Timestamp::MAX)?.into_iter().flatten() {
+                if let VersionData::Chunk(id) = version.data {
+                    ids.push(id);
+                }
+            }
+            first += BATCH;
+        }
+        Ok(())
+    }
 }
 
 /// A volume rebuilt from a catalog.
