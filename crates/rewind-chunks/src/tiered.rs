@@ -341,6 +341,11 @@ impl TieredPackStore {
         *self.kept.lock() = packs;
     }
 
+    /// Whether the local tier has a budget: whether anything is ever evicted.
+    pub fn evicts(&self) -> bool {
+        self.config.cache_bytes_max < u64::MAX
+    }
+
     /// Copies back to the local tier one kept pack that is only remote, if
     /// any ([`TieredPackStore::keep_local`]); returns it.
     pub fn fetch_next_kept(&self) -> io::Result<Option<u64>> {

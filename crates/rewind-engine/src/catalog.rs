@@ -371,7 +371,11 @@ impl Node {
     /// layouts' present is in their current store. Evicted ones come back
     /// (`Node::maintain_bucket`). Recent writes and views are the newest
     /// packs, which the tiered store keeps anyway.
+    /// One index lookup per block of those volumes: only with a budget.
     fn keep_present_local(&self, tiered: &TieredPackStore) -> Result<(), EngineError> {
+        if !tiered.evicts() {
+            return Ok(());
+        }
         let volumes: Vec<Arc<Volume>> =
             self.volumes.read().values().filter(|volume| !volume.rules().has_current_store()).cloned().collect();
         let mut ids = Vec::new();
