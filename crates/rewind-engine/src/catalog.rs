@@ -262,7 +262,10 @@ impl Node {
             retention.extend().map_err(bucket_error)?;
         }
         // MYCDP's hot set: the versions the present reads stay on the disk.
-        self.keep_present_local(tiered)?;
+        // Advisory: a failure here must not hold the catalog back.
+        if let Err(error) = self.keep_present_local(tiered) {
+            tracing::warn!(%error, "cannot name the packs the present reads; they may be evicted");
+        }
         // Small packs waiting for their upload go up as one (or a few).
         let small = tiered.waiting_small();
         if small.len() > 1 {
