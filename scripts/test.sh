@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-packages=(nbdkit libnbd-bin python3-libnbd fio qemu-utils fuse3 e2fsprogs util-linux curl)
+packages=(nbdkit libnbd-bin python3-libnbd fio qemu-utils fuse3 e2fsprogs util-linux curl python3-pip)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -37,6 +37,9 @@ if ! go version -m "$REWIND_MINIO" 2>/dev/null | grep -q "github.com/minio/minio
   (cd /tmp && go install "github.com/minio/minio@$MINIO_VERSION") >target/minio-build.log 2>&1 &
   minio_build=$!
 fi
+
+# The lab's real trace (CloudPhysics, from PyPI's libcachesim source package; cached).
+./scripts/fetch-traces.sh >/dev/null
 
 if ! command -v cargo >/dev/null; then
   echo "Rust is not installed: see https://rustup.rs" >&2

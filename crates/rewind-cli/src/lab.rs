@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rewind_engine::timespec::parse_granularity;
 use rewind_lab::analysis::{analyze, format_bytes, format_granularity, AnalyzeConfig};
 use rewind_lab::cache::CacheConfig;
-use rewind_lab::replay::{replay_all, Architecture, ReplaySetup};
+use rewind_lab::replay::{replay_all, Architecture, Census, Convention, ReplaySetup, MAX_BLOCKS_DEFAULT};
 use rewind_lab::report::write_report;
 use rewind_lab::spc1::Spc1;
 use rewind_lab::trace::{read_all, CsvWriter, Format, Op, ReadOptions, Request};
@@ -35,6 +35,8 @@ pub enum LabCommand {
         /// Controller cache size (3% of its pages may be dirty).
         #[arg(long, default_value = "64MiB")]
         cache: String,
+        #[command(flatten)]
+        accounting: AccountingArgs,
         #[arg(long)]
         json: bool,
     },
@@ -50,15 +52,14 @@ pub enum LabCommand {
         /// Comma-separated cache sizes.
         #[arg(long, default_value = "64MiB,256MiB,4GiB")]
         caches: String,
-        /// Addressable size of the volume traced (default: the highest extent it touches).
-        #[arg(long)]
-        capacity: Option<String>,
         /// The time of one disk access, for the COW/ROW model (D).
         #[arg(long, default_value = "5ms")]
         disk_time: String,
         /// The time to merge a read across a ROW snapshot, for the model (σ).
         #[arg(long, default_value = "500us")]
         merge_time: String,
+        #[command(flatten)]
+        accounting: AccountingArgs,
         /// Where to write the report.
         #[arg(long)]
         out: PathBuf,
@@ -88,11 +89,33 @@ pub enum GenerateCommand {
     },
 }
 
+/// Which writes the lab counts, and how much state it may keep.
+#[derive(Args)]
+pub struct AccountingArgs {
+    /// paper: the IBM paper's (footnote 3), only writes that have a
+    /// subsequent write are counted; steady-state: every write, each
+    /// block's last write and the state before the trace retained.
+    #[arg(long, default_value = "paper")]
+    convention: String,
+    /// The most distinct blocks written the lab keeps state for (about 150
+    /// bytes each); a trace writing more is refused.
+    #[arg(long, default_value_t = MAX_BLOCKS_DEFAULT)]
+    max_blocks: u64,
+}
+
+impl AccountingArgs {
+    fn convention(&self) -> Result<Convention> {
+        Convention::parse(&self.convention).map_err(anyhow::Error::msg)
+    }
+}
+
 #[derive(Args)]
 pub struct TraceArgs {
     /// The trace file (`-`: standard input).
     trace: PathBuf,
-    /// csv, fio, blkparse or msr (default: told from the first line).
+    /// csv, fio, blkparse, msr, vscsi or oracle-general (default: told
+    /// from the first bytes; oracle-general, which has no mark of its own,
+    /// from a file name containing `oracleGeneral`).
     #[arg(long)]
     format: Option<String>,
     /// Time between records of an fio iolog v2, which has none.
@@ -104,6 +127,17 @@ pub struct TraceArgs {
     /// Block (page) size of the replay.
     #[arg(long, default_value = "4KiB")]
     block_size: String,
+    /// The traced device's size: a request past it is an error naming its
+    /// line (default: the highest extent the trace touches).
+    #[arg(long)]
+    capacity: Option<String>,
+    /// The longest request taken; a longer one is an error naming its line.
+    #[arg(long, default_value = "1GiB")]
+    max_request: String,
+    /// What the requests of oracle-general traces, which have no read or
+    /// write, count as: write or read.
+    #[arg(long, default_value = "write")]
+    untyped_op: String,
 }
 
 fn parse_duration_nanos(text: &str, what: &str) -> Result<u64> {
@@ -133,11 +167,22 @@ impl TraceArgs {
         Ok(u64::from(parse_block_size(&self.block_size)?))
     }
 
+    fn capacity_bytes(&self) -> Result<Option<u64>> {
+        self.capacity.as_deref().map(|text| parse_bytes(text, "capacity")).transpose()
+    }
+
     fn read(&self) -> Result<Vec<Request>> {
         let options = ReadOptions {
             format: self.format.as_deref().map(Format::parse).transpose().map_err(anyhow::Error::msg)?,
             iolog_interval_nanos: parse_duration_nanos(&self.iolog_interval, "iolog interval")?,
             blkparse_action: self.blkparse_action.clone(),
+            capacity_bytes: self.capacity_bytes()?,
+            max_request_bytes: parse_bytes(&self.max_request, "largest request")?,
+            untyped_op: match self.untyped_op.as_str() {
+                "write" => Op::Write,
+                "read" => Op::Read,
+                other => bail!("--untyped-op {other:?}: write or read"),
+            },
         };
         let name = self.trace.display().to_string();
         let input: Box<dyn BufRead> = if self.trace == Path::new("-") {
@@ -183,7 +228,7 @@ fn write_trace(comment: &str, produce: impl FnOnce(&mut dyn FnMut(Request) -> Re
 
 pub fn run(command: LabCommand) -> Result<()> {
     match command {
-        LabCommand::Replay { trace, layout, granularity, cache, json } => {
+        LabCommand::Replay { trace, layout, granularity, cache, accounting, json } => {
             let architectures = match layout.as_str() {
                 "all" => Architecture::ALL.to_vec(),
                 name => vec![Architecture::parse(name).map_err(anyhow::Error::msg)?],
@@ -191,14 +236,17 @@ pub fn run(command: LabCommand) -> Result<()> {
             let granularity_nanos = parse_granularity(&granularity).map_err(anyhow::Error::msg)?;
             let cache_bytes = parse_bytes(&cache, "cache size")?;
             let block_bytes = trace.block_bytes()?;
+            let convention = accounting.convention()?;
             let requests = trace.read()?;
+            let census = Census::of(&requests, block_bytes, accounting.max_blocks)?;
             let setup = ReplaySetup {
                 granularity_nanos,
                 offset_nanos: 0,
                 cache: CacheConfig::new(cache_bytes, block_bytes, 0.03),
                 block_bytes,
+                convention,
             };
-            let replays = replay_all(requests.iter().copied(), setup);
+            let replays = replay_all(&requests, setup, &census);
             let results: Vec<_> = architectures
                 .iter()
                 .map(|&architecture| (architecture.name(), &replays[architecture as usize]))
@@ -211,13 +259,16 @@ pub fn run(command: LabCommand) -> Result<()> {
                 return output::json(&map);
             }
             println!(
-                "{} requests ({} writes), g = {}, cache {}, {} blocks",
+                "{} requests ({} writes), g = {}, cache {}, {} blocks; {} block writes, w = {} counted",
                 requests.len(),
                 results[0].1.write_requests,
                 format_granularity(granularity_nanos),
                 format_bytes(cache_bytes),
-                format_bytes(block_bytes)
+                format_bytes(block_bytes),
+                results[0].1.block_writes,
+                results[0].1.counted_writes,
             );
+            println!("convention: {}", convention.describe());
             println!(
                 "{:<18} {:>9} {:>7} {:>7} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11}",
                 "layout",
@@ -252,7 +303,7 @@ pub fn run(command: LabCommand) -> Result<()> {
             }
             Ok(())
         }
-        LabCommand::Analyze { trace, granularities, caches, capacity, disk_time, merge_time, out, json } => {
+        LabCommand::Analyze { trace, granularities, caches, disk_time, merge_time, accounting, out, json } => {
             let config = AnalyzeConfig {
                 granularities_nanos: parse_list(&granularities, |item| {
                     parse_granularity(item).map_err(anyhow::Error::msg)
@@ -260,9 +311,11 @@ pub fn run(command: LabCommand) -> Result<()> {
                 caches_bytes: parse_list(&caches, |item| parse_bytes(item, "cache size"))?,
                 block_bytes: trace.block_bytes()?,
                 dirty_fraction: 0.03,
-                capacity_bytes: capacity.as_deref().map(|text| parse_bytes(text, "capacity")).transpose()?,
+                capacity_bytes: trace.capacity_bytes()?,
                 disk_seconds: parse_duration_nanos(&disk_time, "disk time")? as f64 / 1e9,
                 merge_seconds: parse_duration_nanos(&merge_time, "merge time")? as f64 / 1e9,
+                convention: accounting.convention()?,
+                max_blocks: accounting.max_blocks,
             };
             let requests = trace.read()?;
             let bar = ProgressBar::new(0);
@@ -272,13 +325,14 @@ pub fn run(command: LabCommand) -> Result<()> {
             let analysis = analyze(&requests, &config, &mut |done, total| {
                 bar.set_length(total);
                 bar.set_position(done);
-            });
+            })?;
             bar.finish_and_clear();
             let trace_name = trace.trace.file_name().map_or("-".into(), |name| name.to_string_lossy().into_owned());
             write_report(&analysis, &trace_name, &out)?;
             if json {
                 return output::json(&analysis);
             }
+            println!("convention: {}", analysis.convention.describe());
             for line in &analysis.recommendations {
                 println!("{line}");
             }

@@ -7,8 +7,8 @@
 use serde::Serialize;
 
 use crate::cache::CacheConfig;
-use crate::model::{ios_per_write, space_blocks, SnapshotModel, TemporalDistances};
-use crate::replay::{replay_all, Architecture, Replay, ReplaySetup};
+use crate::model::{ios_per_write, space_blocks, Fractions, SnapshotModel, TemporalDistances};
+use crate::replay::{replay_all, Architecture, Census, Convention, Replay, ReplaySetup, TooManyBlocks};
 use crate::trace::{Op, Request};
 
 /// What to analyse a trace at.
@@ -25,6 +25,9 @@ pub struct AnalyzeConfig {
     /// Xiao's D and σ: one disk access, and merging one read of a ROW snapshot.
     pub disk_seconds: f64,
     pub merge_seconds: f64,
+    pub convention: Convention,
+    /// The most distinct blocks written that the lab keeps state for.
+    pub max_blocks: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -33,6 +36,9 @@ pub struct TraceSummary {
     pub write_requests: u64,
     pub block_writes: u64,
     pub block_reads: u64,
+    /// w: the block writes the convention counts (paper: those with a
+    /// subsequent write, block_writes − f).
+    pub counted_writes: u64,
     pub duration_nanos: u64,
     pub block_bytes: u64,
     /// a: addressable blocks.
@@ -47,10 +53,11 @@ pub struct TraceSummary {
 #[derive(Clone, Debug, Serialize)]
 pub struct ArchitecturePoint {
     pub architecture: &'static str,
-    /// Device I/Os caused by writes, per block written: replayed, and Figure 5's.
+    /// Device I/Os caused by writes, per write counted: replayed, and
+    /// Figure 5's with D(g, s), R(g), the replayed c and (COW) m.
     pub ios_per_write: f64,
     pub ios_per_write_model: f64,
-    /// Figure 6's space, in bytes, with the replayed r.
+    /// Figure 6's space, in bytes, with the replayed retained versions.
     pub space_bytes_model: f64,
     pub current_ios: u64,
     pub current_sequential: u64,
@@ -73,6 +80,8 @@ pub struct Point {
     /// d: replayed, and D(g, s) of Claim 3.2 at the cache window s that c stands for.
     pub incurred: f64,
     pub incurred_model: f64,
+    /// m: the fraction of COW's copies that read the old data from disk.
+    pub copy_misses: f64,
     pub architectures: Vec<ArchitecturePoint>,
 }
 
@@ -96,6 +105,9 @@ pub struct SnapshotPoint {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Analysis {
+    /// Which writes every fraction and per-write figure counts.
+    pub convention: Convention,
+    pub convention_text: &'static str,
     pub trace: TraceSummary,
     /// T(t) sampled on a logarithmic grid: (t in nanoseconds, T).
     pub temporal_distances: Vec<(u64, f64)>,
@@ -130,35 +142,50 @@ impl Analysis {
 }
 
 /// Replays `requests` at every granularity and cache size (one pass each,
-/// all architectures at once), calling `progress(done, total)` after each.
-pub fn analyze(requests: &[Request], config: &AnalyzeConfig, progress: &mut dyn FnMut(u64, u64)) -> Analysis {
+/// all architectures at once), calling `progress(done,
+/// total)` after each. Refuses a trace that writes more distinct blocks
+/// than `config.max_blocks`, before it holds state for them.
+pub fn analyze(
+    requests: &[Request],
+    config: &AnalyzeConfig,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Analysis, TooManyBlocks> {
     let block_bytes = config.block_bytes;
-    let writes = || {
-        requests
-            .iter()
-            .filter(|request| request.op == Op::Write)
-            .flat_map(move |request| request.blocks(block_bytes).map(move |block| (request.time_nanos, block)))
+    let census = Census::of(requests, block_bytes, config.max_blocks)?;
+    let writes = requests
+        .iter()
+        .filter(|request| request.op == Op::Write)
+        .flat_map(move |request| request.blocks(block_bytes).map(move |block| (request.time_nanos, block)));
+    let distances = TemporalDistances::of(writes, config.convention);
+    let trace = summarize(requests, config, &distances, &census);
+    let setups: Vec<(u64, u64)> = config
+        .granularities_nanos
+        .iter()
+        .flat_map(|&g| config.caches_bytes.iter().map(move |&cache_bytes| (g, cache_bytes)))
+        .collect();
+    let total = setups.len() as u64;
+    let replay_at = |&(g, cache_bytes): &(u64, u64)| {
+        let setup = ReplaySetup {
+            granularity_nanos: g,
+            offset_nanos: 0,
+            cache: CacheConfig::new(cache_bytes, block_bytes, config.dirty_fraction),
+            block_bytes,
+            convention: config.convention,
+        };
+        point(g, cache_bytes, &replay_all(requests, setup, &census), &distances, &trace)
     };
-    let distances = TemporalDistances::of(writes());
-    let trace = summarize(requests, config, &distances);
-    let total = (config.granularities_nanos.len() * config.caches_bytes.len()) as u64;
-    let mut points = Vec::new();
-    for &g in &config.granularities_nanos {
-        for &cache_bytes in &config.caches_bytes {
-            let setup = ReplaySetup {
-                granularity_nanos: g,
-                offset_nanos: 0,
-                cache: CacheConfig::new(cache_bytes, block_bytes, config.dirty_fraction),
-                block_bytes,
-            };
-            let replays = replay_all(requests.iter().copied(), setup);
-            points.push(point(g, cache_bytes, &replays, &distances, &trace));
-            progress(points.len() as u64, total);
-        }
+    // One replay at a time: replays in parallel would each hold their own
+    // state for every block (CloudPhysics: 94 MB on two cores against 43 MB).
+    let mut points = Vec::with_capacity(setups.len());
+    for setup in &setups {
+        points.push(replay_at(setup));
+        progress(points.len() as u64, total);
     }
     let grid = log_grid(trace.duration_nanos);
     let snapshots = snapshot_points(&trace, config);
     let mut analysis = Analysis {
+        convention: config.convention,
+        convention_text: config.convention.describe(),
         temporal_distances: grid.iter().map(|&t| (t, distances.cdf(t))).collect(),
         retained_curve: grid.iter().map(|&g| (g, distances.retained(g))).collect(),
         trace,
@@ -169,10 +196,15 @@ pub fn analyze(requests: &[Request], config: &AnalyzeConfig, progress: &mut dyn 
         recommendations: Vec::new(),
     };
     analysis.recommendations = recommend(&analysis);
-    analysis
+    Ok(analysis)
 }
 
-fn summarize(requests: &[Request], config: &AnalyzeConfig, distances: &TemporalDistances) -> TraceSummary {
+fn summarize(
+    requests: &[Request],
+    config: &AnalyzeConfig,
+    distances: &TemporalDistances,
+    census: &Census,
+) -> TraceSummary {
     let block_bytes = config.block_bytes;
     let count_blocks = |op: Op| -> u64 {
         requests
@@ -184,15 +216,18 @@ fn summarize(requests: &[Request], config: &AnalyzeConfig, distances: &TemporalD
     let end = requests.iter().map(|request| request.offset_bytes + request.length_bytes).max().unwrap_or(0);
     let write_requests = requests.iter().filter(|request| request.op == Op::Write).count() as u64;
     let capacity = config.capacity_bytes.unwrap_or(end).max(end);
+    let block_writes = count_blocks(Op::Write);
+    assert_eq!(distances.blocks(), census.blocks_written(), "the model and the census see the same writes");
     TraceSummary {
         requests: requests.len() as u64,
         write_requests,
-        block_writes: count_blocks(Op::Write),
+        block_writes,
         block_reads: count_blocks(Op::Read),
+        counted_writes: distances.writes(),
         duration_nanos: requests.last().map_or(0, |last| last.time_nanos),
         block_bytes,
         blocks_addressable: capacity.div_ceil(block_bytes),
-        blocks_written: distances.blocks(),
+        blocks_written: census.blocks_written(),
         write_ratio: write_requests as f64 / requests.len().max(1) as f64,
     }
 }
@@ -205,18 +240,30 @@ fn point(
     trace: &TraceSummary,
 ) -> Point {
     let logging = &replays[Architecture::Logging as usize];
+    assert_eq!(logging.counted_writes, trace.counted_writes, "replay and model count the same writes");
     let (r, c) = (logging.retained_fraction(), logging.evicted_fraction());
+    let copy_misses = replays[Architecture::Cow as usize].copy_miss_fraction();
     let d_model = distances.incurred(g, distances.cache_window(c));
-    let (r_model, w) = (distances.retained(g), trace.block_writes);
+    let model = Fractions { incurred: d_model, retained: distances.retained(g), evicted: c, copy_misses };
+    // Figure 6 counts the retained versions with each block's last one (the
+    // steady state's r·w); the paper's convention leaves those f out of r.
+    let retained_versions = match logging.convention {
+        Convention::Paper => logging.retained + trace.blocks_written,
+        Convention::SteadyState => logging.retained,
+    };
     let architectures = Architecture::ALL
         .iter()
         .zip(replays)
         .map(|(&architecture, replay)| ArchitecturePoint {
             architecture: architecture.name(),
             ios_per_write: replay.write_ios_per_write(),
-            ios_per_write_model: ios_per_write(architecture, d_model, r_model, c),
-            space_bytes_model: space_blocks(architecture, r, w, trace.blocks_addressable, trace.blocks_written)
-                * trace.block_bytes as f64,
+            ios_per_write_model: ios_per_write(architecture, model),
+            space_bytes_model: space_blocks(
+                architecture,
+                retained_versions,
+                trace.blocks_addressable,
+                trace.blocks_written,
+            ) * trace.block_bytes as f64,
             current_ios: replay.current.all(),
             current_sequential: replay.current.sequential,
             history_ios: replay.history.all(),
@@ -228,10 +275,11 @@ fn point(
         granularity_nanos: g,
         cache_bytes,
         retained: r,
-        retained_model: r_model,
+        retained_model: model.retained,
         evicted: c,
         incurred: logging.incurred_fraction(),
         incurred_model: d_model,
+        copy_misses,
         architectures,
     }
 }
@@ -309,27 +357,48 @@ fn crossover(holds: impl Fn(f64) -> bool) -> Option<f64> {
 
 /// What the numbers say, one sentence each.
 fn recommend(analysis: &Analysis) -> Vec<String> {
+    let trace = &analysis.trace;
+    if trace.block_writes == 0 {
+        return vec!["the trace has no writes: there is nothing for a CDP layout to keep, and every layout \
+                     serves its reads alike"
+            .to_owned()];
+    }
+    if trace.counted_writes == 0 {
+        return vec!["no write in the trace has a subsequent write to its block, so the paper's convention \
+                     counts nothing: every layout's cost is that of the writes' first copy; see \
+                     --convention steady-state"
+            .to_owned()];
+    }
     let mut lines = Vec::new();
     // Logging (and ROW) never cost more write I/O than the others; what they
     // give up is a current store (reads of the present go through the map).
     let with_current = [Architecture::SplitStream, Architecture::SplitDownStream, Architecture::Checkpointing];
     for cache in analysis.caches() {
-        let mut best_before: Option<Architecture> = None;
+        let mut best_before: Option<Vec<Architecture>> = None;
         for g in analysis.granularities() {
             let point = analysis.point(g, cache);
-            let best = *with_current
-                .iter()
-                .min_by(|a, b| point.architecture(**a).ios_per_write.total_cmp(&point.architecture(**b).ios_per_write))
-                .expect("three architectures");
-            if best_before != Some(best) {
+            let cost = |architecture: Architecture| point.architecture(architecture).ios_per_write;
+            let least = with_current.iter().map(|&architecture| cost(architecture)).fold(f64::INFINITY, f64::min);
+            // Ties (SplitStream and SplitDownStream without a cache) name every layout in them.
+            let best: Vec<Architecture> = with_current
+                .into_iter()
+                .filter(|&architecture| cost(architecture) - least <= 1e-9 * least.max(1.0))
+                .collect();
+            if best_before.as_ref() != Some(&best) {
                 let verb = if best_before.is_none() { "from" } else { "crossover: from" };
+                let names: Vec<&str> = best.iter().map(|architecture| architecture.name()).collect();
+                let (subject, verb_be) = if best.len() == 1 {
+                    ("the cheapest layout", "is")
+                } else {
+                    ("the cheapest layouts", "are, tied,")
+                };
                 lines.push(format!(
-                    "cache {}: {verb} g = {} the cheapest layout with a current store is {} ({:.3} I/Os per write; \
+                    "cache {}: {verb} g = {} {subject} with a current store {verb_be} {} ({:.3} I/Os per write; \
                      Logging {:.3}, c = {:.3}, 2r = {:.3})",
                     format_bytes(cache),
                     format_granularity(g),
-                    best.name(),
-                    point.architecture(best).ios_per_write,
+                    names.join(" and "),
+                    least,
                     point.architecture(Architecture::Logging).ios_per_write,
                     point.evicted,
                     2.0 * point.retained,
@@ -435,12 +504,15 @@ mod tests {
             capacity_bytes: None,
             disk_seconds: 0.005,
             merge_seconds: 0.0005,
+            convention: Convention::Paper,
+            max_blocks: 1000,
         };
         let mut calls = 0;
         let analysis = analyze(&requests, &config, &mut |done, total| {
             calls += 1;
             assert_eq!((done, total), (calls, 3));
-        });
+        })
+        .expect("1000 blocks are allowed");
         assert_eq!(analysis.points.len(), 3);
         let every_write = analysis.point(0, 64 << 10);
         let ios: Vec<f64> = Architecture::IBM
@@ -455,5 +527,39 @@ mod tests {
             analysis.recommendations
         );
         assert_eq!(analysis.snapshots.len(), 2);
+        // Without a cache SplitStream and SplitDownStream cost the same at every write: both named.
+        assert!(
+            analysis.recommendations[0].contains("split-stream and split-down-stream"),
+            "{:#?}",
+            analysis.recommendations
+        );
+        // One block more than allowed is refused before any replay.
+        let error =
+            analyze(&requests, &AnalyzeConfig { max_blocks: 999, ..config.clone() }, &mut |_, _| {}).unwrap_err();
+        assert!(
+            error.to_string().starts_with("the trace writes more than 999 distinct blocks of 4096 bytes"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_trace_without_writes_says_so() {
+        let requests: Vec<Request> = (0..10u64)
+            .map(|index| Request { time_nanos: index, op: Op::Read, offset_bytes: index * 4096, length_bytes: 4096 })
+            .collect();
+        let config = AnalyzeConfig {
+            granularities_nanos: vec![0],
+            caches_bytes: vec![0],
+            block_bytes: 4096,
+            dirty_fraction: 0.03,
+            capacity_bytes: None,
+            disk_seconds: 0.005,
+            merge_seconds: 0.0005,
+            convention: Convention::Paper,
+            max_blocks: 10,
+        };
+        let analysis = analyze(&requests, &config, &mut |_, _| {}).expect("no writes, no blocks");
+        assert_eq!(analysis.recommendations.len(), 1);
+        assert!(analysis.recommendations[0].starts_with("the trace has no writes"), "{:?}", analysis.recommendations);
     }
 }

@@ -1,8 +1,10 @@
 //! `rewind lab analyze`'s report: Markdown, every figure in SVG and PNG, and the numbers as JSON.
 
 use rewind_lab::analysis::{analyze, AnalyzeConfig};
+use rewind_lab::replay::Convention;
 use rewind_lab::report::write_report;
 use rewind_lab::spc1::Spc1;
+use rewind_lab::trace::{read_all, ReadOptions, Request};
 
 #[test]
 fn a_report_has_its_tables_figures_and_conventions() {
@@ -18,8 +20,10 @@ fn a_report_has_its_tables_figures_and_conventions() {
         capacity_bytes: Some(256 << 20),
         disk_seconds: 0.005,
         merge_seconds: 0.0005,
+        convention: Convention::Paper,
+        max_blocks: 1 << 20,
     };
-    let analysis = analyze(&requests, &config, &mut |_, _| {});
+    let analysis = analyze(&requests, &config, &mut |_, _| {}).expect("within the block limit");
     let dir = tempfile::tempdir().expect("temporary directory");
     write_report(&analysis, "spc1.trace", dir.path()).expect("report written");
 
@@ -40,4 +44,64 @@ fn a_report_has_its_tables_figures_and_conventions() {
         serde_json::from_slice(&std::fs::read(dir.path().join("analysis.json")).expect("analysis.json")).expect("json");
     assert_eq!(json["points"].as_array().map(Vec::len), Some(6));
     assert_eq!(json["trace"]["requests"].as_u64(), Some(requests.len() as u64));
+}
+
+/// `report.md` of `requests` against `tests/golden/NAME-CONVENTION.md`;
+/// `REWIND_BLESS=1` writes the golden file instead (then read the diff).
+fn check_golden(name: &str, requests: &[Request], config: &AnalyzeConfig) {
+    let analysis = analyze(requests, config, &mut |_, _| {}).expect("within the block limit");
+    let dir = tempfile::tempdir().expect("temporary directory");
+    write_report(&analysis, &format!("{name}.trace"), dir.path()).expect("report written");
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).expect("report.md");
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("tests/golden/{name}-{}.md", config.convention.name()));
+    if std::env::var_os("REWIND_BLESS").is_some() {
+        std::fs::write(&golden, &markdown).expect("golden file written");
+        return;
+    }
+    let expected = std::fs::read_to_string(&golden).expect("the golden report (REWIND_BLESS=1 writes it)");
+    if markdown != expected {
+        let first = markdown.lines().zip(expected.lines()).position(|(got, want)| got != want);
+        panic!(
+            "{} differs from this run's report at line {}:\n{}\n(REWIND_BLESS=1 rewrites it; review the diff)",
+            golden.display(),
+            first.map_or(markdown.lines().count().min(expected.lines().count()) + 1, |line| line + 1),
+            first.map_or(String::new(), |line| format!(
+                "got:  {}\nwant: {}",
+                markdown.lines().nth(line).unwrap_or_default(),
+                expected.lines().nth(line).unwrap_or_default()
+            ))
+        );
+    }
+}
+
+fn golden_config(granularities_nanos: Vec<u64>, caches_bytes: Vec<u64>, dirty_fraction: f64) -> AnalyzeConfig {
+    AnalyzeConfig {
+        granularities_nanos,
+        caches_bytes,
+        block_bytes: 4096,
+        dirty_fraction,
+        capacity_bytes: None,
+        disk_seconds: 0.005,
+        merge_seconds: 0.0005,
+        convention: Convention::Paper,
+        max_blocks: 1 << 20,
+    }
+}
+
+#[test]
+fn golden_reports_of_two_small_traces_under_both_conventions() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/overwrites.trace");
+    let text = std::fs::read(path).expect("the hand-made trace");
+    let overwrites = read_all(&text[..], "overwrites.trace", ReadOptions::default()).expect("a valid trace");
+    let seed = 3;
+    println!("seed {seed}");
+    let spc1 = Spc1 { bsu: 1, capacity_bytes: 64 << 20, duration_nanos: 60_000_000_000, seed };
+    let spc1: Vec<Request> = spc1.requests().collect();
+    for convention in [Convention::Paper, Convention::SteadyState] {
+        let small = golden_config(vec![0, 1_000_000_000, 10_000_000_000], vec![0, 8 << 10, 64 << 10], 0.5);
+        check_golden("overwrites", &overwrites, &AnalyzeConfig { convention, ..small });
+        let spc1_config = golden_config(vec![0, 1_000_000_000, 10_000_000_000], vec![256 << 10, 4 << 20], 0.03);
+        check_golden("spc1-1bsu-60s", &spc1, &AnalyzeConfig { convention, ..spc1_config });
+    }
 }
