@@ -94,16 +94,23 @@ def main():
         "trace libCacheSim distributes (113,872 requests, 66,898 writes; `scripts/fetch-traces.sh`) at the "
         "default granularities (ew, 1s, 10s, 1m, 5m, 30m, 60m) and caches (64MiB, 256MiB, 4GiB): 21 replays of "
         "all six layouts and the report. Wall-clock seconds and peak resident memory (wait4's ru_maxrss), min / "
-        "median / max over the runs. The issue measured 20 s and 59 MB before this change.",
+        "median / max over the runs. The issue measured 20 s and 59 MB before this change; with `--before`, a "
+        "binary of an earlier commit analyses the csv form in the same runs, and the ratios are to it, run by run.",
         "",
-        "| trace form | convention | seconds | peak MB | seconds ÷ 20 s | MB ÷ 59 MB |",
-        "|---|---|---:|---:|---:|---:|",
     ]
+    before = len(cases) - 1 if args.before else None
+    if before is None:
+        lines += ["| trace form | convention | seconds | peak MB |", "|---|---|---:|---:|"]
+    else:
+        lines += ["| trace form | convention | seconds | peak MB | seconds ÷ earlier binary | MB ÷ earlier binary |",
+                  "|---|---|---:|---:|---:|---:|"]
     for index, (form, _, _, convention) in enumerate(cases):
         seconds, megabytes = results[index]
-        lines.append(
-            f"| {form} | {convention or 'before conventions'} | {spread(seconds, 1)} | {spread(megabytes, 0)} | "
-            f"{spread([value / 20 for value in seconds])} | {spread([value / 59 for value in megabytes])} |")
+        row = f"| {form} | {convention or 'before conventions'} | {spread(seconds, 1)} | {spread(megabytes, 0)} |"
+        if before is not None:
+            ratio = lambda values, base: spread([value / other for value, other in zip(values, base)])
+            row += f" {ratio(seconds, results[before][0])} | {ratio(megabytes, results[before][1])} |"
+        lines.append(row)
     lines.append("<!-- lab:end -->")
     publish("lab", lines)
 
