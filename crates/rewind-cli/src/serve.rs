@@ -311,6 +311,11 @@ pub struct ServeArgs {
     /// measures both).
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     burst_quiet: Duration,
+    /// Reads keep that work waiting too, up to this long after the last
+    /// write: a read job right after a burst of writes keeps the disk and
+    /// the cores; 0s: reads never do.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    burst_reads: Duration,
     /// Tier history's packs to S3-compatible object storage: `s3://BUCKET/PREFIX`.
     /// Recorded in DATA_DIR/bucket.json: later starts (and `--offline`
     /// commands) use it without the option, since the history is there.
@@ -544,6 +549,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     config.collect_interval_nanos = nanos(args.gc_interval, "--gc-interval")?;
     config.reserve = args.reserve;
     config.volume.burst_quiet_nanos = nanos(args.burst_quiet, "--burst-quiet")?;
+    config.volume.burst_reads_nanos = nanos(args.burst_reads, "--burst-reads")?;
     config.volume.journal.direct_io = args.journal_io == JournalIo::Direct;
     config.volume.vouch_after_nanos =
         u64::try_from(args.journal_vouch_after.as_nanos()).context("--journal-vouch-after is too long")?;

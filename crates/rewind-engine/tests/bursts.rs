@@ -1,7 +1,8 @@
 //! A burst of writes has the disk (issue 13): while a volume is being
 //! written, its destaging, archiving and checkpoints wait, each within a
 //! budget, so the burst reaches the disk once at the journal's speed; the
-//! second copies follow once the writes pause.
+//! second copies follow once the writes pause. Reads right after the burst
+//! keep it waiting too, for a while.
 
 use std::sync::Arc;
 
@@ -71,4 +72,55 @@ fn background_work_waits_while_a_burst_lasts_and_within_its_budgets() {
     for (block, bytes) in image.chunks(BLOCK).enumerate() {
         assert!(bytes.iter().all(|&byte| byte == block as u8 + 1), "block {block} reads what was written");
     }
+}
+
+#[test]
+fn reads_right_after_a_burst_keep_background_work_waiting_for_a_while() {
+    let storage = SimStorage::new(SimConfig::default(), 6);
+    let mut config = NodeConfig::default();
+    config.volume.burst_quiet_nanos = 250 * MILLI;
+    config.volume.burst_reads_nanos = 2_000 * MILLI;
+    config.volume.overlay_versions_max = 64;
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_bytes_soft = 4 * BLOCK as u64;
+    config.volume.archive_bytes_burst = 48 * BLOCK as u64;
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    let at = |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
+    let work = |millis: u64| {
+        node.maintain(at(millis)).unwrap();
+        node.maintain_history(at(millis)).unwrap();
+        volume.stats().unwrap()
+    };
+    let read = || {
+        let mut block = vec![0; BLOCK];
+        volume.read(0, &mut block).unwrap();
+        assert!(block.iter().all(|&byte| byte == 1), "block 0 reads what was written");
+    };
+
+    // 10 blocks written by millisecond 10, then read every 200 ms: past the
+    // burst of writes, the reads keep destaging and archiving waiting.
+    write_blocks(&volume, at, 0..10);
+    work(5);
+    for millis in (200..=1_800).step_by(200) {
+        read();
+        let stats = work(millis);
+        assert_eq!((stats.versions_pending_destage, stats.versions_archived), (10, 0), "at {millis} ms: {stats:?}");
+    }
+    // Reads stop: a quiet 250 ms later the work catches up.
+    let stats = work(1_800 + 260);
+    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (0, 10), "{stats:?}");
+
+    // Reads that go on past `burst_reads_nanos` after the last write wait no longer.
+    write_blocks(&volume, |block| at(3_000 + block), 10..20);
+    for millis in (3_200..=4_800).step_by(200) {
+        read();
+        let stats = work(millis);
+        assert_eq!(stats.versions_pending_destage, 10, "at {millis} ms: {stats:?}");
+    }
+    read();
+    let stats = work(5_100);
+    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (0, 20), "{stats:?}");
 }

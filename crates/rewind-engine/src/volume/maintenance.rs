@@ -142,12 +142,25 @@ impl Volume {
     }
 
     /// Whether the volume has been written within `burst_quiet_nanos` of
-    /// `now`: background work then waits, within its budgets, so the
-    /// burst has the disk (see `VolumeConfig::burst_quiet_nanos`).
+    /// `now`, or read within it and written within `burst_reads_nanos`:
+    /// background work then waits, within its budgets, so the foreground
+    /// has the disk (see `VolumeConfig::burst_quiet_nanos`). Reads are seen
+    /// by their count moving between calls, which maintenance makes on
+    /// every pass.
     pub(crate) fn in_burst(&self, now: Timestamp) -> bool {
         let written_at = self.written_at_nanos.load(Ordering::Relaxed);
         let quiet = self.config.burst_quiet_nanos;
-        quiet > 0 && written_at > 0 && now.unix_nanos().saturating_sub(written_at) < quiet
+        if quiet == 0 || written_at == 0 {
+            return false;
+        }
+        let since_write = now.unix_nanos().saturating_sub(written_at);
+        let reads = self.counters.reads.load(Ordering::Relaxed);
+        if self.reads_seen.swap(reads, Ordering::Relaxed) != reads {
+            self.read_at_nanos.fetch_max(now.unix_nanos(), Ordering::Relaxed);
+        }
+        let read_at = self.read_at_nanos.load(Ordering::Relaxed);
+        let reading = read_at > 0 && now.unix_nanos().saturating_sub(read_at) < quiet;
+        since_write < quiet || (reading && since_write < self.config.burst_reads_nanos)
     }
 
     /// Records a failure of this volume's work at `now`; returns whether to

@@ -92,6 +92,12 @@ pub struct VolumeConfig {
     /// twice `checkpoint_journal_bytes`. A burst then goes to the disk once,
     /// at the journal's speed, and the second copies follow it.
     pub burst_quiet_nanos: u64,
+    /// Reads keep that background work waiting too, as writes do (within
+    /// the same budgets), for at most this long after the last write
+    /// (nanoseconds): a read job right after a burst of writes keeps the
+    /// disk and the cores, and a volume read for longer than this catches
+    /// up anyway. 0: reads never keep it waiting.
+    pub burst_reads_nanos: u64,
     /// Versions in the live memtable before it is sealed and written as a run.
     pub memtable_versions_max: usize,
     /// Checkpoint at least this often (nanoseconds) while there are writes...
@@ -127,6 +133,7 @@ impl Default for VolumeConfig {
             commit_interval_nanos: 50_000_000,
             overlay_versions_max: 1 << 19,
             burst_quiet_nanos: 250_000_000,
+            burst_reads_nanos: 30_000_000_000,
             memtable_versions_max: 1 << 20,
             checkpoint_interval_nanos: 30_000_000_000,
             checkpoint_journal_bytes: 1 << 30,
@@ -230,6 +237,10 @@ pub struct Volume {
     /// The time of the last version appended (unix nanoseconds): whether
     /// the volume is in a burst of writes (see `burst_quiet_nanos`).
     written_at_nanos: AtomicU64,
+    /// The read count `in_burst` last saw, and when it saw it move (unix
+    /// nanoseconds): whether the volume is being read.
+    reads_seen: AtomicU64,
+    read_at_nanos: AtomicU64,
     poisoned: Mutex<Option<String>>,
     closed: AtomicBool,
     history: History,
@@ -498,6 +509,9 @@ impl Volume {
         add_to_timeline(&mut state.timeline_unsaved, first.timestamp, zero, bytes);
         self.counters.journal_bytes_appended.fetch_add(journal_bytes, Ordering::Relaxed);
         self.written_at_nanos.fetch_max(first.timestamp.unix_nanos(), Ordering::Relaxed);
+        // Reads before this write are no reads after the burst: `in_burst`
+        // looks only at the count moving from here on.
+        self.reads_seen.store(self.counters.reads.load(Ordering::Relaxed), Ordering::Relaxed);
         state.versions = versions;
     }
 

@@ -138,6 +138,8 @@ impl Volume {
             space: Mutex::new(None),
             counters: Counters::default(),
             written_at_nanos: AtomicU64::new(0),
+            reads_seen: AtomicU64::new(0),
+            read_at_nanos: AtomicU64::new(0),
             clients: crate::volume::clients::Clients::default(),
             damage: crate::volume::damage::HistoryDamage::default(),
             fault: Mutex::new(None),

@@ -93,6 +93,7 @@ pub fn config(rng: &mut StdRng) -> NodeConfig {
             archive_bytes_burst: rng.random_range(4 << 10..1 << 20),
             archive_age_nanos: rng.random_range(0..50_000),
             vouch_after_nanos: rng.random_range(0..20_000),
+            burst_reads_nanos: rng.random_range(0..200_000),
         },
         index_cache_bytes: 64 * 4096,
         chunks: ChunkStoreConfig {
