@@ -313,8 +313,9 @@ pub struct ServeArgs {
     burst_quiet: Duration,
     /// Reads keep that work waiting too, up to this long after the last
     /// write: a read job right after a burst of writes keeps the disk and
-    /// the cores; 0s: reads never do.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    /// the cores (30s moved back-to-back reads from 0.67 to 0.8 of rested,
+    /// BENCHMARKS.md); 0s, the default: reads never do.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     burst_reads: Duration,
     /// Tier history's packs to S3-compatible object storage: `s3://BUCKET/PREFIX`.
     /// Recorded in DATA_DIR/bucket.json: later starts (and `--offline`
