@@ -464,6 +464,21 @@ pub fn format_bytes(bytes: u64) -> String {
 mod tests {
     use super::*;
 
+    /// The IBM paper's cache (3% dirty), D and σ as the CLI's defaults, its convention.
+    fn config(granularities_nanos: Vec<u64>, caches_bytes: Vec<u64>, max_blocks: u64) -> AnalyzeConfig {
+        AnalyzeConfig {
+            granularities_nanos,
+            caches_bytes,
+            block_bytes: 4096,
+            dirty_fraction: 0.03,
+            capacity_bytes: None,
+            disk_seconds: 0.005,
+            merge_seconds: 0.0005,
+            convention: Convention::Paper,
+            max_blocks,
+        }
+    }
+
     #[test]
     fn granularities_and_sizes_print_as_typed() {
         assert_eq!(format_granularity(0), "ew");
@@ -496,17 +511,7 @@ mod tests {
                 length_bytes: 4096,
             })
             .collect();
-        let config = AnalyzeConfig {
-            granularities_nanos: vec![0, 1_000_000_000, 60_000_000_000],
-            caches_bytes: vec![64 << 10],
-            block_bytes: 4096,
-            dirty_fraction: 0.03,
-            capacity_bytes: None,
-            disk_seconds: 0.005,
-            merge_seconds: 0.0005,
-            convention: Convention::Paper,
-            max_blocks: 1000,
-        };
+        let config = config(vec![0, 1_000_000_000, 60_000_000_000], vec![64 << 10], 1000);
         let mut calls = 0;
         let analysis = analyze(&requests, &config, &mut |done, total| {
             calls += 1;
@@ -547,17 +552,7 @@ mod tests {
         let requests: Vec<Request> = (0..10u64)
             .map(|index| Request { time_nanos: index, op: Op::Read, offset_bytes: index * 4096, length_bytes: 4096 })
             .collect();
-        let config = AnalyzeConfig {
-            granularities_nanos: vec![0],
-            caches_bytes: vec![0],
-            block_bytes: 4096,
-            dirty_fraction: 0.03,
-            capacity_bytes: None,
-            disk_seconds: 0.005,
-            merge_seconds: 0.0005,
-            convention: Convention::Paper,
-            max_blocks: 10,
-        };
+        let config = config(vec![0], vec![0], 10);
         let analysis = analyze(&requests, &config, &mut |_, _| {}).expect("no writes, no blocks");
         assert_eq!(analysis.recommendations.len(), 1);
         assert!(analysis.recommendations[0].starts_with("the trace has no writes"), "{:?}", analysis.recommendations);
