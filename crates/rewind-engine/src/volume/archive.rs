@@ -6,7 +6,10 @@
 //! An archive pass picks a *cutoff*: a time before which no version can
 //! still arrive and, with a granularity `g`, a multiple of `g`, so every
 //! window before it is closed and thinning has already dropped the versions
-//! it supersedes — those never reach the chunk store (IBM §3.1). The version
+//! it supersedes — those never reach the chunk store (IBM §3.1) — and a
+//! time whose state thinning still keeps exactly (`exact_cutoff`), so the
+//! archived runs hold the state before it, which is what a volume rebuilt
+//! from its bucket reads as its present. The version
 //! index then merges its recent runs, hands each surviving version older
 //! than the cutoff to [`JournalArchiver`] (read from the journal, checked
 //! against its CRC, stored as a chunk or, if all zeros, as a zero), and
@@ -21,7 +24,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rewind_chunks::{ArchiveSession, ChunkStore};
-use rewind_index::{ArchiveFailed, Archiver, IndexError, ReleaseHook};
+use rewind_index::{ArchiveFailed, Archiver, IndexError, ReleaseHook, Thinning};
 use rewind_types::{Lsn, Timestamp, Version, VersionData};
 
 use crate::volume::HistoryWork;
@@ -164,9 +167,12 @@ impl Volume {
         // What other nodes sharing the bucket lend is trusted only so long.
         self.chunks.expire_peers(now.unix_nanos());
         let _gate = self.chunks.hold_references();
-        let mut archiver =
-            JournalArchiver { volume: self, session: Some(self.chunks.session()?), buffer: Vec::new(), error: None };
+        let Some(cutoff) = self.hold_exact_cutoff(cutoff) else { return Ok(false) };
+        let held = Timestamp::from_unix_nanos(cutoff.unix_nanos() - 1);
+        let session = self.chunks.session().inspect_err(|_| self.release_time(held))?;
+        let mut archiver = JournalArchiver { volume: self, session: Some(session), buffer: Vec::new(), error: None };
         let result = self.index.archive(cutoff, &mut archiver);
+        self.release_time(held);
         if let Some(session) = archiver.session.take() {
             // The index failed before the chunks were made durable: no run
             // will refer to them.
@@ -180,6 +186,17 @@ impl Volume {
         self.counters.archive_passes.fetch_add(1, Ordering::Relaxed);
         self.counters.versions_archived.fetch_add(report.versions_archived, Ordering::Relaxed);
         Ok(report.versions_archived > 0 || report.runs_rewritten > 0)
+    }
+
+    /// The newest point at or before `cutoff` (and after what is archived)
+    /// whose state the index still holds exactly, held — pinned — until
+    /// [`Volume::release_time`] of the time before it, so that no thinning
+    /// meanwhile drops a version across it.
+    fn hold_exact_cutoff(&self, cutoff: Timestamp) -> Option<Timestamp> {
+        let bookmarks = self.history.bookmarks.lock();
+        let cutoff = exact_cutoff(&self.index.thinning(), cutoff, self.index.archived_before())?;
+        self.hold_locked(Timestamp::from_unix_nanos(cutoff.unix_nanos() - 1), &bookmarks);
+        Some(cutoff)
     }
 
     /// Deletes the journal segments recovery no longer needs and the index
@@ -210,4 +227,27 @@ impl Volume {
             })
         })
     }
+}
+
+/// The newest archive cutoff at or before `cutoff` and after `archived`
+/// whose state — every version before it — `thinning` keeps exactly, as
+/// [`Volume::exact_time`] decides. Merges never mix archived and recent
+/// runs, so the archived runs then hold that state for good: it is the
+/// present of a volume rebuilt from its bucket (`crate::volume::rebuild`).
+/// A point that retention's horizon, a coarser retention window or a
+/// deleted range has already thinned across is not one: the versions
+/// before it that later ones superseded are gone.
+fn exact_cutoff(thinning: &Thinning, cutoff: Timestamp, archived: Timestamp) -> Option<Timestamp> {
+    let before = |at: Timestamp| at.unix_nanos().checked_sub(1).map(Timestamp::from_unix_nanos);
+    let mut last = before(cutoff)?;
+    while last >= archived {
+        let exact = thinning.exact_at_or_before(last);
+        let expired = thinning.horizon.is_some_and(|horizon| exact < horizon && !thinning.is_pinned(exact));
+        last = match thinning.deleted_range(exact) {
+            _ if expired => thinning.pin_before(exact.next())?,
+            Some((from, to)) if exact < to => before(from)?,
+            _ => return Some(exact.next()).filter(|&cutoff| cutoff > archived),
+        };
+    }
+    None
 }

@@ -262,7 +262,7 @@ impl Volume {
         Ok(at)
     }
 
-    fn hold_locked(&self, at: Timestamp, bookmarks: &Bookmarks) {
+    pub(crate) fn hold_locked(&self, at: Timestamp, bookmarks: &Bookmarks) {
         *self.history.holds.lock().entry(at).or_insert(0) += 1;
         self.rethin(&self.history.policy.lock(), bookmarks);
     }
