@@ -10,6 +10,9 @@ Per run, in rotating order:
 - Rewind (every-write history, the journaled layout, archiving as usual),
   with its journal written with direct I/O (as shipped) and through the
   page cache (`--journal-io buffered`, the alternative);
+- Rewind as shipped, on a volume with a granularity of one minute (history
+  keeps one version per block per minute: what the window supersedes is
+  dropped before it is archived; the journal still takes every write);
 - `nbdkit file` (the tool a user would pick instead) on a file.
 The NBD jobs are fio `--rw=write --bs=1m --iodepth=4 --end_fsync=1`. Each
 Rewind volume is deleted after its run (and the server's background work
@@ -33,6 +36,8 @@ SERVERS = {
     "rewind, no burst quiet": (10986, 10987, ["--burst-quiet", "0s"]),
 }
 NBDKIT = 10985
+# Jobs on a server above, with the volume created with these settings.
+VOLUMES = {"rewind, granularity 1m": ("rewind", {"granularity": "1m"})}
 NBD_JOB = ["--rw=write", "--bs=1m", "--iodepth=4", "--end_fsync=1"]
 
 
@@ -62,7 +67,7 @@ def main():
     for name, (nbd, http, options) in SERVERS.items():
         _, data[name], server = start_server(work / name, nbd, http, options)
         servers.append(server)
-    mib_s = {name: [] for name in ["device, fdatasync", "device, no syncs", *SERVERS, "nbdkit file"]}
+    mib_s = {name: [] for name in ["device, fdatasync", "device, no syncs", *SERVERS, *VOLUMES, "nbdkit file"]}
     try:
         for name, (nbd, http, _) in SERVERS.items():
             wait_port(nbd)
@@ -87,9 +92,10 @@ def main():
                         image.unlink()
                     mib_s[job].append(result["write"]["bw_bytes"] / (1 << 20))
                 else:
-                    nbd, http = SERVERS[job][0], https[job]
+                    server, settings = VOLUMES.get(job, (job, {}))
+                    nbd, http = SERVERS[server][0], https[server]
                     volume = f"run{run}"
-                    api(http, "POST", "/v1/volumes", {"name": volume, "size_bytes": size_bytes})
+                    api(http, "POST", "/v1/volumes", {"name": volume, "size_bytes": size_bytes, **settings})
                     result = fio(f"nbd://127.0.0.1:{nbd}/{volume}", job, NBD_JOB, args.size)
                     mib_s[job].append(result["write"]["bw_bytes"] / (1 << 20))
                     wait_archived(http, volume)
@@ -105,6 +111,7 @@ def main():
         "device, fdatasync": "the disk: fio `--direct=1 --bs=4m --fdatasync=1` on a file",
         "device, no syncs": "the disk: fio `--direct=1 --bs=4m`, no syncs",
         "rewind": "Rewind, over NBD (journal with direct I/O, as shipped)",
+        "rewind, granularity 1m": "Rewind as shipped, a volume with `--granularity 1m`",
         "rewind, buffered journal": "Rewind, over NBD, `--journal-io buffered` (through the page cache)",
         "rewind, no burst quiet": "Rewind, over NBD, `--burst-quiet 0s` (destaging and archiving alongside the burst)",
         "nbdkit file": "`nbdkit file` on a file",

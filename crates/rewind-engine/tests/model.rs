@@ -631,7 +631,8 @@ fn engine_matches_the_oracle_through_crashes() {
         && total.deaths > 30
         && total.capped > 10
         && total.no_space > 30
-        && total.uploads > 30
+        // Passes that uploaded something: 19 to 31 in 150 seeds, as the draws fall.
+        && total.uploads > 15
         && total.bucket_reads > 30
         && total.recoveries > 5;
     assert!(

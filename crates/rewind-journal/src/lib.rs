@@ -13,15 +13,16 @@
 //! appended.
 //!
 //! The writes go around the page cache (`O_DIRECT`) where the filesystem
-//! allows: each byte is copied once, into an aligned buffer, and the
-//! `fdatasync` has no dirty pages to write back, only the device cache and
-//! the filesystem's metadata to flush — on the disks measured, buffered
-//! writes with syncs ran at a fraction of the device's bandwidth
-//! (BENCHMARKS.md, bench/journal.py). A direct write covers whole 4 KiB
-//! sectors: it starts at the sector where the written records end,
+//! allows, so the `fdatasync` has no dirty pages to write back, only the
+//! device cache and the filesystem's metadata to flush — on the disks
+//! measured, buffered writes with syncs ran at a fraction of the device's
+//! bandwidth (BENCHMARKS.md, bench/journal.py). A direct write covers whole
+//! 4 KiB sectors: it starts at the sector where the written records end,
 //! writing their bytes there again unchanged (a tear of that sector leaves
 //! them either way), and pads the last sector with zeros, which recovery
-//! knows for the end of the records. Batches so written stay in memory for
+//! knows for the end of the records. Each batch is built in memory laid out
+//! for its direct write (see `Batch`), so records are copied once, from the
+//! request into the batch, and written from there. Batches so written stay in memory for
 //! a while (the destager reads them soon after), since the page cache does
 //! not keep them. A filesystem that refuses direct I/O gets buffered writes,
 //! with a log line.
@@ -74,7 +75,7 @@ use rewind_format::journal::{
 };
 use rewind_format::meta::JournalPosition;
 use rewind_format::FormatError;
-use rewind_io::{aligned_slice, File, OpenMode, Storage, DIRECT_ALIGN};
+use rewind_io::{aligned_slice, is_direct_aligned, File, OpenMode, Storage, DIRECT_ALIGN};
 use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp, Version};
 
 #[derive(Clone, Copy, Debug)]
@@ -85,13 +86,20 @@ pub struct JournalConfig {
     /// Write with direct I/O (see the module documentation) where the
     /// filesystem takes it.
     pub direct_io: bool,
+    /// A batch of appended records is sealed once it reaches this size, so
+    /// that its buffer, allocated this large once and then reused, never
+    /// grows (a reallocation copies what it holds, touches fresh pages and
+    /// loses the buffer's alignment). Only a single larger record makes a
+    /// larger batch.
+    pub batch_bytes_max: usize,
 }
 
 impl Default for JournalConfig {
     fn default() -> Self {
         // Small enough that archived history gives its journal space back soon,
         // large enough for the biggest record (32 MiB) and few files.
-        JournalConfig { segment_bytes_max: 64 << 20, direct_io: true }
+        // Batches: twice what the engine appends before it writes them out.
+        JournalConfig { segment_bytes_max: 64 << 20, direct_io: true, batch_bytes_max: 8 << 20 }
     }
 }
 
@@ -142,11 +150,26 @@ pub struct Appended {
     pub data_offset: u32,
 }
 
+/// Appended records on their way to a segment file, in a buffer laid out for
+/// the direct write that takes them there, so that it needs no copy: the
+/// records start at the right distance after an address aligned for direct
+/// I/O, preceded by the bytes already in the file from their sector's start
+/// (written again unchanged: a tear of that sector leaves them either way),
+/// and a sealed batch is padded with zeros to a whole sector, which recovery
+/// reads as the padding it is.
 struct Batch {
     segment: u32,
-    /// File offset of `bytes[0]`.
+    /// File offset of the first record.
     offset: u64,
+    /// `[alignment pad][sector prefix][records][zeros, once sealed]`.
     bytes: Vec<u8>,
+    /// Where the sector holding `offset` starts in `bytes`; aligned in
+    /// memory unless a record larger than the batch moved the buffer.
+    sector_start: usize,
+    /// Where the records start in `bytes`.
+    records_start: usize,
+    /// Where the records end in `bytes`.
+    records_end: usize,
     /// Highest LSN in the batch (`Lsn::ZERO` if it holds only a segment header).
     lsn_last: Lsn,
     /// The batch starts its segment: the segment's name must be synced too.
@@ -154,12 +177,68 @@ struct Batch {
 }
 
 impl Batch {
-    fn empty_at(segment: u32, offset: u64) -> Batch {
-        Batch { segment, offset, bytes: Vec::new(), lsn_last: Lsn::ZERO, starts_segment: false }
+    /// An empty batch whose first record goes at `offset` of `segment`,
+    /// after `prefix`: the bytes of the file from the start of `offset`'s
+    /// sector to `offset`. `buffer` is reused, with room for `capacity`
+    /// bytes of records.
+    fn new(segment: u32, offset: u64, prefix: &[u8], mut buffer: Vec<u8>, capacity: usize) -> Batch {
+        assert_eq!(prefix.len() as u64, offset % DIRECT_ALIGN as u64);
+        buffer.clear();
+        buffer.reserve(capacity + 2 * DIRECT_ALIGN);
+        let sector_start = buffer.as_ptr().align_offset(DIRECT_ALIGN);
+        assert!(sector_start < DIRECT_ALIGN, "a byte pointer can always be aligned");
+        buffer.resize(sector_start, 0);
+        buffer.extend_from_slice(prefix);
+        let records_start = buffer.len();
+        Batch {
+            segment,
+            offset,
+            bytes: buffer,
+            sector_start,
+            records_start,
+            records_end: records_start,
+            lsn_last: Lsn::ZERO,
+            starts_segment: false,
+        }
+    }
+
+    /// The empty batch that follows this one in its segment, in `buffer`.
+    fn next(&self, buffer: Vec<u8>, capacity: usize) -> Batch {
+        let end = self.end();
+        let prefix = &self.bytes[self.records_end - (end % DIRECT_ALIGN as u64) as usize..self.records_end];
+        Batch::new(self.segment, end, prefix, buffer, capacity)
+    }
+
+    fn records(&self) -> &[u8] {
+        &self.bytes[self.records_start..self.records_end]
+    }
+
+    fn records_len(&self) -> u64 {
+        (self.records_end - self.records_start) as u64
     }
 
     fn end(&self) -> u64 {
-        self.offset + self.bytes.len() as u64
+        self.offset + self.records_len()
+    }
+
+    /// Appends a record with `encode`, which must add `record_bytes`.
+    fn append(&mut self, record_bytes: u64, encode: impl FnOnce(&mut Vec<u8>)) {
+        assert_eq!(self.records_end, self.bytes.len(), "sealed batches take no records");
+        encode(&mut self.bytes);
+        assert_eq!((self.bytes.len() - self.records_end) as u64, record_bytes);
+        self.records_end = self.bytes.len();
+    }
+
+    /// Pads the batch with zeros to a whole sector: it takes no more records.
+    fn seal(&mut self) {
+        let sectors = (self.records_end - self.sector_start).next_multiple_of(DIRECT_ALIGN);
+        self.bytes.resize(self.sector_start + sectors, 0);
+    }
+
+    /// A sealed batch's whole sectors, and the file offset of the first.
+    fn sectors(&self) -> (&[u8], u64) {
+        let sector_offset = self.offset - (self.records_start - self.sector_start) as u64;
+        (&self.bytes[self.sector_start..], sector_offset)
     }
 
     /// Copies `buf.len()` bytes at `offset` of `segment` if this batch holds them.
@@ -168,7 +247,7 @@ impl Batch {
             return false;
         }
         let start = (offset - self.offset) as usize;
-        buf.copy_from_slice(&self.bytes[start..start + buf.len()]);
+        buf.copy_from_slice(&self.records()[start..start + buf.len()]);
         true
     }
 }
@@ -181,22 +260,10 @@ struct Tail {
     timestamp_last: Timestamp,
 }
 
-/// Where direct writes go: the segment being written, and the bytes already
-/// written in its last, partly written sector. A direct write covers whole
-/// sectors, so the next one writes those bytes again, unchanged: a tear of
-/// that sector leaves them either way.
-struct DirectTail {
+/// The segment file direct writes go to.
+struct DirectFile {
     segment: u32,
     file: Arc<dyn File>,
-    /// Where the partly written sector starts (a multiple of `DIRECT_ALIGN`).
-    sector_offset: u64,
-    sector_bytes: Vec<u8>,
-}
-
-impl DirectTail {
-    fn end(&self) -> u64 {
-        self.sector_offset + self.sector_bytes.len() as u64
-    }
 }
 
 /// What has been written to the segment files; guarded by the lock that
@@ -210,8 +277,9 @@ struct Written {
     unsynced: Vec<u32>,
     /// A segment was started since the last sync: its name must be synced.
     new_segment: bool,
-    /// Direct writes: where they go, and the aligned buffer they are made in.
-    direct: Option<DirectTail>,
+    /// Direct writes: where they go, and an aligned buffer for a batch whose
+    /// own buffer a record larger than `BATCH_BYTES` moved out of alignment.
+    direct: Option<DirectFile>,
     aligned: Vec<u8>,
 }
 
@@ -292,7 +360,8 @@ impl Journal {
         file.sync_data().map_err(io(&path))?;
         storage.sync_dir(dir).map_err(io(dir))?;
         let start = JournalPosition { segment: 1, offset: SEGMENT_HEADER_BYTES as u64 };
-        let journal = Journal::assemble(storage, dir, block_size, config, start, Lsn(1), created, 1);
+        let prefix = header.encode();
+        let journal = Journal::assemble(storage, dir, block_size, config, start, &prefix, Lsn(1), created, 1);
         journal.files.lock().insert(1, file);
         Ok(journal)
     }
@@ -304,6 +373,7 @@ impl Journal {
         block_size: BlockSize,
         config: JournalConfig,
         JournalPosition { segment, offset: end }: JournalPosition,
+        prefix: &[u8],
         lsn_next: Lsn,
         timestamp_last: Timestamp,
         segment_first: u32,
@@ -314,7 +384,7 @@ impl Journal {
             block_size,
             config,
             tail: Mutex::new(Tail {
-                active: Batch::empty_at(segment, end),
+                active: Batch::new(segment, end, prefix, Vec::new(), config.batch_bytes_max),
                 sealed: VecDeque::new(),
                 lsn_next,
                 timestamp_last,
@@ -359,8 +429,22 @@ impl Journal {
             let names = storage.list_dir(dir).map_err(|source| JournalError::Io { path: dir.to_owned(), source })?;
             names.iter().filter_map(|name| parse_segment_name(name)).min().unwrap_or(from.segment)
         };
-        let journal =
-            Journal::assemble(storage, dir, block_size, config, from, lsn_from, timestamp_before, segment_first);
+        let path = format!("{dir}/{}", segment_name(from.segment));
+        let prefix = storage
+            .open_file(&path, OpenMode::Existing)
+            .and_then(|file| read_prefix(&*file, from.offset))
+            .map_err(|source| JournalError::Io { path, source })?;
+        let journal = Journal::assemble(
+            storage,
+            dir,
+            block_size,
+            config,
+            from,
+            &prefix,
+            lsn_from,
+            timestamp_before,
+            segment_first,
+        );
         let mut recovery = Recovery {
             journal,
             timestamp_last: timestamp_before,
@@ -560,6 +644,10 @@ impl Journal {
         let end = tail.active.end();
         if end + record_bytes > self.config.segment_bytes_max && end > SEGMENT_HEADER_BYTES as u64 {
             self.start_segment(&mut tail)?;
+        } else if tail.active.records_len() + record_bytes > self.config.batch_bytes_max as u64
+            && tail.active.records_len() > 0
+        {
+            self.seal_active_locked(&mut tail);
         }
         let lsn = tail.lsn_next;
         let (timestamp, revert) = match stamped {
@@ -576,9 +664,7 @@ impl Journal {
             revert,
         };
         let record_offset = tail.active.end();
-        let before = tail.active.bytes.len();
-        encode(&mut tail.active.bytes, stamp);
-        assert_eq!((tail.active.bytes.len() - before) as u64, record_bytes);
+        tail.active.append(record_bytes, |out| encode(out, stamp));
         tail.active.lsn_last = lsn;
         tail.lsn_next = lsn.next();
         tail.timestamp_last = timestamp;
@@ -610,11 +696,10 @@ impl Journal {
             lsn_first: tail.lsn_next,
             timestamp_before: tail.timestamp_last,
         };
-        let mut next = Batch::empty_at(segment, 0);
-        next.bytes.extend_from_slice(&header.encode());
+        let mut next = Batch::new(segment, 0, &[], self.spare_buffer(), self.config.batch_bytes_max);
+        next.append(SEGMENT_HEADER_BYTES as u64, |out| out.extend_from_slice(&header.encode()));
         next.starts_segment = true;
-        let sealed = std::mem::replace(&mut tail.active, next);
-        tail.sealed.push_back(Arc::new(sealed));
+        self.seal_into(tail, next);
         Ok(())
     }
 
@@ -639,7 +724,7 @@ impl Journal {
         // Segments listed must not be reclaimed before they are measured.
         let _reclaiming = self.reclaiming.lock();
         let tail = self.tail.lock();
-        let in_memory = tail.active.bytes.len() as u64 + tail.sealed.iter().map(|b| b.bytes.len() as u64).sum::<u64>();
+        let in_memory = tail.active.records_len() + tail.sealed.iter().map(|b| b.records_len()).sum::<u64>();
         let (segment_last, unwritten_from) = match tail.sealed.front() {
             Some(batch) => (batch.segment, batch.offset),
             None => (tail.active.segment, tail.active.offset),
@@ -666,7 +751,7 @@ impl Journal {
     /// Bytes appended but not yet written to the segment files.
     pub fn bytes_unwritten(&self) -> u64 {
         let tail = self.tail.lock();
-        tail.active.bytes.len() as u64 + tail.sealed.iter().map(|batch| batch.bytes.len() as u64).sum::<u64>()
+        tail.active.records_len() + tail.sealed.iter().map(|batch| batch.records_len()).sum::<u64>()
     }
 
     /// Makes every record appended before this call durable, and returns the
@@ -696,7 +781,7 @@ impl Journal {
                 return Ok(false);
             }
             let mut tail = self.tail.lock();
-            if Lsn(tail.lsn_next.0 - 1) != lsn_durable || !tail.active.bytes.is_empty() || !tail.sealed.is_empty() {
+            if Lsn(tail.lsn_next.0 - 1) != lsn_durable || tail.active.records_len() > 0 || !tail.sealed.is_empty() {
                 // Records are waiting: their commit will come, and a vouch after it.
                 return Ok(false);
             }
@@ -713,7 +798,7 @@ impl Journal {
                 block_first: BlockIndex(0),
                 revert: None,
             };
-            append_vouch_record(&mut tail.active.bytes, stamp);
+            tail.active.append(RECORD_HEADER_BYTES as u64, |out| append_vouch_record(out, stamp));
             tail.active.lsn_last = tail.active.lsn_last.max(lsn_durable);
             lsn_durable
         };
@@ -744,14 +829,28 @@ impl Journal {
     /// Seals the active batch; returns the LSN of the last record appended.
     fn seal_active(&self) -> Lsn {
         let mut tail = self.tail.lock();
-        if !tail.active.bytes.is_empty() {
-            let (segment, end) = (tail.active.segment, tail.active.end());
-            let bytes = self.spare_buffers.lock().pop().unwrap_or_default();
-            let next = Batch { bytes, ..Batch::empty_at(segment, end) };
-            let sealed = std::mem::replace(&mut tail.active, next);
-            tail.sealed.push_back(Arc::new(sealed));
+        if tail.active.records_len() > 0 {
+            self.seal_active_locked(&mut tail);
         }
         Lsn(tail.lsn_next.0 - 1)
+    }
+
+    /// Seals the active batch; the next one follows it in its segment.
+    fn seal_active_locked(&self, tail: &mut Tail) {
+        let next = tail.active.next(self.spare_buffer(), self.config.batch_bytes_max);
+        self.seal_into(tail, next);
+    }
+
+    /// Seals the active batch and queues it for writing; `next` takes its place.
+    fn seal_into(&self, tail: &mut Tail, next: Batch) {
+        let mut sealed = std::mem::replace(&mut tail.active, next);
+        sealed.seal();
+        tail.sealed.push_back(Arc::new(sealed));
+    }
+
+    /// A buffer of a written batch, or a new one.
+    fn spare_buffer(&self) -> Vec<u8> {
+        self.spare_buffers.lock().pop().unwrap_or_default()
     }
 
     /// Writes every sealed batch (without syncing) and retires it.
@@ -760,7 +859,7 @@ impl Journal {
         for batch in &batches {
             if !self.write_direct(written, batch)? {
                 let file = self.file(batch.segment)?;
-                file.write_all_at(&batch.bytes, batch.offset).map_err(self.segment_io_error(batch.segment))?;
+                file.write_all_at(batch.records(), batch.offset).map_err(self.segment_io_error(batch.segment))?;
             }
             if written.unsynced.last() != Some(&batch.segment) {
                 written.unsynced.push(batch.segment);
@@ -788,12 +887,12 @@ impl Journal {
             self.recycle(batch);
         }
         drop(tail);
-        let mut recent_bytes: u64 = recent.iter().map(|batch| batch.bytes.len() as u64).sum();
+        let mut recent_bytes: u64 = recent.iter().map(|batch| batch.records_len()).sum();
         self.forget_recent(&mut recent, |oldest| {
             if direct && recent_bytes <= RECENT_BYTES_MAX {
                 return false;
             }
-            recent_bytes -= oldest.bytes.len() as u64;
+            recent_bytes -= oldest.records_len();
             true
         });
         Ok(())
@@ -821,61 +920,50 @@ impl Journal {
         if let Ok(batch) = Arc::try_unwrap(batch) {
             let mut spare = self.spare_buffers.lock();
             if spare.len() < SPARE_BUFFERS_MAX {
-                let mut bytes = batch.bytes;
-                bytes.clear();
-                spare.push(bytes);
+                spare.push(batch.bytes);
             }
         }
     }
 
-    /// Writes `batch` with direct I/O, if the journal does. Returns whether it did.
+    /// Writes `batch` with direct I/O, if the journal does: its whole
+    /// sectors, from its own buffer. Returns whether it did.
     fn write_direct(&self, written: &mut Written, batch: &Batch) -> Result<bool, JournalError> {
         if !self.direct_io.load(Ordering::Acquire) {
             return Ok(false);
         }
-        let mut tail = match written.direct.take() {
-            Some(tail) if tail.segment == batch.segment && tail.end() == batch.offset => tail,
-            _ => match self.open_direct(batch.segment, batch.offset)? {
-                Some(tail) => tail,
+        let file = match written.direct.take() {
+            Some(direct) if direct.segment == batch.segment => direct.file,
+            _ => match self.open_direct(batch.segment)? {
+                Some(file) => file,
                 None => return Ok(false),
             },
         };
-        let align = DIRECT_ALIGN as u64;
-        let length = tail.sector_bytes.len() + batch.bytes.len();
-        let buffer = aligned_slice(&mut written.aligned, length.next_multiple_of(DIRECT_ALIGN));
-        buffer[..tail.sector_bytes.len()].copy_from_slice(&tail.sector_bytes);
-        buffer[tail.sector_bytes.len()..length].copy_from_slice(&batch.bytes);
-        // Past the end: zeros, read by recovery as the padding they are.
-        buffer[length..].fill(0);
-        tail.file.write_all_at(buffer, tail.sector_offset).map_err(self.segment_io_error(batch.segment))?;
-        let sector_offset = batch.end() - batch.end() % align;
-        let kept = (sector_offset - tail.sector_offset) as usize..length;
-        tail.sector_bytes.clear();
-        tail.sector_bytes.extend_from_slice(&buffer[kept]);
-        tail.sector_offset = sector_offset;
-        assert_eq!(tail.end(), batch.end());
-        written.direct = Some(tail);
+        let (sectors, sector_offset) = batch.sectors();
+        let result = if is_direct_aligned(sectors, sector_offset) {
+            file.write_all_at(sectors, sector_offset)
+        } else {
+            let buffer = aligned_slice(&mut written.aligned, sectors.len());
+            buffer.copy_from_slice(sectors);
+            file.write_all_at(buffer, sector_offset)
+        };
+        result.map_err(self.segment_io_error(batch.segment))?;
+        written.direct = Some(DirectFile { segment: batch.segment, file });
         Ok(true)
     }
 
-    /// Opens `segment` for direct writes from `offset` on, reading the bytes
-    /// of the sector before it; `None` (and buffered writes from now on)
-    /// if the filesystem refuses direct I/O.
-    fn open_direct(&self, segment: u32, offset: u64) -> Result<Option<DirectTail>, JournalError> {
+    /// Opens `segment` for direct writes; `None` (and buffered writes from
+    /// now on) if the filesystem refuses direct I/O.
+    fn open_direct(&self, segment: u32) -> Result<Option<Arc<dyn File>>, JournalError> {
         let path = self.path(segment);
-        let file = match self.storage.open_direct(&path) {
-            Ok(file) => file,
+        match self.storage.open_direct(&path) {
+            Ok(file) => Ok(Some(file)),
             Err(error) if error.kind() == io::ErrorKind::Unsupported => {
                 tracing::info!(journal = %self.dir, %error, "the journal writes through the page cache");
                 self.direct_io.store(false, Ordering::Release);
-                return Ok(None);
+                Ok(None)
             }
-            Err(error) => return Err(self.io_error(path)(error)),
-        };
-        let sector_offset = offset - offset % DIRECT_ALIGN as u64;
-        let mut sector_bytes = vec![0; (offset - sector_offset) as usize];
-        self.file(segment)?.read_exact_at(&mut sector_bytes, sector_offset).map_err(self.segment_io_error(segment))?;
-        Ok(Some(DirectTail { segment, file, sector_offset, sector_bytes }))
+            Err(error) => Err(self.io_error(path)(error)),
+        }
     }
 
     /// Syncs every segment written since the last sync.
@@ -1391,12 +1479,14 @@ impl Recovery {
         // What survived the crash may sit in the page cache only: make it
         // durable before anything is built on it.
         file.sync_data().map_err(self.journal.segment_io_error(self.segment))?;
+        let prefix = read_prefix(&*file, self.offset).map_err(self.journal.segment_io_error(self.segment))?;
         let journal = Journal::assemble(
             Arc::clone(&self.journal.storage),
             &self.journal.dir,
             self.journal.block_size,
             self.journal.config,
             JournalPosition { segment: self.segment, offset: self.offset },
+            &prefix,
             self.lsn_expected,
             self.timestamp_last,
             self.journal.segment_first.load(Ordering::Acquire),
@@ -1410,6 +1500,15 @@ impl Recovery {
         };
         Ok((journal, report))
     }
+}
+
+/// The bytes of `file` from the start of `offset`'s sector to `offset`:
+/// what the direct write of the records from `offset` on writes again.
+fn read_prefix(file: &dyn File, offset: u64) -> io::Result<Vec<u8>> {
+    let len = offset % DIRECT_ALIGN as u64;
+    let mut prefix = vec![0; len as usize];
+    file.read_exact_at(&mut prefix, offset - len)?;
+    Ok(prefix)
 }
 
 /// Whether `offset..size_bytes` of a segment is the zero padding a direct

@@ -96,7 +96,13 @@ fn committed_records_survive_every_crash_and_survivors_form_a_prefix() {
         // Half on a filesystem that refuses direct I/O: the journal falls back.
         let storage = SimStorage::new(SimConfig { direct_io: seed % 2 == 0, ..SimConfig::default() }, seed);
         let mut rng = StdRng::seed_from_u64(seed);
-        let config = JournalConfig { segment_bytes_max: rng.random_range(2_000..20_000), ..JournalConfig::default() };
+        // Batches from smaller than one record (each a larger batch, its
+        // buffer moved out of alignment) to larger than a segment.
+        let config = JournalConfig {
+            segment_bytes_max: rng.random_range(2_000..20_000),
+            batch_bytes_max: rng.random_range(64..24_000),
+            ..JournalConfig::default()
+        };
         let journal =
             Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
         let mut appended = Vec::new();

@@ -72,6 +72,7 @@ pub fn config(rng: &mut StdRng) -> NodeConfig {
         volume: VolumeConfig {
             journal: JournalConfig {
                 segment_bytes_max: rng.random_range(16 << 10..256 << 10),
+                batch_bytes_max: rng.random_range(1 << 10..128 << 10),
                 ..JournalConfig::default()
             },
             index: IndexConfig {
