@@ -184,7 +184,9 @@ impl Batch {
     fn new(segment: u32, offset: u64, prefix: &[u8], mut buffer: Vec<u8>, capacity: usize) -> Batch {
         assert_eq!(prefix.len() as u64, offset % DIRECT_ALIGN as u64);
         buffer.clear();
-        buffer.reserve(capacity + 2 * DIRECT_ALIGN);
+        // The alignment pad, the prefix and the padding of the last sector
+        // are each shorter than a sector.
+        buffer.reserve(capacity + 3 * DIRECT_ALIGN);
         let sector_start = buffer.as_ptr().align_offset(DIRECT_ALIGN);
         assert!(sector_start < DIRECT_ALIGN, "a byte pointer can always be aligned");
         buffer.resize(sector_start, 0);
@@ -219,6 +221,21 @@ impl Batch {
 
     fn end(&self) -> u64 {
         self.offset + self.records_len()
+    }
+
+    /// Makes room for `record_bytes` of records and at least `capacity` in
+    /// all, if the batch holds no records yet, by laying it out afresh; a
+    /// batch that holds records grows when it must (its buffer then moves
+    /// out of alignment, and its direct write copies it).
+    fn make_room(&mut self, record_bytes: usize, capacity: usize) {
+        let room = self.bytes.capacity() - self.bytes.len();
+        if room >= record_bytes || self.records_len() > 0 {
+            return;
+        }
+        let prefix = self.bytes[self.sector_start..self.records_start].to_vec();
+        let buffer = std::mem::take(&mut self.bytes);
+        let fresh = Batch::new(self.segment, self.offset, &prefix, buffer, capacity.max(record_bytes));
+        *self = Batch { lsn_last: self.lsn_last, starts_segment: self.starts_segment, ..fresh };
     }
 
     /// Appends a record with `encode`, which must add `record_bytes`.
@@ -384,7 +401,9 @@ impl Journal {
             block_size,
             config,
             tail: Mutex::new(Tail {
-                active: Batch::new(segment, end, prefix, Vec::new(), config.batch_bytes_max),
+                // Room for records is made by the first append: a journal
+                // opened only to be read (recovery) holds no batch buffer.
+                active: Batch::new(segment, end, prefix, Vec::new(), 0),
                 sealed: VecDeque::new(),
                 lsn_next,
                 timestamp_last,
@@ -664,6 +683,7 @@ impl Journal {
             revert,
         };
         let record_offset = tail.active.end();
+        tail.active.make_room(record_bytes as usize, self.config.batch_bytes_max);
         tail.active.append(record_bytes, |out| encode(out, stamp));
         tail.active.lsn_last = lsn;
         tail.lsn_next = lsn.next();
@@ -798,6 +818,7 @@ impl Journal {
                 block_first: BlockIndex(0),
                 revert: None,
             };
+            tail.active.make_room(RECORD_HEADER_BYTES, self.config.batch_bytes_max);
             tail.active.append(RECORD_HEADER_BYTES as u64, |out| append_vouch_record(out, stamp));
             tail.active.lsn_last = tail.active.lsn_last.max(lsn_durable);
             lsn_durable
