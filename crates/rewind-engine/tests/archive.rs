@@ -57,6 +57,41 @@ fn every_write_is_archived_without_a_granularity() {
     assert_eq!(block, vec![10; 4096]);
 }
 
+/// An archive pass stops only at a point whose state the volume keeps: a
+/// node rebuilt from its bucket takes the newest archived version of each
+/// block for the state just before `archived_before`. Here history from 1.5 s
+/// to 2.5 s is deleted, which keeps each block's last version in the range
+/// only: block 0's at 1.8 s goes (the one at 2.4 s stays), block 1's at 2.1 s
+/// stays. An archive up to 2.2 s would file block 0 as it was at 1 s beside
+/// block 1 as it was at 2.1 s, a state the volume was never in.
+#[test]
+fn archiving_stops_only_where_the_state_is_kept() {
+    let storage = SimStorage::new(SimConfig::default(), 3);
+    let mut config = NodeConfig::default();
+    // Maintained at 3.5 s, archiving would go up to 2.2 s.
+    config.volume.archive_age_nanos = 1_300_000_000;
+    config.volume.archive_interval_nanos = 1;
+    config.volume.burst_quiet_nanos = 0;
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    let at = |millis: u64| start.saturating_add_nanos(millis * 1_000_000);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    for (millis, offset, byte) in [(1_000, 0, 1), (1_800, 0, 2), (2_100, 4096, 9), (2_400, 0, 4), (3_000, 0, 3)] {
+        volume.write(at(millis), offset, &[byte; 4096], Durability::Fua).unwrap();
+    }
+    volume.delete_history(at(1_500), at(2_500), at(3_000)).unwrap();
+    node.maintain(at(3_500)).unwrap();
+    node.maintain_history(at(3_500)).unwrap();
+    let archived_before = volume.stats().unwrap().archived_before;
+    assert!(archived_before > at(1_000), "block 0's first version is archived: {archived_before:?}");
+    let last = Timestamp::from_unix_nanos(archived_before.unix_nanos() - 1);
+    assert_eq!(volume.exact_time(last).ok(), Some(last), "archived up to {archived_before:?}");
+    let mut block = vec![0; 8192];
+    volume.view(last).unwrap().read(0, &mut block).unwrap();
+    assert_eq!((block[0], block[4096]), (1, 0), "the state before the deleted range");
+}
+
 /// The two background threads of a server (quick maintenance and the slow
 /// work on history), a writer and a reader of views, all at once on small
 /// journal segments: archiving, checkpoints and reclaiming race each other,
