@@ -5,18 +5,20 @@
 
 use std::sync::Arc;
 
-use rewind_engine::{BlockSize, Durability, Layout, LayoutRules, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
+use rewind_engine::{
+    BlockSize, Durability, Layout, LayoutRules, Node, NodeConfig, Timestamp, Volume, VolumeName, VolumeSpec,
+};
 use rewind_io::{SimConfig, SimStorage};
 
 const SECOND: u64 = 1_000_000_000;
 
-/// Writes block 0 ten times within one second, then once more two seconds
-/// later, and archives; returns the chunks written and what the view at
-/// the end of the first second shows.
-fn archive_ten_writes(granularity_nanos: u64) -> (u64, Vec<u8>) {
+/// A node whose archive passes run whenever asked, up to `archive_age_nanos`
+/// before the time they run at, and on it a 1 MiB volume `v` created at
+/// 1000 s with `granularity_nanos`: (node, volume, creation time).
+fn archiving_node(archive_age_nanos: u64, granularity_nanos: u64) -> (Node, Arc<Volume>, Timestamp) {
     let storage = SimStorage::new(SimConfig::default(), 1);
     let mut config = NodeConfig::default();
-    config.volume.archive_age_nanos = 0;
+    config.volume.archive_age_nanos = archive_age_nanos;
     config.volume.archive_interval_nanos = 1;
     // Archiving right after the last write, not once writes pause.
     config.volume.burst_quiet_nanos = 0;
@@ -27,6 +29,14 @@ fn archive_ten_writes(granularity_nanos: u64) -> (u64, Vec<u8>) {
         ..VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap())
     };
     let volume = node.create_volume(spec, start).unwrap();
+    (node, volume, start)
+}
+
+/// Writes block 0 ten times within one second, then once more two seconds
+/// later, and archives; returns the chunks written and what the view at
+/// the end of the first second shows.
+fn archive_ten_writes(granularity_nanos: u64) -> (u64, Vec<u8>) {
+    let (node, volume, start) = archiving_node(0, granularity_nanos);
     for write in 1..=10u8 {
         let at = start.saturating_add_nanos(SECOND + u64::from(write) * 1_000);
         volume.write(at, 0, &[write; 4096], Durability::Buffered).unwrap();
@@ -66,17 +76,9 @@ fn every_write_is_archived_without_a_granularity() {
 /// block 1 as it was at 2.1 s, a state the volume was never in.
 #[test]
 fn archiving_stops_only_where_the_state_is_kept() {
-    let storage = SimStorage::new(SimConfig::default(), 3);
-    let mut config = NodeConfig::default();
     // Maintained at 3.5 s, archiving would go up to 2.2 s.
-    config.volume.archive_age_nanos = 1_300_000_000;
-    config.volume.archive_interval_nanos = 1;
-    config.volume.burst_quiet_nanos = 0;
-    let node = Node::open(Arc::new(storage), config).unwrap();
-    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    let (node, volume, start) = archiving_node(1_300_000_000, 0);
     let at = |millis: u64| start.saturating_add_nanos(millis * 1_000_000);
-    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
-    let volume = node.create_volume(spec, start).unwrap();
     for (millis, offset, byte) in [(1_000, 0, 1), (1_800, 0, 2), (2_100, 4096, 9), (2_400, 0, 4), (3_000, 0, 3)] {
         volume.write(at(millis), offset, &[byte; 4096], Durability::Fua).unwrap();
     }
