@@ -238,9 +238,11 @@ impl Batch {
         *self = Batch { lsn_last: self.lsn_last, starts_segment: self.starts_segment, ..fresh };
     }
 
-    /// Appends a record with `encode`, which must add `record_bytes`.
-    fn append(&mut self, record_bytes: u64, encode: impl FnOnce(&mut Vec<u8>)) {
+    /// Appends a record with `encode`, which must add `record_bytes`; an
+    /// empty batch first makes room for at least `capacity` bytes.
+    fn append(&mut self, record_bytes: u64, capacity: usize, encode: impl FnOnce(&mut Vec<u8>)) {
         assert_eq!(self.records_end, self.bytes.len(), "sealed batches take no records");
+        self.make_room(record_bytes as usize, capacity);
         encode(&mut self.bytes);
         assert_eq!((self.bytes.len() - self.records_end) as u64, record_bytes);
         self.records_end = self.bytes.len();
@@ -683,8 +685,7 @@ impl Journal {
             revert,
         };
         let record_offset = tail.active.end();
-        tail.active.make_room(record_bytes as usize, self.config.batch_bytes_max);
-        tail.active.append(record_bytes, |out| encode(out, stamp));
+        tail.active.append(record_bytes, self.config.batch_bytes_max, |out| encode(out, stamp));
         tail.active.lsn_last = lsn;
         tail.lsn_next = lsn.next();
         tail.timestamp_last = timestamp;
@@ -717,7 +718,8 @@ impl Journal {
             timestamp_before: tail.timestamp_last,
         };
         let mut next = Batch::new(segment, 0, &[], self.spare_buffer(), self.config.batch_bytes_max);
-        next.append(SEGMENT_HEADER_BYTES as u64, |out| out.extend_from_slice(&header.encode()));
+        let capacity = self.config.batch_bytes_max;
+        next.append(SEGMENT_HEADER_BYTES as u64, capacity, |out| out.extend_from_slice(&header.encode()));
         next.starts_segment = true;
         self.seal_into(tail, next);
         Ok(())
@@ -818,8 +820,8 @@ impl Journal {
                 block_first: BlockIndex(0),
                 revert: None,
             };
-            tail.active.make_room(RECORD_HEADER_BYTES, self.config.batch_bytes_max);
-            tail.active.append(RECORD_HEADER_BYTES as u64, |out| append_vouch_record(out, stamp));
+            let capacity = self.config.batch_bytes_max;
+            tail.active.append(RECORD_HEADER_BYTES as u64, capacity, |out| append_vouch_record(out, stamp));
             tail.active.lsn_last = tail.active.lsn_last.max(lsn_durable);
             lsn_durable
         };
