@@ -9,7 +9,7 @@
 
 use rewind_types::{BlockSize, BookmarkName, Lsn, Timestamp, VolumeName};
 
-use crate::{crc32c, verify_crc, FormatError, Reader, Writer};
+use crate::{crc32c, crc32c_append, verify_crc, FormatError, Reader, Writer};
 
 pub const FORMAT_VERSION: u32 = 1;
 /// Bytes of one copy's envelope header: magic, version, length, checksum.
@@ -23,7 +23,7 @@ pub(crate) fn seal_envelope(magic: [u8; 4], payload: Writer) -> Vec<u8> {
         .u32(FORMAT_VERSION)
         .u32(u32::try_from(payload.len()).expect("metadata is small"));
     let mut copy = writer.into_bytes();
-    let checksum = crc32c::crc32c_append(crc32c(&copy), &payload);
+    let checksum = crc32c_append(crc32c(&copy), &payload);
     copy.extend_from_slice(&checksum.to_le_bytes());
     copy.extend_from_slice(&payload);
     let mut bytes = copy.clone();
@@ -52,7 +52,7 @@ fn copies<'a>(what: &'static str, bytes: &'a [u8]) -> Result<[&'a [u8]; 2], Form
 fn open_copy<'a>(what: &'static str, magic: [u8; 4], copy: &'a [u8]) -> Result<&'a [u8], FormatError> {
     let (header, payload) = copy.split_at(ENVELOPE_BYTES);
     let stored = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes"));
-    verify_crc(what, stored, crc32c::crc32c_append(crc32c(&header[..12]), payload))?;
+    verify_crc(what, stored, crc32c_append(crc32c(&header[..12]), payload))?;
     let mut reader = Reader::new(what, header);
     let found = reader.u32()?;
     if found != u32::from_le_bytes(magic) {
