@@ -38,6 +38,14 @@ fn put(store: &dyn PackStore, pack: u64, bytes: &[u8], piece: usize) -> io::Resu
     upload.finish()
 }
 
+/// [`PackStore::read_vectored`] into slices of `lengths`, joined.
+fn read_scattered(store: &dyn PackStore, pack: u64, offset: u64, lengths: &[usize]) -> io::Result<Vec<u8>> {
+    let mut buffers: Vec<Vec<u8>> = lengths.iter().map(|&length| vec![0xee; length]).collect();
+    let mut slices: Vec<io::IoSliceMut<'_>> = buffers.iter_mut().map(|buf| io::IoSliceMut::new(buf)).collect();
+    store.read_vectored(pack, offset, &mut slices)?;
+    Ok(buffers.concat())
+}
+
 fn read(store: &dyn PackStore, pack: u64, offset: u64, length: usize) -> io::Result<Vec<u8>> {
     let mut buf = vec![0; length];
     store.read(pack, offset, &mut buf)?;
@@ -73,6 +81,11 @@ pub fn check_store(store: &dyn PackStore, first: u64, large: usize) {
     assert_eq!(kind(read(store, a, 99_990, 11)), io::ErrorKind::UnexpectedEof, "a range past the end");
     assert_eq!(kind(read(store, a, 200_000, 1)), io::ErrorKind::UnexpectedEof, "a range after the end");
     assert_eq!(kind(read(store, b, 0, 1)), io::ErrorKind::NotFound, "a missing pack");
+    // Scattered: slices in turn, empty ones among them.
+    let lengths = [56, 0, 4_096, 7, 4_096, 0];
+    assert_eq!(read_scattered(store, a, 1_000, &lengths).unwrap(), bytes_a[1_000..9_255], "a scatter read");
+    assert_eq!(kind(read_scattered(store, a, 99_000, &[500, 501])), io::ErrorKind::UnexpectedEof, "past the end");
+    assert_eq!(kind(read_scattered(store, b, 0, &[1])), io::ErrorKind::NotFound, "a missing pack, scattered");
     assert_eq!(kind(store.stat(b)), io::ErrorKind::NotFound, "a missing pack's stat");
 
     // Nothing is visible before the finish; an abort leaves nothing; a

@@ -297,6 +297,19 @@ impl PackReader {
         self.packs.read(self.pack, offset, buf).map_err(ChunkError::io(&self.path))
     }
 
+    /// Fills `bufs` in turn from the bytes at `offset` on (neighbouring
+    /// records, to be checked with [`PackReader::decode_in_place`] and
+    /// [`PackReader::decode`]).
+    pub fn read_scattered(&self, offset: u64, bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<(), ChunkError> {
+        let length: u64 = bufs.iter().map(|buf| buf.len() as u64).sum();
+        let inside = offset.checked_add(length).is_some_and(|end| end <= self.bytes);
+        if !inside {
+            let reason = format!("{length} bytes at {offset} do not fit in a pack of {} bytes", self.bytes);
+            return Err(ChunkError::corrupt(&self.path, offset, reason));
+        }
+        self.packs.read_vectored(self.pack, offset, bufs).map_err(ChunkError::io(&self.path))
+    }
+
     /// Checks the record `record` (read from `location`) and that it holds
     /// chunk `hash`, and decompresses it into `out` (of its raw size).
     pub fn decode(
@@ -308,34 +321,88 @@ impl PackReader {
         check: Check,
     ) -> Result<Codec, ChunkError> {
         assert_eq!(out.len(), location.raw_bytes as usize, "buffer of the chunk's raw size");
-        let corrupt = |reason: String| ChunkError::corrupt(&self.path, location.offset, reason);
-        let (header, stored) = RecordHeader::decode_record(record).map_err(|error| corrupt(error.to_string()))?;
+        let (header, stored) =
+            RecordHeader::decode_record(record).map_err(|error| self.corrupt(location, error.to_string()))?;
+        self.check_names(location, hash, &header)?;
+        match header.codec {
+            Codec::Raw => out.copy_from_slice(stored),
+            Codec::Zstd => self.decompress(location, stored, out)?,
+        }
+        self.check_hash(location, hash, out, check)?;
+        Ok(header.codec)
+    }
+
+    /// [`PackReader::decode`] of a record read in two parts: its `header`,
+    /// and its stored bytes, which a scatter read put in `out` already (the
+    /// caller expects a chunk stored as it is: as many stored bytes as raw).
+    pub fn decode_in_place(
+        &self,
+        location: ChunkLocation,
+        hash: &ChunkHash,
+        header: &[u8],
+        out: &mut [u8],
+        check: Check,
+    ) -> Result<Codec, ChunkError> {
+        assert_eq!(out.len(), location.raw_bytes as usize, "buffer of the chunk's raw size");
+        assert_eq!(location.stored_bytes, location.raw_bytes, "a chunk stored as it is");
+        let decoded =
+            RecordHeader::decode_parts(header, out).map_err(|error| self.corrupt(location, error.to_string()))?;
+        self.check_names(location, hash, &decoded)?;
+        if decoded.codec == Codec::Zstd {
+            // A frame as large as what it holds: not what Rewind writes,
+            // but a valid record.
+            let stored = out.to_vec();
+            self.decompress(location, &stored, out)?;
+        }
+        self.check_hash(location, hash, out, check)?;
+        Ok(decoded.codec)
+    }
+
+    fn corrupt(&self, location: ChunkLocation, reason: String) -> ChunkError {
+        ChunkError::corrupt(&self.path, location.offset, reason)
+    }
+
+    /// That the record holds the chunk that refers to it, of the sizes it
+    /// was given.
+    fn check_names(&self, location: ChunkLocation, hash: &ChunkHash, header: &RecordHeader) -> Result<(), ChunkError> {
         if header.hash != *hash
             || header.stored_bytes != location.stored_bytes
             || header.raw_bytes != location.raw_bytes
         {
-            return Err(corrupt(format!(
-                "the record holds chunk {} ({} stored / {} raw bytes), not the chunk {} that refers to it",
-                hex(&header.hash),
-                header.stored_bytes,
-                header.raw_bytes,
-                hex(hash)
-            )));
+            return Err(self.corrupt(
+                location,
+                format!(
+                    "the record holds chunk {} ({} stored / {} raw bytes), not the chunk {} that refers to it",
+                    hex(&header.hash),
+                    header.stored_bytes,
+                    header.raw_bytes,
+                    hex(hash)
+                ),
+            ));
         }
-        match header.codec {
-            Codec::Raw => out.copy_from_slice(stored),
-            Codec::Zstd => {
-                let size = zstd::bulk::decompress_to_buffer(stored, out)
-                    .map_err(|error| corrupt(format!("zstd frame does not decompress: {error}")))?;
-                if size != out.len() {
-                    return Err(corrupt(format!("zstd frame holds {size} bytes, the record says {}", out.len())));
-                }
-            }
+        Ok(())
+    }
+
+    fn decompress(&self, location: ChunkLocation, stored: &[u8], out: &mut [u8]) -> Result<(), ChunkError> {
+        let size = zstd::bulk::decompress_to_buffer(stored, out)
+            .map_err(|error| self.corrupt(location, format!("zstd frame does not decompress: {error}")))?;
+        if size != out.len() {
+            return Err(self.corrupt(location, format!("zstd frame holds {size} bytes, the record says {}", out.len())));
         }
+        Ok(())
+    }
+
+    fn check_hash(
+        &self,
+        location: ChunkLocation,
+        hash: &ChunkHash,
+        out: &[u8],
+        check: Check,
+    ) -> Result<(), ChunkError> {
         if check == Check::Hash && chunk_hash(out) != *hash {
-            return Err(corrupt(format!("the bytes of chunk {} hash to something else", hex(hash))));
+            return Err(self.corrupt(location, format!("the bytes of chunk {} hash to something else", hex(hash))));
         }
-        Ok(header.codec)
+        Ok(())
     }
 
     /// Reads and checks every chunk (a scrub). Returns the number checked.

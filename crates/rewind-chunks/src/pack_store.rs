@@ -40,6 +40,22 @@ impl fmt::Display for Generation {
     }
 }
 
+/// Fills `bufs` from one contiguous read by `read` (a [`PackStore::read`]).
+pub(crate) fn read_then_scatter(
+    read: impl FnOnce(&mut [u8]) -> io::Result<()>,
+    bufs: &mut [io::IoSliceMut<'_>],
+) -> io::Result<()> {
+    let mut bytes = vec![0; bufs.iter().map(|buf| buf.len()).sum()];
+    read(&mut bytes)?;
+    let mut rest = &bytes[..];
+    for buf in bufs {
+        let (head, tail) = rest.split_at(buf.len());
+        buf.copy_from_slice(head);
+        rest = tail;
+    }
+    Ok(())
+}
+
 /// A pack as the store lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredPack {
@@ -58,6 +74,12 @@ pub trait PackStore: Send + Sync {
     fn stat(&self, pack: u64) -> io::Result<StoredPack>;
     /// Reads `buf.len()` bytes of pack `pack` at `offset`.
     fn read(&self, pack: u64, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Fills `bufs` in turn from the bytes of pack `pack` at `offset` on. A
+    /// store whose packs are files reads straight into them; any other reads
+    /// the range whole and copies it out.
+    fn read_vectored(&self, pack: u64, offset: u64, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<()> {
+        read_then_scatter(|range| self.read(pack, offset, range), bufs)
+    }
     /// Removes pack `pack` durably; removing a pack that is not there is not
     /// an error (a crash may have come between a removal and its record).
     fn delete(&self, pack: u64) -> io::Result<()>;
@@ -195,6 +217,10 @@ impl PackStore for LocalPackStore {
     fn read(&self, pack: u64, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         // A range past the end fails with `UnexpectedEof` (a short read).
         self.file(pack)?.read_exact_at(buf, offset)
+    }
+
+    fn read_vectored(&self, pack: u64, offset: u64, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<()> {
+        self.file(pack)?.read_exact_vectored_at(bufs, offset)
     }
 
     fn delete(&self, pack: u64) -> io::Result<()> {

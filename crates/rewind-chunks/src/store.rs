@@ -1250,30 +1250,8 @@ impl ChunkStore {
             };
             match reader {
                 Some(reader) => {
-                    let span_bytes = (span_end - u64::from(first.offset)) as usize;
-                    if bytes.len() < span_bytes {
-                        bytes.resize(span_bytes, 0);
-                    }
-                    let bytes = &mut bytes[..span_bytes];
-                    reader.read_span(u64::from(first.offset), bytes)?;
-                    for &index in group {
-                        let slot = slot(index);
-                        let at = (u64::from(slot.offset) - u64::from(first.offset)) as usize;
-                        let record = &bytes[at..at + RECORD_HEADER_BYTES + slot.stored_bytes as usize];
-                        let location = ChunkLocation {
-                            pack: slot.pack,
-                            offset: u64::from(slot.offset),
-                            stored_bytes: slot.stored_bytes,
-                            raw_bytes: slot.raw_bytes,
-                        };
-                        reader.decode(
-                            location,
-                            &slot.hash,
-                            record,
-                            &mut out[index * chunk_bytes..(index + 1) * chunk_bytes],
-                            Check::Crc,
-                        )?;
-                    }
+                    let members: Vec<(usize, TableSlot)> = group.iter().map(|&index| (index, slot(index))).collect();
+                    self.read_span_scattered(&reader, &members, ids, chunk_bytes, bytes, out)?;
                 }
                 None => {
                     for &index in group {
@@ -1282,6 +1260,120 @@ impl ChunkStore {
                 }
             }
             start = end;
+        }
+        Ok(())
+    }
+
+    /// Reads the records of `members` (chunks by index into `out`, and their
+    /// slots: neighbours in one pack, in offset order) with one scatter read: the stored bytes of each chunk stored as
+    /// it is go straight to its place in `out`, and only headers, the gaps
+    /// between records and compressed records to `scratch`. Then checks each
+    /// record. A chunk asked for twice is read once and copied; a record
+    /// overlapping the one before (a damaged table) is read on its own.
+    fn read_span_scattered(
+        &self,
+        reader: &PackReader,
+        members: &[(usize, TableSlot)],
+        ids: &[ChunkId],
+        chunk_bytes: usize,
+        scratch: &mut Vec<u8>,
+        out: &mut [u8],
+    ) -> Result<(), ChunkError> {
+        /// Where the bytes of a piece of the span go.
+        enum Piece {
+            /// To `scratch`: a gap, or a header, or a whole compressed record.
+            Scratch(usize),
+            /// To the chunk at this index of `out`.
+            Out(usize),
+        }
+        /// What to check once the span is read.
+        enum Record {
+            /// Header in `scratch` at `header`; stored bytes in `out`.
+            InPlace { index: usize, slot: TableSlot, header: usize },
+            /// The whole record in `scratch` at `start`.
+            InScratch { index: usize, slot: TableSlot, start: usize },
+            /// The same record as the chunk at `source` of `out`.
+            Copy { index: usize, source: usize },
+            /// Overlaps the record before: read on its own.
+            Alone { index: usize },
+        }
+        let location = |slot: TableSlot| ChunkLocation {
+            pack: slot.pack,
+            offset: u64::from(slot.offset),
+            stored_bytes: slot.stored_bytes,
+            raw_bytes: slot.raw_bytes,
+        };
+        let start = u64::from(members[0].1.offset);
+        let mut pieces = Vec::with_capacity(members.len() * 3);
+        let mut records = Vec::with_capacity(members.len());
+        let (mut cursor, mut scratch_bytes) = (start, 0);
+        let mut previous: Option<(usize, TableSlot)> = None;
+        for &(index, slot) in members {
+            let offset = u64::from(slot.offset);
+            if offset < cursor {
+                records.push(match previous {
+                    Some((source, before)) if before == slot => Record::Copy { index, source },
+                    _ => Record::Alone { index },
+                });
+                continue;
+            }
+            if offset > cursor {
+                pieces.push(Piece::Scratch((offset - cursor) as usize));
+                scratch_bytes += (offset - cursor) as usize;
+            }
+            let record_bytes = RECORD_HEADER_BYTES + slot.stored_bytes as usize;
+            if slot.stored_bytes as usize == chunk_bytes {
+                records.push(Record::InPlace { index, slot, header: scratch_bytes });
+                pieces.push(Piece::Scratch(RECORD_HEADER_BYTES));
+                pieces.push(Piece::Out(index));
+                scratch_bytes += RECORD_HEADER_BYTES;
+            } else {
+                records.push(Record::InScratch { index, slot, start: scratch_bytes });
+                pieces.push(Piece::Scratch(record_bytes));
+                scratch_bytes += record_bytes;
+            }
+            cursor = offset + record_bytes as u64;
+            previous = Some((index, slot));
+        }
+        if scratch.len() < scratch_bytes {
+            scratch.resize(scratch_bytes, 0);
+        }
+        {
+            let mut chunks: Vec<Option<&mut [u8]>> = out.chunks_exact_mut(chunk_bytes).map(Some).collect();
+            let mut rest = &mut scratch[..scratch_bytes];
+            let mut slices = Vec::with_capacity(pieces.len());
+            for piece in pieces {
+                slices.push(std::io::IoSliceMut::new(match piece {
+                    Piece::Scratch(length) => {
+                        let (head, tail) = std::mem::take(&mut rest).split_at_mut(length);
+                        rest = tail;
+                        head
+                    }
+                    Piece::Out(index) => chunks[index].take().expect("each chunk read once"),
+                }));
+            }
+            reader.read_scattered(start, &mut slices)?;
+        }
+        for record in records {
+            match record {
+                Record::InPlace { index, slot, header } => {
+                    let header = &scratch[header..header + RECORD_HEADER_BYTES];
+                    let out = &mut out[index * chunk_bytes..(index + 1) * chunk_bytes];
+                    reader.decode_in_place(location(slot), &slot.hash, header, out, Check::Crc)?;
+                }
+                Record::InScratch { index, slot, start } => {
+                    let record = &scratch[start..start + RECORD_HEADER_BYTES + slot.stored_bytes as usize];
+                    let out = &mut out[index * chunk_bytes..(index + 1) * chunk_bytes];
+                    reader.decode(location(slot), &slot.hash, record, out, Check::Crc)?;
+                }
+                // After its source: records are checked in the order read.
+                Record::Copy { index, source } => {
+                    out.copy_within(source * chunk_bytes..(source + 1) * chunk_bytes, index * chunk_bytes);
+                }
+                Record::Alone { index } => {
+                    self.read(ids[index], &mut out[index * chunk_bytes..(index + 1) * chunk_bytes])?;
+                }
+            }
         }
         Ok(())
     }

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashSet;
 
-use crate::pack_store::{Generation, PackStore, PackUpload, StoredPack};
+use crate::pack_store::{read_then_scatter, Generation, PackStore, PackUpload, StoredPack};
 use crate::peers::pack_owner;
 use crate::retention::locked;
 
@@ -513,6 +513,36 @@ impl TieredPackStore {
         Ok(Arc::new(window))
     }
 
+    /// Reads pack `pack` with `read` from the local copy, if there is one;
+    /// `false` if there is none (never was, or evicted since the look-up).
+    fn read_local(&self, pack: u64, read: impl FnOnce(&dyn PackStore) -> io::Result<()>) -> io::Result<bool> {
+        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
+        let local = {
+            let mut placements = self.placements.lock();
+            match placements.get_mut(&pack) {
+                Some(placement) => {
+                    placement.read_at = tick;
+                    placement.local
+                }
+                None => {
+                    drop(placements);
+                    self.borrow(pack)?.local
+                }
+            }
+        };
+        if !local {
+            return Ok(false);
+        }
+        match read(&*self.local) {
+            Ok(()) => {
+                self.counters.local_reads.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
     /// Reads `buf.len()` bytes at `offset` of `pack` from the remote tier:
     /// each aligned window the range covers is taken from memory, waited
     /// for if another reader is fetching it, or fetched — those this read
@@ -685,35 +715,22 @@ impl PackStore for TieredPackStore {
     }
 
     fn read(&self, pack: u64, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
-        let local = {
-            let mut placements = self.placements.lock();
-            match placements.get_mut(&pack) {
-                Some(placement) => {
-                    placement.read_at = tick;
-                    placement.local
-                }
-                None => {
-                    drop(placements);
-                    self.borrow(pack)?.local
-                }
-            }
-        };
-        if local {
-            match self.local.read(pack, offset, buf) {
-                Ok(()) => {
-                    self.counters.local_reads.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
-                }
-                // Evicted since the look-up.
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-                Err(error) => return Err(error),
-            }
+        if self.read_local(pack, |local| local.read(pack, offset, buf))? {
+            return Ok(());
         }
         // History comes back in the order it was archived: a view reads a
         // pack front to back, a chunk or a span at a time, often from
         // several requests at once; each window is fetched once for them all.
         self.read_remote(pack, offset, buf)
+    }
+
+    fn read_vectored(&self, pack: u64, offset: u64, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<()> {
+        // Scattered straight from a local copy; a remote one is fetched by
+        // windows and copied out.
+        if self.read_local(pack, |local| local.read_vectored(pack, offset, bufs))? {
+            return Ok(());
+        }
+        read_then_scatter(|buf| self.read_remote(pack, offset, buf), bufs)
     }
 
     fn delete(&self, pack: u64) -> io::Result<()> {

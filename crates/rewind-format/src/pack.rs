@@ -100,8 +100,36 @@ impl RecordHeader {
     /// Decodes a record (header and stored bytes) and checks its CRC. Returns
     /// the header and the stored bytes.
     pub fn decode_record(bytes: &[u8]) -> Result<(Self, &[u8]), FormatError> {
-        const WHAT: &str = "pack record";
-        let mut reader = Reader::new(WHAT, bytes);
+        let (header, stored_crc) = Self::decode_header(bytes)?;
+        let stored = Reader::new(RECORD_WHAT, &bytes[RECORD_HEADER_BYTES..]).take(header.stored_bytes as usize)?;
+        header.verify(bytes, stored_crc, stored)?;
+        Ok((header, stored))
+    }
+
+    /// [`RecordHeader::decode_record`] of a record read in two parts: its
+    /// `header` and, elsewhere, its `stored` bytes (a scatter read put them
+    /// where they are wanted).
+    pub fn decode_parts(header: &[u8], stored: &[u8]) -> Result<Self, FormatError> {
+        let (decoded, stored_crc) = Self::decode_header(header)?;
+        if stored.len() != decoded.stored_bytes as usize || header.len() != RECORD_HEADER_BYTES {
+            return Err(FormatError::Invalid {
+                what: RECORD_WHAT,
+                reason: format!(
+                    "{} header bytes and {} stored bytes read, the header says {RECORD_HEADER_BYTES} and {}",
+                    header.len(),
+                    stored.len(),
+                    decoded.stored_bytes
+                ),
+            });
+        }
+        decoded.verify(header, stored_crc, stored)?;
+        Ok(decoded)
+    }
+
+    /// The header at the start of `bytes` and the CRC it gives its record;
+    /// nothing is checked against the stored bytes yet.
+    fn decode_header(bytes: &[u8]) -> Result<(Self, u32), FormatError> {
+        let mut reader = Reader::new(RECORD_WHAT, bytes);
         reader.magic(RECORD_MAGIC)?;
         let codec = match reader.u8()? {
             0 => Codec::Raw,
@@ -122,11 +150,18 @@ impl RecordHeader {
         if codec == Codec::Raw && stored_bytes != raw_bytes {
             return Err(reader.invalid("a raw chunk's stored and raw sizes differ"));
         }
-        let stored = reader.take(stored_bytes as usize)?;
-        verify_crc(WHAT, stored_crc, crc32c_append(crc32c(&bytes[..RECORD_HEADER_BYTES - 8]), stored))?;
-        Ok((RecordHeader { codec, stored_bytes, raw_bytes, hash }, stored))
+        Ok((RecordHeader { codec, stored_bytes, raw_bytes, hash }, stored_crc))
+    }
+
+    /// Checks the record's CRC: over the header up to the CRC field, then
+    /// the stored bytes.
+    fn verify(&self, header: &[u8], stored_crc: u32, stored: &[u8]) -> Result<(), FormatError> {
+        debug_assert_eq!(stored.len(), self.stored_bytes as usize);
+        verify_crc(RECORD_WHAT, stored_crc, crc32c_append(crc32c(&header[..RECORD_HEADER_BYTES - 8]), stored))
     }
 }
+
+const RECORD_WHAT: &str = "pack record";
 
 /// One footer entry: which chunk a record holds and where it is in the pack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -119,6 +119,15 @@ impl File for CountingFile {
         Ok(())
     }
 
+    fn read_exact_vectored_at(&self, bufs: &mut [io::IoSliceMut<'_>], offset: u64) -> io::Result<()> {
+        self.inner.read_exact_vectored_at(bufs, offset)?;
+        let bytes: usize = bufs.iter().map(|buf| buf.len()).sum();
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.read_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.counters.count(self.number, offset, bytes);
+        Ok(())
+    }
+
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.inner.write_all_at(data, offset)?;
         self.counters.writes.fetch_add(1, Ordering::Relaxed);

@@ -46,6 +46,17 @@ pub enum OpenMode {
 
 pub trait File: Send + Sync {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Fills `bufs` in turn from the bytes at `offset` on (a scatter read:
+    /// what lies between records goes to scratch, the records' contents
+    /// straight where they are wanted, with no copy between).
+    fn read_exact_vectored_at(&self, bufs: &mut [io::IoSliceMut<'_>], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for buf in bufs {
+            self.read_exact_at(buf, at)?;
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
     /// Reserves disk space for `offset..offset+length` without changing the
     /// file's size (the range reads as before until written).

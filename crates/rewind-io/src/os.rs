@@ -71,6 +71,25 @@ impl File for OsFile {
         self.file.read_exact_at(buf, offset)
     }
 
+    fn read_exact_vectored_at(&self, mut bufs: &mut [io::IoSliceMut<'_>], mut offset: u64) -> io::Result<()> {
+        /// The most slices one `preadv` takes (Linux's `IOV_MAX`).
+        const SLICES_MAX: usize = 1024;
+        io::IoSliceMut::advance_slices(&mut bufs, 0);
+        while !bufs.is_empty() {
+            let batch = bufs.len().min(SLICES_MAX);
+            match rustix::io::preadv(&self.file, &mut bufs[..batch], offset) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "failed to fill whole buffers")),
+                Ok(read) => {
+                    offset += read as u64;
+                    io::IoSliceMut::advance_slices(&mut bufs, read);
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
+    }
+
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.file.write_all_at(data, offset)
     }
@@ -234,5 +253,48 @@ impl Storage for OsStorage {
             total_bytes: stats.f_blocks.saturating_mul(stats.f_frsize),
             free_bytes: stats.f_bavail.saturating_mul(stats.f_frsize),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_of(bytes: &[u8]) -> (tempfile::TempDir, Arc<dyn File>) {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = OsStorage::new(dir.path()).unwrap();
+        let file = storage.open_file("f", OpenMode::CreateNew).unwrap();
+        file.write_all_at(bytes, 0).unwrap();
+        (dir, file)
+    }
+
+    /// Reads `lengths` slices at `offset` with one scatter read and returns
+    /// them joined.
+    fn scattered(file: &dyn File, lengths: &[usize], offset: u64) -> io::Result<Vec<u8>> {
+        let mut buffers: Vec<Vec<u8>> = lengths.iter().map(|&length| vec![0xee; length]).collect();
+        let mut slices: Vec<io::IoSliceMut<'_>> = buffers.iter_mut().map(|buf| io::IoSliceMut::new(buf)).collect();
+        file.read_exact_vectored_at(&mut slices, offset)?;
+        Ok(buffers.concat())
+    }
+
+    #[test]
+    fn a_scatter_read_fills_every_slice_in_turn() {
+        let bytes: Vec<u8> = (0..20_000u32).map(|index| (index % 251) as u8).collect();
+        let (_dir, file) = file_of(&bytes);
+        let lengths = [0, 3, 0, 4096, 1000, 56, 0];
+        assert_eq!(scattered(&*file, &lengths, 17).unwrap(), bytes[17..17 + 5155]);
+        // More slices than one `preadv` takes.
+        let lengths = vec![7; 2500];
+        assert_eq!(scattered(&*file, &lengths, 2).unwrap(), bytes[2..2 + 17_500]);
+        assert_eq!(scattered(&*file, &[0, 0], 19_999).unwrap(), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn a_scatter_read_past_the_end_is_a_short_read() {
+        let (_dir, file) = file_of(&[1; 100]);
+        let error = scattered(&*file, &[50, 50, 1], 0).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof, "{error}");
+        let error = scattered(&*file, &[10], 100).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof, "{error}");
     }
 }
