@@ -270,10 +270,12 @@ def table(args, results, view_results, env):
         "",
         "Views (Rewind only):",
         "",
-        "| measurement | min / median / max | target |",
-        "|---|---|---:|",
+        "| measurement | min / median / max | target | |",
+        "|---|---|---:|---|",
         f"| 1 MiB sequential read of a view at a time before the overwrite ÷ the same read of the live volume | "
-        f"{low:.2f} / {median:.2f} / {high:.2f} | ≥ 0.5 |",
+        # Issue 13, req 3; read here while the archiver files the run's
+        # history, where bench/views.py reads at rest.
+        f"{low:.2f} / {median:.2f} / {high:.2f} | ≥ 0.8 | {'met' if median >= 0.8 else '**missed**'} |",
     ]
     opens = view_results["open"]
     view_ms = [o[0] * 1000 for o in opens]
@@ -282,12 +284,12 @@ def table(args, results, view_results, env):
     lines.append(
         "| `nbdinfo --size` of a view at the volume's creation, ms (median of 15 per run; process start included) | "
         f"{min(view_ms):.1f} / {statistics.median(view_ms):.1f} / {max(view_ms):.1f} "
-        f"(live volume {statistics.median(live_ms):.1f}, nbdkit {statistics.median(base_ms):.1f}) | milliseconds |"
+        f"(live volume {statistics.median(live_ms):.1f}, nbdkit {statistics.median(base_ms):.1f}) | milliseconds | |"
     )
     lines.append(
         f"| versions in the history when the views were read | {min(view_results['versions']):,} – "
         f"{max(view_results['versions']):,} (archived: {min(view_results['archived']):,} – "
-        f"{max(view_results['archived']):,}) | |"
+        f"{max(view_results['archived']):,}) | | |"
     )
     chunks = view_results["chunks"]
     lines += [
