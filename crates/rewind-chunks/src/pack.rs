@@ -327,11 +327,7 @@ impl PackReader {
     /// Reads `buf.len()` bytes at `offset` (one or more neighbouring
     /// records, to be checked with [`PackReader::decode`]).
     pub fn read_span(&self, offset: u64, buf: &mut [u8]) -> Result<(), ChunkError> {
-        let inside = offset.checked_add(buf.len() as u64).is_some_and(|end| end <= self.bytes);
-        if !inside {
-            let reason = format!("{} bytes at {offset} do not fit in a pack of {} bytes", buf.len(), self.bytes);
-            return Err(ChunkError::corrupt(&self.path, offset, reason));
-        }
+        self.check_inside(offset, buf.len() as u64)?;
         self.packs.read(self.pack, offset, buf).map_err(ChunkError::io(&self.path))
     }
 
@@ -339,13 +335,18 @@ impl PackReader {
     /// records, to be checked with [`PackReader::decode_in_place`] and
     /// [`PackReader::decode`]).
     pub fn read_scattered(&self, offset: u64, bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<(), ChunkError> {
-        let length: u64 = bufs.iter().map(|buf| buf.len() as u64).sum();
-        let inside = offset.checked_add(length).is_some_and(|end| end <= self.bytes);
-        if !inside {
-            let reason = format!("{length} bytes at {offset} do not fit in a pack of {} bytes", self.bytes);
-            return Err(ChunkError::corrupt(&self.path, offset, reason));
-        }
+        self.check_inside(offset, bufs.iter().map(|buf| buf.len() as u64).sum())?;
         self.packs.read_vectored(self.pack, offset, bufs).map_err(ChunkError::io(&self.path))
+    }
+
+    /// `length` bytes at `offset` lie inside the pack (a table slot that
+    /// says otherwise is damaged).
+    fn check_inside(&self, offset: u64, length: u64) -> Result<(), ChunkError> {
+        if offset.checked_add(length).is_some_and(|end| end <= self.bytes) {
+            return Ok(());
+        }
+        let reason = format!("{length} bytes at {offset} do not fit in a pack of {} bytes", self.bytes);
+        Err(ChunkError::corrupt(&self.path, offset, reason))
     }
 
     /// Checks the record `record` (read from `location`) and that it holds

@@ -105,7 +105,8 @@ const FREE: u32 = u32::MAX;
 /// A count that has reached this stays: the chunk is kept for good (a
 /// pattern referenced four billion times) rather than the count wrapping.
 const STICKY: u32 = u32::MAX - 1;
-/// Span buffers of `read_many` kept for reuse (each up to 1 MiB and a record).
+/// Scratch buffers of `read_many` kept for reuse (the headers, gaps and
+/// compressed records of a span: each up to 1 MiB and a record).
 const SPARE_SPANS_MAX: usize = 8;
 const SLOT_BYTES: u64 = rewind_format::chunks::TABLE_SLOT_BYTES as u64;
 /// Table slots read at a time by scans: 1 MiB.
@@ -1198,13 +1199,13 @@ impl ChunkStore {
             }
             start = end;
         }
-        // A span buffer zeroed once and reused: a fresh one would be zeroed
-        // on every read, which costs as much as copying the span again.
-        let mut span = self.spare_spans.lock().pop().unwrap_or_default();
-        let read = self.read_spans(&slots, order, ids, chunk_bytes, &mut span, out);
+        // Scratch (record headers, gaps, compressed records) zeroed once and
+        // reused: a fresh buffer would be zeroed on every read.
+        let mut scratch = self.spare_spans.lock().pop().unwrap_or_default();
+        let read = self.read_spans(&slots, order, ids, chunk_bytes, &mut scratch, out);
         let mut spare = self.spare_spans.lock();
         if spare.len() < SPARE_SPANS_MAX {
-            spare.push(span);
+            spare.push(scratch);
         }
         read
     }
@@ -1217,7 +1218,7 @@ impl ChunkStore {
         mut order: Vec<usize>,
         ids: &[ChunkId],
         chunk_bytes: usize,
-        bytes: &mut Vec<u8>,
+        scratch: &mut Vec<u8>,
         out: &mut [u8],
     ) -> Result<(), ChunkError> {
         /// Records of a pack within this many bytes share one read of the pack.
@@ -1251,7 +1252,7 @@ impl ChunkStore {
             match reader {
                 Some(reader) => {
                     let members: Vec<(usize, TableSlot)> = group.iter().map(|&index| (index, slot(index))).collect();
-                    self.read_span_scattered(&reader, &members, ids, chunk_bytes, bytes, out)?;
+                    self.read_span_scattered(&reader, &members, ids, chunk_bytes, scratch, out)?;
                 }
                 None => {
                     for &index in group {
