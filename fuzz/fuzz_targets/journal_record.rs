@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use rewind_format::journal::{
-    append_copy_record, append_vouch_record, append_write_record, append_zero_record, copy_entries, encode_lost_record,
-    RecordHeader, RecordKind, RecordStamp, SegmentHeader, RECORD_HEADER_BYTES, RECORD_MAGIC, SEGMENT_HEADER_BYTES,
+    append_compound_record, append_copy_record, append_vouch_record, append_write_record, append_zero_record,
+    compound_extents, copy_entries, encode_lost_record, RecordHeader, RecordKind, RecordStamp, SegmentHeader, RECORD_HEADER_BYTES, RECORD_MAGIC, SEGMENT_HEADER_BYTES,
 };
 use rewind_format::meta::JournalPosition;
 use rewind_fuzz::{assert_heap_follows_input, peak_heap_bytes, seal_crc, storage_with, Cursor};
@@ -34,11 +34,12 @@ const CHECKSUM_OFFSET: usize = 60;
 fn seal_record(bytes: &mut [u8]) -> Option<usize> {
     let header = RecordHeader::decode(bytes).ok()?;
     let length = usize::try_from(header.record_bytes()).ok().filter(|&length| length <= bytes.len())?;
-    if header.kind == RecordKind::Write {
+    if matches!(header.kind, RecordKind::Write | RecordKind::Compound) {
         let block_bytes = header.block_size.bytes() as usize;
+        let crcs = RECORD_HEADER_BYTES + header.block_crcs_offset();
         for index in 0..header.block_count as usize {
             let at = header.data_offset() + index * block_bytes;
-            seal_crc(bytes, at..at + block_bytes, RECORD_HEADER_BYTES + 4 * index);
+            seal_crc(bytes, at..at + block_bytes, crcs + 4 * index);
         }
     }
     let crc = rewind_format::crc32c_append(
@@ -65,8 +66,10 @@ fn decode_record(bytes: &[u8]) -> Option<RecordHeader> {
     let header = RecordHeader::decode(bytes).ok()?;
     let area = bytes.get(RECORD_HEADER_BYTES..header.data_offset())?;
     RecordHeader::verify(&bytes[..RECORD_HEADER_BYTES], area).ok()?;
-    if header.kind == RecordKind::Copy {
-        copy_entries(area).ok()?;
+    match header.kind {
+        RecordKind::Copy => _ = copy_entries(area).ok()?,
+        RecordKind::Compound => _ = compound_extents(&header, area).ok()?,
+        _ => {}
     }
     Some(header)
 }
@@ -89,6 +92,11 @@ fn record(bytes: &[u8]) {
         RecordKind::Write => {
             let Some(data) = bytes.get(header.data_offset()..header.record_bytes() as usize) else { return };
             append_write_record(&mut encoded, &mut Vec::new(), stamp(&header), data);
+        }
+        RecordKind::Compound => {
+            let Some(data) = bytes.get(header.data_offset()..header.record_bytes() as usize) else { return };
+            let extents = compound_extents(&header, area).expect("decoded");
+            append_compound_record(&mut encoded, &mut Vec::new(), stamp(&header), &extents, data);
         }
     }
     assert_eq!(decode_record(&encoded), Some(header), "re-encoded record decodes differently");

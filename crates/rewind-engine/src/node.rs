@@ -630,7 +630,9 @@ impl Node {
         if self.storage.exists(&dir).map_err(EngineError::io(&dir))? {
             self.storage.remove_dir_all(&dir).map_err(EngineError::io(&dir))?;
         }
-        self.check_file_size(meta.size_bytes)?;
+        if LayoutRules::of(meta.layout).has_current_store() {
+            self.check_file_size(meta.size_bytes)?;
+        }
         let created =
             Volume::create(Arc::clone(&self.storage), &dir, meta, policy, self.config.volume, &self.shared, base);
         let volume = match created {

@@ -21,7 +21,7 @@ use rand::{Rng, SeedableRng};
 use rewind_chunks::pack_store::{Fault, FaultyPackStore};
 use rewind_chunks::{LocalMetaStore, LocalPackStore, MetaStore};
 use rewind_engine::{
-    BlockSize, BookmarkName, Bucket, Durability, EngineError, Layout, LayoutRules, Node, NodeConfig, PackStore,
+    BlockSize, BookmarkName, Bucket, Change, Durability, EngineError, Layout, LayoutRules, Node, NodeConfig, PackStore,
     PolicyChange, RetentionTier, TierConfig, Timestamp, Volume, VolumeName, VolumeSpec, ZeroMode,
 };
 use rewind_io::{read_file, write_file_atomic, SimConfig, SimStorage, Storage};
@@ -165,6 +165,16 @@ fn restart(
     (node, remote, volume)
 }
 
+/// Mirrors `Volume::write_compound` in the oracle: one record, one time.
+fn record_compound(oracle: &mut Oracle, now: Timestamp, changes: &[(u64, Vec<u8>)]) {
+    oracle.clock = now.max(oracle.clock.next());
+    let mut image = oracle.image().clone();
+    for (offset, bytes) in changes {
+        image[*offset as usize..*offset as usize + bytes.len()].copy_from_slice(bytes);
+    }
+    oracle.states.push((oracle.clock, image));
+}
+
 fn check_view(volume: &Arc<Volume>, oracle: &Oracle, at: Timestamp, rng: &mut StdRng, seed: u64) {
     let size = oracle.image().len() as u64;
     let offset = rng.random_range(0..size);
@@ -195,6 +205,8 @@ fn retention_bounds(tiers: &[RetentionTier], granularity: u64, now: Timestamp, i
 /// What a case exercised.
 #[derive(Default, Debug)]
 struct Exercised {
+    /// Compound writes (several extents, one record).
+    compound_writes: u64,
     /// Versions thinned (granularity, retention, range deletes).
     thinned: u64,
     range_deletes: u64,
@@ -285,6 +297,52 @@ fn run(seed: u64) -> Exercised {
             println!("seed {seed} step {step}: choice {choice} at {now:?}{}", if full { " (disk full)" } else { "" });
         }
         match choice {
+            40..=44 => {
+                // A compound write: up to three disjoint extents, data or
+                // zeros, as one record and one time.
+                let mut starts: Vec<u64> =
+                    (0..rng.random_range(1..=3)).map(|_| rng.random_range(0..block_count)).collect();
+                starts.sort_unstable();
+                starts.dedup();
+                let mut parts = Vec::new();
+                for (index, &start) in starts.iter().enumerate() {
+                    let limit = starts.get(index + 1).copied().unwrap_or(block_count);
+                    let blocks = rng.random_range(1..=2).min(limit - start);
+                    let (offset, length) = (start * u64::from(block_bytes), blocks * u64::from(block_bytes));
+                    let zero = rng.random_bool(0.3);
+                    let data = match zero {
+                        true => vec![0; length as usize],
+                        false => write_data(&mut rng, offset, length, u64::from(block_bytes)),
+                    };
+                    parts.push((offset, data, zero));
+                }
+                parts.reverse(); // in any order
+                let changes: Vec<Change<'_>> = parts
+                    .iter()
+                    .map(|(offset, data, zero)| match zero {
+                        true => Change::Zero { offset: *offset, length: data.len() as u64 },
+                        false => Change::Write { offset: *offset, data },
+                    })
+                    .collect();
+                let fua = !full && rng.random_bool(0.1);
+                let durability = if fua { Durability::Fua } else { Durability::Buffered };
+                let result = volume.write_compound(now, &changes, durability);
+                if poisoned {
+                    assert!(matches!(result, Err(EngineError::Poisoned { .. })), "seed {seed} step {step}");
+                } else if full && result.as_ref().is_err_and(no_space) {
+                    exercised.no_space += 1;
+                } else {
+                    let at = result.unwrap_or_else(|error| panic!("seed {seed} step {step}: {error}"));
+                    let changes: Vec<(u64, Vec<u8>)> =
+                        parts.into_iter().map(|(offset, data, _)| (offset, data)).collect();
+                    record_compound(&mut oracle, now, &changes);
+                    assert_eq!(at, oracle.clock, "seed {seed} step {step}: one time for the whole change");
+                    exercised.compound_writes += 1;
+                    if durability == Durability::Fua {
+                        oracle.durable = oracle.states.len() - 1;
+                    }
+                }
+            }
             0..=44 => {
                 let offset = rng.random_range(0..size);
                 let length = rng.random_range(1..=(size - offset).min(4 * u64::from(block_bytes)));
@@ -620,6 +678,7 @@ fn engine_matches_the_oracle_through_crashes() {
         uploads: total.uploads + case.uploads,
         bucket_reads: total.bucket_reads + case.bucket_reads,
         recoveries: total.recoveries + case.recoveries,
+        compound_writes: total.compound_writes + case.compound_writes,
     });
     println!("{total:?}");
     let enough = total.thinned > 100 && total.range_deletes > 30 && total.policy_changes > 30 && total.expired > 30;
@@ -634,9 +693,11 @@ fn engine_matches_the_oracle_through_crashes() {
         // Passes that uploaded something: 19 to 31 in 150 seeds, as the draws fall.
         && total.uploads > 15
         && total.bucket_reads > 30
-        && total.recoveries > 5;
+        && total.recoveries > 5
+        && total.compound_writes > 1000;
     assert!(
         seeds < 30 || chunks,
-        "archiving, collection, dedup, journal reclaim, deaths, caps, uploads and recoveries must be exercised"
+        "archiving, collection, dedup, journal reclaim, deaths, caps, uploads, recoveries and compound writes must be \
+         exercised"
     );
 }

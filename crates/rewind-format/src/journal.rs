@@ -91,7 +91,20 @@ pub enum RecordKind {
     /// LSN), so that the intact records after it are kept. Their writes
     /// are lost, and said to be.
     Lost = 5,
+    /// Several writes and zeroings at one time, all or none: one operation
+    /// on a file tree (a file's blocks and its inode, two directories of a
+    /// rename). `block_first` holds the number of extents, `block_count`
+    /// the number of blocks with data; the CRC area is the extent table
+    /// ([`COMPOUND_EXTENT_BYTES`] each, sorted by block, disjoint) followed by
+    /// the data blocks' CRCs, and the payload is the data blocks in extent
+    /// order. Atomic because it is one record: a torn one is cut off whole.
+    Compound = 6,
 }
+
+/// Bytes of one extent of a compound record.
+pub const COMPOUND_EXTENT_BYTES: usize = 16;
+/// The most extents one compound record holds.
+pub const COMPOUND_EXTENTS_MAX: u64 = 4096;
 
 /// Bytes of one entry of a copy record.
 pub const COPY_ENTRY_BYTES: usize = 32;
@@ -124,6 +137,18 @@ impl RecordHeader {
             RecordKind::Zero | RecordKind::Vouch => 0,
             RecordKind::Copy => self.block_count as usize * COPY_ENTRY_BYTES,
             RecordKind::Lost => self.block_first.0 as usize,
+            RecordKind::Compound => {
+                self.block_first.0 as usize * COMPOUND_EXTENT_BYTES
+                    + (self.block_count as usize * 4).next_multiple_of(8)
+            }
+        }
+    }
+
+    /// Where the per-block CRCs start in the CRC area.
+    pub fn block_crcs_offset(&self) -> usize {
+        match self.kind {
+            RecordKind::Compound => self.block_first.0 as usize * COMPOUND_EXTENT_BYTES,
+            _ => 0,
         }
     }
 
@@ -134,7 +159,9 @@ impl RecordHeader {
 
     pub fn data_bytes(&self) -> u64 {
         match self.kind {
-            RecordKind::Write => u64::from(self.block_count) * u64::from(self.block_size.bytes()),
+            RecordKind::Write | RecordKind::Compound => {
+                u64::from(self.block_count) * u64::from(self.block_size.bytes())
+            }
             RecordKind::Zero | RecordKind::Copy | RecordKind::Vouch | RecordKind::Lost => 0,
         }
     }
@@ -173,6 +200,7 @@ impl RecordHeader {
             3 => RecordKind::Copy,
             4 => RecordKind::Vouch,
             5 => RecordKind::Lost,
+            6 => RecordKind::Compound,
             other => return Err(reader.invalid(format!("unknown record kind {other}"))),
         };
         let shift = reader.u8()?;
@@ -204,7 +232,11 @@ impl RecordHeader {
                 return Err(reader.invalid(format!("a lost record of {padding} padding bytes")));
             }
         } else {
-            if block_count == 0 {
+            if kind == RecordKind::Compound {
+                if !(1..=COMPOUND_EXTENTS_MAX).contains(&block_first.0) {
+                    return Err(reader.invalid(format!("a compound record of {} extents", block_first.0)));
+                }
+            } else if block_count == 0 {
                 return Err(reader.invalid("record covers no blocks"));
             }
             if header.data_bytes() > WRITE_RECORD_BYTES_MAX {
@@ -258,9 +290,10 @@ impl RecordStamp {
     }
 }
 
-/// The CRC of block `index` from a record's CRC array.
-pub fn block_crc(crc_area: &[u8], index: u32) -> u32 {
-    let at = index as usize * 4;
+/// The CRC of data block `index` from a record's CRC area (see
+/// [`RecordHeader::block_crcs_offset`]).
+pub fn block_crc(header: &RecordHeader, crc_area: &[u8], index: u32) -> u32 {
+    let at = header.block_crcs_offset() + index as usize * 4;
     u32::from_le_bytes(crc_area[at..at + 4].try_into().expect("4 bytes"))
 }
 
@@ -283,6 +316,99 @@ pub fn append_write_record(out: &mut Vec<u8>, crcs: &mut Vec<u32>, stamp: Record
     out.extend_from_slice(&seal(header.encode_unsealed(), &crc_area));
     out.extend_from_slice(&crc_area);
     out.extend_from_slice(data);
+}
+
+/// One extent of a compound record: blocks that now hold data (taken in turn
+/// from the record's payload) or read as zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompoundExtent {
+    pub block_first: BlockIndex,
+    pub block_count: u32,
+    pub zero: bool,
+}
+
+const COMPOUND_EXTENT_ZERO: u32 = 1;
+
+/// Appends a compound record (see [`RecordKind::Compound`]) to `out`: `extents`
+/// sorted by block and disjoint, `data` the blocks of the data extents in
+/// order; pushes each data block's CRC-32C onto `crcs`.
+pub fn append_compound_record(
+    out: &mut Vec<u8>,
+    crcs: &mut Vec<u32>,
+    stamp: RecordStamp,
+    extents: &[CompoundExtent],
+    data: &[u8],
+) {
+    let block_bytes = stamp.block_size.bytes() as usize;
+    assert!(!extents.is_empty() && extents.len() as u64 <= COMPOUND_EXTENTS_MAX);
+    assert!(data.len().is_multiple_of(block_bytes) && data.len() as u64 <= WRITE_RECORD_BYTES_MAX);
+    let data_blocks: u64 =
+        extents.iter().filter(|extent| !extent.zero).map(|extent| u64::from(extent.block_count)).sum();
+    assert_eq!(data_blocks * block_bytes as u64, data.len() as u64, "the payload is the data extents' blocks");
+    assert!(extents.iter().all(|extent| extent.block_count > 0), "extents cover blocks");
+    assert!(
+        extents.windows(2).all(|pair| pair[0].block_first.0 + u64::from(pair[0].block_count) <= pair[1].block_first.0),
+        "extents sorted and disjoint"
+    );
+    let header = RecordStamp { block_first: BlockIndex(extents.len() as u64), ..stamp }
+        .header(RecordKind::Compound, u32::try_from(data_blocks).expect("bounded by WRITE_RECORD_BYTES_MAX"));
+    let mut crc_area = Writer::new();
+    for extent in extents {
+        crc_area.u64(extent.block_first.0).u32(extent.block_count).u32(if extent.zero {
+            COMPOUND_EXTENT_ZERO
+        } else {
+            0
+        });
+    }
+    let mut crc_area = crc_area.into_bytes();
+    let crc_first = crcs.len();
+    crcs.extend(data.chunks_exact(block_bytes).map(crc32c));
+    for crc in &crcs[crc_first..] {
+        crc_area.extend_from_slice(&crc.to_le_bytes());
+    }
+    crc_area.resize(header.crc_area_bytes(), 0);
+    out.reserve(header.record_bytes() as usize);
+    out.extend_from_slice(&seal(header.encode_unsealed(), &crc_area));
+    out.extend_from_slice(&crc_area);
+    out.extend_from_slice(data);
+}
+
+/// The extents of a compound record, from its CRC area (verified with the
+/// header), checked as [`append_compound_record`] requires them.
+pub fn compound_extents(header: &RecordHeader, crc_area: &[u8]) -> Result<Vec<CompoundExtent>, FormatError> {
+    assert_eq!(header.kind, RecordKind::Compound);
+    let mut reader = Reader::new("journal compound record", &crc_area[..header.block_crcs_offset()]);
+    let mut extents = Vec::with_capacity(header.block_first.0 as usize);
+    let mut data_blocks = 0u64;
+    let mut end = 0u64;
+    while reader.remaining() > 0 {
+        let block_first = BlockIndex(reader.u64()?);
+        let block_count = reader.u32()?;
+        let flags = reader.u32()?;
+        if block_count == 0 || flags & !COMPOUND_EXTENT_ZERO != 0 {
+            return Err(reader.invalid(format!("extent of {block_count} blocks with flags {flags:#x}")));
+        }
+        if block_first.0 < end && !extents.is_empty() {
+            return Err(
+                reader.invalid(format!("extent at block {} overlaps or precedes the one before", block_first.0))
+            );
+        }
+        end = block_first
+            .0
+            .checked_add(u64::from(block_count))
+            .ok_or_else(|| reader.invalid(format!("extent at block {} runs past the end of blocks", block_first.0)))?;
+        let zero = flags & COMPOUND_EXTENT_ZERO != 0;
+        if !zero {
+            data_blocks += u64::from(block_count);
+        }
+        extents.push(CompoundExtent { block_first, block_count, zero });
+    }
+    if data_blocks != u64::from(header.block_count) {
+        return Err(
+            reader.invalid(format!("extents hold {data_blocks} blocks of data, the header {}", header.block_count))
+        );
+    }
+    Ok(extents)
 }
 
 /// Appends a zero record for `block_count` blocks to `out`.
@@ -413,8 +539,8 @@ mod tests {
         RecordHeader::verify(&record[..RECORD_HEADER_BYTES], crc_area).unwrap();
         for index in 0..3u32 {
             let at = header.data_offset() + index as usize * 512;
-            assert_eq!(block_crc(crc_area, index), crc32c(&record[at..at + 512]));
-            assert_eq!(block_crc(crc_area, index), crcs[index as usize]);
+            assert_eq!(block_crc(&header, crc_area, index), crc32c(&record[at..at + 512]));
+            assert_eq!(block_crc(&header, crc_area, index), crcs[index as usize]);
         }
         let mut damaged = record.clone();
         damaged[RECORD_HEADER_BYTES + 1] ^= 1;
@@ -423,6 +549,60 @@ mod tests {
             RecordHeader::verify(&damaged[..RECORD_HEADER_BYTES], crc_area),
             Err(FormatError::Checksum { .. })
         ));
+    }
+
+    #[test]
+    fn compound_record_round_trips_and_its_extents_are_checked() {
+        let extents = [
+            CompoundExtent { block_first: BlockIndex(3), block_count: 2, zero: false },
+            CompoundExtent { block_first: BlockIndex(9), block_count: 5, zero: true },
+            CompoundExtent { block_first: BlockIndex(1 << 40), block_count: 1, zero: false },
+        ];
+        let data: Vec<u8> = (0..1536u32).map(|i| (i * 13) as u8).collect();
+        let (mut record, mut crcs) = (Vec::new(), Vec::new());
+        append_compound_record(&mut record, &mut crcs, stamp(4, 0), &extents, &data);
+        let header = RecordHeader::decode(&record).unwrap();
+        assert_eq!((header.kind, header.block_first, header.block_count), (RecordKind::Compound, BlockIndex(3), 3));
+        assert_eq!(header.record_bytes() as usize, record.len());
+        assert_eq!(header.data_bytes(), 1536);
+        let crc_area = &record[RECORD_HEADER_BYTES..header.data_offset()];
+        RecordHeader::verify(&record[..RECORD_HEADER_BYTES], crc_area).unwrap();
+        assert_eq!(compound_extents(&header, crc_area).unwrap(), extents);
+        for index in 0..3u32 {
+            let at = header.data_offset() + index as usize * 512;
+            assert_eq!(block_crc(&header, crc_area, index), crc32c(&record[at..at + 512]));
+        }
+        assert_eq!(crcs.len(), 3);
+        // The extent table is under the record checksum.
+        let mut damaged = record.clone();
+        damaged[RECORD_HEADER_BYTES + 8] ^= 1;
+        let damaged_area = &damaged[RECORD_HEADER_BYTES..header.data_offset()];
+        assert!(RecordHeader::verify(&damaged[..RECORD_HEADER_BYTES], damaged_area).is_err());
+        // Tables that a bug or a hostile file could hold are refused, not trusted.
+        let table = |entries: &[(u64, u32, u32)], data_blocks: u32| {
+            let mut writer = Writer::new();
+            for &(first, count, flags) in entries {
+                writer.u64(first).u32(count).u32(flags);
+            }
+            let header =
+                RecordHeader { block_first: BlockIndex(entries.len() as u64), block_count: data_blocks, ..header };
+            let mut area = writer.into_bytes();
+            area.resize(header.crc_area_bytes(), 0);
+            compound_extents(&header, &area)
+        };
+        assert!(table(&[(3, 2, 0), (4, 1, 1)], 2).is_err(), "overlapping");
+        assert!(table(&[(9, 1, 0), (3, 1, 0)], 2).is_err(), "out of order");
+        assert!(table(&[(3, 0, 0)], 0).is_err(), "empty extent");
+        assert!(table(&[(3, 1, 2)], 1).is_err(), "unknown flag");
+        assert!(table(&[(3, 2, 0)], 3).is_err(), "data blocks disagree with the header");
+        assert!(table(&[(u64::MAX, 2, 1)], 0).is_err(), "past the last block");
+        assert!(table(&[(3, 2, 0), (5, 1, 1)], 2).is_ok());
+        // No extents, or too many, is not a compound record.
+        let mut encoded = record[..RECORD_HEADER_BYTES].to_vec();
+        encoded[24..32].copy_from_slice(&0u64.to_le_bytes());
+        assert!(RecordHeader::decode(&encoded).is_err());
+        encoded[24..32].copy_from_slice(&(COMPOUND_EXTENTS_MAX + 1).to_le_bytes());
+        assert!(RecordHeader::decode(&encoded).is_err());
     }
 
     #[test]

@@ -69,9 +69,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rewind_format::journal::{
-    append_copy_record, append_vouch_record, append_write_record, append_zero_record, block_crc, copy_entries,
-    encode_lost_record, RecordHeader, RecordKind, RecordStamp, SegmentHeader, COPY_ENTRY_BYTES, RECORD_HEADER_BYTES,
-    SEGMENT_HEADER_BYTES,
+    append_compound_record, append_copy_record, append_vouch_record, append_write_record, append_zero_record,
+    block_crc, compound_extents, copy_entries, encode_lost_record, CompoundExtent, RecordHeader, RecordKind,
+    RecordStamp, SegmentHeader, COMPOUND_EXTENT_BYTES, COPY_ENTRY_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
 };
 use rewind_format::meta::JournalPosition;
 use rewind_format::FormatError;
@@ -594,6 +594,26 @@ impl Journal {
         self.append_zeros(Stamped::At(timestamp), block_first, block_count)
     }
 
+    /// Appends a compound record (see `RecordKind::Compound`): `extents`, sorted
+    /// and disjoint, written or zeroed at one time, all or none; `data` holds
+    /// the data extents' blocks in order. Pushes each data block's CRC-32C
+    /// onto `crcs`; the data of the i-th data block is at
+    /// `Appended::data_offset` + i blocks.
+    pub fn append_compound(
+        &self,
+        timestamp: Timestamp,
+        extents: &[CompoundExtent],
+        data: &[u8],
+        crcs: &mut Vec<u32>,
+    ) -> Result<Appended, JournalError> {
+        let header_bytes = (RECORD_HEADER_BYTES + extents.len() * COMPOUND_EXTENT_BYTES) as u64
+            + (data.len() as u64 / u64::from(self.block_size.bytes()) * 4).next_multiple_of(8);
+        let first = BlockIndex(extents.len() as u64);
+        self.append(Stamped::At(timestamp), first, header_bytes, data.len() as u64, |out, stamp| {
+            append_compound_record(out, crcs, stamp, extents, data)
+        })
+    }
+
     /// Appends a write record of the background copy after the revert at
     /// `revert` (see `RecordHeader::revert`): `data`, from `block_first`,
     /// as the volume reads there from that revert on.
@@ -1106,13 +1126,22 @@ pub struct ReplayRecord<'a> {
 
 impl ReplayRecord<'_> {
     pub fn block_crc(&self, index: u32) -> u32 {
-        block_crc(self.crc_area, index)
+        block_crc(&self.header, self.crc_area, index)
     }
 
     /// The versions of a copy record.
     pub fn copies(&self) -> Result<Vec<Version>, JournalError> {
         debug_assert_eq!(self.header.kind, RecordKind::Copy);
         copy_entries(self.crc_area).map_err(|error| JournalError::Corrupt {
+            path: format!("segment {}", self.segment),
+            offset: self.offset,
+            reason: error.to_string(),
+        })
+    }
+
+    /// The extents of a compound record.
+    pub fn extents(&self) -> Result<Vec<CompoundExtent>, JournalError> {
+        compound_extents(&self.header, self.crc_area).map_err(|error| JournalError::Corrupt {
             path: format!("segment {}", self.segment),
             offset: self.offset,
             reason: error.to_string(),
@@ -1569,11 +1598,11 @@ fn read_verified_record(
     let (head, data) = buffer.split_at(data_offset);
     let crc_area = &head[RECORD_HEADER_BYTES..];
     RecordHeader::verify(&head[..RECORD_HEADER_BYTES], crc_area)?;
-    if header.kind == RecordKind::Write {
+    if matches!(header.kind, RecordKind::Write | RecordKind::Compound) {
         let block_bytes = header.block_size.bytes() as usize;
         for (index, block) in data.chunks_exact(block_bytes).enumerate() {
             let computed = rewind_format::crc32c(block);
-            rewind_format::verify_crc("journal block", block_crc(crc_area, index as u32), computed)?;
+            rewind_format::verify_crc("journal block", block_crc(&header, crc_area, index as u32), computed)?;
         }
     }
     Ok(header)

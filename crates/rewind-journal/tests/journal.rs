@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rewind_format::journal::CompoundExtent;
 use rewind_format::meta::JournalPosition;
 use rewind_io::{SimConfig, SimStorage, Storage};
 use rewind_journal::{Journal, JournalConfig, JournalError, RecoveryReport};
@@ -25,6 +26,7 @@ enum Op {
     Write { block: u64, data: Vec<u8> },
     Zero { block: u64, count: u32 },
     Copy { versions: Vec<Version> },
+    Compound { extents: Vec<CompoundExtent>, data: Vec<u8> },
 }
 
 fn append(journal: &Journal, op: &Op, timestamp: u64) -> Lsn {
@@ -35,6 +37,9 @@ fn append(journal: &Journal, op: &Op, timestamp: u64) -> Lsn {
         }
         Op::Zero { block, count } => journal.append_zero(timestamp, BlockIndex(*block), *count).unwrap().lsn,
         Op::Copy { versions } => journal.append_copy(versions).unwrap().lsn,
+        Op::Compound { extents, data } => {
+            journal.append_compound(timestamp, extents, data, &mut Vec::new()).unwrap().lsn
+        }
     }
 }
 
@@ -48,6 +53,9 @@ fn replay(storage: &SimStorage, config: JournalConfig) -> Result<(Vec<Op>, Journ
             rewind_format::journal::RecordKind::Write => Op::Write { block, data: record.data.to_vec() },
             rewind_format::journal::RecordKind::Zero => Op::Zero { block, count: record.header.block_count },
             rewind_format::journal::RecordKind::Copy => Op::Copy { versions: record.copies()? },
+            rewind_format::journal::RecordKind::Compound => {
+                Op::Compound { extents: record.extents()?, data: record.data.to_vec() }
+            }
             rewind_format::journal::RecordKind::Vouch | rewind_format::journal::RecordKind::Lost => {
                 panic!("recovery keeps these records to itself")
             }
@@ -69,8 +77,24 @@ fn replay_reporting(storage: &SimStorage) -> Result<(Vec<Op>, RecoveryReport), J
     Ok((ops, report))
 }
 
+/// A compound record of up to four extents over blocks 0..256, some zeroed.
+fn random_compound(rng: &mut StdRng, block_bytes: usize) -> Op {
+    let mut extents = Vec::new();
+    let mut block = rng.random_range(0..64u64);
+    for _ in 0..rng.random_range(1..=4) {
+        let block_count = rng.random_range(1..=3u32);
+        extents.push(CompoundExtent { block_first: BlockIndex(block), block_count, zero: rng.random_bool(0.3) });
+        block += u64::from(block_count) + rng.random_range(0..40);
+    }
+    let data_blocks: u32 = extents.iter().filter(|extent| !extent.zero).map(|extent| extent.block_count).sum();
+    let data = (0..data_blocks as usize * block_bytes).map(|_| rng.random()).collect();
+    Op::Compound { extents, data }
+}
+
 fn random_op(rng: &mut StdRng) -> Op {
     if rng.random_bool(0.1) {
+        random_compound(rng, BLOCK as usize)
+    } else if rng.random_bool(0.1) {
         let versions = (0..rng.random_range(1..5u64))
             .map(|index| Version {
                 block: BlockIndex(index),
@@ -319,6 +343,10 @@ fn a_direct_write_torn_at_every_sector_boundary_loses_nothing_committed() {
     let ops = |count: usize, rng: &mut StdRng| -> Vec<Op> {
         (0..count)
             .map(|_| {
+                if rng.random_bool(0.3) {
+                    // Atomic as any record: a torn one is cut off whole.
+                    return random_compound(rng, 512);
+                }
                 let blocks = rng.random_range(1..=9usize);
                 Op::Write { block: rng.random_range(0..64), data: vec![rng.random_range(1..=255); blocks * 512] }
             })

@@ -46,6 +46,7 @@ use crate::EngineError;
 mod archive;
 mod bookmarks;
 pub(crate) mod clients;
+pub(crate) mod compound;
 mod copy;
 mod damage;
 mod destage;
@@ -493,14 +494,14 @@ impl Volume {
             }
             state.crcs = crcs;
             let record_bytes = RECORD_HEADER_BYTES + (crcs_len(chunk.len(), block_bytes)) + chunk.len();
-            self.record_versions(state, appended.lsn, record_bytes as u64, false);
+            self.record_versions(state, appended.lsn, record_bytes as u64, 0);
         }
         Ok(())
     }
 
-    /// Files the versions of record `lsn` (in `state.versions`) in the index,
-    /// the overlay and the timeline.
-    fn record_versions(&self, state: &mut WriteState, lsn: Lsn, journal_bytes: u64, zero: bool) {
+    /// Files the versions of record `lsn` (in `state.versions`, of which
+    /// `zero_blocks` are zeros) in the index, the overlay and the timeline.
+    fn record_versions(&self, state: &mut WriteState, lsn: Lsn, journal_bytes: u64, zero_blocks: usize) {
         let versions = std::mem::take(&mut state.versions);
         let first = versions.first().expect("records cover blocks");
         if !self.rules().history_at_destage() {
@@ -508,8 +509,13 @@ impl Volume {
         }
         state.overlay.record(lsn, &versions, self.current.is_some());
         self.overlay_versions.store(state.overlay.versions(), Ordering::Relaxed);
-        let bytes = versions.len() as u64 * u64::from(self.meta.block_size.bytes());
-        add_to_timeline(&mut state.timeline_unsaved, first.timestamp, zero, bytes);
+        add_record_to_timeline(
+            &mut state.timeline_unsaved,
+            first.timestamp,
+            versions.len() as u64,
+            zero_blocks as u64,
+            u64::from(self.meta.block_size.bytes()),
+        );
         self.counters.journal_bytes_appended.fetch_add(journal_bytes, Ordering::Relaxed);
         self.written_at_nanos.fetch_max(first.timestamp.unix_nanos(), Ordering::Relaxed);
         // Reads before this write are no reads after the burst: `in_burst`
@@ -573,7 +579,8 @@ impl Volume {
                     crc32c: self.zero_block_crc32c,
                 }));
                 state.versions = versions;
-                self.record_versions(&mut state, appended.lsn, RECORD_HEADER_BYTES as u64, true);
+                let zero_blocks = state.versions.len();
+                self.record_versions(&mut state, appended.lsn, RECORD_HEADER_BYTES as u64, zero_blocks);
             }
             block += count;
             self.after_write(Durability::Buffered)?;
@@ -662,6 +669,25 @@ impl Volume {
 /// Bytes of a write record's CRC array for `data_bytes` of blocks.
 fn crcs_len(data_bytes: usize, block_bytes: u32) -> usize {
     (data_bytes / block_bytes as usize * 4).next_multiple_of(8)
+}
+
+/// Adds a record of `blocks` blocks, `zero_blocks` of them zeroed, to the
+/// timeline: one write, or one zeroing if it wrote no data (a compound
+/// record that also zeroes counts its zeros' bytes too, as one write).
+pub(crate) fn add_record_to_timeline(
+    timeline: &mut BTreeMap<u64, TimelineBucket>,
+    at: Timestamp,
+    blocks: u64,
+    zero_blocks: u64,
+    block_bytes: u64,
+) {
+    assert!(zero_blocks <= blocks && blocks > 0);
+    if zero_blocks == blocks {
+        return add_to_timeline(timeline, at, true, blocks * block_bytes);
+    }
+    add_to_timeline(timeline, at, false, (blocks - zero_blocks) * block_bytes);
+    let minute = at.unix_seconds() / 60;
+    timeline.get_mut(&minute).expect("added above").zero_bytes += zero_blocks * block_bytes;
 }
 
 pub(crate) fn add_to_timeline(timeline: &mut BTreeMap<u64, TimelineBucket>, at: Timestamp, zero: bool, bytes: u64) {

@@ -8,6 +8,32 @@ use super::destage::CACHE_DIRTY_FRACTION;
 use super::maintenance::write_checkpoint;
 use super::promote::BaseCopy;
 use super::*;
+use rewind_format::journal::CompoundExtent;
+
+/// Re-applies one record's extents to the current store: `data` holds the
+/// data extents' blocks in order, `metas` every block's entry.
+fn apply_extents(
+    current: &CurrentStore,
+    extents: &[CompoundExtent],
+    data: &[u8],
+    metas: &[BlockMeta],
+    block_bytes: usize,
+) -> Result<(), EngineError> {
+    let (mut data_at, mut meta_at) = (0, 0);
+    for extent in extents {
+        let count = extent.block_count as usize;
+        let metas = &metas[meta_at..meta_at + count];
+        meta_at += count;
+        match extent.zero {
+            true => current.zero_blocks(extent.block_first, metas)?,
+            false => {
+                current.write_blocks(extent.block_first, &data[data_at..data_at + count * block_bytes], metas)?;
+                data_at += count * block_bytes;
+            }
+        }
+    }
+    Ok(())
+}
 
 /// The storage parts a volume is assembled from.
 pub(super) struct Parts {
@@ -241,8 +267,17 @@ impl Volume {
                 }
                 continue;
             }
-            let first = header.block_first;
-            if first.0 + u64::from(header.block_count) > block_count {
+            let extents = match header.kind {
+                RecordKind::Write | RecordKind::Zero => vec![CompoundExtent {
+                    block_first: header.block_first,
+                    block_count: header.block_count,
+                    zero: header.kind == RecordKind::Zero,
+                }],
+                RecordKind::Compound => record.extents()?,
+                RecordKind::Copy => unreachable!("handled above"),
+                RecordKind::Vouch | RecordKind::Lost => unreachable!("recovery reads these records itself"),
+            };
+            if extents.iter().any(|extent| extent.block_first.0 + u64::from(extent.block_count) > block_count) {
                 return Err(EngineError::Corrupt {
                     volume: volume_name,
                     detail: format!("journal record {} addresses blocks past the end of the volume", header.lsn),
@@ -252,51 +287,43 @@ impl Volume {
             metas.clear();
             // A revert's copy takes effect from the revert (see `revert_copy.rs`).
             let timestamp = header.revert.unwrap_or(header.timestamp);
-            for index in 0..header.block_count {
-                let (data, crc32c, state) = match header.kind {
-                    RecordKind::Write => {
-                        let offset = record.data_offset() + index * meta.block_size.bytes();
-                        (
-                            VersionData::Journal { segment: record.segment, offset },
-                            record.block_crc(index),
-                            BlockState::Data,
-                        )
-                    }
-                    RecordKind::Zero => (VersionData::Zero, zero_block_crc32c, BlockState::Zero),
-                    RecordKind::Copy => unreachable!("handled above"),
-                    RecordKind::Vouch | RecordKind::Lost => unreachable!("recovery reads these records itself"),
-                };
-                let block = BlockIndex(first.0 + u64::from(index));
-                versions.push(Version { block, timestamp, data, crc32c });
-                metas.push(BlockMeta { state, crc32c, timestamp });
+            let mut data_blocks = 0u32;
+            for extent in &extents {
+                for block in extent.block_first.0..extent.block_first.0 + u64::from(extent.block_count) {
+                    let (data, crc32c, state) = match extent.zero {
+                        true => (VersionData::Zero, zero_block_crc32c, BlockState::Zero),
+                        false => {
+                            let offset = record.data_offset() + data_blocks * meta.block_size.bytes();
+                            let crc32c = record.block_crc(data_blocks);
+                            data_blocks += 1;
+                            (VersionData::Journal { segment: record.segment, offset }, crc32c, BlockState::Data)
+                        }
+                    };
+                    versions.push(Version { block: BlockIndex(block), timestamp, data, crc32c });
+                    metas.push(BlockMeta { state, crc32c, timestamp });
+                }
             }
             // Re-applied (for ROW, an early merge) unless COW must copy first.
             let lsn = header.lsn;
             let pending = |versions: &Vec<Version>| -> Vec<Pending> {
                 versions.iter().map(|&version| Pending { lsn, version }).collect()
             };
-            match (&current, header.kind) {
-                (None, _) => {}
-                (Some(_), _) if copies_history || unsettled => recovered.extend(pending(&versions)),
-                (Some(current), kind) => {
-                    let applied = match kind {
-                        RecordKind::Write => current.write_blocks(first, record.data, &metas),
-                        _ => current.zero_blocks(first, &metas),
-                    };
-                    match applied {
-                        Ok(()) => {}
-                        Err(error) if error.is_transient() => {
-                            tracing::warn!(
-                                volume = %volume_name, %error,
-                                "cannot re-apply the journal to the current store; the rest waits in memory, and \
-                                 views wait until it is applied"
-                            );
-                            unsettled = true;
-                            recovered.extend(pending(&versions));
-                        }
-                        Err(error) => return Err(error),
+            match &current {
+                None => {}
+                Some(_) if copies_history || unsettled => recovered.extend(pending(&versions)),
+                Some(current) => match apply_extents(current, &extents, record.data, &metas, block_bytes) {
+                    Ok(()) => {}
+                    Err(error) if error.is_transient() => {
+                        tracing::warn!(
+                            volume = %volume_name, %error,
+                            "cannot re-apply the journal to the current store; the rest waits in memory, and \
+                             views wait until it is applied"
+                        );
+                        unsettled = true;
+                        recovered.extend(pending(&versions));
                     }
-                }
+                    Err(error) => return Err(error),
+                },
             }
             // (A repair may replay from further back than the index covers:
             // what is archived is in archived runs already.)
@@ -306,8 +333,14 @@ impl Volume {
                 index.insert(header.lsn, &versions);
             }
             if is_write && header.lsn > history.timeline_lsn() {
-                let bytes = u64::from(header.block_count) * block_bytes as u64;
-                add_to_timeline(&mut timeline, header.timestamp, header.kind == RecordKind::Zero, bytes);
+                let zero_blocks = metas.iter().filter(|meta| meta.state == BlockState::Zero).count() as u64;
+                add_record_to_timeline(
+                    &mut timeline,
+                    header.timestamp,
+                    metas.len() as u64,
+                    zero_blocks,
+                    block_bytes as u64,
+                );
             }
             timestamp_last = header.timestamp;
         }
