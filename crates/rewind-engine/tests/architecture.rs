@@ -6,9 +6,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
-/// The engine and everything below it.
-const CORE: [&str; 7] =
-    ["rewind-types", "rewind-format", "rewind-io", "rewind-journal", "rewind-index", "rewind-chunks", "rewind-engine"];
+/// The engine, everything below it, and the file trees built on it: time,
+/// threads and the network come to them from the front ends.
+const CORE: [&str; 8] = [
+    "rewind-types",
+    "rewind-format",
+    "rewind-io",
+    "rewind-journal",
+    "rewind-index",
+    "rewind-chunks",
+    "rewind-engine",
+    "rewind-tree",
+];
 
 /// Crates that would bring sockets, an async runtime or serde into the core.
 const FORBIDDEN: [&str; 9] = ["tokio", "axum", "hyper", "mio", "socket2", "serde", "serde_json", "ureq", "rewind-http"];

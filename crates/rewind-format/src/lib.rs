@@ -13,6 +13,7 @@ pub mod index;
 pub mod journal;
 pub mod meta;
 pub mod pack;
+pub mod tree;
 
 pub use bytes::{Reader, Writer};
 
