@@ -40,7 +40,7 @@ pub use rewind_chunks::{
     ChunkError, ChunkStats, ChunkStoreConfig, CollectPhase, CollectReport, DedupConfig, PackStore,
 };
 pub use rewind_format::groups::{Group, GroupBookmark, MemberPoint};
-pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, Revert, TimelineBucket, VolumeBase};
+pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, Revert, TimelineBucket, VolumeBase, VolumeKind};
 pub use rewind_io::IoStats;
 pub use volume::clients::{Attachment, HangUp, InUse, Role};
 pub use volume::compound::{Change, COMPOUND_BLOCKS_MAX, COMPOUND_BYTES_MAX};

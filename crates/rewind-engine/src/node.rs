@@ -12,7 +12,8 @@ use rewind_chunks::{
     ChunkError, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting, LocalPackStore,
     MetaStore, PackStore,
 };
-use rewind_format::meta::{Layout, RetentionTier, VolumeBase, VolumeMeta, VolumePolicy};
+use rewind_format::meta::{Layout, RetentionTier, VolumeBase, VolumeKind, VolumeMeta, VolumePolicy};
+use rewind_format::tree::{TREE_BLOCK_BYTES, TREE_VOLUME_BYTES};
 use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::{CountingStorage, IoStats, Storage};
 use rewind_types::{BlockSize, Timestamp, VolumeName};
@@ -67,6 +68,8 @@ pub struct VolumeSpec {
     /// The controller cache of split-stream, split-down-stream and
     /// checkpointing volumes (0: 64 MiB); only for those layouts.
     pub cache_bytes: u64,
+    /// A block volume, or a file tree's (see [`VolumeSpec::tree`]).
+    pub kind: VolumeKind,
 }
 
 impl VolumeSpec {
@@ -82,6 +85,19 @@ impl VolumeSpec {
             space_max_bytes: 0,
             layout: Layout::Journaled,
             cache_bytes: 0,
+            kind: VolumeKind::Blocks,
+        }
+    }
+
+    /// The volume of a file tree (`rewind_format::tree`): logging layout
+    /// (no current store: the tree's address space is sparse), 4 KiB blocks,
+    /// 2^60 bytes.
+    pub fn tree(name: VolumeName) -> VolumeSpec {
+        let block_size = BlockSize::new(TREE_BLOCK_BYTES as u32).expect("a block size");
+        VolumeSpec {
+            layout: Layout::Logging,
+            kind: VolumeKind::Tree,
+            ..VolumeSpec::new(name, TREE_VOLUME_BYTES, block_size)
         }
     }
 }
@@ -523,6 +539,15 @@ impl Node {
             )));
         }
         let rules = LayoutRules::of(spec.layout);
+        let tree = VolumeSpec::tree(spec.name.clone());
+        if spec.kind == VolumeKind::Tree
+            && (spec.layout, spec.size_bytes, spec.block_size, spec.cache_bytes)
+                != (tree.layout, tree.size_bytes, tree.block_size, 0)
+        {
+            return Err(EngineError::InvalidArgument(
+                "a file tree's volume is made by VolumeSpec::tree (logging layout, 4 KiB blocks, 2^60 bytes)".into(),
+            ));
+        }
         if spec.cache_bytes > 0 && !rules.has_controller_cache() {
             return Err(EngineError::InvalidArgument(format!(
                 "a controller cache size is for the layouts with one ({}), not {}",
@@ -547,6 +572,7 @@ impl Node {
                 bytes => bytes,
             },
             base: None,
+            kind: spec.kind,
         };
         let policy = VolumePolicy::new(spec.granularity_nanos, spec.retention, spec.space_max_bytes, now);
         self.install(meta, policy, |_| Ok(None))

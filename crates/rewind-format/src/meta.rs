@@ -136,6 +136,17 @@ pub struct VolumeMeta {
     pub cache_bytes: u64,
     /// A clone's base: what it reads where it has not been written.
     pub base: Option<VolumeBase>,
+    /// What the volume holds.
+    pub kind: VolumeKind,
+}
+
+/// What a volume holds: a disk's blocks, served over NBD, or a file tree
+/// (`tree.md`), served over NFS and never as blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VolumeKind {
+    #[default]
+    Blocks,
+    Tree,
 }
 
 /// The point a clone starts from: another volume as it was at one time.
@@ -155,6 +166,8 @@ impl VolumeMeta {
     const WHAT: &'static str = "volume metadata";
     /// Follows the base of a promoted clone.
     const BASE_COPIED: u8 = 1;
+    /// Set in the layout byte of a file tree's volume.
+    const LAYOUT_TREE: u8 = 0x80;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut payload = Writer::new();
@@ -163,7 +176,10 @@ impl VolumeMeta {
             .u64(self.size_bytes)
             .u32(self.block_size.bytes())
             .u64(self.created.unix_nanos())
-            .u8(self.layout as u8)
+            .u8(match self.kind {
+                VolumeKind::Blocks => self.layout as u8,
+                VolumeKind::Tree => self.layout as u8 | Self::LAYOUT_TREE,
+            })
             .u64(self.cache_bytes);
         if let Some(base) = &self.base {
             payload.str(base.volume.as_str()).u64(base.at.unix_nanos());
@@ -183,6 +199,11 @@ impl VolumeMeta {
         let block_size = BlockSize::new(reader.u32()?).map_err(|error| reader.invalid(error.to_string()))?;
         let created = Timestamp::from_unix_nanos(reader.u64()?);
         let code = reader.u8()?;
+        let kind = match code & Self::LAYOUT_TREE {
+            0 => VolumeKind::Blocks,
+            _ => VolumeKind::Tree,
+        };
+        let code = code & !Self::LAYOUT_TREE;
         let layout = Layout::from_code(code).ok_or_else(|| reader.invalid(format!("unknown layout {code}")))?;
         // Absent in metadata written before Checkpointing existed.
         let cache_bytes = if reader.remaining() > 0 { reader.u64()? } else { 0 };
@@ -212,7 +233,7 @@ impl VolumeMeta {
             return Err(reader.invalid("size is not a whole number of blocks"));
         }
         finish(reader)?;
-        Ok(VolumeMeta { name, size_bytes, block_size, created, layout, cache_bytes, base })
+        Ok(VolumeMeta { name, size_bytes, block_size, created, layout, cache_bytes, base, kind })
     }
 
     /// The volume this one reads where it has not written, while it does
@@ -779,7 +800,10 @@ mod tests {
             layout: Layout::Journaled,
             cache_bytes: 0,
             base: None,
+            kind: VolumeKind::Blocks,
         };
+        let tree = VolumeMeta { layout: Layout::Logging, kind: VolumeKind::Tree, ..meta.clone() };
+        assert_eq!(VolumeMeta::decode(&tree.encode()).unwrap(), tree);
         let reverts = Reverts {
             entries: vec![
                 Revert {

@@ -434,6 +434,7 @@ impl CreateVolume {
             space_max_bytes: policy.space_max_bytes.unwrap_or(0),
             layout: self.layout.as_deref().map_or(Ok(Layout::Journaled), Layout::parse)?,
             cache_bytes: self.cache.as_deref().map_or(Ok(0), parse_cache)?,
+            kind: rewind_engine::VolumeKind::Blocks,
         })
     }
 }

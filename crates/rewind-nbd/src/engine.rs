@@ -22,7 +22,7 @@ use std::time::SystemTime;
 use jiff::tz::TimeZone;
 use rewind_access::{Access, Grants};
 use rewind_engine::timespec::DisplayTime;
-use rewind_engine::{Attachment, Durability, EngineError, Node, Role, Timestamp, View, Volume, ZeroMode};
+use rewind_engine::{Attachment, Durability, EngineError, Node, Role, Timestamp, View, Volume, VolumeKind, ZeroMode};
 
 use crate::{
     BlockSizes, Catalog, Client, DirtyBitmap, DirtyExtent, Export, ExportError, ExportErrorKind, ExportListing, Extent,
@@ -98,7 +98,7 @@ impl Catalog for EngineCatalog {
     /// What `client` may open: volumes it has no access to are not listed.
     fn list(&self, client: &Client) -> Vec<ExportListing> {
         let mut listings = Vec::new();
-        for volume in self.node.volumes() {
+        for volume in self.node.volumes().into_iter().filter(|volume| volume.kind() == VolumeKind::Blocks) {
             let Some(access) = self.policy.access(volume.name().as_str(), client) else { continue };
             listings.push(ExportListing {
                 name: volume.name().to_string(),
@@ -133,6 +133,7 @@ impl Catalog for EngineCatalog {
                 .node
                 .volumes()
                 .iter()
+                .filter(|volume| volume.kind() == VolumeKind::Blocks)
                 .map(|volume| volume.name().to_string())
                 .filter(|volume| self.policy.access(volume, client).is_some())
                 .collect();
@@ -154,6 +155,11 @@ impl Catalog for EngineCatalog {
             EngineError::Damaged { .. } => OpenError { kind: OpenErrorKind::Unavailable, message: error.to_string() },
             error => not_found(error.to_string()),
         })?;
+        if volume.kind() == VolumeKind::Tree {
+            let message =
+                format!("{volume_name} is a file tree, not a disk: it is served over NFS (nfs://HOST/{volume_name})");
+            return Err(OpenError { kind: OpenErrorKind::NotFound, message });
+        }
         // Attached while the export lives, so deleting or reverting the volume names this client.
         let role = if time.is_some() { Role::View } else { Role::Live };
         let attachment = Arc::new(volume.attach(format!("nbd {client} ({name})"), role));

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rewind_engine::{Change, Durability, Volume, COMPOUND_BLOCKS_MAX};
+use rewind_engine::{Change, Durability, Volume, VolumeKind, COMPOUND_BLOCKS_MAX};
 use rewind_format::tree::{
     data_block, inode_block, DirBlock, FileKind, Inode, Superblock, BITMAP_BLOCKS, BITMAP_FIRST_BLOCK, FILE_BLOCKS_MAX,
     FILE_BYTES_MAX, INODES_MAX, ROOT_INODE, SUPERBLOCK_BLOCK, SYMLINK_TARGET_BYTES_MAX, TREE_BLOCK_BYTES,
@@ -181,12 +181,10 @@ impl Store for Tree {
 }
 
 impl Tree {
-    /// Makes `volume` (new, empty, logging layout, `TREE_VOLUME_BYTES`) a
-    /// tree with an empty root directory owned by root, mode 0755.
-    pub fn format(volume: Arc<Volume>, now: Timestamp) -> Result<Tree, TreeError> {
-        if volume.size_bytes() != TREE_VOLUME_BYTES {
-            return Err(TreeError::Invalid(format!("a tree's volume has {TREE_VOLUME_BYTES} bytes")));
-        }
+    /// Makes `volume` (a new tree volume, see `VolumeSpec::tree`) a tree
+    /// with an empty root directory owned by root, mode 0755.
+    fn format(volume: Arc<Volume>, now: Timestamp) -> Result<Tree, TreeError> {
+        assert_eq!(volume.size_bytes(), TREE_VOLUME_BYTES);
         let root = Inode {
             kind: Some(FileKind::Directory),
             generation: 1,
@@ -212,10 +210,20 @@ impl Tree {
         Ok(tree)
     }
 
-    /// Opens the tree in `volume`.
-    pub fn open(volume: Arc<Volume>) -> Result<Tree, TreeError> {
+    /// Opens the tree in `volume`, a file tree's volume; a new one (or one
+    /// whose creation was cut short before it got its superblock) gets an
+    /// empty root directory first.
+    pub fn open(volume: Arc<Volume>, now: Timestamp) -> Result<Tree, TreeError> {
+        if volume.kind() != VolumeKind::Tree {
+            return Err(TreeError::Invalid(format!("volume {} is a block volume, not a file tree", volume.name())));
+        }
         let mut block = vec![0u8; TREE_BLOCK_BYTES];
         volume.read(SUPERBLOCK_BLOCK * BLOCK, &mut block)?;
+        if block.iter().all(|&byte| byte == 0) {
+            // (The superblock is in the same record as everything else a
+            // new tree has, so it is there or nothing is.)
+            return Tree::format(volume, now);
+        }
         Superblock::decode(&block).map_err(|error| TreeError::damaged("superblock", error))?;
         let mut bytes = vec![0u8; (BITMAP_BLOCKS * BLOCK) as usize];
         volume.read(BITMAP_FIRST_BLOCK * BLOCK, &mut bytes)?;

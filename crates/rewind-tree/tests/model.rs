@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rewind_engine::{BlockSize, Layout, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
+use rewind_engine::{Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
 use rewind_io::{SimConfig, SimStorage};
 use rewind_tree::{
     Caller, CreateHow, FileKind, Handle, Namespace, SetAttributes, Stability, Tree, TreeError, TreeView,
@@ -160,7 +160,7 @@ fn check(tree: &impl Namespace, root: Handle, oracle: &Oracle, context: &str) {
 
 fn open(storage: &SimStorage) -> (Node, Tree) {
     let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
-    let tree = Tree::open(node.volume("t").unwrap()).unwrap();
+    let tree = Tree::open(node.volume("t").unwrap(), Timestamp::MAX).unwrap();
     (node, tree)
 }
 
@@ -184,11 +184,8 @@ fn run(seed: u64) {
     let storage = SimStorage::new(SimConfig::default(), seed);
     let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
     let mut now = Timestamp::from_unix_nanos(1_000_000_000);
-    let spec = VolumeSpec {
-        layout: Layout::Logging,
-        ..VolumeSpec::new(VolumeName::new("t").unwrap(), 1 << 60, BlockSize::new(4096).unwrap())
-    };
-    let mut tree = Tree::format(node.create_volume(spec, now).unwrap(), now).unwrap();
+    let spec = VolumeSpec::tree(VolumeName::new("t").unwrap());
+    let mut tree = Tree::open(node.create_volume(spec, now).unwrap(), now).unwrap();
     let mut node = node;
     let mut oracle = Oracle::new();
     // The oracle after each operation, at the tree's time then.

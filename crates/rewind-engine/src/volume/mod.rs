@@ -304,6 +304,11 @@ impl Volume {
     /// What this volume's layout does differently ([`crate::layout`]).
     /// What the volume is, as written at its creation (or opening: a clone
     /// promoted since reads its own copy of its base, see [`Volume::base`]).
+    /// A block volume, or a file tree's.
+    pub fn kind(&self) -> rewind_format::meta::VolumeKind {
+        self.meta.kind
+    }
+
     pub(crate) fn meta(&self) -> &VolumeMeta {
         &self.meta
     }
