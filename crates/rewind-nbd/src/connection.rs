@@ -5,20 +5,20 @@
 
 use std::fmt::Write as _;
 use std::io::{self, BufReader, IoSlice, Read, Write};
-use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
+use std::net::Shutdown;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
 use crate::export::{Client, Export, OpenError, OpenErrorKind};
-use crate::log_limit::PeerLog;
 use crate::protocol::{self as p, Session};
 use crate::server::{Shared, OPTIONS_PER_HANDSHAKE_MAX};
 use crate::tls::{self, TlsMode};
 use crate::transmission::{self, MetaContexts, Negotiated, Stats};
+use rewind_serve::listen::Running;
+use rewind_serve::log_limit::PeerLog;
+pub(crate) use rewind_serve::transport::Transport;
 
 /// Read buffer per connection. Large enough that pipelined small requests
 /// (fio/qemu keep dozens in flight) are picked up with one `read` call; large
@@ -27,71 +27,6 @@ pub(crate) const READ_BUFFER_BYTES: usize = 128 * 1024;
 
 /// `NBD_OPT_LIST` replies are sent in pieces of about this size.
 const LIST_REPLY_BATCH_BYTES: usize = 64 * 1024;
-
-/// A connected byte stream: TCP or a Unix domain socket (also the plaintext
-/// end of a TLS session). `Sync` because the transmission workers share one
-/// handle for `shutdown`; `AsFd` for the TLS pump's `poll`.
-pub(crate) trait Transport: Read + Write + AsFd + Send + Sync + Sized + 'static {
-    fn try_clone(&self) -> io::Result<Self>;
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
-    fn read_timeout(&self) -> io::Result<Option<Duration>>;
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
-    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
-    fn shutdown(&self, how: Shutdown) -> io::Result<()>;
-    /// Transport-specific tuning, done once after accept.
-    fn configure(&self) -> io::Result<()>;
-}
-
-impl Transport for TcpStream {
-    fn try_clone(&self) -> io::Result<Self> {
-        TcpStream::try_clone(self)
-    }
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        TcpStream::set_read_timeout(self, timeout)
-    }
-    fn read_timeout(&self) -> io::Result<Option<Duration>> {
-        TcpStream::read_timeout(self)
-    }
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        TcpStream::set_write_timeout(self, timeout)
-    }
-    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        TcpStream::set_nonblocking(self, nonblocking)
-    }
-    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        TcpStream::shutdown(self, how)
-    }
-    fn configure(&self) -> io::Result<()> {
-        // Replies are written whole, in one call; Nagle would only hold back
-        // the last segment of each one waiting for an ACK (the spec asks for
-        // TCP_NODELAY on both sides).
-        self.set_nodelay(true)
-    }
-}
-
-impl Transport for UnixStream {
-    fn try_clone(&self) -> io::Result<Self> {
-        UnixStream::try_clone(self)
-    }
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        UnixStream::set_read_timeout(self, timeout)
-    }
-    fn read_timeout(&self) -> io::Result<Option<Duration>> {
-        UnixStream::read_timeout(self)
-    }
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        UnixStream::set_write_timeout(self, timeout)
-    }
-    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        UnixStream::set_nonblocking(self, nonblocking)
-    }
-    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        UnixStream::shutdown(self, how)
-    }
-    fn configure(&self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 /// The read side. During the handshake every read is bounded by what is
 /// left of the handshake deadline, so a client trickling one byte at a time
@@ -213,6 +148,8 @@ pub(crate) fn write_all_vectored<W: Write>(writer: &mut W, mut bufs: &mut [IoSli
 
 struct Connection<S> {
     shared: Arc<Shared>,
+    /// Whether the server is shutting down (no new exports then).
+    running: Running,
     reader: BufReader<DeadlineReader<S>>,
     replies: ReplyWriter<S>,
     /// Who is connected: the catalog decides access by it.
@@ -236,9 +173,9 @@ struct Connection<S> {
 }
 
 /// Serves one accepted connection until it ends, logging how it ended.
-pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client, log: PeerLog) {
+pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client, log: PeerLog, running: Running) {
     let deadline = Instant::now() + shared.config.handshake_timeout;
-    let connection = match Connection::new(stream, shared, client, log.clone(), deadline, false) {
+    let connection = match Connection::new(stream, (shared, running), client, log.clone(), deadline, false) {
         Ok(connection) => connection,
         Err(error) => {
             if log.allow() {
@@ -294,7 +231,7 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client
 impl<S: Transport> Connection<S> {
     fn new(
         stream: S,
-        shared: Arc<Shared>,
+        (shared, running): (Arc<Shared>, Running),
         client: Client,
         log: PeerLog,
         deadline: Instant,
@@ -308,6 +245,7 @@ impl<S: Transport> Connection<S> {
         let read_half = stream.try_clone()?;
         Ok(Connection {
             shared,
+            running,
             reader: BufReader::with_capacity(
                 READ_BUFFER_BYTES,
                 DeadlineReader { stream: read_half, deadline: Some(deadline) },
@@ -368,7 +306,7 @@ impl<S: Transport> Connection<S> {
     /// connection over it. Nothing negotiated before carries over but the
     /// client's flags (a man in the middle could have chosen it).
     fn start_tls(self, stats: &mut Stats, export_name: &mut String) -> Hangup {
-        let Connection { shared, reader, replies, client, log, deadline, options_left, no_zeroes, .. } = self;
+        let Connection { shared, running, reader, replies, client, log, deadline, options_left, no_zeroes, .. } = self;
         // Whatever the client sent after STARTTLS and we already read is the
         // start of its TLS handshake.
         let early = reader.buffer().to_vec();
@@ -384,7 +322,7 @@ impl<S: Transport> Connection<S> {
         if log.allow() {
             info!(identity = client.identity.as_deref().unwrap_or("none"), "TLS established");
         }
-        let hangup = match Connection::new(stream, shared, client, log, deadline, true) {
+        let hangup = match Connection::new(stream, (shared, running), client, log, deadline, true) {
             Ok(mut connection) => {
                 connection.no_zeroes = no_zeroes;
                 connection.options_left = options_left;
@@ -452,7 +390,7 @@ impl<S: Transport> Connection<S> {
         read?;
         debug!(option = name, length = header.length, "option");
 
-        if self.shared.is_stopping() && option != p::OPT_ABORT {
+        if self.running.is_stopping() && option != p::OPT_ABORT {
             self.option_error(option, p::REP_ERR_SHUTDOWN, "server is shutting down")?;
             return Ok(None);
         }
@@ -734,7 +672,7 @@ impl<S: Transport> Connection<S> {
         let export = self.shared.catalog.open(name, &self.client).map_err(|OpenError { kind, message }| {
             let reply_type = match kind {
                 OpenErrorKind::NotFound | OpenErrorKind::BadName => p::REP_ERR_UNKNOWN,
-                OpenErrorKind::Unavailable if self.shared.is_stopping() => p::REP_ERR_SHUTDOWN,
+                OpenErrorKind::Unavailable if self.running.is_stopping() => p::REP_ERR_SHUTDOWN,
                 OpenErrorKind::Unavailable => p::REP_ERR_UNKNOWN,
             };
             (reply_type, message)

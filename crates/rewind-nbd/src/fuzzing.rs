@@ -16,8 +16,9 @@ use parking_lot::Mutex;
 
 use crate::connection::{self, Transport};
 use crate::export::{Catalog, Client};
-use crate::log_limit::PeerKey;
 use crate::server::{ServerConfig, Shared};
+use rewind_serve::listen::Running;
+use rewind_serve::log_limit::{LogBudget, PeerKey};
 
 /// What one connection wrote, and how it ended for the stream.
 #[derive(Debug)]
@@ -49,8 +50,9 @@ pub fn serve_connection(
     }));
     let shared = Arc::new(Shared::new(catalog, config));
     let client = Client { peer: "unix".to_owned(), local: true, identity: None };
-    let log = shared.client_log(PeerKey::Unix);
-    connection::serve(MemoryStream(Arc::clone(&pipe)), shared, client, log);
+    let logs = Arc::new(LogBudget::new(config.log_interval, config.log_lines_per_client));
+    let log = logs.connection(PeerKey::Unix);
+    connection::serve(MemoryStream(Arc::clone(&pipe)), shared, client, log, Running::default());
     let pipe = std::mem::take(&mut *pipe.lock());
     Exchange { output: pipe.output, output_refused: pipe.output_refused }
 }

@@ -22,7 +22,6 @@ pub mod engine;
 pub mod export;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-mod log_limit;
 pub mod protocol;
 mod refusal;
 pub mod server;

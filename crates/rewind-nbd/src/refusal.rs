@@ -61,6 +61,20 @@ pub(crate) struct Refusal<S> {
     options: u32,
 }
 
+impl<S: rewind_serve::transport::Transport> rewind_serve::listen::Refusal for Refusal<S> {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    fn readable(&mut self) -> bool {
+        Refusal::readable(self) == Next::Wait
+    }
+}
+
 impl<S: Read + Write> Refusal<S> {
     /// Sends the greeting on a non-blocking `stream`; `None` if it could not
     /// be sent whole (the client is gone already).

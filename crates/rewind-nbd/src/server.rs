@@ -1,4 +1,7 @@
-//! The NBD server: listeners, connection threads, limits and shutdown.
+//! The NBD server: listeners, connection threads, limits and shutdown. The
+//! listeners, connection table, limits and shutdown are the front ends'
+//! shared `rewind_serve::listen` (NFS uses them too); this module is NBD's
+//! part: its configuration, its connections, and its way of refusing one.
 //!
 //! # Threads
 //!
@@ -124,26 +127,19 @@
 //! the handshake sees end-of-file at once. `shutdown` joins every thread
 //! before it returns.
 
-use std::collections::HashMap;
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsFd;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::Mutex;
-use rustix::event::{poll, PollFd, PollFlags, Timespec};
-use tracing::{error, info, info_span, warn};
+use rewind_serve::listen::{self, Listeners, Peer, Protocol, Running, ServeConfig};
+use rewind_serve::log_limit::PeerLog;
 
 use crate::connection::{self, Transport};
 use crate::export::{Catalog, Client};
-use crate::log_limit::{LogBudget, PeerKey, PeerLog};
 use crate::protocol as p;
-use crate::refusal::{self, Refusal};
+use crate::refusal::Refusal;
 use crate::tls::NbdTls;
 pub use crate::transmission::{BUFFER_BYTES_PER_CONNECTION_MAX, INLINE_BYTES_MAX};
 
@@ -230,482 +226,96 @@ impl Default for ServerConfig {
 /// How long the accept loop stops accepting after an unexpected accept
 /// error (such as running out of file descriptors), so a persistent error
 /// does not spin a core. Refusals and shutdown are still served meanwhile.
-const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+impl ServerConfig {
+    /// The limits the listeners enforce.
+    fn serve_config(&self) -> ServeConfig {
+        ServeConfig {
+            connections_max: self.connections_max,
+            connections_per_client_max: self.connections_per_client_max,
+            refusals_max: self.refusals_max,
+            log_lines_per_client: self.log_lines_per_client,
+            log_interval: self.log_interval,
+        }
+    }
+}
 
-/// State shared by the listeners and the connection threads.
+/// What every connection of one server shares: the NBD protocol as
+/// `rewind_serve::listen::Listeners` serves it.
 pub(crate) struct Shared {
     pub(crate) catalog: Arc<dyn Catalog>,
     pub(crate) config: ServerConfig,
     pub(crate) tls: Option<NbdTls>,
-    logs: Arc<LogBudget>,
-    stopping: AtomicBool,
-    next_connection_id: AtomicU64,
-    table: Mutex<ConnectionTable>,
 }
 
 impl Shared {
     pub(crate) fn new(catalog: Arc<dyn Catalog>, config: ServerConfig) -> Shared {
-        Shared {
-            catalog,
-            config,
-            tls: None,
-            logs: Arc::new(LogBudget::new(config.log_interval, config.log_lines_per_client)),
-            stopping: AtomicBool::new(false),
-            next_connection_id: AtomicU64::new(1),
-            table: Mutex::new(ConnectionTable::default()),
-        }
-    }
-
-    pub(crate) fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::Acquire)
-    }
-
-    /// A connection's handle on `peer`'s log budget (`crate::log_limit`).
-    pub(crate) fn client_log(&self, peer: PeerKey) -> PeerLog {
-        self.logs.connection(peer)
+        Shared { catalog, config, tls: None }
     }
 }
 
-#[derive(Default)]
-struct ConnectionTable {
-    /// A handle on each live connection's socket, used by shutdown to end it.
-    /// The connection thread removes its entry as its very last step: the
-    /// socket closes when this handle is dropped, so a client that saw the
-    /// connection close can count on its slot being free.
-    live: HashMap<u64, Control>,
-    /// Live connections per client; no zero entries.
-    per_client: HashMap<PeerKey, usize>,
-    /// Connection threads not yet joined; finished ones are reaped on accept.
-    threads: Vec<JoinHandle<()>>,
-}
+impl Protocol for Shared {
+    const NAME: &'static str = "nbd";
 
-/// A second handle on a connection's socket.
-enum Control {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl Control {
-    fn shutdown_read(&self) {
-        // The socket may already be closing; nothing to do about an error.
-        let _ = match self {
-            Control::Tcp(stream) => stream.shutdown(Shutdown::Read),
-            Control::Unix(stream) => stream.shutdown(Shutdown::Read),
-        };
+    fn serve<S: Transport>(self: &Arc<Self>, stream: S, peer: Peer, log: PeerLog, running: Running) {
+        let client = Client { peer: peer.name, local: peer.local, identity: None };
+        connection::serve(stream, Arc::clone(self), client, log, running);
     }
-}
 
-trait IntoControl: Transport + AsFd {
-    fn into_control(self) -> Control;
-}
-
-impl IntoControl for TcpStream {
-    fn into_control(self) -> Control {
-        Control::Tcp(self)
+    /// The NBD way (`crate::refusal`): the greeting, then an error reply
+    /// with the message to each option.
+    fn refuse<S: Transport>(&self, stream: S, message: String) -> Option<Box<dyn listen::Refusal>> {
+        Refusal::start(stream, message).map(|refusal| Box::new(refusal) as Box<dyn listen::Refusal>)
     }
-}
-
-impl IntoControl for UnixStream {
-    fn into_control(self) -> Control {
-        Control::Unix(self)
-    }
-}
-
-/// An accepted connection: the socket, how the client is named to people,
-/// whether it is on this machine (a loopback address or a Unix socket), and
-/// which client it counts against.
-struct Accepted<S> {
-    stream: S,
-    peer: String,
-    local: bool,
-    key: PeerKey,
-}
-
-/// A listening socket of either kind.
-trait Listener: AsFd + Send + 'static {
-    type Stream: IntoControl;
-    fn accept_stream(&self) -> io::Result<Accepted<Self::Stream>>;
-    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
-}
-
-impl Listener for TcpListener {
-    type Stream = TcpStream;
-    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        TcpListener::set_nonblocking(self, nonblocking)
-    }
-    fn accept_stream(&self) -> io::Result<Accepted<TcpStream>> {
-        let (stream, peer) = self.accept()?;
-        // An IPv4 client on a dual-stack socket is the same client as on an
-        // IPv4 one.
-        let key = PeerKey::Ip(peer.ip().to_canonical());
-        Ok(Accepted { stream, peer: peer.to_string(), local: peer.ip().is_loopback(), key })
-    }
-}
-
-impl Listener for UnixListener {
-    type Stream = UnixStream;
-    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        UnixListener::set_nonblocking(self, nonblocking)
-    }
-    fn accept_stream(&self) -> io::Result<Accepted<UnixStream>> {
-        let (stream, _) = self.accept()?;
-        // Unix peers have no useful address; the connection id tells them
-        // apart, and their user id is who they are for the limits.
-        let key = match rustix::net::sockopt::socket_peercred(&stream) {
-            Ok(credentials) => PeerKey::Uid(credentials.uid.as_raw()),
-            Err(_) => PeerKey::Unix,
-        };
-        Ok(Accepted { stream, peer: "unix".to_owned(), local: true, key })
-    }
-}
-
-struct ListenerHandle {
-    /// Dropping this wakes the accept thread, which then exits.
-    wake: UnixStream,
-    thread: JoinHandle<()>,
-    /// The socket file to remove once the listener has stopped.
-    unix_path: Option<PathBuf>,
 }
 
 /// An NBD server serving the exports of one catalog on any number of TCP and
 /// Unix socket listeners. Dropping it shuts it down.
 pub struct Server {
-    shared: Arc<Shared>,
-    listeners: Mutex<Vec<ListenerHandle>>,
+    listeners: Listeners<Shared>,
 }
 
 impl Server {
     pub fn new(catalog: Arc<dyn Catalog>, config: ServerConfig) -> Server {
-        assert!(config.connections_max > 0, "connections_max must be positive");
-        assert!(config.connections_per_client_max > 0, "connections_per_client_max must be positive");
         assert!(config.idle_timeout.is_none_or(|timeout| !timeout.is_zero()), "idle_timeout must be positive");
         assert!(
             config.idle_timeout_read_only.is_none_or(|timeout| !timeout.is_zero()),
             "idle_timeout_read_only must be positive"
         );
-        assert!(!config.log_interval.is_zero(), "log_interval must be positive");
         assert!(!config.handshake_timeout.is_zero(), "handshake_timeout must be positive");
         assert!(!config.write_timeout.is_zero(), "write_timeout must be positive");
         assert!(config.workers_per_connection_max > 0, "workers_per_connection_max must be positive");
         assert!(config.requests_in_flight_max > 0, "requests_in_flight_max must be positive");
-        Server { shared: Arc::new(Shared::new(catalog, config)), listeners: Mutex::new(Vec::new()) }
+        Server { listeners: Listeners::new(Arc::new(Shared::new(catalog, config)), config.serve_config()) }
     }
 
     /// Offers TLS (`NBD_OPT_STARTTLS`) on every listener; call before the
     /// first `serve_*`.
     pub fn with_tls(mut self, tls: NbdTls) -> Server {
-        let shared = Arc::get_mut(&mut self.shared).expect("with_tls comes before serving");
-        shared.tls = Some(tls);
+        self.listeners.protocol_mut().expect("with_tls comes before serving").tls = Some(tls);
         self
     }
 
     /// Listens on a TCP address (Rewind's default is `127.0.0.1:10809`) and
     /// returns the bound address, useful with port 0.
     pub fn serve_tcp(&self, address: impl ToSocketAddrs) -> io::Result<SocketAddr> {
-        let listener = TcpListener::bind(address)?;
-        let local = listener.local_addr()?;
-        self.start_listener(listener, None, format!("tcp:{local}"))?;
-        Ok(local)
+        self.listeners.serve_tcp(address)
     }
 
     /// Listens on a Unix domain socket at `path`, which must not exist yet.
     /// The socket file is removed again on shutdown.
     pub fn serve_unix(&self, path: impl AsRef<Path>) -> io::Result<()> {
-        let path = path.as_ref();
-        let listener = UnixListener::bind(path)?;
-        self.start_listener(listener, Some(path.to_owned()), format!("unix:{}", path.display()))
-    }
-
-    fn start_listener<L: Listener>(&self, listener: L, unix_path: Option<PathBuf>, name: String) -> io::Result<()> {
-        let mut listeners = self.listeners.lock();
-        if self.shared.is_stopping() {
-            return Err(io::Error::other("the NBD server is shut down"));
-        }
-        // Non-blocking so that a connection reset between poll and accept
-        // cannot leave the thread stuck in accept, deaf to shutdown.
-        listener.set_nonblocking(true)?;
-        let (wake, wake_rx) = UnixStream::pair()?;
-        let shared = Arc::clone(&self.shared);
-        let span_name = name.clone();
-        let thread = thread::Builder::new().name("nbd-accept".to_owned()).spawn(move || {
-            let _span = info_span!("nbd_listener", listener = %span_name).entered();
-            accept_loop(&shared, &listener, &wake_rx);
-        })?;
-        info!(listener = %name, "NBD server listening");
-        listeners.push(ListenerHandle { wake, thread, unix_path });
-        Ok(())
+        self.listeners.serve_unix(path)
     }
 
     /// Connections currently being served (in handshake or transmission).
     pub fn connection_count(&self) -> usize {
-        self.shared.table.lock().live.len()
+        self.listeners.connection_count()
     }
 
     /// Stops accepting, ends every connection once its in-flight requests are
     /// answered, and waits for all threads. Idempotent.
     pub fn shutdown(&self) {
-        self.shared.stopping.store(true, Ordering::Release);
-        let listeners = std::mem::take(&mut *self.listeners.lock());
-        for ListenerHandle { wake, thread, unix_path } in listeners {
-            drop(wake);
-            if thread.join().is_err() {
-                error!("NBD accept thread panicked");
-            }
-            if let Some(path) = unix_path {
-                if let Err(error) = std::fs::remove_file(&path) {
-                    warn!(path = %path.display(), %error, "cannot remove Unix socket");
-                }
-            }
-        }
-        // No listener is left, so no connection can be added from here on.
-        let threads = {
-            let mut table = self.shared.table.lock();
-            for control in table.live.values() {
-                control.shutdown_read();
-            }
-            std::mem::take(&mut table.threads)
-        };
-        for thread in threads {
-            if thread.join().is_err() {
-                error!("NBD connection thread panicked");
-            }
-        }
-        self.shared.logs.flush();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-fn accept_loop<L: Listener>(shared: &Arc<Shared>, listener: &L, wake: &UnixStream) {
-    let refusals_max = shared.config.refusals_max;
-    let mut refusals: Vec<Refusal<L::Stream>> = Vec::with_capacity(refusals_max);
-    let mut accept_errors = AcceptErrors::default();
-    let interval = shared.logs.interval();
-    let mut next_sweep = Instant::now() + interval;
-    let mut accepting_from = Instant::now();
-    loop {
-        let now = Instant::now();
-        // Refusals past their deadline are dropped, which closes them.
-        refusals.retain(|refusal| refusal.deadline > now);
-        if now >= next_sweep {
-            shared.logs.sweep();
-            accept_errors.summarise(interval);
-            next_sweep = now + interval;
-        }
-        let accepting = now >= accepting_from;
-        let mut wake_at = refusals.iter().map(|refusal| refusal.deadline).fold(next_sweep, Instant::min);
-        if !accepting {
-            wake_at = wake_at.min(accepting_from);
-        }
-        let timeout = wake_at.saturating_duration_since(now);
-        let timeout = Timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
-
-        // Wake-up socket, listener, refusals, in that order.
-        let (woken, acceptable, readable) = {
-            let mut fds = Vec::with_capacity(2 + refusals.len());
-            fds.push(PollFd::new(wake, PollFlags::IN));
-            // While backing off after an error the listener is left out, so
-            // a connection waiting in its queue does not spin the loop.
-            fds.push(PollFd::new(listener, if accepting { PollFlags::IN } else { PollFlags::empty() }));
-            fds.extend(refusals.iter().map(|refusal| PollFd::new(&refusal.stream, PollFlags::IN)));
-            match poll(&mut fds, Some(&timeout)) {
-                Ok(_) => {}
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(error) => {
-                    error!(%error, "poll on the listening socket failed; listener stopped");
-                    return;
-                }
-            }
-            let readable: Vec<bool> = fds[2..].iter().map(|fd| !fd.revents().is_empty()).collect();
-            (!fds[0].revents().is_empty(), !fds[1].revents().is_empty(), readable)
-        };
-        if woken {
-            return;
-        }
-        let mut index = 0;
-        refusals.retain_mut(|refusal| {
-            let keep = !readable[index] || refusal.readable() == refusal::Next::Wait;
-            index += 1;
-            keep
-        });
-        if !accepting || !acceptable {
-            continue;
-        }
-        match listener.accept_stream() {
-            Ok(accepted) => {
-                let Some((stream, message)) = admit(shared, accepted) else { continue };
-                if refusals.len() < refusals_max && stream.set_nonblocking(true).is_ok() {
-                    refusals.extend(Refusal::start(stream, message));
-                }
-                // Otherwise dropping the stream closes it: with this many
-                // refusals under way, saying why costs more than it helps.
-            }
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
-                ) => {}
-            Err(error) => {
-                // Out of file descriptors (EMFILE, ENFILE) or memory: the
-                // connection stays queued; try again after the backoff.
-                accept_errors.record(&error);
-                accepting_from = Instant::now() + ACCEPT_ERROR_BACKOFF;
-            }
-        }
-    }
-}
-
-/// Accept errors, logged at most once per log interval each kind, so an
-/// exhausted descriptor table does not also fill the disk.
-#[derive(Default)]
-struct AcceptErrors {
-    /// Errors since the last line, and the last one.
-    count: u64,
-    last: Option<String>,
-    logged: bool,
-}
-
-impl AcceptErrors {
-    fn record(&mut self, error: &io::Error) {
-        if !self.logged {
-            warn!(%error, "accept failed; new connections wait until it works again (retrying every 100 ms)");
-            self.logged = true;
-        } else {
-            self.count += 1;
-            self.last = Some(error.to_string());
-        }
-    }
-
-    fn summarise(&mut self, interval: Duration) {
-        if let Some(error) = self.last.take() {
-            warn!(
-                count = self.count,
-                "accept failed {} more times in the last {} s, last: {error}",
-                self.count,
-                interval.as_secs().max(1)
-            );
-            self.count = 0;
-        } else {
-            // A quiet interval: the next error is news again.
-            self.logged = false;
-        }
-    }
-}
-
-/// Registers an accepted connection and starts its thread. Returns the
-/// stream and the reason when a limit refuses it; drops it (closing it)
-/// when the server is stopping or the thread cannot start.
-fn admit<S: IntoControl>(shared: &Arc<Shared>, accepted: Accepted<S>) -> Option<(S, String)> {
-    let Accepted { stream, peer, local, key } = accepted;
-    let control = match stream.try_clone() {
-        Ok(control) => control,
-        Err(error) => {
-            if shared.logs.allow(key) {
-                warn!(%peer, %error, "cannot register connection");
-            }
-            return None;
-        }
-    };
-    let mut table = shared.table.lock();
-    reap_finished(&mut table.threads);
-    if shared.is_stopping() {
-        return None;
-    }
-    let ServerConfig { connections_max, connections_per_client_max, .. } = shared.config;
-    let live = table.live.len();
-    let from_client = table.per_client.get(&key).copied().unwrap_or(0);
-    let refused = if from_client >= connections_per_client_max {
-        Some(format!(
-            "server full for {key}: {} from it (limit {connections_per_client_max} per client); close one and \
-             try again",
-            connections(from_client)
-        ))
-    } else if live >= connections_max {
-        Some(format!("server full: {} (limit {connections_max}); try again later", connections(live)))
-    } else {
-        None
-    };
-    if let Some(message) = refused {
-        drop(table);
-        if shared.logs.allow(key) {
-            warn!(%peer, "refusing connection: {message}");
-        }
-        return Some((stream, message));
-    }
-    let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    table.live.insert(id, control.into_control());
-    *table.per_client.entry(key).or_insert(0) += 1;
-    let log = shared.client_log(key);
-    let thread_shared = Arc::clone(shared);
-    let spawned = thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
-        // Declared first so it drops last, after the connection's own socket
-        // handles, even if serving panics.
-        let _deregister = Deregister { shared: Arc::clone(&thread_shared), id, key };
-        let _span = info_span!("nbd_connection", id, peer = %peer).entered();
-        if log.allow() {
-            info!("connection opened");
-        }
-        connection::serve(stream, thread_shared, Client { peer, local, identity: None }, log);
-    });
-    match spawned {
-        Ok(thread) => table.threads.push(thread),
-        Err(error) => {
-            table.live.remove(&id);
-            release_client(&mut table, key);
-            error!(%error, "cannot spawn connection thread");
-        }
-    }
-    None
-}
-
-fn connections(count: usize) -> String {
-    if count == 1 {
-        "1 connection".to_owned()
-    } else {
-        format!("{count} connections")
-    }
-}
-
-fn release_client(table: &mut ConnectionTable, key: PeerKey) {
-    let count = table.per_client.get_mut(&key).expect("a live connection is counted for its client");
-    *count -= 1;
-    if *count == 0 {
-        table.per_client.remove(&key);
-    }
-}
-
-/// Removes a connection from the table when its thread ends; see
-/// `ConnectionTable::live` for why this must be the last step.
-struct Deregister {
-    shared: Arc<Shared>,
-    id: u64,
-    key: PeerKey,
-}
-
-impl Drop for Deregister {
-    fn drop(&mut self) {
-        let mut table = self.shared.table.lock();
-        table.live.remove(&self.id);
-        release_client(&mut table, self.key);
-    }
-}
-
-/// Joins the threads of connections that have ended, so the list stays
-/// bounded by the number of live connections.
-fn reap_finished(threads: &mut Vec<JoinHandle<()>>) {
-    let mut index = 0;
-    while index < threads.len() {
-        if threads[index].is_finished() {
-            if threads.swap_remove(index).join().is_err() {
-                error!("NBD connection thread panicked");
-            }
-        } else {
-            index += 1;
-        }
+        self.listeners.shutdown()
     }
 }
 

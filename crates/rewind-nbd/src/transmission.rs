@@ -108,9 +108,9 @@ use tracing::{debug, error, warn, Span};
 
 use crate::connection::{read_message_start, read_rest, write_all_vectored, DeadlineReader, Hangup, Result, Transport};
 use crate::export::{DirtyBitmap, Export, ExportError, ExportErrorKind, ZeroFlags};
-use crate::log_limit::PeerLog;
 use crate::protocol::{self as p, Command, Refusal, RequestHeader, Session};
 use crate::server::ServerConfig;
+use rewind_serve::log_limit::PeerLog;
 
 /// Most bytes of payload buffers one connection keeps, lent or pooled. A
 /// request larger than what is free waits for earlier ones to finish; one of

@@ -37,6 +37,9 @@ pub enum TreeError {
     NotPermitted,
     #[error("not a symbolic link")]
     NotSymlink,
+    /// SETATTR's guard: the ctime the caller expected is not the inode's.
+    #[error("the attributes changed since the guard was read")]
+    NotSync,
     /// The tree's own structures are damaged: reported, never skipped.
     #[error("the tree is damaged: {0}")]
     Damaged(String),

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use rewind_format::tree::{
-    data_block, inode_block, Author, DirBlock, FileKind, Inode, INODES_MAX, NAME_BYTES_MAX, TREE_BLOCK_BYTES,
+    data_block, inode_block, Author, DirBlock, FileKind, Inode, INODES_MAX, NAME_BYTES_MAX, ROOT_INODE,
+    TREE_BLOCK_BYTES,
 };
 use rewind_types::Timestamp;
 use rustc_hash::FxHashMap;
@@ -254,6 +255,8 @@ pub(crate) fn check_name(name: &[u8]) -> Result<(), TreeError> {
 /// Reading a tree, now or as it was: what NFS's read-only procedures need.
 pub trait Namespace {
     fn getattr(&self, handle: Handle) -> Result<Attributes, TreeError>;
+    /// The root directory's attributes (its handle is in them).
+    fn getattr_root(&self) -> Result<Attributes, TreeError>;
     /// The attributes of `name` in `dir` ("." and ".." included).
     fn lookup(&self, dir: Handle, name: &[u8], caller: &Caller) -> Result<Attributes, TreeError>;
     /// Up to `count` bytes from `offset`, and whether they reach the end.
@@ -268,6 +271,14 @@ pub trait Namespace {
 impl<S: Store> Namespace for S {
     fn getattr(&self, handle: Handle) -> Result<Attributes, TreeError> {
         Ok(Attributes::of(&self.live(handle)?))
+    }
+
+    fn getattr_root(&self) -> Result<Attributes, TreeError> {
+        let root = self.inode(ROOT_INODE)?;
+        if root.kind != Some(FileKind::Directory) {
+            return Err(TreeError::Damaged("the root is not a directory".into()));
+        }
+        Ok(Attributes::of(&root))
     }
 
     fn lookup(&self, dir: Handle, name: &[u8], caller: &Caller) -> Result<Attributes, TreeError> {

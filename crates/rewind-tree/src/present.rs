@@ -36,6 +36,7 @@ use rewind_types::Timestamp;
 use rustc_hash::FxHashMap;
 
 use crate::namespace::{check_name, load_directory, load_inode, Attributes, Caller, Directory, Handle, Slot, Store};
+use crate::Namespace;
 use crate::{TreeError, TreeView};
 
 const BLOCK: u64 = TREE_BLOCK_BYTES as u64;
@@ -247,12 +248,18 @@ impl Tree {
     }
 
     pub fn root(&self) -> Result<Handle, TreeError> {
-        Ok(Attributes::of(&self.inode(ROOT_INODE)?).handle)
+        Ok(self.getattr_root()?.handle)
     }
 
     /// The tree as it was at `at` (the latest exact point at or before it).
     pub fn view(&self, at: Timestamp) -> Result<TreeView, TreeError> {
         Ok(TreeView::new(self.volume.view(at)?))
+    }
+
+    /// The tree at exactly `at`, a time an earlier view resolved to (a
+    /// handle into the past): refused if `at` is no longer kept exactly.
+    pub fn view_exactly(&self, at: Timestamp) -> Result<TreeView, TreeError> {
+        Ok(TreeView::new(self.volume.view_exactly(at)?))
     }
 
     /// Inodes in use (the root included) and the most there can be.
@@ -917,7 +924,7 @@ impl Tree {
         let original = inode.clone();
         let before = Attributes::of(&inode);
         if guard.is_some_and(|ctime| ctime != inode.ctime) {
-            return Err(TreeError::Invalid("the attributes changed since the guard was read".into()));
+            return Err(TreeError::NotSync);
         }
         let owner = caller.uid == 0 || caller.uid == inode.uid;
         if let Some(mode) = attributes.mode {

@@ -6,8 +6,8 @@
 //! (729 MB) in six minutes. So every such line goes through a budget:
 //!
 //! - each client (TCP: its IP address; Unix socket: its user id) may cause
-//!   `ServerConfig::log_lines_per_client` lines per
-//!   `ServerConfig::log_interval`, however many connections it opens;
+//!   `ServeConfig::log_lines_per_client` lines per
+//!   `ServeConfig::log_interval`, however many connections it opens;
 //! - all clients together at most `ALL_CLIENTS_FACTOR` times that, so many
 //!   addresses cannot multiply the rate without bound either;
 //! - what is held back is counted, and one line per client and interval
@@ -33,7 +33,7 @@ use parking_lot::Mutex;
 use tracing::warn;
 
 /// All clients together may log this many times what one may.
-pub(crate) const ALL_CLIENTS_FACTOR: u32 = 10;
+pub const ALL_CLIENTS_FACTOR: u32 = 10;
 
 /// Most clients with a budget of their own; more share `PeerKey::Others`.
 /// Each costs a map entry of under a hundred bytes.
@@ -41,7 +41,7 @@ const PEERS_TRACKED_MAX: usize = 4096;
 
 /// Who a budget belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum PeerKey {
+pub enum PeerKey {
     Ip(IpAddr),
     /// A Unix socket peer, by its user id.
     Uid(u32),
@@ -104,7 +104,7 @@ struct State {
 }
 
 /// The server's log budget; see the module doc.
-pub(crate) struct LogBudget {
+pub struct LogBudget {
     interval: Duration,
     lines_per_client: u32,
     lines_all: u32,
@@ -112,7 +112,7 @@ pub(crate) struct LogBudget {
 }
 
 impl LogBudget {
-    pub(crate) fn new(interval: Duration, lines_per_client: u32) -> LogBudget {
+    pub fn new(interval: Duration, lines_per_client: u32) -> LogBudget {
         assert!(!interval.is_zero());
         let now = Instant::now();
         LogBudget {
@@ -125,7 +125,7 @@ impl LogBudget {
 
     /// A handle for one connection of `peer`, which keeps the peer's budget
     /// while the connection lives.
-    pub(crate) fn connection(self: &Arc<Self>, peer: PeerKey) -> PeerLog {
+    pub fn connection(self: &Arc<Self>, peer: PeerKey) -> PeerLog {
         let mut state = self.state.lock();
         let key = Self::key(&state, peer);
         state.peers.entry(key).or_insert_with(|| Bucket::new(Instant::now())).connections += 1;
@@ -134,7 +134,7 @@ impl LogBudget {
 
     /// Whether a line about `peer` may be logged now (for peers without a
     /// connection, such as refused ones).
-    pub(crate) fn allow(&self, peer: PeerKey) -> bool {
+    pub fn allow(&self, peer: PeerKey) -> bool {
         let (allowed, summary) = {
             let mut state = self.state.lock();
             let key = Self::key(&state, peer);
@@ -149,12 +149,12 @@ impl LogBudget {
     /// Summarises what each client's ended interval held back, and forgets
     /// clients with no connection whose interval has ended. Call at least
     /// once per interval.
-    pub(crate) fn sweep(&self) {
+    pub fn sweep(&self) {
         self.summarise(Instant::now(), self.interval);
     }
 
     /// Summarises what was held back, interval ended or not (at shutdown).
-    pub(crate) fn flush(&self) {
+    pub fn flush(&self) {
         self.summarise(Instant::now(), Duration::ZERO);
     }
 
@@ -179,7 +179,7 @@ impl LogBudget {
         }
     }
 
-    pub(crate) fn interval(&self) -> Duration {
+    pub fn interval(&self) -> Duration {
         self.interval
     }
 
@@ -220,7 +220,7 @@ impl LogBudget {
 }
 
 /// One connection's way to its client's log budget.
-pub(crate) struct PeerLog {
+pub struct PeerLog {
     budget: Arc<LogBudget>,
     key: PeerKey,
 }
@@ -228,7 +228,7 @@ pub(crate) struct PeerLog {
 impl PeerLog {
     /// Whether a line about this client may be logged now. Use as
     /// `if log.allow() { warn!(…) }`.
-    pub(crate) fn allow(&self) -> bool {
+    pub fn allow(&self) -> bool {
         let (allowed, summary) = {
             let mut state = self.budget.state.lock();
             self.budget.take(&mut state, self.key, Instant::now())

@@ -1,0 +1,745 @@
+//! The NFSv3 program (RFC 1813): each call's arguments decoded, the tree
+//! asked, the results encoded with `nfs3_types`.
+//!
+//! # The past as directories
+//!
+//! `/.rewind` under a tree's root is a directory of its own (a handle of
+//! kind `Past`), not stored anywhere: LOOKUP of a name in it — a bookmark
+//! or any time Rewind accepts, percent-decoded — resolves the name to an
+//! exact point of the tree's history and answers the root of the tree as it
+//! was then (a handle carrying that time); READDIR lists the bookmarks.
+//! READDIR of the root does not list `.rewind` (as `.zfs` is not), but
+//! LOOKUP finds it. Everything under a time is read-only (NFS3ERR_ROFS).
+
+use std::sync::Arc;
+
+use nfs3_types::nfs3::{
+    cookieverf3, dirlist3, dirlistplus3, entry3, entryplus3, fattr3, filename3, ftype3, nfs_fh3, nfsstat3, nfstime3,
+    specdata3, stable_how, wcc_attr, wcc_data, writeverf3, ACCESS3resok, COMMIT3resok, CREATE3resok, FSINFO3resok,
+    FSSTAT3resok, GETATTR3resok, LINK3resok, LOOKUP3resok, Nfs3Option, PATHCONF3resok, READ3resok, READDIR3resok,
+    READDIRPLUS3resok, READLINK3resok, RENAME3resok, SETATTR3resok, WRITE3resok, FSF3_CANSETTIME, FSF3_HOMOGENEOUS,
+    FSF3_LINK, FSF3_SYMLINK,
+};
+use nfs3_types::xdr_codec::{List, Opaque, Pack};
+use rewind_tree::{
+    Access, Attributes, Caller, FileKind, Handle, Namespace, Stability, TreeError, TreeView, Wcc, FILE_BYTES_MAX,
+    NAME_BYTES_MAX, ROOT_INODE,
+};
+use rewind_types::Timestamp;
+
+use crate::args;
+use crate::handle::{FileHandle, Target};
+use crate::rpc::{self, Accepted};
+use crate::trees::{now, OpenTree, Trees};
+use crate::xdr::{Garbage, XdrReader};
+
+pub const PROGRAM: u32 = nfs3_types::nfs3::PROGRAM;
+pub const VERSION: u32 = 3;
+/// The name of the past under every tree's root.
+pub const PAST_NAME: &[u8] = b".rewind";
+/// The file id of `/.rewind`: above every inode number.
+const PAST_FILE_ID: u64 = u64::MAX - 1;
+/// Reads and writes of up to 1 MiB (FSINFO).
+const TRANSFER_BYTES_MAX: u32 = 1 << 20;
+/// Entries a READDIR looks at, whatever the client's count.
+const DIRECTORY_ENTRIES_MAX: usize = 4096;
+
+/// One entry of a listing: cookie, name, attributes, handle.
+type Entry = (u64, Vec<u8>, fattr3, Option<nfs_fh3>);
+
+/// What a handle resolved to.
+pub(crate) enum Object {
+    Present {
+        tree: Arc<OpenTree>,
+        handle: Handle,
+    },
+    Past {
+        tree: Arc<OpenTree>,
+        view: Arc<TreeView>,
+        handle: Handle,
+    },
+    /// The tree's `/.rewind`.
+    Directory {
+        tree: Arc<OpenTree>,
+    },
+}
+
+impl Object {
+    pub(crate) fn tree(&self) -> &Arc<OpenTree> {
+        match self {
+            Object::Present { tree, .. } | Object::Past { tree, .. } | Object::Directory { tree } => tree,
+        }
+    }
+
+    fn namespace(&self) -> Option<(&dyn Namespace, Handle)> {
+        match self {
+            Object::Present { tree, handle } => Some((&tree.tree as &dyn Namespace, *handle)),
+            Object::Past { view, handle, .. } => Some((&**view as &dyn Namespace, *handle)),
+            Object::Directory { .. } => None,
+        }
+    }
+
+    fn at(&self) -> Option<Timestamp> {
+        match self {
+            Object::Past { view, .. } => Some(view.at()),
+            _ => None,
+        }
+    }
+
+    /// Each point in time is a file system of its own to clients.
+    fn fsid(&self) -> u64 {
+        self.tree().id ^ self.at().map_or(0, Timestamp::unix_nanos)
+    }
+
+    /// The handle of this object itself.
+    pub(crate) fn own_handle(&self) -> FileHandle {
+        let target = match self {
+            Object::Present { handle, .. } | Object::Past { handle, .. } => Target::Inode(*handle),
+            Object::Directory { .. } => Target::Past,
+        };
+        FileHandle { tree: self.tree().id, target, at: self.at() }
+    }
+
+    pub(crate) fn file_handle(&self, handle: Handle) -> nfs_fh3 {
+        let target = Target::Inode(handle);
+        fh(FileHandle { tree: self.tree().id, target, at: self.at() })
+    }
+
+    /// The attributes of what the handle names.
+    fn attributes(&self) -> Result<fattr3, TreeError> {
+        match self.namespace() {
+            Some((namespace, handle)) => Ok(fattr(&namespace.getattr(handle)?, self.fsid())),
+            None => {
+                let root = self.tree().tree.getattr(self.tree().tree.root()?)?;
+                Ok(past_attributes(&root, self.fsid()))
+            }
+        }
+    }
+
+    fn post_op(&self) -> Nfs3Option<fattr3> {
+        self.attributes().map_or(Nfs3Option::None, Nfs3Option::Some)
+    }
+}
+
+fn fh(handle: FileHandle) -> nfs_fh3 {
+    nfs_fh3 { data: Opaque::owned(handle.encode()) }
+}
+
+fn nfs_time(time: Timestamp) -> nfstime3 {
+    let nanos = time.unix_nanos();
+    nfstime3 {
+        seconds: u32::try_from(nanos / 1_000_000_000).unwrap_or(u32::MAX),
+        nseconds: (nanos % 1_000_000_000) as u32,
+    }
+}
+
+fn ftype(kind: FileKind) -> ftype3 {
+    match kind {
+        FileKind::Regular => ftype3::NF3REG,
+        FileKind::Directory => ftype3::NF3DIR,
+        FileKind::Symlink => ftype3::NF3LNK,
+        FileKind::CharDevice => ftype3::NF3CHR,
+        FileKind::BlockDevice => ftype3::NF3BLK,
+        FileKind::Socket => ftype3::NF3SOCK,
+        FileKind::Fifo => ftype3::NF3FIFO,
+    }
+}
+
+fn fattr(attributes: &Attributes, fsid: u64) -> fattr3 {
+    fattr3 {
+        type_: ftype(attributes.kind),
+        mode: attributes.mode,
+        nlink: attributes.nlink,
+        uid: attributes.uid,
+        gid: attributes.gid,
+        size: attributes.size,
+        used: attributes.used_bytes,
+        rdev: specdata3 { specdata1: attributes.rdev.0, specdata2: attributes.rdev.1 },
+        fsid,
+        fileid: attributes.handle.ino,
+        atime: nfs_time(attributes.atime),
+        mtime: nfs_time(attributes.mtime),
+        ctime: nfs_time(attributes.ctime),
+    }
+}
+
+/// `/.rewind`: read-only, owned by root, its times the root's.
+fn past_attributes(root: &Attributes, fsid: u64) -> fattr3 {
+    fattr3 {
+        type_: ftype3::NF3DIR,
+        mode: 0o555,
+        nlink: 2,
+        uid: 0,
+        gid: 0,
+        size: 4096,
+        used: 4096,
+        rdev: specdata3::default(),
+        fsid,
+        fileid: PAST_FILE_ID,
+        atime: nfs_time(root.atime),
+        mtime: nfs_time(root.mtime),
+        ctime: nfs_time(root.ctime),
+    }
+}
+
+fn wcc(change: &Wcc, fsid: u64) -> wcc_data {
+    let before = &change.before;
+    wcc_data {
+        before: Nfs3Option::Some(wcc_attr {
+            size: before.size,
+            mtime: nfs_time(before.mtime),
+            ctime: nfs_time(before.ctime),
+        }),
+        after: Nfs3Option::Some(fattr(&change.after, fsid)),
+    }
+}
+
+/// The protocol's error for a tree's.
+pub(crate) fn status(error: &TreeError) -> nfsstat3 {
+    use rewind_engine::EngineError;
+    match error {
+        TreeError::NotFound => nfsstat3::NFS3ERR_NOENT,
+        TreeError::Exists => nfsstat3::NFS3ERR_EXIST,
+        TreeError::NotDirectory => nfsstat3::NFS3ERR_NOTDIR,
+        TreeError::IsDirectory => nfsstat3::NFS3ERR_ISDIR,
+        TreeError::NotEmpty => nfsstat3::NFS3ERR_NOTEMPTY,
+        TreeError::NameTooLong(_) => nfsstat3::NFS3ERR_NAMETOOLONG,
+        TreeError::Invalid(_) | TreeError::NotSymlink => nfsstat3::NFS3ERR_INVAL,
+        TreeError::Stale => nfsstat3::NFS3ERR_STALE,
+        TreeError::FileTooLarge => nfsstat3::NFS3ERR_FBIG,
+        TreeError::NoInodes => nfsstat3::NFS3ERR_NOSPC,
+        TreeError::ReadOnly => nfsstat3::NFS3ERR_ROFS,
+        TreeError::AccessDenied => nfsstat3::NFS3ERR_ACCES,
+        TreeError::NotPermitted => nfsstat3::NFS3ERR_PERM,
+        TreeError::NotSync => nfsstat3::NFS3ERR_NOT_SYNC,
+        TreeError::Engine(EngineError::NoSpace { .. }) => nfsstat3::NFS3ERR_NOSPC,
+        TreeError::Engine(
+            EngineError::BeforeHistory { .. }
+            | EngineError::HistoryDeleted { .. }
+            | EngineError::HistoryExpired { .. }
+            | EngineError::InFuture { .. }
+            | EngineError::BookmarkNotFound { .. }
+            | EngineError::TimeSpec(_),
+        ) => nfsstat3::NFS3ERR_NOENT,
+        TreeError::Engine(EngineError::InvalidArgument(_)) => nfsstat3::NFS3ERR_INVAL,
+        _ => nfsstat3::NFS3ERR_IO,
+    }
+}
+
+/// Why a call got no results: an NFS status (with the procedure's failure
+/// body), or arguments that did not decode.
+pub(crate) enum Failure {
+    Status(nfsstat3),
+    Garbage(Garbage),
+}
+
+impl From<Garbage> for Failure {
+    fn from(garbage: Garbage) -> Self {
+        Failure::Garbage(garbage)
+    }
+}
+
+impl From<TreeError> for Failure {
+    fn from(error: TreeError) -> Self {
+        if matches!(error, TreeError::Damaged(_) | TreeError::Engine(_)) {
+            tracing::warn!(%error, "NFS call failed");
+        }
+        Failure::Status(status(&error))
+    }
+}
+
+impl From<nfsstat3> for Failure {
+    fn from(status: nfsstat3) -> Self {
+        Failure::Status(status)
+    }
+}
+
+/// Serves the NFS and MOUNT programs for the node's trees.
+pub struct Dispatcher {
+    pub(crate) trees: Arc<Trees>,
+    /// WRITE and COMMIT's verifier: a new one each time the server starts,
+    /// so clients resend unstable writes a crash may have lost.
+    verifier: writeverf3,
+}
+
+impl Dispatcher {
+    pub fn new(trees: Arc<Trees>) -> Dispatcher {
+        Dispatcher { trees, verifier: writeverf3(now().unix_nanos().to_be_bytes()) }
+    }
+
+    /// Resolves a handle from a call.
+    pub(crate) fn object(&self, bytes: &[u8]) -> Result<Object, Failure> {
+        let handle = FileHandle::decode(bytes).ok_or(nfsstat3::NFS3ERR_BADHANDLE)?;
+        let tree = self.trees.by_id(handle.tree)?;
+        Ok(match (handle.target, handle.at) {
+            (Target::Past, _) => Object::Directory { tree },
+            (Target::Inode(inode), None) => Object::Present { tree, handle: inode },
+            (Target::Inode(inode), Some(at)) => {
+                // A time no longer kept is as gone as a removed file.
+                let view = tree.view(at).map_err(|_| nfsstat3::NFS3ERR_STALE)?;
+                Object::Past { tree, view, handle: inode }
+            }
+        })
+    }
+
+    /// A present inode to change, or ROFS for the past.
+    fn present(&self, bytes: &[u8]) -> Result<(Arc<OpenTree>, Handle), Failure> {
+        match self.object(bytes)? {
+            Object::Present { tree, handle } => Ok((tree, handle)),
+            Object::Past { .. } | Object::Directory { .. } => Err(nfsstat3::NFS3ERR_ROFS.into()),
+        }
+    }
+
+    /// Answers an NFS call into `out` (accepted, success or a status).
+    pub(crate) fn nfs(&self, procedure: u32, arguments: &[u8], caller: &Caller, xid: u32, out: &mut Vec<u8>) {
+        let mut reader = XdrReader::new(arguments);
+        let result = match procedure {
+            0 => Ok(Vec::new()),
+            1 => self.getattr(&mut reader),
+            2 => self.setattr(&mut reader, caller),
+            3 => self.lookup(&mut reader, caller),
+            4 => self.access(&mut reader, caller),
+            5 => self.readlink(&mut reader),
+            6 => self.read(&mut reader, caller),
+            7 => self.write(&mut reader, caller),
+            8..=11 => self.make(procedure, &mut reader, caller),
+            12 | 13 => self.remove(procedure == 13, &mut reader, caller),
+            14 => self.rename(&mut reader, caller),
+            15 => self.link(&mut reader, caller),
+            16 | 17 => self.readdir(procedure == 17, &mut reader, caller),
+            18 => self.fsstat(&mut reader),
+            19 => self.fsinfo(&mut reader),
+            20 => self.pathconf(&mut reader),
+            21 => self.commit(&mut reader),
+            _ => {
+                rpc::accepted(out, xid, Accepted::ProcedureUnavailable, (0, 0));
+                return;
+            }
+        };
+        match result {
+            Ok(results) => {
+                rpc::accepted(out, xid, Accepted::Success, (0, 0));
+                out.extend_from_slice(&results);
+            }
+            Err(Failure::Garbage(Garbage(reason))) => {
+                tracing::debug!(procedure, %reason, "garbage arguments");
+                rpc::accepted(out, xid, Accepted::GarbageArguments, (0, 0));
+            }
+            Err(Failure::Status(status)) => {
+                rpc::accepted(out, xid, Accepted::Success, (0, 0));
+                pack(out, &status);
+                // Every failure body starts with post-op attributes or wcc
+                // data, all optional: "not sent" is always a valid body
+                // (RENAME's has two).
+                let absent_words = match procedure {
+                    1 => 0,
+                    14 => 4,
+                    15 => 3,
+                    2 | 7..=13 | 21 => 2,
+                    _ => 1,
+                };
+                out.extend(std::iter::repeat_n(0u8, 4 * absent_words));
+            }
+        }
+    }
+
+    fn getattr(&self, reader: &mut XdrReader<'_>) -> Result<Vec<u8>, Failure> {
+        let object = self.object(args::handle(reader)?)?;
+        reader.finish()?;
+        Ok(packed(&GETATTR3resok { obj_attributes: object.attributes()? }))
+    }
+
+    fn setattr(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
+        let target = args::handle(reader)?;
+        let attributes = args::set_attributes(reader)?;
+        let guard = reader.bool()?.then(|| args::time(reader)).transpose()?;
+        reader.finish()?;
+        let (tree, handle) = self.present(target)?;
+        // The guard is compared at the protocol's resolution (seconds and nanoseconds, as sent).
+        let change = tree.tree.setattr(handle, &attributes, guard, caller, now())?;
+        Ok(packed(&SETATTR3resok { obj_wcc: wcc(&change, tree.id) }))
+    }
+
+    fn lookup(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
+        let (dir, name) = args::dir_name(reader)?;
+        reader.finish()?;
+        let dir = self.object(dir)?;
+        let (object, attributes) = self.lookup_in(&dir, name, caller)?;
+        Ok(packed(&LOOKUP3resok {
+            object,
+            obj_attributes: Nfs3Option::Some(attributes),
+            dir_attributes: dir.post_op(),
+        }))
+    }
+
+    /// `name` in `dir`, with `/.rewind` and its times.
+    pub(crate) fn lookup_in(&self, dir: &Object, name: &[u8], caller: &Caller) -> Result<(nfs_fh3, fattr3), Failure> {
+        let tree = dir.tree();
+        let past_directory = || {
+            let object = Object::Directory { tree: Arc::clone(tree) };
+            Ok::<_, Failure>((fh(FileHandle { tree: tree.id, target: Target::Past, at: None }), object.attributes()?))
+        };
+        match dir {
+            Object::Directory { tree } => match name {
+                b"." => past_directory(),
+                b".." => {
+                    let root = Object::Present { tree: Arc::clone(tree), handle: tree.tree.root()? };
+                    Ok((root.file_handle(tree.tree.root()?), root.attributes()?))
+                }
+                _ => {
+                    let text = std::str::from_utf8(name).map_err(|_| nfsstat3::NFS3ERR_NOENT)?;
+                    let at = tree.resolve(text, &self.trees.zone)?;
+                    let view = tree.view(at)?;
+                    let handle = view.getattr_root()?.handle;
+                    let object = Object::Past { tree: Arc::clone(tree), view, handle };
+                    Ok((object.file_handle(handle), object.attributes()?))
+                }
+            },
+            Object::Present { handle, .. } if name == PAST_NAME && handle.ino == ROOT_INODE => past_directory(),
+            Object::Past { handle, .. } if name == b".." && handle.ino == ROOT_INODE => past_directory(),
+            _ => {
+                let (namespace, handle) = dir.namespace().expect("not the past directory");
+                let found = namespace.lookup(handle, name, caller)?;
+                Ok((dir.file_handle(found.handle), fattr(&found, dir.fsid())))
+            }
+        }
+    }
+
+    fn access(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
+        let object = self.object(args::handle(reader)?)?;
+        let wanted = reader.u32()?;
+        reader.finish()?;
+        let access = match object.namespace() {
+            Some((namespace, handle)) => namespace.access(handle, caller, wanted)?,
+            None => wanted & (Access::READ | Access::LOOKUP | Access::EXECUTE),
+        };
+        Ok(packed(&ACCESS3resok { obj_attributes: object.post_op(), access }))
+    }
+
+    fn readlink(&self, reader: &mut XdrReader<'_>) -> Result<Vec<u8>, Failure> {
+        let object = self.object(args::handle(reader)?)?;
+        reader.finish()?;
+        let (namespace, handle) = object.namespace().ok_or(nfsstat3::NFS3ERR_INVAL)?;
+        let target = namespace.readlink(handle)?;
+        let data = nfs3_types::nfs3::nfspath3(Opaque::owned(target));
+        Ok(packed(&READLINK3resok { symlink_attributes: object.post_op(), data }))
+    }
+
+    fn read(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
+        let object = self.object(args::handle(reader)?)?;
+        let (offset, count) = (reader.u64()?, reader.u32()?);
+        reader.finish()?;
+        let (namespace, handle) = object.namespace().ok_or(nfsstat3::NFS3ERR_ISDIR)?;
+        let (data, eof) = namespace.read(handle, offset, count.min(TRANSFER_BYTES_MAX), caller)?;
+        let count = data.len() as u32;
+        Ok(packed(&READ3resok { file_attributes: object.post_op(), count, eof, data: Opaque::owned(data) }))
+    }
+
+    fn write(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
+        let target = args::handle(reader)?;
+        let (offset, count) = (reader.u64()?, reader.u32()?);
+        let stable = match reader.u32()? {
+            0 => Stability::Unstable,
+            1 => Stability::DataSync,
+            2 => Stability::FileSync,
+            other => return Err(Garbage(format!("stable_how {other}")).into()),
+        };
+        let data = reader.opaque(args::WRITE_BYTES_MAX, "data")?;
+        reader.finish()?;
+        if count as usize != data.len() {
+            return Err(nfsstat3::NFS3ERR_INVAL.into());
+        }
+        let (tree, handle) = self.present(target)?;
+        let change = tree.tree.write(handle, offset, data, stable, caller, now())?;
+        let committed = match stable {
+            Stability::Unstable => stable_how::UNSTABLE,
+            // Both are made durable with the file's attributes (FUA).
+            Stability::DataSync | Stability::FileSync => stable_how::FILE_SYNC,
+        };
+        Ok(packed(&WRITE3resok { file_wcc: wcc(&change, tree.id), count, committed, verf: self.verifier }))
+    }
+
+    /// CREATE (8), MKDIR (9), SYMLINK (10), MKNOD (11).
+    fn make(&self, procedure: u32, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
+        let (dir, name) = args::dir_name(reader)?;
+        let now = now();
+        let made = match procedure {
+            8 => {
+                let how = args::create_how(reader)?;
+                reader.finish()?;
+                let (tree, dir) = self.present(dir)?;
+                (tree.tree.create(dir, name, &how, caller, now), tree)
+            }
+            9 => {
+                let attributes = args::set_attributes(reader)?;
+                reader.finish()?;
+                let (tree, dir) = self.present(dir)?;
+                (tree.tree.mkdir(dir, name, &attributes, caller, now), tree)
+            }
+            10 => {
+                let attributes = args::set_attributes(reader)?;
+                let target = reader.opaque(args::PATH_BYTES_MAX, "symlink target")?;
+                reader.finish()?;
+                let (tree, dir) = self.present(dir)?;
+                (tree.tree.symlink(dir, name, target, &attributes, caller, now), tree)
+            }
+            _ => {
+                let (kind, rdev, attributes) = match reader.u32()? {
+                    code @ (3 | 4) => {
+                        let attributes = args::set_attributes(reader)?;
+                        let rdev = (reader.u32()?, reader.u32()?);
+                        let kind = if code == 3 { FileKind::BlockDevice } else { FileKind::CharDevice };
+                        (kind, rdev, attributes)
+                    }
+                    code @ (6 | 7) => {
+                        let kind = if code == 6 { FileKind::Socket } else { FileKind::Fifo };
+                        (kind, (0, 0), args::set_attributes(reader)?)
+                    }
+                    1 | 2 | 5 => return Err(nfsstat3::NFS3ERR_BADTYPE.into()),
+                    other => return Err(Garbage(format!("ftype3 {other}")).into()),
+                };
+                reader.finish()?;
+                let (tree, dir) = self.present(dir)?;
+                (tree.tree.mknod(dir, name, kind, rdev, &attributes, caller, now), tree)
+            }
+        };
+        let (result, tree) = made;
+        let (attributes, change) = result?;
+        let handle = fh(FileHandle { tree: tree.id, target: Target::Inode(attributes.handle), at: None });
+        Ok(packed(&CREATE3resok {
+            obj: Nfs3Option::Some(handle),
+            obj_attributes: Nfs3Option::Some(fattr(&attributes, tree.id)),
+            dir_wcc: wcc(&change, tree.id),
+        }))
+    }
+
+    fn remove(&self, directory: bool, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
+        let (dir, name) = args::dir_name(reader)?;
+        reader.finish()?;
+        let (tree, dir) = self.present(dir)?;
+        if dir.ino == ROOT_INODE && name == PAST_NAME {
+            return Err(nfsstat3::NFS3ERR_ROFS.into());
+        }
+        let change = tree.tree.remove(dir, name, directory, caller, now())?;
+        // REMOVE3resok and RMDIR3resok are both one wcc_data.
+        Ok(packed(&wcc(&change, tree.id)))
+    }
+
+    fn rename(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
+        let (from_dir, from_name) = args::dir_name(reader)?;
+        let (to_dir, to_name) = args::dir_name(reader)?;
+        reader.finish()?;
+        let (tree, from_dir) = self.present(from_dir)?;
+        let (to_tree, to_dir) = self.present(to_dir)?;
+        if to_tree.id != tree.id {
+            return Err(nfsstat3::NFS3ERR_XDEV.into());
+        }
+        if [(from_dir, from_name), (to_dir, to_name)]
+            .iter()
+            .any(|(dir, name)| dir.ino == ROOT_INODE && *name == PAST_NAME)
+        {
+            return Err(nfsstat3::NFS3ERR_ROFS.into());
+        }
+        let (from, to) = tree.tree.rename(from_dir, from_name, to_dir, to_name, caller, now())?;
+        Ok(packed(&RENAME3resok { fromdir_wcc: wcc(&from, tree.id), todir_wcc: wcc(&to, tree.id) }))
+    }
+
+    fn link(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
+        let file = args::handle(reader)?;
+        let (dir, name) = args::dir_name(reader)?;
+        reader.finish()?;
+        let (tree, file) = self.present(file)?;
+        let (dir_tree, dir) = self.present(dir)?;
+        if dir_tree.id != tree.id {
+            return Err(nfsstat3::NFS3ERR_XDEV.into());
+        }
+        let (attributes, change) = tree.tree.link(file, dir, name, caller, now())?;
+        Ok(packed(&LINK3resok {
+            file_attributes: Nfs3Option::Some(fattr(&attributes, tree.id)),
+            linkdir_wcc: wcc(&change, tree.id),
+        }))
+    }
+
+    /// READDIR and READDIRPLUS: entries until the client's byte counts.
+    fn readdir(&self, plus: bool, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
+        let dir = self.object(args::handle(reader)?)?;
+        let cookie = reader.u64()?;
+        let _verifier = reader.fixed::<8>("cookie verifier")?;
+        let dircount = reader.u32()?;
+        let maxcount = if plus { reader.u32()? } else { dircount };
+        reader.finish()?;
+        let dir_attributes = dir.attributes()?;
+        let verifier = cookieverf3(u64::from(dir_attributes.mtime.seconds).to_be_bytes());
+        let (entries, eof) = self.entries(&dir, cookie, caller)?;
+        // Room for the fixed part of the reply; each entry then counts its size.
+        let mut room = (maxcount as usize).saturating_sub(128).min(TRANSFER_BYTES_MAX as usize);
+        let mut taken = 0;
+        let mut plain = Vec::new();
+        let mut full = Vec::new();
+        for (cookie, name, attributes, handle) in entries.iter().cloned() {
+            let name = filename3(Opaque::owned(name));
+            let size = match plus {
+                true => {
+                    let entry = entryplus3 {
+                        fileid: attributes.fileid,
+                        name,
+                        cookie,
+                        name_attributes: Nfs3Option::Some(attributes),
+                        name_handle: handle.map_or(Nfs3Option::None, Nfs3Option::Some),
+                    };
+                    let size = entry.packed_size() + 4;
+                    if size <= room {
+                        full.push(entry);
+                    }
+                    size
+                }
+                false => {
+                    let entry = entry3 { fileid: attributes.fileid, name, cookie };
+                    let size = entry.packed_size() + 4;
+                    if size <= room {
+                        plain.push(entry);
+                    }
+                    size
+                }
+            };
+            if size > room {
+                break;
+            }
+            room -= size;
+            taken += 1;
+        }
+        if taken == 0 && !entries.is_empty() {
+            return Err(nfsstat3::NFS3ERR_TOOSMALL.into());
+        }
+        let eof = eof && taken == entries.len();
+        let dir_attributes = Nfs3Option::Some(dir_attributes);
+        Ok(match plus {
+            true => packed(&READDIRPLUS3resok {
+                dir_attributes,
+                cookieverf: verifier,
+                reply: dirlistplus3 { entries: List(full), eof },
+            }),
+            false => packed(&READDIR3resok {
+                dir_attributes,
+                cookieverf: verifier,
+                reply: dirlist3 { entries: List(plain), eof },
+            }),
+        })
+    }
+
+    /// The listing of `dir` after `cookie`: cookie, name, attributes and
+    /// handle of each entry, and whether it is the end.
+    fn entries(&self, dir: &Object, cookie: u64, caller: &Caller) -> Result<(Vec<Entry>, bool), Failure> {
+        let fsid = dir.fsid();
+        let tree = dir.tree();
+        let past_directory = || -> Result<(fattr3, nfs_fh3), Failure> {
+            let object = Object::Directory { tree: Arc::clone(tree) };
+            Ok((object.attributes()?, fh(FileHandle { tree: tree.id, target: Target::Past, at: None })))
+        };
+        match dir.namespace() {
+            Some((namespace, handle)) => {
+                let listing = namespace.readdir(handle, cookie, DIRECTORY_ENTRIES_MAX, caller)?;
+                let mut entries = Vec::with_capacity(listing.entries.len());
+                for entry in listing.entries {
+                    let (attributes, handle) = match dir {
+                        // The past's root has `/.rewind` for "..".
+                        Object::Past { .. } if handle.ino == ROOT_INODE && entry.name == b".." => past_directory()?,
+                        _ => (fattr(&entry.attributes, fsid), dir.file_handle(entry.attributes.handle)),
+                    };
+                    entries.push((entry.cookie, entry.name, attributes, Some(handle)));
+                }
+                Ok((entries, listing.eof))
+            }
+            None => {
+                let (own, own_handle) = past_directory()?;
+                let root = Object::Present { tree: Arc::clone(tree), handle: tree.tree.root()? };
+                let root_handle = root.file_handle(tree.tree.root()?);
+                let mut entries = vec![
+                    (1, b".".to_vec(), own, Some(own_handle)),
+                    (2, b"..".to_vec(), root.attributes()?, Some(root_handle)),
+                ];
+                for (index, bookmark) in tree.tree.volume().bookmarks().iter().enumerate() {
+                    // (A bookmark whose point retention has dropped is not listed.)
+                    let Ok(view) = tree.view(bookmark.timestamp) else { continue };
+                    let Ok(attributes) = view.getattr_root() else { continue };
+                    let object = Object::Past { tree: Arc::clone(tree), view, handle: attributes.handle };
+                    let entry_handle = object.file_handle(attributes.handle);
+                    let name = bookmark.name.as_str().as_bytes().to_vec();
+                    entries.push((3 + index as u64, name, fattr(&attributes, object.fsid()), Some(entry_handle)));
+                }
+                entries.retain(|entry| entry.0 > cookie);
+                Ok((entries, true))
+            }
+        }
+    }
+
+    fn fsstat(&self, reader: &mut XdrReader<'_>) -> Result<Vec<u8>, Failure> {
+        let object = self.object(args::handle(reader)?)?;
+        reader.finish()?;
+        let space = self.trees.node().space();
+        let (used, max) = object.tree().tree.inode_counts();
+        Ok(packed(&FSSTAT3resok {
+            obj_attributes: object.post_op(),
+            tbytes: space.total_bytes,
+            fbytes: space.free_bytes,
+            abytes: space.free_bytes.saturating_sub(space.reserve_bytes),
+            tfiles: max,
+            ffiles: max - used,
+            afiles: max - used,
+            invarsec: 0,
+        }))
+    }
+
+    fn fsinfo(&self, reader: &mut XdrReader<'_>) -> Result<Vec<u8>, Failure> {
+        let object = self.object(args::handle(reader)?)?;
+        reader.finish()?;
+        Ok(packed(&FSINFO3resok {
+            obj_attributes: object.post_op(),
+            rtmax: TRANSFER_BYTES_MAX,
+            rtpref: TRANSFER_BYTES_MAX,
+            rtmult: 4096,
+            wtmax: TRANSFER_BYTES_MAX,
+            wtpref: TRANSFER_BYTES_MAX,
+            wtmult: 4096,
+            dtpref: 64 << 10,
+            maxfilesize: FILE_BYTES_MAX,
+            time_delta: nfstime3 { seconds: 0, nseconds: 1 },
+            properties: FSF3_LINK | FSF3_SYMLINK | FSF3_HOMOGENEOUS | FSF3_CANSETTIME,
+        }))
+    }
+
+    fn pathconf(&self, reader: &mut XdrReader<'_>) -> Result<Vec<u8>, Failure> {
+        let object = self.object(args::handle(reader)?)?;
+        reader.finish()?;
+        Ok(packed(&PATHCONF3resok {
+            obj_attributes: object.post_op(),
+            linkmax: u32::MAX,
+            name_max: NAME_BYTES_MAX as u32,
+            no_trunc: true,
+            chown_restricted: true,
+            case_insensitive: false,
+            case_preserving: true,
+        }))
+    }
+
+    fn commit(&self, reader: &mut XdrReader<'_>) -> Result<Vec<u8>, Failure> {
+        let target = args::handle(reader)?;
+        let (_offset, _count) = (reader.u64()?, reader.u32()?);
+        reader.finish()?;
+        let (tree, handle) = self.present(target)?;
+        let before = tree.tree.getattr(handle)?;
+        tree.tree.commit_writes()?;
+        let change = Wcc { after: before.clone(), before };
+        Ok(packed(&COMMIT3resok { file_wcc: wcc(&change, tree.id), verf: self.verifier }))
+    }
+}
+
+pub(crate) fn pack(out: &mut Vec<u8>, value: &impl Pack) {
+    value.pack(out).expect("packing into a Vec cannot fail");
+}
+
+pub(crate) fn packed(value: &impl Pack) -> Vec<u8> {
+    let mut out = Vec::with_capacity(value.packed_size());
+    pack(&mut out, value);
+    out
+}

@@ -1,0 +1,163 @@
+//! The node's file trees as the NFS server sees them: opened on first use,
+//! found by name (MOUNT) or by the id in a handle, with their views of the
+//! past opened once and kept while used.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use jiff::tz::TimeZone;
+use parking_lot::Mutex;
+use rewind_engine::{EngineError, Node, VolumeKind};
+use rewind_tree::{Tree, TreeError, TreeView};
+use rewind_types::Timestamp;
+use rustc_hash::FxHashMap;
+
+use crate::handle::tree_id;
+
+/// Views kept open per tree; the least recently opened goes first.
+const VIEWS_OPEN_MAX: usize = 64;
+
+pub(crate) fn now() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+/// One open tree.
+pub struct OpenTree {
+    pub id: u64,
+    pub name: String,
+    pub tree: Tree,
+    /// (time, view), most recently opened last.
+    views: Mutex<Vec<(Timestamp, Arc<TreeView>)>>,
+}
+
+impl OpenTree {
+    /// The view at exactly `at` (a time a handle carries).
+    pub fn view(&self, at: Timestamp) -> Result<Arc<TreeView>, TreeError> {
+        let mut views = self.views.lock();
+        if let Some(position) = views.iter().position(|(time, _)| *time == at) {
+            let entry = views.remove(position);
+            let view = Arc::clone(&entry.1);
+            views.push(entry);
+            return Ok(view);
+        }
+        let view = Arc::new(self.tree.view_exactly(at)?);
+        if views.len() >= VIEWS_OPEN_MAX {
+            views.remove(0);
+        }
+        views.push((at, Arc::clone(&view)));
+        Ok(view)
+    }
+
+    /// The exact time `text` names (a bookmark, RFC 3339, Unix time, "-10m"
+    /// …, percent-encoded or not), for `.rewind/TEXT` and `TREE@TEXT`.
+    pub fn resolve(&self, text: &str, zone: &TimeZone) -> Result<Timestamp, TreeError> {
+        let decoded = percent_decode(text).ok_or_else(|| TreeError::Invalid(format!("{text:?}: bad % escape")))?;
+        let volume = self.tree.volume();
+        let at = volume.parse_time(&decoded, now(), zone)?;
+        // The exact point a view there shows (granularity may round it down).
+        Ok(self.tree.view(at)?.at())
+    }
+}
+
+/// Decodes `%XX` escapes; `None` if one is malformed or the result is not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(index + 1..index + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            index += 3;
+        } else {
+            out.push(bytes[index]);
+            index += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The node's trees.
+pub struct Trees {
+    node: Arc<Node>,
+    pub zone: TimeZone,
+    open: Mutex<FxHashMap<u64, Arc<OpenTree>>>,
+}
+
+impl Trees {
+    pub fn new(node: Arc<Node>) -> Trees {
+        Trees { node, zone: TimeZone::system(), open: Mutex::new(FxHashMap::default()) }
+    }
+
+    /// The names of the node's trees.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .node
+            .volumes()
+            .iter()
+            .filter(|volume| volume.kind() == VolumeKind::Tree)
+            .map(|volume| volume.name().to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The tree called `name`.
+    pub fn by_name(&self, name: &str) -> Result<Arc<OpenTree>, TreeError> {
+        let volume = match self.node.volume(name) {
+            Ok(volume) if volume.kind() == VolumeKind::Tree => volume,
+            Ok(_) | Err(EngineError::VolumeNotFound(_)) => return Err(TreeError::NotFound),
+            Err(error) => return Err(error.into()),
+        };
+        let id = tree_id(name, volume.created());
+        let mut open = self.open.lock();
+        if let Some(tree) = open.get(&id) {
+            // (The same volume: a tree deleted and made again has another id.)
+            return Ok(Arc::clone(tree));
+        }
+        let tree = Arc::new(OpenTree {
+            id,
+            name: name.to_owned(),
+            tree: Tree::open(volume, now())?,
+            views: Mutex::new(Vec::new()),
+        });
+        open.insert(id, Arc::clone(&tree));
+        Ok(tree)
+    }
+
+    /// The tree a handle names, or `Stale` if it is gone.
+    pub fn by_id(&self, id: u64) -> Result<Arc<OpenTree>, TreeError> {
+        if let Some(tree) = self.open.lock().get(&id) {
+            if self.node.volume(&tree.name).is_ok_and(|volume| tree_id(&tree.name, volume.created()) == id) {
+                return Ok(Arc::clone(tree));
+            }
+        }
+        for name in self.names() {
+            if let Ok(tree) = self.by_name(&name) {
+                if tree.id == id {
+                    return Ok(tree);
+                }
+            }
+        }
+        Err(TreeError::Stale)
+    }
+
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_escapes_decode_and_bad_ones_are_refused() {
+        assert_eq!(percent_decode("2026-11-23T10%3A00%3A00Z").as_deref(), Some("2026-11-23T10:00:00Z"));
+        assert_eq!(percent_decode("-10m").as_deref(), Some("-10m"));
+        assert_eq!(percent_decode("10%20minutes%20ago").as_deref(), Some("10 minutes ago"));
+        assert_eq!(percent_decode("%zz"), None);
+        assert_eq!(percent_decode("%4"), None);
+        assert_eq!(percent_decode("%ff"), None, "not UTF-8");
+    }
+}

@@ -1,0 +1,73 @@
+//! Connected byte streams a server serves: TCP, Unix domain sockets, and
+//! the plaintext end of a TLS session.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+/// A connected byte stream: TCP or a Unix domain socket (also the plaintext
+/// end of a TLS session). `Sync` because the transmission workers share one
+/// handle for `shutdown`; `AsFd` for the TLS pump's `poll`.
+pub trait Transport: Read + Write + AsFd + Send + Sync + Sized + 'static {
+    fn try_clone(&self) -> io::Result<Self>;
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    fn read_timeout(&self) -> io::Result<Option<Duration>>;
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
+    fn shutdown(&self, how: Shutdown) -> io::Result<()>;
+    /// Transport-specific tuning, done once after accept.
+    fn configure(&self) -> io::Result<()>;
+}
+
+impl Transport for TcpStream {
+    fn try_clone(&self) -> io::Result<Self> {
+        TcpStream::try_clone(self)
+    }
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, timeout)
+    }
+    fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        TcpStream::read_timeout(self)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, timeout)
+    }
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        TcpStream::set_nonblocking(self, nonblocking)
+    }
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        TcpStream::shutdown(self, how)
+    }
+    fn configure(&self) -> io::Result<()> {
+        // Replies are written whole, in one call; Nagle would only hold back
+        // the last segment of each one waiting for an ACK (NBD's spec asks
+        // for TCP_NODELAY on both sides; RPC replies are the same shape).
+        self.set_nodelay(true)
+    }
+}
+
+impl Transport for UnixStream {
+    fn try_clone(&self) -> io::Result<Self> {
+        UnixStream::try_clone(self)
+    }
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_read_timeout(self, timeout)
+    }
+    fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        UnixStream::read_timeout(self)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_write_timeout(self, timeout)
+    }
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        UnixStream::set_nonblocking(self, nonblocking)
+    }
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        UnixStream::shutdown(self, how)
+    }
+    fn configure(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
