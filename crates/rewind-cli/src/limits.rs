@@ -13,7 +13,8 @@
 //! clients do; of the rest, half go to NBD (`FDS_PER_CONNECTION` per
 //! connection, or `FDS_PER_TLS_CONNECTION` with TLS on, and one per refusal
 //! under way: up to 64 per listener, fewer if NBD's half is small) and half
-//! to HTTP (one per connection). The NBD
+//! to HTTP (one per connection). NFS takes a quarter of NBD's connections
+//! (at most 64, two descriptors each) out of NBD's half. The NBD
 //! connection cap is the smaller of `--nbd-connections-max` and what its
 //! half allows; the HTTP share is logged for the HTTP server's cap.
 
@@ -63,6 +64,9 @@ pub struct LimitArgs {
 /// What the servers are configured with.
 pub struct Limits {
     pub nbd: ServerConfig,
+    /// NFS connections at once: a quarter of NBD's share, at most 64; two
+    /// descriptors each, taken from NBD's share.
+    pub nfs_connections_max: usize,
     pub api: ApiLimits,
     /// The most API connections the descriptor budget holds.
     pub http_connections_max: usize,
@@ -87,6 +91,8 @@ impl LimitArgs {
             nbd_listeners * refusals_max,
             nbd_tls,
         )?;
+        let nfs_connections_max = (connections_max / 4).clamp(1, 64);
+        let connections_max = connections_max.saturating_sub(nfs_connections_max.div_ceil(2)).max(1);
         let nbd = ServerConfig {
             connections_max,
             refusals_max,
@@ -120,7 +126,7 @@ impl LimitArgs {
             nbd.connections_per_client_max,
             fds.http_connections_max(),
         );
-        Ok(Limits { nbd, api, http_connections_max: fds.http_connections_max() })
+        Ok(Limits { nbd, nfs_connections_max, api, http_connections_max: fds.http_connections_max() })
     }
 }
 

@@ -69,6 +69,9 @@ enum Command {
     /// Create, import, list, inspect and delete volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// File trees, served over NFSv3 with their past as `/.rewind/TIME` directories: `rewind tree create home`.
+    #[command(subcommand)]
+    Tree(TreeCommand),
     /// The node as a whole: `rewind node recover --bucket s3://BUCKET/PREFIX` rebuilds a lost one from its bucket.
     #[command(subcommand)]
     Node(node_cmd::NodeCommand),
@@ -323,8 +326,27 @@ impl ShapeArgs {
             granularity: Some(policy.granularity),
             retention: Some(policy.retention),
             space_max: Some(policy.space_max),
+            tree: false,
         })
     }
+}
+
+#[derive(Subcommand)]
+enum TreeCommand {
+    /// Create an empty file tree; protection begins now. `rewind serve` serves it over NFSv3 as the
+    /// export /NAME (and /NAME@TIME, /NAME/.rewind/TIME as it was).
+    Create {
+        name: String,
+        #[command(flatten)]
+        policy: PolicyArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The node's file trees.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -543,7 +565,11 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
         Command::Node(command) => return node_cmd::run(&cli.data_dir, command),
         command => command,
     };
-    let creates = matches!(command, Command::Volume(VolumeCommand::Create { .. } | VolumeCommand::Import { .. }));
+    let creates = matches!(
+        command,
+        Command::Volume(VolumeCommand::Create { .. } | VolumeCommand::Import { .. })
+            | Command::Tree(TreeCommand::Create { .. })
+    );
     let backend = if cli.offline {
         backend::local(&cli.data_dir, creates)?
     } else {
@@ -553,6 +579,7 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
         Command::Serve(_) | Command::Lab(_) | Command::Node(_) => unreachable!("handled above"),
         Command::Trace(TraceCommand::Export { volume }) => lab::export(&*backend, &volume),
         Command::Volume(command) => volume(&*backend, command),
+        Command::Tree(command) => tree(&*backend, command),
         Command::Bookmark(args) => bookmark(&*backend, args),
         Command::Group(command) => group::group(&*backend, command),
         Command::Token(command) => token(&*backend, command),
@@ -679,6 +706,51 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
                  {} versions kept, {} dropped by thinning in all",
                 deleted.volume, deleted.from, deleted.to, deleted.versions, deleted.versions_thinned
             );
+            Ok(())
+        }
+    }
+}
+
+fn tree(backend: &dyn Backend, command: TreeCommand) -> Result<()> {
+    match command {
+        TreeCommand::Create { name, policy, json } => {
+            let request = CreateVolume {
+                name,
+                size_bytes: 0,
+                block_size: None,
+                layout: None,
+                cache: None,
+                granularity: Some(policy.granularity),
+                retention: Some(policy.retention),
+                space_max: Some(policy.space_max),
+                tree: true,
+            };
+            let info = backend.create_volume(&request)?;
+            if json {
+                return output::json(&info);
+            }
+            println!(
+                "created file tree {} (keeps {}): nfs://127.0.0.1{}?version=3&nfsport=2049&mountport=2049 \
+                 (MOUNT and NFS on one port) once `rewind serve` runs; its past is {}/.rewind/TIME",
+                info.name,
+                output::kept_history(&info),
+                info.export,
+                info.export
+            );
+            Ok(())
+        }
+        TreeCommand::List { json } => {
+            let trees: Vec<rewind_http::api::VolumeInfo> =
+                backend.list_volumes()?.into_iter().filter(|volume| volume.kind == "tree").collect();
+            if json {
+                return output::json(&trees);
+            }
+            if trees.is_empty() {
+                println!("no file trees yet: `rewind tree create NAME`");
+            }
+            for tree in &trees {
+                println!("{}\t{}\tkeeps {}\t{}", tree.name, tree.export, output::kept_history(tree), tree.state);
+            }
             Ok(())
         }
     }

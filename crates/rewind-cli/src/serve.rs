@@ -18,6 +18,7 @@ use rewind_http::{AllowedHosts, ApiState, Door, HttpConfig};
 use rewind_io::OsStorage;
 use rewind_nbd::engine::{AccessPolicy, EngineCatalog};
 use rewind_nbd::{NbdTls, Server, TlsMode};
+use rewind_nfs::{Network, NfsConfig, NfsServer};
 
 use rewind_s3::lock::ObjectLock;
 use rewind_s3::{S3Config, S3MetaStore, S3PackStore};
@@ -276,6 +277,17 @@ pub struct ServeArgs {
     /// Also serve NBD on this Unix socket.
     #[arg(long)]
     nbd_unix: Option<PathBuf>,
+    /// NFSv3 listening address (TCP) for the file trees: MOUNT and NFS on this one port, no
+    /// portmapper needed.
+    #[arg(long, default_value = "127.0.0.1:2049")]
+    nfs: SocketAddr,
+    /// Do not serve NFS.
+    #[arg(long)]
+    no_nfs: bool,
+    /// A network NFS clients may connect from (repeatable), e.g. 10.0.0.0/24; only this machine
+    /// otherwise (AUTH_SYS believes whatever user a client says it is).
+    #[arg(long = "nfs-allow", value_name = "NETWORK", value_parser = Network::parse)]
+    nfs_allow: Vec<Network>,
     /// Management API listening address.
     #[arg(long, default_value = "127.0.0.1:8080")]
     http: SocketAddr,
@@ -603,6 +615,22 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         nbd.serve_unix(path).with_context(|| format!("cannot listen for NBD on {}", path.display()))?;
     }
 
+    let nfs = match args.no_nfs {
+        true => None,
+        false => {
+            let mut config = NfsConfig::default();
+            config.allowed.extend(args.nfs_allow.iter().copied());
+            config.serve.connections_max = limits.nfs_connections_max;
+            config.serve.connections_per_client_max =
+                config.serve.connections_per_client_max.min(limits.nfs_connections_max);
+            let server = NfsServer::new(Arc::clone(&node), config);
+            let address = server.serve_tcp(args.nfs).with_context(|| {
+                format!("cannot listen for NFS on {} (another NFS server there? --nfs ADDRESS, or --no-nfs)", args.nfs)
+            })?;
+            Some((server, address))
+        }
+    };
+
     let stopping = Arc::new(AtomicBool::new(false));
     let maintenance = {
         let node = Arc::clone(&node);
@@ -723,6 +751,9 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         if let Some(path) = &args.nbd_unix {
             println!("listening nbd-unix {}", path.display());
         }
+        if let Some((_, address)) = &nfs {
+            println!("listening nfs {address}");
+        }
         let scheme = if tls.is_some() { "https" } else { "http" };
         println!("listening {scheme} {http_address}");
         let admin_token = data_dir.join(ADMIN_TOKEN_FILE);
@@ -763,6 +794,9 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
 
     tracing::info!("shutting down");
     nbd.shutdown();
+    if let Some((nfs, _)) = &nfs {
+        nfs.shutdown();
+    }
     let _ = history_stop.send(());
     history.join().expect("history thread does not panic");
     stopping.store(true, Ordering::Release);

@@ -12,8 +12,8 @@ use rewind_engine::timespec::{
 use rewind_engine::{
     ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, DamagedVolume, EngineError, Group,
     GroupBookmark, IoStats, Layout, MemberPoint, PolicyChange, PromoteReport, RepairReport, Revert, RevertReport,
-    SpaceReport, TierStats, TimelineReport, Timestamp, Volume, VolumeBase, VolumeIoStats, VolumeName, VolumeSpace,
-    VolumeSpec, VolumeStats,
+    SpaceReport, TierStats, TimelineReport, Timestamp, Volume, VolumeBase, VolumeIoStats, VolumeKind, VolumeName,
+    VolumeSpace, VolumeSpec, VolumeStats,
 };
 
 pub fn time(at: Timestamp) -> String {
@@ -55,8 +55,11 @@ pub struct VolumeInfo {
     pub oldest_kept_unix_nanos: Option<u64>,
     /// The volume refuses writes after a failed fsync, until the server restarts.
     pub poisoned: bool,
-    /// NBD export name of the live, writable volume.
+    /// NBD export name of the live, writable volume (a file tree's: the
+    /// NFS export `/NAME`).
     pub export: String,
+    /// `blocks` (a volume, over NBD) or `tree` (a file tree, over NFS).
+    pub kind: String,
     /// `ok`; `damaged` (not served: `rewind volume repair` or `delete`);
     /// `poisoned` (writes refused until restart); `recovering` (recovery
     /// waits for free space: views wait); `failing` (its work meets a
@@ -154,7 +157,11 @@ impl VolumeInfo {
             oldest_kept: horizon.map(time),
             oldest_kept_unix_nanos: horizon.map(Timestamp::unix_nanos),
             poisoned: volume.is_poisoned(),
-            export: volume.name().to_string(),
+            export: match volume.kind() {
+                VolumeKind::Blocks => volume.name().to_string(),
+                VolumeKind::Tree => format!("/{}", volume.name()),
+            },
+            kind: kind_name(volume.kind()).to_owned(),
             state: state.to_owned(),
             problem,
             notes: volume_notes(volume),
@@ -188,6 +195,7 @@ impl VolumeInfo {
             oldest_kept_unix_nanos: None,
             poisoned: false,
             export: damaged.name.clone(),
+            kind: kind_name(meta.map_or(VolumeKind::Blocks, |meta| meta.kind)).to_owned(),
             state: "damaged".to_owned(),
             problem: Some(
                 EngineError::Damaged { volume: damaged.name.clone(), problem: damaged.problem.clone() }.to_string(),
@@ -197,6 +205,13 @@ impl VolumeInfo {
             revert_count: 0,
             last_revert: None,
         }
+    }
+}
+
+fn kind_name(kind: VolumeKind) -> &'static str {
+    match kind {
+        VolumeKind::Blocks => "blocks",
+        VolumeKind::Tree => "tree",
     }
 }
 
@@ -406,6 +421,10 @@ pub struct CreateVolume {
     pub retention: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub space_max: Option<String>,
+    /// A file tree (served over NFS) rather than a block volume: its
+    /// volume's size, block size and layout are fixed, and not given.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tree: bool,
 }
 
 impl CreateVolume {
@@ -422,6 +441,18 @@ impl CreateVolume {
     /// unless asked otherwise.
     pub fn spec(&self) -> Result<VolumeSpec, String> {
         let policy = self.policy().parse()?;
+        if self.tree {
+            if self.size_bytes != 0 || self.block_size.is_some() || self.layout.is_some() || self.cache.is_some() {
+                return Err("a file tree has no size, block size, layout or cache to choose: leave them out".into());
+            }
+            let name = VolumeName::new(&self.name).map_err(|error| error.to_string())?;
+            return Ok(VolumeSpec {
+                granularity_nanos: policy.granularity_nanos.unwrap_or(0),
+                retention: policy.retention.unwrap_or_default(),
+                space_max_bytes: policy.space_max_bytes.unwrap_or(0),
+                ..VolumeSpec::tree(name)
+            });
+        }
         Ok(VolumeSpec {
             name: VolumeName::new(&self.name).map_err(|error| error.to_string())?,
             size_bytes: self.size_bytes,

@@ -484,8 +484,17 @@ async fn import_volume(
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
         .ok_or_else(|| invalid("an import needs a Content-Length: the image's size is the volume's size".into()))?;
     let ImportQuery { block_size, layout, cache, granularity, retention, space_max } = query;
-    let request =
-        CreateVolume { name: name.clone(), size_bytes, block_size, layout, cache, granularity, retention, space_max };
+    let request = CreateVolume {
+        name: name.clone(),
+        size_bytes,
+        block_size,
+        layout,
+        cache,
+        granularity,
+        retention,
+        space_max,
+        tree: false,
+    };
     let spec = request.spec().map_err(invalid)?;
     // Refused now rather than after waiting in line.
     if node.volume(&name).is_ok() {

@@ -319,6 +319,9 @@ impl Dispatcher {
         match result {
             Ok(results) => {
                 rpc::accepted(out, xid, Accepted::Success, (0, 0));
+                if procedure != 0 {
+                    pack(out, &nfsstat3::NFS3_OK);
+                }
                 out.extend_from_slice(&results);
             }
             Err(Failure::Garbage(Garbage(reason))) => {
