@@ -269,6 +269,10 @@ pub enum JournalIo {
     Buffered,
 }
 
+/// Where NFS is served unless `--nfs` says otherwise.
+const NFS_ADDRESS_DEFAULT: SocketAddr =
+    SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 2049));
+
 #[derive(Args)]
 pub struct ServeArgs {
     /// NBD listening address (TCP).
@@ -278,9 +282,10 @@ pub struct ServeArgs {
     #[arg(long)]
     nbd_unix: Option<PathBuf>,
     /// NFSv3 listening address (TCP) for the file trees: MOUNT and NFS on this one port, no
-    /// portmapper needed.
-    #[arg(long, default_value = "127.0.0.1:2049")]
-    nfs: SocketAddr,
+    /// portmapper needed [default: 127.0.0.1:2049; if that is taken, by another NFS server say,
+    /// NFS is not served and a warning says so, while an address given here must be free]
+    #[arg(long)]
+    nfs: Option<SocketAddr>,
     /// Do not serve NFS.
     #[arg(long)]
     no_nfs: bool,
@@ -615,21 +620,35 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         nbd.serve_unix(path).with_context(|| format!("cannot listen for NBD on {}", path.display()))?;
     }
 
-    let nfs = match args.no_nfs {
-        true => None,
-        false => {
-            let mut config = NfsConfig::default();
-            config.allowed.extend(args.nfs_allow.iter().copied());
-            config.serve.connections_max = limits.nfs_connections_max;
-            config.serve.connections_per_client_max =
-                config.serve.connections_per_client_max.min(limits.nfs_connections_max);
-            let server = NfsServer::new(Arc::clone(&node), config);
-            let address = server.serve_tcp(args.nfs).with_context(|| {
-                format!("cannot listen for NFS on {} (another NFS server there? --nfs ADDRESS, or --no-nfs)", args.nfs)
-            })?;
-            Some((server, address))
-        }
-    };
+    let nfs =
+        match args.no_nfs {
+            true => None,
+            false => {
+                let mut config = NfsConfig::default();
+                config.allowed.extend(args.nfs_allow.iter().copied());
+                config.serve.connections_max = limits.nfs_connections_max;
+                config.serve.connections_per_client_max =
+                    config.serve.connections_per_client_max.min(limits.nfs_connections_max);
+                let server = NfsServer::new(Arc::clone(&node), config);
+                let address = args.nfs.unwrap_or(NFS_ADDRESS_DEFAULT);
+                match server.serve_tcp(address) {
+                    Ok(address) => Some((server, address)),
+                    Err(error) if args.nfs.is_none() && error.kind() == std::io::ErrorKind::AddrInUse => {
+                        tracing::warn!(
+                            %error,
+                            "file trees are not served over NFS: {address} is in use (another NFS server?); pass \
+                             --nfs ADDRESS to serve them elsewhere, or --no-nfs to say you do not want them served"
+                        );
+                        None
+                    }
+                    Err(error) => return Err(error).with_context(|| {
+                        format!(
+                            "cannot listen for NFS on {address} (another NFS server there? --nfs ADDRESS, or --no-nfs)"
+                        )
+                    }),
+                }
+            }
+        };
 
     let stopping = Arc::new(AtomicBool::new(false));
     let maintenance = {

@@ -15,6 +15,8 @@ pub const REWIND: &str = env!("CARGO_BIN_EXE_rewind");
 pub struct Server {
     pub data_dir: PathBuf,
     pub nbd: SocketAddr,
+    /// NFS (MOUNT and NFS on this port).
+    pub nfs: SocketAddr,
     pub http: SocketAddr,
     /// The API is HTTPS (the server was given a certificate).
     pub https: bool,
@@ -86,7 +88,7 @@ impl Server {
     /// `serve` arguments, and waits for the addresses.
     fn start_command(mut command: Command, data_dir: &Path, options: &[&str]) -> Server {
         let mut child = command
-            .args(["serve", "--nbd", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir"])
+            .args(["serve", "--nbd", "127.0.0.1:0", "--http", "127.0.0.1:0", "--nfs", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(options)
             .stdout(Stdio::piped())
@@ -94,11 +96,13 @@ impl Server {
             .expect("rewind serve starts");
         let stdout = child.stdout.take().expect("piped");
         let mut lines = BufReader::new(stdout).lines();
-        let (mut nbd, mut http, mut https) = (None, None, false);
-        while nbd.is_none() || http.is_none() {
+        let (mut nbd, mut nfs, mut http, mut https) = (None, None, None, false);
+        while nbd.is_none() || http.is_none() || nfs.is_none() {
             let line = lines.next().expect("rewind serve prints its addresses").expect("utf-8");
             if let Some(address) = line.strip_prefix("listening nbd ") {
                 nbd = Some(address.parse().expect("address"));
+            } else if let Some(address) = line.strip_prefix("listening nfs ") {
+                nfs = Some(address.parse().expect("address"));
             } else if let Some(address) = line.strip_prefix("listening http ") {
                 http = Some(address.parse().expect("address"));
             } else if let Some(address) = line.strip_prefix("listening https ") {
@@ -113,6 +117,7 @@ impl Server {
         Server {
             data_dir: data_dir.to_path_buf(),
             nbd: nbd.unwrap(),
+            nfs: nfs.unwrap(),
             http: http.unwrap(),
             https,
             token: token.trim().to_owned(),

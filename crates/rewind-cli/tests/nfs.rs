@@ -1,0 +1,89 @@
+//! File trees through real NFS clients (libnfs's nfs-cp, nfs-ls and
+//! nfs-cat) against a real `rewind serve`: files in and out, the past as
+//! `/.rewind/TIME` and `/TREE@TIME`, a tree kept across a restart, and NBD
+//! keeping its hands off trees.
+
+mod common;
+
+use std::fs;
+
+use common::{json, require, run, run_failing, Server};
+
+fn url(server: &Server, path: &str) -> String {
+    let port = server.nfs.port();
+    format!("nfs://127.0.0.1{path}?version=3&nfsport={port}&mountport={port}")
+}
+
+/// The names `nfs-ls` lists (its last column).
+fn names(listing: &str) -> Vec<String> {
+    let mut names: Vec<String> =
+        listing.lines().filter_map(|line| line.split_whitespace().last()).map(str::to_owned).collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn files_go_in_and_come_back_now_and_as_they_were() {
+    for tool in ["nfs-cp", "nfs-ls", "nfs-cat", "nbdinfo"] {
+        require(tool);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(&data);
+    let created = json(&server.rewind(&["tree", "create", "home", "--json"]));
+    assert_eq!(created["kind"], "tree");
+    assert_eq!(created["export"], "/home");
+    let listed = server.rewind(&["tree", "list"]);
+    assert!(listed.contains("home") && listed.contains("/home"), "{listed}");
+
+    // In: a file of 3 MiB (several 1 MiB WRITEs) and a small one.
+    let big: Vec<u8> = common::pattern(7, 3 << 20);
+    fs::write(dir.path().join("big.bin"), &big).unwrap();
+    fs::write(dir.path().join("notes.txt"), "first draft\n").unwrap();
+    for file in ["big.bin", "notes.txt"] {
+        run("nfs-cp", &[dir.path().join(file).to_str().unwrap(), &url(&server, &format!("/home/{file}"))]);
+    }
+    assert_eq!(names(&run("nfs-ls", &[&url(&server, "/home")])), ["big.bin", "notes.txt"]);
+    assert_eq!(run("nfs-cat", &[&url(&server, "/home/notes.txt")]), "first draft\n");
+    let copied = dir.path().join("big.copy");
+    run("nfs-cp", &[&url(&server, "/home/big.bin"), copied.to_str().unwrap()]);
+    assert!(fs::read(&copied).unwrap() == big, "3 MiB come back as they went in");
+
+    // A bookmark, then the present moves on.
+    let bookmark = json(&server.rewind(&["bookmark", "home", "before-cleanup", "--json"]));
+    let at = bookmark["at"].as_str().unwrap().to_owned();
+    fs::write(dir.path().join("later.txt"), "written after the bookmark\n").unwrap();
+    run("nfs-cp", &[dir.path().join("later.txt").to_str().unwrap(), &url(&server, "/home/later.txt")]);
+    assert_eq!(names(&run("nfs-ls", &[&url(&server, "/home")])), ["big.bin", "later.txt", "notes.txt"]);
+
+    // The past, by bookmark and by time (percent-encoded, as in a URL), is
+    // the tree as it was; `.rewind` is not listed in the root, but found.
+    let encoded = at.replace(':', "%3A");
+    for past in ["/home/.rewind/before-cleanup", &format!("/home/.rewind/{encoded}"), "/home@before-cleanup"] {
+        assert_eq!(names(&run("nfs-ls", &[&url(&server, past)])), ["big.bin", "notes.txt"], "{past}");
+        assert_eq!(run("nfs-cat", &[&url(&server, &format!("{past}/notes.txt"))]), "first draft\n", "{past}");
+    }
+    assert_eq!(names(&run("nfs-ls", &[&url(&server, "/home/.rewind")])), ["before-cleanup"]);
+    assert!(!run("nfs-ls", &[&url(&server, "/home")]).contains(".rewind"));
+    // Read-only: a copy into the past is refused by the server.
+    let refused = run_failing(
+        "nfs-cp",
+        &[dir.path().join("later.txt").to_str().unwrap(), &url(&server, "/home/.rewind/before-cleanup/x.txt")],
+    );
+    assert!(refused.contains("NFS3ERR_ROFS"), "{refused}");
+    // A time before the tree existed is no directory.
+    let before = run_failing("nfs-ls", &[&url(&server, "/home/.rewind/2001-01-01T00:00:00Z")]);
+    assert!(before.contains("MNT3ERR_NOENT"), "{before}");
+
+    // A tree is not a disk: NBD neither lists nor opens it.
+    let nbd = run_failing("nbdinfo", &[&server.uri("home")]);
+    assert!(nbd.contains("No such file or directory for export: home"), "{nbd}");
+    let exports = run("nbdinfo", &["--list", "--json", &server.uri("")]);
+    assert!(!exports.contains("\"home"), "{exports}");
+
+    // Kept across a restart, the past too.
+    server.stop();
+    let server = Server::start(&data);
+    assert_eq!(run("nfs-cat", &[&url(&server, "/home/later.txt")]), "written after the bookmark\n");
+    assert_eq!(names(&run("nfs-ls", &[&url(&server, "/home/.rewind/before-cleanup")])), ["big.bin", "notes.txt"]);
+}
