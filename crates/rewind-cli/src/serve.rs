@@ -620,35 +620,36 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         nbd.serve_unix(path).with_context(|| format!("cannot listen for NBD on {}", path.display()))?;
     }
 
-    let nfs =
-        match args.no_nfs {
-            true => None,
-            false => {
-                let mut config = NfsConfig::default();
-                config.allowed.extend(args.nfs_allow.iter().copied());
-                config.serve.connections_max = limits.nfs_connections_max;
-                config.serve.connections_per_client_max =
-                    config.serve.connections_per_client_max.min(limits.nfs_connections_max);
-                let server = NfsServer::new(Arc::clone(&node), config);
-                let address = args.nfs.unwrap_or(NFS_ADDRESS_DEFAULT);
-                match server.serve_tcp(address) {
-                    Ok(address) => Some((server, address)),
-                    Err(error) if args.nfs.is_none() && error.kind() == std::io::ErrorKind::AddrInUse => {
-                        tracing::warn!(
-                            %error,
-                            "file trees are not served over NFS: {address} is in use (another NFS server?); pass \
-                             --nfs ADDRESS to serve them elsewhere, or --no-nfs to say you do not want them served"
-                        );
-                        None
-                    }
-                    Err(error) => return Err(error).with_context(|| {
+    let nfs = match args.no_nfs {
+        true => None,
+        false => {
+            let mut config = NfsConfig::default();
+            config.allowed.extend(args.nfs_allow.iter().copied());
+            config.serve.connections_max = limits.nfs_connections_max;
+            config.serve.connections_per_client_max =
+                config.serve.connections_per_client_max.min(limits.nfs_connections_max);
+            let server = NfsServer::new(Arc::clone(&node), config);
+            let address = args.nfs.unwrap_or(NFS_ADDRESS_DEFAULT);
+            match server.serve_tcp(address) {
+                Ok(address) => Some((server, address)),
+                Err(error) if args.nfs.is_none() && error.kind() == std::io::ErrorKind::AddrInUse => {
+                    tracing::warn!(
+                        %error,
+                        "file trees are not served over NFS: {address} is in use (another NFS server?); pass \
+                         --nfs ADDRESS to serve them elsewhere, or --no-nfs to say you do not want them served"
+                    );
+                    None
+                }
+                Err(error) => {
+                    return Err(error).with_context(|| {
                         format!(
                             "cannot listen for NFS on {address} (another NFS server there? --nfs ADDRESS, or --no-nfs)"
                         )
-                    }),
+                    })
                 }
             }
-        };
+        }
+    };
 
     let stopping = Arc::new(AtomicBool::new(false));
     let maintenance = {
