@@ -14,7 +14,8 @@ use libfuzzer_sys::fuzz_target;
 use rewind_engine::{Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
 use rewind_fuzz::{assert_heap_follows_input, peak_heap_bytes, Cursor};
 use rewind_io::{SimConfig, SimStorage};
-use rewind_nfs::{Dispatcher, Trees, HANDLE_BYTES, RECORD_BYTES_MAX};
+use rewind_nfs::{Dispatcher, HANDLE_BYTES, RECORD_BYTES_MAX};
+use rewind_tree::Trees;
 
 const NFS: u32 = 100_003;
 const MOUNT: u32 = 100_005;

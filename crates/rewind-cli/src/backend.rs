@@ -21,8 +21,8 @@ use rewind_http::api::{
     kept_write, time, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes, CreateBookmark, CreateClone,
     CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GcReport, GroupBookmarkInfo,
     GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, KeptWrite, NodeReport, PromoteEvent, PromoteSummary,
-    RepairSummary, RevertSummary, RevertVolume, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo,
-    VolumeReport,
+    RepairSummary, RevertSummary, RevertVolume, Timeline, TreeHistory, TreeHistoryQuery, UpdateVolume, ViewInfo,
+    VolumeDetail, VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -55,6 +55,8 @@ pub trait Backend: Send + Sync {
     fn create_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<BookmarkInfo>;
     fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()>;
     fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo>;
+    /// The versions of one file of a tree.
+    fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory>;
     /// What changed in `name` from `from` to `to` (the present if `None`).
     fn changes(&self, name: &str, from: &str, to: Option<&str>) -> Result<Changes>;
     /// Allocation of `name` at exactly `at` (nanoseconds, as a view resolved
@@ -437,6 +439,17 @@ impl Backend for HttpBackend {
         self.decode(response)
     }
 
+    fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory> {
+        let mut request = self.get_request(&format!("/v1/trees/{name}/history")).query("path", &query.path);
+        if let Some(at) = &query.at {
+            request = request.query("at", at);
+        }
+        if let Some(limit) = query.limit {
+            request = request.query("limit", limit.to_string());
+        }
+        self.decode(request.call()?)
+    }
+
     fn changes(&self, name: &str, from: &str, to: Option<&str>) -> Result<Changes> {
         let request = self.get_request(&format!("/v1/volumes/{name}/changes")).query("from", from);
         let request = match to {
@@ -667,6 +680,11 @@ impl Backend for LocalBackend {
 
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline> {
         Ok(Timeline::of(name, &self.node.volume(name)?.timeline(), bucket_seconds))
+    }
+
+    fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory> {
+        let trees = rewind_tree::Trees::new(Arc::clone(&self.node));
+        Ok(TreeHistory::of(&trees, name.to_owned(), query.clone(), now())?)
     }
 
     fn write_history(&self, name: &str, each: &mut dyn FnMut(KeptWrite) -> Result<()>) -> Result<()> {

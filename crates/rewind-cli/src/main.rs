@@ -20,7 +20,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use rewind_access::{Access, GrantInfo, TokenSpec};
 use rewind_engine::{Clones, InUse};
-use rewind_http::api::{CreateBookmark, CreateClone, CreateVolume, Policy, RevertVolume};
+use rewind_http::api::{CreateBookmark, CreateClone, CreateVolume, Policy, RevertVolume, TreeHistoryQuery, VolumeInfo};
 
 use crate::backend::{Backend, Progress};
 
@@ -344,6 +344,21 @@ enum TreeCommand {
     },
     /// The node's file trees.
     List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every version of one file: when, its size, and who changed it (the client's address and
+    /// user): `rewind tree history home notes.txt`.
+    History {
+        tree: String,
+        /// The file's path from the tree's root.
+        path: String,
+        /// Find the path in the tree as it was then (a file since removed or renamed); TIME below.
+        #[arg(long, allow_hyphen_values = true)]
+        at: Option<String>,
+        /// At most this many versions, newest first.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
         #[arg(long)]
         json: bool,
     },
@@ -739,8 +754,36 @@ fn tree(backend: &dyn Backend, command: TreeCommand) -> Result<()> {
             );
             Ok(())
         }
+        TreeCommand::History { tree, path, at, limit, json } => {
+            let history = backend.tree_history(&tree, &TreeHistoryQuery { path, at, limit: Some(limit) })?;
+            if json {
+                return output::json(&history);
+            }
+            println!(
+                "{}/{}: {} versions, newest first",
+                history.tree,
+                history.path.trim_start_matches('/'),
+                history.versions.len()
+            );
+            println!(
+                "{:<32} {:>12} {:>5} {:>11}  {}",
+                "point in time (.rewind/…)", "size", "mode", "owner", "changed by"
+            );
+            for version in &history.versions {
+                println!(
+                    "{:<32} {:>12} {:>5} {:>11}  {} (uid {})",
+                    version.at,
+                    version.size_bytes,
+                    version.mode,
+                    format!("{}:{}", version.uid, version.gid),
+                    version.client,
+                    version.client_uid
+                );
+            }
+            Ok(())
+        }
         TreeCommand::List { json } => {
-            let trees: Vec<rewind_http::api::VolumeInfo> =
+            let trees: Vec<VolumeInfo> =
                 backend.list_volumes()?.into_iter().filter(|volume| volume.kind == "tree").collect();
             if json {
                 return output::json(&trees);

@@ -19,6 +19,7 @@ use rewind_io::OsStorage;
 use rewind_nbd::engine::{AccessPolicy, EngineCatalog};
 use rewind_nbd::{NbdTls, Server, TlsMode};
 use rewind_nfs::{Network, NfsConfig, NfsServer};
+use rewind_tree::Trees;
 
 use rewind_s3::lock::ObjectLock;
 use rewind_s3::{S3Config, S3MetaStore, S3PackStore};
@@ -620,6 +621,8 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
         nbd.serve_unix(path).with_context(|| format!("cannot listen for NBD on {}", path.display()))?;
     }
 
+    // One `Tree` per tree, shared by NFS and the API.
+    let trees = Arc::new(Trees::new(Arc::clone(&node)));
     let nfs = match args.no_nfs {
         true => None,
         false => {
@@ -628,7 +631,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
             config.serve.connections_max = limits.nfs_connections_max;
             config.serve.connections_per_client_max =
                 config.serve.connections_per_client_max.min(limits.nfs_connections_max);
-            let server = NfsServer::new(Arc::clone(&node), config);
+            let server = NfsServer::new(Arc::clone(&trees), config);
             let address = args.nfs.unwrap_or(NFS_ADDRESS_DEFAULT);
             match server.serve_tcp(address) {
                 Ok(address) => Some((server, address)),
@@ -800,6 +803,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
             door,
             grants,
             limits: limits.api,
+            trees: Arc::clone(&trees),
         };
         let http_config = HttpConfig {
             // Within the file descriptor budget (`limits`), whatever is asked.

@@ -49,6 +49,17 @@ fn files_go_in_and_come_back_now_and_as_they_were() {
     run("nfs-cp", &[&url(&server, "/home/big.bin"), copied.to_str().unwrap()]);
     assert!(fs::read(&copied).unwrap() == big, "3 MiB come back as they went in");
 
+    // Every version of a file, with who made it.
+    let history = json(&server.rewind(&["tree", "history", "home", "notes.txt", "--json"]));
+    let versions = history["versions"].as_array().unwrap();
+    assert!(versions.len() >= 2, "created, then written: {history}");
+    assert_eq!(versions[0]["size_bytes"], 12, "newest first");
+    assert!(versions[0]["client"].as_str().unwrap().starts_with("127.0.0.1:"), "{history}");
+    let times: Vec<u64> = versions.iter().map(|version| version["at_unix_nanos"].as_u64().unwrap()).collect();
+    assert!(times.windows(2).all(|pair| pair[0] > pair[1]), "{times:?}");
+    let missing = server.rewind_failing(&["tree", "history", "home", "nope.txt"]);
+    assert!(missing.contains("home has no nope.txt now"), "{missing}");
+
     // A bookmark, then the present moves on.
     let bookmark = json(&server.rewind(&["bookmark", "home", "before-cleanup", "--json"]));
     let at = bookmark["at"].as_str().unwrap().to_owned();

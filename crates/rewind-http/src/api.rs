@@ -3,6 +3,8 @@
 //! directory). Times are RFC 3339 strings in UTC with their Unix nanoseconds
 //! alongside, for scripts.
 
+use jiff::tz::TimeZone;
+use rewind_tree::{TreeError, Trees};
 use serde::{Deserialize, Serialize};
 
 use rewind_engine::catalog::CatalogStatus;
@@ -1457,6 +1459,117 @@ impl RepairSummary {
             repaired: report.repaired,
             unrepairable: report.unrepairable.clone(),
             planned_only,
+        }
+    }
+}
+
+/// `GET /v1/trees/{name}/history?path=PATH[&at=TIME][&limit=N]`: the
+/// versions of one file of a tree, newest first. `at` finds `path` in the
+/// tree as it was then (a file since removed); without it, in the present.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TreeHistoryQuery {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TreeHistory {
+    pub tree: String,
+    pub path: String,
+    /// Newest first.
+    pub versions: Vec<FileVersionInfo>,
+}
+
+impl TreeHistory {
+    /// Finds `query.path` (now, or at `query.at`) in tree `name` and lists its versions.
+    pub fn of(
+        trees: &Trees,
+        name: String,
+        query: TreeHistoryQuery,
+        now: Timestamp,
+    ) -> Result<TreeHistory, EngineError> {
+        let tree = trees.by_name(&name, now).map_err(|error| tree_error(&name, error))?;
+        let found = match &query.at {
+            Some(at) => {
+                let at = tree.resolve(at, now, &TimeZone::system()).map_err(|error| tree_error(&name, error))?;
+                rewind_tree::walk(&*tree.view(at).map_err(|error| tree_error(&name, error))?, &query.path)
+            }
+            None => rewind_tree::walk(&tree.tree, &query.path),
+        };
+        let found = found.map_err(|error| match error {
+            TreeError::NotFound => EngineError::InvalidArgument(format!(
+                "{name} has no {} {}: give a path from the tree's root (with --at TIME for a file since removed)",
+                query.path,
+                if query.at.is_some() { "then" } else { "now" }
+            )),
+            error => tree_error(&name, error),
+        })?;
+        let limit = query.limit.unwrap_or(10_000);
+        let versions = tree.tree.history(found.handle, limit).map_err(|error| tree_error(&name, error))?;
+        Ok(TreeHistory { tree: name, path: query.path, versions: versions.iter().map(FileVersionInfo::of).collect() })
+    }
+}
+
+/// A tree's error as the engine's: its own as they are, the rest as bad input.
+fn tree_error(name: &str, error: TreeError) -> EngineError {
+    match error {
+        TreeError::Engine(error) => error,
+        TreeError::NotFound => EngineError::VolumeNotFound(name.to_owned()),
+        error => EngineError::InvalidArgument(format!("tree {name}: {error}")),
+    }
+}
+
+/// A file as one change left it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileVersionInfo {
+    /// The point in time that shows this version (`TREE/.rewind/AT`).
+    pub at: String,
+    pub at_unix_nanos: u64,
+    /// `file`, `directory`, `symlink`, `char-device`, `block-device`, `socket`, `fifo`.
+    pub kind: String,
+    pub size_bytes: u64,
+    /// Permission bits, in octal.
+    pub mode: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub modified: String,
+    /// Who made the change: the client's address and port, and the user it said it was.
+    pub client: String,
+    pub client_uid: u32,
+}
+
+impl FileVersionInfo {
+    pub fn of(version: &rewind_tree::FileVersion) -> FileVersionInfo {
+        let attributes = &version.attributes;
+        let address = std::net::Ipv6Addr::from(attributes.author.address);
+        let address = match address.to_ipv4_mapped() {
+            Some(v4) => std::net::SocketAddr::from((v4, attributes.author.port)),
+            None => std::net::SocketAddr::from((address, attributes.author.port)),
+        };
+        FileVersionInfo {
+            at: time(version.at),
+            at_unix_nanos: version.at.unix_nanos(),
+            kind: match attributes.kind {
+                rewind_tree::FileKind::Regular => "file",
+                rewind_tree::FileKind::Directory => "directory",
+                rewind_tree::FileKind::Symlink => "symlink",
+                rewind_tree::FileKind::CharDevice => "char-device",
+                rewind_tree::FileKind::BlockDevice => "block-device",
+                rewind_tree::FileKind::Socket => "socket",
+                rewind_tree::FileKind::Fifo => "fifo",
+            }
+            .to_owned(),
+            size_bytes: attributes.size,
+            mode: format!("{:04o}", attributes.mode),
+            uid: attributes.uid,
+            gid: attributes.gid,
+            modified: time(attributes.mtime),
+            client: address.to_string(),
+            client_uid: attributes.author.uid,
         }
     }
 }

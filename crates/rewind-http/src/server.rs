@@ -14,6 +14,7 @@ use axum::routing::{delete, get, post};
 use axum::{Extension, Json, Router};
 use futures_util::StreamExt;
 use jiff::tz::TimeZone;
+use rewind_tree::Trees;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokio::sync::mpsc;
@@ -27,8 +28,8 @@ use crate::api::{
     time, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes, CreateBookmark, CreateClone, CreateGroup,
     CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GroupBookmarkInfo, GroupInfo, GroupRevertSummary,
     Health, ImportSummary, JobInfo, NodeReport, PromoteEvent, PromoteSummary, RepairSummary, RevertSummary,
-    RevertVolume, RevokeGrant, Timeline, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
-    DATA_BYTES_MAX, FIXED_AT_CREATION,
+    RevertVolume, RevokeGrant, Timeline, TreeHistory, TreeHistoryQuery, UpdateVolume, ViewInfo, VolumeDetail,
+    VolumeInfo, VolumeReport, DATA_BYTES_MAX, FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
@@ -54,6 +55,8 @@ pub struct ApiState {
     pub grants: Arc<Grants>,
     /// How much slow work (imports, gc, stats) runs at once (`crate::jobs`).
     pub limits: ApiLimits,
+    /// The file trees, shared with the NFS server (one `Tree` each).
+    pub trees: Arc<Trees>,
 }
 
 type Shared = Arc<ApiState>;
@@ -245,6 +248,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/history", delete(delete_history))
         .route("/v1/volumes/{name}/stats", get(volume_stats))
         .route("/v1/volumes/{name}/repair", post(repair_volume))
+        .route("/v1/trees/{name}/history", get(tree_history))
         .route_layer(middleware::from_fn(volume_scope));
     let node_routes = Router::new()
         .route("/v1/stats", get(node_stats))
@@ -691,6 +695,16 @@ async fn timeline(
     })
     .await
     .map(Json)
+}
+
+/// The versions of one file of a tree (see [`TreeHistoryQuery`]).
+async fn tree_history(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    ApiQuery(query): ApiQuery<TreeHistoryQuery>,
+) -> Result<Json<TreeHistory>, ApiError> {
+    let trees = Arc::clone(&state.trees);
+    blocking(move || TreeHistory::of(&trees, name, query, now())).await.map(Json)
 }
 
 /// The writes a volume's history keeps, oldest first, streamed as

@@ -36,6 +36,7 @@ impl Api {
             door,
             grants,
             limits: ApiLimits::default(),
+            trees: Arc::new(rewind_tree::Trees::new(Arc::clone(&node))),
         };
         Api { router: router(state), node, token, _dir: dir }
     }

@@ -74,14 +74,6 @@ impl FileHandle {
     }
 }
 
-/// A tree's id in handles, from its name and creation time.
-pub fn tree_id(name: &str, created: Timestamp) -> u64 {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(name.as_bytes());
-    hasher.update(&created.unix_nanos().to_le_bytes());
-    u64::from_le_bytes(hasher.finalize().as_bytes()[..8].try_into().expect("8 bytes"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +101,5 @@ mod tests {
         let mut bad = handles[2].encode();
         bad[12] = 1;
         assert_eq!(FileHandle::decode(&bad), None, "the past directory has no inode");
-        assert_ne!(tree_id("home", Timestamp::from_unix_nanos(1)), tree_id("home", Timestamp::from_unix_nanos(2)));
     }
 }

@@ -17,13 +17,11 @@ mod mount;
 mod program;
 mod rpc;
 mod server;
-mod trees;
 mod xdr;
 
-pub use handle::{tree_id, FileHandle, Target, HANDLE_BYTES};
+pub use handle::{FileHandle, Target, HANDLE_BYTES};
 pub use program::{Dispatcher, PAST_NAME};
 pub use server::{Network, NfsConfig, NfsServer};
-pub use trees::{OpenTree, Trees};
 
 use rewind_tree::Caller;
 

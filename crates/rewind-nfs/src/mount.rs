@@ -15,6 +15,7 @@ use crate::handle::FileHandle;
 use crate::program::{pack, status, Dispatcher, Failure, Object};
 use crate::rpc::{self, Accepted};
 use crate::xdr::XdrReader;
+use rewind_serve::now;
 
 pub const PROGRAM: u32 = nfs3_types::mount::PROGRAM;
 pub const VERSION: u32 = 3;
@@ -86,12 +87,12 @@ impl Dispatcher {
             Some((name, time)) => (name, Some(time)),
             None => (export, None),
         };
-        let tree = self.trees.by_name(name).map_err(mount_status)?;
+        let tree = self.trees.by_name(name, now()).map_err(mount_status)?;
         let root = tree.tree.root().map_err(mount_status)?;
         let mut object = match time {
             None => Object::Present { tree: Arc::clone(&tree), handle: root },
             Some(time) => {
-                let at = tree.resolve(time, &self.trees.zone).map_err(mount_status)?;
+                let at = tree.resolve(time, now(), &self.zone).map_err(mount_status)?;
                 let view = tree.view(at).map_err(mount_status)?;
                 let handle = view.getattr_root().map_err(mount_status)?.handle;
                 Object::Past { tree: Arc::clone(&tree), view, handle }

@@ -30,8 +30,10 @@ use rewind_types::Timestamp;
 use crate::args;
 use crate::handle::{FileHandle, Target};
 use crate::rpc::{self, Accepted};
-use crate::trees::{now, OpenTree, Trees};
 use crate::xdr::{Garbage, XdrReader};
+use jiff::tz::TimeZone;
+use rewind_serve::now;
+use rewind_tree::{OpenTree, Trees};
 
 pub const PROGRAM: u32 = nfs3_types::nfs3::PROGRAM;
 pub const VERSION: u32 = 3;
@@ -257,6 +259,8 @@ impl From<nfsstat3> for Failure {
 /// Serves the NFS and MOUNT programs for the node's trees.
 pub struct Dispatcher {
     pub(crate) trees: Arc<Trees>,
+    /// For local times in `.rewind` names.
+    pub(crate) zone: TimeZone,
     /// WRITE and COMMIT's verifier: a new one each time the server starts,
     /// so clients resend unstable writes a crash may have lost.
     verifier: writeverf3,
@@ -264,13 +268,13 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     pub fn new(trees: Arc<Trees>) -> Dispatcher {
-        Dispatcher { trees, verifier: writeverf3(now().unix_nanos().to_be_bytes()) }
+        Dispatcher { trees, zone: TimeZone::system(), verifier: writeverf3(now().unix_nanos().to_be_bytes()) }
     }
 
     /// Resolves a handle from a call.
     pub(crate) fn object(&self, bytes: &[u8]) -> Result<Object, Failure> {
         let handle = FileHandle::decode(bytes).ok_or(nfsstat3::NFS3ERR_BADHANDLE)?;
-        let tree = self.trees.by_id(handle.tree)?;
+        let tree = self.trees.by_id(handle.tree, now())?;
         Ok(match (handle.target, handle.at) {
             (Target::Past, _) => Object::Directory { tree },
             (Target::Inode(inode), None) => Object::Present { tree, handle: inode },
@@ -391,7 +395,7 @@ impl Dispatcher {
                 }
                 _ => {
                     let text = std::str::from_utf8(name).map_err(|_| nfsstat3::NFS3ERR_NOENT)?;
-                    let at = tree.resolve(text, &self.trees.zone)?;
+                    let at = tree.resolve(text, now(), &self.zone)?;
                     let view = tree.view(at)?;
                     let handle = view.getattr_root()?.handle;
                     let object = Object::Past { tree: Arc::clone(tree), view, handle };

@@ -17,14 +17,15 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rewind_engine::Node;
 use rewind_serve::listen::{self, Listeners, Peer, Protocol, Running, ServeConfig};
 use rewind_serve::log_limit::PeerLog;
 use rewind_serve::transport::Transport;
 use tracing::{info, warn};
 
 use crate::rpc::{read_record, write_record};
-use crate::{Dispatcher, Trees};
+use rewind_tree::Trees;
+
+use crate::Dispatcher;
 
 /// Client networks let in: an address and how many of its leading bits count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,10 +170,11 @@ pub struct NfsServer {
 }
 
 impl NfsServer {
-    pub fn new(node: Arc<Node>, config: NfsConfig) -> NfsServer {
+    /// Serves `trees` (shared with whatever else changes them: the API).
+    pub fn new(trees: Arc<Trees>, config: NfsConfig) -> NfsServer {
         assert!(!config.idle_timeout.is_zero() && !config.write_timeout.is_zero(), "timeouts must be positive");
         let serve = config.serve;
-        let nfs = Nfs { dispatcher: Dispatcher::new(Arc::new(Trees::new(node))), config };
+        let nfs = Nfs { dispatcher: Dispatcher::new(trees), config };
         NfsServer { listeners: Listeners::new(Arc::new(nfs), serve) }
     }
 

@@ -15,6 +15,7 @@ use nfs3_client::{Nfs3Connection, Nfs3ConnectionBuilder};
 use rewind_engine::{BookmarkName, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
 use rewind_io::OsStorage;
 use rewind_nfs::{NfsConfig, NfsServer};
+use rewind_tree::Trees;
 
 type Connection = Nfs3Connection<nfs3_client::tokio::TokioIo<tokio::net::TcpStream>>;
 
@@ -105,7 +106,8 @@ async fn every_procedure_answers_as_rfc_1813_says() {
     let storage = OsStorage::new(dir.path()).unwrap();
     let node = Arc::new(Node::open(Arc::new(storage), NodeConfig::default()).unwrap());
     node.create_volume(VolumeSpec::tree(VolumeName::new("home").unwrap()), now()).unwrap();
-    let server = NfsServer::new(Arc::clone(&node), NfsConfig::default());
+    let trees = Arc::new(Trees::new(Arc::clone(&node)));
+    let server = NfsServer::new(Arc::clone(&trees), NfsConfig::default());
     let address = server.serve_tcp("127.0.0.1:0").unwrap();
     let mut client = connect(address, "/home", 0).await;
     client.null().await.unwrap();
@@ -269,7 +271,7 @@ async fn every_procedure_answers_as_rfc_1813_says() {
     drop(client);
     drop(user);
     server.shutdown();
-    let server = NfsServer::new(Arc::clone(&node), NfsConfig::default());
+    let server = NfsServer::new(Arc::new(Trees::new(Arc::clone(&node))), NfsConfig::default());
     let address = server.serve_tcp("127.0.0.1:0").unwrap();
     let mut client = connect(address, "/home/docs", 0).await;
     assert_eq!(client.root_nfs_fh3(), docs, "MOUNT of a directory inside the export");

@@ -23,12 +23,16 @@
 //! crate knows no protocol.
 
 mod error;
+mod history;
 mod namespace;
 mod present;
+mod registry;
 mod view;
 
 pub use error::TreeError;
+pub use history::{walk, FileVersion};
 pub use namespace::{Access, Attributes, Caller, DirEntryPlus, Handle, Namespace, ReadDir};
 pub use present::{CreateHow, SetAttributes, SetTime, Stability, Tree, Wcc};
+pub use registry::{tree_id, OpenTree, Trees};
 pub use rewind_format::tree::{Author, FileKind, FILE_BYTES_MAX, NAME_BYTES_MAX, ROOT_INODE, SYMLINK_TARGET_BYTES_MAX};
 pub use view::TreeView;

@@ -460,6 +460,31 @@ impl Volume {
         self.resolve_time(&point, now)
     }
 
+    /// The times at which block `block` got a version history still keeps,
+    /// newest first, at most `limit` of them: a file tree's history of one
+    /// inode. (In the layouts that file history late, a version is found
+    /// once it is filed.)
+    pub fn version_times(&self, block: u64, limit: usize) -> Result<Vec<Timestamp>, EngineError> {
+        let block_count = self.meta.size_bytes / u64::from(self.meta.block_size.bytes());
+        if block >= block_count {
+            return Err(EngineError::InvalidArgument(format!(
+                "block {block} is past the end of volume {}",
+                self.name()
+            )));
+        }
+        let mut times = Vec::new();
+        let mut at = Timestamp::MAX;
+        while times.len() < limit {
+            let Some(version) = self.index.find_le(block, at)? else { break };
+            times.push(version.timestamp);
+            match version.timestamp.unix_nanos().checked_sub(1) {
+                Some(before) => at = Timestamp::from_unix_nanos(before),
+                None => break,
+            }
+        }
+        Ok(times)
+    }
+
     pub fn timeline(&self) -> TimelineReport {
         let unsaved = self.write.lock().timeline_unsaved.clone();
         let mut buckets = self.history.timeline.lock().buckets.clone();

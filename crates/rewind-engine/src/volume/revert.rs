@@ -112,6 +112,16 @@ impl Volume {
     }
 
     fn check_revert_point(&self, to: Timestamp, now: Timestamp, bookmarks: &Bookmarks) -> Result<(), EngineError> {
+        // A tree's server keeps its present in memory (caches, the inode
+        // bitmap) that a revert of the blocks under it would leave stale.
+        if self.kind() == rewind_format::meta::VolumeKind::Tree {
+            return Err(EngineError::InvalidArgument(format!(
+                "{} is a file tree: a whole tree is not reverted in place (its files and directories are: \
+                 `rewind tree revert`); read the past under /{}/.rewind/TIME",
+                self.name(),
+                self.name()
+            )));
+        }
         // (The volume's clock may run ahead of `now`: a write is after the last.)
         let latest = now.max(self.timestamp_last());
         if self.exact_time_named(self.check_in_history(to, latest)?, bookmarks)? != to {

@@ -1,24 +1,29 @@
-//! The node's file trees as the NFS server sees them: opened on first use,
-//! found by name (MOUNT) or by the id in a handle, with their views of the
-//! past opened once and kept while used.
+//! The node's file trees, each opened once and shared by everything that
+//! serves or changes it (NFS, the API): a `Tree` keeps its present in
+//! memory, so two of one volume would each miss the other's changes. Views
+//! of the past are opened once and kept while used.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use jiff::tz::TimeZone;
 use parking_lot::Mutex;
 use rewind_engine::{EngineError, Node, VolumeKind};
-use rewind_tree::{Tree, TreeError, TreeView};
 use rewind_types::Timestamp;
 use rustc_hash::FxHashMap;
 
-use crate::handle::tree_id;
+use crate::{Tree, TreeError, TreeView};
 
 /// Views kept open per tree; the least recently opened goes first.
 const VIEWS_OPEN_MAX: usize = 64;
 
-pub(crate) fn now() -> Timestamp {
-    Timestamp::from_system_time(SystemTime::now())
+/// A tree's identity, stable across restarts and different for a tree
+/// deleted and made again under its name: a hash of its name and creation
+/// time (NFS puts it in file handles and reports it as the fsid).
+pub fn tree_id(name: &str, created: Timestamp) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(name.as_bytes());
+    hasher.update(&created.unix_nanos().to_le_bytes());
+    u64::from_le_bytes(hasher.finalize().as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
 /// One open tree.
@@ -50,10 +55,10 @@ impl OpenTree {
 
     /// The exact time `text` names (a bookmark, RFC 3339, Unix time, "-10m"
     /// …, percent-encoded or not), for `.rewind/TEXT` and `TREE@TEXT`.
-    pub fn resolve(&self, text: &str, zone: &TimeZone) -> Result<Timestamp, TreeError> {
+    pub fn resolve(&self, text: &str, now: Timestamp, zone: &TimeZone) -> Result<Timestamp, TreeError> {
         let decoded = percent_decode(text).ok_or_else(|| TreeError::Invalid(format!("{text:?}: bad % escape")))?;
         let volume = self.tree.volume();
-        let at = volume.parse_time(&decoded, now(), zone)?;
+        let at = volume.parse_time(&decoded, now, zone)?;
         // The exact point a view there shows (granularity may round it down).
         Ok(self.tree.view(at)?.at())
     }
@@ -80,13 +85,12 @@ fn percent_decode(text: &str) -> Option<String> {
 /// The node's trees.
 pub struct Trees {
     node: Arc<Node>,
-    pub zone: TimeZone,
     open: Mutex<FxHashMap<u64, Arc<OpenTree>>>,
 }
 
 impl Trees {
     pub fn new(node: Arc<Node>) -> Trees {
-        Trees { node, zone: TimeZone::system(), open: Mutex::new(FxHashMap::default()) }
+        Trees { node, open: Mutex::new(FxHashMap::default()) }
     }
 
     /// The names of the node's trees.
@@ -102,8 +106,8 @@ impl Trees {
         names
     }
 
-    /// The tree called `name`.
-    pub fn by_name(&self, name: &str) -> Result<Arc<OpenTree>, TreeError> {
+    /// The tree called `name`; `now` formats a new one.
+    pub fn by_name(&self, name: &str, now: Timestamp) -> Result<Arc<OpenTree>, TreeError> {
         let volume = match self.node.volume(name) {
             Ok(volume) if volume.kind() == VolumeKind::Tree => volume,
             Ok(_) | Err(EngineError::VolumeNotFound(_)) => return Err(TreeError::NotFound),
@@ -118,22 +122,22 @@ impl Trees {
         let tree = Arc::new(OpenTree {
             id,
             name: name.to_owned(),
-            tree: Tree::open(volume, now())?,
+            tree: Tree::open(volume, now)?,
             views: Mutex::new(Vec::new()),
         });
         open.insert(id, Arc::clone(&tree));
         Ok(tree)
     }
 
-    /// The tree a handle names, or `Stale` if it is gone.
-    pub fn by_id(&self, id: u64) -> Result<Arc<OpenTree>, TreeError> {
+    /// The tree with this id, or `Stale` if it is gone.
+    pub fn by_id(&self, id: u64, now: Timestamp) -> Result<Arc<OpenTree>, TreeError> {
         if let Some(tree) = self.open.lock().get(&id) {
             if self.node.volume(&tree.name).is_ok_and(|volume| tree_id(&tree.name, volume.created()) == id) {
                 return Ok(Arc::clone(tree));
             }
         }
         for name in self.names() {
-            if let Ok(tree) = self.by_name(&name) {
+            if let Ok(tree) = self.by_name(&name, now) {
                 if tree.id == id {
                     return Ok(tree);
                 }
