@@ -765,10 +765,7 @@ fn tree(backend: &dyn Backend, command: TreeCommand) -> Result<()> {
                 history.path.trim_start_matches('/'),
                 history.versions.len()
             );
-            println!(
-                "{:<32} {:>12} {:>5} {:>11}  {}",
-                "point in time (.rewind/…)", "size", "mode", "owner", "changed by"
-            );
+            println!("{:<32} {:>12} {:>5} {:>11}  changed by", "point in time (.rewind/…)", "size", "mode", "owner");
             for version in &history.versions {
                 println!(
                     "{:<32} {:>12} {:>5} {:>11}  {} (uid {})",
