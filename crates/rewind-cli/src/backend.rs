@@ -18,11 +18,11 @@ use rewind_engine::{
     BookmarkName, Clones, GroupRevertTo, InUse, Node, NodeConfig, RepairMode, Timestamp, VolumeName, Writers,
 };
 use rewind_http::api::{
-    kept_write, time, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes, CreateBookmark, CreateClone,
-    CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GcReport, GroupBookmarkInfo,
-    GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, KeptWrite, NodeReport, PromoteEvent, PromoteSummary,
-    RepairSummary, RevertSummary, RevertVolume, Timeline, TreeHistory, TreeHistoryQuery, UpdateVolume, ViewInfo,
-    VolumeDetail, VolumeInfo, VolumeReport,
+    kept_write, time, tree_file_bytes, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes,
+    CreateBookmark, CreateClone, CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GcReport,
+    GroupBookmarkInfo, GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, KeptWrite, NodeReport,
+    PromoteEvent, PromoteSummary, RepairSummary, RevertSummary, RevertVolume, Timeline, TreeFileQuery, TreeHistory,
+    TreeHistoryQuery, TreeListing, TreeListingQuery, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -57,6 +57,11 @@ pub trait Backend: Send + Sync {
     fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo>;
     /// The versions of one file of a tree.
     fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory>;
+    /// Everything under a path of a tree at one point.
+    fn tree_listing(&self, name: &str, query: &TreeListingQuery) -> Result<TreeListing>;
+    /// Bytes of one file of a tree at the exact point of a listing; fewer than
+    /// asked at the end of the file.
+    fn tree_file(&self, name: &str, ino: u64, query: &TreeFileQuery) -> Result<Vec<u8>>;
     /// What changed in `name` from `from` to `to` (the present if `None`).
     fn changes(&self, name: &str, from: &str, to: Option<&str>) -> Result<Changes>;
     /// Allocation of `name` at exactly `at` (nanoseconds, as a view resolved
@@ -439,6 +444,30 @@ impl Backend for HttpBackend {
         self.decode(response)
     }
 
+    fn tree_listing(&self, name: &str, query: &TreeListingQuery) -> Result<TreeListing> {
+        let mut request = self.get_request(&format!("/v1/trees/{name}/listing")).query("path", &query.path);
+        if let Some(at) = &query.at {
+            request = request.query("at", at);
+        }
+        self.decode(request.call()?)
+    }
+
+    fn tree_file(&self, name: &str, ino: u64, query: &TreeFileQuery) -> Result<Vec<u8>> {
+        let request = self.get_request(&format!("/v1/trees/{name}/files/{ino}"));
+        let request = request.query("generation", query.generation.to_string()).query("at", query.at.to_string());
+        let request = request.query("offset", query.offset.to_string()).query("length", query.length.to_string());
+        let mut response = request.call()?;
+        if !response.status().is_success() {
+            return Err(self.error(response));
+        }
+        let mut bytes = Vec::new();
+        response.body_mut().as_reader().take(query.length + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > query.length {
+            bail!("the server answered more bytes than asked");
+        }
+        Ok(bytes)
+    }
+
     fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory> {
         let mut request = self.get_request(&format!("/v1/trees/{name}/history")).query("path", &query.path);
         if let Some(at) = &query.at {
@@ -565,6 +594,8 @@ impl Backend for HttpBackend {
 /// Works on the data directory itself, holding its lock.
 struct LocalBackend {
     node: Arc<Node>,
+    /// The file trees, each opened once.
+    trees: rewind_tree::Trees,
     data_dir: PathBuf,
     _lock: DirLock,
 }
@@ -578,7 +609,9 @@ impl LocalBackend {
         // A node whose history went to a bucket opens with it.
         let bucket = crate::serve::BucketRecord::read(data_dir)?.map(|record| record.open(None)).transpose()?;
         let node = Node::open_with_bucket(Arc::new(storage), NodeConfig::default(), bucket)?;
-        Ok(LocalBackend { node: Arc::new(node), data_dir: data_dir.to_owned(), _lock: lock })
+        let node = Arc::new(node);
+        let trees = rewind_tree::Trees::new(Arc::clone(&node));
+        Ok(LocalBackend { node, trees, data_dir: data_dir.to_owned(), _lock: lock })
     }
 }
 
@@ -683,8 +716,15 @@ impl Backend for LocalBackend {
     }
 
     fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory> {
-        let trees = rewind_tree::Trees::new(Arc::clone(&self.node));
-        Ok(TreeHistory::of(&trees, name.to_owned(), query.clone(), now())?)
+        Ok(TreeHistory::of(&self.trees, name.to_owned(), query.clone(), now())?)
+    }
+
+    fn tree_listing(&self, name: &str, query: &TreeListingQuery) -> Result<TreeListing> {
+        Ok(TreeListing::of(&self.trees, name.to_owned(), query.clone(), now())?)
+    }
+
+    fn tree_file(&self, name: &str, ino: u64, query: &TreeFileQuery) -> Result<Vec<u8>> {
+        Ok(tree_file_bytes(&self.trees, name, ino, query, now())?)
     }
 
     fn write_history(&self, name: &str, each: &mut dyn FnMut(KeptWrite) -> Result<()>) -> Result<()> {

@@ -112,9 +112,10 @@ impl LimitArgs {
             reserved = fds.reserved,
             nbd_connections_max = nbd.connections_max,
             nbd_connections_per_client = nbd.connections_per_client_max,
+            nfs_connections_max,
             http_connections_max = fds.http_connections_max(),
             "file descriptors: {} ({}); {} kept for Rewind's own files, NBD up to {} connections ({} per client), \
-             HTTP up to {} connections",
+             NFS up to {} connections, HTTP up to {} connections",
             fds.limit,
             if fds.limit == fds.limit_before {
                 "the hard limit".to_owned()
@@ -124,6 +125,7 @@ impl LimitArgs {
             fds.reserved,
             nbd.connections_max,
             nbd.connections_per_client_max,
+            nfs_connections_max,
             fds.http_connections_max(),
         );
         Ok(Limits { nbd, nfs_connections_max, api, http_connections_max: fds.http_connections_max() })

@@ -10,6 +10,7 @@ mod output;
 mod restore;
 mod serve;
 mod tls;
+mod tree_restore;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -344,6 +345,21 @@ enum TreeCommand {
     },
     /// The node's file trees.
     List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy a file or directory of a tree, as it was, out to this machine: `rewind tree restore
+    /// home@before-cleanup/projects --to ./projects --progress` (contents, modes, times, hard and
+    /// symbolic links; owners too when run as root; devices, sockets and FIFOs are not made).
+    Restore {
+        /// TREE@TIME/PATH (TIME below; the present without @TIME; the whole tree without /PATH).
+        #[arg(allow_hyphen_values = true)]
+        point: String,
+        /// A directory that does not exist yet (or is empty), or for one file, the file to make.
+        #[arg(long)]
+        to: PathBuf,
+        #[arg(long)]
+        progress: bool,
         #[arg(long)]
         json: bool,
     },
@@ -777,6 +793,31 @@ fn tree(backend: &dyn Backend, command: TreeCommand) -> Result<()> {
                     version.client_uid
                 );
             }
+            Ok(())
+        }
+        TreeCommand::Restore { point, to, progress, json } => {
+            let progress = if progress { Progress::Bar } else { Progress::Quiet };
+            let summary = tree_restore::restore(backend, &point, &to, progress)?;
+            if json {
+                return output::json(&summary);
+            }
+            println!(
+                "restored {}@{}/{} to {}: {} files ({}), {} directories, {} symbolic and {} hard links{} in {:.1} s",
+                summary.tree,
+                summary.at,
+                summary.path,
+                summary.target,
+                summary.files,
+                indicatif::HumanBytes(summary.bytes),
+                summary.directories,
+                summary.symlinks,
+                summary.hard_links,
+                match summary.special_files_skipped {
+                    0 => String::new(),
+                    count => format!(" ({count} devices, sockets or FIFOs not made)"),
+                },
+                summary.seconds
+            );
             Ok(())
         }
         TreeCommand::List { json } => {

@@ -86,6 +86,20 @@ fn files_go_in_and_come_back_now_and_as_they_were() {
     let before = run_failing("nfs-ls", &[&url(&server, "/home/.rewind/2001-01-01T00:00:00Z")]);
     assert!(before.contains("MNT3ERR_NOENT"), "{before}");
 
+    // Copied out as it was: the whole tree, and one file, from the bookmark.
+    let restored = dir.path().join("restored");
+    let summary =
+        json(&server.rewind(&["tree", "restore", "home@before-cleanup", "--to", restored.to_str().unwrap(), "--json"]));
+    assert_eq!((summary["files"].as_u64(), summary["bytes"].as_u64()), (Some(2), Some(3 * 1024 * 1024 + 12)));
+    assert!(fs::read(restored.join("big.bin")).unwrap() == big);
+    assert_eq!(fs::read_to_string(restored.join("notes.txt")).unwrap(), "first draft\n");
+    assert!(!restored.join("later.txt").exists(), "written after the bookmark");
+    let one = dir.path().join("notes-then.txt");
+    server.rewind(&["tree", "restore", "home@before-cleanup/notes.txt", "--to", one.to_str().unwrap()]);
+    assert_eq!(fs::read_to_string(&one).unwrap(), "first draft\n");
+    let occupied = server.rewind_failing(&["tree", "restore", "home", "--to", restored.to_str().unwrap()]);
+    assert!(occupied.contains("is not an empty directory"), "{occupied}");
+
     // A tree is not a disk: NBD neither lists nor opens it.
     let nbd = run_failing("nbdinfo", &[&server.uri("home")]);
     assert!(nbd.contains("No such file or directory for export: home"), "{nbd}");

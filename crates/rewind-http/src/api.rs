@@ -1553,16 +1553,7 @@ impl FileVersionInfo {
         FileVersionInfo {
             at: time(version.at),
             at_unix_nanos: version.at.unix_nanos(),
-            kind: match attributes.kind {
-                rewind_tree::FileKind::Regular => "file",
-                rewind_tree::FileKind::Directory => "directory",
-                rewind_tree::FileKind::Symlink => "symlink",
-                rewind_tree::FileKind::CharDevice => "char-device",
-                rewind_tree::FileKind::BlockDevice => "block-device",
-                rewind_tree::FileKind::Socket => "socket",
-                rewind_tree::FileKind::Fifo => "fifo",
-            }
-            .to_owned(),
+            kind: kind_of(attributes.kind).to_owned(),
             size_bytes: attributes.size,
             mode: format!("{:04o}", attributes.mode),
             uid: attributes.uid,
@@ -1572,4 +1563,213 @@ impl FileVersionInfo {
             client_uid: attributes.author.uid,
         }
     }
+}
+
+/// `GET /v1/trees/{name}/listing?path=PATH[&at=TIME]`: everything under
+/// `path` (a directory, or one file) in the tree as it was at `at` (the
+/// present if left out), resolved to one exact point, for a restore.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TreeListingQuery {
+    #[serde(default)]
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TreeListing {
+    pub tree: String,
+    pub path: String,
+    pub at: String,
+    pub at_unix_nanos: u64,
+    /// Parents before their children; the first is `path` itself (path "").
+    pub entries: Vec<TreeEntry>,
+    /// The regular files' bytes, all told (hard links counted once).
+    pub file_bytes: u64,
+}
+
+/// One file, directory, link or special file of a listing.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TreeEntry {
+    /// Relative to the listing's path, `/`-separated ("" for that path).
+    pub path: String,
+    /// As in [`FileVersionInfo::kind`].
+    pub kind: String,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size_bytes: u64,
+    pub nlink: u32,
+    pub atime_unix_nanos: u64,
+    pub mtime_unix_nanos: u64,
+    /// Symlinks: the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Devices: major and minor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdev: Option<(u32, u32)>,
+    /// The inode and its generation: what `files/{ino}` reads, and what hard links share.
+    pub ino: u64,
+    pub generation: u32,
+}
+
+fn kind_of(kind: rewind_tree::FileKind) -> &'static str {
+    match kind {
+        rewind_tree::FileKind::Regular => "file",
+        rewind_tree::FileKind::Directory => "directory",
+        rewind_tree::FileKind::Symlink => "symlink",
+        rewind_tree::FileKind::CharDevice => "char-device",
+        rewind_tree::FileKind::BlockDevice => "block-device",
+        rewind_tree::FileKind::Socket => "socket",
+        rewind_tree::FileKind::Fifo => "fifo",
+    }
+}
+
+/// Names a listing can carry (JSON strings): UTF-8.
+fn utf8_name(name: &[u8], within: &str) -> Result<String, EngineError> {
+    String::from_utf8(name.to_vec()).map_err(|_| {
+        EngineError::InvalidArgument(format!(
+            "{within} holds a name that is not UTF-8 ({}); copy it out over NFS instead",
+            String::from_utf8_lossy(name)
+        ))
+    })
+}
+
+/// Entries a listing reads from a directory at a time.
+const LISTING_PAGE_ENTRIES: usize = 1024;
+
+impl TreeListing {
+    pub fn of(
+        trees: &Trees,
+        name: String,
+        query: TreeListingQuery,
+        now: Timestamp,
+    ) -> Result<TreeListing, EngineError> {
+        use rewind_tree::Namespace;
+        let tree = trees.by_name(&name, now).map_err(|error| tree_error(&name, error))?;
+        let at = match &query.at {
+            Some(at) => tree.resolve(at, now, &TimeZone::system()),
+            None => Ok(tree.tree.changed_at()),
+        }
+        .map_err(|error| tree_error(&name, error))?;
+        let view = tree.view(at).map_err(|error| tree_error(&name, error))?;
+        let start = rewind_tree::walk(&*view, &query.path).map_err(|error| match error {
+            TreeError::NotFound => {
+                EngineError::InvalidArgument(format!("{name} had no {} at {}", query.path, time(at)))
+            }
+            error => tree_error(&name, error),
+        })?;
+        let root = rewind_tree::Caller::root([0; 16], 0);
+        let entry = |path: String, attributes: &rewind_tree::Attributes| -> Result<TreeEntry, EngineError> {
+            let target = match attributes.kind {
+                rewind_tree::FileKind::Symlink => {
+                    let target = view.readlink(attributes.handle).map_err(|error| tree_error(&name, error))?;
+                    Some(utf8_name(&target, &path)?)
+                }
+                _ => None,
+            };
+            let device =
+                matches!(attributes.kind, rewind_tree::FileKind::CharDevice | rewind_tree::FileKind::BlockDevice);
+            Ok(TreeEntry {
+                path,
+                kind: kind_of(attributes.kind).to_owned(),
+                mode: attributes.mode,
+                uid: attributes.uid,
+                gid: attributes.gid,
+                size_bytes: attributes.size,
+                nlink: attributes.nlink,
+                atime_unix_nanos: attributes.atime.unix_nanos(),
+                mtime_unix_nanos: attributes.mtime.unix_nanos(),
+                target,
+                rdev: device.then_some(attributes.rdev),
+                ino: attributes.handle.ino,
+                generation: attributes.handle.generation,
+            })
+        };
+        let mut entries = vec![entry(String::new(), &start)?];
+        let mut stack = vec![(String::new(), start.clone())];
+        while let Some((path, dir)) = stack.pop() {
+            if dir.kind != rewind_tree::FileKind::Directory {
+                continue;
+            }
+            let mut cookie = 0;
+            loop {
+                let page = view
+                    .readdir(dir.handle, cookie, LISTING_PAGE_ENTRIES, &root)
+                    .map_err(|error| tree_error(&name, error))?;
+                for found in &page.entries {
+                    cookie = found.cookie;
+                    if found.name == b"." || found.name == b".." {
+                        continue;
+                    }
+                    let child_name = utf8_name(&found.name, &path)?;
+                    let child = if path.is_empty() { child_name } else { format!("{path}/{child_name}") };
+                    entries.push(entry(child.clone(), &found.attributes)?);
+                    stack.push((child, found.attributes.clone()));
+                }
+                if page.eof {
+                    break;
+                }
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        let file_bytes = entries
+            .iter()
+            .filter(|entry| entry.kind == "file" && seen.insert(entry.ino))
+            .map(|entry| entry.size_bytes)
+            .sum();
+        Ok(TreeListing {
+            tree: name,
+            path: query.path,
+            at: time(at),
+            at_unix_nanos: at.unix_nanos(),
+            entries,
+            file_bytes,
+        })
+    }
+}
+
+/// `GET /v1/trees/{name}/files/{ino}?generation=G&at=NANOS&offset=O&length=L`:
+/// bytes of one file of a tree at an exact point a listing resolved.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TreeFileQuery {
+    pub generation: u32,
+    pub at: u64,
+    pub offset: u64,
+    pub length: u64,
+}
+
+/// The bytes [`TreeFileQuery`] asks for (fewer at the end of the file).
+pub fn tree_file_bytes(
+    trees: &Trees,
+    name: &str,
+    ino: u64,
+    query: &TreeFileQuery,
+    now: Timestamp,
+) -> Result<Vec<u8>, EngineError> {
+    use rewind_tree::Namespace;
+    if query.length > DATA_BYTES_MAX {
+        return Err(EngineError::InvalidArgument(format!(
+            "at most {DATA_BYTES_MAX} bytes at a time, not {}",
+            query.length
+        )));
+    }
+    let tree = trees.by_name(name, now).map_err(|error| tree_error(name, error))?;
+    let view = tree.view(Timestamp::from_unix_nanos(query.at)).map_err(|error| tree_error(name, error))?;
+    let handle = rewind_tree::Handle { ino, generation: query.generation };
+    let root = rewind_tree::Caller::root([0; 16], 0);
+    let mut bytes = Vec::with_capacity(query.length as usize);
+    while (bytes.len() as u64) < query.length {
+        let want = (query.length - bytes.len() as u64).min(1 << 20) as u32;
+        let (chunk, eof) = view
+            .read(handle, query.offset + bytes.len() as u64, want, &root)
+            .map_err(|error| tree_error(name, error))?;
+        bytes.extend_from_slice(&chunk);
+        if eof || chunk.is_empty() {
+            break;
+        }
+    }
+    Ok(bytes)
 }

@@ -25,11 +25,12 @@ use rewind_engine::{
 };
 
 use crate::api::{
-    time, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes, CreateBookmark, CreateClone, CreateGroup,
-    CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GroupBookmarkInfo, GroupInfo, GroupRevertSummary,
-    Health, ImportSummary, JobInfo, NodeReport, PromoteEvent, PromoteSummary, RepairSummary, RevertSummary,
-    RevertVolume, RevokeGrant, Timeline, TreeHistory, TreeHistoryQuery, UpdateVolume, ViewInfo, VolumeDetail,
-    VolumeInfo, VolumeReport, DATA_BYTES_MAX, FIXED_AT_CREATION,
+    time, tree_file_bytes, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes, CreateBookmark,
+    CreateClone, CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GroupBookmarkInfo,
+    GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, NodeReport, PromoteEvent, PromoteSummary,
+    RepairSummary, RevertSummary, RevertVolume, RevokeGrant, Timeline, TreeFileQuery, TreeHistory, TreeHistoryQuery,
+    TreeListing, TreeListingQuery, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport, DATA_BYTES_MAX,
+    FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
@@ -249,6 +250,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/stats", get(volume_stats))
         .route("/v1/volumes/{name}/repair", post(repair_volume))
         .route("/v1/trees/{name}/history", get(tree_history))
+        .route("/v1/trees/{name}/listing", get(tree_listing))
+        .route("/v1/trees/{name}/files/{ino}", get(tree_file))
         .route_layer(middleware::from_fn(volume_scope));
     let node_routes = Router::new()
         .route("/v1/stats", get(node_stats))
@@ -705,6 +708,27 @@ async fn tree_history(
 ) -> Result<Json<TreeHistory>, ApiError> {
     let trees = Arc::clone(&state.trees);
     blocking(move || TreeHistory::of(&trees, name, query, now())).await.map(Json)
+}
+
+/// Everything under a path of a tree at one point (see [`TreeListingQuery`]).
+async fn tree_listing(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    ApiQuery(query): ApiQuery<TreeListingQuery>,
+) -> Result<Json<TreeListing>, ApiError> {
+    let trees = Arc::clone(&state.trees);
+    blocking(move || TreeListing::of(&trees, name, query, now())).await.map(Json)
+}
+
+/// Bytes of one file of a tree at an exact point (see [`TreeFileQuery`]).
+async fn tree_file(
+    State(state): State<Shared>,
+    Path((name, ino)): Path<(String, u64)>,
+    ApiQuery(query): ApiQuery<TreeFileQuery>,
+) -> Result<Response, ApiError> {
+    let trees = Arc::clone(&state.trees);
+    let bytes = blocking(move || tree_file_bytes(&trees, &name, ino, &query, now())).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
 /// The writes a volume's history keeps, oldest first, streamed as
