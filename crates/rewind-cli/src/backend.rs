@@ -21,8 +21,9 @@ use rewind_http::api::{
     kept_write, time, tree_file_bytes, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes,
     CreateBookmark, CreateClone, CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GcReport,
     GroupBookmarkInfo, GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, KeptWrite, NodeReport,
-    PromoteEvent, PromoteSummary, RepairSummary, RevertSummary, RevertVolume, Timeline, TreeFileQuery, TreeHistory,
-    TreeHistoryQuery, TreeListing, TreeListingQuery, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    PromoteEvent, PromoteSummary, RepairSummary, RevertSummary, RevertTreePath, RevertVolume, Timeline, TreeFileQuery,
+    TreeHistory, TreeHistoryQuery, TreeListing, TreeListingQuery, TreeRevertSummary, UpdateVolume, ViewInfo,
+    VolumeDetail, VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -57,6 +58,8 @@ pub trait Backend: Send + Sync {
     fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo>;
     /// The versions of one file of a tree.
     fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory>;
+    /// Puts one path of a tree back as it was.
+    fn revert_tree_path(&self, name: &str, request: &RevertTreePath) -> Result<TreeRevertSummary>;
     /// Everything under a path of a tree at one point.
     fn tree_listing(&self, name: &str, query: &TreeListingQuery) -> Result<TreeListing>;
     /// Bytes of one file of a tree at the exact point of a listing; fewer than
@@ -444,6 +447,10 @@ impl Backend for HttpBackend {
         self.decode(response)
     }
 
+    fn revert_tree_path(&self, name: &str, request: &RevertTreePath) -> Result<TreeRevertSummary> {
+        self.post(&format!("/v1/trees/{name}/revert"), request)
+    }
+
     fn tree_listing(&self, name: &str, query: &TreeListingQuery) -> Result<TreeListing> {
         let mut request = self.get_request(&format!("/v1/trees/{name}/listing")).query("path", &query.path);
         if let Some(at) = &query.at {
@@ -717,6 +724,10 @@ impl Backend for LocalBackend {
 
     fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory> {
         Ok(TreeHistory::of(&self.trees, name.to_owned(), query.clone(), now())?)
+    }
+
+    fn revert_tree_path(&self, name: &str, request: &RevertTreePath) -> Result<TreeRevertSummary> {
+        Ok(TreeRevertSummary::of(&self.trees, name.to_owned(), request.clone(), now())?)
     }
 
     fn tree_listing(&self, name: &str, query: &TreeListingQuery) -> Result<TreeListing> {

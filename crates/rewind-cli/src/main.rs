@@ -21,7 +21,9 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use rewind_access::{Access, GrantInfo, TokenSpec};
 use rewind_engine::{Clones, InUse};
-use rewind_http::api::{CreateBookmark, CreateClone, CreateVolume, Policy, RevertVolume, TreeHistoryQuery, VolumeInfo};
+use rewind_http::api::{
+    CreateBookmark, CreateClone, CreateVolume, Policy, RevertTreePath, RevertVolume, TreeHistoryQuery, VolumeInfo,
+};
 
 use crate::backend::{Backend, Progress};
 
@@ -345,6 +347,19 @@ enum TreeCommand {
     },
     /// The node's file trees.
     List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put a file or directory of a tree back as it was, in place, the rest of the tree untouched:
+    /// `rewind tree revert home projects --to -2h`. Nothing is lost: the tree just before is
+    /// bookmarked (`before-revert-…`), and reverting the path to that bookmark undoes it.
+    Revert {
+        tree: String,
+        /// The path from the tree's root ("" or / for the whole tree).
+        path: String,
+        /// The point to go back to (TIME below).
+        #[arg(long, allow_hyphen_values = true)]
+        to: String,
         #[arg(long)]
         json: bool,
     },
@@ -793,6 +808,27 @@ fn tree(backend: &dyn Backend, command: TreeCommand) -> Result<()> {
                     version.client_uid
                 );
             }
+            Ok(())
+        }
+        TreeCommand::Revert { tree, path, to, json } => {
+            let summary = backend.revert_tree_path(&tree, &RevertTreePath { path, to })?;
+            if json {
+                return output::json(&summary);
+            }
+            println!(
+                "reverted {}/{} to {}: {} removed, {} files ({}) and {} directories put back; undo with \
+                 `rewind tree revert {} {} --to {}`",
+                summary.tree,
+                summary.path.trim_start_matches('/'),
+                summary.to,
+                summary.removed,
+                summary.files,
+                indicatif::HumanBytes(summary.bytes),
+                summary.directories,
+                summary.tree,
+                if summary.path.is_empty() { "/" } else { &summary.path },
+                summary.bookmark
+            );
             Ok(())
         }
         TreeCommand::Restore { point, to, progress, json } => {

@@ -100,6 +100,14 @@ fn files_go_in_and_come_back_now_and_as_they_were() {
     let occupied = server.rewind_failing(&["tree", "restore", "home", "--to", restored.to_str().unwrap()]);
     assert!(occupied.contains("is not an empty directory"), "{occupied}");
 
+    // Put back in place: notes.txt as it was (later.txt stays), then undone.
+    let reverted = json(&server.rewind(&["tree", "revert", "home", "later.txt", "--to", "before-cleanup", "--json"]));
+    assert_eq!(reverted["removed"], 1, "later.txt did not exist then: going back removes it");
+    assert_eq!(names(&run("nfs-ls", &[&url(&server, "/home")])), ["big.bin", "notes.txt"]);
+    let bookmark = reverted["bookmark"].as_str().unwrap().to_owned();
+    server.rewind(&["tree", "revert", "home", "later.txt", "--to", &bookmark]);
+    assert_eq!(run("nfs-cat", &[&url(&server, "/home/later.txt")]), "written after the bookmark\n", "undone");
+
     // A tree is not a disk: NBD neither lists nor opens it.
     let nbd = run_failing("nbdinfo", &[&server.uri("home")]);
     assert!(nbd.contains("No such file or directory for export: home"), "{nbd}");

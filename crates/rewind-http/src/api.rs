@@ -1773,3 +1773,59 @@ pub fn tree_file_bytes(
     }
     Ok(bytes)
 }
+
+/// `POST /v1/trees/{name}/revert`: put one path (a file, a directory with
+/// everything in it, or "" for the whole tree) back as it was at `to`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RevertTreePath {
+    pub path: String,
+    pub to: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TreeRevertSummary {
+    pub tree: String,
+    pub path: String,
+    /// The point the path went back to.
+    pub to: String,
+    pub to_unix_nanos: u64,
+    /// The tree just before: reverting the path to it (or to the bookmark) undoes this.
+    pub before: String,
+    pub before_unix_nanos: u64,
+    pub bookmark: String,
+    /// Files, directories and links removed from the present, and what was copied back.
+    pub removed: u64,
+    pub files: u64,
+    pub directories: u64,
+    pub bytes: u64,
+}
+
+impl TreeRevertSummary {
+    pub fn of(
+        trees: &Trees,
+        name: String,
+        request: RevertTreePath,
+        now: Timestamp,
+    ) -> Result<TreeRevertSummary, EngineError> {
+        let tree = trees.by_name(&name, now).map_err(|error| tree_error(&name, error))?;
+        let to = tree.resolve(&request.to, now, &TimeZone::system()).map_err(|error| tree_error(&name, error))?;
+        let past = tree.view(to).map_err(|error| tree_error(&name, error))?;
+        let caller = rewind_tree::Caller::root([0; 16], 0);
+        let report =
+            tree.tree.revert_path(&request.path, &past, &caller, now).map_err(|error| tree_error(&name, error))?;
+        Ok(TreeRevertSummary {
+            tree: name,
+            path: request.path,
+            to: time(to),
+            to_unix_nanos: to.unix_nanos(),
+            before: time(report.before),
+            before_unix_nanos: report.before.unix_nanos(),
+            bookmark: report.bookmark,
+            removed: report.removed,
+            files: report.files,
+            directories: report.directories,
+            bytes: report.bytes,
+        })
+    }
+}

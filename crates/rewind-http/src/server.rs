@@ -28,9 +28,9 @@ use crate::api::{
     time, tree_file_bytes, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes, CreateBookmark,
     CreateClone, CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GroupBookmarkInfo,
     GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, NodeReport, PromoteEvent, PromoteSummary,
-    RepairSummary, RevertSummary, RevertVolume, RevokeGrant, Timeline, TreeFileQuery, TreeHistory, TreeHistoryQuery,
-    TreeListing, TreeListingQuery, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport, DATA_BYTES_MAX,
-    FIXED_AT_CREATION,
+    RepairSummary, RevertSummary, RevertTreePath, RevertVolume, RevokeGrant, Timeline, TreeFileQuery, TreeHistory,
+    TreeHistoryQuery, TreeListing, TreeListingQuery, TreeRevertSummary, UpdateVolume, ViewInfo, VolumeDetail,
+    VolumeInfo, VolumeReport, DATA_BYTES_MAX, FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
@@ -251,6 +251,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/repair", post(repair_volume))
         .route("/v1/trees/{name}/history", get(tree_history))
         .route("/v1/trees/{name}/listing", get(tree_listing))
+        .route("/v1/trees/{name}/revert", post(revert_tree_path))
         .route("/v1/trees/{name}/files/{ino}", get(tree_file))
         .route_layer(middleware::from_fn(volume_scope));
     let node_routes = Router::new()
@@ -718,6 +719,16 @@ async fn tree_listing(
 ) -> Result<Json<TreeListing>, ApiError> {
     let trees = Arc::clone(&state.trees);
     blocking(move || TreeListing::of(&trees, name, query, now())).await.map(Json)
+}
+
+/// Puts one path of a tree back as it was (see [`RevertTreePath`]).
+async fn revert_tree_path(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    ApiJson(request): ApiJson<RevertTreePath>,
+) -> Result<Json<TreeRevertSummary>, ApiError> {
+    let trees = Arc::clone(&state.trees);
+    blocking(move || TreeRevertSummary::of(&trees, name, request, now())).await.map(Json)
 }
 
 /// Bytes of one file of a tree at an exact point (see [`TreeFileQuery`]).

@@ -27,6 +27,7 @@ mod history;
 mod namespace;
 mod present;
 mod registry;
+mod revert;
 mod view;
 
 pub use error::TreeError;
@@ -34,5 +35,6 @@ pub use history::{walk, FileVersion};
 pub use namespace::{Access, Attributes, Caller, DirEntryPlus, Handle, Namespace, ReadDir};
 pub use present::{CreateHow, SetAttributes, SetTime, Stability, Tree, Wcc};
 pub use registry::{tree_id, OpenTree, Trees};
+pub use revert::RevertReport;
 pub use rewind_format::tree::{Author, FileKind, FILE_BYTES_MAX, NAME_BYTES_MAX, ROOT_INODE, SYMLINK_TARGET_BYTES_MAX};
 pub use view::TreeView;
