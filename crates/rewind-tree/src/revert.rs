@@ -76,8 +76,10 @@ impl Tree {
                     error => error,
                 })?;
                 let name = name.as_bytes();
-                if matches!(self.lookup(parent.handle, name, caller), Ok(_)) {
-                    copier.remove(parent.handle, name)?;
+                match self.lookup(parent.handle, name, caller) {
+                    Ok(_) => copier.remove(parent.handle, name)?,
+                    Err(TreeError::NotFound) => {}
+                    Err(error) => return Err(error),
                 }
                 match walk(past, path) {
                     Ok(then) => copier.copy(&then, parent.handle, name)?,
