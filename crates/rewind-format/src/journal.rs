@@ -337,14 +337,21 @@ pub fn append_compound_record(
     crcs: &mut Vec<u32>,
     stamp: RecordStamp,
     extents: &[CompoundExtent],
-    data: &[u8],
+    data: &[&[u8]],
 ) {
     let block_bytes = stamp.block_size.bytes() as usize;
     assert!(!extents.is_empty() && extents.len() as u64 <= COMPOUND_EXTENTS_MAX);
-    assert!(data.len().is_multiple_of(block_bytes) && data.len() as u64 <= WRITE_RECORD_BYTES_MAX);
-    let data_blocks: u64 =
-        extents.iter().filter(|extent| !extent.zero).map(|extent| u64::from(extent.block_count)).sum();
-    assert_eq!(data_blocks * block_bytes as u64, data.len() as u64, "the payload is the data extents' blocks");
+    let data_extents = extents.iter().filter(|extent| !extent.zero);
+    assert!(
+        data_extents
+            .clone()
+            .map(|extent| extent.block_count as usize * block_bytes)
+            .eq(data.iter().map(|slice| slice.len())),
+        "one slice of its blocks per data extent"
+    );
+    let data_bytes: usize = data.iter().map(|slice| slice.len()).sum();
+    assert!(data_bytes as u64 <= WRITE_RECORD_BYTES_MAX);
+    let data_blocks = (data_bytes / block_bytes) as u64;
     assert!(extents.iter().all(|extent| extent.block_count > 0), "extents cover blocks");
     assert!(
         extents.windows(2).all(|pair| pair[0].block_first.0 + u64::from(pair[0].block_count) <= pair[1].block_first.0),
@@ -362,7 +369,7 @@ pub fn append_compound_record(
     }
     let mut crc_area = crc_area.into_bytes();
     let crc_first = crcs.len();
-    crcs.extend(data.chunks_exact(block_bytes).map(crc32c));
+    crcs.extend(data.iter().flat_map(|slice| slice.chunks_exact(block_bytes)).map(crc32c));
     for crc in &crcs[crc_first..] {
         crc_area.extend_from_slice(&crc.to_le_bytes());
     }
@@ -370,7 +377,24 @@ pub fn append_compound_record(
     out.reserve(header.record_bytes() as usize);
     out.extend_from_slice(&seal(header.encode_unsealed(), &crc_area));
     out.extend_from_slice(&crc_area);
-    out.extend_from_slice(data);
+    for slice in data {
+        out.extend_from_slice(slice);
+    }
+}
+
+/// A compound record's payload (the data extents' blocks, back to back, as
+/// recovery reads them) cut into a slice per data extent, as
+/// [`append_compound_record`] takes them.
+pub fn split_compound_payload<'a>(extents: &[CompoundExtent], payload: &'a [u8], block_bytes: usize) -> Vec<&'a [u8]> {
+    let mut slices = Vec::new();
+    let mut at = 0;
+    for extent in extents.iter().filter(|extent| !extent.zero) {
+        let end = at + extent.block_count as usize * block_bytes;
+        slices.push(&payload[at..end]);
+        at = end;
+    }
+    assert_eq!(at, payload.len(), "the payload is the data extents' blocks");
+    slices
 }
 
 /// The extents of a compound record, from its CRC area (verified with the
@@ -560,7 +584,7 @@ mod tests {
         ];
         let data: Vec<u8> = (0..1536u32).map(|i| (i * 13) as u8).collect();
         let (mut record, mut crcs) = (Vec::new(), Vec::new());
-        append_compound_record(&mut record, &mut crcs, stamp(4, 0), &extents, &data);
+        append_compound_record(&mut record, &mut crcs, stamp(4, 0), &extents, &[&data[..1024], &data[1024..]]);
         let header = RecordHeader::decode(&record).unwrap();
         assert_eq!((header.kind, header.block_first, header.block_count), (RecordKind::Compound, BlockIndex(3), 3));
         assert_eq!(header.record_bytes() as usize, record.len());

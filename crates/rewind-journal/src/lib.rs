@@ -603,13 +603,14 @@ impl Journal {
         &self,
         timestamp: Timestamp,
         extents: &[CompoundExtent],
-        data: &[u8],
+        data: &[&[u8]],
         crcs: &mut Vec<u32>,
     ) -> Result<Appended, JournalError> {
+        let data_bytes: u64 = data.iter().map(|slice| slice.len() as u64).sum();
         let header_bytes = (RECORD_HEADER_BYTES + extents.len() * COMPOUND_EXTENT_BYTES) as u64
-            + (data.len() as u64 / u64::from(self.block_size.bytes()) * 4).next_multiple_of(8);
+            + (data_bytes / u64::from(self.block_size.bytes()) * 4).next_multiple_of(8);
         let first = BlockIndex(extents.len() as u64);
-        self.append(Stamped::At(timestamp), first, header_bytes, data.len() as u64, |out, stamp| {
+        self.append(Stamped::At(timestamp), first, header_bytes, data_bytes, |out, stamp| {
             append_compound_record(out, crcs, stamp, extents, data)
         })
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rewind_format::journal::CompoundExtent;
+use rewind_format::journal::{split_compound_payload, CompoundExtent};
 use rewind_format::meta::JournalPosition;
 use rewind_io::{SimConfig, SimStorage, Storage};
 use rewind_journal::{Journal, JournalConfig, JournalError, RecoveryReport};
@@ -38,7 +38,8 @@ fn append(journal: &Journal, op: &Op, timestamp: u64) -> Lsn {
         Op::Zero { block, count } => journal.append_zero(timestamp, BlockIndex(*block), *count).unwrap().lsn,
         Op::Copy { versions } => journal.append_copy(versions).unwrap().lsn,
         Op::Compound { extents, data } => {
-            journal.append_compound(timestamp, extents, data, &mut Vec::new()).unwrap().lsn
+            let slices = split_compound_payload(extents, data, BLOCK as usize);
+            journal.append_compound(timestamp, extents, &slices, &mut Vec::new()).unwrap().lsn
         }
     }
 }

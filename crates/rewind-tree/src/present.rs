@@ -132,6 +132,8 @@ struct State {
 #[derive(Default)]
 struct Txn {
     blocks: BTreeMap<u64, Vec<u8>>,
+    /// A file write's blocks, from the first: one run, written as it is.
+    data: Option<(u64, Vec<u8>)>,
     zeros: Vec<(u64, u64)>,
     inodes: BTreeMap<u64, Inode>,
     directories: BTreeMap<u64, Arc<Directory>>,
@@ -402,6 +404,9 @@ impl Tree {
         }
         let mut changes: Vec<Change<'_>> =
             runs.iter().map(|(block, data)| Change::Write { offset: block * BLOCK, data }).collect();
+        if let Some((block, data)) = &txn.data {
+            changes.push(Change::Write { offset: block * BLOCK, data });
+        }
         changes.extend(
             txn.zeros.iter().map(|&(block, count)| Change::Zero { offset: block * BLOCK, length: count * BLOCK }),
         );
@@ -1057,9 +1062,7 @@ impl Tree {
             }
         }
         bytes[head..head + data.len()].copy_from_slice(data);
-        for (index, block) in bytes.chunks_exact(TREE_BLOCK_BYTES).enumerate() {
-            txn.blocks.insert(data_block(inode.ino, first + index as u64), block.to_vec());
-        }
+        txn.data = Some((data_block(inode.ino, first), bytes));
         inode.size = inode.size.max(end);
         inode.blocks_end = inode.blocks_end.max(last + 1).min(FILE_BLOCKS_MAX);
         (inode.mtime, inode.ctime) = (now, now);

@@ -87,20 +87,25 @@ impl Volume {
             state.versions = versions;
             state.crcs = crcs;
             let table_bytes = extents.len() * COMPOUND_EXTENT_BYTES + (data_blocks as usize * 4).next_multiple_of(8);
-            let journal_bytes = (RECORD_HEADER_BYTES + table_bytes + data.len()) as u64;
+            let journal_bytes =
+                (RECORD_HEADER_BYTES + table_bytes) as u64 + u64::from(data_blocks) * u64::from(block_bytes);
             let zero_blocks = state.versions.iter().filter(|version| version.data == VersionData::Zero).count();
             self.record_versions(&mut state, appended.lsn, journal_bytes, zero_blocks);
             timestamp
         };
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters.write_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.counters.write_bytes.fetch_add(data.iter().map(|slice| slice.len() as u64).sum(), Ordering::Relaxed);
         self.after_write(durability)?;
         Ok(timestamp)
     }
 
-    /// The journal's extents for `changes`, sorted, and their data in that
-    /// order; refuses what the record cannot hold (see `write_compound`).
-    fn compound_extents(&self, changes: &[Change<'_>]) -> Result<(Vec<CompoundExtent>, Vec<u8>), EngineError> {
+    /// The journal's extents for `changes`, sorted, and the data of each
+    /// data extent in that order (borrowed, not copied); refuses what the
+    /// record cannot hold (see `write_compound`).
+    fn compound_extents<'a>(
+        &self,
+        changes: &[Change<'a>],
+    ) -> Result<(Vec<CompoundExtent>, Vec<&'a [u8]>), EngineError> {
         let block_bytes = u64::from(self.meta.block_size.bytes());
         if changes.is_empty() || changes.len() as u64 > COMPOUND_EXTENTS_MAX {
             return Err(EngineError::InvalidArgument(format!(
@@ -138,13 +143,13 @@ impl Volume {
                  blocks in all, not {data_bytes} bytes and {blocks} blocks"
             )));
         }
-        let mut data = Vec::with_capacity(data_bytes as usize);
+        let mut data = Vec::new();
         let extents = sorted
             .iter()
             .map(|change| {
                 let (offset, length) = change.range();
                 if let Change::Write { data: bytes, .. } = change {
-                    data.extend_from_slice(bytes);
+                    data.push(*bytes);
                 }
                 CompoundExtent {
                     block_first: BlockIndex(offset / block_bytes),
