@@ -305,9 +305,23 @@ pub fn append_write_record(out: &mut Vec<u8>, crcs: &mut Vec<u32>, stamp: Record
     assert!(data.len() as u64 <= WRITE_RECORD_BYTES_MAX);
     let block_count = u32::try_from(data.len() / block_bytes).expect("bounded by WRITE_RECORD_BYTES_MAX");
     let header = stamp.header(RecordKind::Write, block_count);
+    append_with_blocks(out, crcs, &header, Vec::new(), &[data]);
+}
+
+/// Appends a record whose CRC area is `crc_area` (what comes before the
+/// blocks' CRCs, if anything), the CRC of each block of `data`, and its
+/// padding, followed by the blocks; pushes their CRCs onto `crcs`.
+fn append_with_blocks(
+    out: &mut Vec<u8>,
+    crcs: &mut Vec<u32>,
+    header: &RecordHeader,
+    mut crc_area: Vec<u8>,
+    data: &[&[u8]],
+) {
+    let block_bytes = header.block_size.bytes() as usize;
     let crc_first = crcs.len();
-    crcs.extend(data.chunks_exact(block_bytes).map(crc32c));
-    let mut crc_area = Vec::with_capacity(header.crc_area_bytes());
+    crcs.extend(data.iter().flat_map(|slice| slice.chunks_exact(block_bytes)).map(crc32c));
+    crc_area.reserve(header.crc_area_bytes() - crc_area.len());
     for crc in &crcs[crc_first..] {
         crc_area.extend_from_slice(&crc.to_le_bytes());
     }
@@ -315,7 +329,9 @@ pub fn append_write_record(out: &mut Vec<u8>, crcs: &mut Vec<u32>, stamp: Record
     out.reserve(header.record_bytes() as usize);
     out.extend_from_slice(&seal(header.encode_unsealed(), &crc_area));
     out.extend_from_slice(&crc_area);
-    out.extend_from_slice(data);
+    for slice in data {
+        out.extend_from_slice(slice);
+    }
 }
 
 /// One extent of a compound record: blocks that now hold data (taken in turn
@@ -367,19 +383,7 @@ pub fn append_compound_record(
             0
         });
     }
-    let mut crc_area = crc_area.into_bytes();
-    let crc_first = crcs.len();
-    crcs.extend(data.iter().flat_map(|slice| slice.chunks_exact(block_bytes)).map(crc32c));
-    for crc in &crcs[crc_first..] {
-        crc_area.extend_from_slice(&crc.to_le_bytes());
-    }
-    crc_area.resize(header.crc_area_bytes(), 0);
-    out.reserve(header.record_bytes() as usize);
-    out.extend_from_slice(&seal(header.encode_unsealed(), &crc_area));
-    out.extend_from_slice(&crc_area);
-    for slice in data {
-        out.extend_from_slice(slice);
-    }
+    append_with_blocks(out, crcs, &header, crc_area.into_bytes(), data);
 }
 
 /// A compound record's payload (the data extents' blocks, back to back, as

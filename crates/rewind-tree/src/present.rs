@@ -733,6 +733,32 @@ impl Tree {
         dir.mode & 0o1000 != 0 && caller.uid != 0 && caller.uid != dir.uid && caller.uid != inode.uid
     }
 
+    /// Whether `inode` may lose its name in `dir` (a REMOVE, RMDIR, or a
+    /// RENAME over it): of the kind the caller says (`directory_wanted`),
+    /// empty if a directory, and not kept by the sticky bit.
+    fn check_unlink(
+        &self,
+        state: &mut State,
+        txn: &Txn,
+        dir: &Inode,
+        inode: &Inode,
+        directory_wanted: bool,
+        caller: &Caller,
+    ) -> Result<(), TreeError> {
+        match (directory_wanted, inode.kind == Some(FileKind::Directory)) {
+            (true, false) => return Err(TreeError::NotDirectory),
+            (false, true) => return Err(TreeError::IsDirectory),
+            (true, true) if !self.txn_directory(state, txn, inode)?.names.is_empty() => {
+                return Err(TreeError::NotEmpty)
+            }
+            _ => {}
+        }
+        match Tree::sticky_refuses(dir, inode, caller) {
+            true => Err(TreeError::AccessDenied),
+            false => Ok(()),
+        }
+    }
+
     /// One name fewer for `inode`: freed (and its data zeroed afterwards)
     /// when it was the last. Returns whether it was freed.
     fn unlink_inode(&self, state: &State, txn: &mut Txn, mut inode: Inode, now: Timestamp) -> bool {
@@ -771,17 +797,7 @@ impl Tree {
         let mut directory = self.txn_directory(&mut state, &txn, &parent)?;
         let slot = *directory.names.get(name).ok_or(TreeError::NotFound)?;
         let inode = self.txn_inode(&mut state, &txn, slot.ino)?;
-        match (directory_wanted, inode.kind == Some(FileKind::Directory)) {
-            (true, false) => return Err(TreeError::NotDirectory),
-            (false, true) => return Err(TreeError::IsDirectory),
-            (true, true) if !self.txn_directory(&mut state, &txn, &inode)?.names.is_empty() => {
-                return Err(TreeError::NotEmpty)
-            }
-            _ => {}
-        }
-        if Tree::sticky_refuses(&parent, &inode, caller) {
-            return Err(TreeError::AccessDenied);
-        }
+        self.check_unlink(&mut state, &txn, &parent, &inode, directory_wanted, caller)?;
         Tree::remove_name(&mut txn, &parent, &mut directory, name);
         if directory_wanted {
             parent.nlink -= 1;
@@ -859,17 +875,7 @@ impl Tree {
                 return Ok((unchanged(&source_before), unchanged(&target_before)));
             }
             let old = self.txn_inode(&mut state, &txn, replaced.ino)?;
-            match (moving_directory, old.kind == Some(FileKind::Directory)) {
-                (true, false) => return Err(TreeError::NotDirectory),
-                (false, true) => return Err(TreeError::IsDirectory),
-                (true, true) if !self.txn_directory(&mut state, &txn, &old)?.names.is_empty() => {
-                    return Err(TreeError::NotEmpty)
-                }
-                _ => {}
-            }
-            if Tree::sticky_refuses(&target_dir, &old, caller) {
-                return Err(TreeError::AccessDenied);
-            }
+            self.check_unlink(&mut state, &txn, &target_dir, &old, moving_directory, caller)?;
             if moving_directory {
                 // The replaced directory's ".." goes.
                 target.as_mut().unwrap_or(&mut source).nlink -= 1;
