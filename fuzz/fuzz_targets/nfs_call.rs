@@ -46,7 +46,7 @@ fn world() -> &'static World {
         let node = Arc::new(Node::open(Arc::new(storage), NodeConfig::default()).expect("a node"));
         let spec = VolumeSpec::tree(VolumeName::new("home").expect("a name"));
         node.create_volume(spec, Timestamp::from_unix_nanos(1_000_000_000)).expect("a tree");
-        let dispatcher = Dispatcher::new(Arc::new(Trees::new(node)));
+        let dispatcher = Dispatcher::new(Arc::new(Trees::new(node)), &[]);
         let mut path = 5u32.to_be_bytes().to_vec();
         path.extend_from_slice(b"/home\0\0\0");
         let mut reply = Vec::new();

@@ -22,8 +22,8 @@ use rewind_http::api::{
     CreateBookmark, CreateClone, CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GcReport,
     GroupBookmarkInfo, GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, KeptWrite, NodeReport,
     PromoteEvent, PromoteSummary, RepairSummary, RevertSummary, RevertTreePath, RevertVolume, Timeline, TreeFileQuery,
-    TreeHistory, TreeHistoryQuery, TreeListing, TreeListingQuery, TreeRevertSummary, UpdateVolume, ViewInfo,
-    VolumeDetail, VolumeInfo, VolumeReport,
+    TreeHistory, TreeHistoryQuery, TreeListing, TreeListingQuery, TreeMirror, TreeRevertSummary, UpdateVolume,
+    ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -58,6 +58,7 @@ pub trait Backend: Send + Sync {
     fn resolve_view(&self, name: &str, at: &str) -> Result<ViewInfo>;
     /// The versions of one file of a tree.
     fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory>;
+    fn tree_mirror(&self, name: &str) -> Result<TreeMirror>;
     /// Puts one path of a tree back as it was.
     fn revert_tree_path(&self, name: &str, request: &RevertTreePath) -> Result<TreeRevertSummary>;
     /// Everything under a path of a tree at one point.
@@ -475,6 +476,10 @@ impl Backend for HttpBackend {
         Ok(bytes)
     }
 
+    fn tree_mirror(&self, name: &str) -> Result<TreeMirror> {
+        self.get(&format!("/v1/trees/{name}/mirror"))
+    }
+
     fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory> {
         let mut request = self.get_request(&format!("/v1/trees/{name}/history")).query("path", &query.path);
         if let Some(at) = &query.at {
@@ -724,6 +729,10 @@ impl Backend for LocalBackend {
 
     fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory> {
         Ok(TreeHistory::of(&self.trees, name.to_owned(), query.clone(), now())?)
+    }
+
+    fn tree_mirror(&self, name: &str) -> Result<TreeMirror> {
+        Ok(TreeMirror::of(&self.trees, name.to_owned(), now())?)
     }
 
     fn revert_tree_path(&self, name: &str, request: &RevertTreePath) -> Result<TreeRevertSummary> {

@@ -69,6 +69,9 @@ Views are NBD exports named VOLUME@TIME, e.g. nbd://127.0.0.1:10809/db@-10m";
 enum Command {
     /// Serve every volume over NBD (VOLUME, and VOLUME@TIME read-only views) and the management API.
     Serve(Box<serve::ServeArgs>),
+    /// Protect an NFSv3 server Rewind does not run: serve TREE's present by forwarding to the
+    /// upstream, recording every update it applies (`rewind proxy --upstream 127.0.0.1:2050 --tree shop`).
+    Proxy(Box<serve::ProxyArgs>),
     /// Create, import, list, inspect and delete volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
@@ -378,6 +381,13 @@ enum TreeCommand {
         #[arg(long)]
         json: bool,
     },
+    /// How a tree kept by `rewind proxy` follows its upstream NFS server: updates forwarded and
+    /// recorded, and with --async how far behind it is.
+    Mirror {
+        tree: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Every version of one file: when, its size, and who changed it (the client's address and
     /// user): `rewind tree history home notes.txt`.
     History {
@@ -602,11 +612,12 @@ fn die_on_broken_pipe() {
 }
 
 fn run(cli: Cli, server_given: bool) -> Result<()> {
-    if !matches!(cli.command, Command::Serve(_)) {
+    if !matches!(cli.command, Command::Serve(_) | Command::Proxy(_)) {
         die_on_broken_pipe();
     }
     let command = match cli.command {
         Command::Serve(args) => return serve::serve(&cli.data_dir, *args),
+        Command::Proxy(args) => return serve::proxy(&cli.data_dir, *args),
         Command::Lab(command) => return lab::run(command),
         Command::Node(command) => return node_cmd::run(&cli.data_dir, command),
         command => command,
@@ -622,7 +633,7 @@ fn run(cli: Cli, server_given: bool) -> Result<()> {
         backend::connect(&cli.server, server_given, cli.server_ca.as_deref(), &cli.data_dir, creates)?
     };
     match command {
-        Command::Serve(_) | Command::Lab(_) | Command::Node(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Proxy(_) | Command::Lab(_) | Command::Node(_) => unreachable!("handled above"),
         Command::Trace(TraceCommand::Export { volume }) => lab::export(&*backend, &volume),
         Command::Volume(command) => volume(&*backend, command),
         Command::Tree(command) => tree(&*backend, command),
@@ -806,6 +817,33 @@ fn tree(backend: &dyn Backend, command: TreeCommand) -> Result<()> {
                     format!("{}:{}", version.uid, version.gid),
                     version.client,
                     version.client_uid
+                );
+            }
+            Ok(())
+        }
+        TreeCommand::Mirror { tree, json } => {
+            let mirror = backend.tree_mirror(&tree)?;
+            if json {
+                return output::json(&mirror);
+            }
+            let mode = if mirror.asynchronous { "asynchronously (--async)" } else { "before answering" };
+            println!("{} mirrors {}, recording {mode}", mirror.tree, mirror.upstream);
+            println!(
+                "forwarded {}, recorded {}, unrecorded {} (brought in step by comparison), compared whole {} times",
+                mirror.forwarded, mirror.recorded, mirror.unrecorded, mirror.resyncs
+            );
+            if let Some(lag) = &mirror.lag {
+                let ms = |nanos: u64| nanos as f64 / 1e6;
+                println!(
+                    "behind: {} updates, {} bytes, oldest {:.1} ms; lag of {} recorded: mean {:.2} ms, p99 ≤ {:.2} ms, \
+                     max {:.2} ms",
+                    lag.pending_updates,
+                    lag.pending_bytes,
+                    ms(lag.behind_nanos),
+                    lag.recorded,
+                    ms(lag.mean_nanos),
+                    ms(lag.p99_nanos),
+                    ms(lag.max_nanos)
                 );
             }
             Ok(())

@@ -8,18 +8,20 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 
 use rewind_access::{Grants, Tokens, ADMIN_TOKEN_FILE};
 use rewind_engine::pool::Pool;
-use rewind_engine::{Bucket, EngineError, Node, NodeConfig, Reserve, Retention, TierConfig, Timestamp};
+use rewind_engine::{
+    Bucket, EngineError, Node, NodeConfig, Reserve, Retention, TierConfig, Timestamp, VolumeName, VolumeSpec,
+};
 use rewind_http::{AllowedHosts, ApiState, Door, HttpConfig};
 use rewind_io::OsStorage;
 use rewind_nbd::engine::{AccessPolicy, EngineCatalog};
 use rewind_nbd::{NbdTls, Server, TlsMode};
-use rewind_nfs::{Network, NfsConfig, NfsServer};
-use rewind_tree::Trees;
+use rewind_nfs::{Network, NfsConfig, NfsServer, Proxy, ProxyConfig, ProxyMode, UpstreamAddress};
+use rewind_tree::{Mirror, Trees};
 
 use rewind_s3::lock::ObjectLock;
 use rewind_s3::{S3Config, S3MetaStore, S3PackStore};
@@ -549,7 +551,69 @@ pub fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
 
+/// `rewind proxy`: `rewind serve`, with one tree's present forwarded to an
+/// NFSv3 server Rewind does not run, every update it applies recorded in
+/// the tree (UCDP-O; UCDP-A with `--async`).
+#[derive(Args)]
+pub struct ProxyArgs {
+    /// The NFSv3 server to protect: HOST:PORT of its NFS service (nfs-ganesha, a kernel nfsd …).
+    #[arg(long, value_name = "HOST:PORT")]
+    upstream: String,
+    /// The tree that keeps its history (made if there is none); clients mount /TREE from here.
+    #[arg(long)]
+    tree: String,
+    /// The upstream export to protect [default: its only export].
+    #[arg(long, value_name = "PATH")]
+    upstream_export: Option<String>,
+    /// The upstream's MOUNT port [default: what its portmapper says, else its NFS port].
+    #[arg(long, value_name = "PORT")]
+    upstream_mount_port: Option<u16>,
+    /// Answer each update once the upstream has applied it and record it behind, in order (UCDP-A:
+    /// nearly no overhead; a crash loses the steps still queued, never the upstream's data — the
+    /// next start records the state they led to).
+    #[arg(long = "async")]
+    asynchronous: bool,
+    /// Updates the asynchronous queue holds before clients wait for it.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..), requires = "asynchronous")]
+    async_queue_updates: u64,
+    /// WRITE data the asynchronous queue holds before clients wait for it (at least 1MiB).
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size_arg, requires = "asynchronous")]
+    async_queue_bytes: u64,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+pub fn proxy(data_dir: &Path, args: ProxyArgs) -> Result<()> {
+    if args.serve.no_nfs {
+        bail!("rewind proxy serves NFS: leave out --no-nfs");
+    }
+    if args.async_queue_bytes < 1 << 20 {
+        bail!("--async-queue-bytes must hold one 1MiB WRITE at least");
+    }
+    let upstream = UpstreamAddress::resolve(&args.upstream, args.upstream_mount_port)
+        .with_context(|| format!("--upstream {}", args.upstream))?;
+    let mode = match args.asynchronous {
+        false => ProxyMode::Synchronous,
+        true => ProxyMode::Asynchronous {
+            updates_max: usize::try_from(args.async_queue_updates)?,
+            bytes_max: usize::try_from(args.async_queue_bytes)?,
+        },
+    };
+    let proxy = ProxyTo { tree: args.tree, config: ProxyConfig { upstream, export: args.upstream_export, mode } };
+    run(data_dir, args.serve, Some(proxy))
+}
+
+/// The tree a `rewind proxy` records, and its upstream.
+struct ProxyTo {
+    tree: String,
+    config: ProxyConfig,
+}
+
 pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
+    run(data_dir, args, None)
+}
+
+fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()> {
     args.check()?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(crate::tls::server(cert, key, args.tls_ca.as_deref())?),
@@ -623,6 +687,22 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
 
     // One `Tree` per tree, shared by NFS and the API.
     let trees = Arc::new(Trees::new(Arc::clone(&node)));
+    let proxies = match proxy_to {
+        None => Vec::new(),
+        Some(ProxyTo { tree, config }) => {
+            if node.volume(&tree).is_err() {
+                let name = VolumeName::new(&tree).map_err(|error| anyhow!("--tree {tree:?}: {error}"))?;
+                node.create_volume(VolumeSpec::tree(name), rewind_serve::now())?;
+                tracing::info!(%tree, "made the tree that keeps the upstream's history");
+            }
+            let open = trees.by_name(&tree, rewind_serve::now())?;
+            let upstream = config.upstream.nfs;
+            let proxy = Proxy::start(open, config).with_context(|| {
+                format!("cannot proxy {upstream} (is it up, and does its export let this machine in as root?)")
+            })?;
+            vec![proxy]
+        }
+    };
     let nfs = match args.no_nfs {
         true => None,
         false => {
@@ -631,7 +711,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
             config.serve.connections_max = limits.nfs_connections_max;
             config.serve.connections_per_client_max =
                 config.serve.connections_per_client_max.min(limits.nfs_connections_max);
-            let server = NfsServer::new(Arc::clone(&trees), config);
+            let server = NfsServer::new(Arc::clone(&trees), &proxies, config);
             let address = args.nfs.unwrap_or(NFS_ADDRESS_DEFAULT);
             match server.serve_tcp(address) {
                 Ok(address) => Some((server, address)),
@@ -820,6 +900,12 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<()> {
     nbd.shutdown();
     if let Some((nfs, _)) = &nfs {
         nfs.shutdown();
+    }
+    for proxy in &proxies {
+        proxy.drain();
+        let status = proxy.status();
+        tracing::info!(upstream = %status.upstream, forwarded = status.forwarded, recorded = status.recorded,
+            unrecorded = status.unrecorded, lag = ?status.lag, "proxy stopped");
     }
     let _ = history_stop.send(());
     history.join().expect("history thread does not panic");

@@ -1476,6 +1476,70 @@ pub struct TreeHistoryQuery {
     pub limit: Option<usize>,
 }
 
+/// `GET /v1/trees/{name}/mirror`: how the proxy that keeps a tree in step
+/// with an upstream NFS server is doing (`rewind proxy`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TreeMirror {
+    pub tree: String,
+    pub upstream: String,
+    /// Updates are answered before they are recorded (UCDP-A).
+    pub asynchronous: bool,
+    pub forwarded: u64,
+    pub recorded: u64,
+    /// Updates the upstream applied that went unrecorded as steps of their
+    /// own (the tree was brought in step by comparison instead).
+    pub unrecorded: u64,
+    pub resyncs: u64,
+    /// Asynchronous mirrors: how far behind the upstream the tree is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<TreeMirrorLag>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TreeMirrorLag {
+    pub pending_updates: u64,
+    pub pending_bytes: u64,
+    /// Age of the oldest update not yet recorded.
+    pub behind_nanos: u64,
+    /// Of the times from an update's answer to its record:
+    pub recorded: u64,
+    pub mean_nanos: u64,
+    /// The upper end of the power-of-two bucket holding the 99th percentile.
+    pub p99_nanos: u64,
+    pub max_nanos: u64,
+}
+
+impl TreeMirror {
+    pub fn of(trees: &Trees, name: String, now: Timestamp) -> Result<TreeMirror, EngineError> {
+        let tree = trees.by_name(&name, now).map_err(|error| tree_error(&name, error))?;
+        let mirror = tree.mirror().ok_or_else(|| {
+            EngineError::InvalidArgument(format!(
+                "{name} is not a mirror: `rewind proxy --upstream HOST:PORT --tree {name}` makes it one"
+            ))
+        })?;
+        let status = mirror.status();
+        let nanos = |duration: std::time::Duration| u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        Ok(TreeMirror {
+            tree: name,
+            upstream: status.upstream,
+            asynchronous: status.asynchronous,
+            forwarded: status.forwarded,
+            recorded: status.recorded,
+            unrecorded: status.unrecorded,
+            resyncs: status.resyncs,
+            lag: status.lag.map(|lag| TreeMirrorLag {
+                pending_updates: lag.pending_updates as u64,
+                pending_bytes: lag.pending_bytes as u64,
+                behind_nanos: nanos(lag.behind),
+                recorded: lag.recorded,
+                mean_nanos: nanos(lag.mean),
+                p99_nanos: nanos(lag.p99),
+                max_nanos: nanos(lag.max),
+            }),
+        })
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TreeHistory {
     pub tree: String,
@@ -1809,6 +1873,14 @@ impl TreeRevertSummary {
         now: Timestamp,
     ) -> Result<TreeRevertSummary, EngineError> {
         let tree = trees.by_name(&name, now).map_err(|error| tree_error(&name, error))?;
+        if let Some(mirror) = tree.mirror() {
+            let upstream = mirror.status().upstream;
+            return Err(EngineError::InvalidArgument(format!(
+                "{name} mirrors {upstream} through `rewind proxy`: its present is the upstream's, so it is not \
+                 reverted here; copy the past back through the proxy (`rewind tree restore {name}@TIME/PATH --to \
+                 DIR`, then into the export)"
+            )));
+        }
         let to = tree.resolve(&request.to, now, &TimeZone::system()).map_err(|error| tree_error(&name, error))?;
         let past = tree.view(to).map_err(|error| tree_error(&name, error))?;
         let caller = rewind_tree::Caller::root([0; 16], 0);

@@ -29,8 +29,8 @@ use crate::api::{
     CreateClone, CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GroupBookmarkInfo,
     GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, NodeReport, PromoteEvent, PromoteSummary,
     RepairSummary, RevertSummary, RevertTreePath, RevertVolume, RevokeGrant, Timeline, TreeFileQuery, TreeHistory,
-    TreeHistoryQuery, TreeListing, TreeListingQuery, TreeRevertSummary, UpdateVolume, ViewInfo, VolumeDetail,
-    VolumeInfo, VolumeReport, DATA_BYTES_MAX, FIXED_AT_CREATION,
+    TreeHistoryQuery, TreeListing, TreeListingQuery, TreeMirror, TreeRevertSummary, UpdateVolume, ViewInfo,
+    VolumeDetail, VolumeInfo, VolumeReport, DATA_BYTES_MAX, FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
@@ -250,6 +250,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/stats", get(volume_stats))
         .route("/v1/volumes/{name}/repair", post(repair_volume))
         .route("/v1/trees/{name}/history", get(tree_history))
+        .route("/v1/trees/{name}/mirror", get(tree_mirror))
         .route("/v1/trees/{name}/listing", get(tree_listing))
         .route("/v1/trees/{name}/revert", post(revert_tree_path))
         .route("/v1/trees/{name}/files/{ino}", get(tree_file))
@@ -709,6 +710,12 @@ async fn tree_history(
 ) -> Result<Json<TreeHistory>, ApiError> {
     let trees = Arc::clone(&state.trees);
     blocking(move || TreeHistory::of(&trees, name, query, now())).await.map(Json)
+}
+
+/// How the proxy keeping a tree in step with its upstream is doing.
+async fn tree_mirror(State(state): State<Shared>, Path(name): Path<String>) -> Result<Json<TreeMirror>, ApiError> {
+    let trees = Arc::clone(&state.trees);
+    blocking(move || TreeMirror::of(&trees, name, now())).await.map(Json)
 }
 
 /// Everything under a path of a tree at one point (see [`TreeListingQuery`]).

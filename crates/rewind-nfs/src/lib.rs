@@ -15,12 +15,16 @@ mod args;
 mod handle;
 mod mount;
 mod program;
+mod proxy;
 mod rpc;
 mod server;
+mod update;
 mod xdr;
 
 pub use handle::{FileHandle, Target, HANDLE_BYTES};
 pub use program::{Dispatcher, PAST_NAME};
+pub use proxy::upstream::{UpstreamAddress, UpstreamError};
+pub use proxy::{Proxy, ProxyConfig, ProxyError, ProxyMode};
 pub use server::{Network, NfsConfig, NfsServer};
 
 use rewind_tree::Caller;
@@ -51,12 +55,22 @@ impl Dispatcher {
             }
         };
         let caller = match call.credentials {
-            rpc::Credentials::Sys { uid, gid, gids } => Caller { uid, gid, gids, address, port },
-            rpc::Credentials::None => Caller { uid: NOBODY, gid: NOBODY, gids: Vec::new(), address, port },
+            rpc::Credentials::Sys { uid, gid, gids } => Caller { uid, gid, gids, address, port, acting_for: None },
+            rpc::Credentials::None => {
+                Caller { uid: NOBODY, gid: NOBODY, gids: Vec::new(), address, port, acting_for: None }
+            }
         };
         let arguments = &record[call.arguments..];
         match (call.program, call.version) {
-            (program::PROGRAM, program::VERSION) => self.nfs(call.procedure, arguments, &caller, call.xid, out),
+            (program::PROGRAM, program::VERSION) => match self.proxy_for(call.procedure, arguments) {
+                Some(proxy) => {
+                    let forwarded = proxy.forward(call.procedure, record, call.arguments, &caller, out);
+                    if let Err(failure) = forwarded {
+                        program::reply(out, call.xid, call.procedure, Err(failure));
+                    }
+                }
+                None => self.nfs(call.procedure, arguments, &caller, call.xid, out),
+            },
             (mount::PROGRAM, mount::VERSION) => self.mount(call.procedure, arguments, &caller, call.xid, out),
             (program::PROGRAM, _) => {
                 rpc::accepted(out, call.xid, rpc::Accepted::ProgramMismatch, (program::VERSION, program::VERSION))

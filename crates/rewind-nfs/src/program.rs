@@ -29,11 +29,14 @@ use rewind_types::Timestamp;
 
 use crate::args;
 use crate::handle::{FileHandle, Target};
+use crate::proxy::Proxy;
 use crate::rpc::{self, Accepted};
+use crate::update::{self, Applied, Update};
 use crate::xdr::{Garbage, XdrReader};
 use jiff::tz::TimeZone;
 use rewind_serve::now;
 use rewind_tree::{OpenTree, Trees};
+use rustc_hash::FxHashMap;
 
 pub const PROGRAM: u32 = nfs3_types::nfs3::PROGRAM;
 pub const VERSION: u32 = 3;
@@ -230,6 +233,7 @@ pub(crate) fn status(error: &TreeError) -> nfsstat3 {
 
 /// Why a call got no results: an NFS status (with the procedure's failure
 /// body), or arguments that did not decode.
+#[derive(Debug)]
 pub(crate) enum Failure {
     Status(nfsstat3),
     Garbage(Garbage),
@@ -264,11 +268,27 @@ pub struct Dispatcher {
     /// WRITE and COMMIT's verifier: a new one each time the server starts,
     /// so clients resend unstable writes a crash may have lost.
     verifier: writeverf3,
+    /// Trees whose present is an upstream server's, by tree id.
+    proxies: FxHashMap<u64, Arc<Proxy>>,
 }
 
 impl Dispatcher {
-    pub fn new(trees: Arc<Trees>) -> Dispatcher {
-        Dispatcher { trees, zone: TimeZone::system(), verifier: writeverf3(now().unix_nanos().to_be_bytes()) }
+    pub fn new(trees: Arc<Trees>, proxies: &[Arc<Proxy>]) -> Dispatcher {
+        Dispatcher {
+            trees,
+            zone: TimeZone::system(),
+            verifier: writeverf3(now().unix_nanos().to_be_bytes()),
+            proxies: proxies.iter().map(|proxy| (proxy.tree_id(), Arc::clone(proxy))).collect(),
+        }
+    }
+
+    /// The proxy that forwards a call, if its first handle is the present
+    /// of a proxied tree.
+    pub(crate) fn proxy_for(&self, procedure: u32, arguments: &[u8]) -> Option<&Arc<Proxy>> {
+        if procedure == 0 || self.proxies.is_empty() {
+            return None;
+        }
+        self.proxies.get(&Proxy::takes(procedure, arguments)?)
     }
 
     /// Resolves a handle from a call.
@@ -300,54 +320,21 @@ impl Dispatcher {
         let result = match procedure {
             0 => Ok(Vec::new()),
             1 => self.getattr(&mut reader),
-            2 => self.setattr(&mut reader, caller),
             3 => self.lookup(&mut reader, caller),
             4 => self.access(&mut reader, caller),
             5 => self.readlink(&mut reader),
             6 => self.read(&mut reader, caller),
-            7 => self.write(&mut reader, caller),
-            8..=11 => self.make(procedure, &mut reader, caller),
-            12 | 13 => self.remove(procedure == 13, &mut reader, caller),
-            14 => self.rename(&mut reader, caller),
-            15 => self.link(&mut reader, caller),
             16 | 17 => self.readdir(procedure == 17, &mut reader, caller),
             18 => self.fsstat(&mut reader),
             19 => self.fsinfo(&mut reader),
             20 => self.pathconf(&mut reader),
-            21 => self.commit(&mut reader),
+            procedure if update::is_update(procedure) => self.update(procedure, &mut reader, caller),
             _ => {
                 rpc::accepted(out, xid, Accepted::ProcedureUnavailable, (0, 0));
                 return;
             }
         };
-        match result {
-            Ok(results) => {
-                rpc::accepted(out, xid, Accepted::Success, (0, 0));
-                if procedure != 0 {
-                    pack(out, &nfsstat3::NFS3_OK);
-                }
-                out.extend_from_slice(&results);
-            }
-            Err(Failure::Garbage(Garbage(reason))) => {
-                tracing::debug!(procedure, %reason, "garbage arguments");
-                rpc::accepted(out, xid, Accepted::GarbageArguments, (0, 0));
-            }
-            Err(Failure::Status(status)) => {
-                rpc::accepted(out, xid, Accepted::Success, (0, 0));
-                pack(out, &status);
-                // Every failure body starts with post-op attributes or wcc
-                // data, all optional: "not sent" is always a valid body
-                // (RENAME's has two).
-                let absent_words = match procedure {
-                    1 => 0,
-                    14 => 4,
-                    15 => 3,
-                    2 | 7..=13 | 21 => 2,
-                    _ => 1,
-                };
-                out.extend(std::iter::repeat_n(0u8, 4 * absent_words));
-            }
-        }
+        reply(out, xid, procedure, result);
     }
 
     fn getattr(&self, reader: &mut XdrReader<'_>) -> Result<Vec<u8>, Failure> {
@@ -356,15 +343,66 @@ impl Dispatcher {
         Ok(packed(&GETATTR3resok { obj_attributes: object.attributes()? }))
     }
 
-    fn setattr(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
-        let target = args::handle(reader)?;
-        let attributes = args::set_attributes(reader)?;
-        let guard = reader.bool()?.then(|| args::time(reader)).transpose()?;
-        reader.finish()?;
-        let (tree, handle) = self.present(target)?;
-        // The guard is compared at the protocol's resolution (seconds and nanoseconds, as sent).
-        let change = tree.tree.setattr(handle, &attributes, guard, caller, now())?;
-        Ok(packed(&SETATTR3resok { obj_wcc: wcc(&change, tree.id) }))
+    /// SETATTR, WRITE, CREATE, MKDIR, SYMLINK, MKNOD, REMOVE, RMDIR, RENAME,
+    /// LINK and COMMIT.
+    fn update(&self, procedure: u32, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
+        let update = Update::decode(procedure, reader)?;
+        let (tree, _) = self.present(update.handles()[0])?;
+        let past_named = |dir: &[u8], name: &[u8]| {
+            name == PAST_NAME && self.present(dir).is_ok_and(|(_, dir)| dir.ino == ROOT_INODE)
+        };
+        let renames_past = match &update {
+            Update::Remove { dir, name, .. } => past_named(dir, name),
+            Update::Rename { from_dir, from_name, to_dir, to_name } => {
+                past_named(from_dir, from_name) || past_named(to_dir, to_name)
+            }
+            _ => false,
+        };
+        if renames_past {
+            return Err(nfsstat3::NFS3ERR_ROFS.into());
+        }
+        let resolve = |bytes: &[u8]| {
+            let (other, handle) = self.present(bytes)?;
+            match other.id == tree.id {
+                true => Ok(handle),
+                false => Err(Failure::Status(nfsstat3::NFS3ERR_XDEV)),
+            }
+        };
+        let applied = update.apply(&tree.tree, resolve, caller, now())?;
+        let id = tree.id;
+        Ok(match (&update, applied) {
+            (Update::SetAttr { .. }, Applied::Changed(change)) => packed(&SETATTR3resok { obj_wcc: wcc(&change, id) }),
+            (Update::Write { data, stability, .. }, Applied::Changed(change)) => {
+                let committed = match stability {
+                    Stability::Unstable => stable_how::UNSTABLE,
+                    // Both are made durable with the file's attributes (FUA).
+                    Stability::DataSync | Stability::FileSync => stable_how::FILE_SYNC,
+                };
+                let count = data.len() as u32;
+                packed(&WRITE3resok { file_wcc: wcc(&change, id), count, committed, verf: self.verifier })
+            }
+            (_, Applied::Made(attributes, change)) => {
+                let handle = fh(FileHandle { tree: id, target: Target::Inode(attributes.handle), at: None });
+                packed(&CREATE3resok {
+                    obj: Nfs3Option::Some(handle),
+                    obj_attributes: Nfs3Option::Some(fattr(&attributes, id)),
+                    dir_wcc: wcc(&change, id),
+                })
+            }
+            // REMOVE3resok and RMDIR3resok are both one wcc_data.
+            (Update::Remove { .. }, Applied::Changed(change)) => packed(&wcc(&change, id)),
+            (_, Applied::Renamed(from, to)) => {
+                packed(&RENAME3resok { fromdir_wcc: wcc(&from, id), todir_wcc: wcc(&to, id) })
+            }
+            (_, Applied::Linked(attributes, change)) => packed(&LINK3resok {
+                file_attributes: Nfs3Option::Some(fattr(&attributes, id)),
+                linkdir_wcc: wcc(&change, id),
+            }),
+            (Update::Commit { .. }, Applied::Changed(change)) => {
+                packed(&COMMIT3resok { file_wcc: wcc(&change, id), verf: self.verifier })
+            }
+            _ => unreachable!("each update has its own result"),
+        })
     }
 
     fn lookup(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
@@ -440,131 +478,6 @@ impl Dispatcher {
         let (data, eof) = namespace.read(handle, offset, count.min(TRANSFER_BYTES_MAX), caller)?;
         let count = data.len() as u32;
         Ok(packed(&READ3resok { file_attributes: object.post_op(), count, eof, data: Opaque::owned(data) }))
-    }
-
-    fn write(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
-        let target = args::handle(reader)?;
-        let (offset, count) = (reader.u64()?, reader.u32()?);
-        let stable = match reader.u32()? {
-            0 => Stability::Unstable,
-            1 => Stability::DataSync,
-            2 => Stability::FileSync,
-            other => return Err(Garbage(format!("stable_how {other}")).into()),
-        };
-        let data = reader.opaque(args::WRITE_BYTES_MAX, "data")?;
-        reader.finish()?;
-        if count as usize != data.len() {
-            return Err(nfsstat3::NFS3ERR_INVAL.into());
-        }
-        let (tree, handle) = self.present(target)?;
-        let change = tree.tree.write(handle, offset, data, stable, caller, now())?;
-        let committed = match stable {
-            Stability::Unstable => stable_how::UNSTABLE,
-            // Both are made durable with the file's attributes (FUA).
-            Stability::DataSync | Stability::FileSync => stable_how::FILE_SYNC,
-        };
-        Ok(packed(&WRITE3resok { file_wcc: wcc(&change, tree.id), count, committed, verf: self.verifier }))
-    }
-
-    /// CREATE (8), MKDIR (9), SYMLINK (10), MKNOD (11).
-    fn make(&self, procedure: u32, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
-        let (dir, name) = args::dir_name(reader)?;
-        let now = now();
-        let made = match procedure {
-            8 => {
-                let how = args::create_how(reader)?;
-                reader.finish()?;
-                let (tree, dir) = self.present(dir)?;
-                (tree.tree.create(dir, name, &how, caller, now), tree)
-            }
-            9 => {
-                let attributes = args::set_attributes(reader)?;
-                reader.finish()?;
-                let (tree, dir) = self.present(dir)?;
-                (tree.tree.mkdir(dir, name, &attributes, caller, now), tree)
-            }
-            10 => {
-                let attributes = args::set_attributes(reader)?;
-                let target = reader.opaque(args::PATH_BYTES_MAX, "symlink target")?;
-                reader.finish()?;
-                let (tree, dir) = self.present(dir)?;
-                (tree.tree.symlink(dir, name, target, &attributes, caller, now), tree)
-            }
-            _ => {
-                let (kind, rdev, attributes) = match reader.u32()? {
-                    code @ (3 | 4) => {
-                        let attributes = args::set_attributes(reader)?;
-                        let rdev = (reader.u32()?, reader.u32()?);
-                        let kind = if code == 3 { FileKind::BlockDevice } else { FileKind::CharDevice };
-                        (kind, rdev, attributes)
-                    }
-                    code @ (6 | 7) => {
-                        let kind = if code == 6 { FileKind::Socket } else { FileKind::Fifo };
-                        (kind, (0, 0), args::set_attributes(reader)?)
-                    }
-                    1 | 2 | 5 => return Err(nfsstat3::NFS3ERR_BADTYPE.into()),
-                    other => return Err(Garbage(format!("ftype3 {other}")).into()),
-                };
-                reader.finish()?;
-                let (tree, dir) = self.present(dir)?;
-                (tree.tree.mknod(dir, name, kind, rdev, &attributes, caller, now), tree)
-            }
-        };
-        let (result, tree) = made;
-        let (attributes, change) = result?;
-        let handle = fh(FileHandle { tree: tree.id, target: Target::Inode(attributes.handle), at: None });
-        Ok(packed(&CREATE3resok {
-            obj: Nfs3Option::Some(handle),
-            obj_attributes: Nfs3Option::Some(fattr(&attributes, tree.id)),
-            dir_wcc: wcc(&change, tree.id),
-        }))
-    }
-
-    fn remove(&self, directory: bool, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
-        let (dir, name) = args::dir_name(reader)?;
-        reader.finish()?;
-        let (tree, dir) = self.present(dir)?;
-        if dir.ino == ROOT_INODE && name == PAST_NAME {
-            return Err(nfsstat3::NFS3ERR_ROFS.into());
-        }
-        let change = tree.tree.remove(dir, name, directory, caller, now())?;
-        // REMOVE3resok and RMDIR3resok are both one wcc_data.
-        Ok(packed(&wcc(&change, tree.id)))
-    }
-
-    fn rename(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
-        let (from_dir, from_name) = args::dir_name(reader)?;
-        let (to_dir, to_name) = args::dir_name(reader)?;
-        reader.finish()?;
-        let (tree, from_dir) = self.present(from_dir)?;
-        let (to_tree, to_dir) = self.present(to_dir)?;
-        if to_tree.id != tree.id {
-            return Err(nfsstat3::NFS3ERR_XDEV.into());
-        }
-        if [(from_dir, from_name), (to_dir, to_name)]
-            .iter()
-            .any(|(dir, name)| dir.ino == ROOT_INODE && *name == PAST_NAME)
-        {
-            return Err(nfsstat3::NFS3ERR_ROFS.into());
-        }
-        let (from, to) = tree.tree.rename(from_dir, from_name, to_dir, to_name, caller, now())?;
-        Ok(packed(&RENAME3resok { fromdir_wcc: wcc(&from, tree.id), todir_wcc: wcc(&to, tree.id) }))
-    }
-
-    fn link(&self, reader: &mut XdrReader<'_>, caller: &Caller) -> Result<Vec<u8>, Failure> {
-        let file = args::handle(reader)?;
-        let (dir, name) = args::dir_name(reader)?;
-        reader.finish()?;
-        let (tree, file) = self.present(file)?;
-        let (dir_tree, dir) = self.present(dir)?;
-        if dir_tree.id != tree.id {
-            return Err(nfsstat3::NFS3ERR_XDEV.into());
-        }
-        let (attributes, change) = tree.tree.link(file, dir, name, caller, now())?;
-        Ok(packed(&LINK3resok {
-            file_attributes: Nfs3Option::Some(fattr(&attributes, tree.id)),
-            linkdir_wcc: wcc(&change, tree.id),
-        }))
     }
 
     /// READDIR and READDIRPLUS: entries until the client's byte counts.
@@ -728,16 +641,37 @@ impl Dispatcher {
             case_preserving: true,
         }))
     }
+}
 
-    fn commit(&self, reader: &mut XdrReader<'_>) -> Result<Vec<u8>, Failure> {
-        let target = args::handle(reader)?;
-        let (_offset, _count) = (reader.u64()?, reader.u32()?);
-        reader.finish()?;
-        let (tree, handle) = self.present(target)?;
-        let before = tree.tree.getattr(handle)?;
-        tree.tree.commit_writes()?;
-        let change = Wcc { after: before.clone(), before };
-        Ok(packed(&COMMIT3resok { file_wcc: wcc(&change, tree.id), verf: self.verifier }))
+/// Encodes a call's outcome as its reply into `out`.
+pub(crate) fn reply(out: &mut Vec<u8>, xid: u32, procedure: u32, result: Result<Vec<u8>, Failure>) {
+    match result {
+        Ok(results) => {
+            rpc::accepted(out, xid, Accepted::Success, (0, 0));
+            if procedure != 0 {
+                pack(out, &nfsstat3::NFS3_OK);
+            }
+            out.extend_from_slice(&results);
+        }
+        Err(Failure::Garbage(Garbage(reason))) => {
+            tracing::debug!(procedure, %reason, "garbage arguments");
+            rpc::accepted(out, xid, Accepted::GarbageArguments, (0, 0));
+        }
+        Err(Failure::Status(status)) => {
+            rpc::accepted(out, xid, Accepted::Success, (0, 0));
+            pack(out, &status);
+            // Every failure body starts with post-op attributes or wcc
+            // data, all optional: "not sent" is always a valid body
+            // (RENAME's has two).
+            let absent_words = match procedure {
+                1 => 0,
+                14 => 4,
+                15 => 3,
+                2 | 7..=13 | 21 => 2,
+                _ => 1,
+            };
+            out.extend(std::iter::repeat_n(0u8, 4 * absent_words));
+        }
     }
 }
 

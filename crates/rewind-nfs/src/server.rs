@@ -25,7 +25,7 @@ use tracing::{info, warn};
 use crate::rpc::{read_record, write_record};
 use rewind_tree::Trees;
 
-use crate::Dispatcher;
+use crate::{Dispatcher, Proxy};
 
 /// Client networks let in: an address and how many of its leading bits count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,11 +170,12 @@ pub struct NfsServer {
 }
 
 impl NfsServer {
-    /// Serves `trees` (shared with whatever else changes them: the API).
-    pub fn new(trees: Arc<Trees>, config: NfsConfig) -> NfsServer {
+    /// Serves `trees` (shared with whatever else changes them: the API),
+    /// the present of each proxied one forwarded to its upstream.
+    pub fn new(trees: Arc<Trees>, proxies: &[Arc<Proxy>], config: NfsConfig) -> NfsServer {
         assert!(!config.idle_timeout.is_zero() && !config.write_timeout.is_zero(), "timeouts must be positive");
         let serve = config.serve;
-        let nfs = Nfs { dispatcher: Dispatcher::new(trees), config };
+        let nfs = Nfs { dispatcher: Dispatcher::new(trees, proxies), config };
         NfsServer { listeners: Listeners::new(Arc::new(nfs), serve) }
     }
 

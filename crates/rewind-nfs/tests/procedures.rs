@@ -107,7 +107,7 @@ async fn every_procedure_answers_as_rfc_1813_says() {
     let node = Arc::new(Node::open(Arc::new(storage), NodeConfig::default()).unwrap());
     node.create_volume(VolumeSpec::tree(VolumeName::new("home").unwrap()), now()).unwrap();
     let trees = Arc::new(Trees::new(Arc::clone(&node)));
-    let server = NfsServer::new(Arc::clone(&trees), NfsConfig::default());
+    let server = NfsServer::new(Arc::clone(&trees), &[], NfsConfig::default());
     let address = server.serve_tcp("127.0.0.1:0").unwrap();
     let mut client = connect(address, "/home", 0).await;
     client.null().await.unwrap();
@@ -271,7 +271,7 @@ async fn every_procedure_answers_as_rfc_1813_says() {
     drop(client);
     drop(user);
     server.shutdown();
-    let server = NfsServer::new(Arc::new(Trees::new(Arc::clone(&node))), NfsConfig::default());
+    let server = NfsServer::new(Arc::new(Trees::new(Arc::clone(&node))), &[], NfsConfig::default());
     let address = server.serve_tcp("127.0.0.1:0").unwrap();
     let mut client = connect(address, "/home/docs", 0).await;
     assert_eq!(client.root_nfs_fh3(), docs, "MOUNT of a directory inside the export");

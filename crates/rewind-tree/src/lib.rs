@@ -24,6 +24,7 @@
 
 mod error;
 mod history;
+mod mirror;
 mod namespace;
 mod present;
 mod registry;
@@ -32,6 +33,7 @@ mod view;
 
 pub use error::TreeError;
 pub use history::{walk, FileVersion};
+pub use mirror::{Mirror, MirrorLag, MirrorStatus};
 pub use namespace::{Access, Attributes, Caller, DirEntryPlus, Handle, Namespace, ReadDir};
 pub use present::{CreateHow, SetAttributes, SetTime, Stability, Tree, Wcc};
 pub use registry::{tree_id, OpenTree, Trees};

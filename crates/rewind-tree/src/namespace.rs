@@ -38,11 +38,19 @@ pub struct Caller {
     pub gids: Vec<u32>,
     pub address: [u8; 16],
     pub port: u16,
+    /// Set when a proxy replays a change the upstream server has already
+    /// allowed: it is made as root, and recorded as this user's.
+    pub acting_for: Option<u32>,
 }
 
 impl Caller {
     pub fn root(address: [u8; 16], port: u16) -> Caller {
-        Caller { uid: 0, gid: 0, gids: Vec::new(), address, port }
+        Caller { uid: 0, gid: 0, gids: Vec::new(), address, port, acting_for: None }
+    }
+
+    /// Root, making a change that `uid` made on the upstream server.
+    pub fn acting_for(uid: u32, address: [u8; 16], port: u16) -> Caller {
+        Caller { acting_for: Some(uid), ..Caller::root(address, port) }
     }
 
     fn in_group(&self, gid: u32) -> bool {
@@ -51,7 +59,7 @@ impl Caller {
 
     /// The caller as an inode records its last writer.
     pub(crate) fn author(&self) -> Author {
-        Author { address: self.address, port: self.port, uid: self.uid }
+        Author { address: self.address, port: self.port, uid: self.acting_for.unwrap_or(self.uid) }
     }
 
     /// Whether the permission bits of `inode` give the caller every one of

@@ -3,7 +3,7 @@
 //! memory, so two of one volume would each miss the other's changes. Views
 //! of the past are opened once and kept while used.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use jiff::tz::TimeZone;
 use parking_lot::Mutex;
@@ -11,6 +11,7 @@ use rewind_engine::{EngineError, Node, VolumeKind};
 use rewind_types::Timestamp;
 use rustc_hash::FxHashMap;
 
+use crate::Mirror;
 use crate::{Tree, TreeError, TreeView};
 
 /// Views kept open per tree; the least recently opened goes first.
@@ -31,11 +32,24 @@ pub struct OpenTree {
     pub id: u64,
     pub name: String,
     pub tree: Tree,
+    /// Set when the tree mirrors an upstream server through a proxy: its
+    /// present is the upstream's, changed only by the proxy.
+    mirror: OnceLock<Weak<dyn Mirror>>,
     /// (time, view), most recently opened last.
     views: Mutex<Vec<(Timestamp, Arc<TreeView>)>>,
 }
 
 impl OpenTree {
+    /// Makes the tree `mirror`'s; false if it is another's already.
+    pub fn set_mirror(&self, mirror: Weak<dyn Mirror>) -> bool {
+        self.mirror.set(mirror).is_ok()
+    }
+
+    /// What keeps the tree in step with an upstream server, if anything.
+    pub fn mirror(&self) -> Option<Arc<dyn Mirror>> {
+        self.mirror.get()?.upgrade()
+    }
+
     /// The view at exactly `at` (a time a handle carries).
     pub fn view(&self, at: Timestamp) -> Result<Arc<TreeView>, TreeError> {
         let mut views = self.views.lock();
@@ -123,6 +137,7 @@ impl Trees {
             id,
             name: name.to_owned(),
             tree: Tree::open(volume, now)?,
+            mirror: OnceLock::new(),
             views: Mutex::new(Vec::new()),
         });
         open.insert(id, Arc::clone(&tree));

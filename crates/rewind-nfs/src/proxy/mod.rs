@@ -1,0 +1,460 @@
+//! UCDP-O: protecting an NFSv3 server Rewind does not run. The proxy takes
+//! clients' calls on one tree's export, forwards each to the upstream
+//! server, and records every update the upstream applied into the tree (the
+//! *mirror*), so the tree's history is the upstream's.
+//!
+//! ```text
+//!  client ─▶ Dispatcher ─┬─ past (/.rewind, TREE@TIME) ─────────────▶ mirror's views
+//!                        └─ present of a proxied tree ─▶ Proxy ─▶ upstream server
+//!                                                          └─ updates ─▶ mirror (now, or by the recorder)
+//! ```
+//!
+//! # What is recorded: the new state, after the upstream applied it
+//!
+//! The paper's UCDP-O logs before-images: it reads what an update will
+//! overwrite and keeps that undo log beside an upstream that holds the
+//! present. Rewind records the other way round, the update itself, once the
+//! upstream has said it succeeded, into a mirror that holds the present as
+//! well as the past:
+//! - Rewind's history runs forwards (the journal and the version index
+//!   answer "the tree at T" directly); an undo log would have to be applied
+//!   backwards from the upstream's present, which moves under it, and a view
+//!   would depend on the upstream being up.
+//! - A before-image costs an extra upstream READ on every WRITE, the
+//!   overhead the paper measured UCDP-O paying; the new data is in the call.
+//! - An update the upstream refuses (ACCES, EXIST, NOSPC) never enters
+//!   history, and the results the mirror needs (the new object's owner) come
+//!   with the reply.
+//!
+//! The price is a copy of the upstream's tree in Rewind (deduplicated and
+//! compressed), made when the proxy first starts, and the window between the
+//! upstream applying an update and the mirror recording it: a proxy crash
+//! there leaves the mirror behind, so every start first brings the mirror up
+//! to the upstream's present ([`Proxy::start`]: the whole tree is compared,
+//! as `rsync --checksum` would), recording what differs as one more point in
+//! history.
+//!
+//! # Handles are mapped, not trusted
+//!
+//! Clients get the mirror's handles (tree, inode, generation), never the
+//! upstream's; the proxy keeps the map between the two, built when it
+//! starts and kept as it records. A client cannot name an upstream object
+//! the export does not lead to, and a handle survives a proxy restart
+//! (the mirror's inodes persist; the map is rebuilt by path).
+//!
+//! # What passes straight through (UCDP-K's Path 0, in user space)
+//!
+//! Reads and other calls that change nothing (GETATTR, ACCESS, READLINK,
+//! READ, READDIR, FSSTAT, FSINFO, PATHCONF) go to the upstream with only
+//! their handle replaced, the call's bytes sent gathered from the client's
+//! record, and the reply read into the buffer it leaves from, untouched: a
+//! READ's data is never copied by the proxy. LOOKUP and READDIRPLUS replies
+//! have their handles replaced. Attributes are the upstream's throughout.
+//!
+//! # Order
+//!
+//! Updates take one lock per tree from the forward to the record, so the
+//! mirror applies them in the order the upstream did (two clients racing on
+//! one file would otherwise leave the mirror with the other outcome).
+//! Reads take no lock.
+//!
+//! # Asynchronous mode (UCDP-A)
+//!
+//! With [`ProxyMode::Asynchronous`], an update is answered as soon as the
+//! upstream has applied it and queued for the recorder (`recorder.rs`);
+//! the queue is bounded in updates and bytes, so the lag is too.
+
+mod mirror;
+mod recorder;
+mod reply;
+pub mod upstream;
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+
+use nfs3_types::nfs3::nfsstat3;
+use parking_lot::Mutex;
+use rewind_tree::{Caller, Handle, Mirror, MirrorStatus, OpenTree, TreeError, ROOT_INODE};
+use rustc_hash::FxHashMap;
+use tracing::{info, warn};
+
+pub use recorder::ProxyMode;
+use reply::Found;
+use upstream::{opaque, Fattr, Pool, UpstreamAddress, UpstreamError};
+
+use crate::args::{self, NAME_BYTES_MAX};
+use crate::handle::{FileHandle, Target};
+use crate::program::{Failure, PAST_NAME};
+use crate::update::{is_update, Update};
+use crate::xdr::XdrReader;
+
+/// What `rewind proxy` is told.
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    pub upstream: UpstreamAddress,
+    /// The upstream export; `None`: the only one it has.
+    pub export: Option<String>,
+    pub mode: ProxyMode,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("the mirror tree: {0}")]
+    Tree(#[from] TreeError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// A handle in a call: where it is in the arguments, and what it names in
+/// the mirror and upstream.
+struct CallHandle {
+    at: Range<usize>,
+    mirror: Handle,
+    upstream: Vec<u8>,
+}
+
+/// The map between the mirror's handles and the upstream's.
+#[derive(Default)]
+struct HandleMap {
+    upstream_of: FxHashMap<u64, (u32, Vec<u8>)>,
+    mirror_of: std::collections::HashMap<Vec<u8>, Handle>,
+}
+
+impl HandleMap {
+    fn insert(&mut self, mirror: Handle, upstream: &[u8]) {
+        if let Some((_, old)) = self.upstream_of.insert(mirror.ino, (mirror.generation, upstream.to_vec())) {
+            if old != upstream {
+                self.mirror_of.remove(&old);
+            }
+        }
+        self.mirror_of.insert(upstream.to_vec(), mirror);
+    }
+
+    fn upstream(&self, mirror: Handle) -> Option<Vec<u8>> {
+        let (generation, fh) = self.upstream_of.get(&mirror.ino)?;
+        (*generation == mirror.generation).then(|| fh.clone())
+    }
+
+    fn forget(&mut self, mirror: Handle) {
+        if self.upstream(mirror).is_some() {
+            let (_, fh) = self.upstream_of.remove(&mirror.ino).expect("mapped");
+            self.mirror_of.remove(&fh);
+        }
+    }
+}
+
+impl Mirror for Proxy {
+    fn status(&self) -> MirrorStatus {
+        let mut status = self.stats.lock().clone();
+        status.lag = self.recorder.as_ref().map(recorder::Recorder::lag);
+        status
+    }
+}
+
+/// One proxied tree.
+pub struct Proxy {
+    tree: Arc<OpenTree>,
+    pool: Pool,
+    export_root: Vec<u8>,
+    handles: Mutex<HandleMap>,
+    /// Held from an update's forward to its record (or queueing), so the
+    /// mirror applies updates in the upstream's order.
+    order: Mutex<()>,
+    recorder: Option<recorder::Recorder>,
+    /// An update went unrecorded: compare with the upstream before the next.
+    diverged: AtomicBool,
+    stats: Mutex<MirrorStatus>,
+}
+
+impl Proxy {
+    /// Mounts the upstream's export, brings the mirror (`tree`) to the
+    /// upstream's present, and returns the proxy, ready to serve.
+    pub fn start(tree: Arc<OpenTree>, config: ProxyConfig) -> Result<Arc<Proxy>, ProxyError> {
+        let pool = Pool::new(config.upstream.clone());
+        let export = match config.export {
+            Some(export) => export,
+            None => match pool.exports()?.as_slice() {
+                [only] => only.clone(),
+                exports => {
+                    return Err(ProxyError::Setup(format!(
+                        "the upstream exports {exports:?}: name the one to protect with --upstream-export"
+                    )))
+                }
+            },
+        };
+        let export_root = pool.mount(&export)?;
+        let stats = MirrorStatus {
+            upstream: format!("{}:{export}", config.upstream.nfs),
+            asynchronous: matches!(config.mode, ProxyMode::Asynchronous { .. }),
+            ..MirrorStatus::default()
+        };
+        let proxy = Arc::new_cyclic(|proxy| Proxy {
+            recorder: match config.mode {
+                ProxyMode::Synchronous => None,
+                ProxyMode::Asynchronous { updates_max, bytes_max } => {
+                    Some(recorder::Recorder::start(proxy.clone(), updates_max, bytes_max))
+                }
+            },
+            tree,
+            pool,
+            export_root,
+            handles: Mutex::new(HandleMap::default()),
+            order: Mutex::new(()),
+            diverged: AtomicBool::new(false),
+            stats: Mutex::new(stats),
+        });
+        let mirror: Weak<dyn Mirror> = Arc::downgrade(&proxy) as Weak<dyn Mirror>;
+        if !proxy.tree.set_mirror(mirror) {
+            return Err(ProxyError::Setup(format!("{} is proxied already", proxy.tree.name)));
+        }
+        let report = {
+            let _order = proxy.order.lock();
+            proxy.resync()?
+        };
+        info!(tree = %proxy.tree.name, upstream = %proxy.stats.lock().upstream, %report, "mirror in step with the upstream");
+        Ok(proxy)
+    }
+
+    pub fn tree_id(&self) -> u64 {
+        self.tree.id
+    }
+
+    /// Waits until every update queued so far is recorded.
+    pub fn drain(&self) {
+        if let Some(recorder) = &self.recorder {
+            recorder.drain();
+        }
+    }
+
+    /// Whether a call's first handle is this proxy's present (and not the
+    /// way into the past, `/.rewind`, which the mirror answers).
+    pub(crate) fn takes(procedure: u32, arguments: &[u8]) -> Option<u64> {
+        let mut reader = XdrReader::new(arguments);
+        let handle = FileHandle::decode(args::handle(&mut reader).ok()?)?;
+        let Target::Inode(inode) = handle.target else { return None };
+        if handle.at.is_some() {
+            return None;
+        }
+        if procedure == 3 && inode.ino == ROOT_INODE && reader.opaque(NAME_BYTES_MAX, "name").ok()? == PAST_NAME {
+            return None;
+        }
+        Some(handle.tree)
+    }
+
+    /// Forwards one NFS call (`record`, its arguments at `at`) and leaves
+    /// the reply to pass on in `out`, after 4 bytes kept for its mark.
+    pub(crate) fn forward(
+        &self,
+        procedure: u32,
+        record: &[u8],
+        at: usize,
+        caller: &Caller,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Failure> {
+        let arguments = &record[at..];
+        let targets = self.targets(procedure, arguments)?;
+        self.stats.lock().forwarded += 1;
+        if is_update(procedure) {
+            let update = Update::decode(procedure, &mut XdrReader::new(arguments))?;
+            return self.update(update, record, at, &targets, caller, out);
+        }
+        self.exchange(record, at, &targets, out)?;
+        if matches!(procedure, 3 | 17) {
+            self.map_reply(procedure, &targets, out)?;
+        }
+        Ok(())
+    }
+
+    /// The handles a call names (where they are in its arguments, the
+    /// mirror's handle and the upstream's).
+    fn targets(&self, procedure: u32, arguments: &[u8]) -> Result<Vec<CallHandle>, Failure> {
+        let mut reader = XdrReader::new(arguments);
+        let mut targets = Vec::with_capacity(2);
+        for index in 0..2 {
+            if index == 1 {
+                match procedure {
+                    14 => drop(reader.opaque(NAME_BYTES_MAX, "name")?),
+                    15 => {}
+                    _ => break,
+                }
+            }
+            let start = reader.position();
+            let bytes = args::handle(&mut reader)?;
+            let handle = FileHandle::decode(bytes).ok_or(nfsstat3::NFS3ERR_BADHANDLE)?;
+            let inode = match (handle.target, handle.at) {
+                (Target::Inode(inode), None) if handle.tree == self.tree.id => inode,
+                (_, Some(_)) | (Target::Past, _) => return Err(nfsstat3::NFS3ERR_ROFS.into()),
+                _ => return Err(nfsstat3::NFS3ERR_XDEV.into()),
+            };
+            let upstream = self.handles.lock().upstream(inode).ok_or(nfsstat3::NFS3ERR_STALE)?;
+            targets.push(CallHandle { at: start..reader.position(), mirror: inode, upstream });
+        }
+        Ok(targets)
+    }
+
+    /// Sends the call with the upstream's handles in place of ours, the
+    /// rest of its bytes as the client sent them.
+    fn exchange(&self, record: &[u8], at: usize, targets: &[CallHandle], out: &mut Vec<u8>) -> Result<(), Failure> {
+        let arguments = &record[at..];
+        let encoded: Vec<Vec<u8>> = targets.iter().map(|target| opaque(&target.upstream)).collect();
+        let mut parts: Vec<&[u8]> = vec![&record[..at]];
+        let mut copied = 0;
+        for (target, fh) in targets.iter().zip(&encoded) {
+            parts.push(&arguments[copied..target.at.start]);
+            parts.push(fh);
+            copied = target.at.end;
+        }
+        parts.push(&arguments[copied..]);
+        self.pool.with(|connection| Ok(connection.exchange(&parts, out, 4)?)).map_err(|error| {
+            warn!(%error, "upstream NFS server unreachable: the client is told to try again");
+            Failure::Status(nfsstat3::NFS3ERR_JUKEBOX)
+        })
+    }
+
+    /// Replaces the upstream handles in a LOOKUP or READDIRPLUS reply by
+    /// the mirror's; names the mirror does not know yet (made on the
+    /// upstream behind the proxy's back, or not yet recorded) are brought in.
+    fn map_reply(&self, procedure: u32, targets: &[CallHandle], out: &mut Vec<u8>) -> Result<(), Failure> {
+        let found = reply::handles_in(procedure, &out[4..]).map_err(|garbage| {
+            warn!(reason = %garbage.0, "an upstream reply that does not decode");
+            Failure::Status(nfsstat3::NFS3ERR_SERVERFAULT)
+        })?;
+        let (dir, dir_fh) = (targets[0].mirror, &targets[0].upstream);
+        let mut ours = self.mirror_handles(&found);
+        if ours.iter().any(Option::is_none) {
+            self.adopt(dir, dir_fh)?;
+            ours = self.mirror_handles(&found);
+        }
+        if procedure == 3 && ours[0].is_none() {
+            warn!("the upstream found a name the mirror cannot follow");
+            return Err(nfsstat3::NFS3ERR_SERVERFAULT.into());
+        }
+        let replacements: Vec<_> = found.iter().zip(ours).collect();
+        reply::replace(out, 4, &replacements);
+        Ok(())
+    }
+
+    fn mirror_handles(&self, found: &[reply::Found]) -> Vec<Option<Vec<u8>>> {
+        let handles = self.handles.lock();
+        found
+            .iter()
+            .map(|found| {
+                let mirror = *handles.mirror_of.get(&found.fh)?;
+                Some(FileHandle { tree: self.tree.id, target: Target::Inode(mirror), at: None }.encode())
+            })
+            .collect()
+    }
+
+    /// Brings one directory of the mirror in step with the upstream's.
+    fn adopt(&self, dir: Handle, dir_fh: &[u8]) -> Result<(), Failure> {
+        let _order = self.order.lock();
+        self.drain();
+        self.resync_directory(dir, dir_fh, false, &mut mirror::Resync::default()).map_err(|error| {
+            warn!(%error, "the mirror could not take in what the upstream has");
+            Failure::Status(nfsstat3::NFS3ERR_SERVERFAULT)
+        })
+    }
+
+    /// Forwards an update and records it once the upstream applied it.
+    fn update(
+        &self,
+        update: Update<'_>,
+        record: &[u8],
+        at: usize,
+        targets: &[CallHandle],
+        caller: &Caller,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Failure> {
+        let order = self.order.lock();
+        if self.diverged.swap(false, Ordering::AcqRel) {
+            self.drain();
+            if let Err(error) = self.resync() {
+                self.diverged.store(true, Ordering::Release);
+                warn!(%error, "the mirror is still out of step with the upstream");
+            }
+        }
+        self.exchange(record, at, targets, out)?;
+        let applied = upstream::results(&out[4..]).ok().and_then(|mut reader| reader.u32().ok()) == Some(0);
+        if !applied {
+            // Refused upstream: passed on as it is, nothing to record.
+            return Ok(());
+        }
+        let made = match update.made_name() {
+            Some(name) => Some(self.made(&out[4..], &targets[0].upstream, name)?),
+            None => None,
+        };
+        let author = Caller::acting_for(caller.uid, caller.address, caller.port);
+        let created = match &self.recorder {
+            None => self.record_or_resync(&update, made.as_ref().map(|(fh, fattr, _)| (&fh[..], fattr)), &author),
+            Some(recorder) => {
+                let creates = made.is_some();
+                let made_owned = made.as_ref().map(|(fh, fattr, _)| (fh.clone(), fattr.clone()));
+                let ticket = recorder.submit(update.into_owned(), made_owned, author);
+                drop(order);
+                if creates {
+                    recorder.wait(ticket)
+                } else {
+                    None
+                }
+            }
+        };
+        if let Some((_, _, Some(found))) = made {
+            let ours = created
+                .map(|handle| FileHandle { tree: self.tree.id, target: Target::Inode(handle), at: None }.encode());
+            reply::replace(out, 4, &[(&found, ours)]);
+        }
+        Ok(())
+    }
+
+    /// The object a CREATE, MKDIR, SYMLINK or MKNOD made upstream: its
+    /// handle and attributes, and where the handle is in the reply (none
+    /// there, as RFC 1813 allows: then it is looked up, and the client gets
+    /// none either, and will LOOKUP).
+    fn made(
+        &self,
+        reply: &[u8],
+        dir_fh: &[u8],
+        name: &[u8],
+    ) -> Result<(Vec<u8>, Fattr, Option<reply::Found>), Failure> {
+        let serverfault = |error: String| {
+            warn!(%error, "an upstream reply to a create that does not decode");
+            Failure::Status(nfsstat3::NFS3ERR_SERVERFAULT)
+        };
+        let found = reply::handles_in(8, reply).map_err(|garbage| serverfault(garbage.0))?.into_iter().next();
+        let (fh, attributes) = match &found {
+            Some(Found { fh, attributes: Some(attributes), .. }) => (fh.clone(), attributes.clone()),
+            Some(Found { fh, attributes: None, .. }) => {
+                (fh.clone(), self.pool.getattr(fh).map_err(|error| serverfault(error.to_string()))?)
+            }
+            None => self.pool.lookup(dir_fh, name).map_err(|error| serverfault(error.to_string()))?,
+        };
+        Ok((fh, attributes, found))
+    }
+
+    /// Records an update into the mirror; if it cannot be, the mirror is
+    /// compared with the upstream (so the present is right, if not every
+    /// step to it). Returns the object made, if any.
+    fn record_or_resync(&self, update: &Update<'_>, made: Option<(&[u8], &Fattr)>, author: &Caller) -> Option<Handle> {
+        match self.record(update, made, author) {
+            Ok(created) => {
+                self.stats.lock().recorded += 1;
+                created
+            }
+            Err(error) => {
+                warn!(
+                    ?error,
+                    "an update the upstream applied could not be recorded: comparing the mirror with the upstream"
+                );
+                self.stats.lock().unrecorded += 1;
+                if let Err(error) = self.resync() {
+                    warn!(%error, "the mirror is out of step with the upstream until the next update");
+                    self.diverged.store(true, Ordering::Release);
+                }
+                made.and_then(|(fh, _)| self.handles.lock().mirror_of.get(fh).copied())
+            }
+        }
+    }
+}
