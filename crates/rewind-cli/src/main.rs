@@ -835,10 +835,11 @@ fn tree(backend: &dyn Backend, command: TreeCommand) -> Result<()> {
             if let Some(lag) = &mirror.lag {
                 let ms = |nanos: u64| nanos as f64 / 1e6;
                 println!(
-                    "behind: {} updates, {} bytes, oldest {:.1} ms; lag of {} recorded: mean {:.2} ms, p99 ≤ {:.2} ms, \
-                     max {:.2} ms",
+                    "behind: {} updates, {} bytes, {} clients waiting for room, oldest {:.1} ms; lag of {} recorded: \
+                     mean {:.2} ms, p99 ≤ {:.2} ms, max {:.2} ms",
                     lag.pending_updates,
                     lag.pending_bytes,
+                    lag.waiting_clients,
                     ms(lag.behind_nanos),
                     lag.recorded,
                     ms(lag.mean_nanos),

@@ -1499,6 +1499,8 @@ pub struct TreeMirror {
 pub struct TreeMirrorLag {
     pub pending_updates: u64,
     pub pending_bytes: u64,
+    /// Clients waiting for room in the queue (the bound at work).
+    pub waiting_clients: u64,
     /// Age of the oldest update not yet recorded.
     pub behind_nanos: u64,
     /// Of the times from an update's answer to its record:
@@ -1530,6 +1532,7 @@ impl TreeMirror {
             lag: status.lag.map(|lag| TreeMirrorLag {
                 pending_updates: lag.pending_updates as u64,
                 pending_bytes: lag.pending_bytes as u64,
+                waiting_clients: lag.waiting_clients as u64,
                 behind_nanos: nanos(lag.behind),
                 recorded: lag.recorded,
                 mean_nanos: nanos(lag.mean),

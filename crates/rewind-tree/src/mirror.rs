@@ -35,6 +35,8 @@ pub struct MirrorStatus {
 pub struct MirrorLag {
     pub pending_updates: usize,
     pub pending_bytes: usize,
+    /// Clients waiting for room in the queue (the bound at work).
+    pub waiting_clients: usize,
     /// Age of the oldest update not yet recorded.
     pub behind: Duration,
     /// Of the times from an update's answer to its record:

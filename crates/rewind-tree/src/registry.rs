@@ -3,7 +3,7 @@
 //! memory, so two of one volume would each miss the other's changes. Views
 //! of the past are opened once and kept while used.
 
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 
 use jiff::tz::TimeZone;
 use parking_lot::Mutex;
@@ -34,20 +34,25 @@ pub struct OpenTree {
     pub tree: Tree,
     /// Set when the tree mirrors an upstream server through a proxy: its
     /// present is the upstream's, changed only by the proxy.
-    mirror: OnceLock<Weak<dyn Mirror>>,
+    mirror: Mutex<Option<Weak<dyn Mirror>>>,
     /// (time, view), most recently opened last.
     views: Mutex<Vec<(Timestamp, Arc<TreeView>)>>,
 }
 
 impl OpenTree {
-    /// Makes the tree `mirror`'s; false if it is another's already.
+    /// Makes the tree `mirror`'s; false while another mirror has it.
     pub fn set_mirror(&self, mirror: Weak<dyn Mirror>) -> bool {
-        self.mirror.set(mirror).is_ok()
+        let mut current = self.mirror.lock();
+        if current.as_ref().is_some_and(|current| current.strong_count() > 0) {
+            return false;
+        }
+        *current = Some(mirror);
+        true
     }
 
     /// What keeps the tree in step with an upstream server, if anything.
     pub fn mirror(&self) -> Option<Arc<dyn Mirror>> {
-        self.mirror.get()?.upgrade()
+        self.mirror.lock().as_ref()?.upgrade()
     }
 
     /// The view at exactly `at` (a time a handle carries).
@@ -137,7 +142,7 @@ impl Trees {
             id,
             name: name.to_owned(),
             tree: Tree::open(volume, now)?,
-            mirror: OnceLock::new(),
+            mirror: Mutex::new(None),
             views: Mutex::new(Vec::new()),
         });
         open.insert(id, Arc::clone(&tree));

@@ -1,0 +1,337 @@
+//! The proxy (UCDP-O, and UCDP-A asynchronously) in front of an upstream
+//! NFSv3 server, through a real client library (`nfs3_client` over TCP).
+//! The upstream here is Rewind's own NFS server on a node of its own, so
+//! its tree's history is the truth the mirror's is checked against, at the
+//! end and at points in between; `crates/rewind-cli/tests/proxy.rs` runs
+//! the same proxy in front of nfs-ganesha.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use nfs3_client::nfs3_types::nfs3::*;
+use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
+use nfs3_client::nfs3_types::xdr_codec::Opaque;
+use nfs3_client::tokio::TokioConnector;
+use nfs3_client::{Nfs3Connection, Nfs3ConnectionBuilder};
+use rewind_engine::{Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
+use rewind_io::OsStorage;
+use rewind_nfs::{FileHandle, NfsConfig, NfsServer, Proxy, ProxyConfig, ProxyMode, UpstreamAddress};
+use rewind_tree::{walk, Caller, CreateHow, FileKind, Mirror, Namespace, SetAttributes, Stability, Trees};
+
+type Connection = Nfs3Connection<nfs3_client::tokio::TokioIo<tokio::net::TcpStream>>;
+
+fn now() -> Timestamp {
+    Timestamp::from_system_time(std::time::SystemTime::now())
+}
+
+fn root() -> Caller {
+    Caller::root([0; 16], 0)
+}
+
+async fn connect(address: SocketAddr, path: &str) -> Connection {
+    let credential = opaque_auth::auth_unix(&auth_unix { uid: 0, gid: 0, ..auth_unix::default() });
+    Nfs3ConnectionBuilder::new(TokioConnector, "127.0.0.1", path)
+        .connect_from_privileged_port(false)
+        .mount_port(address.port())
+        .nfs3_port(address.port())
+        .credential(credential)
+        .mount()
+        .await
+        .unwrap_or_else(|error| panic!("mount {path}: {error:?}"))
+}
+
+fn name(text: &str) -> filename3<'static> {
+    filename3(Opaque::owned(text.as_bytes().to_vec()))
+}
+
+fn dir_op(dir: &nfs_fh3, text: &str) -> diropargs3<'static> {
+    diropargs3 { dir: dir.clone(), name: name(text) }
+}
+
+fn mode(bits: u32) -> sattr3 {
+    sattr3 { mode: Nfs3Option::Some(bits), ..sattr3::default() }
+}
+
+fn status<T: std::fmt::Debug, E: std::fmt::Debug>(result: Nfs3Result<T, E>) -> nfsstat3 {
+    match result {
+        Nfs3Result::Ok(_) => nfsstat3::NFS3_OK,
+        Nfs3Result::Err((status, _)) => status,
+    }
+}
+
+async fn lookup(client: &mut Connection, dir: &nfs_fh3, text: &str) -> nfs_fh3 {
+    let found = client.lookup(&LOOKUP3args { what: dir_op(dir, text) }).await.unwrap();
+    match found {
+        Nfs3Result::Ok(found) => found.object,
+        Nfs3Result::Err((status, _)) => panic!("LOOKUP {text}: {status:?}"),
+    }
+}
+
+async fn create(client: &mut Connection, dir: &nfs_fh3, text: &str) -> nfs_fh3 {
+    let how = createhow3::GUARDED(mode(0o640));
+    let created = client.create(&CREATE3args { where_: dir_op(dir, text), how }).await.unwrap().unwrap();
+    let Nfs3Option::Some(handle) = created.obj else { panic!("CREATE returns the handle") };
+    handle
+}
+
+async fn write(client: &mut Connection, file: &nfs_fh3, offset: u64, data: &[u8]) {
+    let args = WRITE3args {
+        file: file.clone(),
+        offset,
+        count: data.len() as u32,
+        stable: stable_how::FILE_SYNC,
+        data: Opaque::borrowed(data),
+    };
+    client.write(&args).await.unwrap().unwrap();
+}
+
+async fn read(client: &mut Connection, file: &nfs_fh3) -> Vec<u8> {
+    let read = client.read(&READ3args { file: file.clone(), offset: 0, count: 1 << 20 }).await.unwrap().unwrap();
+    read.data.to_vec()
+}
+
+/// Every path with its kind, size, mode, owner, link count and contents
+/// (or target), sorted: what the mirror and the upstream must agree on.
+/// (Times are not compared: the mirror's are when it recorded.)
+fn describe(namespace: &dyn Namespace) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![(String::new(), namespace.getattr_root().unwrap())];
+    while let Some((path, attributes)) = stack.pop() {
+        let content = match attributes.kind {
+            FileKind::Regular => {
+                let (bytes, _) = namespace.read(attributes.handle, 0, 8 << 20, &root()).unwrap();
+                format!("{} bytes, blake3 {}", bytes.len(), blake3::hash(&bytes))
+            }
+            FileKind::Symlink => {
+                format!("-> {:?}", String::from_utf8_lossy(&namespace.readlink(attributes.handle).unwrap()))
+            }
+            _ => String::new(),
+        };
+        let links = if attributes.kind == FileKind::Directory { 0 } else { attributes.nlink };
+        out.push(format!(
+            "/{path} {:?} {} {:o} {}:{} {links} {content}",
+            attributes.kind, attributes.size, attributes.mode, attributes.uid, attributes.gid
+        ));
+        if attributes.kind == FileKind::Directory {
+            let listing = namespace.readdir(attributes.handle, 0, 10_000, &root()).unwrap();
+            assert!(listing.eof);
+            for entry in listing.entries.into_iter().filter(|entry| entry.name != b"." && entry.name != b"..") {
+                let child =
+                    format!("{path}{}{}", if path.is_empty() { "" } else { "/" }, String::from_utf8_lossy(&entry.name));
+                stack.push((child, entry.attributes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A node with one tree, served over NFS.
+struct Side {
+    trees: Arc<Trees>,
+    server: NfsServer,
+    address: SocketAddr,
+    name: &'static str,
+}
+
+impl Side {
+    fn open(dir: &Path, name: &'static str, proxy: Option<(&Side, ProxyMode)>) -> (Side, Option<Arc<Proxy>>) {
+        let node = Arc::new(Node::open(Arc::new(OsStorage::new(dir).unwrap()), NodeConfig::default()).unwrap());
+        if node.volume(name).is_err() {
+            node.create_volume(VolumeSpec::tree(VolumeName::new(name).unwrap()), now()).unwrap();
+        }
+        let trees = Arc::new(Trees::new(node));
+        let proxy = proxy.map(|(upstream, mode)| {
+            let address =
+                UpstreamAddress::resolve(&upstream.address.to_string(), Some(upstream.address.port())).unwrap();
+            let config = ProxyConfig { upstream: address, export: None, mode };
+            Proxy::start(trees.by_name(name, now()).unwrap(), config).unwrap()
+        });
+        let server = NfsServer::new(Arc::clone(&trees), proxy.as_slice(), NfsConfig::default());
+        let address = server.serve_tcp("127.0.0.1:0").unwrap();
+        (Side { trees, server, address, name }, proxy)
+    }
+
+    fn present(&self) -> Vec<String> {
+        describe(&self.trees.by_name(self.name, now()).unwrap().tree)
+    }
+
+    fn at(&self, at: Timestamp) -> Vec<String> {
+        describe(&self.trees.by_name(self.name, now()).unwrap().tree.view(at).unwrap())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn every_update_through_the_proxy_is_the_upstreams_and_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, _) = Side::open(&dir.path().join("upstream"), "origin", None);
+    // The upstream holds files before the proxy is put in front of it.
+    {
+        let origin = upstream.trees.by_name("origin", now()).unwrap();
+        let top = origin.tree.root().unwrap();
+        let how = CreateHow::Guarded(SetAttributes { mode: Some(0o600), ..SetAttributes::default() });
+        let (file, _) = origin.tree.create(top, b"pre.txt", &how, &root(), now()).unwrap();
+        origin.tree.write(file.handle, 0, b"there before", Stability::FileSync, &root(), now()).unwrap();
+        origin.tree.mkdir(top, b"old", &SetAttributes::default(), &root(), now()).unwrap();
+    }
+    let (mirror, proxy) = Side::open(&dir.path().join("mirror"), "shop", Some((&upstream, ProxyMode::Synchronous)));
+    let proxy = proxy.unwrap();
+    assert_eq!(mirror.present(), upstream.present(), "the first start copies the upstream in");
+
+    let mut client = connect(mirror.address, "/shop").await;
+    let top = client.root_nfs_fh3();
+    let pre = lookup(&mut client, &top, "pre.txt").await;
+    assert_eq!(read(&mut client, &pre).await, b"there before");
+    // Handles are the mirror's, not the upstream's.
+    let decoded = FileHandle::decode(&pre.data.0).expect("a Rewind handle");
+    assert_eq!(decoded.tree, mirror.trees.by_name("shop", now()).unwrap().id);
+    let mut direct = connect(upstream.address, "/origin").await;
+    let direct_top = direct.root_nfs_fh3();
+    let upstream_pre = lookup(&mut direct, &direct_top, "pre.txt").await;
+    let forged = client.getattr(&GETATTR3args { object: upstream_pre.clone() }).await.unwrap();
+    assert_ne!(status(forged), nfsstat3::NFS3_OK, "an upstream handle is not let through");
+
+    // Every kind of update.
+    let file = create(&mut client, &top, "a.txt").await;
+    write(&mut client, &file, 0, b"first version").await;
+    let written = now();
+    write(&mut client, &file, 6, b"VERSION, longer").await;
+    let setattr = SETATTR3args { object: file.clone(), new_attributes: mode(0o604), guard: sattrguard3::default() };
+    client.setattr(&setattr).await.unwrap().unwrap();
+    let made = client.mkdir(&MKDIR3args { where_: dir_op(&top, "d"), attributes: mode(0o750) }).await.unwrap();
+    let Nfs3Option::Some(d) = made.unwrap().obj else { panic!("MKDIR returns the handle") };
+    let symlink = SYMLINK3args {
+        where_: dir_op(&d, "l"),
+        symlink: symlinkdata3 {
+            symlink_attributes: sattr3::default(),
+            symlink_data: nfspath3(Opaque::borrowed(b"../a.txt")),
+        },
+    };
+    client.symlink(&symlink).await.unwrap().unwrap();
+    client.link(&LINK3args { file: file.clone(), link: dir_op(&d, "hard") }).await.unwrap().unwrap();
+    let fifo = MKNOD3args { where_: dir_op(&d, "fifo"), what: mknoddata3::NF3FIFO(sattr3::default()) };
+    client.mknod(&fifo).await.unwrap().unwrap();
+    let middle = now();
+    let rename = RENAME3args { from: dir_op(&top, "a.txt"), to: dir_op(&d, "b.txt") };
+    client.rename(&rename).await.unwrap().unwrap();
+    client.remove(&REMOVE3args { object: dir_op(&top, "pre.txt") }).await.unwrap().unwrap();
+    client.rmdir(&RMDIR3args { object: dir_op(&top, "old") }).await.unwrap().unwrap();
+    client.commit(&COMMIT3args { file: file.clone(), offset: 0, count: 0 }).await.unwrap().unwrap();
+    // What the upstream refuses is passed on and not recorded.
+    let recorded = proxy.status().recorded;
+    let guarded = CREATE3args { where_: dir_op(&d, "b.txt"), how: createhow3::GUARDED(mode(0o600)) };
+    assert_eq!(status(client.create(&guarded).await.unwrap()), nfsstat3::NFS3ERR_EXIST);
+    assert_eq!(proxy.status().recorded, recorded, "a refused update is not history");
+
+    assert_eq!(mirror.present(), upstream.present(), "the mirror is the upstream");
+    for at in [written, middle] {
+        assert_eq!(mirror.at(at), upstream.at(at), "the mirror's past is the upstream's");
+    }
+    let before_rename = mirror.at(middle);
+    assert!(before_rename.iter().any(|line| line.starts_with("/pre.txt")), "{before_rename:?}");
+    assert!(before_rename.iter().any(|line| line.starts_with("/a.txt")), "{before_rename:?}");
+
+    // The renamed file keeps its handle; the history of it is there, with
+    // the client as its author.
+    assert_eq!(read(&mut client, &file).await, b"first VERSION, longer");
+    let shop = mirror.trees.by_name("shop", now()).unwrap();
+    let found = walk(&shop.tree, "d/b.txt").unwrap();
+    let versions = shop.tree.history(found.handle, 100).unwrap();
+    assert!(versions.len() >= 4, "created, written twice, chmodded: {versions:?}");
+    assert!(versions.iter().all(|version| version.attributes.author.address[12..] == [127, 0, 0, 1]), "{versions:?}");
+
+    // The past, through the proxy: /.rewind/TIME is the mirror's.
+    let past = lookup(&mut client, &top, ".rewind").await;
+    let then = lookup(&mut client, &past, &middle.unix_nanos().to_string()).await;
+    let old = lookup(&mut client, &then, "pre.txt").await;
+    assert_eq!(read(&mut client, &old).await, b"there before");
+    let into_past = CREATE3args { where_: dir_op(&then, "no.txt"), how: createhow3::GUARDED(mode(0o600)) };
+    assert_eq!(status(client.create(&into_past).await.unwrap()), nfsstat3::NFS3ERR_ROFS);
+
+    // A change made on the upstream behind the proxy's back is taken in
+    // when the proxy meets it.
+    let behind = create(&mut direct, &direct_top, "behind.txt").await;
+    write(&mut direct, &behind, 0, b"made upstream").await;
+    let seen = lookup(&mut client, &top, "behind.txt").await;
+    assert_eq!(read(&mut client, &seen).await, b"made upstream");
+    assert_eq!(mirror.present(), upstream.present());
+    mirror.server.shutdown();
+    upstream.server.shutdown();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn asynchronous_recording_stays_within_its_bounds_and_catches_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, _) = Side::open(&dir.path().join("upstream"), "origin", None);
+    let (updates_max, bytes_max) = (4, 1 << 20);
+    let mode = ProxyMode::Asynchronous { updates_max, bytes_max };
+    let (mirror, proxy) = Side::open(&dir.path().join("mirror"), "shop", Some((&upstream, mode)));
+    let proxy = proxy.unwrap();
+    let mut client = connect(mirror.address, "/shop").await;
+    let top = client.root_nfs_fh3();
+    let mut writes = 0;
+    let mut pending_max = 0;
+    for index in 0..8 {
+        let file = create(&mut client, &top, &format!("f{index}")).await;
+        for piece in 0..8u64 {
+            let data = vec![(index * 8 + piece) as u8; 96 << 10];
+            write(&mut client, &file, piece * (96 << 10), &data).await;
+            writes += 1;
+            let lag = proxy.status().lag.expect("an asynchronous proxy measures its lag");
+            assert!(lag.pending_bytes <= bytes_max, "{lag:?}");
+            pending_max = pending_max.max(lag.pending_updates);
+        }
+    }
+    // At most the queue's updates, and the one being recorded.
+    assert!(pending_max <= updates_max + 1, "{pending_max} updates behind");
+    proxy.drain();
+    let lag = proxy.status().lag.unwrap();
+    assert_eq!(lag.pending_updates, 0);
+    assert!(lag.recorded >= writes + 8, "{lag:?}");
+    assert!(lag.max >= lag.mean && !lag.max.is_zero(), "{lag:?}");
+    assert_eq!(mirror.present(), upstream.present(), "caught up");
+    println!("asynchronous lag: {lag:?}, at most {pending_max} updates behind");
+    mirror.server.shutdown();
+    upstream.server.shutdown();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_restart_takes_in_what_changed_upstream_meanwhile_and_keeps_handles() {
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, _) = Side::open(&dir.path().join("upstream"), "origin", None);
+    let mirror_dir = dir.path().join("mirror");
+    let (kept, stable_handle, before) = {
+        let (mirror, _proxy) = Side::open(&mirror_dir, "shop", Some((&upstream, ProxyMode::Synchronous)));
+        let mut client = connect(mirror.address, "/shop").await;
+        let top = client.root_nfs_fh3();
+        for text in ["kept.txt", "changed.txt", "gone.txt"] {
+            let file = create(&mut client, &top, text).await;
+            write(&mut client, &file, 0, text.as_bytes()).await;
+        }
+        let kept = lookup(&mut client, &top, "kept.txt").await;
+        mirror.server.shutdown();
+        (kept.clone(), kept, now())
+    };
+    // While the proxy is down, the upstream changes.
+    {
+        let origin = upstream.trees.by_name("origin", now()).unwrap();
+        let top = origin.tree.root().unwrap();
+        let changed = walk(&origin.tree, "changed.txt").unwrap();
+        origin.tree.write(changed.handle, 0, b"CHANGED while down", Stability::FileSync, &root(), now()).unwrap();
+        origin.tree.remove(top, b"gone.txt", false, &root(), now()).unwrap();
+        let (dir, _) = origin.tree.mkdir(top, b"new", &SetAttributes::default(), &root(), now()).unwrap();
+        origin.tree.link(changed.handle, dir.handle, b"linked", &root(), now()).unwrap();
+    }
+    let (mirror, proxy) = Side::open(&mirror_dir, "shop", Some((&upstream, ProxyMode::Synchronous)));
+    assert_eq!(mirror.present(), upstream.present(), "the start took the changes in");
+    assert_eq!(proxy.unwrap().status().resyncs, 1);
+    let old = mirror.at(before);
+    assert!(old.iter().any(|line| line.starts_with("/gone.txt")), "the past before the restart stays: {old:?}");
+    let mut client = connect(mirror.address, "/shop").await;
+    assert_eq!(read(&mut client, &stable_handle).await, b"kept.txt", "a handle lives across a restart");
+    let top = client.root_nfs_fh3();
+    assert_eq!(kept, lookup(&mut client, &top, "kept.txt").await);
+    mirror.server.shutdown();
+    upstream.server.shutdown();
+}
