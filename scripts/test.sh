@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test Rewind has, installing first what the tests need.
-# Real clients (nbdinfo, nbdcopy, qemu-img, qemu-io, fio, nbdfuse + ext4, libnfs's nfs-cp, nfs-ls and nfs-cat) are
-# installed, never skipped. Needs root (or sudo) for apt, loop devices and mounts.
+# Real clients (nbdinfo, nbdcopy, qemu-img, qemu-io, fio, nbdfuse + ext4, libnfs's nfs-cp, nfs-ls and nfs-cat) and
+# real servers (nfs-ganesha behind `rewind proxy`, MinIO) are installed, never skipped. Needs root for apt, loop
+# devices, mounts and nfs-ganesha (its VFS back end opens files by handle).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-packages=(nbdkit libnbd-bin python3-libnbd fio qemu-utils fuse3 e2fsprogs util-linux curl python3-pip libnfs-utils)
+packages=(nbdkit libnbd-bin python3-libnbd fio qemu-utils fuse3 e2fsprogs util-linux curl python3-pip libnfs-utils
+  nfs-ganesha nfs-ganesha-vfs rpcbind)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

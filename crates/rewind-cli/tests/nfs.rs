@@ -9,18 +9,7 @@ use std::fs;
 
 use common::{json, require, run, run_failing, Server};
 
-fn url(server: &Server, path: &str) -> String {
-    let port = server.nfs.port();
-    format!("nfs://127.0.0.1{path}?version=3&nfsport={port}&mountport={port}")
-}
-
-/// The names `nfs-ls` lists (its last column).
-fn names(listing: &str) -> Vec<String> {
-    let mut names: Vec<String> =
-        listing.lines().filter_map(|line| line.split_whitespace().last()).map(str::to_owned).collect();
-    names.sort();
-    names
-}
+use common::{nfs_names as names, nfs_url as url};
 
 #[test]
 fn files_go_in_and_come_back_now_and_as_they_were() {

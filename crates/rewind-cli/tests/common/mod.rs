@@ -43,7 +43,7 @@ impl Server {
     pub fn start_with(data_dir: &Path, options: &[&str]) -> Server {
         let mut command = Command::new(REWIND);
         command.env("RUST_LOG", "warn").stderr(Stdio::inherit());
-        Server::start_command(command, data_dir, options)
+        Server::start_command(command, &["serve"], data_dir, options)
     }
 
     /// Starts `rewind serve` with at most `open_files_max` file descriptors
@@ -52,14 +52,14 @@ impl Server {
         let mut command = Command::new("bash");
         command.args(["-c", r#"ulimit -n "$0" && exec "$@""#, &open_files_max.to_string(), REWIND]);
         command.env("RUST_LOG", "warn").stderr(Stdio::inherit());
-        Server::start_command(command, data_dir, options)
+        Server::start_command(command, &["serve"], data_dir, options)
     }
 
     /// Starts `rewind serve` with `options` and these environment variables.
     pub fn start_with_env(data_dir: &Path, options: &[&str], env: &[(&str, &str)]) -> Server {
         let mut command = Command::new(REWIND);
         command.env("RUST_LOG", "warn").envs(env.iter().copied()).stderr(Stdio::inherit());
-        Server::start_command(command, data_dir, options)
+        Server::start_command(command, &["serve"], data_dir, options)
     }
 
     /// Starts `rewind serve` logging at `info` into `log`, as an operator
@@ -67,7 +67,7 @@ impl Server {
     pub fn start_logging(data_dir: &Path, options: &[&str], log: &Path) -> Server {
         let mut command = Command::new(REWIND);
         command.env("RUST_LOG", "info").stderr(std::fs::File::create(log).expect("log file"));
-        Server::start_command(command, data_dir, options)
+        Server::start_command(command, &["serve"], data_dir, options)
     }
 
     /// Starts `rewind serve` through `sh -c "PREFIX; exec rewind serve …"`,
@@ -81,14 +81,23 @@ impl Server {
             .arg(REWIND)
             .env("RUST_LOG", "info")
             .stderr(std::fs::File::create(log).expect("log file"));
-        Server::start_command(command, data_dir, options)
+        Server::start_command(command, &["serve"], data_dir, options)
+    }
+
+    /// Starts `rewind proxy` with `options` (`--upstream …`), logging at
+    /// `info` into `log`.
+    pub fn start_proxy(data_dir: &Path, options: &[&str], log: &Path) -> Server {
+        let mut command = Command::new(REWIND);
+        command.env("RUST_LOG", "info").stderr(std::fs::File::create(log).expect("log file"));
+        Server::start_command(command, &["proxy"], data_dir, options)
     }
 
     /// Runs `command` (given its environment and standard error) with the
-    /// `serve` arguments, and waits for the addresses.
-    fn start_command(mut command: Command, data_dir: &Path, options: &[&str]) -> Server {
+    /// `serve` (or `proxy`) arguments, and waits for the addresses.
+    fn start_command(mut command: Command, subcommand: &[&str], data_dir: &Path, options: &[&str]) -> Server {
         let mut child = command
-            .args(["serve", "--nbd", "127.0.0.1:0", "--http", "127.0.0.1:0", "--nfs", "127.0.0.1:0", "--data-dir"])
+            .args(subcommand)
+            .args(["--nbd", "127.0.0.1:0", "--http", "127.0.0.1:0", "--nfs", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(options)
             .stdout(Stdio::piped())
@@ -193,6 +202,20 @@ impl Drop for Server {
             let _ = child.wait();
         }
     }
+}
+
+/// A libnfs URL of `path` on the server's NFS port (MOUNT on it too).
+pub fn nfs_url(server: &Server, path: &str) -> String {
+    let port = server.nfs.port();
+    format!("nfs://127.0.0.1{path}?version=3&nfsport={port}&mountport={port}")
+}
+
+/// The names `nfs-ls` lists (its last column), sorted.
+pub fn nfs_names(listing: &str) -> Vec<String> {
+    let mut names: Vec<String> =
+        listing.lines().filter_map(|line| line.split_whitespace().last()).map(str::to_owned).collect();
+    names.sort();
+    names
 }
 
 pub fn describe(output: &Output) -> String {
