@@ -137,6 +137,15 @@ struct Side {
 
 impl Side {
     fn open(dir: &Path, name: &'static str, proxy: Option<(&Side, ProxyMode)>) -> (Side, Option<Arc<Proxy>>) {
+        Side::open_with(dir, name, proxy, NfsConfig::default())
+    }
+
+    fn open_with(
+        dir: &Path,
+        name: &'static str,
+        proxy: Option<(&Side, ProxyMode)>,
+        config: NfsConfig,
+    ) -> (Side, Option<Arc<Proxy>>) {
         let node = Arc::new(Node::open(Arc::new(OsStorage::new(dir).unwrap()), NodeConfig::default()).unwrap());
         if node.volume(name).is_err() {
             node.create_volume(VolumeSpec::tree(VolumeName::new(name).unwrap()), now()).unwrap();
@@ -148,7 +157,7 @@ impl Side {
             let config = ProxyConfig { upstream: address, export: None, mode };
             Proxy::start(trees.by_name(name, now()).unwrap(), config).unwrap()
         });
-        let server = NfsServer::new(Arc::clone(&trees), proxy.as_slice(), NfsConfig::default());
+        let server = NfsServer::new(Arc::clone(&trees), proxy.as_slice(), config);
         let address = server.serve_tcp("127.0.0.1:0").unwrap();
         (Side { trees, server, address, name }, proxy)
     }
@@ -332,6 +341,26 @@ async fn a_restart_takes_in_what_changed_upstream_meanwhile_and_keeps_handles() 
     assert_eq!(read(&mut client, &stable_handle).await, b"kept.txt", "a handle lives across a restart");
     let top = client.root_nfs_fh3();
     assert_eq!(kept, lookup(&mut client, &top, "kept.txt").await);
+    mirror.server.shutdown();
+    upstream.server.shutdown();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_connection_the_upstream_closed_while_idle_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let idle = NfsConfig { idle_timeout: std::time::Duration::from_millis(50), ..NfsConfig::default() };
+    let (upstream, _) = Side::open_with(&dir.path().join("upstream"), "origin", None, idle);
+    let (mirror, _proxy) = Side::open(&dir.path().join("mirror"), "shop", Some((&upstream, ProxyMode::Synchronous)));
+    let mut client = connect(mirror.address, "/shop").await;
+    let top = client.root_nfs_fh3();
+    let file = create(&mut client, &top, "a.txt").await;
+    // The upstream closes the proxy's kept connection once it is idle.
+    while upstream.server.connection_count() > 0 {
+        tokio::task::yield_now().await;
+    }
+    write(&mut client, &file, 0, b"after the upstream closed").await;
+    assert_eq!(read(&mut client, &file).await, b"after the upstream closed");
+    assert_eq!(mirror.present(), upstream.present());
     mirror.server.shutdown();
     upstream.server.shutdown();
 }

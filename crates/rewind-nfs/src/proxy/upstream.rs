@@ -164,6 +164,11 @@ impl Connection {
     }
 }
 
+/// Whether an error is the peer having closed the connection.
+fn closed_meanwhile(error: &io::Error) -> bool {
+    matches!(error.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset)
+}
+
 /// Reads one record, appending it to `record`: like `rpc::read_record`,
 /// bounded the same way.
 fn read_record_after(stream: &mut impl io::Read, record: &mut Vec<u8>) -> io::Result<()> {
@@ -196,14 +201,23 @@ impl Pool {
         Pool { address, idle: Mutex::new(Vec::new()) }
     }
 
-    /// Runs `work` on a connection; one that failed is not reused.
-    pub fn with<T>(&self, work: impl FnOnce(&mut Connection) -> Result<T, UpstreamError>) -> Result<T, UpstreamError> {
+    /// Runs `work` on a connection; one that failed is not reused. A kept
+    /// connection the upstream has closed meanwhile (servers close idle
+    /// ones) is replaced and the work tried once more on a new one.
+    pub fn with<T>(
+        &self,
+        mut work: impl FnMut(&mut Connection) -> Result<T, UpstreamError>,
+    ) -> Result<T, UpstreamError> {
         let idle = self.idle.lock().pop();
-        let mut connection = match idle {
-            Some(connection) => connection,
-            None => Connection::connect(self.address.nfs)?,
+        let (mut connection, reused) = match idle {
+            Some(connection) => (connection, true),
+            None => (Connection::connect(self.address.nfs)?, false),
         };
-        let result = work(&mut connection);
+        let mut result = work(&mut connection);
+        if reused && matches!(&result, Err(UpstreamError::Io(error)) if closed_meanwhile(error)) {
+            connection = Connection::connect(self.address.nfs)?;
+            result = work(&mut connection);
+        }
         if !matches!(result, Err(UpstreamError::Io(_))) {
             self.idle.lock().push(connection);
         }
