@@ -568,9 +568,10 @@ pub struct ProxyArgs {
     /// The upstream's MOUNT port [default: what its portmapper says, else its NFS port].
     #[arg(long, value_name = "PORT")]
     upstream_mount_port: Option<u16>,
-    /// Answer each update once the upstream has applied it and record it behind, in order (UCDP-A:
-    /// nearly no overhead; a crash loses the steps still queued, never the upstream's data — the
-    /// next start records the state they led to).
+    /// Answer each update once the upstream has applied it and record it behind, in order, durable
+    /// with the journal's next flush (UCDP-A; without it, each update is in history before its client
+    /// hears back). A crash loses the steps still queued or unflushed, never the upstream's data: the
+    /// next start records the state they led to.
     #[arg(long = "async")]
     asynchronous: bool,
     /// Updates the asynchronous queue holds before clients wait for it.

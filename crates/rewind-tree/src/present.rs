@@ -23,6 +23,7 @@
 //!   drop is read again from the volume.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -161,6 +162,10 @@ impl Txn {
 pub struct Tree {
     volume: Arc<Volume>,
     state: Mutex<State>,
+    /// A mirror's: what NFS wants durable before it returns (metadata,
+    /// stable writes) reaches the disk with the journal's next flush,
+    /// because the upstream server holds it durably already.
+    lazy: AtomicBool,
 }
 
 impl Store for Tree {
@@ -242,7 +247,13 @@ impl Tree {
             allocate_from: ROOT_INODE + 1,
             changed_at: volume.timestamp_last(),
         };
-        Tree { volume, state: Mutex::new(state) }
+        Tree { volume, state: Mutex::new(state), lazy: AtomicBool::new(false) }
+    }
+
+    /// Makes the tree a mirror's (see `lazy`): its changes are durable at
+    /// the journal's next flush, not before they return.
+    pub fn record_lazily(&self) {
+        self.lazy.store(true, Ordering::Relaxed);
     }
 
     pub fn volume(&self) -> &Arc<Volume> {
@@ -394,6 +405,7 @@ impl Tree {
 
     /// Commits the transaction as one compound write, then updates the caches.
     fn commit(&self, state: &mut State, txn: Txn, now: Timestamp, durability: Durability) -> Result<(), TreeError> {
+        let durability = if self.lazy.load(Ordering::Relaxed) { Durability::Buffered } else { durability };
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         for (block, bytes) in txn.blocks {
             assert_eq!(bytes.len(), TREE_BLOCK_BYTES);

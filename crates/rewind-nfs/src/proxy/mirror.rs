@@ -70,6 +70,11 @@ impl Proxy {
         author: &Caller,
     ) -> Result<Option<Handle>, Failure> {
         let tree = &self.tree.tree;
+        if self.recorder.is_some() && matches!(update, Update::Commit { .. }) {
+            // Recording asynchronously, the mirror's writes are durable
+            // with the journal's next flush (`Tree::record_lazily`).
+            return Ok(None);
+        }
         // What the upstream decided is not decided again: a SETATTR's guard
         // was the upstream's ctime, a create's mode was the upstream's.
         let owned_by = |fattr: &Fattr, attributes: &SetAttributes| SetAttributes {

@@ -60,9 +60,13 @@
 //!
 //! # Asynchronous mode (UCDP-A)
 //!
-//! With [`ProxyMode::Asynchronous`], an update is answered as soon as the
-//! upstream has applied it and queued for the recorder (`recorder.rs`);
-//! the queue is bounded in updates and bytes, so the lag is too.
+//! Synchronously (UCDP-O), an update is in history, as durably as the
+//! client asked of the upstream (metadata at once, data at COMMIT or when
+//! written stable), before the client hears back. With
+//! [`ProxyMode::Asynchronous`] (UCDP-A), an update is answered as soon as
+//! the upstream has applied it and queued for the recorder (`recorder.rs`),
+//! whose records reach the disk with the journal's next flush; the queue is
+//! bounded in updates and bytes, so the lag is too.
 
 mod mirror;
 mod recorder;
@@ -74,7 +78,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use nfs3_types::nfs3::nfsstat3;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use rewind_tree::{Caller, Handle, Mirror, MirrorStatus, OpenTree, TreeError, ROOT_INODE};
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
@@ -154,6 +158,15 @@ impl Mirror for Proxy {
     }
 }
 
+/// Locks striping the order of one file's data updates.
+const FILE_STRIPES: usize = 64;
+
+/// The order an update holds from its forward to its record.
+enum Turn<'a> {
+    File { _order: RwLockReadGuard<'a, ()>, _file: MutexGuard<'a, ()> },
+    Namespace { _order: RwLockWriteGuard<'a, ()> },
+}
+
 /// One proxied tree.
 pub struct Proxy {
     tree: Arc<OpenTree>,
@@ -161,8 +174,11 @@ pub struct Proxy {
     export_root: Vec<u8>,
     handles: Mutex<HandleMap>,
     /// Held from an update's forward to its record (or queueing), so the
-    /// mirror applies updates in the upstream's order.
-    order: Mutex<()>,
+    /// mirror applies updates in the upstream's order: shared by updates
+    /// of one file's data (with the file's stripe of `files`), exclusive for
+    /// namespace changes and comparisons.
+    order: RwLock<()>,
+    files: Vec<Mutex<()>>,
     recorder: Option<recorder::Recorder>,
     /// An update went unrecorded: compare with the upstream before the next.
     diverged: AtomicBool,
@@ -202,16 +218,20 @@ impl Proxy {
             pool,
             export_root,
             handles: Mutex::new(HandleMap::default()),
-            order: Mutex::new(()),
+            order: RwLock::new(()),
+            files: (0..FILE_STRIPES).map(|_| Mutex::new(())).collect(),
             diverged: AtomicBool::new(false),
             stats: Mutex::new(stats),
         });
+        if proxy.recorder.is_some() {
+            proxy.tree.tree.record_lazily();
+        }
         let mirror: Weak<dyn Mirror> = Arc::downgrade(&proxy) as Weak<dyn Mirror>;
         if !proxy.tree.set_mirror(mirror) {
             return Err(ProxyError::Setup(format!("{} is proxied already", proxy.tree.name)));
         }
         let report = {
-            let _order = proxy.order.lock();
+            let _order = proxy.order.write();
             proxy.resync()?
         };
         info!(tree = %proxy.tree.name, upstream = %proxy.stats.lock().upstream, %report, "mirror in step with the upstream");
@@ -350,7 +370,7 @@ impl Proxy {
 
     /// Brings one directory of the mirror in step with the upstream's.
     fn adopt(&self, dir: Handle, dir_fh: &[u8]) -> Result<(), Failure> {
-        let _order = self.order.lock();
+        let _order = self.order.write();
         self.drain();
         self.resync_directory(dir, dir_fh, false, &mut mirror::Resync::default()).map_err(|error| {
             warn!(%error, "the mirror could not take in what the upstream has");
@@ -368,14 +388,25 @@ impl Proxy {
         caller: &Caller,
         out: &mut Vec<u8>,
     ) -> Result<(), Failure> {
-        let order = self.order.lock();
-        if self.diverged.swap(false, Ordering::AcqRel) {
-            self.drain();
-            if let Err(error) = self.resync() {
-                self.diverged.store(true, Ordering::Release);
-                warn!(%error, "the mirror is still out of step with the upstream");
+        if self.diverged.load(Ordering::Acquire) {
+            let _order = self.order.write();
+            if self.diverged.swap(false, Ordering::AcqRel) {
+                self.drain();
+                if let Err(error) = self.resync() {
+                    self.diverged.store(true, Ordering::Release);
+                    warn!(%error, "the mirror is still out of step with the upstream");
+                }
             }
         }
+        // Updates of different files' data commute; everything else is
+        // ordered against everything.
+        let turn = match &update {
+            Update::Write { .. } | Update::SetAttr { .. } | Update::Commit { .. } => {
+                let stripe = &self.files[(targets[0].mirror.ino % FILE_STRIPES as u64) as usize];
+                Turn::File { _order: self.order.read(), _file: stripe.lock() }
+            }
+            _ => Turn::Namespace { _order: self.order.write() },
+        };
         self.exchange(record, at, targets, out)?;
         let applied = upstream::results(&out[4..]).ok().and_then(|mut reader| reader.u32().ok()) == Some(0);
         if !applied {
@@ -393,7 +424,7 @@ impl Proxy {
                 let creates = made.is_some();
                 let made_owned = made.as_ref().map(|(fh, fattr, _)| (fh.clone(), fattr.clone()));
                 let ticket = recorder.submit(update.into_owned(), made_owned, author);
-                drop(order);
+                drop(turn);
                 if creates {
                     recorder.wait(ticket)
                 } else {

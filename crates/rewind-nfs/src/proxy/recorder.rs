@@ -13,12 +13,14 @@
 //!
 //! # What a crash loses
 //!
-//! The queue is memory: if the proxy dies, the updates in it (at most the
-//! bounds above) are not in history as steps of their own. The upstream
-//! has them, and the next start compares the mirror with it, so the state
-//! they led to is recorded then, as one point in time. Nothing the upstream
-//! holds is lost; the points in time between the last recorded update and
-//! the restart are.
+//! The queue is memory, and what the recorder wrote reaches the disk with
+//! the journal's next flush (the volume's commit interval), not before the
+//! client is answered: if the proxy dies, the updates queued and those
+//! recorded since the last flush are not in history as steps of their own.
+//! The upstream has them, and the next start compares the mirror with it,
+//! so the state they led to is recorded then, as one point in time. Nothing
+//! the upstream holds is lost; the points in time between the last flushed
+//! record and the restart are.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};

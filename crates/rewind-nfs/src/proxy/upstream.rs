@@ -39,6 +39,11 @@ pub enum UpstreamError {
     Status(u32),
     #[error("upstream MOUNT of {path:?} failed with status {status}")]
     Mount { path: String, status: u32 },
+    #[error(
+        "the upstream's MOUNT service is not at {address} (RPC accept status {stat}): give its port with \
+         --upstream-mount-port (the portmapper did not say)"
+    )]
+    NoMount { address: SocketAddr, stat: u32 },
 }
 
 impl From<Garbage> for UpstreamError {
@@ -228,10 +233,20 @@ impl Pool {
         self.with(|connection| connection.call(NFS_PROGRAM, 3, procedure, arguments))
     }
 
+    /// One call to the upstream's MOUNT service.
+    fn mount_call(&self, procedure: u32, arguments: &[u8]) -> Result<Vec<u8>, UpstreamError> {
+        let mut connection = Connection::connect(self.address.mount)?;
+        let reply = connection.call(MOUNT_PROGRAM, 3, procedure, arguments)?;
+        match results(&reply) {
+            Err(UpstreamError::Refused(stat)) => Err(UpstreamError::NoMount { address: self.address.mount, stat }),
+            Err(error) => Err(error),
+            Ok(_) => Ok(reply),
+        }
+    }
+
     /// MOUNT `path`: the export's root handle.
     pub fn mount(&self, path: &str) -> Result<Vec<u8>, UpstreamError> {
-        let mut connection = Connection::connect(self.address.mount)?;
-        let reply = connection.call(MOUNT_PROGRAM, 3, 1, &opaque(path.as_bytes()))?;
+        let reply = self.mount_call(1, &opaque(path.as_bytes()))?;
         let mut reader = results(&reply)?;
         match reader.u32()? {
             0 => Ok(args::handle(&mut reader)?.to_vec()),
@@ -241,8 +256,7 @@ impl Pool {
 
     /// MOUNT's EXPORT: the paths the upstream exports.
     pub fn exports(&self) -> Result<Vec<String>, UpstreamError> {
-        let mut connection = Connection::connect(self.address.mount)?;
-        let reply = connection.call(MOUNT_PROGRAM, 3, 5, &[])?;
+        let reply = self.mount_call(5, &[])?;
         let mut reader = results(&reply)?;
         let mut exports = Vec::new();
         while reader.bool()? {
