@@ -7,7 +7,8 @@
 //! weight within its group, as the UCDP paper's runs at 12–96% updates did.
 //!
 //! Prints one JSON object: operations, operations per second, mean and p99
-//! latency, and the share of updates actually issued.
+//! latency, the share of updates actually issued, and the bytes written
+//! (working sets included).
 
 use std::time::{Duration, Instant};
 
@@ -209,7 +210,8 @@ async fn working_set(
     Ok(set)
 }
 
-/// Runs the mix until `deadline`: latencies in microseconds, and how many were updates.
+/// Runs the mix until `deadline`: latencies in microseconds, how many were
+/// updates, and the bytes written.
 async fn run(
     client: &mut Connection,
     set: &mut WorkingSet,
@@ -217,8 +219,8 @@ async fn run(
     deadline: Instant,
     index: usize,
     rng: &mut StdRng,
-) -> Result<(Vec<u32>, u64)> {
-    let (mut latencies, mut updates, mut made) = (Vec::new(), 0, 0u64);
+) -> Result<(Vec<u32>, u64, u64)> {
+    let (mut latencies, mut updates, mut made, mut written) = (Vec::new(), 0, 0u64, 0u64);
     let data = vec![0x5a_u8; IO_BYTES];
     let total = mix.last().expect("a mix").1;
     while Instant::now() < deadline {
@@ -265,7 +267,10 @@ async fn run(
                 ok(client.access(&args).await?, "ACCESS")?
             }
             Op::Fsstat => ok(client.fsstat(&FSSTAT3args { fsroot: set.dirs[0].clone() }).await?, "FSSTAT")?,
-            Op::Write => write(client, file, offset, &data, stable_how::UNSTABLE).await?,
+            Op::Write => {
+                write(client, file, offset, &data, stable_how::UNSTABLE).await?;
+                written += IO_BYTES as u64;
+            }
             Op::Commit => ok(client.commit(&COMMIT3args { file: file.clone(), offset: 0, count: 0 }).await?, "COMMIT")?,
             Op::Setattr => {
                 let mode = if rng.random::<bool>() { 0o644 } else { 0o640 };
@@ -288,6 +293,7 @@ async fn run(
                     made += 1;
                     let handle = make(client, &set.dirs[dir], &text).await?;
                     write(client, &handle, 0, &data, stable_how::UNSTABLE).await?;
+                    written += IO_BYTES as u64;
                     set.made.push((dir, text));
                 }
             },
@@ -295,7 +301,7 @@ async fn run(
         latencies.push(started.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
         updates += u64::from(is_update(op));
     }
-    Ok((latencies, updates))
+    Ok((latencies, updates, written))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -327,10 +333,13 @@ async fn main() -> Result<()> {
         })
         .collect();
     let (mut latencies, mut updates) = (Vec::new(), 0);
+    // The working sets, then what the run wrote.
+    let mut written = (args.clients * args.files) as u64 * FILE_BYTES;
     for task in tasks {
-        let (mine, mine_updates) = task.await??;
+        let (mine, mine_updates, mine_written) = task.await??;
         latencies.extend(mine);
         updates += mine_updates;
+        written += mine_written;
     }
     let seconds = started.elapsed().as_secs_f64();
     latencies.sort_unstable();
@@ -347,6 +356,7 @@ async fn main() -> Result<()> {
             "mean_us": mean,
             "p99_us": p99,
             "updates_share": updates as f64 / ops as f64,
+            "bytes_written": written,
         })
     );
     Ok(())
