@@ -381,6 +381,16 @@ enum TreeCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Resolve a point in time to the read-only NFS export and `.rewind` directory that show the
+    /// tree as it was then: `rewind tree view home -2h`.
+    View {
+        tree: String,
+        /// When (see TIME below).
+        #[arg(allow_hyphen_values = true)]
+        time: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// How a tree kept by `rewind proxy` follows its upstream NFS server: updates forwarded and
     /// recorded, and with --async how far behind it is.
     Mirror {
@@ -819,6 +829,14 @@ fn tree(backend: &dyn Backend, command: TreeCommand) -> Result<()> {
                     version.client_uid
                 );
             }
+            Ok(())
+        }
+        TreeCommand::View { tree, time, json } => {
+            let view = backend.resolve_view(&tree, &time)?;
+            if json {
+                return output::json(&view);
+            }
+            output::tree_view(&view);
             Ok(())
         }
         TreeCommand::Mirror { tree, json } => {

@@ -359,6 +359,19 @@ pub fn view(view: &ViewInfo, nbd_address: Option<&String>) {
     println!("  qemu-img convert -f raw -O qcow2 nbd://{address}/{} restored.qcow2", view.export);
 }
 
+/// Where a tree's past is over NFS (`rewind tree view`): the exact point,
+/// whichever way it was named, so the path stays the same moment.
+pub fn tree_view(view: &ViewInfo) {
+    let (tree, at) = (&view.volume, view.at_unix_nanos);
+    println!("{tree} as of {}", view.at);
+    println!("export  /{tree}@{at}   (read-only)");
+    println!("path    /{tree}/.rewind/{at}/");
+    println!();
+    println!("for example (NFS on the server's --nfs port, 2049 unless told):");
+    println!("  nfs-ls 'nfs://127.0.0.1/{tree}/.rewind/{at}/?version=3&nfsport=2049&mountport=2049'");
+    println!("  rewind tree restore {tree}@{at} --to ./restored --progress");
+}
+
 /// What changed between two points (`rewind diff`).
 pub fn changes(changes: &Changes) {
     let to = if changes.to_present { format!("now ({})", changes.to) } else { changes.to.clone() };

@@ -64,6 +64,14 @@ fn files_go_in_and_come_back_now_and_as_they_were() {
         assert_eq!(run("nfs-cat", &[&url(&server, &format!("{past}/notes.txt"))]), "first draft\n", "{past}");
     }
     assert_eq!(names(&run("nfs-ls", &[&url(&server, "/home/.rewind")])), ["before-cleanup"]);
+    // `tree view` names the exact point, whichever way it was asked for.
+    let view = json(&server.rewind(&["tree", "view", "home", "before-cleanup", "--json"]));
+    let exact = view["at_unix_nanos"].as_u64().unwrap().to_string();
+    for past in [format!("/home/.rewind/{exact}"), format!("/home@{exact}")] {
+        assert_eq!(names(&run("nfs-ls", &[&url(&server, &past)])), ["big.bin", "notes.txt"], "{past}");
+    }
+    let shown = server.rewind(&["tree", "view", "home", "before-cleanup"]);
+    assert!(shown.contains(&format!("path    /home/.rewind/{exact}/")), "{shown}");
     assert!(!run("nfs-ls", &[&url(&server, "/home")]).contains(".rewind"));
     // Read-only: a copy into the past is refused by the server.
     let refused = run_failing(

@@ -162,10 +162,14 @@ fn the_proxy_keeps_every_change_of_an_unmodified_nfs_ganesha() {
     server.rewind(&["bookmark", "shop", "before"]);
     fs::write(dir.path().join("later.txt"), "later\n").unwrap();
     run("nfs-cp", &[dir.path().join("later.txt").to_str().unwrap(), &nfs_url(&server, "/shop/d/later.txt")]);
-    // A change made on the upstream behind the proxy's back is taken in
-    // when a client meets it.
+    // A name made on the upstream behind the proxy's back is taken in when
+    // a client meets it; a change to a file it knows, at its next start.
+    fs::write(export.join("behind.txt"), "made upstream\n").unwrap();
+    assert_eq!(run("nfs-cat", &[&nfs_url(&server, "/shop/behind.txt")]), "made upstream\n");
+    let taken = json(&server.rewind(&["tree", "history", "shop", "behind.txt", "--json"]));
+    assert!(taken["versions"][0]["client"].as_str().unwrap().ends_with(&format!(":{}", ganesha.nfs_port)), "{taken}");
     fs::write(export.join("pre.txt"), "changed upstream\n").unwrap();
-    assert_eq!(run("nfs-cat", &[&nfs_url(&server, "/shop/pre.txt")]), "changed upstream\n");
+    assert_eq!(run("nfs-cat", &[&nfs_url(&server, "/shop/pre.txt")]), "changed upstream\n", "read through");
 
     // The past, beside the present.
     assert_eq!(run("nfs-cat", &[&nfs_url(&server, "/shop/.rewind/before/pre.txt")]), "there before\n");
@@ -183,6 +187,7 @@ fn the_proxy_keeps_every_change_of_an_unmodified_nfs_ganesha() {
     fs::write(export.join("d/while-down.txt"), "while down\n").unwrap();
     let server = ganesha.proxy(&data, &log, &[]);
     assert_eq!(nfs_names(&run("nfs-ls", &[&nfs_url(&server, "/shop/d")])), ["hard", "while-down.txt", "x.txt"]);
+    assert_eq!(run("nfs-cat", &[&nfs_url(&server, "/shop/.rewind/-0s/pre.txt")]), "changed upstream\n");
     server.rewind(&["bookmark", "shop", "after"]);
     let now = restored(&server, "after", &dir.path().join("now"));
     assert!(now == files(&export), "Rewind's present is the upstream's");

@@ -17,21 +17,32 @@ pub struct FileVersion {
 impl Tree {
     /// The versions of what `handle` names (this incarnation of its inode,
     /// not what the inode number held before), newest first, at most
-    /// `limit`. Each is shown by the view at its time; with a granularity,
-    /// a version is seen at the end of its window, so `at` is that end.
+    /// `limit`. With a granularity, a version is seen from the end of its
+    /// window on, so `at` is that end: for the newest version, in a window
+    /// still open, a time to come (its attributes are the present's).
     pub fn history(&self, handle: Handle, limit: usize) -> Result<Vec<FileVersion>, TreeError> {
-        let times = self.volume().version_times(inode_block(handle.ino), limit)?;
+        let volume = self.volume();
+        let times = volume.version_times(inode_block(handle.ino), limit)?;
+        let granularity = volume.granularity_nanos();
         let mut versions: Vec<FileVersion> = Vec::with_capacity(times.len());
         for time in times {
-            let view = TreeView::new(self.volume().view(time)?);
-            let inode = view.inode(handle.ino)?;
+            let seen_from = match granularity {
+                0 => time,
+                window => Timestamp::from_unix_nanos((time.unix_nanos() / window + 1).saturating_mul(window) - 1),
+            };
+            let (at, inode) = match seen_from > volume.timestamp_last() {
+                true => (seen_from, self.inode(handle.ino)?),
+                false => {
+                    let view = TreeView::new(volume.view(seen_from)?);
+                    (view.at(), view.inode(handle.ino)?)
+                }
+            };
             if inode.kind.is_none() || inode.generation != handle.generation {
                 // Before this file was made (its number was another's).
                 break;
             }
-            let version = FileVersion { at: view.at(), attributes: Attributes::of(&inode) };
-            if versions.last().is_none_or(|last| last.at != version.at) {
-                versions.push(version);
+            if versions.last().is_none_or(|last| last.at != at) {
+                versions.push(FileVersion { at, attributes: Attributes::of(&inode) });
             }
         }
         Ok(versions)

@@ -29,11 +29,22 @@ pub(super) struct Resync {
     seen: FxHashMap<u64, Handle>,
     /// Mirror inode → the upstream file id it stands for.
     claimed: FxHashMap<u64, u64>,
+    /// Files the proxy has recorded all along (mapped to the upstream's
+    /// handle they have) are taken as they are, not read and compared:
+    /// for taking in a name met while running, not at a start.
+    trust_mapped: bool,
     pub made: u64,
     pub removed: u64,
     pub rewritten_bytes: u64,
     pub compared_bytes: u64,
     pub attributes: u64,
+}
+
+impl Resync {
+    /// For taking in names met while running (see `trust_mapped`).
+    pub(super) fn trusting_mapped() -> Resync {
+        Resync { trust_mapped: true, ..Resync::default() }
+    }
 }
 
 impl fmt::Display for Resync {
@@ -193,6 +204,10 @@ impl Proxy {
             };
             let first_sight = run.seen.insert(fattr.fileid, handle).is_none();
             run.claimed.insert(handle.ino, fattr.fileid);
+            let known = self.handles.lock().mirror_of.get(entry_fh) == Some(&handle);
+            if known && run.trust_mapped {
+                continue;
+            }
             self.handles.lock().insert(handle, entry_fh);
             match fattr.kind {
                 FileKind::Regular if first_sight => self.compare_contents(handle, entry_fh, fattr.size, run)?,

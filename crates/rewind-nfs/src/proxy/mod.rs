@@ -344,7 +344,9 @@ impl Proxy {
         })?;
         let (dir, dir_fh) = (targets[0].mirror, &targets[0].upstream);
         let mut ours = self.mirror_handles(&found);
-        if ours.iter().any(Option::is_none) {
+        // A name the mirror does not know; not ".." of the export's root,
+        // which leads out of it (its handle is left out).
+        if ours.iter().zip(&found).any(|(ours, found)| ours.is_none() && !found.dots) {
             self.adopt(dir, dir_fh)?;
             ours = self.mirror_handles(&found);
         }
@@ -372,7 +374,8 @@ impl Proxy {
     fn adopt(&self, dir: Handle, dir_fh: &[u8]) -> Result<(), Failure> {
         let _order = self.order.write();
         self.drain();
-        self.resync_directory(dir, dir_fh, false, &mut mirror::Resync::default()).map_err(|error| {
+        let mut run = mirror::Resync::trusting_mapped();
+        self.resync_directory(dir, dir_fh, false, &mut run).map_err(|error| {
             warn!(%error, "the mirror could not take in what the upstream has");
             Failure::Status(nfsstat3::NFS3ERR_SERVERFAULT)
         })

@@ -15,6 +15,8 @@ pub struct Found {
     pub at: Range<usize>,
     pub optional: bool,
     pub fh: Vec<u8>,
+    /// "." or ".." of a listing (the latter may lead out of the export).
+    pub dots: bool,
     /// The object's attributes, when the reply has them.
     pub attributes: Option<Fattr>,
 }
@@ -33,7 +35,7 @@ pub fn handles_in(procedure: u32, reply: &[u8]) -> Result<Vec<Found>, Garbage> {
             let fh = upstream_handle(&mut reader)?.to_vec();
             let at = start..reader.position();
             let attributes = skip_post_op_attr(&mut reader)?;
-            found.push(Found { at, optional: false, fh, attributes });
+            found.push(Found { at, optional: false, fh, dots: false, attributes });
         }
         8..=11 => {
             if let Some(one) = optional_handle(&mut reader)? {
@@ -45,11 +47,11 @@ pub fn handles_in(procedure: u32, reply: &[u8]) -> Result<Vec<Found>, Garbage> {
             reader.fixed::<8>("cookie verifier")?;
             while reader.bool()? {
                 let _fileid = reader.u64()?;
-                reader.opaque(NAME_BYTES_MAX, "name")?;
+                let dots = matches!(reader.opaque(NAME_BYTES_MAX, "name")?, b"." | b"..");
                 let _cookie = reader.u64()?;
                 let attributes = skip_post_op_attr(&mut reader)?;
                 if let Some(one) = optional_handle(&mut reader)? {
-                    found.push(Found { attributes, ..one });
+                    found.push(Found { attributes, dots, ..one });
                 }
             }
         }
@@ -65,7 +67,7 @@ fn optional_handle(reader: &mut XdrReader<'_>) -> Result<Option<Found>, Garbage>
         return Ok(None);
     }
     let fh = upstream_handle(reader)?.to_vec();
-    Ok(Some(Found { at: start..reader.position(), optional: true, fh, attributes: None }))
+    Ok(Some(Found { at: start..reader.position(), optional: true, fh, dots: false, attributes: None }))
 }
 
 /// Replaces handles in `reply` (from `offset` on): each `Found` by our

@@ -1,0 +1,69 @@
+//! The volume's policies on a tree, with no code of the tree's own: a
+//! granularity keeps one version a window, a history delete takes a range
+//! of the past away and leaves the rest readable, and stats count a tree's
+//! operations and thinned versions as a volume's.
+
+use std::sync::Arc;
+
+use rewind_engine::{EngineError, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
+use rewind_io::{SimConfig, SimStorage};
+use rewind_tree::{walk, Caller, CreateHow, Namespace, SetAttributes, Stability, Tree, TreeError};
+
+const SECOND: u64 = 1_000_000_000;
+
+fn at(seconds_tenths: u64) -> Timestamp {
+    Timestamp::from_unix_nanos(1_000 * SECOND + seconds_tenths * SECOND / 10)
+}
+
+fn contents(namespace: &dyn Namespace, path: &str) -> Vec<u8> {
+    let found = walk(namespace, path).unwrap();
+    namespace.read(found.handle, 0, 1 << 20, &Caller::root([0; 16], 0)).unwrap().0
+}
+
+#[test]
+fn granularity_history_deletes_and_stats_apply_to_a_tree() {
+    let storage = SimStorage::new(SimConfig::default(), 5);
+    let node = Node::open(Arc::new(storage), NodeConfig::default()).unwrap();
+    let spec = VolumeSpec { granularity_nanos: SECOND, ..VolumeSpec::tree(VolumeName::new("t").unwrap()) };
+    let volume = node.create_volume(spec, at(0)).unwrap();
+    let tree = Tree::open(Arc::clone(&volume), at(1)).unwrap();
+    let caller = Caller::root([0; 16], 0);
+    let root = tree.root().unwrap();
+    let how = CreateHow::Guarded(SetAttributes::default());
+    let (file, _) = tree.create(root, b"a.txt", &how, &caller, at(10)).unwrap();
+    // Versions: 1.0 s to 1.4 s in one window of the granularity, then one a window.
+    let writes = [(11, "v1"), (12, "v2"), (14, "v3"), (25, "v4"), (35, "v5"), (45, "v6"), (65, "v7")];
+    for (tenths, text) in writes {
+        tree.write(file.handle, 0, text.as_bytes(), Stability::FileSync, &caller, at(tenths)).unwrap();
+    }
+    let history = tree.history(file.handle, 100).unwrap();
+    // One version a window of 1 s for the eight changes, each seen from its
+    // window's end (the newest window, still open at 6.5 s, is the present).
+    let ends: Vec<u64> = history.iter().map(|version| (version.at.unix_nanos() + 1) / SECOND - 1_000).collect();
+    assert_eq!(ends, [7, 5, 4, 3, 2], "{history:?}");
+    let mtimes: Vec<i64> = history.iter().map(|version| version.attributes.mtime.unix_nanos() as i64).collect();
+    assert_eq!(mtimes, [65, 45, 35, 25, 14].map(|tenths| at(tenths).unix_nanos() as i64), "each window's last change");
+
+    // A history delete from 3.1 s to 5.5 s: the times in it are gone, the
+    // others read as they were (a view sees the end of the window before
+    // its time), and so does the present.
+    let view = |tenths: u64| tree.view(at(tenths));
+    assert_eq!(contents(&view(30).unwrap(), "a.txt"), b"v4");
+    assert_eq!(contents(&view(60).unwrap(), "a.txt"), b"v6");
+    volume.delete_history(at(31), at(55), at(70)).unwrap();
+    // At 4.5 s and 5.2 s a view would see the windows ending at 4 s and 5 s,
+    // inside the range.
+    for tenths in [45, 52] {
+        match view(tenths) {
+            Err(TreeError::Engine(EngineError::HistoryDeleted { .. })) => {}
+            other => panic!("a view at {tenths} tenths should be deleted history, not {:?}", other.map(|_| ())),
+        }
+    }
+    assert_eq!(contents(&view(30).unwrap(), "a.txt"), b"v4", "before the range");
+    assert_eq!(contents(&view(60).unwrap(), "a.txt"), b"v6", "after it");
+    assert_eq!(contents(&tree, "a.txt"), b"v7", "the present");
+
+    let stats = volume.stats().unwrap();
+    assert_eq!(stats.writes, 9, "the create, the root's format and seven writes, one compound write each: {stats:?}");
+    assert!(stats.versions_thinned > 0, "the granularity thinned: {stats:?}");
+}
