@@ -1,7 +1,8 @@
-//! The volume's policies on a tree, with no code of the tree's own: a
-//! granularity keeps one version a window, a history delete takes a range
-//! of the past away and leaves the rest readable, and stats count a tree's
-//! operations and thinned versions as a volume's.
+//! The volume's policies and operations on a tree, with no code of the
+//! tree's own: a granularity keeps one version a window, a history delete
+//! takes a range of the past away and leaves the rest readable, stats count
+//! a tree's operations and thinned versions as a volume's, and a clone of a
+//! tree's volume is the tree as it was, writable on its own.
 
 use std::sync::Arc;
 
@@ -66,4 +67,31 @@ fn granularity_history_deletes_and_stats_apply_to_a_tree() {
     let stats = volume.stats().unwrap();
     assert_eq!(stats.writes, 9, "the create, the root's format and seven writes, one compound write each: {stats:?}");
     assert!(stats.versions_thinned > 0, "the granularity thinned: {stats:?}");
+}
+
+#[test]
+fn a_clone_of_a_tree_is_the_tree_as_it_was_and_goes_its_own_way() {
+    let storage = SimStorage::new(SimConfig::default(), 6);
+    let node = Node::open(Arc::new(storage), NodeConfig::default()).unwrap();
+    let volume = node.create_volume(VolumeSpec::tree(VolumeName::new("t").unwrap()), at(0)).unwrap();
+    let tree = Tree::open(volume, at(1)).unwrap();
+    let caller = Caller::root([0; 16], 0);
+    let root = tree.root().unwrap();
+    let how = CreateHow::Guarded(SetAttributes::default());
+    let (file, _) = tree.create(root, b"a.txt", &how, &caller, at(10)).unwrap();
+    tree.write(file.handle, 0, b"then", Stability::FileSync, &caller, at(11)).unwrap();
+    tree.write(file.handle, 0, b"later", Stability::FileSync, &caller, at(20)).unwrap();
+    tree.create(root, b"b.txt", &how, &caller, at(21)).unwrap();
+
+    // A clone at 1.5 s: immediate, and a tree of its own.
+    let cloned = node.clone_volume("t", Some(at(15)), VolumeName::new("c").unwrap(), at(30)).unwrap();
+    let clone = Tree::open(cloned, at(31)).unwrap();
+    assert_eq!(contents(&clone, "a.txt"), b"then");
+    assert!(walk(&clone, "b.txt").is_err(), "made after the clone's point");
+    let in_clone = walk(&clone, "a.txt").unwrap();
+    clone.write(in_clone.handle, 0, b"CLONE", Stability::FileSync, &caller, at(40)).unwrap();
+    tree.write(file.handle, 0, b"source", Stability::FileSync, &caller, at(41)).unwrap();
+    assert_eq!(contents(&clone, "a.txt"), b"CLONE");
+    assert_eq!(contents(&tree, "a.txt"), b"source");
+    assert_eq!(contents(&clone.view(at(35)).unwrap(), "a.txt"), b"then", "the clone's own past");
 }
