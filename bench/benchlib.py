@@ -270,3 +270,45 @@ def tear_down(servers, minio, work):
     minio.terminate()
     minio.wait()
     shutil.rmtree(work, ignore_errors=True)
+
+
+GANESHA_CONFIG = """
+NFS_CORE_PARAM {{
+    Bind_addr = 127.0.0.1;
+    NFS_Port = {nfs}; MNT_Port = {mount}; NLM_Port = {nlm}; Rquota_Port = {rquota};
+    Protocols = 3; Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false;
+}}
+NFSV4 {{ Graceless = true; }}
+EXPORT {{
+    Export_Id = 1; Path = {path}; Pseudo = {path}; Access_Type = RW; Squash = No_Root_Squash;
+    Protocols = 3; Transports = TCP;
+    FSAL {{ Name = VFS; }}
+}}
+LOG {{ Default_Log_Level = EVENT; }}
+"""
+
+
+def start_ganesha(work, nfs, mount):
+    """nfs-ganesha (VFS FSAL) exporting a fresh `work`/export on 127.0.0.1,
+    NFS and MOUNT at the given ports (its other services on the two after
+    MOUNT's): (process, export directory). Needs root and rpcbind."""
+    shutil.rmtree(work, ignore_errors=True)
+    export = Path(work) / "export"
+    export.mkdir(parents=True)
+    config = Path(work) / "ganesha.conf"
+    config.write_text(GANESHA_CONFIG.format(nfs=nfs, mount=mount, nlm=mount + 1, rquota=mount + 2, path=export))
+    if subprocess.run(["pgrep", "-x", "rpcbind"], capture_output=True).returncode != 0:
+        subprocess.run(["rpcbind", "-w"], check=True)
+    ganesha = subprocess.Popen(
+        ["ganesha.nfsd", "-F", "-f", str(config), "-L", str(Path(work) / "ganesha.log"),
+         "-p", str(Path(work) / "ganesha.pid")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    wait_port(nfs)
+    wait_port(mount)
+    return ganesha, export
+
+
+def stop_ganesha(ganesha):
+    ganesha.terminate()
+    ganesha.wait(timeout=120)

@@ -28,7 +28,8 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from benchlib import ROOT, REWIND, Process, api, environment, fio, publish, remember_token, spread, start_server, wait_port
+from benchlib import (ROOT, REWIND, Process, api, environment, fio, publish, remember_token, spread, start_ganesha,
+                      start_server, stop_ganesha)
 
 NFS_MIX = ROOT / "target" / "release" / "nfs-mix"
 WORK = Path("/var/tmp/rewind-bench-nfs-mix")
@@ -38,46 +39,11 @@ MIXES = (12, 36, 60, 96)
 CONFIGS = ("ganesha", "rewind", "proxy", "proxy-async")
 TICKS = os.sysconf("SC_CLK_TCK")
 
-GANESHA_CONFIG = """
-NFS_CORE_PARAM {{
-    Bind_addr = 127.0.0.1;
-    NFS_Port = {nfs}; MNT_Port = {mount}; NLM_Port = 20503; Rquota_Port = 20504;
-    Protocols = 3; Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false;
-}}
-NFSV4 {{ Graceless = true; }}
-EXPORT {{
-    Export_Id = 1; Path = {path}; Pseudo = {path}; Access_Type = RW; Squash = No_Root_Squash;
-    Protocols = 3; Transports = TCP;
-    FSAL {{ Name = VFS; }}
-}}
-LOG {{ Default_Log_Level = EVENT; }}
-"""
 
 
 def cpu_seconds(pid):
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def start_ganesha(work):
-    export = work / "export"
-    export.mkdir(parents=True)
-    config = work / "ganesha.conf"
-    config.write_text(GANESHA_CONFIG.format(nfs=GANESHA_NFS, mount=GANESHA_MOUNT, path=export))
-    if subprocess.run(["pgrep", "-x", "rpcbind"], capture_output=True).returncode != 0:
-        subprocess.run(["rpcbind", "-w"], check=True)
-    ganesha = subprocess.Popen(
-        ["ganesha.nfsd", "-F", "-f", str(config), "-L", str(work / "ganesha.log"), "-p", str(work / "ganesha.pid")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    wait_port(GANESHA_NFS)
-    wait_port(GANESHA_MOUNT)
-    return ganesha, export
-
-
-def stop(process):
-    process.terminate()
-    process.wait(timeout=120)
 
 
 def du(path):
@@ -91,7 +57,7 @@ def run_config(config, args):
     work.mkdir(parents=True)
     servers, ganesha, data = [], None, None
     if config != "rewind":
-        ganesha, export = start_ganesha(work / "ganesha")
+        ganesha, export = start_ganesha(work / "ganesha", GANESHA_NFS, GANESHA_MOUNT)
         servers.append(("ganesha", ganesha.pid))
     if config == "ganesha":
         target = (GANESHA_NFS, GANESHA_MOUNT, str(export))
@@ -132,7 +98,7 @@ def run_config(config, args):
         if config != "ganesha":
             server.stop()
         if ganesha:
-            stop(ganesha)
+            stop_ganesha(ganesha)
     return results, (du(data) if data else None), written
 
 

@@ -21,30 +21,16 @@ import json
 import shutil
 import statistics
 import subprocess
-import time
 from pathlib import Path
 
-from benchlib import ROOT, api, environment, fio, publish, remember_token, spread, start_server, throughput, wait_port
+from benchlib import (ROOT, api, environment, fio, publish, remember_token, spread, start_ganesha, start_server,
+                      stop_ganesha, throughput)
 
 TREE_BENCH = ROOT / "target" / "release" / "tree-bench"
 WORK = Path("/var/tmp/rewind-bench-trees")
 NBD, HTTP, NFS = 11930, 11931, 11932
 GANESHA_NFS, GANESHA_MOUNT = 20491, 20492
 
-GANESHA_CONFIG = """
-NFS_CORE_PARAM {{
-    Bind_addr = 127.0.0.1;
-    NFS_Port = {nfs}; MNT_Port = {mount}; NLM_Port = 20493; Rquota_Port = 20494;
-    Protocols = 3; Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false;
-}}
-NFSV4 {{ Graceless = true; }}
-EXPORT {{
-    Export_Id = 1; Path = {path}; Pseudo = {path}; Access_Type = RW; Squash = No_Root_Squash;
-    Protocols = 3; Transports = TCP;
-    FSAL {{ Name = VFS; }}
-}}
-LOG {{ Default_Log_Level = EVENT; }}
-"""
 
 
 def tree_bench(nfs_port, mount_port, export, args):
@@ -69,25 +55,11 @@ def rewind_run(args):
 
 
 def ganesha_run(args):
-    export = WORK / "ganesha" / "export"
-    shutil.rmtree(export.parent, ignore_errors=True)
-    export.mkdir(parents=True)
-    config = export.parent / "ganesha.conf"
-    config.write_text(GANESHA_CONFIG.format(nfs=GANESHA_NFS, mount=GANESHA_MOUNT, path=export))
-    if subprocess.run(["pgrep", "-x", "rpcbind"], capture_output=True).returncode != 0:
-        subprocess.run(["rpcbind", "-w"], check=True)
-    ganesha = subprocess.Popen(
-        ["ganesha.nfsd", "-F", "-f", str(config), "-L", str(export.parent / "ganesha.log"),
-         "-p", str(export.parent / "ganesha.pid")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    ganesha, export = start_ganesha(WORK / "ganesha", GANESHA_NFS, GANESHA_MOUNT)
     try:
-        wait_port(GANESHA_NFS)
-        wait_port(GANESHA_MOUNT)
         return tree_bench(GANESHA_NFS, GANESHA_MOUNT, str(export), args)
     finally:
-        ganesha.terminate()
-        ganesha.wait(timeout=60)
+        stop_ganesha(ganesha)
 
 
 def device_run(args):

@@ -3,56 +3,19 @@
 //! cache consistency, the errors RFC 1813 gives, handles that go stale,
 //! `/.rewind`, and garbage that must not stop the server.
 
+mod common;
+
+use common::{connect, dir_op, mode, now, status, Connection};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::Arc;
 
 use nfs3_client::nfs3_types::nfs3::*;
-use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
 use nfs3_client::nfs3_types::xdr_codec::Opaque;
-use nfs3_client::tokio::TokioConnector;
-use nfs3_client::{Nfs3Connection, Nfs3ConnectionBuilder};
-use rewind_engine::{BookmarkName, Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
+use rewind_engine::{BookmarkName, Node, NodeConfig, VolumeName, VolumeSpec};
 use rewind_io::OsStorage;
 use rewind_nfs::{NfsConfig, NfsServer};
 use rewind_tree::Trees;
-
-type Connection = Nfs3Connection<nfs3_client::tokio::TokioIo<tokio::net::TcpStream>>;
-
-fn now() -> Timestamp {
-    Timestamp::from_system_time(std::time::SystemTime::now())
-}
-
-async fn connect(address: SocketAddr, path: &str, uid: u32) -> Connection {
-    let credential = opaque_auth::auth_unix(&auth_unix { uid, gid: uid, ..auth_unix::default() });
-    Nfs3ConnectionBuilder::new(TokioConnector, "127.0.0.1", path)
-        .connect_from_privileged_port(false)
-        .mount_port(address.port())
-        .nfs3_port(address.port())
-        .credential(credential)
-        .mount()
-        .await
-        .unwrap_or_else(|error| panic!("mount {path}: {error:?}"))
-}
-
-fn name(text: &str) -> filename3<'static> {
-    filename3(Opaque::owned(text.as_bytes().to_vec()))
-}
-
-fn dir_op(dir: &nfs_fh3, text: &str) -> diropargs3<'static> {
-    diropargs3 { dir: dir.clone(), name: name(text) }
-}
-
-fn mode(bits: u32) -> sattr3 {
-    sattr3 { mode: Nfs3Option::Some(bits), ..sattr3::default() }
-}
-
-fn status<T: std::fmt::Debug, E: std::fmt::Debug>(result: Nfs3Result<T, E>) -> nfsstat3 {
-    match result {
-        Nfs3Result::Ok(_) => nfsstat3::NFS3_OK,
-        Nfs3Result::Err((status, _)) => status,
-    }
-}
 
 async fn lookup(client: &mut Connection, dir: &nfs_fh3, text: &str) -> LOOKUP3res {
     client.lookup(&LOOKUP3args { what: dir_op(dir, text) }).await.unwrap()

@@ -5,59 +5,22 @@
 //! end and at points in between; `crates/rewind-cli/tests/proxy.rs` runs
 //! the same proxy in front of nfs-ganesha.
 
+mod common;
+
+use common::{connect, dir_op, mode, now, status, Connection};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
 use nfs3_client::nfs3_types::nfs3::*;
-use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
 use nfs3_client::nfs3_types::xdr_codec::Opaque;
-use nfs3_client::tokio::TokioConnector;
-use nfs3_client::{Nfs3Connection, Nfs3ConnectionBuilder};
 use rewind_engine::{Node, NodeConfig, Timestamp, VolumeName, VolumeSpec};
 use rewind_io::OsStorage;
 use rewind_nfs::{FileHandle, NfsConfig, NfsServer, Proxy, ProxyConfig, ProxyMode, UpstreamAddress};
 use rewind_tree::{walk, Caller, CreateHow, FileKind, Mirror, Namespace, SetAttributes, Stability, Trees};
 
-type Connection = Nfs3Connection<nfs3_client::tokio::TokioIo<tokio::net::TcpStream>>;
-
-fn now() -> Timestamp {
-    Timestamp::from_system_time(std::time::SystemTime::now())
-}
-
 fn root() -> Caller {
     Caller::root([0; 16], 0)
-}
-
-async fn connect(address: SocketAddr, path: &str) -> Connection {
-    let credential = opaque_auth::auth_unix(&auth_unix { uid: 0, gid: 0, ..auth_unix::default() });
-    Nfs3ConnectionBuilder::new(TokioConnector, "127.0.0.1", path)
-        .connect_from_privileged_port(false)
-        .mount_port(address.port())
-        .nfs3_port(address.port())
-        .credential(credential)
-        .mount()
-        .await
-        .unwrap_or_else(|error| panic!("mount {path}: {error:?}"))
-}
-
-fn name(text: &str) -> filename3<'static> {
-    filename3(Opaque::owned(text.as_bytes().to_vec()))
-}
-
-fn dir_op(dir: &nfs_fh3, text: &str) -> diropargs3<'static> {
-    diropargs3 { dir: dir.clone(), name: name(text) }
-}
-
-fn mode(bits: u32) -> sattr3 {
-    sattr3 { mode: Nfs3Option::Some(bits), ..sattr3::default() }
-}
-
-fn status<T: std::fmt::Debug, E: std::fmt::Debug>(result: Nfs3Result<T, E>) -> nfsstat3 {
-    match result {
-        Nfs3Result::Ok(_) => nfsstat3::NFS3_OK,
-        Nfs3Result::Err((status, _)) => status,
-    }
 }
 
 async fn lookup(client: &mut Connection, dir: &nfs_fh3, text: &str) -> nfs_fh3 {
@@ -188,14 +151,14 @@ async fn every_update_through_the_proxy_is_the_upstreams_and_is_kept() {
     let proxy = proxy.unwrap();
     assert_eq!(mirror.present(), upstream.present(), "the first start copies the upstream in");
 
-    let mut client = connect(mirror.address, "/shop").await;
+    let mut client = connect(mirror.address, "/shop", 0).await;
     let top = client.root_nfs_fh3();
     let pre = lookup(&mut client, &top, "pre.txt").await;
     assert_eq!(read(&mut client, &pre).await, b"there before");
     // Handles are the mirror's, not the upstream's.
     let decoded = FileHandle::decode(&pre.data.0).expect("a Rewind handle");
     assert_eq!(decoded.tree, mirror.trees.by_name("shop", now()).unwrap().id);
-    let mut direct = connect(upstream.address, "/origin").await;
+    let mut direct = connect(upstream.address, "/origin", 0).await;
     let direct_top = direct.root_nfs_fh3();
     let upstream_pre = lookup(&mut direct, &direct_top, "pre.txt").await;
     let forged = client.getattr(&GETATTR3args { object: upstream_pre.clone() }).await.unwrap();
@@ -277,7 +240,7 @@ async fn asynchronous_recording_stays_within_its_bounds_and_catches_up() {
     let mode = ProxyMode::Asynchronous { updates_max, bytes_max };
     let (mirror, proxy) = Side::open(&dir.path().join("mirror"), "shop", Some((&upstream, mode)));
     let proxy = proxy.unwrap();
-    let mut client = connect(mirror.address, "/shop").await;
+    let mut client = connect(mirror.address, "/shop", 0).await;
     let top = client.root_nfs_fh3();
     let mut writes = 0;
     let mut pending_max = 0;
@@ -312,7 +275,7 @@ async fn a_restart_takes_in_what_changed_upstream_meanwhile_and_keeps_handles() 
     let mirror_dir = dir.path().join("mirror");
     let (kept, stable_handle, before) = {
         let (mirror, _proxy) = Side::open(&mirror_dir, "shop", Some((&upstream, ProxyMode::Synchronous)));
-        let mut client = connect(mirror.address, "/shop").await;
+        let mut client = connect(mirror.address, "/shop", 0).await;
         let top = client.root_nfs_fh3();
         for text in ["kept.txt", "changed.txt", "gone.txt"] {
             let file = create(&mut client, &top, text).await;
@@ -337,7 +300,7 @@ async fn a_restart_takes_in_what_changed_upstream_meanwhile_and_keeps_handles() 
     assert_eq!(proxy.unwrap().status().resyncs, 1);
     let old = mirror.at(before);
     assert!(old.iter().any(|line| line.starts_with("/gone.txt")), "the past before the restart stays: {old:?}");
-    let mut client = connect(mirror.address, "/shop").await;
+    let mut client = connect(mirror.address, "/shop", 0).await;
     assert_eq!(read(&mut client, &stable_handle).await, b"kept.txt", "a handle lives across a restart");
     let top = client.root_nfs_fh3();
     assert_eq!(kept, lookup(&mut client, &top, "kept.txt").await);
@@ -351,7 +314,7 @@ async fn a_connection_the_upstream_closed_while_idle_is_replaced() {
     let idle = NfsConfig { idle_timeout: std::time::Duration::from_millis(50), ..NfsConfig::default() };
     let (upstream, _) = Side::open_with(&dir.path().join("upstream"), "origin", None, idle);
     let (mirror, _proxy) = Side::open(&dir.path().join("mirror"), "shop", Some((&upstream, ProxyMode::Synchronous)));
-    let mut client = connect(mirror.address, "/shop").await;
+    let mut client = connect(mirror.address, "/shop", 0).await;
     let top = client.root_nfs_fh3();
     let file = create(&mut client, &top, "a.txt").await;
     // The upstream closes the proxy's kept connection once it is idle.
