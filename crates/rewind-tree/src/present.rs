@@ -12,6 +12,13 @@
 //!   the lock only to look the inode up.
 //! - Metadata changes are durable before they return (NFS asks that of
 //!   them); file writes are durable when asked (`Stability`) or at `commit`.
+//!   A change waits for the disk after it has released the lock
+//!   ([`Owed`]): the journal is one ordered log, so a flush makes every
+//!   record before it durable, and an operation that sees a change not
+//!   yet durable can only become durable with it. Holding the lock through
+//!   the flush made every other client's call, reads included, wait for
+//!   each metadata change's disk write in turn, and left the journal's
+//!   group commit nothing to group.
 //! - Stale data: a file that shrinks keeps its old blocks past the new end
 //!   until they are zeroed, which happens in further compound writes after
 //!   the one that shrank it (so no view ever sees zeros inside the old
@@ -26,7 +33,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use rewind_engine::{Change, Durability, Volume, VolumeKind, COMPOUND_BLOCKS_MAX};
 use rewind_format::tree::{
     data_block, inode_block, DirBlock, FileKind, Inode, Superblock, BITMAP_BLOCKS, BITMAP_FIRST_BLOCK, FILE_BLOCKS_MAX,
@@ -158,6 +165,18 @@ impl Txn {
     }
 }
 
+/// Whether a committed change still has to reach the disk before its call
+/// returns; [`Tree::settle`] pays it once the lock is released.
+#[must_use = "a change committed with Durability::Fua is durable only once settled"]
+struct Owed(bool);
+
+impl Owed {
+    /// For buffered commits, which owe nothing.
+    fn assert_paid(self) {
+        assert!(!self.0, "a buffered commit owes no flush");
+    }
+}
+
 /// A file tree, as it is now.
 pub struct Tree {
     volume: Arc<Volume>,
@@ -213,8 +232,8 @@ impl Tree {
         txn.blocks.insert(BITMAP_FIRST_BLOCK, tree.bitmap_block(&tree.state.lock(), &txn, 0));
         txn.put_inode(root);
         let mut state = tree.state.lock();
-        tree.commit(&mut state, txn, now, Durability::Fua)?;
-        drop(state);
+        let owed = tree.commit(&mut state, txn, now, Durability::Fua)?;
+        tree.settle(state, owed)?;
         Ok(tree)
     }
 
@@ -403,9 +422,11 @@ impl Tree {
         Ok(Inode { generation: inode.generation.wrapping_add(1), ..Inode::unused(ino) })
     }
 
-    /// Commits the transaction as one compound write, then updates the caches.
-    fn commit(&self, state: &mut State, txn: Txn, now: Timestamp, durability: Durability) -> Result<(), TreeError> {
-        let durability = if self.lazy.load(Ordering::Relaxed) { Durability::Buffered } else { durability };
+    /// Commits the transaction as one compound write, then updates the
+    /// caches. With `Durability::Fua` the write is durable only once the
+    /// returned debt is settled.
+    fn commit(&self, state: &mut State, txn: Txn, now: Timestamp, durability: Durability) -> Result<Owed, TreeError> {
+        let owed = Owed(durability == Durability::Fua && !self.lazy.load(Ordering::Relaxed));
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         for (block, bytes) in txn.blocks {
             assert_eq!(bytes.len(), TREE_BLOCK_BYTES);
@@ -422,7 +443,7 @@ impl Tree {
         changes.extend(
             txn.zeros.iter().map(|&(block, count)| Change::Zero { offset: block * BLOCK, length: count * BLOCK }),
         );
-        let at = self.volume.write_compound(now, &changes, durability)?;
+        let at = self.volume.write_compound(now, &changes, Durability::Buffered)?;
         if !txn.unseen {
             state.changed_at = at;
         }
@@ -439,6 +460,15 @@ impl Tree {
                 false => *word &= !(1 << (ino % 64)),
             }
         }
+        Ok(owed)
+    }
+
+    /// Releases the lock, then waits for the disk if the change owes it.
+    fn settle(&self, state: MutexGuard<'_, State>, owed: Owed) -> Result<(), TreeError> {
+        drop(state);
+        if owed.0 {
+            self.volume.flush()?;
+        }
         Ok(())
     }
 
@@ -454,7 +484,7 @@ impl Tree {
             let mut txn = Txn::unseen();
             txn.zeros.push((data_block(ino, from), inode.blocks_end - from));
             txn.put_inode(Inode { blocks_end: from, ..inode });
-            self.commit(state, txn, now, Durability::Buffered)?;
+            self.commit(state, txn, now, Durability::Buffered)?.assert_paid();
         }
     }
 
@@ -480,7 +510,7 @@ impl Tree {
                 let mut own = Txn::unseen();
                 // (Past the end of the file: nobody sees these zeros arrive.)
                 own.zeros.push((data_block(inode.ino, at), end - at));
-                self.commit(state, own, now, Durability::Buffered)?;
+                self.commit(state, own, now, Durability::Buffered)?.assert_paid();
                 at = end;
             }
             return Ok(());
@@ -582,7 +612,8 @@ impl Tree {
         let after = Attributes::of(&parent);
         txn.directories.insert(parent.ino, Arc::new(directory));
         txn.put_inode(parent);
-        self.commit(&mut state, txn, now, Durability::Fua)?;
+        let owed = self.commit(&mut state, txn, now, Durability::Fua)?;
+        self.settle(state, owed)?;
         Ok((created, Wcc { before, after }))
     }
 
@@ -735,7 +766,8 @@ impl Tree {
         txn.put_inode(inode);
         txn.directories.insert(parent.ino, Arc::new(directory));
         txn.put_inode(parent);
-        self.commit(&mut state, txn, now, Durability::Fua)?;
+        let owed = self.commit(&mut state, txn, now, Durability::Fua)?;
+        self.settle(state, owed)?;
         Ok((linked, Wcc { before, after }))
     }
 
@@ -820,10 +852,11 @@ impl Tree {
         let after = Attributes::of(&parent);
         txn.directories.insert(parent.ino, Arc::new(directory));
         txn.put_inode(parent);
-        self.commit(&mut state, txn, now, Durability::Fua)?;
+        let owed = self.commit(&mut state, txn, now, Durability::Fua)?;
         if let Some(ino) = freed {
             self.drain(&mut state, ino, 0, now)?;
         }
+        self.settle(state, owed)?;
         Ok(Wcc { before, after })
     }
 
@@ -925,10 +958,11 @@ impl Tree {
             txn.directories.insert(target.ino, Arc::new(directory));
             txn.put_inode(target);
         }
-        self.commit(&mut state, txn, now, Durability::Fua)?;
+        let owed = self.commit(&mut state, txn, now, Durability::Fua)?;
         if let Some(ino) = freed {
             self.drain(&mut state, ino, 0, now)?;
         }
+        self.settle(state, owed)?;
         Ok((Wcc { before: source_before, after: source_after }, Wcc { before: target_before, after: target_after }))
     }
 
@@ -1000,10 +1034,11 @@ impl Tree {
         let after = Attributes::of(&inode);
         let ino = inode.ino;
         txn.put_inode(inode);
-        self.commit(&mut state, txn, now, Durability::Fua)?;
+        let owed = self.commit(&mut state, txn, now, Durability::Fua)?;
         if let Some(keep) = shrunk {
             self.drain(&mut state, ino, keep, now)?;
         }
+        self.settle(state, owed)?;
         Ok(Wcc { before, after })
     }
 
@@ -1091,7 +1126,8 @@ impl Tree {
             Stability::Unstable => Durability::Buffered,
             Stability::DataSync | Stability::FileSync => Durability::Fua,
         };
-        self.commit(&mut state, txn, now, durability)?;
+        let owed = self.commit(&mut state, txn, now, durability)?;
+        self.settle(state, owed)?;
         Ok(Wcc { before, after })
     }
 }
