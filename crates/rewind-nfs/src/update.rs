@@ -51,6 +51,12 @@ fn borrowed(bytes: &[u8]) -> Bytes<'_> {
 }
 
 impl<'a> Update<'a> {
+    /// Whether NFS wants the change durable before its reply: every update
+    /// but an UNSTABLE WRITE (a COMMIT is that wish itself).
+    pub fn durable_on_return(&self) -> bool {
+        !matches!(self, Update::Write { stability: Stability::Unstable, .. })
+    }
+
     /// Decodes the arguments of an update procedure (`is_update`).
     pub fn decode(procedure: u32, reader: &mut XdrReader<'a>) -> Result<Update<'a>, Failure> {
         let update = match procedure {

@@ -182,8 +182,9 @@ pub struct Tree {
     volume: Arc<Volume>,
     state: Mutex<State>,
     /// A mirror's: what NFS wants durable before it returns (metadata,
-    /// stable writes) reaches the disk with the journal's next flush,
-    /// because the upstream server holds it durably already.
+    /// stable writes) reaches the disk with the journal's next flush. The
+    /// proxy flushes itself once it has released its own order (or, with
+    /// `--async`, leaves it to the journal: the upstream holds it durably).
     lazy: AtomicBool,
 }
 
@@ -270,7 +271,7 @@ impl Tree {
     }
 
     /// Makes the tree a mirror's (see `lazy`): its changes are durable at
-    /// the journal's next flush, not before they return.
+    /// the journal's next flush (`commit_writes`), not before they return.
     pub fn record_lazily(&self) {
         self.lazy.store(true, Ordering::Relaxed);
     }

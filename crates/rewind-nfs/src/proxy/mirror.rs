@@ -81,9 +81,10 @@ impl Proxy {
         author: &Caller,
     ) -> Result<Option<Handle>, Failure> {
         let tree = &self.tree.tree;
-        if self.recorder.is_some() && matches!(update, Update::Commit { .. }) {
-            // Recording asynchronously, the mirror's writes are durable
-            // with the journal's next flush (`Tree::record_lazily`).
+        if matches!(update, Update::Commit { .. }) {
+            // The mirror records lazily (`Tree::record_lazily`): a
+            // synchronous proxy flushes after the record, an asynchronous
+            // one leaves it to the journal's next flush.
             return Ok(None);
         }
         // What the upstream decided is not decided again: a SETATTR's guard

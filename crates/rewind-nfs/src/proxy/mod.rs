@@ -55,8 +55,12 @@
 //!
 //! Updates take one lock per tree from the forward to the record, so the
 //! mirror applies them in the order the upstream did (two clients racing on
-//! one file would otherwise leave the mirror with the other outcome).
-//! Reads take no lock.
+//! one file would otherwise leave the mirror with the other outcome); one
+//! file's data updates share it with other files' and take a stripe of
+//! their own. Reads and COMMITs take no lock. The mirror's records reach
+//! its disk after the lock is released (the journal is one ordered log: a
+//! flush covers every record before it), so one update's disk write does
+//! not hold up every other's forward.
 //!
 //! # Asynchronous mode (UCDP-A)
 //!
@@ -163,8 +167,16 @@ const FILE_STRIPES: usize = 64;
 
 /// The order an update holds from its forward to its record.
 enum Turn<'a> {
-    File { _order: RwLockReadGuard<'a, ()>, _file: MutexGuard<'a, ()> },
-    Namespace { _order: RwLockWriteGuard<'a, ()> },
+    File {
+        _order: RwLockReadGuard<'a, ()>,
+        _file: MutexGuard<'a, ()>,
+    },
+    Namespace {
+        _order: RwLockWriteGuard<'a, ()>,
+    },
+    /// A COMMIT changes nothing to order: the writes it covers were
+    /// recorded before their replies, so before it was sent.
+    Unordered,
 }
 
 /// One proxied tree.
@@ -223,9 +235,10 @@ impl Proxy {
             diverged: AtomicBool::new(false),
             stats: Mutex::new(stats),
         });
-        if proxy.recorder.is_some() {
-            proxy.tree.tree.record_lazily();
-        }
+        // Synchronously too: the proxy flushes after releasing its order
+        // (`Proxy::update`), so one update's disk write does not hold up
+        // every other's forward.
+        proxy.tree.tree.record_lazily();
         let mirror: Weak<dyn Mirror> = Arc::downgrade(&proxy) as Weak<dyn Mirror>;
         if !proxy.tree.set_mirror(mirror) {
             return Err(ProxyError::Setup(format!("{} is proxied already", proxy.tree.name)));
@@ -404,7 +417,8 @@ impl Proxy {
         // Updates of different files' data commute; everything else is
         // ordered against everything.
         let turn = match &update {
-            Update::Write { .. } | Update::SetAttr { .. } | Update::Commit { .. } => {
+            Update::Commit { .. } => Turn::Unordered,
+            Update::Write { .. } | Update::SetAttr { .. } => {
                 let stripe = &self.files[(targets[0].mirror.ino % FILE_STRIPES as u64) as usize];
                 Turn::File { _order: self.order.read(), _file: stripe.lock() }
             }
@@ -422,7 +436,15 @@ impl Proxy {
         };
         let author = Caller::acting_for(caller.uid, caller.address, caller.port);
         let created = match &self.recorder {
-            None => self.record_or_resync(&update, made.as_ref().map(|(fh, fattr, _)| (&fh[..], fattr)), &author),
+            None => {
+                let created =
+                    self.record_or_resync(&update, made.as_ref().map(|(fh, fattr, _)| (&fh[..], fattr)), &author);
+                drop(turn);
+                if update.durable_on_return() {
+                    self.make_durable();
+                }
+                created
+            }
             Some(recorder) => {
                 let creates = made.is_some();
                 let made_owned = made.as_ref().map(|(fh, fattr, _)| (fh.clone(), fattr.clone()));
@@ -466,6 +488,17 @@ impl Proxy {
             None => self.pool.lookup(dir_fh, name).map_err(|error| serverfault(error.to_string()))?,
         };
         Ok((fh, attributes, found))
+    }
+
+    /// Makes what the mirror recorded durable (a synchronous update's
+    /// record, before its reply). A failed flush has poisoned the mirror's
+    /// volume: the upstream keeps serving, and the mirror is out of step.
+    fn make_durable(&self) {
+        if let Err(error) = self.tree.tree.commit_writes() {
+            warn!(%error, "the mirror's records could not be made durable: it is out of step with the upstream");
+            self.stats.lock().unrecorded += 1;
+            self.diverged.store(true, Ordering::Release);
+        }
     }
 
     /// Records an update into the mirror; if it cannot be, the mirror is
