@@ -253,3 +253,58 @@ fn reference_counts_survive_a_clean_shutdown_and_never_a_crash() {
     assert!(!node.chunk_stats().counts_restored, "after a crash the counts are counted");
     assert_eq!(counted(node.chunk_stats()), after);
 }
+
+/// A space cap moves the horizon a whole minute of the timeline at a time.
+/// When the minute it stopped at last pass did not free enough (a bookmark
+/// keeps most of it), the next pass goes on into the following minutes: it
+/// used to count that minute again, stop at its end once more, and keep
+/// the history over the cap for good.
+#[test]
+fn a_space_cap_goes_on_past_a_minute_it_has_already_dropped() {
+    let storage = SimStorage::new(SimConfig::default(), 1);
+    let mut config = NodeConfig::default();
+    (config.volume.archive_age_nanos, config.volume.archive_interval_nanos) = (0, 1);
+    config.volume.retention_interval_nanos = 1;
+    config.volume.burst_quiet_nanos = 0;
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    // Minute 16 of the timeline is 960 s to 1020 s, minute 17 to 1080 s.
+    let second = |seconds: u64| Timestamp::from_unix_nanos(seconds * SECOND);
+    let blocks = 32usize;
+    let generation_bytes = (blocks * 4096) as u64;
+    let spec = VolumeSpec {
+        space_max_bytes: generation_bytes * 5 / 2,
+        ..VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap())
+    };
+    let volume = node.create_volume(spec, second(1_000)).unwrap();
+    // Four generations of the same blocks, nothing alike: two in minute 16
+    // (the first bookmarked), two in minute 17.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut first = Vec::new();
+    for (generation, at) in [(0, 1_005), (1, 1_010), (2, 1_025), (3, 1_030)] {
+        let data: Vec<u8> = (0..blocks * 4096)
+            .map(|_| {
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                (state >> 56) as u8
+            })
+            .collect();
+        volume.write(second(at), 0, &data, Durability::Fua).unwrap();
+        if generation == 0 {
+            first = data[..4096].to_vec();
+            let name = rewind_engine::BookmarkName::new("first").unwrap();
+            volume.create_bookmark(name, None, second(at + 1)).unwrap();
+        }
+    }
+    for pass in 0..6 {
+        let now = second(1_040 + pass);
+        node.maintain(now).unwrap();
+        node.maintain_history(now).unwrap();
+    }
+    let used = volume.measure_space(second(1_050)).unwrap().chunk_stored_bytes;
+    let horizon = volume.retention_horizon().expect("the cap moved the horizon");
+    assert!(horizon >= second(1_025), "the cap stopped at {horizon:?}, {used} bytes kept");
+    assert!(used <= generation_bytes * 5 / 2, "{used} bytes kept, over the cap");
+    let mut block = vec![0; 4096];
+    volume.view(second(1_006)).unwrap().read(0, &mut block).unwrap();
+    assert!(block == first, "the bookmark stays");
+    assert!(volume.view(second(1_012)).is_err(), "the second generation went");
+}

@@ -95,3 +95,47 @@ fn a_clone_of_a_tree_is_the_tree_as_it_was_and_goes_its_own_way() {
     assert_eq!(contents(&tree, "a.txt"), b"source");
     assert_eq!(contents(&clone.view(at(35)).unwrap(), "a.txt"), b"then", "the clone's own past");
 }
+
+#[test]
+fn a_space_cap_drops_a_trees_oldest_unbookmarked_history() {
+    let storage = SimStorage::new(SimConfig::default(), 7);
+    let mut config = NodeConfig::default();
+    (config.volume.archive_age_nanos, config.volume.archive_interval_nanos) = (0, 1);
+    (config.volume.retention_interval_nanos, config.volume.burst_quiet_nanos) = (1, 0);
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    let volume = node.create_volume(VolumeSpec::tree(VolumeName::new("t").unwrap()), at(0)).unwrap();
+    let tree = Tree::open(Arc::clone(&volume), at(1)).unwrap();
+    let caller = Caller::root([0; 16], 0);
+    let how = CreateHow::Guarded(SetAttributes::default());
+    let (file, _) = tree.create(tree.root().unwrap(), b"data.bin", &how, &caller, at(2)).unwrap();
+    // Four generations of 256 KiB, nothing alike; the first bookmarked.
+    let generation_bytes = 256 << 10;
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut generations = Vec::new();
+    for generation in 0..4u64 {
+        let data: Vec<u8> = (0..generation_bytes)
+            .map(|_| {
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                (state >> 56) as u8
+            })
+            .collect();
+        tree.write(file.handle, 0, &data, Stability::FileSync, &caller, at(10 + generation * 10)).unwrap();
+        if generation == 0 {
+            let name = rewind_engine::BookmarkName::new("first").unwrap();
+            volume.create_bookmark(name, None, at(15)).unwrap();
+        }
+        generations.push(data);
+    }
+    let cap = generation_bytes as u64 * 5 / 2;
+    let change = rewind_engine::PolicyChange { space_max_bytes: Some(cap), ..rewind_engine::PolicyChange::default() };
+    volume.set_policy(change).unwrap();
+    for pass in 0..6 {
+        node.maintain(at(70 + pass)).unwrap();
+        node.maintain_history(at(70 + pass)).unwrap();
+    }
+    let used = volume.measure_space(at(80)).unwrap().chunk_stored_bytes;
+    assert!(used <= cap, "{used} bytes of history kept, over the cap of {cap}");
+    assert!(tree.view(at(25)).is_err(), "the second generation went");
+    assert!(contents(&tree.view(at(15)).unwrap(), "data.bin") == generations[0], "the bookmark stays");
+    assert!(contents(&tree, "data.bin") == generations[3], "the present stays");
+}

@@ -108,8 +108,12 @@ impl Volume {
         }
         let start = self.retention_horizon().unwrap_or(self.created());
         let buckets = self.timeline().buckets;
+        // Minutes that end at or before the horizon are history dropped
+        // already: counted again, the horizon would stop at the same
+        // minute's end every pass, over the cap for good.
+        let minute_last = |minute: u64| ((minute + 1) * 60 * Timestamp::NANOS_PER_SECOND).saturating_sub(1);
         let after_start =
-            |bucket: &&rewind_format::meta::TimelineBucket| (bucket.minute + 1) * 60 > start.unix_seconds();
+            |bucket: &&rewind_format::meta::TimelineBucket| minute_last(bucket.minute) > start.unix_nanos();
         let written: Vec<(u64, u64)> = buckets
             .iter()
             .filter(after_start)
@@ -122,8 +126,7 @@ impl Volume {
         for (minute, bytes) in written {
             dropped += bytes;
             if dropped >= target.max(1) {
-                horizon =
-                    Timestamp::from_unix_nanos(((minute + 1) * 60 * Timestamp::NANOS_PER_SECOND).saturating_sub(1));
+                horizon = Timestamp::from_unix_nanos(minute_last(minute));
                 break;
             }
         }
