@@ -724,7 +724,8 @@ impl Backend for LocalBackend {
     }
 
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline> {
-        Ok(Timeline::of(name, &self.node.volume(name)?.timeline(), bucket_seconds))
+        let volume = self.node.volume(name)?;
+        Ok(Timeline::of(name, volume.kind(), &volume.timeline(), bucket_seconds))
     }
 
     fn tree_history(&self, name: &str, query: &TreeHistoryQuery) -> Result<TreeHistory> {
@@ -752,7 +753,8 @@ impl Backend for LocalBackend {
     }
 
     fn bookmarks(&self, name: &str) -> Result<Vec<BookmarkInfo>> {
-        Ok(self.node.volume(name)?.bookmarks().iter().map(|bookmark| BookmarkInfo::of(name, bookmark)).collect())
+        let volume = self.node.volume(name)?;
+        Ok(volume.bookmarks().iter().map(|bookmark| BookmarkInfo::of(name, volume.kind(), bookmark)).collect())
     }
 
     fn create_bookmark(&self, name: &str, request: &CreateBookmark) -> Result<BookmarkInfo> {
@@ -760,7 +762,7 @@ impl Backend for LocalBackend {
         let now = now();
         let at = request.at.as_deref().map(|at| volume.parse_time(at, now, &TimeZone::system())).transpose()?;
         let bookmark = volume.create_bookmark(BookmarkName::new(&request.name)?, at, now)?;
-        Ok(BookmarkInfo::of(name, &bookmark))
+        Ok(BookmarkInfo::of(name, volume.kind(), &bookmark))
     }
 
     fn delete_bookmark(&self, name: &str, bookmark: &str) -> Result<()> {
@@ -850,18 +852,18 @@ impl Backend for LocalBackend {
     }
 
     fn groups(&self) -> Result<Vec<GroupInfo>> {
-        Ok(self.node.groups()?.iter().map(GroupInfo::of).collect())
+        Ok(self.node.groups()?.iter().map(|group| GroupInfo::of(group, &self.node)).collect())
     }
 
     fn create_group(&self, request: &CreateGroup) -> Result<GroupInfo> {
         let members = request.members.iter().map(|name| VolumeName::new(name)).collect::<Result<Vec<_>, _>>()?;
-        Ok(GroupInfo::of(&self.node.create_group(VolumeName::new(&request.name)?, &members)?))
+        Ok(GroupInfo::of(&self.node.create_group(VolumeName::new(&request.name)?, &members)?, &self.node))
     }
 
     fn change_group(&self, name: &str, request: &ChangeGroup) -> Result<GroupInfo> {
         let names = |names: &[String]| names.iter().map(|name| VolumeName::new(name)).collect::<Result<Vec<_>, _>>();
         let (add, remove) = (names(&request.add)?, names(&request.remove)?);
-        Ok(GroupInfo::of(&self.node.change_group(name, &add, &remove)?))
+        Ok(GroupInfo::of(&self.node.change_group(name, &add, &remove)?, &self.node))
     }
 
     fn delete_group(&self, name: &str) -> Result<()> {
@@ -873,7 +875,8 @@ impl Backend for LocalBackend {
         if request.at.is_some() {
             bail!("a group bookmark is taken now, with the members' writes fenced together; --at is for one volume");
         }
-        Ok(GroupBookmarkInfo::of(&self.node.bookmark_group(name, BookmarkName::new(&request.name)?, now())?))
+        let taken = self.node.bookmark_group(name, BookmarkName::new(&request.name)?, now())?;
+        Ok(GroupBookmarkInfo::of(&taken, &self.node))
     }
 
     fn delete_group_bookmark(&self, name: &str, bookmark: &str) -> Result<()> {
@@ -896,6 +899,6 @@ impl Backend for LocalBackend {
         let Some(bookmark) = &request.at else {
             bail!("a group is cloned at one of its bookmarks: rewind volume clone {name}@BOOKMARK NEW");
         };
-        Ok(GroupInfo::of(&self.node.clone_group(name, bookmark, VolumeName::new(&request.name)?, now())?))
+        Ok(GroupInfo::of(&self.node.clone_group(name, bookmark, VolumeName::new(&request.name)?, now())?, &self.node))
     }
 }

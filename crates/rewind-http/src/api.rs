@@ -27,6 +27,16 @@ pub fn view_export(volume: &str, at: Timestamp) -> String {
     format!("{volume}@{}", time(at))
 }
 
+/// The export that serves `volume` as it was at `point` (a bookmark's
+/// name): NBD's export name for a block volume, the NFS export path for a
+/// file tree.
+pub fn export_at(volume: &str, kind: VolumeKind, point: &str) -> String {
+    match kind {
+        VolumeKind::Blocks => format!("{volume}@{point}"),
+        VolumeKind::Tree => format!("/{volume}@{point}"),
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct VolumeInfo {
     pub name: String,
@@ -514,17 +524,18 @@ pub struct BookmarkInfo {
     pub name: String,
     pub at: String,
     pub at_unix_nanos: u64,
-    /// NBD export name of the view at the bookmark.
+    /// The export of the view at the bookmark (NBD's name, or for a file
+    /// tree the NFS export path).
     pub export: String,
 }
 
 impl BookmarkInfo {
-    pub fn of(volume: &str, bookmark: &Bookmark) -> BookmarkInfo {
+    pub fn of(volume: &str, kind: VolumeKind, bookmark: &Bookmark) -> BookmarkInfo {
         BookmarkInfo {
             name: bookmark.name.to_string(),
             at: time(bookmark.timestamp),
             at_unix_nanos: bookmark.timestamp.unix_nanos(),
-            export: format!("{volume}@{}", bookmark.name),
+            export: export_at(volume, kind, bookmark.name.as_str()),
         }
     }
 }
@@ -673,11 +684,12 @@ pub struct GroupInfo {
 }
 
 impl GroupInfo {
-    pub fn of(group: &Group) -> GroupInfo {
+    /// `node` says which members are file trees (their exports differ).
+    pub fn of(group: &Group, node: &rewind_engine::Node) -> GroupInfo {
         GroupInfo {
             name: group.name.to_string(),
             members: group.members.iter().map(ToString::to_string).collect(),
-            bookmarks: group.bookmarks.iter().map(GroupBookmarkInfo::of).collect(),
+            bookmarks: group.bookmarks.iter().map(|bookmark| GroupBookmarkInfo::of(bookmark, node)).collect(),
             revert_unfinished: group.revert.is_some(),
         }
     }
@@ -699,11 +711,13 @@ pub struct MemberBookmark {
 }
 
 impl GroupBookmarkInfo {
-    pub fn of(bookmark: &GroupBookmark) -> GroupBookmarkInfo {
+    /// `node` says which members are file trees (their exports differ).
+    pub fn of(bookmark: &GroupBookmark, node: &rewind_engine::Node) -> GroupBookmarkInfo {
         let member = |point: &MemberPoint| MemberBookmark {
             volume: point.volume.to_string(),
             bookmark: BookmarkInfo::of(
                 point.volume.as_str(),
+                node.volume(point.volume.as_str()).map_or(VolumeKind::Blocks, |volume| volume.kind()),
                 &Bookmark { name: bookmark.name.clone(), timestamp: point.at },
             ),
         };
@@ -721,7 +735,7 @@ pub struct GroupRevertSummary {
 impl Timeline {
     /// Aggregates per-minute activity into buckets of `bucket_seconds` (a
     /// multiple of 60).
-    pub fn of(volume: &str, report: &TimelineReport, bucket_seconds: u64) -> Timeline {
+    pub fn of(volume: &str, kind: VolumeKind, report: &TimelineReport, bucket_seconds: u64) -> Timeline {
         assert!(bucket_seconds >= 60 && bucket_seconds.is_multiple_of(60));
         let mut buckets: Vec<TimelineBucket> = Vec::new();
         for minute in &report.buckets {
@@ -749,7 +763,7 @@ impl Timeline {
             last_write: written.then(|| time(report.timestamp_last)),
             bucket_seconds,
             buckets,
-            bookmarks: report.bookmarks.iter().map(|bookmark| BookmarkInfo::of(volume, bookmark)).collect(),
+            bookmarks: report.bookmarks.iter().map(|bookmark| BookmarkInfo::of(volume, kind, bookmark)).collect(),
             reverts: report.reverts.iter().map(RevertInfo::of).collect(),
         }
     }

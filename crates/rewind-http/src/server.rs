@@ -696,7 +696,7 @@ async fn timeline(
     }
     blocking(move || {
         let volume = node.volume(&name)?;
-        Ok(Timeline::of(&name, &volume.timeline(), bucket_seconds))
+        Ok(Timeline::of(&name, volume.kind(), &volume.timeline(), bucket_seconds))
     })
     .await
     .map(Json)
@@ -784,7 +784,7 @@ async fn list_bookmarks(
     let node = Arc::clone(&state.node);
     blocking(move || {
         let volume = node.volume(&name)?;
-        Ok(volume.bookmarks().iter().map(|bookmark| BookmarkInfo::of(&name, bookmark)).collect())
+        Ok(volume.bookmarks().iter().map(|bookmark| BookmarkInfo::of(&name, volume.kind(), bookmark)).collect())
     })
     .await
     .map(Json)
@@ -805,7 +805,7 @@ async fn create_bookmark(
             None => None,
         };
         let bookmark = volume.create_bookmark(bookmark_name, at, now)?;
-        Ok(BookmarkInfo::of(&name, &bookmark))
+        Ok(BookmarkInfo::of(&name, volume.kind(), &bookmark))
     })
     .await?;
     Ok((StatusCode::CREATED, Json(bookmark)))
@@ -876,7 +876,7 @@ fn volume_names(names: &[String]) -> Result<Vec<VolumeName>, ApiError> {
 
 async fn list_groups(State(state): State<Shared>) -> Result<Json<Vec<GroupInfo>>, ApiError> {
     let node = Arc::clone(&state.node);
-    blocking(move || Ok(node.groups()?.iter().map(GroupInfo::of).collect())).await.map(Json)
+    blocking(move || Ok(node.groups()?.iter().map(|group| GroupInfo::of(group, &node)).collect())).await.map(Json)
 }
 
 async fn create_group(
@@ -886,13 +886,13 @@ async fn create_group(
     let name = VolumeName::new(&request.name).map_err(|error| invalid(error.to_string()))?;
     let members = volume_names(&request.members)?;
     let node = Arc::clone(&state.node);
-    let group = blocking(move || node.create_group(name, &members)).await?;
-    Ok((StatusCode::CREATED, Json(GroupInfo::of(&group))))
+    let group = blocking(move || Ok(GroupInfo::of(&node.create_group(name, &members)?, &node))).await?;
+    Ok((StatusCode::CREATED, Json(group)))
 }
 
 async fn group_detail(State(state): State<Shared>, Path(name): Path<String>) -> Result<Json<GroupInfo>, ApiError> {
     let node = Arc::clone(&state.node);
-    blocking(move || Ok(GroupInfo::of(&node.group(&name)?))).await.map(Json)
+    blocking(move || Ok(GroupInfo::of(&node.group(&name)?, &node))).await.map(Json)
 }
 
 async fn change_group(
@@ -905,7 +905,7 @@ async fn change_group(
     }
     let (add, remove) = (volume_names(&request.add)?, volume_names(&request.remove)?);
     let node = Arc::clone(&state.node);
-    blocking(move || Ok(GroupInfo::of(&node.change_group(&name, &add, &remove)?))).await.map(Json)
+    blocking(move || Ok(GroupInfo::of(&node.change_group(&name, &add, &remove)?, &node))).await.map(Json)
 }
 
 async fn delete_group(State(state): State<Shared>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
@@ -929,8 +929,9 @@ async fn create_group_bookmark(
     }
     let bookmark = BookmarkName::new(&request.name).map_err(|error| invalid(error.to_string()))?;
     let node = Arc::clone(&state.node);
-    let taken = blocking(move || node.bookmark_group(&name, bookmark, now())).await?;
-    Ok((StatusCode::CREATED, Json(GroupBookmarkInfo::of(&taken))))
+    let taken =
+        blocking(move || Ok(GroupBookmarkInfo::of(&node.bookmark_group(&name, bookmark, now())?, &node))).await?;
+    Ok((StatusCode::CREATED, Json(taken)))
 }
 
 async fn delete_group_bookmark(
@@ -956,8 +957,9 @@ async fn clone_group(
         )));
     };
     let node = Arc::clone(&state.node);
-    let group = blocking(move || node.clone_group(&name, &bookmark, clone_name, now())).await?;
-    Ok((StatusCode::CREATED, Json(GroupInfo::of(&group))))
+    let group =
+        blocking(move || Ok(GroupInfo::of(&node.clone_group(&name, &bookmark, clone_name, now())?, &node))).await?;
+    Ok((StatusCode::CREATED, Json(group)))
 }
 
 /// Every member to a group bookmark (or each one's undo), or none.
