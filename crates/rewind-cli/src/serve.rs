@@ -824,10 +824,12 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
     node.wake_on_sealed(Box::new(move || upload_threads.iter().for_each(thread::Thread::unpark)));
     let (history_stop, history_stopped) = std::sync::mpsc::channel::<()>();
     let history = {
-        let node = Arc::clone(&node);
+        let (node, trees) = (Arc::clone(&node), Arc::clone(&trees));
         thread::Builder::new().name("history".into()).spawn(move || {
             yield_to_serving();
             loop {
+                // Past views of trees nobody reads stop holding history.
+                trees.close_idle_views(rewind_tree::VIEW_IDLE_MAX);
                 // Failures are logged by the node; a failing volume is poisoned.
                 let _ = node.maintain_history(now());
                 match history_stopped.recv_timeout(HISTORY_PERIOD) {

@@ -10,29 +10,17 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use common::NfsConnection as Connection;
 use common::{pattern, wait_for, Server};
 use nfs3_client::nfs3_types::nfs3::*;
-use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
 use nfs3_client::nfs3_types::xdr_codec::Opaque;
-use nfs3_client::tokio::TokioConnector;
-use nfs3_client::{Nfs3Connection, Nfs3ConnectionBuilder};
-
-type Connection = Nfs3Connection<nfs3_client::tokio::TokioIo<tokio::net::TcpStream>>;
 
 const PIECE: usize = 64 << 10;
 /// A COMMIT after this many pieces.
 const PIECES_PER_COMMIT: u64 = 8;
 
 async fn connect(port: u16) -> Connection {
-    let credential = opaque_auth::auth_unix(&auth_unix::default());
-    Nfs3ConnectionBuilder::new(TokioConnector, "127.0.0.1", "/home")
-        .connect_from_privileged_port(false)
-        .mount_port(port)
-        .nfs3_port(port)
-        .credential(credential)
-        .mount()
-        .await
-        .expect("mount /home")
+    common::nfs_connect(port, "/home").await
 }
 
 fn name(text: &str) -> diropargs3<'static> {

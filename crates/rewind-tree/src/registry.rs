@@ -4,6 +4,7 @@
 //! of the past are opened once and kept while used.
 
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use jiff::tz::TimeZone;
 use parking_lot::Mutex;
@@ -14,8 +15,10 @@ use rustc_hash::FxHashMap;
 use crate::Mirror;
 use crate::{Tree, TreeError, TreeView};
 
-/// Views kept open per tree; the least recently opened goes first.
+/// Views kept open per tree; the least recently used goes first.
 const VIEWS_OPEN_MAX: usize = 64;
+/// How long a view nobody uses stays open (see `Trees::close_idle_views`).
+pub const VIEW_IDLE_MAX: Duration = Duration::from_secs(10);
 
 /// A tree's identity, stable across restarts and different for a tree
 /// deleted and made again under its name: a hash of its name and creation
@@ -35,8 +38,11 @@ pub struct OpenTree {
     /// Set when the tree mirrors an upstream server through a proxy: its
     /// present is the upstream's, changed only by the proxy.
     mirror: Mutex<Option<Weak<dyn Mirror>>>,
-    /// (time, view), most recently opened last.
-    views: Mutex<Vec<(Timestamp, Arc<TreeView>)>>,
+    /// (time, view, last used), most recently used last. An open view
+    /// holds its time in history (retention and the space cap keep it), so
+    /// views nobody uses are closed; a handle into one opens it again, or
+    /// is stale if that time is gone by then.
+    views: Mutex<Vec<(Timestamp, Arc<TreeView>, Instant)>>,
 }
 
 impl OpenTree {
@@ -58,18 +64,21 @@ impl OpenTree {
     /// The view at exactly `at` (a time a handle carries).
     pub fn view(&self, at: Timestamp) -> Result<Arc<TreeView>, TreeError> {
         let mut views = self.views.lock();
-        if let Some(position) = views.iter().position(|(time, _)| *time == at) {
-            let entry = views.remove(position);
-            let view = Arc::clone(&entry.1);
-            views.push(entry);
+        if let Some(position) = views.iter().position(|(time, _, _)| *time == at) {
+            let (_, view, _) = views.remove(position);
+            views.push((at, Arc::clone(&view), Instant::now()));
             return Ok(view);
         }
         let view = Arc::new(self.tree.view_exactly(at)?);
         if views.len() >= VIEWS_OPEN_MAX {
             views.remove(0);
         }
-        views.push((at, Arc::clone(&view)));
+        views.push((at, Arc::clone(&view), Instant::now()));
         Ok(view)
+    }
+
+    fn close_idle_views(&self, idle: Duration) {
+        self.views.lock().retain(|(_, _, used)| used.elapsed() < idle);
     }
 
     /// The exact time `text` names (a bookmark, RFC 3339, Unix time, "-10m"
@@ -164,6 +173,16 @@ impl Trees {
             }
         }
         Err(TreeError::Stale)
+    }
+
+    /// Closes the views of every open tree that nobody used for `idle`,
+    /// so that they stop holding their times in history: the server calls
+    /// it before each retention pass.
+    pub fn close_idle_views(&self, idle: Duration) {
+        let open: Vec<Arc<OpenTree>> = self.open.lock().values().cloned().collect();
+        for tree in open {
+            tree.close_idle_views(idle);
+        }
     }
 
     pub fn node(&self) -> &Arc<Node> {

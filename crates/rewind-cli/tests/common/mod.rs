@@ -210,6 +210,22 @@ pub fn nfs_url(server: &Server, path: &str) -> String {
     format!("nfs://127.0.0.1{path}?version=3&nfsport={port}&mountport={port}")
 }
 
+pub type NfsConnection = nfs3_client::Nfs3Connection<nfs3_client::tokio::TokioIo<tokio::net::TcpStream>>;
+
+/// Mounts `export` from the server at `port` (MOUNT and NFS on one port)
+/// with `nfs3_client`, as root: for what the libnfs tools cannot do.
+pub async fn nfs_connect(port: u16, export: &str) -> NfsConnection {
+    use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
+    nfs3_client::Nfs3ConnectionBuilder::new(nfs3_client::tokio::TokioConnector, "127.0.0.1", export)
+        .connect_from_privileged_port(false)
+        .mount_port(port)
+        .nfs3_port(port)
+        .credential(opaque_auth::auth_unix(&auth_unix::default()))
+        .mount()
+        .await
+        .unwrap_or_else(|error| panic!("mount {export}: {error:?}"))
+}
+
 /// The names `nfs-ls` lists (its last column), sorted.
 pub fn nfs_names(listing: &str) -> Vec<String> {
     let mut names: Vec<String> =
