@@ -271,7 +271,7 @@ impl<S: Transport> Connection<S> {
             Err(hangup) => hangup,
             Ok(Step::StartTls) => self.start_tls(stats, export_name),
             Ok(Step::Negotiated(negotiated)) => {
-                if self.log.allow() {
+                if self.log.allow_info() {
                     info!(
                         export = %negotiated.name,
                         size_bytes = negotiated.session.size_bytes,
@@ -319,7 +319,7 @@ impl<S: Transport> Connection<S> {
                 Err(error) => return Hangup::Tls(error),
             };
         let client = Client { identity: session.identity.clone(), ..client };
-        if log.allow() {
+        if log.allow_info() {
             info!(identity = client.identity.as_deref().unwrap_or("none"), "TLS established");
         }
         let hangup = match Connection::new(stream, (shared, running), client, log, deadline, true) {
@@ -529,7 +529,7 @@ impl<S: Transport> Connection<S> {
         let (opened, contexts) = match opened {
             Ok(opened) => opened,
             Err((reply_type, message)) => {
-                if self.log.allow() {
+                if self.log.allow_info() {
                     info!(export = %name, option = p::option_name(option), "export refused: {message}");
                 }
                 self.option_error(option, reply_type, &message)?;

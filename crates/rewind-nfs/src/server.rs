@@ -114,17 +114,17 @@ impl Protocol for Nfs {
         }
         match self.serve_connection(stream, &peer, &running) {
             Ok(()) => {
-                if log.allow() {
+                if log.allow_info() {
                     info!("connection closed by client");
                 }
             }
             Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                if log.allow() {
+                if log.allow_info() {
                     info!("connection closed: idle for {} s", self.config.idle_timeout.as_secs());
                 }
             }
             Err(error) => {
-                if log.allow() {
+                if log.allow_info() {
                     info!(%error, "connection ended");
                 }
             }

@@ -500,7 +500,7 @@ fn admit<P: Protocol, S: IntoControl>(shared: &Arc<Shared<P>>, stream: S, peer: 
         // handles, even if serving panics.
         let _deregister = Deregister { shared: Arc::clone(&thread_shared), id, key };
         let _span = info_span!("connection", protocol = P::NAME, id, peer = %peer.name).entered();
-        if log.allow() {
+        if log.allow_info() {
             info!("connection opened");
         }
         let running = thread_shared.running.clone();

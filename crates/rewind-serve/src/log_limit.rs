@@ -226,6 +226,14 @@ pub struct PeerLog {
 }
 
 impl PeerLog {
+    /// For a line at INFO: `if log.allow_info() { info!(…) }`. When INFO is
+    /// filtered out the line neither spends the budget nor is counted as
+    /// suppressed, so an operator logging warnings only is not told of
+    /// lines held back that would never have been shown.
+    pub fn allow_info(&self) -> bool {
+        tracing::enabled!(tracing::Level::INFO) && self.allow()
+    }
+
     /// Whether a line about this client may be logged now. Use as
     /// `if log.allow() { warn!(…) }`.
     pub fn allow(&self) -> bool {
