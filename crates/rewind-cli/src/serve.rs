@@ -848,6 +848,7 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
         .enable_all()
         .build()?;
     let served = runtime.block_on(async {
+        let shutdown = shutdown_signal()?;
         let listener = tokio::net::TcpListener::bind(args.http)
             .await
             .with_context(|| format!("cannot listen for the API on {}", args.http))?;
@@ -896,7 +897,7 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
             tls: tls.as_ref().map(|tls| Arc::clone(&tls.http)),
             ..HttpConfig::default()
         };
-        rewind_http::serve(listener, state, http_config, shutdown_signal()).await.context("API server failed")
+        rewind_http::serve(listener, state, http_config, shutdown).await.context("API server failed")
     });
 
     tracing::info!("shutting down");
@@ -923,14 +924,22 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
     served
 }
 
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    let mut terminate =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler installs");
-    tokio::select! {
-        _ = interrupt => {}
-        _ = terminate.recv() => {}
-    }
+/// Ctrl-C or SIGTERM: the handlers are installed when this is called, the
+/// returned future waits for either. It is called before the server says
+/// it is listening, so a stop from then on is a clean one; an `async fn`
+/// installed them only when first polled, and a SIGTERM right after
+/// "listening" killed the process instead (seen in CI: a test that started
+/// and at once stopped a server got "exited with signal: 15").
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+    })
 }
 
 /// The nice value of the history thread (archiving, retention, the copy

@@ -303,3 +303,15 @@ fn diff_lists_exactly_the_ranges_written_between_two_points() {
     let offline_changes = json(&offline(&data, &["diff", "db@base", "db@later", "--json"]));
     assert_eq!(ranges(&offline_changes), ranges(&between));
 }
+
+/// A SIGTERM as soon as the server says it listens is a clean stop: the
+/// handler used to be installed only when the shutdown future was first
+/// polled, just after "listening", and a stop in between killed it.
+#[test]
+fn a_stop_right_after_the_server_says_it_listens_is_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..20 {
+        let mut server = Server::start(&dir.path().join(format!("data-{round}")));
+        server.stop();
+    }
+}

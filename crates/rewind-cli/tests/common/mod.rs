@@ -188,8 +188,8 @@ impl Server {
     /// SIGTERM, a clean stop; checks it exits successfully.
     pub fn stop(&mut self) {
         let mut child = self.child.take().expect("running");
-        let status = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().expect("kill runs");
-        assert!(status.success());
+        use rustix::process::{kill_process, Pid, Signal};
+        kill_process(Pid::from_child(&child), Signal::TERM).expect("SIGTERM sent");
         let exit = child.wait().expect("reaped");
         assert!(exit.success(), "rewind serve exited with {exit}");
     }
