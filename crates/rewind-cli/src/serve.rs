@@ -829,7 +829,7 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
             yield_to_serving();
             loop {
                 // Past views of trees nobody reads stop holding history.
-                trees.close_idle_views(rewind_tree::VIEW_IDLE_MAX);
+                trees.close_idle_views(rewind_tree::VIEW_IDLE_SWEEPS);
                 // Failures are logged by the node; a failing volume is poisoned.
                 let _ = node.maintain_history(now());
                 match history_stopped.recv_timeout(HISTORY_PERIOD) {

@@ -36,7 +36,7 @@ pub use history::{walk, FileVersion};
 pub use mirror::{Mirror, MirrorLag, MirrorStatus};
 pub use namespace::{Access, Attributes, Caller, DirEntryPlus, Handle, Namespace, ReadDir};
 pub use present::{CreateHow, SetAttributes, SetTime, Stability, Tree, Wcc};
-pub use registry::{tree_id, OpenTree, Trees, VIEW_IDLE_MAX};
+pub use registry::{tree_id, OpenTree, Trees, VIEW_IDLE_SWEEPS};
 pub use revert::RevertReport;
 pub use rewind_format::tree::{Author, FileKind, FILE_BYTES_MAX, NAME_BYTES_MAX, ROOT_INODE, SYMLINK_TARGET_BYTES_MAX};
 pub use view::TreeView;

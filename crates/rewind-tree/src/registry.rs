@@ -3,8 +3,8 @@
 //! memory, so two of one volume would each miss the other's changes. Views
 //! of the past are opened once and kept while used.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
 
 use jiff::tz::TimeZone;
 use parking_lot::Mutex;
@@ -17,8 +17,10 @@ use crate::{Tree, TreeError, TreeView};
 
 /// Views kept open per tree; the least recently used goes first.
 const VIEWS_OPEN_MAX: usize = 64;
-/// How long a view nobody uses stays open (see `Trees::close_idle_views`).
-pub const VIEW_IDLE_MAX: Duration = Duration::from_secs(10);
+/// How many sweeps (`Trees::close_idle_views`) a view nobody uses stays
+/// open: `rewind serve` sweeps before each history pass, about once a
+/// second. (Counted in sweeps, not read from a clock: the core reads none.)
+pub const VIEW_IDLE_SWEEPS: u64 = 10;
 
 /// A tree's identity, stable across restarts and different for a tree
 /// deleted and made again under its name: a hash of its name and creation
@@ -38,11 +40,12 @@ pub struct OpenTree {
     /// Set when the tree mirrors an upstream server through a proxy: its
     /// present is the upstream's, changed only by the proxy.
     mirror: Mutex<Option<Weak<dyn Mirror>>>,
-    /// (time, view, last used), most recently used last. An open view
-    /// holds its time in history (retention and the space cap keep it), so
-    /// views nobody uses are closed; a handle into one opens it again, or
-    /// is stale if that time is gone by then.
-    views: Mutex<Vec<(Timestamp, Arc<TreeView>, Instant)>>,
+    /// (time, view, the sweep it was last used in), most recently used
+    /// last. An open view holds its time in history (retention and the
+    /// space cap keep it), so views nobody uses are closed; a handle into
+    /// one opens it again, or is stale if that time is gone by then.
+    views: Mutex<Vec<(Timestamp, Arc<TreeView>, u64)>>,
+    sweeps: AtomicU64,
 }
 
 impl OpenTree {
@@ -64,21 +67,24 @@ impl OpenTree {
     /// The view at exactly `at` (a time a handle carries).
     pub fn view(&self, at: Timestamp) -> Result<Arc<TreeView>, TreeError> {
         let mut views = self.views.lock();
+        let sweep = self.sweeps.load(Ordering::Relaxed);
         if let Some(position) = views.iter().position(|(time, _, _)| *time == at) {
             let (_, view, _) = views.remove(position);
-            views.push((at, Arc::clone(&view), Instant::now()));
+            views.push((at, Arc::clone(&view), sweep));
             return Ok(view);
         }
         let view = Arc::new(self.tree.view_exactly(at)?);
         if views.len() >= VIEWS_OPEN_MAX {
             views.remove(0);
         }
-        views.push((at, Arc::clone(&view), Instant::now()));
+        views.push((at, Arc::clone(&view), sweep));
         Ok(view)
     }
 
-    fn close_idle_views(&self, idle: Duration) {
-        self.views.lock().retain(|(_, _, used)| used.elapsed() < idle);
+    fn close_idle_views(&self, idle_sweeps: u64) {
+        let mut views = self.views.lock();
+        let sweep = self.sweeps.fetch_add(1, Ordering::Relaxed) + 1;
+        views.retain(|(_, _, used)| sweep - used < idle_sweeps);
     }
 
     /// The exact time `text` names (a bookmark, RFC 3339, Unix time, "-10m"
@@ -153,6 +159,7 @@ impl Trees {
             tree: Tree::open(volume, now)?,
             mirror: Mutex::new(None),
             views: Mutex::new(Vec::new()),
+            sweeps: AtomicU64::new(0),
         });
         open.insert(id, Arc::clone(&tree));
         Ok(tree)
@@ -175,13 +182,13 @@ impl Trees {
         Err(TreeError::Stale)
     }
 
-    /// Closes the views of every open tree that nobody used for `idle`,
-    /// so that they stop holding their times in history: the server calls
-    /// it before each retention pass.
-    pub fn close_idle_views(&self, idle: Duration) {
+    /// One sweep: closes the views of every open tree that nobody used in
+    /// the last `idle_sweeps` sweeps, so that they stop holding their times
+    /// in history. The server sweeps before each retention pass.
+    pub fn close_idle_views(&self, idle_sweeps: u64) {
         let open: Vec<Arc<OpenTree>> = self.open.lock().values().cloned().collect();
         for tree in open {
-            tree.close_idle_views(idle);
+            tree.close_idle_views(idle_sweeps);
         }
     }
 
