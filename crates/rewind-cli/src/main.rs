@@ -850,6 +850,12 @@ fn tree(backend: &dyn Backend, command: TreeCommand) -> Result<()> {
                 "forwarded {}, recorded {}, unrecorded {} (brought in step by comparison), compared whole {} times",
                 mirror.forwarded, mirror.recorded, mirror.unrecorded, mirror.resyncs
             );
+            if !mirror.in_step {
+                println!(
+                    "out of step: updates go unrecorded until a comparison with the upstream succeeds (is the data \
+                     directory's disk full? the server's log says what failed)"
+                );
+            }
             if let Some(lag) = &mirror.lag {
                 let ms = |nanos: u64| nanos as f64 / 1e6;
                 println!(

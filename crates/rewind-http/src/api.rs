@@ -1503,7 +1503,10 @@ pub struct TreeMirror {
     /// Updates the upstream applied that went unrecorded as steps of their
     /// own (the tree was brought in step by comparison instead).
     pub unrecorded: u64,
+    /// Comparisons of the whole tree with the upstream begun.
     pub resyncs: u64,
+    /// False while updates go unrecorded until a comparison succeeds.
+    pub in_step: bool,
     /// Asynchronous mirrors: how far behind the upstream the tree is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag: Option<TreeMirrorLag>,
@@ -1543,6 +1546,7 @@ impl TreeMirror {
             recorded: status.recorded,
             unrecorded: status.unrecorded,
             resyncs: status.resyncs,
+            in_step: status.in_step,
             lag: status.lag.map(|lag| TreeMirrorLag {
                 pending_updates: lag.pending_updates as u64,
                 pending_bytes: lag.pending_bytes as u64,

@@ -24,8 +24,12 @@ pub struct MirrorStatus {
     /// Updates the upstream applied that could not be recorded as steps of
     /// their own (the tree was brought in step by comparing it instead).
     pub unrecorded: u64,
-    /// Comparisons of the whole tree with the upstream (one at every start).
+    /// Comparisons of the whole tree with the upstream begun (one at every
+    /// start; while the tree cannot record, retried after growing pauses).
     pub resyncs: u64,
+    /// False while updates go unrecorded until a comparison succeeds (the
+    /// tree's disk is full, say).
+    pub in_step: bool,
     /// How far behind the upstream the tree is (asynchronous mirrors).
     pub lag: Option<MirrorLag>,
 }

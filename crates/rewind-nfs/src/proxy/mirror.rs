@@ -158,6 +158,7 @@ impl Proxy {
     /// Brings the whole mirror in step with the upstream. The caller holds
     /// the order lock.
     pub(super) fn resync(&self) -> Result<Resync, ProxyError> {
+        self.stats.lock().resyncs += 1;
         let root = self.tree.tree.root()?;
         self.handles.lock().insert(root, &self.export_root);
         let mut run = Resync::default();
@@ -165,7 +166,6 @@ impl Proxy {
         let attributes = self.pool.getattr(&self.export_root)?;
         self.settle(root, &attributes, &mut run)?;
         self.tree.tree.commit_writes()?;
-        self.stats.lock().resyncs += 1;
         Ok(run)
     }
 

@@ -80,6 +80,7 @@ pub mod upstream;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use nfs3_types::nfs3::nfsstat3;
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -114,6 +115,13 @@ pub enum ProxyError {
     Tree(#[from] TreeError),
     #[error("{0}")]
     Setup(String),
+}
+
+impl ProxyError {
+    /// Whether trying again later may succeed: the mirror's disk is full.
+    fn is_transient(&self) -> bool {
+        matches!(self, ProxyError::Tree(TreeError::Engine(error)) if error.is_transient())
+    }
 }
 
 /// A handle in a call: where it is in the arguments, and what it names in
@@ -158,8 +166,18 @@ impl Mirror for Proxy {
     fn status(&self) -> MirrorStatus {
         let mut status = self.stats.lock().clone();
         status.lag = self.recorder.as_ref().map(recorder::Recorder::lag);
+        status.in_step = !self.diverged.load(Ordering::Acquire);
         status
     }
+}
+
+/// The pauses between comparisons while the mirror is out of step.
+const RESYNC_PAUSE_MIN: Duration = Duration::from_millis(100);
+const RESYNC_PAUSE_MAX: Duration = Duration::from_secs(10);
+
+struct Retry {
+    at: Instant,
+    pause: Duration,
 }
 
 /// Locks striping the order of one file's data updates.
@@ -192,8 +210,14 @@ pub struct Proxy {
     order: RwLock<()>,
     files: Vec<Mutex<()>>,
     recorder: Option<recorder::Recorder>,
-    /// An update went unrecorded: compare with the upstream before the next.
+    /// An update went unrecorded: the mirror is out of step until a
+    /// comparison with the upstream succeeds (`catch_up`). Updates
+    /// meanwhile are forwarded and not recorded.
     diverged: AtomicBool,
+    /// When to try that comparison next. It reads the whole tree, and while
+    /// the mirror's disk is full it fails, so it is retried after a pause
+    /// that doubles up to `RESYNC_PAUSE_MAX`, not before every update.
+    retry: Mutex<Retry>,
     stats: Mutex<MirrorStatus>,
 }
 
@@ -233,6 +257,7 @@ impl Proxy {
             order: RwLock::new(()),
             files: (0..FILE_STRIPES).map(|_| Mutex::new(())).collect(),
             diverged: AtomicBool::new(false),
+            retry: Mutex::new(Retry { at: Instant::now(), pause: Duration::ZERO }),
             stats: Mutex::new(stats),
         });
         // Synchronously too: the proxy flushes after releasing its order
@@ -390,7 +415,11 @@ impl Proxy {
         let mut run = mirror::Resync::trusting_mapped();
         self.resync_directory(dir, dir_fh, false, &mut run).map_err(|error| {
             warn!(%error, "the mirror could not take in what the upstream has");
-            Failure::Status(nfsstat3::NFS3ERR_SERVERFAULT)
+            // A full mirror: the client is told to try again later.
+            match error.is_transient() {
+                true => Failure::Status(nfsstat3::NFS3ERR_JUKEBOX),
+                false => Failure::Status(nfsstat3::NFS3ERR_SERVERFAULT),
+            }
         })
     }
 
@@ -405,14 +434,7 @@ impl Proxy {
         out: &mut Vec<u8>,
     ) -> Result<(), Failure> {
         if self.diverged.load(Ordering::Acquire) {
-            let _order = self.order.write();
-            if self.diverged.swap(false, Ordering::AcqRel) {
-                self.drain();
-                if let Err(error) = self.resync() {
-                    self.diverged.store(true, Ordering::Release);
-                    warn!(%error, "the mirror is still out of step with the upstream");
-                }
-            }
+            self.catch_up();
         }
         // Updates of different files' data commute; everything else is
         // ordered against everything.
@@ -491,20 +513,28 @@ impl Proxy {
     }
 
     /// Makes what the mirror recorded durable (a synchronous update's
-    /// record, before its reply). A failed flush has poisoned the mirror's
-    /// volume: the upstream keeps serving, and the mirror is out of step.
+    /// record, before its reply). If that fails (a full disk, or a failed
+    /// flush that poisoned the mirror's volume) the upstream keeps serving
+    /// and the mirror is out of step.
     fn make_durable(&self) {
         if let Err(error) = self.tree.tree.commit_writes() {
             warn!(%error, "the mirror's records could not be made durable: it is out of step with the upstream");
             self.stats.lock().unrecorded += 1;
-            self.diverged.store(true, Ordering::Release);
+            self.fall_out_of_step();
         }
     }
 
     /// Records an update into the mirror; if it cannot be, the mirror is
-    /// compared with the upstream (so the present is right, if not every
-    /// step to it). Returns the object made, if any.
+    /// compared with the upstream at once (so the present is right, if not
+    /// every step to it), and if that fails too it is out of step. Returns
+    /// the object made, if any.
     fn record_or_resync(&self, update: &Update<'_>, made: Option<(&[u8], &Fattr)>, author: &Caller) -> Option<Handle> {
+        if self.diverged.load(Ordering::Acquire) {
+            // Recorded onto a mirror that lacks what it builds on, an
+            // update could fail or go wrong; the comparison will take it in.
+            self.stats.lock().unrecorded += 1;
+            return None;
+        }
         match self.record(update, made, author) {
             Ok(created) => {
                 self.stats.lock().recorded += 1;
@@ -517,10 +547,43 @@ impl Proxy {
                 );
                 self.stats.lock().unrecorded += 1;
                 if let Err(error) = self.resync() {
-                    warn!(%error, "the mirror is out of step with the upstream until the next update");
-                    self.diverged.store(true, Ordering::Release);
+                    warn!(%error, "the mirror is out of step with the upstream: comparing again shortly");
+                    self.fall_out_of_step();
                 }
                 made.and_then(|(fh, _)| self.handles.lock().mirror_of.get(fh).copied())
+            }
+        }
+    }
+
+    /// Marks the mirror out of step; the next comparison waits a pause that
+    /// doubles with each failure.
+    fn fall_out_of_step(&self) {
+        let mut retry = self.retry.lock();
+        retry.pause = (retry.pause * 2).clamp(RESYNC_PAUSE_MIN, RESYNC_PAUSE_MAX);
+        retry.at = Instant::now() + retry.pause;
+        self.diverged.store(true, Ordering::Release);
+    }
+
+    /// Compares the out-of-step mirror with the upstream, if its pause is
+    /// over, ordered against every update.
+    fn catch_up(&self) {
+        if Instant::now() < self.retry.lock().at {
+            return;
+        }
+        let _order = self.order.write();
+        if !self.diverged.load(Ordering::Acquire) || Instant::now() < self.retry.lock().at {
+            return;
+        }
+        self.drain();
+        match self.resync() {
+            Ok(report) => {
+                self.diverged.store(false, Ordering::Release);
+                self.retry.lock().pause = Duration::ZERO;
+                info!(%report, "the mirror is in step with the upstream again");
+            }
+            Err(error) => {
+                warn!(%error, "the mirror is still out of step with the upstream");
+                self.fall_out_of_step();
             }
         }
     }
