@@ -462,7 +462,10 @@ impl Proxy {
                 let created =
                     self.record_or_resync(&update, made.as_ref().map(|(fh, fattr, _)| (&fh[..], fattr)), &author);
                 drop(turn);
-                if update.durable_on_return() {
+                // Out of step, nothing was recorded: no flush is owed, and
+                // one that failed on a full disk would fail (and warn) on
+                // every update until the comparison catches up.
+                if update.durable_on_return() && !self.diverged.load(Ordering::Acquire) {
                     self.make_durable();
                 }
                 created
