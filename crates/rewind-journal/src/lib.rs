@@ -261,6 +261,19 @@ impl Batch {
     }
 
     /// Copies `buf.len()` bytes at `offset` of `segment` if this batch holds them.
+    /// A copy of a written batch's records in a buffer of their size, to
+    /// keep in [`Recent`] while its own buffer is reused; `None` when that
+    /// buffer is mostly full and worth keeping instead. The copy is never
+    /// written: it is not laid out for direct I/O.
+    fn compacted(&self) -> Option<Batch> {
+        if self.records_len() as usize >= self.bytes.capacity() / 2 {
+            return None;
+        }
+        let records = self.records().to_vec();
+        let records_end = records.len();
+        Some(Batch { bytes: records, sector_start: 0, records_start: 0, records_end, ..*self })
+    }
+
     fn copy_out(&self, segment: u32, offset: u64, buf: &mut [u8]) -> bool {
         if segment != self.segment || offset < self.offset || offset + buf.len() as u64 > self.end() {
             return false;
@@ -309,6 +322,25 @@ const SPARE_BUFFERS_MAX: usize = 4;
 /// cache does not hold them.
 const RECENT_BYTES_MAX: u64 = 64 << 20;
 
+/// The batches written with direct I/O that are still kept in memory,
+/// oldest first: a small batch's records in a copy of their size
+/// ([`Batch::compacted`]), so that its buffer, reserved for a whole batch,
+/// is reused at once. Reads find theirs by bisection, and the byte count
+/// is kept, not summed: a stream of small commits keeps thousands.
+#[derive(Default)]
+struct Recent {
+    batches: VecDeque<Arc<Batch>>,
+    bytes: u64,
+}
+
+impl Recent {
+    fn copy_out(&self, segment: u32, offset: u64, buf: &mut [u8]) -> bool {
+        let at = pack(segment, offset);
+        let after = self.batches.partition_point(|batch| pack(batch.segment, batch.offset) <= at);
+        after > 0 && self.batches[after - 1].copy_out(segment, offset, buf)
+    }
+}
+
 pub struct Journal {
     storage: Arc<dyn Storage>,
     dir: String,
@@ -318,8 +350,8 @@ pub struct Journal {
     /// Serialises writing batches out and committing them.
     written: Mutex<Written>,
     spare_buffers: Mutex<Vec<Vec<u8>>>,
-    /// Batches written with direct I/O, oldest first (see `RECENT_BYTES_MAX`).
-    recent: Mutex<VecDeque<Arc<Batch>>>,
+    /// Batches written with direct I/O (see `RECENT_BYTES_MAX`).
+    recent: Mutex<Recent>,
     /// `pack(segment, offset)` of the oldest byte `recent` holds.
     recent_start: AtomicU64,
     /// Writes go around the page cache; cleared for good if the filesystem refuses.
@@ -419,7 +451,7 @@ impl Journal {
                 aligned: Vec::new(),
             }),
             spare_buffers: Mutex::new(Vec::new()),
-            recent: Mutex::new(VecDeque::new()),
+            recent: Mutex::new(Recent::default()),
             recent_start: AtomicU64::new(u64::MAX),
             direct_io: AtomicBool::new(config.direct_io),
             lsn_durable: AtomicU64::new(lsn_next.0 - 1),
@@ -914,31 +946,32 @@ impl Journal {
             self.written_end.store(pack(batch.segment, batch.end()), Ordering::Release);
         }
         let direct = self.direct_io.load(Ordering::Acquire);
+        // Copied before taking the locks: appends wait for `tail`.
+        let kept: Vec<Arc<Batch>> = if direct {
+            batches.iter().map(|batch| batch.compacted().map_or_else(|| batch.clone(), Arc::new)).collect()
+        } else {
+            Vec::new()
+        };
         let mut tail = self.tail.lock();
         // Still readable from memory: `recent` holds them before `sealed` lets go.
         let mut recent = self.recent.lock();
-        for batch in batches {
-            let front = tail.sealed.pop_front().expect("written batches are still queued");
-            assert!(Arc::ptr_eq(&front, &batch));
-            drop(front);
-            if direct {
-                if recent.is_empty() {
-                    self.recent_start.store(pack(batch.segment, batch.offset), Ordering::Release);
-                }
-                recent.push_back(batch);
-                continue;
+        for (batch, kept) in batches.iter().zip(&kept) {
+            if recent.batches.is_empty() {
+                self.recent_start.store(pack(batch.segment, batch.offset), Ordering::Release);
             }
-            self.recycle(batch);
+            recent.bytes += kept.records_len();
+            recent.batches.push_back(kept.clone());
+        }
+        for batch in &batches {
+            let front = tail.sealed.pop_front().expect("written batches are still queued");
+            assert!(Arc::ptr_eq(&front, batch));
         }
         drop(tail);
-        let mut recent_bytes: u64 = recent.iter().map(|batch| batch.records_len()).sum();
-        self.forget_recent(&mut recent, |oldest| {
-            if direct && recent_bytes <= RECENT_BYTES_MAX {
-                return false;
-            }
-            recent_bytes -= oldest.records_len();
-            true
-        });
+        self.forget_recent(&mut recent, |recent| !direct || recent.bytes > RECENT_BYTES_MAX);
+        drop(recent);
+        // Unshared now unless kept whole in `recent`.
+        drop(kept);
+        batches.into_iter().for_each(|batch| self.recycle(batch));
         Ok(())
     }
 
@@ -946,22 +979,27 @@ impl Journal {
     /// from memory: whoever was to read them soon (the destager) has.
     pub fn forget_written(&self, lsn: Lsn) {
         let mut recent = self.recent.lock();
-        self.forget_recent(&mut recent, |oldest| oldest.lsn_last <= lsn);
+        self.forget_recent(&mut recent, |recent| recent.batches.front().is_some_and(|oldest| oldest.lsn_last <= lsn));
     }
 
     /// Drops the oldest of the `recent` batches while `forget` says so.
-    fn forget_recent(&self, recent: &mut VecDeque<Arc<Batch>>, mut forget: impl FnMut(&Batch) -> bool) {
-        while recent.front().is_some_and(|oldest| forget(oldest)) {
-            let oldest = recent.pop_front().expect("not empty");
-            let start = recent.front().map_or(u64::MAX, |batch| pack(batch.segment, batch.offset));
+    fn forget_recent(&self, recent: &mut Recent, mut forget: impl FnMut(&Recent) -> bool) {
+        while !recent.batches.is_empty() && forget(recent) {
+            let oldest = recent.batches.pop_front().expect("not empty");
+            recent.bytes -= oldest.records_len();
+            let start = recent.batches.front().map_or(u64::MAX, |batch| pack(batch.segment, batch.offset));
             self.recent_start.store(start, Ordering::Release);
             self.recycle(oldest);
         }
     }
 
-    /// Keeps a written batch's buffer for reuse: its pages are already faulted in.
+    /// Keeps a written batch's buffer for reuse: its pages are already
+    /// faulted in. A compacted copy's buffer is too small to be worth it.
     fn recycle(&self, batch: Arc<Batch>) {
         if let Ok(batch) = Arc::try_unwrap(batch) {
+            if batch.bytes.capacity() < self.config.batch_bytes_max {
+                return;
+            }
             let mut spare = self.spare_buffers.lock();
             if spare.len() < SPARE_BUFFERS_MAX {
                 spare.push(batch.bytes);
@@ -1042,7 +1080,7 @@ impl Journal {
         }
         if pack(segment, offset) >= self.recent_start.load(Ordering::Acquire) {
             let recent = self.recent.lock();
-            if recent.iter().any(|batch| batch.copy_out(segment, offset, buf)) {
+            if recent.copy_out(segment, offset, buf) {
                 return Ok(());
             }
         }

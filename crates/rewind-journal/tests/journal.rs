@@ -404,23 +404,36 @@ fn a_direct_write_torn_at_every_sector_boundary_loses_nothing_committed() {
 }
 
 /// Batches written with direct I/O are read from memory until the destager
-/// says it has read them; after that from the file, the same bytes.
+/// says it has read them; after that from the file, the same bytes. Each
+/// commit here writes a batch of its own, so memory holds many, small ones
+/// (kept as copies of their records): every read finds its own.
 #[test]
 fn written_batches_are_read_from_memory_until_forgotten() {
     let storage = Arc::new(rewind_io::CountingStorage::new(Arc::new(SimStorage::new(SimConfig::default(), 9))));
     let shared: Arc<dyn Storage> = Arc::clone(&storage) as Arc<dyn Storage>;
     let journal = Journal::create(shared, "journal", block_size(), JournalConfig::default(), Timestamp::MIN).unwrap();
-    let appended = journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[7; 1024], &mut Vec::new());
-    let appended = appended.unwrap();
-    journal.commit().unwrap();
+    let appended: Vec<_> = (0..40u8)
+        .map(|i| {
+            let data = [i; 1024];
+            let appended = journal.append_write(Timestamp::from_unix_nanos(1 + u64::from(i)), BlockIndex(0), &data, &mut Vec::new());
+            journal.commit().unwrap();
+            appended.unwrap()
+        })
+        .collect();
     let reads = || storage.counters().stats().reads;
-    let (before, mut block) = (reads(), vec![0; 1024]);
-    journal.read(appended.segment, u64::from(appended.data_offset), &mut block).unwrap();
-    assert_eq!((block.as_slice(), reads()), (&[7; 1024][..], before), "read from memory");
-    journal.forget_written(appended.lsn);
-    block.fill(0);
-    journal.read(appended.segment, u64::from(appended.data_offset), &mut block).unwrap();
-    assert_eq!((block.as_slice(), reads()), (&[7; 1024][..], before + 1), "read from the file");
+    let read = |i: usize| {
+        let mut block = vec![0; 1024];
+        journal.read(appended[i].segment, u64::from(appended[i].data_offset), &mut block).unwrap();
+        assert_eq!(block, [i as u8; 1024], "record {i}");
+    };
+    let before = reads();
+    (0..appended.len()).rev().for_each(read);
+    assert_eq!(reads(), before, "read from memory");
+    journal.forget_written(appended[19].lsn);
+    (20..appended.len()).for_each(read);
+    assert_eq!(reads(), before, "the batches not forgotten are still read from memory");
+    (0..20).for_each(read);
+    assert_eq!(reads(), before + 20, "the forgotten ones are read from the file");
 }
 
 #[test]
