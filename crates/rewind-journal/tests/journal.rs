@@ -415,7 +415,12 @@ fn written_batches_are_read_from_memory_until_forgotten() {
     let appended: Vec<_> = (0..40u8)
         .map(|i| {
             let data = [i; 1024];
-            let appended = journal.append_write(Timestamp::from_unix_nanos(1 + u64::from(i)), BlockIndex(0), &data, &mut Vec::new());
+            let appended = journal.append_write(
+                Timestamp::from_unix_nanos(1 + u64::from(i)),
+                BlockIndex(0),
+                &data,
+                &mut Vec::new(),
+            );
             journal.commit().unwrap();
             appended.unwrap()
         })
