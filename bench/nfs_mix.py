@@ -195,6 +195,26 @@ def main():
             f" | {cpu('proxy', 'rewind'):.0f} (+ {cpu('proxy', 'ganesha'):.0f})"
             f" | {cpu('proxy-async', 'rewind'):.0f} (+ {cpu('proxy-async', 'ganesha'):.0f}) |"
         )
+    # Which operations the time goes to where updates are most of the mix.
+    busiest = MIXES[-1]
+    operations = sorted({op for config in CONFIGS for results in runs[config] for op in results[busiest]["by_operation"]})
+    lines += [
+        "",
+        f"Mean latency in µs by operation at {busiest}% updates (medians of the runs), and each operation's share of"
+        " the calls (in the SPECsfs mix CREATE writes the new file's first 8 KiB too):",
+        "",
+        "| operation | share | ganesha | Rewind server | proxy | proxy --async |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for op in operations:
+        def op_mean(config):
+            means = [results[busiest]["by_operation"][op]["mean_us"] for results in runs[config]
+                     if op in results[busiest]["by_operation"]]
+            return f"{statistics.median(means):.0f}" if means else "–"
+        calls = [results[busiest]["by_operation"].get(op, {}).get("count", 0) / results[busiest]["ops"]
+                 for results in runs["ganesha"]]
+        lines.append(f"| {op.upper()} | {statistics.median(calls):.1%} | "
+                     + " | ".join(op_mean(config) for config in CONFIGS) + " |")
     lines += [
         "",
         "Space: the data directory's bytes (journal, index, chunk store) per byte the clients wrote, after all four"

@@ -210,8 +210,8 @@ async fn working_set(
     Ok(set)
 }
 
-/// Runs the mix until `deadline`: latencies in microseconds, how many were
-/// updates, and the bytes written.
+/// Runs the mix until `deadline`: latencies in microseconds, each with its
+/// operation, how many were updates, and the bytes written.
 async fn run(
     client: &mut Connection,
     set: &mut WorkingSet,
@@ -219,7 +219,7 @@ async fn run(
     deadline: Instant,
     index: usize,
     rng: &mut StdRng,
-) -> Result<(Vec<u32>, u64, u64)> {
+) -> Result<(Vec<(Op, u32)>, u64, u64)> {
     let (mut latencies, mut updates, mut made, mut written) = (Vec::new(), 0, 0u64, 0u64);
     let data = vec![0x5a_u8; IO_BYTES];
     let total = mix.last().expect("a mix").1;
@@ -298,7 +298,7 @@ async fn run(
                 }
             },
         }
-        latencies.push(started.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+        latencies.push((op, started.elapsed().as_micros().min(u128::from(u32::MAX)) as u32));
         updates += u64::from(is_update(op));
     }
     Ok((latencies, updates, written))
@@ -342,6 +342,17 @@ async fn main() -> Result<()> {
         written += mine_written;
     }
     let seconds = started.elapsed().as_secs_f64();
+    // Which operations take the time: count and mean latency of each.
+    let mut by_op = std::collections::BTreeMap::<String, (u64, f64)>::new();
+    for (op, micros) in &latencies {
+        let entry = by_op.entry(format!("{op:?}")).or_default();
+        *entry = (entry.0 + 1, entry.1 + f64::from(*micros));
+    }
+    let by_op: serde_json::Map<String, serde_json::Value> = by_op
+        .into_iter()
+        .map(|(op, (count, sum))| (op, serde_json::json!({ "count": count, "mean_us": sum / count as f64 })))
+        .collect();
+    let mut latencies: Vec<u32> = latencies.into_iter().map(|(_, micros)| micros).collect();
     latencies.sort_unstable();
     let ops = latencies.len();
     anyhow::ensure!(ops > 0, "no operation finished in {seconds} s");
@@ -357,6 +368,7 @@ async fn main() -> Result<()> {
             "p99_us": p99,
             "updates_share": updates as f64 / ops as f64,
             "bytes_written": written,
+            "by_operation": by_op,
         })
     );
     Ok(())
