@@ -16,6 +16,12 @@ mod handle;
 mod mount;
 mod program;
 mod proxy;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    //! The proxy's handling of the upstream's replies, which it must not
+    //! trust, for the fuzz target `nfs_upstream_reply`.
+    pub use crate::proxy::reply::{handles_in, replace, Found};
+}
 mod rpc;
 mod server;
 mod update;

@@ -74,7 +74,7 @@
 
 mod mirror;
 mod recorder;
-mod reply;
+pub(crate) mod reply;
 pub mod upstream;
 
 use std::ops::Range;
