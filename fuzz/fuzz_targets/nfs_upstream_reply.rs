@@ -8,12 +8,13 @@
 //! Properties: no panic; memory follows the input; the rewritten reply
 //! reads back with the proxy's handles exactly where the upstream's were
 //! (optional ones the proxy has none for left out), and with the same
-//! attributes and names.
+//! attributes and names; a READDIRPLUS listing cut to a client's maxcount
+//! (`fit_listing`) fits it and keeps a prefix of the entries.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use rewind_fuzz::{assert_heap_follows_input, peak_heap_bytes, Cursor};
-use rewind_nfs::fuzzing::{handles_in, replace};
+use rewind_nfs::fuzzing::{fit_listing, handles_in, replace, TooSmall};
 use rewind_nfs::HANDLE_BYTES;
 
 /// The procedures whose replies carry handles.
@@ -73,5 +74,29 @@ fuzz_target!(|input: &[u8]| {
         assert_eq!(Some(&after.fh), ours.as_ref(), "the proxy's handle in place of the upstream's");
         assert_eq!(after.attributes, before.attributes, "attributes as the upstream gave them");
         assert_eq!(after.dots, before.dots, "the same names");
+    }
+
+    // A listing cut to a client's maxcount: as large as the upstream's
+    // reply, or smaller by a multiple of 8 bytes the input chooses.
+    if procedure != 17 || mode & 1 == 0 {
+        return;
+    }
+    // After the mark, the RPC header (24 bytes) and the status.
+    let resok_bytes = |framed: &[u8]| framed.len() - 4 - 24 - 4;
+    let maxcount = resok_bytes(&framed).saturating_sub(usize::from(mode >> 2) * 8) as u32;
+    let before = framed.clone();
+    match fit_listing(&mut framed, 4, maxcount) {
+        Err(TooSmall) => {
+            assert!(resok_bytes(&framed) > maxcount as usize && framed == before, "only a listing that does not fit")
+        }
+        Ok(()) if framed == before => {}
+        Ok(()) => {
+            assert!(resok_bytes(&framed) <= maxcount as usize, "within the client's maxcount");
+            let cut = handles_in(procedure, &framed[4..]).expect("a cut listing reads back");
+            assert!(cut.len() <= again.len(), "a cut listing keeps a prefix of the entries");
+            for (cut, whole) in cut.iter().zip(&again) {
+                assert_eq!((&cut.fh, &cut.attributes), (&whole.fh, &whole.attributes));
+            }
+        }
     }
 });

@@ -20,7 +20,7 @@ mod proxy;
 pub mod fuzzing {
     //! The proxy's handling of the upstream's replies, which it must not
     //! trust, for the fuzz target `nfs_upstream_reply`.
-    pub use crate::proxy::reply::{handles_in, replace, Found};
+    pub use crate::proxy::reply::{fit_listing, handles_in, replace, Found, TooSmall};
 }
 mod rpc;
 mod server;
