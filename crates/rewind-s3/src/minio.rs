@@ -38,6 +38,28 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("bound").port()
 }
 
+/// Whether process `pid` holds the socket listening on 127.0.0.1:`port`
+/// (`/proc/net/tcp` names the socket's inode, `/proc/PID/fd` the process's).
+fn listens(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else { return false };
+    // Local address in the kernel's byte order, and state LISTEN.
+    let local = format!("0100007F:{port:04X}");
+    let sockets: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let listening = fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A");
+            Some(format!("socket:[{}]", fields.get(9)?)).filter(|_| listening)
+        })
+        .collect();
+    let Ok(descriptors) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    descriptors.flatten().any(|descriptor| {
+        std::fs::read_link(descriptor.path())
+            .is_ok_and(|target| sockets.iter().any(|socket| target.as_os_str() == socket.as_str()))
+    })
+}
+
 /// A MinIO server; see the module documentation.
 pub struct Minio {
     dir: PathBuf,
@@ -52,30 +74,55 @@ impl Minio {
         // A top-level directory of MinIO's drive is a bucket.
         std::fs::create_dir_all(dir.join("data").join(BUCKET)).expect("the bucket's directory");
         let mut minio = Minio { dir: dir.to_owned(), port: free_port(), child: None };
+        // A port `free_port` gave out may be taken before MinIO binds it
+        // (tests start servers side by side); MinIO then exits, and starts
+        // again on another.
+        for _ in 0..4 {
+            if minio.try_run().is_ok() {
+                return minio;
+            }
+            minio.port = free_port();
+        }
         minio.run();
         minio
     }
 
     /// Starts the server again on the same data and port (after [`Minio::stop`]).
     pub fn run(&mut self) {
+        if let Err(log) = self.try_run() {
+            panic!("MinIO did not start on port {}: {log}", self.port);
+        }
+    }
+
+    /// Starts the server and waits until it serves, or returns its log if
+    /// it exits first (its port taken).
+    fn try_run(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "MinIO is running already");
         let log = std::fs::File::create(self.dir.join("minio.log")).expect("minio.log");
-        let child = Command::new(binary())
+        let mut child = Command::new(binary())
             .args(["server", "--quiet", "--address", &format!("127.0.0.1:{}", self.port)])
-            .args(["--console-address", &format!("127.0.0.1:{}", free_port())])
             .arg(self.dir.join("data"))
+            // No web console: its port is one more that can be taken, and
+            // it answers the readiness check too.
+            .env("MINIO_BROWSER", "off")
             .env("MINIO_ROOT_USER", USER)
             .env("MINIO_ROOT_PASSWORD", PASSWORD)
             .stdout(Stdio::from(log.try_clone().expect("minio.log")))
             .stderr(Stdio::from(log))
             .spawn()
             .expect("MinIO starts");
-        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !self.ready() {
+        // Another server on the port answers the readiness check as well:
+        // only ours holding the listening socket counts.
+        while !(self.ready() && listens(child.id(), self.port)) {
+            if child.try_wait().expect("MinIO's status").is_some() {
+                return Err(self.log());
+            }
             assert!(Instant::now() < deadline, "MinIO did not start: {}", self.log());
             std::thread::sleep(Duration::from_millis(50));
         }
+        self.child = Some(child);
+        Ok(())
     }
 
     /// MinIO's readiness check answers 200.
@@ -139,5 +186,20 @@ impl Minio {
 impl Drop for Minio {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listening_socket_is_told_from_another_processs() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(listens(std::process::id(), port), "this process listens there");
+        assert!(!listens(1, port), "init does not");
+        drop(listener);
+        assert!(!listens(std::process::id(), port), "nobody listens there now");
     }
 }
