@@ -260,7 +260,6 @@ impl Batch {
         (&self.bytes[self.sector_start..], sector_offset)
     }
 
-    /// Copies `buf.len()` bytes at `offset` of `segment` if this batch holds them.
     /// A copy of a written batch's records in a buffer of their size, to
     /// keep in [`Recent`] while its own buffer is reused; `None` when that
     /// buffer is mostly full and worth keeping instead. The copy is never
@@ -274,6 +273,7 @@ impl Batch {
         Some(Batch { bytes: records, sector_start: 0, records_start: 0, records_end, ..*self })
     }
 
+    /// Copies `buf.len()` bytes at `offset` of `segment` if this batch holds them.
     fn copy_out(&self, segment: u32, offset: u64, buf: &mut [u8]) -> bool {
         if segment != self.segment || offset < self.offset || offset + buf.len() as u64 > self.end() {
             return false;
@@ -334,6 +334,7 @@ struct Recent {
 }
 
 impl Recent {
+    /// Copies `buf.len()` bytes at `offset` of `segment` if a kept batch holds them.
     fn copy_out(&self, segment: u32, offset: u64, buf: &mut [u8]) -> bool {
         let at = pack(segment, offset);
         let after = self.batches.partition_point(|batch| pack(batch.segment, batch.offset) <= at);
