@@ -49,7 +49,7 @@ const READ_BYTES_MAX: usize = 1 << 20;
 /// Unneeded journal bytes read rather than split a read around them: at
 /// this disk's 2.5 GB/s, 16 KiB costs less than another read's latency.
 /// (Under bench/nfs_mix.py's four mixes, 16 KiB read 3.0 GB in 331k reads,
-/// 64 KiB 7.5 GB in 207k, none 2.4 GB in 526k.)
+/// 64 KiB 7.5 GB in 207k; read in block order, as before, 2.4 GB in 526k.)
 const READ_GAP_MAX: u64 = 16 << 10;
 /// Journal bytes of versions gathered before they are stored: versions come
 /// in block order, and the more of them are read at once in journal order,
