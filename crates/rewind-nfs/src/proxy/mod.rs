@@ -323,12 +323,14 @@ impl Proxy {
         if matches!(procedure, 3 | 17) {
             self.map_reply(procedure, &targets, out)?;
         }
-        // READDIRPLUS: the client's maxcount follows the directory's handle,
-        // the cookie, the cookie verifier and dircount.
-        let maxcount_at = targets[0].at.end + 20;
-        if let (17, Some(maxcount)) = (procedure, arguments.get(maxcount_at..maxcount_at + 4)) {
-            let maxcount = u32::from_be_bytes(maxcount.try_into().expect("4 bytes"));
-            reply::fit_listing(out, 4, maxcount).map_err(|reply::TooSmall| nfsstat3::NFS3ERR_TOOSMALL)?;
+        if procedure == 17 {
+            // The client's maxcount follows the directory's handle, the
+            // cookie, the cookie verifier and dircount.
+            let maxcount_at = targets[0].at.end + 20;
+            if let Some(maxcount) = arguments.get(maxcount_at..maxcount_at + 4) {
+                let maxcount = u32::from_be_bytes(maxcount.try_into().expect("4 bytes"));
+                reply::fit_listing(out, 4, maxcount).map_err(|reply::TooSmall| nfsstat3::NFS3ERR_TOOSMALL)?;
+            }
         }
         Ok(())
     }

@@ -122,6 +122,10 @@ pub struct TooSmall;
 /// on from the last cookie it got; nothing else in the reply changes. A
 /// reply that fits, a failure, or one that does not decode is left as it is.
 pub fn fit_listing(reply: &mut Vec<u8>, offset: usize, maxcount: u32) -> Result<(), TooSmall> {
+    // The listing is part of the record: a record that fits needs no reading.
+    if reply.len() - offset <= maxcount as usize {
+        return Ok(());
+    }
     let Ok(Some((resok_start, entry_ends))) = listing_layout(&reply[offset..]) else { return Ok(()) };
     let resok_bytes = reply.len() - offset - resok_start;
     if resok_bytes <= maxcount as usize {
