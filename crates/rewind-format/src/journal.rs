@@ -30,7 +30,15 @@ pub struct SegmentHeader {
     /// creation, for the first): the previous segment holds nothing newer,
     /// which tells when it may be reclaimed.
     pub timestamp_before: Timestamp,
+    /// The file held an earlier segment and was reused for this one: past
+    /// this segment's records it holds that segment's bytes, not zeros. Its
+    /// records (all with LSNs below `lsn_first`) cannot pass for this
+    /// segment's, whose LSNs start there.
+    pub recycled: bool,
 }
+
+/// Bit 0 of the segment header's flags.
+const SEGMENT_FLAG_RECYCLED: u32 = 1;
 
 impl SegmentHeader {
     pub fn encode(&self) -> [u8; SEGMENT_HEADER_BYTES] {
@@ -42,7 +50,8 @@ impl SegmentHeader {
             .u32(self.block_size.bytes())
             .u64(self.lsn_first.0)
             .u64(self.timestamp_before.unix_nanos())
-            .zeros(CHECKSUM_OFFSET - 32);
+            .u32(if self.recycled { SEGMENT_FLAG_RECYCLED } else { 0 })
+            .zeros(CHECKSUM_OFFSET - 36);
         seal(writer.into_bytes(), &[])
     }
 
@@ -55,14 +64,19 @@ impl SegmentHeader {
         let block_size = reader.u32()?;
         let lsn_first = Lsn(reader.u64()?);
         let timestamp_before = Timestamp::from_unix_nanos(reader.u64()?);
-        reader.take(CHECKSUM_OFFSET - 32)?;
+        let flags = reader.u32()?;
+        reader.take(CHECKSUM_OFFSET - 36)?;
         let stored = reader.u32()?;
         verify_crc(WHAT, stored, crc32c(&bytes[..CHECKSUM_OFFSET]))?;
         if version != FORMAT_VERSION {
             return Err(FormatError::UnsupportedVersion { what: WHAT, found: version, supported: FORMAT_VERSION });
         }
         let block_size = BlockSize::new(block_size).map_err(|error| reader.invalid(error.to_string()))?;
-        Ok(SegmentHeader { segment, block_size, lsn_first, timestamp_before })
+        if flags & !SEGMENT_FLAG_RECYCLED != 0 {
+            return Err(reader.invalid(format!("unknown segment flags {flags:#x}")));
+        }
+        let recycled = flags & SEGMENT_FLAG_RECYCLED != 0;
+        Ok(SegmentHeader { segment, block_size, lsn_first, timestamp_before, recycled })
     }
 }
 
@@ -698,11 +712,22 @@ mod tests {
             block_size: BlockSize::new(512).unwrap(),
             lsn_first: Lsn(77),
             timestamp_before: Timestamp::from_unix_nanos(99),
+            recycled: false,
         };
         assert_eq!(SegmentHeader::decode(&segment.encode()).unwrap(), segment);
+        let recycled = SegmentHeader { recycled: true, ..segment };
+        assert_eq!(SegmentHeader::decode(&recycled.encode()).unwrap(), recycled);
+        assert_eq!(recycled.encode()[32], 1, "the flag is bit 0 at byte 32");
         let mut bad = segment.encode();
         bad[20] ^= 0x10;
         assert!(SegmentHeader::decode(&bad).is_err());
+        // A flag this version does not know is refused, not ignored.
+        let mut unknown = segment.encode();
+        unknown[32] = 2;
+        let checksum = crate::crc32c(&unknown[..60]);
+        unknown[60..].copy_from_slice(&checksum.to_le_bytes());
+        let error = SegmentHeader::decode(&unknown).unwrap_err().to_string();
+        assert!(error.contains("unknown segment flags 0x2"), "{error}");
     }
 
     #[test]

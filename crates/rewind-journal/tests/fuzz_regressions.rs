@@ -28,7 +28,14 @@ fn a_damaged_tail_of_part_of_an_8_byte_unit_is_not_repaired_by_a_panic() {
         revert: None,
     };
     let header = |segment, lsn_first| {
-        SegmentHeader { segment, block_size, lsn_first: Lsn(lsn_first), timestamp_before: Timestamp::MIN }.encode()
+        SegmentHeader {
+            segment,
+            block_size,
+            lsn_first: Lsn(lsn_first),
+            timestamp_before: Timestamp::MIN,
+            recycled: false,
+        }
+        .encode()
     };
     // Segment 1: record 1, damaged, then 7 more bytes: 95 bytes after the
     // segment header, not whole 8-byte units.

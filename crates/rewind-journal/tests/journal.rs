@@ -45,8 +45,22 @@ fn append(journal: &Journal, op: &Op, timestamp: u64) -> Lsn {
 }
 
 fn replay(storage: &SimStorage, config: JournalConfig) -> Result<(Vec<Op>, Journal), JournalError> {
+    replay_from(storage, config, (start(), Lsn(1))).map(|(ops, journal, _)| (ops, journal))
+}
+
+fn replay_reporting(storage: &SimStorage) -> Result<(Vec<Op>, RecoveryReport), JournalError> {
+    replay_from(storage, JournalConfig::default(), (start(), Lsn(1))).map(|(ops, _, report)| (ops, report))
+}
+
+/// Recovers the journal from a replay point (where a record starts, and its
+/// LSN): the records from there on.
+fn replay_from(
+    storage: &SimStorage,
+    config: JournalConfig,
+    (from, lsn_from): (JournalPosition, Lsn),
+) -> Result<(Vec<Op>, Journal, RecoveryReport), JournalError> {
     let shared: Arc<dyn Storage> = Arc::new(storage.clone());
-    let mut recovery = Journal::recover(shared, "journal", block_size(), config, start(), Lsn(1), Timestamp::MIN)?;
+    let mut recovery = Journal::recover(shared, "journal", block_size(), config, from, lsn_from, Timestamp::MIN)?;
     let mut ops = Vec::new();
     while let Some(record) = recovery.next_record()? {
         let block = record.header.block_first.0;
@@ -62,20 +76,16 @@ fn replay(storage: &SimStorage, config: JournalConfig) -> Result<(Vec<Op>, Journ
             }
         });
     }
-    let (journal, _report) = recovery.finish()?;
-    Ok((ops, journal))
+    let (journal, report) = recovery.finish()?;
+    Ok((ops, journal, report))
 }
 
-fn replay_reporting(storage: &SimStorage) -> Result<(Vec<Op>, RecoveryReport), JournalError> {
-    let shared: Arc<dyn Storage> = Arc::new(storage.clone());
-    let config = JournalConfig::default();
-    let mut recovery = Journal::recover(shared, "journal", block_size(), config, start(), Lsn(1), Timestamp::MIN)?;
-    let mut ops = Vec::new();
-    while let Some(record) = recovery.next_record()? {
-        ops.push(Op::Write { block: record.header.block_first.0, data: record.data.to_vec() });
-    }
-    let (_, report) = recovery.finish()?;
-    Ok((ops, report))
+/// The segment files of the journal, in order (not the spares).
+fn segments(storage: &SimStorage) -> Vec<String> {
+    let mut names: Vec<String> =
+        storage.list_dir("journal").unwrap().into_iter().filter(|name| name.ends_with(".seg")).collect();
+    names.sort();
+    names
 }
 
 /// A compound record of up to four extents over blocks 0..256, some zeroed.
@@ -260,7 +270,8 @@ fn reclaim_deletes_only_old_segments_before_the_replay_point() {
     let freed = journal.reclaim(5, Timestamp::from_unix_nanos(35)).unwrap();
     assert!(freed > 0);
     let names = storage.list_dir("journal").unwrap();
-    assert_eq!(names.first().map(String::as_str), Some("00000002.seg"), "{names:?}");
+    assert_eq!(segments(&storage).first().map(String::as_str), Some("00000002.seg"), "{names:?}");
+    assert!(names.contains(&"spare-0".to_owned()), "kept for reuse: {names:?}");
     let mut buf = vec![0; BLOCK as usize];
     let error = journal.read(1, u64::from(appended[0].data_offset), &mut buf).unwrap_err();
     assert!(matches!(error, JournalError::Reclaimed { segment: 1 }), "{error}");
@@ -268,7 +279,10 @@ fn reclaim_deletes_only_old_segments_before_the_replay_point() {
     assert_eq!(buf, vec![3; BLOCK as usize]);
     // Up to the replay point when everything is archived.
     journal.reclaim(5, Timestamp::MAX).unwrap();
-    assert_eq!(storage.list_dir("journal").unwrap().first().map(String::as_str), Some("00000005.seg"));
+    assert_eq!(segments(&storage).first().map(String::as_str), Some("00000005.seg"));
+    // Two spares kept (the default), the other segments deleted.
+    let spares = storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).count();
+    assert_eq!(spares, 2);
     drop(journal);
     // Recovery from the replay point does not miss the deleted segments.
     let from = JournalPosition { segment: 5, offset: 64 };
@@ -355,52 +369,160 @@ fn a_direct_write_torn_at_every_sector_boundary_loses_nothing_committed() {
     };
     let (committed, batch) = (ops(3, &mut rng), ops(12, &mut rng));
     let config = SimConfig { sector_bytes: 512, ..SimConfig::default() };
-    let (mut sectors, mut tears) = (u64::MAX, 0);
-    let mut kept_before = 0;
-    while tears <= sectors {
-        let storage = SimStorage::new(config, seed);
-        let journal = Journal::create(
-            Arc::new(storage.clone()),
-            "journal",
-            block_size(),
-            JournalConfig::default(),
-            Timestamp::MIN,
-        )
-        .unwrap();
-        for (step, op) in committed.iter().enumerate() {
-            append(&journal, op, step as u64 + 1);
+    for recycled in [false, true] {
+        let (mut sectors, mut tears) = (u64::MAX, 0);
+        let mut kept_before = 0;
+        while tears <= sectors {
+            let what = format!("{} segment torn after {tears} sectors", if recycled { "a recycled" } else { "a new" });
+            let storage = SimStorage::new(config, seed);
+            let (journal, path, from) = journal_ready(&storage, recycled);
+            for (step, op) in committed.iter().enumerate() {
+                append(&journal, op, 1_000 + step as u64);
+            }
+            journal.commit().unwrap();
+            let committed_end = journal.position_next().offset.next_multiple_of(4096);
+            for (step, op) in batch.iter().enumerate() {
+                append(&journal, op, 2_000 + step as u64);
+            }
+            // Written with one direct write, and not synced: the crash tears it.
+            journal.write_out().unwrap();
+            let written_end = journal.position_next().offset.next_multiple_of(4096);
+            assert_eq!(journal.position_next().segment, from.0.segment, "one segment");
+            sectors = (written_end - (committed_end - 4096)) / 512;
+            drop(journal);
+            storage.crash_tearing_last_write(&path, tears).unwrap();
+            let (survivors, journal, _) =
+                replay_from(&storage, JournalConfig::default(), from).unwrap_or_else(|error| panic!("{what}: {error}"));
+            assert!(survivors.len() >= committed.len(), "{what}: lost committed records");
+            let all: Vec<Op> = committed.iter().chain(&batch).cloned().collect();
+            assert_eq!(survivors[..], all[..survivors.len()], "{what}: not a prefix");
+            assert!(survivors.len() >= kept_before, "{what}: more sectors written never keep fewer records");
+            kept_before = survivors.len();
+            // The journal carries on after what it kept.
+            let op = Op::Zero { block: 1, count: 2 };
+            assert_eq!(append(&journal, &op, 3_000), Lsn(from.1 .0 + survivors.len() as u64), "{what}");
+            journal.commit().unwrap();
+            drop(journal);
+            let (again, _, _) = replay_from(&storage, JournalConfig::default(), from).unwrap();
+            assert_eq!(again.len(), survivors.len() + 1, "{what}");
+            tears += 1;
         }
-        journal.commit().unwrap();
-        let size_before = storage.open_file("journal/00000001.seg", rewind_io::OpenMode::Existing).unwrap();
-        let committed_end = size_before.size_bytes().unwrap();
-        for (step, op) in batch.iter().enumerate() {
-            append(&journal, op, step as u64 + 10);
-        }
-        // Written with one direct write, and not synced: the crash tears it.
-        journal.write_out().unwrap();
-        let written_end = size_before.size_bytes().unwrap();
-        assert!(written_end.is_multiple_of(4096) && committed_end.is_multiple_of(4096), "direct writes are padded");
-        sectors = (written_end - (committed_end - 4096)) / 512;
-        drop(journal);
-        storage.crash_tearing_last_write("journal/00000001.seg", tears).unwrap();
-        let (survivors, journal) = replay(&storage, JournalConfig::default())
-            .unwrap_or_else(|error| panic!("torn after {tears} sectors: {error}"));
-        assert!(survivors.len() >= committed.len(), "torn after {tears} sectors: lost committed records");
-        let all: Vec<Op> = committed.iter().chain(&batch).cloned().collect();
-        assert_eq!(survivors[..], all[..survivors.len()], "torn after {tears} sectors: not a prefix");
-        assert!(survivors.len() >= kept_before, "more sectors written never keep fewer records");
-        kept_before = survivors.len();
-        // The journal carries on after what it kept.
-        let op = Op::Zero { block: 1, count: 2 };
-        assert_eq!(append(&journal, &op, 100), Lsn(survivors.len() as u64 + 1));
-        journal.commit().unwrap();
-        drop(journal);
-        let (again, _) = replay(&storage, JournalConfig::default()).unwrap();
-        assert_eq!(again.len(), survivors.len() + 1, "torn after {tears} sectors");
-        tears += 1;
+        assert_eq!(kept_before, committed.len() + batch.len(), "the whole write keeps every record");
+        assert!(sectors > 16, "the batch spans many sectors: {sectors}");
     }
-    assert_eq!(kept_before, committed.len() + batch.len(), "the whole write keeps every record");
-    assert!(sectors > 16, "the batch spans many sectors: {sectors}");
+}
+
+/// A journal whose next record starts a new segment file, or (`recycled`)
+/// goes into a file reused from an earlier segment, still full of that
+/// segment's records: the journal, its active segment's path, and the
+/// replay point there (the next record's position and LSN).
+fn journal_ready(storage: &SimStorage, recycled: bool) -> (Journal, String, (JournalPosition, Lsn)) {
+    let config = JournalConfig { segment_bytes_max: 256 << 10, ..JournalConfig::default() };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    if !recycled {
+        return (journal, "journal/00000001.seg".to_owned(), (start(), Lsn(1)));
+    }
+    // Segments 1 and 2 full of records of 0xEE, reclaimed once segment 3 is
+    // started (spare-0 and spare-1); segment 4 then reuses segment 1's file.
+    let filler = Op::Write { block: 0, data: vec![0xEE; 8 * BLOCK as usize] };
+    let mut step = 0;
+    while journal.position_next().segment < 4 {
+        step += 1;
+        append(&journal, &filler, step);
+        if journal.position_next().segment == 3 && segments(storage).len() == 3 {
+            journal.commit().unwrap();
+            assert!(journal.reclaim(3, Timestamp::MAX).unwrap() > 0);
+        }
+    }
+    journal.commit().unwrap();
+    let from = (journal.position_next(), journal.lsn_next());
+    assert!(from.0.offset > 64 && from.0.offset < 16 << 10, "{from:?}");
+    let names = storage.list_dir("journal").unwrap();
+    assert!(names.contains(&"spare-1".to_owned()) && !names.contains(&"spare-0".to_owned()), "{names:?}");
+    (journal, "journal/00000004.seg".to_owned(), from)
+}
+
+/// Reclaimed segments kept as spares and reused: every committed record
+/// survives any crash, what survives is a prefix, and no record a reused
+/// file held before is ever taken for one of the journal's, nor reported as
+/// a torn write after a clean stop.
+#[test]
+fn recycled_segments_keep_every_committed_record_and_replay_none_of_their_old_ones() {
+    let mut recycled_seen = 0;
+    for seed in 0..300u64 {
+        println!("seed {seed}");
+        let storage = SimStorage::new(SimConfig { direct_io: seed % 2 == 0, ..SimConfig::default() }, seed);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let config = JournalConfig {
+            segment_bytes_max: rng.random_range(3_000..12_000),
+            batch_bytes_max: rng.random_range(64..24_000),
+            spare_segments_max: rng.random_range(1..=3),
+            spare_after_commits: rng.random_range(0..4),
+            ..JournalConfig::default()
+        };
+        let journal =
+            Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+        let mut appended = Vec::new();
+        let mut committed = 0;
+        // The replay point of the last checkpoint.
+        let mut from = (start(), Lsn(1));
+        let mut clean = false;
+        for step in 0..rng.random_range(20..200) {
+            let op = random_op(&mut rng);
+            append(&journal, &op, step);
+            appended.push(op);
+            clean = false;
+            if rng.random_bool(0.2) {
+                committed = journal.commit().unwrap().0 as usize;
+                clean = rng.random_bool(0.5);
+                if rng.random_bool(0.3) {
+                    journal.vouch().unwrap();
+                }
+            } else if rng.random_bool(0.2) {
+                journal.write_out().unwrap();
+            }
+            if rng.random_bool(0.1) {
+                // A checkpoint at the durable point, and everything before
+                // it archived: its segments are reclaimed.
+                let (lsn, position) = journal.durable_point();
+                from = (position, lsn.next());
+                journal.reclaim(position.segment, Timestamp::MAX).unwrap();
+            }
+            if rng.random_bool(0.1) {
+                // Spares written ahead: new segments start in files of zeros.
+                journal.prepare_spare().unwrap();
+            }
+        }
+        let recycled = segments(&storage).iter().filter(|name| segment_is_recycled(&storage, name)).count();
+        recycled_seen += recycled;
+        drop(journal);
+        storage.crash();
+        let (survivors, journal, report) =
+            replay_from(&storage, config, from).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        let skipped = from.1 .0 as usize - 1;
+        assert!(skipped + survivors.len() >= committed, "seed {seed}: lost committed records");
+        assert_eq!(survivors[..], appended[skipped..skipped + survivors.len()], "seed {seed}: not a prefix");
+        if clean {
+            // Nothing was appended after the last commit.
+            assert_eq!(report.dropped, None, "seed {seed}: a clean stop");
+        }
+        let op = random_op(&mut rng);
+        assert_eq!(append(&journal, &op, 1_000), Lsn(from.1 .0 + survivors.len() as u64), "seed {seed}");
+        journal.commit().unwrap();
+        drop(journal);
+        let (again, _, _) = replay_from(&storage, config, from).unwrap();
+        assert_eq!(again.len(), survivors.len() + 1, "seed {seed}");
+        assert_eq!(again.last(), Some(&op), "seed {seed}");
+    }
+    assert!(recycled_seen > 100, "segments were reused: {recycled_seen}");
+}
+
+/// Whether the segment file `name` says it reuses an earlier segment's file.
+fn segment_is_recycled(storage: &SimStorage, name: &str) -> bool {
+    let file = storage.open_file(&format!("journal/{name}"), rewind_io::OpenMode::Existing).unwrap();
+    let mut header = [0; 64];
+    file.read_exact_at(&mut header, 0).is_ok()
+        && rewind_format::journal::SegmentHeader::decode(&header).is_ok_and(|header| header.recycled)
 }
 
 /// Batches written with direct I/O are read from memory until the destager
@@ -522,4 +644,71 @@ fn a_repair_replaces_damaged_acknowledged_records_and_keeps_the_ones_after() {
     // Repaired for good: the next recovery reads the lost record without a word.
     let (ops, _) = replay(&storage, config).unwrap();
     assert_eq!(ops.len(), 7);
+}
+
+/// Spares are written ahead only for a journal that takes many commits per
+/// segment, up to the most kept, and only with direct I/O; the segment
+/// started next takes one, and a crash before its first batch is durable
+/// drops nothing.
+#[test]
+fn spares_are_written_ahead_for_journals_that_commit_often() {
+    for direct_io in [true, false] {
+        let storage = SimStorage::new(SimConfig { direct_io, ..SimConfig::default() }, 4);
+        let config = JournalConfig { segment_bytes_max: 64 << 10, spare_after_commits: 8, ..JournalConfig::default() };
+        let journal =
+            Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+        let spares =
+            || storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).count();
+        let write = |step: u64| {
+            journal.append_write(
+                Timestamp::from_unix_nanos(step),
+                BlockIndex(step),
+                &[step as u8; 512],
+                &mut Vec::new(),
+            )
+        };
+        for step in 1..8 {
+            write(step).unwrap();
+            journal.commit().unwrap();
+        }
+        assert!(!journal.prepare_spare().unwrap(), "seven commits are not enough");
+        write(8).unwrap();
+        journal.commit().unwrap();
+        assert_eq!(journal.prepare_spare().unwrap(), direct_io, "direct I/O: {direct_io}");
+        assert_eq!(spares(), usize::from(direct_io));
+        if !direct_io {
+            continue;
+        }
+        let spare = storage.open_file("journal/spare-0", rewind_io::OpenMode::Existing).unwrap();
+        let mut bytes = vec![1; 64 << 10];
+        spare.read_exact_at(&mut bytes, 0).unwrap();
+        assert!(bytes.iter().all(|&byte| byte == 0), "a whole segment of zeros");
+        assert!(journal.prepare_spare().unwrap());
+        assert!(!journal.prepare_spare().unwrap(), "two spares at most (the default)");
+        assert_eq!(spares(), 2);
+        // Segment 1, a new file that took eight commits, is left at once for
+        // segment 2 in a spare; then a crash before its first batch is durable.
+        write(9).unwrap();
+        assert_eq!(journal.position_next().segment, 2, "a new segment is left early for a spare");
+        let step = 10;
+        assert_eq!(spares(), 1);
+        assert!(segment_is_recycled_after_write(&journal, &storage));
+        drop(journal);
+        storage.crash();
+        let (ops, _, report) = replay_from(&storage, config, (start(), Lsn(1))).unwrap();
+        assert!(ops.len() >= 8, "every committed record: {}", ops.len());
+        if ops.len() < step as usize - 1 {
+            // What the crash cut short is all that is reported dropped.
+            let dropped = report.dropped.map_or(0, |dropped| dropped.bytes);
+            assert!(dropped < 64 << 10, "the spare's zeros are not a dropped tail: {dropped}");
+        }
+    }
+}
+
+/// Writes the journal out and says whether its newest segment's header has
+/// the recycled flag.
+fn segment_is_recycled_after_write(journal: &Journal, storage: &SimStorage) -> bool {
+    journal.write_out().unwrap();
+    let newest = segments(storage).pop().unwrap();
+    segment_is_recycled(storage, &newest)
 }

@@ -16,7 +16,7 @@ use rewind_format::chunks::{
 use rewind_format::journal::{append_copy_record, append_write_record, append_zero_record, RecordStamp, SegmentHeader};
 use rewind_format::meta::{
     Bookmark, Bookmarks, Checkpoint, IndexManifest, JournalPosition, Layout, RetentionTier, RunInfo, TimelineBucket,
-    TimelineFrame, VolumeBase, VolumeMeta, VolumePolicy,
+    TimelineFrame, VolumeBase, VolumeKind, VolumeMeta, VolumePolicy,
 };
 use rewind_index::{IndexConfig, PageCache, VersionIndex};
 use rewind_io::{read_file, SimConfig, SimStorage, Storage};
@@ -42,6 +42,7 @@ fn metadata() {
         layout: Layout::Checkpointing,
         cache_bytes: 64 << 20,
         base: None,
+        kind: VolumeKind::Blocks,
     };
     write("volume_meta", "checkpointing", &[&[0], &meta.encode()]);
     let clone = VolumeMeta {
@@ -112,7 +113,7 @@ fn journal() {
     append_write_record(&mut revert_copy_record, &mut Vec::new(), RecordStamp { revert: Some(at(2)), ..stamp(5) }, &data);
     write("journal_record", "revert-copy", &[&[0], &revert_copy_record]);
     let header = |segment, lsn_first| {
-        SegmentHeader { segment, block_size, lsn_first: Lsn(lsn_first), timestamp_before: at(1) }.encode()
+        SegmentHeader { segment, block_size, lsn_first: Lsn(lsn_first), timestamp_before: at(1), recycled: false }.encode()
     };
     write("journal_record", "segment-header", &[&[1], &header(1, 1)]);
     let mut fourth = Vec::new();
