@@ -139,6 +139,13 @@ impl WorkSignal {
 
 /// The base a clone described by `meta` reads from, lent by the open
 /// volume it names (`None` for a volume that is not a clone).
+/// Where the clones among `metas` of the volume `name` start (their base
+/// points, while lent).
+pub(crate) fn branch_points<'a>(name: &str, metas: impl IntoIterator<Item = &'a VolumeMeta>) -> Vec<Timestamp> {
+    let lent = metas.into_iter().filter_map(VolumeMeta::lent_base);
+    lent.filter(|base| base.volume.as_str() == name).map(|base| base.at).collect()
+}
+
 pub(crate) fn lend_base(
     volumes: &BTreeMap<String, Arc<Volume>>,
     damaged: &BTreeMap<String, DamagedVolume>,
@@ -318,6 +325,8 @@ impl Node {
             }
             unopened.push(name);
         }
+        let metas: Vec<VolumeMeta> =
+            unopened.iter().filter_map(|name| Volume::read_meta(&*storage, &volume_dir(name)).ok()).collect();
         // Bases before their clones: each round opens the volumes whose base
         // is open (or that are not clones); a volume whose metadata cannot
         // be read opens at once, to be set aside with what is wrong.
@@ -334,7 +343,8 @@ impl Node {
             for name in ready {
                 let dir = volume_dir(&name);
                 let lend = |meta: &VolumeMeta| lend_base(&volumes, &damaged, meta);
-                match Volume::open(Arc::clone(&storage), &dir, config.volume, &shared, &lend) {
+                let branch_points = branch_points(&name, &metas);
+                match Volume::open(Arc::clone(&storage), &dir, config.volume, &shared, &lend, &branch_points) {
                     Ok(volume) => {
                         volumes.insert(name, volume);
                     }
@@ -348,12 +358,14 @@ impl Node {
             unopened = waiting;
         }
         // A damaged clone was not lent its base, which must still keep its
-        // clock past the branch point (see `Volume::lend_again`).
+        // clock past the branch point (see `Volume::lend_again`), and the
+        // branch point exact for the clone's repair.
         for meta in damaged.values().filter_map(|damage| damage.meta.as_ref()) {
             if let Some((base, volume)) =
                 meta.lent_base().and_then(|base| Some((base, volumes.get(base.volume.as_str())?)))
             {
                 volume.advance_clock(base.at);
+                volume.hold_again(base.at);
             }
         }
         let history = damaged.is_empty().then(|| describe_history(&volumes));

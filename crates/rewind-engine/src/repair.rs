@@ -30,7 +30,7 @@ use rewind_io::write_file_atomic;
 use rewind_journal::{Journal, JournalError};
 use rewind_types::{Lsn, Timestamp};
 
-use crate::node::{lend_base, volume_dir, DamagedVolume};
+use crate::node::{branch_points, lend_base, volume_dir, DamagedVolume};
 use crate::timespec::DisplayTime;
 use crate::{EngineError, InUse, Node, Volume};
 
@@ -148,7 +148,11 @@ impl Node {
     /// Opens the volume in `dir` and reads every page of its index.
     fn open_and_verify(&self, dir: &str) -> Result<Arc<Volume>, EngineError> {
         let lend = |meta: &VolumeMeta| lend_base(&self.volumes.read(), &self.damaged.read(), meta);
-        let volume = Volume::open(Arc::clone(&self.storage), dir, self.config.volume, &self.shared, &lend)?;
+        // Its clones, damaged while it was, are opened after it (see `Volume::open`).
+        let name = dir.rsplit('/').next().unwrap_or(dir);
+        let branch_points = branch_points(name, self.damaged.read().values().filter_map(|damage| damage.meta.as_ref()));
+        let volume =
+            Volume::open(Arc::clone(&self.storage), dir, self.config.volume, &self.shared, &lend, &branch_points)?;
         volume.mark_chunks(&mut |_, _| {})?;
         Ok(volume)
     }

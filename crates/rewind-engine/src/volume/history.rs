@@ -122,7 +122,17 @@ impl History {
     /// with the volume's creation (its base state, until retention passes
     /// it), every bookmark and every open view kept exact.
     pub fn thinning(&self, created: Timestamp) -> Thinning {
-        thinning_of(&self.policy.lock(), created, &self.bookmarks.lock(), &self.holds.lock(), &self.reverts.lock())
+        self.thinning_pinning(created, &[])
+    }
+
+    /// [`History::thinning`], keeping `pins` exact too.
+    pub fn thinning_pinning(&self, created: Timestamp, pins: &[Timestamp]) -> Thinning {
+        let mut thinning =
+            thinning_of(&self.policy.lock(), created, &self.bookmarks.lock(), &self.holds.lock(), &self.reverts.lock());
+        thinning.pins.extend_from_slice(pins);
+        thinning.pins.sort_unstable();
+        thinning.pins.dedup();
+        thinning
     }
 
     /// The time retention was last applied as of.

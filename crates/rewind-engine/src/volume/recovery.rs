@@ -194,12 +194,16 @@ impl Volume {
     /// Opens a volume and recovers it: replays the journal after the last
     /// checkpoint into the current store, the index and the timeline. A
     /// clone gets its base from `lend` (the base is open already).
+    /// `branch_points` are where this volume's clones start: they hold them
+    /// only once opened, after it, and recovery thins the index (its
+    /// checkpoint persists the replayed versions), so it keeps them exact.
     pub(crate) fn open(
         storage: Arc<dyn Storage>,
         dir: &str,
         config: VolumeConfig,
         shared: &Shared,
         lend: &dyn Fn(&VolumeMeta) -> Result<Option<Base>, EngineError>,
+        branch_points: &[Timestamp],
     ) -> Result<Arc<Volume>, EngineError> {
         let meta = Volume::read_meta(&*storage, dir)?;
         let base = match &meta.base {
@@ -225,7 +229,7 @@ impl Volume {
             false => None,
         };
         let history = History::open(&*storage, dir)?;
-        index.set_thinning(history.thinning(meta.created));
+        index.set_thinning(history.thinning_pinning(meta.created, branch_points));
         let lsn_indexed = index.lsn_indexed();
         // In COW only copy records are indexed: the last may be older.
         if lsn_indexed < checkpoint.lsn && !rules.history_at_destage() {

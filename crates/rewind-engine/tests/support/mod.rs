@@ -73,6 +73,9 @@ pub fn config(rng: &mut StdRng) -> NodeConfig {
             journal: JournalConfig {
                 segment_bytes_max: rng.random_range(16 << 10..256 << 10),
                 batch_bytes_max: rng.random_range(1 << 10..128 << 10),
+                // Reclaimed segments kept and spares written ahead, or neither.
+                spare_segments_max: rng.random_range(0..3),
+                spare_after_commits: rng.random_range(0..64),
                 ..JournalConfig::default()
             },
             index: IndexConfig {
