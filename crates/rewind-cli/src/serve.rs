@@ -405,6 +405,13 @@ pub struct ServeArgs {
     /// (bench/journal.py measures both).
     #[arg(long, value_enum, default_value_t = JournalIo::Direct)]
     journal_io: JournalIo,
+    /// Segment files each journal keeps for reuse, reclaimed or written
+    /// ahead for journals that commit often (64 MiB each): a commit into a
+    /// reused file costs the disk one flush, into a new one a filesystem
+    /// metadata commit as well. 0 deletes reclaimed segments and writes none
+    /// ahead (bench/sync.py measures both).
+    #[arg(long, value_name = "COUNT", default_value_t = 2)]
+    journal_spares: usize,
     /// TLS for NBD (STARTTLS): off; on (offered, optional); require (every
     /// option but STARTTLS refused before it). Default: require when
     /// --tls-cert is given, otherwise off.
@@ -635,6 +642,7 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
     config.volume.burst_quiet_nanos = nanos(args.burst_quiet, "--burst-quiet")?;
     config.volume.burst_reads_nanos = nanos(args.burst_reads, "--burst-reads")?;
     config.volume.journal.direct_io = args.journal_io == JournalIo::Direct;
+    config.volume.journal.spare_segments_max = args.journal_spares;
     config.volume.vouch_after_nanos =
         u64::try_from(args.journal_vouch_after.as_nanos()).context("--journal-vouch-after is too long")?;
     let tokens = Arc::new(Tokens::open(data_dir)?);
