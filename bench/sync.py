@@ -29,11 +29,14 @@ nbdkit. Usage: python3 bench/sync.py [--runs 4] [--seconds 8]
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
+import urllib.request
 from pathlib import Path
 
-from benchlib import ROOT, Process, api, environment, fio, publish, remember_token, spread, start_server, wait_port
+from benchlib import (ROOT, TOKENS, Process, api, environment, fio, publish, remember_token, spread, start_server,
+                      wait_port)
 
 NFS_MIX = ROOT / "target" / "release" / "nfs-mix"
 WORK = Path("/var/tmp/rewind-bench-sync")
@@ -77,7 +80,12 @@ def rewind(options, seconds):
 
     def received():
         """Bytes written to the volume and the tree so far (the server's count, fio's ramp included)."""
-        return sum(api(http, "GET", f"/v1/volumes/{name}/stats")["write_bytes"] for name in ("vol", "home"))
+        request = urllib.request.Request(f"http://{http}/metrics", headers={"Authorization": f"Bearer {TOKENS[http]}"})
+        with urllib.request.urlopen(request) as response:
+            metrics = response.read().decode()
+        counters = re.findall(r'^rewind_volume_write_bytes_total\{volume="(?:vol|home)"\} (\d+)$', metrics, re.M)
+        assert len(counters) == 2, metrics
+        return sum(int(counter) for counter in counters)
 
     def measured(job, run):
         disk, client = disk_bytes_written(pid), received()
