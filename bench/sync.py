@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Commits at the disk's latency: the jobs that wait for a sync on every few
 operations, against Rewind with its journal's spare segment files (as
-shipped, `--journal-spares 2`) and without (`--journal-spares 0`: every
+shipped, `--journal-spares 16`) and without (`--journal-spares 0`: every
 segment a new file), beside `nbdkit file` and the disk itself, in one run.
 
 A new segment file's blocks are allocated but unwritten, so every commit
@@ -10,9 +10,11 @@ a spare's blocks are written already (a reclaimed segment, or zeros written
 ahead for a journal that commits often), and a commit into it is the data
 write and one cache flush.
 
-Per run, each server fresh (a new data directory, a new volume or tree:
-the case where spares must be written ahead, nothing having been reclaimed
-yet), in alternating order:
+Per run, each server fresh (a new data directory, a new volume and tree),
+in alternating order: every job once unmeasured, then the server's
+background work let finish (history archived, segments reclaimed, spares
+written ahead at the quiet moment: a server that has been running), then
+the jobs measured:
 - over NBD, fio 4 KiB random writes of a 256 MiB volume: `--fsync=1` at
   queue depth 1 (every write synced), and `--fsync=8` at depth 32;
 - over NFS (`rewind serve` only), the SPECsfs-like mix of bench/trees
@@ -36,12 +38,12 @@ import urllib.request
 from pathlib import Path
 
 from benchlib import (ROOT, TOKENS, Process, api, environment, fio, publish, remember_token, spread, start_server,
-                      wait_port)
+                      wait_archived, wait_port)
 
 NFS_MIX = ROOT / "target" / "release" / "nfs-mix"
 WORK = Path("/var/tmp/rewind-bench-sync")
 NBD, HTTP, NFS, NBDKIT = 11960, 11961, 11962, 11963
-SERVERS = {"spares": ["--journal-spares", "2"], "no spares": ["--journal-spares", "0"]}
+SERVERS = {"spares": ["--journal-spares", "16"], "no spares": ["--journal-spares", "0"]}
 NBD_JOBS = {
     "4 KiB random writes, each synced (QD 1)": ["--rw=randwrite", "--bs=4k", "--iodepth=1", "--fsync=1"],
     "4 KiB random writes, a sync every 8 (QD 32)": ["--rw=randwrite", "--bs=4k", "--iodepth=32", "--fsync=8"],
@@ -50,9 +52,9 @@ MIXES = (96, 60)
 SIZE = "256M"
 
 
-def nfs_mix(mix, seconds):
+def nfs_mix(mix, seconds, directory):
     output = subprocess.run(
-        [str(NFS_MIX), "--nfs-port", str(NFS), "--mount-port", str(NFS), "--export", "/home", "--dir", f"mix{mix}",
+        [str(NFS_MIX), "--nfs-port", str(NFS), "--mount-port", str(NFS), "--export", "/home", "--dir", directory,
          "--updates", str(mix), "--seconds", str(seconds), "--clients", "4"],
         check=True, capture_output=True, text=True, timeout=600,
     ).stdout
@@ -91,12 +93,20 @@ def rewind(options, seconds):
         disk, client = disk_bytes_written(pid), received()
         results[job] = (run(), (disk_bytes_written(pid) - disk) / (received() - client))
 
+    uri = f"nbd://127.0.0.1:{NBD}/vol"
+    jobs = {job: (lambda _, args=args: fio(uri, "sync", args, SIZE, runtime=seconds)["write"]["iops"])
+            for job, args in NBD_JOBS.items()}
+    jobs.update({f"NFS mix, {mix}% updates": (lambda round, mix=mix: nfs_mix(mix, seconds, f"{round}{mix}"))
+                 for mix in MIXES})
     try:
-        for job, args in NBD_JOBS.items():
-            uri = f"nbd://127.0.0.1:{NBD}/vol"
-            measured(job, lambda: fio(uri, "sync", args, SIZE, runtime=seconds)["write"]["iops"])
-        for mix in MIXES:
-            measured(f"NFS mix, {mix}% updates", lambda: nfs_mix(mix, seconds))
+        for job in jobs.values():
+            job("unmeasured")
+        for volume in ("vol", "home"):
+            wait_archived(http, volume)
+        spares = sorted(path.name for path in data.glob("volumes/*/journal/spare-*"))
+        print(f"spares after the unmeasured jobs: {len(spares)}", flush=True)
+        for name, job in jobs.items():
+            measured(name, lambda: job("measured"))
     finally:
         server.stop()
     return results
@@ -150,7 +160,8 @@ def main():
         "",
         f"`python3 bench/sync.py --runs {args.runs} --seconds {args.seconds}` — {env['date']}, commit {env['commit']},"
         f" {env['cpu']}, {env['memory']}, {env['fio']}, {env['nbdkit']}. Each server fresh per run (new data"
-        f" directory, volume and tree), alternating order; {args.seconds} s per job. Operations per second, min /"
+        " directory, volume and tree), alternating order; every job run once unmeasured, and the background work"
+        f" let finish, before the measured ones; {args.seconds} s per job. Operations per second, min /"
         " median / max. The disk: fio `--direct=1 --fsync=1` 4 KiB random writes on a file:"
         f" {spread(devices, 0)} synced writes per second.",
         "",

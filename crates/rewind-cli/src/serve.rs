@@ -405,12 +405,13 @@ pub struct ServeArgs {
     /// (bench/journal.py measures both).
     #[arg(long, value_enum, default_value_t = JournalIo::Direct)]
     journal_io: JournalIo,
-    /// Segment files each journal keeps for reuse, reclaimed or written
-    /// ahead for journals that commit often (64 MiB each): a commit into a
-    /// reused file costs the disk one flush, into a new one a filesystem
-    /// metadata commit as well. 0 deletes reclaimed segments and writes none
-    /// ahead (bench/sync.py measures both).
-    #[arg(long, value_name = "COUNT", default_value_t = 2)]
+    /// The most segment files (64 MiB each) a journal keeps for reuse: as
+    /// many as it started between two reclaims, and two written ahead at a
+    /// quiet moment for journals that commit often. A commit into a reused
+    /// file costs the disk one flush, into a new one a filesystem metadata
+    /// commit as well. 0 deletes reclaimed segments and writes none ahead
+    /// (bench/sync.py measures both).
+    #[arg(long, value_name = "COUNT", default_value_t = 16)]
     journal_spares: usize,
     /// TLS for NBD (STARTTLS): off; on (offered, optional); require (every
     /// option but STARTTLS refused before it). Default: require when

@@ -34,17 +34,18 @@
 //! time of the last record before it, which tells how old its predecessor's
 //! newest record is.
 //!
-//! Up to `spare_segments_max` segment files are kept as spares
-//! (`journal/spare-0`, …) and renamed to start later segments, as
-//! PostgreSQL recycles WAL files. A new file's blocks are allocated but
+//! Segment files are kept as spares (`journal/spare-0`, …) and renamed to
+//! start later segments, as PostgreSQL recycles WAL files: a reclaim keeps
+//! as many as the journal started since the reclaim before, up to
+//! `spare_segments_max`, and deletes the rest. A new file's blocks are allocated but
 //! unwritten, so each commit into it also commits filesystem metadata (ext4
 //! converts the written extent, a journal commit with its own cache
 //! flushes); a spare's blocks are written already, and a commit is the data
 //! write and one flush. Measured on this machine's disk (4 KiB direct write
 //! and `fdatasync`, median of 2000): 128–182 µs into a new file, 83 µs into
 //! a written one. Spares are reclaimed segments, or, for a journal whose
-//! segments take many commits (`spare_after_commits`), segments of zeros
-//! written ahead in the background ([`Journal::prepare_spare`]). A reused
+//! segments take many commits (`spare_after_commits`), up to two segments
+//! of zeros written ahead at a quiet moment ([`Journal::prepare_spare`]). A reused
 //! file keeps the old segment's bytes past the new records; its header says
 //! it is recycled, and recovery never takes those bytes for records: each
 //! old record has an LSN below the segment's first, and a segment's records
@@ -108,10 +109,12 @@ pub struct JournalConfig {
     /// loses the buffer's alignment). Only a single larger record makes a
     /// larger batch.
     pub batch_bytes_max: usize,
-    /// Reclaimed segment files kept to be reused for new segments (see the
+    /// The most segment files kept to be reused for new segments (see the
     /// module documentation): each holds its disk space, and saves the
     /// commits written into the segment that reuses it the filesystem
-    /// metadata a fresh file's first writes cost.
+    /// metadata a fresh file's first writes cost. A reclaim keeps as many
+    /// as segments were started since the one before (the journal's demand),
+    /// up to this; 0 keeps none and writes none ahead.
     pub spare_segments_max: usize,
     /// Commits a segment takes (the last or the current one) for spares to be
     /// written ahead of need ([`Journal::prepare_spare`]).
@@ -123,9 +126,10 @@ impl Default for JournalConfig {
         // Small enough that archived history gives its journal space back soon,
         // large enough for the biggest record (32 MiB) and few files.
         // Batches: twice what the engine appends before it writes them out.
-        // Two spares: a reclaim pass usually frees one or two segments, and a
-        // burst longer than that gains little from reuse (its syncs are few
-        // for the bytes it writes).
+        // Spares: up to 16 segments (1 GiB), what a journal that bursts
+        // (archiving waits for 1 GiB of history while writes go on, see the
+        // engine's `archive_bytes_burst`) starts between two reclaims, so
+        // that in steady state every segment reuses a file.
         // Spares written ahead after 1024 commits a segment: writing one is a
         // sequential write of a whole segment (about 50 ms of this machine's
         // disk for 64 MiB), and each commit into it then saves a filesystem
@@ -135,7 +139,7 @@ impl Default for JournalConfig {
             segment_bytes_max: 64 << 20,
             direct_io: true,
             batch_bytes_max: 8 << 20,
-            spare_segments_max: 2,
+            spare_segments_max: 16,
             spare_after_commits: 1024,
         }
     }
@@ -429,10 +433,17 @@ pub struct Journal {
     commits_written: AtomicU64,
     /// Spare segment files kept, as last counted.
     spares_kept: AtomicUsize,
+    /// Segments started since the last reclaim that gave any up: how many
+    /// spares the journal would have used (`reclaim`).
+    segments_started: AtomicU32,
 }
 
 /// How many segment files stay open for reading.
 const OPEN_SEGMENTS_MAX: usize = 64;
+
+/// Spares written ahead at most ([`Journal::prepare_spare`]): enough for
+/// the segments a quiet moment comes between; reclaims keep the rest.
+const SPARES_AHEAD_MAX: usize = 2;
 
 /// The lowest spare number not in `spares`.
 fn free_spare_number(spares: &[u32]) -> u32 {
@@ -562,6 +573,7 @@ impl Journal {
             segment_commits: AtomicU64::new(0),
             commits_written: AtomicU64::new(0),
             spares_kept: AtomicUsize::new(0),
+            segments_started: AtomicU32::new(0),
         }
     }
 
@@ -875,6 +887,7 @@ impl Journal {
             None => (self.create_segment_file(&path).map_err(|error| self.fail_write(error))?, false),
         };
         self.files.lock().insert(segment, file);
+        self.segments_started.fetch_add(1, Ordering::Relaxed);
         tail.recycled = recycled;
         let header = SegmentHeader {
             segment,
@@ -888,6 +901,33 @@ impl Journal {
         next.append(SEGMENT_HEADER_BYTES as u64, capacity, |out| out.extend_from_slice(&header.encode()));
         next.starts_segment = true;
         self.seal_into(tail, next);
+        Ok(())
+    }
+
+    /// How many spares a reclaim keeps: as many segments as the journal
+    /// started since the last reclaim (what it would have reused), at least
+    /// those written ahead, at most `spare_segments_max`.
+    fn spares_wanted(&self) -> usize {
+        let started = self.segments_started.swap(0, Ordering::Relaxed) as usize;
+        started.max(SPARES_AHEAD_MAX).min(self.config.spare_segments_max)
+    }
+
+    /// Deletes the spares beyond the `keep` lowest numbered (those taken
+    /// first): a journal whose demand fell gives their space back.
+    fn trim_spares(&self, keep: usize) -> Result<(), JournalError> {
+        let spares = self.spares()?;
+        for &number in spares.iter().skip(keep) {
+            let path = format!("{}/{}", self.dir, spare_name(number));
+            match self.storage.remove_file(&path) {
+                // Taken for a segment meanwhile.
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                other => other.map_err(self.io_error(path))?,
+            }
+        }
+        if spares.len() > keep {
+            self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
+        }
+        self.spares_kept.store(spares.len().min(keep), Ordering::Relaxed);
         Ok(())
     }
 
@@ -925,17 +965,19 @@ impl Journal {
     }
 
     /// Writes a spare segment file ahead of need when the segments take many
-    /// commits (`spare_after_commits`) and fewer than `spare_segments_max`
-    /// spares are kept: a whole segment of zeros, written with direct I/O and
-    /// synced, so that the segment that takes it commits as fast as one in a
-    /// reused file. For the background: it writes a whole segment. Returns
-    /// whether it wrote one; nothing where the journal does not write with
-    /// direct I/O (such a filesystem has no unwritten extents to convert).
+    /// commits (`spare_after_commits`) and fewer than two spares are kept
+    /// (`SPARES_AHEAD_MAX`): a whole segment of zeros, written with direct
+    /// I/O and synced, so that the segment that takes it commits as fast as
+    /// one in a reused file. For the background, at a quiet moment: it
+    /// writes a whole segment, which the next cache flush of the journal's
+    /// commits would otherwise wait for. Returns whether it wrote one;
+    /// nothing where the journal does not write with direct I/O (such a
+    /// filesystem has no unwritten extents to convert).
     pub fn prepare_spare(&self) -> Result<bool, JournalError> {
         let Some(_preparing) = self.preparing.try_lock() else { return Ok(false) };
         if !self.direct_io.load(Ordering::Acquire)
             || self.segment_commits.load(Ordering::Relaxed) < self.config.spare_after_commits
-            || self.spares()?.len() >= self.config.spare_segments_max
+            || self.spares()?.len() >= self.config.spare_segments_max.min(SPARES_AHEAD_MAX)
         {
             return Ok(false);
         }
@@ -1393,28 +1435,34 @@ impl Journal {
     /// Reclaims the oldest segments that no one needs any more: those before
     /// segment `before` (where recovery starts) whose every record is older
     /// than `archived_before` (the version index refers to none of them).
-    /// Each is kept as a spare segment file while fewer than
-    /// `spare_segments_max` are, else deleted. Returns the bytes reclaimed.
+    /// Each is kept as a spare segment file while fewer are kept than the
+    /// journal started segments since the last reclaim (`spares_wanted`), else
+    /// deleted, and spares beyond that are deleted too. Returns the bytes
+    /// reclaimed.
     pub fn reclaim(&self, before: u32, archived_before: Timestamp) -> Result<u64, JournalError> {
         // Several threads reclaim (after checkpoints, after archive passes).
         let _reclaiming = self.reclaiming.lock();
         let mut freed = 0;
+        let mut wanted = None;
         loop {
             let segment = self.segment_first.load(Ordering::Acquire);
-            if segment + 1 > before.min(self.position_next().segment) {
-                return Ok(freed);
-            }
             // The next segment's header tells the time of this one's last record.
-            if self.segment_timestamp_before(segment + 1)? >= archived_before {
+            if segment + 1 > before.min(self.position_next().segment)
+                || self.segment_timestamp_before(segment + 1)? >= archived_before
+            {
+                if let Some(wanted) = wanted {
+                    self.trim_spares(wanted)?;
+                }
                 return Ok(freed);
             }
+            let wanted = *wanted.get_or_insert_with(|| self.spares_wanted());
             let path = self.path(segment);
             freed += self.file(segment)?.size_bytes().map_err(self.segment_io_error(segment))?;
             // Readers that looked a version up in this segment now get `Reclaimed`.
             self.segment_first.store(segment + 1, Ordering::Release);
             self.files.lock().remove(&segment);
             let spares = self.spares()?;
-            if spares.len() < self.config.spare_segments_max {
+            if spares.len() < wanted {
                 let spare_path = format!("{}/{}", self.dir, spare_name(free_spare_number(&spares)));
                 self.storage.rename(&path, &spare_path).map_err(self.io_error(path))?;
                 self.spares_kept.store(spares.len() + 1, Ordering::Relaxed);

@@ -280,7 +280,8 @@ fn reclaim_deletes_only_old_segments_before_the_replay_point() {
     // Up to the replay point when everything is archived.
     journal.reclaim(5, Timestamp::MAX).unwrap();
     assert_eq!(segments(&storage).first().map(String::as_str), Some("00000005.seg"));
-    // Two spares kept (the default), the other segments deleted.
+    // No segment was started since the reclaim before: two kept (as many as
+    // are written ahead), the other segments deleted.
     let spares = storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).count();
     assert_eq!(spares, 2);
     drop(journal);
@@ -684,7 +685,7 @@ fn spares_are_written_ahead_for_journals_that_commit_often() {
         spare.read_exact_at(&mut bytes, 0).unwrap();
         assert!(bytes.iter().all(|&byte| byte == 0), "a whole segment of zeros");
         assert!(journal.prepare_spare().unwrap());
-        assert!(!journal.prepare_spare().unwrap(), "two spares at most (the default)");
+        assert!(!journal.prepare_spare().unwrap(), "two spares written ahead at most");
         assert_eq!(spares(), 2);
         // Segment 1, a new file that took eight commits, is left at once for
         // segment 2 in a spare; then a crash before its first batch is durable.
@@ -711,4 +712,37 @@ fn segment_is_recycled_after_write(journal: &Journal, storage: &SimStorage) -> b
     journal.write_out().unwrap();
     let newest = segments(storage).pop().unwrap();
     segment_is_recycled(storage, &newest)
+}
+
+/// A reclaim keeps as many spares as the journal started segments since the
+/// reclaim before (up to `spare_segments_max`), and gives the rest back
+/// once fewer are started.
+#[test]
+fn reclaim_keeps_as_many_spares_as_the_journal_started_segments() {
+    let storage = SimStorage::new(SimConfig::default(), 21);
+    let config = JournalConfig { segment_bytes_max: 4_000, spare_segments_max: 4, ..JournalConfig::default() };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    let spares = || storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).count();
+    // Three 512-byte blocks per record: two records per segment.
+    let mut step = 0;
+    let mut fill_to = |segment: u32| {
+        while journal.position_next().segment < segment {
+            step += 1;
+            let data = vec![step as u8; 3 * BLOCK as usize];
+            journal.append_write(Timestamp::from_unix_nanos(step), BlockIndex(0), &data, &mut Vec::new()).unwrap();
+        }
+        journal.commit().unwrap();
+        let segment = journal.position_next().segment;
+        journal.reclaim(segment, Timestamp::MAX).unwrap();
+    };
+    // Six segments started (2 to 7): four kept, the cap.
+    fill_to(7);
+    assert_eq!(spares(), 4);
+    // Four more, each reusing a spare: four kept again.
+    fill_to(11);
+    assert_eq!((spares(), segments(&storage).len()), (4, 1));
+    // One more: the demand fell to one, and two are kept (as many as are
+    // written ahead).
+    fill_to(12);
+    assert_eq!(spares(), 2);
 }
