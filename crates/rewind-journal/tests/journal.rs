@@ -746,3 +746,32 @@ fn reclaim_keeps_as_many_spares_as_the_journal_started_segments() {
     fill_to(12);
     assert_eq!(spares(), 2);
 }
+
+/// Writing a spare ahead meets a full disk: an error that passes, nothing
+/// poisoned, no half-written file left, and it works once space is back;
+/// what a crash left of an earlier attempt is removed first.
+#[test]
+fn a_spare_written_ahead_fails_cleanly_on_a_full_disk() {
+    let storage = SimStorage::new(SimConfig::default(), 8);
+    let config = JournalConfig { segment_bytes_max: 64 << 10, spare_after_commits: 0, ..JournalConfig::default() };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[1; 512], &mut Vec::new()).unwrap();
+    journal.commit().unwrap();
+    // A crash in an earlier attempt left its file.
+    let leftover = storage.open_file("journal/spare.preparing", rewind_io::OpenMode::CreateNew).unwrap();
+    leftover.write_all_at(&[7; 4096], 0).unwrap();
+    drop(leftover);
+    storage.set_capacity(Some(storage.used_bytes()));
+    let error = journal.prepare_spare().unwrap_err();
+    assert!(error.is_transient() && !journal.is_poisoned(), "{error}");
+    let names = storage.list_dir("journal").unwrap();
+    assert_eq!(segments(&storage).len(), 1);
+    assert!(names.iter().all(|name| !name.starts_with("spare")), "nothing half-written is left: {names:?}");
+    // The journal goes on.
+    journal.append_write(Timestamp::from_unix_nanos(2), BlockIndex(1), &[2; 512], &mut Vec::new()).unwrap();
+    journal.commit().unwrap();
+    storage.set_capacity(None);
+    assert!(journal.prepare_spare().unwrap());
+    let names = storage.list_dir("journal").unwrap();
+    assert!(names.contains(&"spare-0".to_owned()) && !names.contains(&"spare.preparing".to_owned()), "{names:?}");
+}

@@ -256,15 +256,16 @@ impl Volume {
             worked |= self.reclaim_journal(replay_segment)?;
         }
         drop(work);
-        // After reclaiming, which may have kept spares already: one written
+        // Without holding off what waits for the rest (a diff): it is the
+        // work that can wait longest, and takes longest.
+        worked |= self.copy_after_revert()?;
+        // Last, after reclaiming, which may have kept spares already, and so
+        // that its failing (a full disk) holds up nothing: a spare written
         // ahead of need for a journal that takes many commits per segment,
         // at a quiet moment (its cache flush would hold up commits).
         if !self.in_burst(now) {
             worked |= self.journal.prepare_spare()?;
         }
-        // Last, and without holding off what waits for the rest (a diff):
-        // it is the work that can wait longest, and takes longest.
-        worked |= self.copy_after_revert()?;
         Ok(worked)
     }
 
