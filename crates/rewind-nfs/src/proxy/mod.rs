@@ -225,7 +225,7 @@ impl Proxy {
     /// Mounts the upstream's export, brings the mirror (`tree`) to the
     /// upstream's present, and returns the proxy, ready to serve.
     pub fn start(tree: Arc<OpenTree>, config: ProxyConfig) -> Result<Arc<Proxy>, ProxyError> {
-        let pool = Pool::new(config.upstream.clone());
+        let pool = Pool::new(config.upstream.clone(), upstream::IDLE_KEEP);
         let export = match config.export {
             Some(export) => export,
             None => match pool.exports()?.as_slice() {

@@ -8,7 +8,7 @@
 use std::io::{self, BufReader, IoSlice, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rewind_tree::FileKind;
@@ -195,15 +195,25 @@ fn read_record_after(stream: &mut impl io::Read, record: &mut Vec<u8>) -> io::Re
     }
 }
 
-/// Connections to the upstream kept for reuse: one per call in flight.
+/// How long a connection to the upstream that no call needs is kept for
+/// reuse: through the pauses of a steady load, not after a burst is over.
+pub const IDLE_KEEP: Duration = Duration::from_secs(30);
+
+/// Connections to the upstream kept for reuse: one per call in flight. A
+/// burst of concurrent calls opens as many; those idle for longer than
+/// `idle_keep` are closed at the next call, so the upstream is not left
+/// holding a burst's connections (and their memory) for good.
 pub struct Pool {
     pub address: UpstreamAddress,
-    idle: Mutex<Vec<Connection>>,
+    idle_keep: Duration,
+    /// Each with the time it was put back; most recently used last, so the
+    /// front is the longest idle (calls take from the back).
+    idle: Mutex<Vec<(Connection, Instant)>>,
 }
 
 impl Pool {
-    pub fn new(address: UpstreamAddress) -> Pool {
-        Pool { address, idle: Mutex::new(Vec::new()) }
+    pub fn new(address: UpstreamAddress, idle_keep: Duration) -> Pool {
+        Pool { address, idle_keep, idle: Mutex::new(Vec::new()) }
     }
 
     /// Runs `work` on a connection; one that failed is not reused. A kept
@@ -215,7 +225,7 @@ impl Pool {
     ) -> Result<T, UpstreamError> {
         let idle = self.idle.lock().pop();
         let (mut connection, reused) = match idle {
-            Some(connection) => (connection, true),
+            Some((connection, _)) => (connection, true),
             None => (Connection::connect(self.address.nfs)?, false),
         };
         let mut result = work(&mut connection);
@@ -224,9 +234,24 @@ impl Pool {
             result = work(&mut connection);
         }
         if !matches!(result, Err(UpstreamError::Io(_))) {
-            self.idle.lock().push(connection);
+            self.put_back(connection);
         }
         result
+    }
+
+    /// Keeps `connection` for the next call, and closes the ones idle for
+    /// longer than `idle_keep`.
+    fn put_back(&self, connection: Connection) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock();
+        debug_assert!(idle.windows(2).all(|pair| pair[0].1 <= pair[1].1), "idle connections in the order put back");
+        let stale = idle.partition_point(|(_, since)| now.duration_since(*since) > self.idle_keep);
+        let closing: Vec<_> = idle.drain(..stale).collect();
+        idle.push((connection, now));
+        drop(idle);
+        if !closing.is_empty() {
+            tracing::debug!(count = closing.len(), "closing upstream connections no call needed lately");
+        }
     }
 
     fn nfs(&self, procedure: u32, arguments: &[u8]) -> Result<Vec<u8>, UpstreamError> {
@@ -417,4 +442,43 @@ pub fn skip_post_op_attr(reader: &mut XdrReader<'_>) -> Result<Option<Fattr>, Ga
 /// A handle as the upstream gives it, checked for length.
 pub fn upstream_handle<'a>(reader: &mut XdrReader<'a>) -> Result<&'a [u8], Garbage> {
     reader.opaque(FH_BYTES_MAX, "upstream file handle")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::TcpListener;
+
+    use super::*;
+
+    #[test]
+    fn connections_a_burst_opened_are_closed_once_idle_for_longer_than_the_keep() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let nfs = listener.local_addr().unwrap();
+        // Long enough that the steps before the wait cannot outlast it on
+        // a loaded machine.
+        let keep = Duration::from_secs(1);
+        let pool = Pool::new(UpstreamAddress { nfs, mount: nfs }, keep);
+        // Two calls in flight at once: two connections, both kept.
+        pool.with(|_| pool.with(|_| Ok(()))).unwrap();
+        let (mut outer, _) = listener.accept().unwrap();
+        let (mut inner, _) = listener.accept().unwrap();
+        assert_eq!(pool.idle.lock().len(), 2);
+        // Within the keep, both stay.
+        pool.with(|_| Ok(())).unwrap();
+        assert_eq!(pool.idle.lock().len(), 2);
+
+        let idle_since = Instant::now();
+        while idle_since.elapsed() <= keep {
+            std::thread::sleep(keep / 4);
+        }
+        // The next call reuses the connection used last (the outer call's)
+        // and closes the other, idle for longer than the keep.
+        pool.with(|_| Ok(())).unwrap();
+        assert_eq!(pool.idle.lock().len(), 1);
+        assert_eq!(inner.read(&mut [0u8; 1]).unwrap(), 0, "the idle connection is closed");
+        outer.set_nonblocking(true).unwrap();
+        let still_open = outer.read(&mut [0u8; 1]).unwrap_err();
+        assert_eq!(still_open.kind(), io::ErrorKind::WouldBlock, "the one reused stays open");
+    }
 }
