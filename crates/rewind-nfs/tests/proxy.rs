@@ -450,3 +450,64 @@ async fn a_connection_the_upstream_closed_while_idle_is_replaced() {
     mirror.server.shutdown();
     upstream.server.shutdown();
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_name_made_upstream_that_a_full_mirror_cannot_take_in_is_answered_try_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, _) = Side::open(&dir.path().join("upstream"), "origin", None);
+    let storage = SimStorage::new(SimConfig::default(), 13);
+    let (mirror, proxy) = Side::open_on(
+        Arc::new(storage.clone()),
+        "shop",
+        Some((&upstream, ProxyMode::Synchronous)),
+        NfsConfig::default(),
+    );
+    let proxy = proxy.unwrap();
+    let mut client = connect(mirror.address, "/shop", 0).await;
+    let top = client.root_nfs_fh3();
+    let file = create(&mut client, &top, "data.bin").await;
+    // The mirror's disk fills: writes go on until one cannot be recorded.
+    storage.set_capacity(Some(storage.used_bytes()));
+    let block = vec![9u8; 1 << 20];
+    let mut offset = 0;
+    while proxy.status().unrecorded == 0 {
+        assert!(offset < 256 << 20, "256 MiB fit on a full disk: {:?}", proxy.status());
+        write(&mut client, &file, offset, &block).await;
+        offset += block.len() as u64;
+    }
+    // Another program makes a file on the upstream, larger than what is
+    // left: the proxy's LOOKUP finds a name its mirror does not know and
+    // cannot take in. The client is told to try again, not that the server
+    // failed.
+    let mut behind = connect(upstream.address, "/origin", 0).await;
+    let behind_top = behind.root_nfs_fh3();
+    let made = create(&mut behind, &behind_top, "behind.bin").await;
+    let contents = vec![7u8; 2 << 20];
+    for (at, piece) in contents.chunks(1 << 20).enumerate() {
+        write(&mut behind, &made, (at << 20) as u64, piece).await;
+    }
+    let found = client.lookup(&LOOKUP3args { what: dir_op(&top, "behind.bin") }).await.unwrap();
+    let Nfs3Result::Err((refused, _)) = found else { panic!("a full mirror took in 2 MiB: {:?}", proxy.status()) };
+    assert_eq!(refused, nfsstat3::NFS3ERR_JUKEBOX);
+
+    // What the failed LOOKUP took in in part (the name) is not trusted:
+    // once space returns, the same LOOKUP takes the whole file in.
+    storage.set_capacity(None);
+    let found = lookup(&mut client, &top, "behind.bin").await;
+    let read = client.read(&READ3args { file: found, offset: 1 << 20, count: 1 << 20 }).await.unwrap().unwrap();
+    assert_eq!(read.data.to_vec(), contents[1 << 20..]);
+    let shop = mirror.trees.by_name("shop", now()).unwrap();
+    let (kept, _) = shop.tree.read(walk(&shop.tree, "behind.bin").unwrap().handle, 0, 4 << 20, &root()).unwrap();
+    assert!(kept == contents, "the mirror holds the file made upstream: {} bytes", kept.len());
+    // And the mirror, out of step since, is brought in step by an update.
+    assert!(!proxy.status().in_step);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while mirror.present() != upstream.present() {
+        assert!(std::time::Instant::now() < deadline, "the mirror never caught up: {:?}", proxy.status());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        write(&mut client, &file, 0, b"recorded").await;
+    }
+    assert!(proxy.status().in_step);
+    mirror.server.shutdown();
+    upstream.server.shutdown();
+}

@@ -209,13 +209,15 @@ impl Proxy {
             if known && run.trust_mapped {
                 continue;
             }
-            self.handles.lock().insert(handle, entry_fh);
             match fattr.kind {
                 FileKind::Regular if first_sight => self.compare_contents(handle, entry_fh, fattr.size, run)?,
                 FileKind::Directory if recursive => self.resync_directory(handle, entry_fh, true, run)?,
                 _ => {}
             }
             self.settle(handle, fattr, run)?;
+            // Mapped only once taken in whole: a run that fails before (a
+            // full disk) leaves it to be compared again, not trusted.
+            self.handles.lock().insert(handle, entry_fh);
         }
         Ok(())
     }

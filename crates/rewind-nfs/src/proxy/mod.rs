@@ -424,6 +424,8 @@ impl Proxy {
         let mut run = mirror::Resync::trusting_mapped();
         self.resync_directory(dir, dir_fh, false, &mut run).map_err(|error| {
             warn!(%error, "the mirror could not take in what the upstream has");
+            // It may have taken in part: the next update compares it all.
+            self.fall_out_of_step();
             // A full mirror: the client is told to try again later.
             match error.is_transient() {
                 true => Failure::Status(nfsstat3::NFS3ERR_JUKEBOX),
