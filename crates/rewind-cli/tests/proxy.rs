@@ -31,6 +31,10 @@ fn free_port() -> u16 {
 }
 
 impl Ganesha {
+    /// Starts nfs-ganesha on free ports. A port found free can be taken by
+    /// another process before ganesha binds it (tests run in parallel): it
+    /// then exits, and is started again on other ports. Ready is what its
+    /// log says, not a port that answers, which could be that other process.
     fn start(dir: &Path) -> Ganesha {
         for tool in ["ganesha.nfsd", "rpcbind", "nfs-cp", "nfs-ls", "nfs-cat"] {
             require(tool);
@@ -42,7 +46,38 @@ impl Ganesha {
         );
         let export = dir.join("export");
         fs::create_dir_all(&export).unwrap();
-        let (nfs_port, mount_port) = (free_port(), free_port());
+        // ganesha registers with the portmapper; `-w` keeps rpcbind's state warm.
+        if !Command::new("pgrep").args(["-x", "rpcbind"]).stdout(Stdio::null()).status().unwrap().success() {
+            run("rpcbind", &["-w"]);
+        }
+        const ATTEMPTS: usize = 5;
+        let log = dir.join("ganesha.log");
+        for attempt in 1..=ATTEMPTS {
+            let (nfs_port, mount_port) = (free_port(), free_port());
+            let mut child = Ganesha::spawn(dir, &export, nfs_port, mount_port);
+            let mut exited = None;
+            wait_for("nfs-ganesha to start or exit", || {
+                exited = child.try_wait().unwrap();
+                exited.is_some() || fs::read_to_string(&log).is_ok_and(|text| text.contains("NFS SERVER INITIALIZED"))
+            });
+            match exited {
+                None => {
+                    for port in [nfs_port, mount_port] {
+                        assert!(TcpStream::connect(("127.0.0.1", port)).is_ok(), "nfs-ganesha listens on {port}");
+                    }
+                    return Ganesha { child, export, nfs_port, mount_port };
+                }
+                Some(status) => eprintln!(
+                    "nfs-ganesha on ports {nfs_port}/{mount_port} exited ({status}; attempt {attempt} of {ATTEMPTS}): {}",
+                    fs::read_to_string(&log).unwrap_or_default().lines().last().unwrap_or_default()
+                ),
+            }
+        }
+        panic!("nfs-ganesha did not start in {ATTEMPTS} attempts; its log is {}", log.display());
+    }
+
+    /// One ganesha process on the given ports, its log (emptied) in `dir`.
+    fn spawn(dir: &Path, export: &Path, nfs_port: u16, mount_port: u16) -> Child {
         let (nlm, rquota) = (free_port(), free_port());
         // Attributes and directories uncached, so changes made in the
         // export directory behind ganesha's back are what it serves (the
@@ -64,25 +99,19 @@ impl Ganesha {
             ),
         )
         .unwrap();
-        // ganesha registers with the portmapper; `-w` keeps rpcbind's state warm.
-        if !Command::new("pgrep").args(["-x", "rpcbind"]).stdout(Stdio::null()).status().unwrap().success() {
-            run("rpcbind", &["-w"]);
-        }
-        let child = Command::new("ganesha.nfsd")
+        let log = dir.join("ganesha.log");
+        let _ = fs::remove_file(&log);
+        Command::new("ganesha.nfsd")
             .args(["-F", "-f"])
             .arg(&config)
             .arg("-L")
-            .arg(dir.join("ganesha.log"))
+            .arg(&log)
             .arg("-p")
             .arg(dir.join("ganesha.pid"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("ganesha.nfsd starts");
-        for port in [nfs_port, mount_port] {
-            wait_for("nfs-ganesha to listen", || TcpStream::connect(("127.0.0.1", port)).is_ok());
-        }
-        Ganesha { child, export, nfs_port, mount_port }
+            .expect("ganesha.nfsd starts")
     }
 
     fn proxy(&self, data: &Path, log: &Path, more: &[&str]) -> Server {
