@@ -953,10 +953,18 @@ impl Journal {
     /// rename is made durable with the new segment's first sync, like a new
     /// file's name.
     fn take_spare(&self, path: &str) -> Result<Option<Arc<dyn File>>, JournalError> {
-        let spares = self.spares()?;
-        let Some(&spare) = spares.first() else { return Ok(None) };
-        let spare_path = format!("{}/{}", self.dir, spare_name(spare));
-        self.storage.rename(&spare_path, path).map_err(self.io_error(spare_path))?;
+        let spares = loop {
+            let spares = self.spares()?;
+            let Some(&spare) = spares.first() else { return Ok(None) };
+            let spare_path = format!("{}/{}", self.dir, spare_name(spare));
+            match self.storage.rename(&spare_path, path) {
+                // Trimmed by a reclaim since the listing (the writer does not
+                // wait for reclaims): the next one, if any.
+                Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
+                renamed => renamed.map_err(self.io_error(spare_path))?,
+            }
+            break spares;
+        };
         self.spares_kept.store(spares.len() - 1, Ordering::Relaxed);
         let file = self.storage.open_file(path, OpenMode::Existing).map_err(self.io_error(path.to_owned()))?;
         // A spare cut short by recovery (a torn tail) has less than a segment.
@@ -1080,8 +1088,12 @@ impl Journal {
                 }
             } else if parse_spare_name(name).is_some() {
                 let path = format!("{}/{name}", self.dir);
-                let spare = self.storage.open_file(&path, OpenMode::Existing).map_err(self.io_error(path.clone()))?;
-                total += spare.size_bytes().map_err(self.io_error(path))?;
+                match self.storage.open_file(&path, OpenMode::Existing) {
+                    // Taken for a segment since the listing (the writer takes
+                    // spares without waiting for this): counted next time.
+                    Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                    opened => total += opened.and_then(|spare| spare.size_bytes()).map_err(self.io_error(path))?,
+                }
             }
         }
         Ok(total)

@@ -775,3 +775,36 @@ fn a_spare_written_ahead_fails_cleanly_on_a_full_disk() {
     let names = storage.list_dir("journal").unwrap();
     assert!(names.contains(&"spare-0".to_owned()) && !names.contains(&"spare.preparing".to_owned()), "{names:?}");
 }
+
+/// Measuring the journal (a volume's stats) while its writer takes spares
+/// for new segments: a spare listed and then taken is no error.
+#[test]
+fn the_journal_is_measured_while_spares_are_taken() {
+    let storage = SimStorage::new(SimConfig::default(), 22);
+    let config = JournalConfig { segment_bytes_max: 4_000, spare_segments_max: 4, ..JournalConfig::default() };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let measured = scope.spawn(|| {
+            let mut measured = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                journal.size_bytes().unwrap();
+                measured += 1;
+            }
+            measured
+        });
+        // Three 512-byte blocks per record: two records per segment. Each
+        // reclaim turns the segments written into spares, which the next
+        // segments take.
+        for step in 1..=20_000u64 {
+            let data = vec![step as u8; 3 * BLOCK as usize];
+            journal.append_write(Timestamp::from_unix_nanos(step), BlockIndex(0), &data, &mut Vec::new()).unwrap();
+            if step % 16 == 0 {
+                journal.commit().unwrap();
+                journal.reclaim(journal.position_next().segment, Timestamp::MAX).unwrap();
+            }
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(measured.join().unwrap() > 0);
+    });
+}
