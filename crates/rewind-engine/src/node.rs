@@ -172,7 +172,55 @@ impl DamagedVolume {
     fn new(storage: &dyn Storage, name: &str, error: &EngineError) -> DamagedVolume {
         let path = format!("{}/volume.meta", volume_dir(name));
         let meta = rewind_io::read_file(storage, &path).ok().and_then(|bytes| VolumeMeta::decode(&bytes).ok());
-        DamagedVolume { name: name.to_owned(), meta, problem: error.to_string() }
+        DamagedVolume { name: name.to_owned(), meta, problem: error.to_string(), holds_branch_point: false }
+    }
+
+    /// An open volume taken out of service because of `problem`.
+    pub(crate) fn of(volume: &Volume, problem: String) -> DamagedVolume {
+        let name = volume.name().to_string();
+        DamagedVolume { name, meta: Some(volume.meta().clone()), problem, holds_branch_point: false }
+    }
+
+    /// Lets go of the branch point this damaged clone held on its base
+    /// (see [`hold_damaged_branch_points`]): it is deleted, or repaired and
+    /// then holds it as every open clone does.
+    pub(crate) fn release_branch_point(&mut self, volumes: &BTreeMap<String, Arc<Volume>>) {
+        if !std::mem::take(&mut self.holds_branch_point) {
+            return;
+        }
+        let base = self.meta.as_ref().and_then(VolumeMeta::lent_base).expect("only a clone holds a branch point");
+        let volume = volumes.get(base.volume.as_str()).expect("a base holding a branch point is open");
+        volume.release_time(base.at);
+    }
+}
+
+/// The volume `base` is set aside: what it held for its damaged clones
+/// went with it (a repair opens it afresh, and holds them again).
+pub(crate) fn base_set_aside(base: &str, damaged: &mut BTreeMap<String, DamagedVolume>) {
+    for damage in damaged.values_mut() {
+        let lent = damage.meta.as_ref().and_then(VolumeMeta::lent_base);
+        if lent.is_some_and(|lent| lent.volume.as_str() == base) {
+            damage.holds_branch_point = false;
+        }
+    }
+}
+
+/// A damaged clone is not lent its base, which must still keep its clock
+/// past the branch point (see `Volume::lend_again`) and the branch point
+/// exact for the clone's repair: each damaged clone whose base is open
+/// holds it there, once. Called whenever a volume becomes damaged or a base
+/// opens again; what a base held goes with it when it is set aside.
+pub(crate) fn hold_damaged_branch_points(
+    volumes: &BTreeMap<String, Arc<Volume>>,
+    damaged: &mut BTreeMap<String, DamagedVolume>,
+) {
+    for damage in damaged.values_mut().filter(|damage| !damage.holds_branch_point) {
+        let Some(base) = damage.meta.as_ref().and_then(VolumeMeta::lent_base) else { continue };
+        if let Some(volume) = volumes.get(base.volume.as_str()) {
+            volume.advance_clock(base.at);
+            volume.hold_again(base.at);
+            damage.holds_branch_point = true;
+        }
     }
 }
 
@@ -192,6 +240,8 @@ pub struct DamagedVolume {
     pub meta: Option<VolumeMeta>,
     /// What stopped it opening.
     pub problem: String,
+    /// A clone whose branch point its open base holds for it.
+    holds_branch_point: bool,
 }
 
 pub struct Node {
@@ -357,17 +407,8 @@ impl Node {
             }
             unopened = waiting;
         }
-        // A damaged clone was not lent its base, which must still keep its
-        // clock past the branch point (see `Volume::lend_again`), and the
-        // branch point exact for the clone's repair.
-        for meta in damaged.values().filter_map(|damage| damage.meta.as_ref()) {
-            if let Some((base, volume)) =
-                meta.lent_base().and_then(|base| Some((base, volumes.get(base.volume.as_str())?)))
-            {
-                volume.advance_clock(base.at);
-                volume.hold_again(base.at);
-            }
-        }
+        // Before anything below thins history.
+        hold_damaged_branch_points(&volumes, &mut damaged);
         let history = damaged.is_empty().then(|| describe_history(&volumes));
         let counted = history.as_ref().is_some_and(|history| chunks.resume_counts(history));
         let mut missing_by_volume = Vec::new();
@@ -382,10 +423,7 @@ impl Node {
                 // Its history cannot be read to the end: uncounted, like a damaged volume's.
                 let problem = format!("its version index cannot be read: {error}");
                 tracing::error!(volume = %volume.name(), %problem, "volume is damaged; serving the others");
-                damaged.insert(
-                    volume.name().to_string(),
-                    DamagedVolume { name: volume.name().to_string(), meta: Some(volume.meta().clone()), problem },
-                );
+                damaged.insert(volume.name().to_string(), DamagedVolume::of(volume, problem));
             }
             missing_by_volume.push((volume.name().to_string(), missing));
         }
@@ -422,17 +460,15 @@ impl Node {
                 }
                 Err(error) => {
                     let problem = format!("recovery failed: {error}");
-                    let meta = Some(volume.meta().clone());
-                    damaged.insert(
-                        volume.name().to_string(),
-                        DamagedVolume { name: volume.name().to_string(), meta, problem },
-                    );
+                    damaged.insert(volume.name().to_string(), DamagedVolume::of(volume, problem));
                 }
             }
         }
         for name in damaged.keys() {
             volumes.remove(name);
         }
+        // The clones of what was set aside since.
+        hold_damaged_branch_points(&volumes, &mut damaged);
         let groups = Mutex::new(GroupState::open(&*storage)?);
         let node = Node {
             storage,
@@ -770,7 +806,10 @@ impl Node {
         if self.damaged.read().contains_key(name) {
             // Nothing of it is open, and its references were never counted.
             self.remove_volume_dir(name)?;
-            self.damaged.write().remove(name);
+            let volumes = self.volumes.read();
+            if let Some(mut damage) = self.damaged.write().remove(name) {
+                damage.release_branch_point(&volumes);
+            }
             return Ok(());
         }
         let volume = self.volume(name)?;

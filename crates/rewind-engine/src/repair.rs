@@ -30,7 +30,7 @@ use rewind_io::write_file_atomic;
 use rewind_journal::{Journal, JournalError};
 use rewind_types::{Lsn, Timestamp};
 
-use crate::node::{branch_points, lend_base, volume_dir, DamagedVolume};
+use crate::node::{base_set_aside, branch_points, hold_damaged_branch_points, lend_base, volume_dir, DamagedVolume};
 use crate::timespec::DisplayTime;
 use crate::{EngineError, InUse, Node, Volume};
 
@@ -167,7 +167,15 @@ impl Node {
             volume.note_history_damage(&format!("repair: {loss}"));
         }
         self.volumes.write().insert(name.clone(), volume);
-        self.damaged.write().remove(&name);
+        let volumes = self.volumes.read();
+        let mut damaged = self.damaged.write();
+        if let Some(mut damage) = damaged.remove(&name) {
+            // It holds its branch point as an open clone now.
+            damage.release_branch_point(&volumes);
+        }
+        // A repaired base holds its damaged clones' branch points again.
+        hold_damaged_branch_points(&volumes, &mut damaged);
+        drop((volumes, damaged));
         self.recount_chunks()
     }
 
@@ -177,7 +185,11 @@ impl Node {
         let problem = error.to_string();
         tracing::error!(volume = %name, %problem, "volume set aside for repair");
         self.volumes.write().remove(&name);
-        self.damaged.write().insert(name.clone(), DamagedVolume { name, meta: Some(volume.meta().clone()), problem });
+        let volumes = self.volumes.read();
+        let mut damaged = self.damaged.write();
+        base_set_aside(&name, &mut damaged);
+        damaged.insert(name.clone(), DamagedVolume::of(volume, problem));
+        hold_damaged_branch_points(&volumes, &mut damaged);
     }
 
     /// What to do about `error`, met opening volume `name`; an error if

@@ -23,7 +23,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rewind_engine::{
     BlockSize, BookmarkName, Clones, Durability, EngineError, GroupRevertTo, InUse, Layout, LayoutRules, Node,
-    NodeConfig, RevertReport, Timestamp, Volume, VolumeName, VolumeSpec, Writers, ZeroMode,
+    NodeConfig, RepairMode, RevertReport, Timestamp, Volume, VolumeName, VolumeSpec, Writers, ZeroMode,
 };
 use rewind_io::{SimConfig, SimStorage};
 
@@ -594,4 +594,70 @@ fn a_branch_point_stays_exact_through_its_bases_recovery() {
     assert!(block == [2; 4096], "the clone reads its base at the branch point: {}", block[0]);
     node.volume("v").unwrap().read(0, &mut block).unwrap();
     assert!(block == [3; 4096], "the base now: {}", block[0]);
+}
+
+/// A damaged clone's branch point stays held on its base — exact, for the
+/// clone's repair — also once its base, damaged too, is repaired; it is let
+/// go when the clone is deleted, or repaired (it then holds it as an open
+/// clone, once).
+#[test]
+fn a_damaged_clone_holds_its_branch_point_until_deleted_or_repaired() {
+    for (base_damaged, clone_repaired) in [(false, false), (false, true), (true, true)] {
+        let case = format!("base damaged {base_damaged}, clone repaired {clone_repaired}");
+        let storage = SimStorage::new(SimConfig::default(), 17);
+        // In a window of its own (the first since 1970 keeps every point).
+        let at = |nanos: u64| Timestamp::from_unix_nanos(1_700_000_000_000_000_000 + nanos);
+        let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+        let spec = VolumeSpec {
+            // One window for everything: only its last version is kept, and
+            // what is held.
+            granularity_nanos: 1_000_000_000,
+            ..VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap())
+        };
+        let base = node.create_volume(spec, at(1_000)).unwrap();
+        base.write(at(2_000), 0, &[1; 4096], Durability::Fua).unwrap();
+        let clone = node.clone_volume("v", None, VolumeName::new("c").unwrap(), at(3_000)).unwrap();
+        let branch = clone.base().unwrap().at;
+        base.write(at(4_000), 0, &[2; 4096], Durability::Fua).unwrap();
+        base.create_bookmark(BookmarkName::new("later").unwrap(), None, at(5_000)).unwrap();
+        drop((base, clone));
+        drop(node);
+        // Both copies of a metadata file damaged: the volume opens damaged
+        // (and a clone of a damaged base too). The base's bookmarks, which
+        // its repair resets, not its policy, which holds the granularity.
+        let damage: &[&str] = if base_damaged { &["c/policy", "v/bookmarks"] } else { &["c/policy"] };
+        for file in damage {
+            let path = format!("volumes/{file}");
+            let size = rewind_io::Storage::open_file(&storage, &path, rewind_io::OpenMode::Existing)
+                .unwrap()
+                .size_bytes()
+                .unwrap();
+            storage.corrupt(&path, 10, 0x20).unwrap();
+            storage.corrupt(&path, size / 2 + 10, 0x20).unwrap();
+        }
+        let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+        assert_eq!(node.damaged_volumes().len(), damage.len(), "{case}");
+        if base_damaged {
+            let report = node.repair_volume("v", RepairMode::Apply, InUse::Refuse, at(6_000)).unwrap();
+            assert!(report.repaired, "{case}: {report:?}");
+        }
+        let base = node.volume("v").unwrap();
+        // A write in the next window closes the branch point's.
+        base.write(at(1_500_000_000), 0, &[3; 4096], Durability::Fua).unwrap();
+        // What the base pins is worked out again (its recovery pinned the
+        // branch point until then).
+        drop(base.view(at(1_500_000_000)).unwrap());
+        assert!(base.view_exactly(branch).is_ok(), "{case}: the damaged clone holds its branch point");
+        if clone_repaired {
+            let report = node.repair_volume("c", RepairMode::Apply, InUse::Refuse, at(1_600_000_000)).unwrap();
+            assert!(report.repaired, "{case}: {report:?}");
+            assert!(base.view_exactly(branch).is_ok(), "{case}: the repaired clone holds its branch point");
+            let mut block = vec![0; 4096];
+            node.volume("c").unwrap().read(0, &mut block).unwrap();
+            assert!(block == [1; 4096], "{case}: the repaired clone reads its branch point: {}", block[0]);
+        }
+        node.delete_volume("c", InUse::Refuse, Clones::Refuse).unwrap();
+        let held = base.view_exactly(branch).map(|view| view.at());
+        assert!(held.is_err(), "{case}: the branch point is let go with the clone: {held:?}");
+    }
 }
