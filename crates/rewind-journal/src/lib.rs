@@ -509,7 +509,7 @@ impl Journal {
         }
         let path = format!("{dir}/{}", segment_name(1));
         let file = storage.open_file(&path, OpenMode::CreateNew).map_err(io(&path))?;
-        file.allocate(0, config.segment_bytes_max).map_err(io(&path))?;
+        file.allocate(0, segment_reserved_bytes(config.segment_bytes_max)).map_err(io(&path))?;
         let header =
             SegmentHeader { segment: 1, block_size, lsn_first: Lsn(1), timestamp_before: created, recycled: false };
         file.write_all_at(&header.encode(), 0).map_err(io(&path))?;
@@ -934,7 +934,7 @@ impl Journal {
     /// A new segment file at `path`, its whole size allocated.
     fn create_segment_file(&self, path: &str) -> Result<Arc<dyn File>, JournalError> {
         let created = self.storage.open_file(path, OpenMode::CreateNew).and_then(|file| {
-            match file.allocate(0, self.config.segment_bytes_max) {
+            match file.allocate(0, segment_reserved_bytes(self.config.segment_bytes_max)) {
                 Ok(()) => Ok(file),
                 Err(error) => {
                     // Nothing refers to it: the next attempt starts afresh.
@@ -968,7 +968,8 @@ impl Journal {
         self.spares_kept.store(spares.len() - 1, Ordering::Relaxed);
         let file = self.storage.open_file(path, OpenMode::Existing).map_err(self.io_error(path.to_owned()))?;
         // A spare cut short by recovery (a torn tail) has less than a segment.
-        file.allocate(0, self.config.segment_bytes_max).map_err(self.io_error(path.to_owned()))?;
+        file.allocate(0, segment_reserved_bytes(self.config.segment_bytes_max))
+            .map_err(self.io_error(path.to_owned()))?;
         Ok(Some(file))
     }
 
@@ -1018,7 +1019,7 @@ impl Journal {
         const CHUNK_BYTES: usize = 1 << 20;
         let io = self.io_error(path.to_owned());
         let file = self.storage.open_file(path, OpenMode::CreateNew).map_err(self.io_error(path.to_owned()))?;
-        let size_bytes = self.config.segment_bytes_max.next_multiple_of(DIRECT_ALIGN as u64);
+        let size_bytes = segment_reserved_bytes(self.config.segment_bytes_max);
         file.allocate(0, size_bytes).map_err(self.io_error(path.to_owned()))?;
         let direct = match self.storage.open_direct(path) {
             Ok(direct) => direct,
@@ -1117,7 +1118,11 @@ impl Journal {
         let target = self.seal_active();
         let mut written = self.written.lock();
         self.check_poisoned()?;
-        if self.lsn_durable() >= target {
+        // A record that takes no LSN of its own (a vouch whose write failed
+        // on a full disk) may wait unwritten behind the last durable one:
+        // everything appended is made durable, as a checkpoint's replay
+        // position, the journal's end, must be on disk.
+        if self.lsn_durable() >= target && self.tail.lock().sealed.is_empty() {
             return Ok(self.lsn_durable());
         }
         self.write_sealed(&mut written).map_err(|error| self.fail_write(error))?;
@@ -1823,7 +1828,13 @@ impl Recovery {
         });
         let path = journal.path(self.segment);
         file.set_len(self.offset).map_err(journal.io_error(path.clone()))?;
-        file.sync_data().map_err(journal.io_error(path))?;
+        file.sync_data().map_err(journal.io_error(path.clone()))?;
+        // The cut gave back the space the rest of the segment had reserved.
+        // Reserved again if there is room; if not (a full disk), the
+        // records' writes fail for want of it, an error that passes.
+        if let Err(error) = file.allocate(0, segment_reserved_bytes(journal.config.segment_bytes_max)) {
+            tracing::warn!(%path, %error, "the journal segment's space could not be reserved again after recovery");
+        }
         for segment in self.segments_after(self.segment)? {
             let path = journal.path(segment);
             journal.files.lock().remove(&segment);
@@ -1960,6 +1971,12 @@ impl Recovery {
         };
         Ok((journal, report))
     }
+}
+
+/// The space a segment file reserves: its records' bytes up to the end of
+/// the last sector a direct write of them writes.
+fn segment_reserved_bytes(segment_bytes_max: u64) -> u64 {
+    segment_bytes_max.next_multiple_of(DIRECT_ALIGN as u64)
 }
 
 /// The bytes of `file` from the start of `offset`'s sector to `offset`:

@@ -808,3 +808,48 @@ fn the_journal_is_measured_while_spares_are_taken() {
         assert!(measured.join().unwrap() > 0);
     });
 }
+
+/// A vouch record in the last, partial sector of a segment whose size is
+/// not a whole number of sectors, after recovery cut the segment short (a
+/// torn tail), on a full disk: its direct write goes to the sector's end,
+/// which the segment reserved, and a commit leaves everything appended
+/// durable — a checkpoint's replay position is the journal's end and must
+/// be on disk. (The engine's model found a checkpoint past the end of the
+/// file after a crash: the vouch's write went past the space reserved and
+/// failed, and the commit after it, seeing no new record, wrote nothing.)
+#[test]
+fn a_vouch_record_in_a_segments_last_sector_is_durable_after_a_commit() {
+    let storage = SimStorage::new(SimConfig { sector_bytes: 512, ..SimConfig::default() }, 24);
+    let config = JournalConfig { segment_bytes_max: 84_000, ..JournalConfig::default() };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    let from = (journal.position_next(), Lsn(1));
+    let write = |journal: &Journal, step: u64| {
+        journal.append_write(Timestamp::from_unix_nanos(step), BlockIndex(step), &[step as u8; 512], &mut Vec::new())
+    };
+    let mut step = 0;
+    while journal.position_next().offset < 82_000 {
+        step += 1;
+        write(&journal, step).unwrap();
+        journal.commit().unwrap();
+    }
+    let committed = step;
+    // Written and not synced: the crash tears it, and recovery cuts it off
+    // inside the segment's last sector.
+    step += 1;
+    write(&journal, step).unwrap();
+    journal.write_out().unwrap();
+    drop(journal);
+    storage.crash_tearing_last_write("journal/00000001.seg", 2).unwrap();
+    let (survivors, journal, report) = replay_from(&storage, config, from).unwrap();
+    assert!(report.truncated_bytes > 0 && survivors.len() == committed as usize, "{report:?}");
+    assert!(journal.position_next().offset > 81_920, "in the last sector: {:?}", journal.position_next());
+    storage.set_capacity(Some(storage.used_bytes()));
+    let vouched = journal.vouch();
+    assert!(matches!(vouched, Ok(true)), "the segment reserved its last sector: {vouched:?}");
+    journal.commit().unwrap();
+    let end = journal.position_next();
+    assert_eq!(journal.durable_point().1, end, "everything appended is durable");
+    drop(journal);
+    storage.crash();
+    replay_from(&storage, config, (end, Lsn(committed + 1))).unwrap();
+}
