@@ -49,7 +49,9 @@
 //! file keeps the old segment's bytes past the new records; its header says
 //! it is recycled, and recovery never takes those bytes for records: each
 //! old record has an LSN below the segment's first, and a segment's records
-//! end where the next segment's begin.
+//! end where the next segment's begin. Recovery deletes the spares (see
+//! `Journal::delete_spares`): a crash can leave a lost segment's records,
+//! whose LSNs are given out again, in one.
 //!
 //! Recovery ([`Journal::recover`]) replays records from a checkpointed
 //! position. At the first damaged record it decides between a *torn tail*
@@ -499,14 +501,6 @@ impl Journal {
             move |source| JournalError::Io { path, source }
         };
         storage.create_dir_all(dir).map_err(io(dir))?;
-        // Spares of an earlier journal here would hold records with LSNs
-        // this one is yet to reach: they must not outlive it.
-        for name in storage.list_dir(dir).map_err(io(dir))? {
-            if parse_spare_name(&name).is_some() {
-                let path = format!("{dir}/{name}");
-                storage.remove_file(&path).map_err(io(&path))?;
-            }
-        }
         let path = format!("{dir}/{}", segment_name(1));
         let file = storage.open_file(&path, OpenMode::CreateNew).map_err(io(&path))?;
         file.allocate(0, segment_reserved_bytes(config.segment_bytes_max)).map_err(io(&path))?;
@@ -519,6 +513,9 @@ impl Journal {
         let prefix = header.encode();
         let journal = Journal::assemble(storage, dir, block_size, config, start, &prefix, Lsn(1), created, 1);
         journal.files.lock().insert(1, file);
+        // Spares of an earlier journal here would hold records with LSNs
+        // this one is yet to reach: they must not outlive it.
+        journal.delete_spares()?;
         Ok(journal)
     }
 
@@ -1041,6 +1038,24 @@ impl Journal {
         }
         file.sync_data().map_err(io)?;
         Ok(true)
+    }
+
+    /// Deletes every spare. After a crash a spare may hold a segment the
+    /// crash lost (started in it, and the renaming undone): records with the
+    /// LSNs the journal hands out again, which would be replayed as written
+    /// if the file were reused and its new records lost in turn. Nothing
+    /// tells such a file from a clean one, and spares only save time.
+    fn delete_spares(&self) -> Result<(), JournalError> {
+        let spares = self.spares()?;
+        for &number in &spares {
+            let path = format!("{}/{}", self.dir, spare_name(number));
+            self.storage.remove_file(&path).map_err(self.io_error(path))?;
+        }
+        if !spares.is_empty() {
+            self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
+        }
+        self.spares_kept.store(0, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The spare segment files, by number.
@@ -1961,8 +1976,7 @@ impl Recovery {
         );
         journal.files.lock().insert(self.segment, file);
         journal.tail.lock().recycled = self.recycled;
-        let spares = journal.spares()?.len();
-        journal.spares_kept.store(spares, Ordering::Relaxed);
+        journal.delete_spares()?;
         let report = RecoveryReport {
             records_replayed: self.records_replayed,
             truncated_bytes: self.truncated_bytes,
