@@ -353,8 +353,6 @@ struct Written {
     end: JournalPosition,
     /// Segments written since their last sync, in order.
     unsynced: Vec<u32>,
-    /// A segment was started since the last sync: its name must be synced.
-    new_segment: bool,
     /// Direct writes: where they go, and an aligned buffer for a batch whose
     /// own buffer a record larger than `BATCH_BYTES` moved out of alignment.
     direct: Option<DirectFile>,
@@ -549,7 +547,6 @@ impl Journal {
                 lsn: Lsn(lsn_next.0 - 1),
                 end: JournalPosition { segment, offset: end },
                 unsynced: Vec::new(),
-                new_segment: false,
                 direct: None,
                 aligned: Vec::new(),
                 commits: SegmentCommits::default(),
@@ -947,8 +944,8 @@ impl Journal {
     /// A spare segment file renamed to `path`, if there is one. Its old
     /// header and records stay until the new segment's batches overwrite
     /// them; recovery tells them apart by their LSNs (see `Recovery`). The
-    /// rename is made durable with the new segment's first sync, like a new
-    /// file's name.
+    /// rename is made durable before the segment's first batch is written
+    /// (`write_sealed`), as a new file's name is.
     fn take_spare(&self, path: &str) -> Result<Option<Arc<dyn File>>, JournalError> {
         let spares = loop {
             let spares = self.spares()?;
@@ -1235,6 +1232,13 @@ impl Journal {
     fn write_sealed(&self, written: &mut Written) -> Result<(), JournalError> {
         let batches: Vec<Arc<Batch>> = self.tail.lock().sealed.iter().cloned().collect();
         for batch in &batches {
+            if batch.starts_segment {
+                // A segment's name is durable before any of its records
+                // reach the file. Were a spare's renaming undone by a crash
+                // after them, the spare would hold this segment's records,
+                // whose LSNs the journal gives out again after recovery.
+                self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
+            }
             if !self.write_direct(written, batch)? {
                 let file = self.file(batch.segment)?;
                 file.write_all_at(batch.records(), batch.offset).map_err(self.segment_io_error(batch.segment))?;
@@ -1242,7 +1246,6 @@ impl Journal {
             if written.unsynced.last() != Some(&batch.segment) {
                 written.unsynced.push(batch.segment);
             }
-            written.new_segment |= batch.starts_segment;
             written.lsn = written.lsn.max(batch.lsn_last);
             written.end = JournalPosition { segment: batch.segment, offset: batch.end() };
             self.written_end.store(pack(batch.segment, batch.end()), Ordering::Release);
@@ -1362,9 +1365,6 @@ impl Journal {
         self.commits_written.store(pack(commits.segment, counted), Ordering::Relaxed);
         for segment in std::mem::take(&mut written.unsynced) {
             self.file(segment)?.sync_data().map_err(self.segment_io_error(segment))?;
-        }
-        if std::mem::take(&mut written.new_segment) {
-            self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
         }
         self.lsn_durable.fetch_max(written.lsn.0, Ordering::AcqRel);
         *self.durable_point.lock() = (written.lsn, written.end);
