@@ -518,6 +518,72 @@ fn recycled_segments_keep_every_committed_record_and_replay_none_of_their_old_on
     assert!(recycled_seen > 100, "segments were reused: {recycled_seen}");
 }
 
+/// The test above through several crashes: each recovery hands out the LSNs
+/// of what the crash lost again, and no record lost in one crash may come
+/// back in a later one (through a segment file reused since, a spare, or a
+/// reclaim whose renaming the crash undid).
+#[test]
+fn records_lost_in_one_crash_stay_lost_through_the_next() {
+    for seed in 0..3000u64 {
+        println!("seed {seed}");
+        let storage = SimStorage::new(SimConfig { direct_io: seed % 2 == 0, ..SimConfig::default() }, seed);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let config = JournalConfig {
+            segment_bytes_max: rng.random_range(3_000..8_000),
+            batch_bytes_max: rng.random_range(64..24_000),
+            spare_segments_max: rng.random_range(1..=3),
+            spare_after_commits: rng.random_range(0..4),
+            ..JournalConfig::default()
+        };
+        let mut journal =
+            Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+        // Every record of the journal's history as recovery last left it,
+        // from LSN 1.
+        let mut history: Vec<Op> = Vec::new();
+        let mut committed = 0;
+        let mut from = (start(), Lsn(1));
+        let mut step = 0;
+        for crash in 0..rng.random_range(3..9) {
+            for _ in 0..rng.random_range(5..80) {
+                step += 1;
+                let op = random_op(&mut rng);
+                assert_eq!(append(&journal, &op, step).0 as usize, history.len() + 1, "seed {seed}");
+                history.push(op);
+                if rng.random_bool(0.25) {
+                    committed = journal.commit().unwrap().0 as usize;
+                    if rng.random_bool(0.3) {
+                        journal.vouch().unwrap();
+                    }
+                } else if rng.random_bool(0.5) {
+                    journal.write_out().unwrap();
+                }
+                if rng.random_bool(0.1) {
+                    let (lsn, position) = journal.durable_point();
+                    from = (position, lsn.next());
+                    journal.reclaim(position.segment, Timestamp::MAX).unwrap();
+                }
+                if rng.random_bool(0.1) {
+                    journal.prepare_spare().unwrap();
+                }
+            }
+            drop(journal);
+            storage.crash();
+            let (survivors, recovered, _) = replay_from(&storage, config, from)
+                .unwrap_or_else(|error| panic!("seed {seed} crash {crash}: {error}"));
+            let skipped = from.1 .0 as usize - 1;
+            assert!(skipped + survivors.len() >= committed, "seed {seed} crash {crash}: lost committed records");
+            assert!(
+                survivors[..] == history[skipped..skipped + survivors.len()],
+                "seed {seed} crash {crash}: replayed records that are not the history's ({} survivors)",
+                survivors.len()
+            );
+            history.truncate(skipped + survivors.len());
+            committed = history.len();
+            journal = recovered;
+        }
+    }
+}
+
 /// Whether the segment file `name` says it reuses an earlier segment's file.
 fn segment_is_recycled(storage: &SimStorage, name: &str) -> bool {
     let file = storage.open_file(&format!("journal/{name}"), rewind_io::OpenMode::Existing).unwrap();
