@@ -451,18 +451,7 @@ fn journal_ready(storage: &SimStorage, recycled: bool) -> (Journal, String, (Jou
 fn recycled_segments_keep_every_committed_record_and_replay_none_of_their_old_ones() {
     let mut recycled_seen = 0;
     for seed in 0..300u64 {
-        println!("seed {seed}");
-        let storage = SimStorage::new(SimConfig { direct_io: seed % 2 == 0, ..SimConfig::default() }, seed);
-        let mut rng = StdRng::seed_from_u64(seed);
-        let config = JournalConfig {
-            segment_bytes_max: rng.random_range(3_000..12_000),
-            batch_bytes_max: rng.random_range(64..24_000),
-            spare_segments_max: rng.random_range(1..=3),
-            spare_after_commits: rng.random_range(0..4),
-            ..JournalConfig::default()
-        };
-        let journal =
-            Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+        let (storage, mut rng, config, journal) = recycling_journal(seed, 3_000..12_000);
         let mut appended = Vec::new();
         let mut committed = 0;
         // The replay point of the last checkpoint.
@@ -482,17 +471,7 @@ fn recycled_segments_keep_every_committed_record_and_replay_none_of_their_old_on
             } else if rng.random_bool(0.2) {
                 journal.write_out().unwrap();
             }
-            if rng.random_bool(0.1) {
-                // A checkpoint at the durable point, and everything before
-                // it archived: its segments are reclaimed.
-                let (lsn, position) = journal.durable_point();
-                from = (position, lsn.next());
-                journal.reclaim(position.segment, Timestamp::MAX).unwrap();
-            }
-            if rng.random_bool(0.1) {
-                // Spares written ahead: new segments start in files of zeros.
-                journal.prepare_spare().unwrap();
-            }
+            reclaim_or_prepare_now_and_then(&journal, &mut rng, &mut from);
         }
         let recycled = segments(&storage).iter().filter(|name| segment_is_recycled(&storage, name)).count();
         recycled_seen += recycled;
@@ -525,18 +504,7 @@ fn recycled_segments_keep_every_committed_record_and_replay_none_of_their_old_on
 #[test]
 fn records_lost_in_one_crash_stay_lost_through_the_next() {
     for seed in 0..3000u64 {
-        println!("seed {seed}");
-        let storage = SimStorage::new(SimConfig { direct_io: seed % 2 == 0, ..SimConfig::default() }, seed);
-        let mut rng = StdRng::seed_from_u64(seed);
-        let config = JournalConfig {
-            segment_bytes_max: rng.random_range(3_000..8_000),
-            batch_bytes_max: rng.random_range(64..24_000),
-            spare_segments_max: rng.random_range(1..=3),
-            spare_after_commits: rng.random_range(0..4),
-            ..JournalConfig::default()
-        };
-        let mut journal =
-            Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+        let (storage, mut rng, config, mut journal) = recycling_journal(seed, 3_000..8_000);
         // Every record of the journal's history as recovery last left it,
         // from LSN 1.
         let mut history: Vec<Op> = Vec::new();
@@ -557,14 +525,7 @@ fn records_lost_in_one_crash_stay_lost_through_the_next() {
                 } else if rng.random_bool(0.5) {
                     journal.write_out().unwrap();
                 }
-                if rng.random_bool(0.1) {
-                    let (lsn, position) = journal.durable_point();
-                    from = (position, lsn.next());
-                    journal.reclaim(position.segment, Timestamp::MAX).unwrap();
-                }
-                if rng.random_bool(0.1) {
-                    journal.prepare_spare().unwrap();
-                }
+                reclaim_or_prepare_now_and_then(&journal, &mut rng, &mut from);
             }
             drop(journal);
             storage.crash();
@@ -581,6 +542,37 @@ fn records_lost_in_one_crash_stay_lost_through_the_next() {
             committed = history.len();
             journal = recovered;
         }
+    }
+}
+
+/// A seeded journal that reuses segment files: segments of a size in
+/// `segment_bytes`, batches of any size, spares kept and written ahead.
+fn recycling_journal(seed: u64, segment_bytes: std::ops::Range<u64>) -> (SimStorage, StdRng, JournalConfig, Journal) {
+    println!("seed {seed}");
+    let storage = SimStorage::new(SimConfig { direct_io: seed.is_multiple_of(2), ..SimConfig::default() }, seed);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let config = JournalConfig {
+        segment_bytes_max: rng.random_range(segment_bytes),
+        batch_bytes_max: rng.random_range(64..24_000),
+        spare_segments_max: rng.random_range(1..=3),
+        spare_after_commits: rng.random_range(0..4),
+        ..JournalConfig::default()
+    };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    (storage, rng, config, journal)
+}
+
+/// Now and then a checkpoint at the durable point, everything before it
+/// archived (its segments are reclaimed: `from` moves there); now and then
+/// spares written ahead (new segments start in files of zeros).
+fn reclaim_or_prepare_now_and_then(journal: &Journal, rng: &mut StdRng, from: &mut (JournalPosition, Lsn)) {
+    if rng.random_bool(0.1) {
+        let (lsn, position) = journal.durable_point();
+        *from = (position, lsn.next());
+        journal.reclaim(position.segment, Timestamp::MAX).unwrap();
+    }
+    if rng.random_bool(0.1) {
+        journal.prepare_spare().unwrap();
     }
 }
 
