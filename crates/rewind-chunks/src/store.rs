@@ -619,7 +619,12 @@ impl ChunkStore {
         let _gate = self.gate.write();
         let _writing = self.writing.lock();
         let mut state = self.state.lock();
-        assert!(state.open && state.unslotted.is_empty(), "saving happens once, with no session in flight");
+        // Ids a failed session handed out stay unslotted until a recount,
+        // which it asked for; any other unslotted id is a session in flight.
+        assert!(
+            state.open && (state.unslotted.is_empty() || state.recount.is_some()),
+            "saving happens once, with no session in flight"
+        );
         (state.open, state.closed) = (false, true);
         let doubt = if let Some(cause) = self.poisoned.lock().clone() {
             Some(format!("the store is poisoned ({cause})"))
