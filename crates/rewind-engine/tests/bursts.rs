@@ -124,3 +124,45 @@ fn reads_right_after_a_burst_keep_background_work_waiting_for_a_while() {
     let stats = work(5_100);
     assert_eq!((stats.versions_pending_destage, stats.versions_archived), (0, 20), "{stats:?}");
 }
+
+#[test]
+fn random_writes_are_destaged_from_reads_of_the_journal_in_its_own_order() {
+    // Blocks written in a scrambled order lie in the journal in that order:
+    // read block by block, destaging them took one read each once they had
+    // left memory (4 KiB reads from the disk: random writes at queue depth
+    // 32 came in faster than they were destaged, and waited for room in
+    // the overlay). 128 MiB, twice what the journal keeps in memory.
+    const BLOCKS: u64 = 2048;
+    const BIG: usize = 64 << 10;
+    let storage = SimStorage::new(SimConfig::default(), 9);
+    let mut config = NodeConfig::default();
+    config.volume.burst_quiet_nanos = 0;
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), BLOCKS * BIG as u64, BlockSize::new(BIG as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    // 389 is prime to 2048: every block once, neighbours far apart.
+    let scrambled = |n: u64| n * 389 % BLOCKS;
+    for n in 0..BLOCKS {
+        let block = scrambled(n);
+        let at = start.saturating_add_nanos((n + 1) * MILLI);
+        volume.write(at, block * BIG as u64, &[block as u8 ^ 0x5a; BIG], Durability::Buffered).unwrap();
+    }
+    volume.flush().unwrap();
+    let before = volume.io_stats();
+    node.maintain(start.saturating_add_nanos(10_000 * MILLI)).unwrap();
+    let after = volume.io_stats();
+    assert_eq!(volume.stats().unwrap().versions_pending_destage, 0);
+    assert!(after.current.write_bytes - before.current.write_bytes >= BLOCKS * BIG as u64, "{after:?}");
+    // At least the first 64 MiB come from the file: a megabyte at a time,
+    // not a block.
+    let (reads, read_bytes) =
+        (after.journal.reads - before.journal.reads, after.journal.read_bytes - before.journal.read_bytes);
+    assert!(read_bytes >= 64 << 20, "{read_bytes} bytes read: the test needs blocks that left memory");
+    assert!(reads <= 2 * (read_bytes >> 20), "{reads} journal reads for {read_bytes} bytes");
+    let mut image = vec![0; BIG];
+    for block in 0..BLOCKS {
+        volume.read(block * BIG as u64, &mut image).unwrap();
+        assert!(image.iter().all(|&byte| byte == block as u8 ^ 0x5a), "block {block} reads what was written");
+    }
+}

@@ -27,6 +27,7 @@ use rewind_chunks::{ArchiveSession, ChunkStore};
 use rewind_index::{ArchiveFailed, Archiver, IndexError, ReleaseHook, Thinning};
 use rewind_types::{Lsn, Timestamp, Version, VersionData};
 
+use crate::volume::gather::{JournalGather, GATHER_BYTES_MAX};
 use crate::volume::HistoryWork;
 use crate::{EngineError, Volume};
 
@@ -44,84 +45,30 @@ impl ReleaseHook for ReleaseChunks {
     }
 }
 
-/// Journal bytes read at once for versions that lie near each other.
-const READ_BYTES_MAX: usize = 1 << 20;
-/// Unneeded journal bytes read rather than split a read around them: at
-/// this disk's 2.5 GB/s, 16 KiB costs less than another read's latency.
-/// (Under bench/nfs_mix.py's four mixes, 16 KiB read 3.0 GB in 331k reads,
-/// 64 KiB 7.5 GB in 207k; read in block order, as before, 2.4 GB in 526k.)
-const READ_GAP_MAX: u64 = 16 << 10;
-/// Journal bytes of versions gathered before they are stored: versions come
-/// in block order, and the more of them are read at once in journal order,
-/// the more lie near each other.
-const GATHER_BYTES_MAX: usize = 32 << 20;
-
 /// Stores the journal data of versions as chunks.
 struct JournalArchiver<'a> {
     volume: &'a Volume,
     session: Option<ArchiveSession<'a>>,
-    /// The blocks of the versions being stored, in their order.
-    gathered: Vec<u8>,
-    /// One read's bytes.
-    span: Vec<u8>,
+    gather: JournalGather,
     /// Why the last call failed.
     error: Option<EngineError>,
 }
 
 impl JournalArchiver<'_> {
     fn archive_versions(&mut self, versions: &mut [Version]) -> Result<(), EngineError> {
-        let block_bytes = self.volume.block_size().bytes() as usize;
+        let volume = self.volume;
+        let block_bytes = volume.block_size().bytes() as usize;
         for part in versions.chunks_mut(GATHER_BYTES_MAX / block_bytes) {
-            self.gather(part, block_bytes)?;
+            self.gather.read(&volume.journal, part.iter().map(|version| version.data), block_bytes)?;
             let session = self.session.as_mut().expect("archiving until finished");
-            for (version, block) in part.iter_mut().zip(self.gathered.chunks_exact(block_bytes)) {
-                self.volume.check_version_bytes(version, block, "the journal", "being archived")?;
+            for (version, block) in part.iter_mut().zip(self.gather.gathered.chunks_exact(block_bytes)) {
+                volume.check_version_bytes(version, block, "the journal", "being archived")?;
                 version.data = if block.iter().all(|&byte| byte == 0) {
                     VersionData::Zero
                 } else {
                     VersionData::Chunk(session.put(block)?)
                 };
             }
-        }
-        Ok(())
-    }
-
-    /// Reads the journal blocks of `versions` into `gathered`, in journal
-    /// order: a block's versions, and the neighbours written with each, lie
-    /// far apart in the journal, and since it is written around the page
-    /// cache every read goes to the disk. Nearby versions share a read.
-    fn gather(&mut self, versions: &[Version], block_bytes: usize) -> Result<(), EngineError> {
-        let mut order: Vec<(u32, u64, usize)> = versions
-            .iter()
-            .enumerate()
-            .map(|(at, version)| match version.data {
-                VersionData::Journal { segment, offset } => (segment, u64::from(offset), at),
-                _ => unreachable!("only journal versions are archived"),
-            })
-            .collect();
-        order.sort_unstable();
-        self.gathered.resize(versions.len() * block_bytes, 0);
-        let block = block_bytes as u64;
-        let mut first = 0;
-        while first < order.len() {
-            let (segment, start, _) = order[first];
-            let mut end = start + block;
-            let mut last = first + 1;
-            while let Some(&(next_segment, next, _)) = order.get(last) {
-                let near = next_segment == segment && next <= end + READ_GAP_MAX;
-                if !near || next + block - start > READ_BYTES_MAX as u64 {
-                    break;
-                }
-                end = end.max(next + block);
-                last += 1;
-            }
-            self.span.resize((end - start) as usize, 0);
-            self.volume.journal.read(segment, start, &mut self.span)?;
-            for &(_, offset, at) in &order[first..last] {
-                let from = (offset - start) as usize;
-                self.gathered[at * block_bytes..][..block_bytes].copy_from_slice(&self.span[from..from + block_bytes]);
-            }
-            first = last;
         }
         Ok(())
     }
@@ -206,13 +153,8 @@ impl Volume {
         let Some(cutoff) = self.hold_exact_cutoff(cutoff) else { return Ok(false) };
         let held = Timestamp::from_unix_nanos(cutoff.unix_nanos() - 1);
         let session = self.chunks.session().inspect_err(|_| self.release_time(held))?;
-        let mut archiver = JournalArchiver {
-            volume: self,
-            session: Some(session),
-            gathered: Vec::new(),
-            span: Vec::new(),
-            error: None,
-        };
+        let mut archiver =
+            JournalArchiver { volume: self, session: Some(session), gather: JournalGather::default(), error: None };
         let result = self.index.archive(cutoff, &mut archiver);
         self.release_time(held);
         if let Some(session) = archiver.session.take() {

@@ -4,6 +4,7 @@
 //! go), after history has been filed from them where the layout files it at
 //! destage (`copy.rs`). Only durable journal records are ever applied.
 
+use super::gather::{JournalGather, GATHER_BYTES_MAX};
 use super::overlay::DestagePlan;
 use super::*;
 
@@ -79,64 +80,70 @@ impl Volume {
         Ok(())
     }
 
-    /// Writes `versions` (sorted by block) to the current store, coalescing
-    /// neighbours whose journal bytes are contiguous.
+    /// Writes `versions` (at most one per block) to the current store:
+    /// their journal bytes read part by part in journal order (a random
+    /// write's neighbours in the journal are other blocks of the same
+    /// pass), each part written in block order, neighbours together.
     fn apply_to_current(&self, versions: &[Pending]) -> Result<(), EngineError> {
-        const RUN_BYTES_MAX: usize = 8 << 20;
+        let block_bytes = self.meta.block_size.bytes() as usize;
+        let (zeros, mut data): (Vec<&Pending>, Vec<&Pending>) =
+            versions.iter().partition(|pending| pending.version.data == VersionData::Zero);
+        self.write_runs(&zeros, None)?;
+        data.sort_unstable_by_key(|pending| match pending.version.data {
+            VersionData::Journal { segment, offset } => (segment, offset),
+            _ => unreachable!("the overlay holds versions in the journal"),
+        });
+        let mut gather = JournalGather::default();
+        for part in data.chunks_mut(GATHER_BYTES_MAX / block_bytes) {
+            part.sort_unstable_by_key(|pending| pending.version.block);
+            gather.read(&self.journal, part.iter().map(|pending| pending.version.data), block_bytes)?;
+            for (pending, block) in part.iter().zip(gather.gathered.chunks_exact(block_bytes)) {
+                if rewind_format::crc32c(block) != pending.version.crc32c {
+                    return Err(EngineError::Corrupt {
+                        volume: self.meta.name.to_string(),
+                        detail: format!(
+                            "journal data of block {} (written at LSN {}) fails its checksum",
+                            pending.version.block, pending.lsn
+                        ),
+                    });
+                }
+            }
+            self.write_runs(part, Some(&gather.gathered))?;
+        }
+        Ok(())
+    }
+
+    /// Writes `versions` (sorted by block; with `data`, their blocks in the
+    /// same order, otherwise zeros) to the current store, a run of
+    /// neighbouring blocks at a time.
+    fn write_runs(&self, versions: &[&Pending], data: Option<&[u8]>) -> Result<(), EngineError> {
+        const RUN_BLOCKS_MAX: usize = 2048;
         let current = self.current.as_ref().expect("only layouts with a current store have an overlay");
-        let block_bytes = self.meta.block_size.bytes();
-        let mut buffer = Vec::new();
+        let block_bytes = self.meta.block_size.bytes() as usize;
         let mut metas = Vec::new();
         let mut start = 0;
         while start < versions.len() {
-            let first = versions[start].version;
             let mut end = start + 1;
-            while end < versions.len() && (end - start) * (block_bytes as usize) < RUN_BYTES_MAX {
-                let previous = versions[end - 1].version;
-                let next = versions[end].version;
-                let adjacent = next.block.0 == previous.block.0 + 1;
-                let contiguous = match (previous.data, next.data) {
-                    (VersionData::Zero, VersionData::Zero) => true,
-                    (
-                        VersionData::Journal { segment: a, offset: x },
-                        VersionData::Journal { segment: b, offset: y },
-                    ) => a == b && y == x + block_bytes,
-                    _ => false,
-                };
-                if !(adjacent && contiguous) {
-                    break;
-                }
+            while end < versions.len()
+                && end - start < RUN_BLOCKS_MAX
+                && versions[end].version.block.0 == versions[end - 1].version.block.0 + 1
+            {
                 end += 1;
             }
             let run = &versions[start..end];
             metas.clear();
             metas.extend(run.iter().map(|pending| BlockMeta {
-                state: match pending.version.data {
-                    VersionData::Zero => BlockState::Zero,
-                    VersionData::Journal { .. } | VersionData::Chunk(_) => BlockState::Data,
+                state: match data {
+                    None => BlockState::Zero,
+                    Some(_) => BlockState::Data,
                 },
                 crc32c: pending.version.crc32c,
                 timestamp: pending.version.timestamp,
             }));
-            match first.data {
-                VersionData::Zero => current.zero_blocks(first.block, &metas)?,
-                VersionData::Chunk(_) => unreachable!("the overlay holds versions in the journal"),
-                VersionData::Journal { segment, offset } => {
-                    buffer.resize(run.len() * block_bytes as usize, 0);
-                    self.journal.read(segment, u64::from(offset), &mut buffer)?;
-                    for (pending, block) in run.iter().zip(buffer.chunks_exact(block_bytes as usize)) {
-                        if rewind_format::crc32c(block) != pending.version.crc32c {
-                            return Err(EngineError::Corrupt {
-                                volume: self.meta.name.to_string(),
-                                detail: format!(
-                                    "journal data of block {} (written at LSN {}) fails its checksum",
-                                    pending.version.block, pending.lsn
-                                ),
-                            });
-                        }
-                    }
-                    current.write_blocks(first.block, &buffer, &metas)?;
-                }
+            let first = run[0].version.block;
+            match data {
+                None => current.zero_blocks(first, &metas)?,
+                Some(data) => current.write_blocks(first, &data[start * block_bytes..end * block_bytes], &metas)?,
             }
             start = end;
         }

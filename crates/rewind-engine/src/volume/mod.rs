@@ -51,6 +51,7 @@ mod copy;
 mod damage;
 mod destage;
 pub(crate) mod diff;
+mod gather;
 pub(crate) mod history;
 pub(crate) mod import;
 mod lineage;
