@@ -38,7 +38,7 @@ impl JournalGather {
     pub(super) fn read(
         &mut self,
         journal: &Journal,
-        versions: impl ExactSizeIterator<Item = VersionData>,
+        versions: impl Iterator<Item = VersionData>,
         block_bytes: usize,
     ) -> Result<(), JournalError> {
         self.order.clear();
