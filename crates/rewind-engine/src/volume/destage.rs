@@ -98,15 +98,7 @@ impl Volume {
             part.sort_unstable_by_key(|pending| pending.version.block);
             gather.read(&self.journal, part.iter().map(|pending| pending.version.data), block_bytes)?;
             for (pending, block) in part.iter().zip(gather.gathered.chunks_exact(block_bytes)) {
-                if rewind_format::crc32c(block) != pending.version.crc32c {
-                    return Err(EngineError::Corrupt {
-                        volume: self.meta.name.to_string(),
-                        detail: format!(
-                            "journal data of block {} (written at LSN {}) fails its checksum",
-                            pending.version.block, pending.lsn
-                        ),
-                    });
-                }
+                self.check_version_bytes(&pending.version, block, "the journal", "being destaged")?;
             }
             self.write_runs(part, Some(&gather.gathered))?;
         }
