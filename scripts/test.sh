@@ -49,8 +49,9 @@ if ! command -v cargo >/dev/null; then
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
-echo "== cargo fmt --check"
+echo "== cargo fmt --check (the workspace, and the fuzz workspace beside it)"
 cargo fmt --all --check
+(cd fuzz && cargo fmt --all --check)
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test (release: the model, crash and client tests do real work)"

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use libfuzzer_sys::fuzz_target;
 use rewind_format::journal::{
     append_compound_record, append_copy_record, append_vouch_record, append_write_record, append_zero_record,
-    compound_extents, copy_entries, encode_lost_record, split_compound_payload, RecordHeader, RecordKind, RecordStamp, SegmentHeader, RECORD_HEADER_BYTES, RECORD_MAGIC, SEGMENT_HEADER_BYTES,
+    compound_extents, copy_entries, encode_lost_record, split_compound_payload, RecordHeader, RecordKind, RecordStamp,
+    SegmentHeader, RECORD_HEADER_BYTES, RECORD_MAGIC, SEGMENT_HEADER_BYTES,
 };
 use rewind_format::meta::JournalPosition;
 use rewind_fuzz::{assert_heap_follows_input, peak_heap_bytes, seal_crc, storage_with, Cursor};

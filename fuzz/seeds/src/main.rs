@@ -110,10 +110,16 @@ fn journal() {
     write("journal_record", "zero", &[&[0], &zero_record]);
     write("journal_record", "copy", &[&[0], &copy_record]);
     let mut revert_copy_record = Vec::new();
-    append_write_record(&mut revert_copy_record, &mut Vec::new(), RecordStamp { revert: Some(at(2)), ..stamp(5) }, &data);
+    append_write_record(
+        &mut revert_copy_record,
+        &mut Vec::new(),
+        RecordStamp { revert: Some(at(2)), ..stamp(5) },
+        &data,
+    );
     write("journal_record", "revert-copy", &[&[0], &revert_copy_record]);
     let header = |segment, lsn_first| {
-        SegmentHeader { segment, block_size, lsn_first: Lsn(lsn_first), timestamp_before: at(1), recycled: false }.encode()
+        SegmentHeader { segment, block_size, lsn_first: Lsn(lsn_first), timestamp_before: at(1), recycled: false }
+            .encode()
     };
     write("journal_record", "segment-header", &[&[1], &header(1, 1)]);
     let mut fourth = Vec::new();
