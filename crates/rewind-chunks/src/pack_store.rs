@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rewind_format::crc32c;
-use rewind_io::{File, OpenMode, Storage};
+use rewind_io::{File, OpenMode, Storage, WriteBehind};
 use rustc_hash::FxHashMap;
 
 use crate::pack_name;
@@ -202,7 +202,7 @@ impl PackStore for LocalPackStore {
             dir: self.dir.clone(),
             path,
             part,
-            file: Some(file),
+            file: Some(WriteBehind::new(file)),
             written: 0,
             tail: Vec::new(),
         }))
@@ -258,16 +258,21 @@ struct LocalUpload {
     dir: String,
     path: String,
     part: String,
-    /// `None` once finished or aborted.
-    file: Option<Arc<dyn File>>,
+    /// Written behind (`rewind_io::WriteBehind`): the device writes while
+    /// the archiver fills the next megabyte, and the pack's pages leave the
+    /// page cache once on the device, so archiving gigabytes of history
+    /// reuses a few pages instead of touching fresh memory for every byte
+    /// (on a VM, a host fault a page) and pushing the present out of the
+    /// cache. `None` once finished or aborted.
+    file: Option<WriteBehind<Arc<dyn File>>>,
     written: u64,
     /// The last bytes appended, up to [`GENERATION_TAIL_BYTES`].
     tail: Vec<u8>,
 }
 
 impl LocalUpload {
-    fn file(&self) -> &Arc<dyn File> {
-        self.file.as_ref().expect("an upload is used until it is finished or aborted")
+    fn file(&mut self) -> &mut WriteBehind<Arc<dyn File>> {
+        self.file.as_mut().expect("an upload is used until it is finished or aborted")
     }
 
     /// Removes the part file: the upload leaves nothing behind.
@@ -280,9 +285,14 @@ impl LocalUpload {
 impl PackUpload for LocalUpload {
     fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
         // Space first: a full disk fails here, never at the finish's sync.
-        self.file().allocate(self.written, bytes.len() as u64)?;
-        self.file().write_all_at(bytes, self.written)?;
-        self.written += bytes.len() as u64;
+        let (offset, length) = (self.written, bytes.len() as u64);
+        let file = self.file();
+        file.file().allocate(offset, length)?;
+        file.file().write_all_at(bytes, offset)?;
+        // An error here is the device's, for bytes already written: the
+        // append fails, as the pack's finish would have.
+        file.written(offset, length)?;
+        self.written += length;
         let keep = GENERATION_TAIL_BYTES as usize;
         if bytes.len() >= keep {
             self.tail.clear();
@@ -300,7 +310,7 @@ impl PackUpload for LocalUpload {
     }
 
     fn finish(mut self: Box<Self>) -> io::Result<Generation> {
-        self.file().sync_data()?;
+        self.file().file().sync_data()?;
         if self.storage.exists(&self.path)? {
             self.remove_part()?;
             let message = format!("{} already exists; packs are written once", self.path);

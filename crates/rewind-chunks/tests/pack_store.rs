@@ -2,7 +2,8 @@
 //! suite on a real filesystem and on the simulated disk, faults injected
 //! around it stay errors of their calls, and the chunk store over a faulty
 //! store reports flipped bits as corruption and an unreachable store as a
-//! passing error, and works again once it answers.
+//! passing error, and works again once it answers. A local pack leaves the
+//! page cache behind its writing.
 
 use std::sync::Arc;
 
@@ -21,6 +22,51 @@ fn the_local_pack_store_keeps_the_contract_on_a_real_filesystem() {
     check_store(&store, 1, 12 << 20);
     let left: Vec<String> = storage.list_dir("packs").unwrap();
     assert!(left.is_empty(), "no upload leaves a file behind: {left:?}");
+}
+
+/// The bytes of `path`'s first `len` that are in the page cache (`mincore`).
+fn resident_bytes(path: &std::path::Path, len: usize) -> usize {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    // SAFETY: a read-only shared mapping of an open file, unmapped before
+    // returning; `mincore` writes one byte per page into a vector that big.
+    unsafe {
+        let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
+        let mapped = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
+        assert_ne!(mapped, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+        let mut pages = vec![0u8; len.div_ceil(page)];
+        let answered = libc::mincore(mapped, len, pages.as_mut_ptr());
+        libc::munmap(mapped, len);
+        assert_eq!(answered, 0, "mincore: {}", std::io::Error::last_os_error());
+        pages.iter().filter(|&&page_state| page_state & 1 == 1).count() * page
+    }
+}
+
+/// Archiving writes gigabytes of packs nobody reads soon: a local pack is
+/// written behind, so what lies more than `rewind_io::WRITE_BEHIND_BYTES`
+/// behind the end has reached the device and left the page cache while the
+/// pack is still being written (it would otherwise push the present out of
+/// the cache and, on a VM, touch fresh memory for every byte).
+#[test]
+fn a_local_pack_leaves_the_page_cache_behind_its_writing() {
+    // A disk filesystem (the build directory's): tmpfs keeps every page.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    let store = LocalPackStore::open(Arc::clone(&storage), "packs").unwrap();
+    let mut upload = store.create(1).unwrap();
+    let piece: Vec<u8> = (0..1 << 20).map(|byte: u32| (byte * 7 % 251) as u8).collect();
+    let written = 48 << 20;
+    for _ in 0..written >> 20 {
+        upload.append(&piece).unwrap();
+    }
+    let part = dir.path().join("packs").join(format!("{}.part", rewind_chunks::pack_name(1)));
+    let behind = written - 2 * rewind_io::WRITE_BEHIND_BYTES as usize;
+    let resident = resident_bytes(&part, behind);
+    assert!(resident <= behind / 8, "{resident} of the first {behind} bytes written are still in the page cache");
+    upload.finish().unwrap();
+    let mut back = vec![0u8; piece.len()];
+    store.read(1, 0, &mut back).unwrap();
+    assert_eq!(back, piece, "what left the cache reads back from the device");
 }
 
 #[test]

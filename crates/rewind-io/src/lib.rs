@@ -90,16 +90,22 @@ pub const WRITE_BEHIND_BYTES: u64 = 16 << 20;
 /// reads, the final sync has little left, the kernel never throttles a
 /// burst of dirty pages, and the copy reuses a few page-cache pages instead
 /// of touching fresh memory for every byte (which, on a VM, can cost a
-/// host page fault a page). One per writing thread.
-pub struct WriteBehind<'a> {
-    file: &'a dyn File,
+/// host page fault a page). One per writing thread; it borrows the file
+/// (`&dyn File`) or shares it (`Arc<dyn File>`).
+pub struct WriteBehind<F> {
+    file: F,
     in_flight: std::collections::VecDeque<(u64, u64)>,
     bytes: u64,
 }
 
-impl<'a> WriteBehind<'a> {
-    pub fn new(file: &'a dyn File) -> WriteBehind<'a> {
+impl<F: std::ops::Deref<Target: File>> WriteBehind<F> {
+    pub fn new(file: F) -> WriteBehind<F> {
         WriteBehind { file, in_flight: std::collections::VecDeque::new(), bytes: 0 }
+    }
+
+    /// The file written.
+    pub fn file(&self) -> &F::Target {
+        &self.file
     }
 
     /// `offset..offset+length` was just written.
