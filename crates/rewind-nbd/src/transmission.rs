@@ -41,7 +41,8 @@
 //!   request is queued and no worker is idle) up to
 //!   `ServerConfig::workers_per_connection_max`, and kept until the
 //!   connection ends. They take requests in arrival order and write each
-//!   whole reply with one `write`/`writev` under the writer lock, so replies
+//!   whole reply under the writer lock — one `write`/`writev`, or for a
+//!   large READ its header with `MSG_MORE` and then its data — so replies
 //!   never interleave. Replies may leave in any order, which NBD allows (the
 //!   handle says which request a reply answers). Each reply is a single
 //!   message (a simple reply, or one chunk flagged `NBD_REPLY_FLAG_DONE`),
@@ -128,6 +129,11 @@ pub const INLINE_BYTES_MAX: u32 = 64 * 1024;
 
 /// The reader writes its outbox before it would hold this much.
 pub(crate) const OUTBOX_BYTES_MAX: usize = 64 * 1024;
+
+/// A reply with at least this much data sends its header first, saying the
+/// data follows (`Transport::write_header`), rather than both in one
+/// `writev`. Smaller replies go out whole, gathered as before.
+const CORKED_DATA_BYTES_MIN: usize = 64 * 1024;
 
 /// What a handshake ended in: the export, and how it is used.
 pub(crate) struct Negotiated {
@@ -640,7 +646,13 @@ impl<'a, S: Transport> Pipeline<'a, S> {
         if self.is_broken() {
             return;
         }
-        if let Err(error) = write_all_vectored(&mut *stream, bufs) {
+        let written = match bufs {
+            [header, data] if data.len() >= CORKED_DATA_BYTES_MIN => {
+                stream.write_header(header).and_then(|()| io::Write::write_all(&mut *stream, data))
+            }
+            _ => write_all_vectored(&mut *stream, bufs),
+        };
+        if let Err(error) = written {
             drop(stream);
             self.fail(error);
         }

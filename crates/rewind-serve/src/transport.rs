@@ -19,6 +19,14 @@ pub trait Transport: Read + Write + AsFd + Send + Sync + Sized + 'static {
     fn shutdown(&self, how: Shutdown) -> io::Result<()>;
     /// Transport-specific tuning, done once after accept.
     fn configure(&self) -> io::Result<()>;
+    /// Writes all of `bytes`, a reply's header, saying that its data follows
+    /// at once (`MSG_MORE` on TCP). Measured with fio 1 MiB reads over NBD at
+    /// queue depth 4, five alternating runs: 0.83x `nbdkit file` against
+    /// 0.66x when header and data went in one `writev` (nbdkit sends them
+    /// this way too).
+    fn write_header(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.write_all(bytes)
+    }
 }
 
 impl Transport for TcpStream {
@@ -45,6 +53,17 @@ impl Transport for TcpStream {
         // the last segment of each one waiting for an ACK (NBD's spec asks
         // for TCP_NODELAY on both sides; RPC replies are the same shape).
         self.set_nodelay(true)
+    }
+    fn write_header(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+        while !bytes.is_empty() {
+            match rustix::net::send(&*self, bytes, rustix::net::SendFlags::MORE) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(sent) => bytes = &bytes[sent..],
+                Err(rustix::io::Errno::INTR) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
     }
 }
 
