@@ -1,10 +1,10 @@
 //! Hooks for the fuzz targets in `fuzz/` (feature `fuzzing`, never enabled
 //! by the product): the real connection code — handshake, then transmission
-//! with its validation, window, workers and replies — serving one client
+//! with its validation, window, threads and replies — serving one client
 //! whose bytes are given up front, over an in-memory stream instead of a
 //! socket. No listener, no connection thread: the caller's thread is the
 //! connection thread, so one fuzz input costs no thread unless the
-//! connection starts workers, as it would on a socket.
+//! connection starts more threads, as it would on a socket.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;

@@ -3,7 +3,8 @@
 //! - [`export`]: the traits the server serves (`Catalog`, `Export`).
 //! - [`protocol`]: the wire format, pure encode/decode, no I/O.
 //! - [`server`]: listeners, connection threads, limits and shutdown; each
-//!   connection's requests run on its reader and a few workers (`transmission`).
+//!   connection's requests are read and run by a few threads of its own
+//!   (leader/follower, `transmission`).
 //! - [`engine`]: Rewind's volumes and views as exports.
 //!
 //! ```no_run

@@ -10,10 +10,11 @@
 //! closes the wake-up socket's other end, which ends the wait without
 //! connecting to ourselves. Each accepted connection gets one thread that
 //! runs the handshake and then reads the connection's requests, in order.
-//! In transmission it runs small requests itself and hands large and slow
-//! ones to up to `ServerConfig::workers_per_connection_max` worker threads
-//! of that connection, started on demand; replies are written whole under a
-//! lock and may leave in any order, as the spec allows. Why this split, how
+//! In transmission it runs small requests itself; with a large or slow one
+//! it hands the reading on to another thread of that connection (up to
+//! `ServerConfig::workers_per_connection_max` more, started on demand) and
+//! runs the request itself; replies are written whole under a lock and may
+//! leave in any order, as the spec allows. Why this split, how
 //! FLUSH stays ordered after writes, and the measurements behind it:
 //! `crate::transmission`. Parallelism across connections comes from
 //! clients opening several (fio jobs, qemu multi-conn), which the export
@@ -47,7 +48,7 @@
 //!   by hanging up.
 //! - Transmission: each request is decoded, validated against the negotiated
 //!   session (`protocol::validate_request`), admitted into the connection's
-//!   window, executed on the export (by the reader or a worker) and
+//!   window, executed on the export (by the thread that read it) and
 //!   answered. An invalid request is answered with the spec's errno (and a
 //!   message when structured replies are on) and the connection goes on; a
 //!   WRITE's payload is skipped so the stream stays in step. Only a broken
@@ -104,7 +105,7 @@
 //! Memory, stated and enforced: a connection holds at most
 //! `BUFFER_BYTES_PER_CONNECTION_MAX` of payload buffers (32 MiB, however
 //! much it pipelines), a 128 KiB read buffer, a 64 KiB outbox, reply
-//! scratch for the reader and each worker (a block status reply of
+//! scratch for the reading role and each thread (a block status reply of
 //! `protocol::EXTENTS_PER_REPLY_MAX` extents, 128 KiB, or an error message),
 //! and `1 + workers_per_connection_max` threads (5; their stacks are mapped,
 //! not resident, beyond what they touch). During the handshake the option
@@ -179,8 +180,9 @@ pub struct ServerConfig {
     pub idle_timeout_read_only: Option<Duration>,
     /// Longest a single reply write may block on a client that does not read.
     pub write_timeout: Duration,
-    /// Most worker threads per connection, started on demand, for the
-    /// requests its reader does not run itself (large or slow ones).
+    /// Most threads per connection beside its own, started on demand: a
+    /// thread that reads a large or slow request hands the reading on to
+    /// another and runs the request.
     pub workers_per_connection_max: usize,
     /// Most requests of one connection admitted and not yet answered; the
     /// connection is not read while this many are in flight.
@@ -194,14 +196,14 @@ pub struct ServerConfig {
 impl ServerConfig {
     /// The most memory one connection's buffers take (see "Memory" above):
     /// payload buffers, the read buffer, the outbox, and reply scratch for
-    /// the reader and each worker (a block status reply of
-    /// `EXTENTS_PER_REPLY_MAX` extents, or an error message).
+    /// the reading role and each of the connection's threads (a block
+    /// status reply of `EXTENTS_PER_REPLY_MAX` extents, or an error message).
     pub fn memory_per_connection_max(&self) -> usize {
         const SCRATCH_BYTES_MAX: usize = p::CHUNK_HEADER_BYTES + 4 + p::EXTENTS_PER_REPLY_MAX * 8 + p::STRING_BYTES_MAX;
         BUFFER_BYTES_PER_CONNECTION_MAX
             + connection::READ_BUFFER_BYTES
             + crate::transmission::OUTBOX_BYTES_MAX
-            + (1 + self.workers_per_connection_max) * SCRATCH_BYTES_MAX
+            + (1 + 1 + self.workers_per_connection_max) * SCRATCH_BYTES_MAX
     }
 }
 

@@ -1,52 +1,60 @@
 //! The transmission phase of one connection: requests are read in order by
-//! the connection thread (the reader); small ones are run by the reader
-//! itself, large and slow ones by a few worker threads.
+//! whichever of the connection's threads holds the reading role; small ones
+//! are run by that thread as it reads, and with a large or slow one it hands
+//! the role on and runs the request itself (leader/follower).
 //!
 //! ```text
 //!            ┌─ window: ≤ requests_in_flight_max requests in flight,
 //!            │  ≤ BUFFER_BYTES_PER_CONNECTION_MAX of payload buffers
-//!  socket ─▶ reader ─┬─ READ/WRITE ≤ INLINE_BYTES_MAX, invalid requests,
-//!            │       │  anything when alone ──▶ export ──▶ outbox ─────┐
-//!            │       └─ larger READ/WRITE, FLUSH, TRIM, WRITE_ZEROES,  │
-//!            │          BLOCK_STATUS ──▶ queue ──▶ workers ──▶ export ─┤
-//!            │                       (≤ workers_per_connection_max)    ▼
-//!            └──────────────────────────────────────────────── writer lock ─▶ socket
+//!  socket ─▶ reading role ─┬─ READ/WRITE ≤ INLINE_BYTES_MAX, invalid requests,
+//!            │  (one thread │  anything when alone ──▶ export ──▶ outbox ──────┐
+//!            │   at a time) └─ larger READ/WRITE, FLUSH, TRIM, WRITE_ZEROES,    │
+//!            │                 BLOCK_STATUS: role handed on, then ──▶ export ──┤
+//!            │                 (≤ 1 + workers_per_connection_max threads)      ▼
+//!            └─────────────────────────────────────────────────────── writer lock ─▶ socket
 //! ```
 //!
 //! # Design
 //!
-//! - The reader reads each header, validates it against the session, admits
-//!   it into the window, reads a WRITE's payload into a buffer lent by the
-//!   window, and then runs or queues it. Reading stays strictly in order:
+//! - The reading role (`Requests`, under a lock) reads each header,
+//!   validates it against the session, admits it into the window, reads a
+//!   WRITE's payload into a buffer lent by the window, and then runs it or
+//!   hands the role on. Reading stays strictly in order:
 //!   the stream has no other framing. While the window is full the reader
 //!   stops reading, so a client pipelining without end costs a bounded
 //!   amount of memory, not more.
 //! - Who executes: a READ or WRITE of at most `INLINE_BYTES_MAX`, and any
 //!   request that is alone in flight with no next request buffered (queue
-//!   depth 1: nothing to overlap with), runs on the reader. Handing a
-//!   request to another thread costs a wake-up on each side, which on the
+//!   depth 1: nothing to overlap with), runs under the reading role. Handing
+//!   the role on costs a wake-up, which on the
 //!   2-core machines this was measured on is more CPU than a 4 KiB export
 //!   call; the CPU is the bottleneck at high queue depth because the client
 //!   (fio) and the engine's own background thread share it. Everything else
-//!   goes to the workers, so large reads (CRC-32C of every block) and
-//!   fsyncs run in parallel with each other and with the reader.
-//! - Replies to what the reader runs go to its outbox, written with one
+//!   is run by the thread that read it, after it gave up the role, so large
+//!   reads (CRC-32C of every block) and fsyncs run in parallel with each
+//!   other and with reading.
+//! - Replies to what the reading role runs go to its outbox, written with one
 //!   `write` when the reader runs out of buffered input, is about to wait
-//!   for room, or the outbox would exceed `OUTBOX_BYTES_MAX` (then with the
+//!   for room, hands the role on, or the outbox would exceed
+//!   `OUTBOX_BYTES_MAX` (then with the
 //!   reply's data in the same `writev`, not copied). Under load requests
 //!   arrive several per `read`, so this turns one `sendto` per reply (half
 //!   of the old single-threaded server's connection-thread CPU) into one per
 //!   batch; at queue depth 1 the batch is one reply and goes out at once.
-//! - Workers are scoped threads of the connection, started on demand (a
-//!   request is queued and no worker is idle) up to
-//!   `ServerConfig::workers_per_connection_max`, and kept until the
-//!   connection ends. They take requests in arrival order and write each
-//!   whole reply under the writer lock — one `write`/`writev`, or for a
-//!   large READ its header with `MSG_MORE` and then its data — so replies
-//!   never interleave. Replies may leave in any order, which NBD allows (the
-//!   handle says which request a reply answers). Each reply is a single
-//!   message (a simple reply, or one chunk flagged `NBD_REPLY_FLAG_DONE`),
-//!   so structured-reply ordering within a request holds as before.
+//! - The connection's threads are the connection thread and scoped threads
+//!   started on demand (the role is handed on and no thread waits for it)
+//!   up to `ServerConfig::workers_per_connection_max` more, kept until the
+//!   connection ends. A thread that finished its request waits for the
+//!   role. The thread that gives the role up runs the request it just read,
+//!   so the request goes from the socket to the export without a wake-up
+//!   on its way; the wake-up of the next reader is off its path. Each
+//!   writes its whole reply under the writer lock — one `write`/`writev`,
+//!   or for a large READ its header with `MSG_MORE` and then its data — so
+//!   replies never interleave. Replies may leave in any order, which NBD
+//!   allows (the handle says which request a reply answers). Each reply is
+//!   a single message (a simple reply, or one chunk flagged
+//!   `NBD_REPLY_FLAG_DONE`), so structured-reply ordering within a request
+//!   holds as before.
 //! - Overlapping requests in flight together are not ordered, as NBD allows;
 //!   exports are safe for concurrent calls. The one ordering kept is FLUSH:
 //!   it waits until every WRITE, TRIM and WRITE_ZEROES received before it on
@@ -54,9 +62,9 @@
 //!   every write the client saw completed before sending the FLUSH (the
 //!   spec's rule) and also writes merely in flight with it, which is
 //!   stricter than needed but never waits on later requests. It cannot
-//!   deadlock: workers take requests in order, so every write a FLUSH waits
-//!   for is already executing; writes the reader runs itself finish before
-//!   the next request is even read.
+//!   deadlock: a write is registered before the role is handed on, and is
+//!   then already executing on the thread that read it; writes run under
+//!   the reading role finish before the next request is even read.
 //! - Payload buffers are pooled per connection and lent to requests (best
 //!   fit, else the largest free one grown, sizes in powers of two), so steady
 //!   state allocates nothing per request; all of them together stay within
@@ -64,12 +72,14 @@
 //!   had before), and a request that does not fit waits for earlier ones.
 //! - The connection ends (EOF, NBD_CMD_DISC, protocol violation, server
 //!   shutdown) only after every admitted request has been executed and
-//!   answered: the reader stops reading and the workers drain the queue. A
-//!   reply that cannot be written (a client that stopped reading, past
+//!   answered: the thread holding the role records why reading ended, and
+//!   every thread returns once its own request is answered and it sees that.
+//!   A reply that cannot be written (a client that stopped reading, past
 //!   `write_timeout`) breaks the connection: nothing more is sent, the reader
-//!   is woken by shutting down the socket's read side, and queued requests
-//!   are dropped. A panicking export call does the same, and the panic then
-//!   ends the connection thread as before (no `catch_unwind`).
+//!   is woken by shutting down the socket's read side, and requests read but
+//!   not yet started are dropped unrun. A panicking export call does the
+//!   same, and the panic then ends the connection thread as before (no
+//!   `catch_unwind`).
 //!
 //! # Measurements that set the constants
 //!
@@ -87,24 +97,31 @@
 //!   (0.83 vs 0.73 on workers), 256 KiB reads on workers (0.91–0.93 vs 0.71).
 //! - Running a lone request on the reader saves a hand-off: 1 MiB reads at
 //!   depth 1 took 325 µs instead of 340 µs.
+//! - Leader/follower, against a reader that queued large requests for
+//!   workers (2026-11-28, 1 GiB, 1 MiB reads at depth 4, 6 s, five
+//!   alternating rounds): 0.92× `nbdkit file` (0.90 / 0.92 / 0.95) against
+//!   0.88× (0.84 / 0.88 / 0.93); 1.04× the queueing build pairwise (1.02 /
+//!   1.04 / 1.10). The queue put two wake-ups on each request's path (the
+//!   reader's, then a worker's); now the one that reads it runs it. 4 KiB
+//!   random reads at depth 32 (run on the reader either way) 1.16 against
+//!   1.15.
 //!
-//! Why per-connection workers rather than one pool for all connections: one
+//! Why per-connection threads rather than one pool for all connections: one
 //! client's slow requests (a view read deep in history, an fsync) then never
-//! hold up another's, the workers live exactly as long as their connection
+//! hold up another's, the threads live exactly as long as their connection
 //! (scoped threads borrowing the export and session, no reference
 //! counting, joined before the connection closes), and they are only started
 //! when a connection actually has concurrent large requests. A shared pool
 //! would save idle threads, not CPU, and was not built.
 
-use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::io::{self, BufReader, IoSlice, Read};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::{self, Scope};
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex};
 use tracing::{debug, error, warn, Span};
 
 use crate::connection::{read_message_start, read_rest, write_all_vectored, DeadlineReader, Hangup, Result, Transport};
@@ -123,8 +140,8 @@ const _: () = assert!(BUFFER_BYTES_PER_CONNECTION_MAX >= p::PAYLOAD_BYTES_MAX as
 /// similar sizes share them.
 const BUFFER_BYTES_MIN: usize = 4096;
 
-/// READs and WRITEs up to this size are executed by the reader itself: for
-/// them the export call costs less than waking a worker.
+/// READs and WRITEs up to this size are executed under the reading role:
+/// for them the export call costs less than handing the reading on.
 pub const INLINE_BYTES_MAX: u32 = 64 * 1024;
 
 /// The reader writes its outbox before it would hold this much.
@@ -184,26 +201,18 @@ pub(crate) fn serve<S: Transport>(
     let export = &**export;
     assert_eq!(session.meta_contexts, contexts.count() > 0, "the session knows whether contexts were selected");
     let pipeline = Pipeline::new(export, contexts, session.structured_replies, config, log, stream, control);
-    let hangup = thread::scope(|scope| {
-        // Lets the workers go however the reader stops, a panic included;
-        // the scope joins them before it returns.
-        let _close = CloseOnDrop(&pipeline);
-        let mut requests = Requests {
-            reader,
-            pipeline: &pipeline,
-            session,
-            scratch: Scratch::default(),
-            outbox: Vec::with_capacity(OUTBOX_BYTES_MAX),
-            stats,
-        };
-        let hangup = loop {
-            if let Err(hangup) = requests.next(scope) {
-                break hangup;
-            }
-        };
-        pipeline.send_outbox(&mut requests.outbox);
-        hangup
+    let reading = Mutex::new(Requests {
+        reader,
+        session,
+        scratch: Scratch::default(),
+        outbox: Vec::with_capacity(OUTBOX_BYTES_MAX),
+        stats,
+        threads_started: 0,
+        ended: None,
     });
+    // The scope joins every thread the connection started before it returns.
+    thread::scope(|scope| pipeline.follow(scope, &reading));
+    let hangup = reading.into_inner().ended.expect("the connection's threads stop only once reading has ended");
     stats.bytes_read = pipeline.bytes_read.load(Ordering::Relaxed);
     // A reply that could not be written says more than what the reader saw
     // afterwards (usually end-of-file from our own shutdown of the socket).
@@ -320,20 +329,14 @@ impl Window {
     }
 }
 
-// --- The pipeline: queue, workers, replies ------------------------------------------
+// --- The pipeline: window, threads, replies -----------------------------------------
 
 struct State {
     window: Window,
-    /// Admitted requests no worker has taken yet, in arrival order.
-    queue: VecDeque<Job>,
-    /// Sequence numbers of writes admitted and not yet finished.
+    /// Sequence numbers of writes run off the reading role, not yet finished.
     writes_pending: Vec<u64>,
-    workers: usize,
-    workers_idle: usize,
     reader_waiting: bool,
     flushes_waiting: usize,
-    /// The reader has stopped: workers drain the queue and exit.
-    closing: bool,
     /// The first reply that could not be written.
     failure: Option<io::Error>,
 }
@@ -345,21 +348,23 @@ struct Pipeline<'a, S> {
     log: &'a PeerLog,
     structured: bool,
     workers_max: usize,
+    /// Threads waiting for the reading role (see `follow`).
+    followers: AtomicUsize,
+    /// The connection thread's name, which its other threads extend.
+    thread_name: String,
     state: Mutex<State>,
-    /// Workers wait here for requests.
-    work: Condvar,
     /// The reader waits here for room in the window.
     room: Condvar,
     /// Flushes wait here for earlier writes to finish.
     writes_done: Condvar,
     /// The write side; holding the lock is the right to send one reply.
     writer: Mutex<S>,
-    /// A reply could not be written or a worker panicked: send nothing more.
+    /// A reply could not be written or a thread panicked: send nothing more.
     broken: AtomicBool,
     /// Another handle on the socket, to wake the reader when broken.
     control: S,
     bytes_read: AtomicU64,
-    /// The connection's span, entered by the workers so their log lines say
+    /// The connection's span, entered by its threads so their log lines say
     /// which connection they belong to.
     span: Span,
 }
@@ -381,18 +386,15 @@ impl<'a, S: Transport> Pipeline<'a, S> {
             log,
             structured,
             workers_max: config.workers_per_connection_max,
+            followers: AtomicUsize::new(0),
+            thread_name: thread::current().name().unwrap_or("nbd").to_owned(),
             state: Mutex::new(State {
                 window: Window::new(requests_max, BUFFER_BYTES_PER_CONNECTION_MAX),
-                queue: VecDeque::with_capacity(requests_max),
                 writes_pending: Vec::with_capacity(requests_max),
-                workers: 0,
-                workers_idle: 0,
                 reader_waiting: false,
                 flushes_waiting: 0,
-                closing: false,
                 failure: None,
             }),
-            work: Condvar::new(),
             room: Condvar::new(),
             writes_done: Condvar::new(),
             writer: Mutex::new(stream),
@@ -429,7 +431,7 @@ impl<'a, S: Transport> Pipeline<'a, S> {
         }
     }
 
-    /// Gives back an admission whose request never got queued.
+    /// Gives back an admission whose request never ran.
     fn cancel(&self, buffer: Vec<u8>) {
         self.state.lock().window.release(buffer);
     }
@@ -438,55 +440,66 @@ impl<'a, S: Transport> Pipeline<'a, S> {
         self.state.lock().window.requests
     }
 
-    /// Hands an admitted request to the workers, starting one if none is
-    /// free. Runs the queue on the calling thread if no worker can start.
-    fn submit<'scope>(&'scope self, scope: &'scope Scope<'scope, '_>, job: Job, scratch: &mut Scratch) {
-        let mut state = self.state.lock();
-        if is_write(&job.command) {
-            state.writes_pending.push(job.sequence);
-        }
-        state.queue.push_back(job);
-        if state.workers_idle > 0 {
-            self.work.notify_one();
-        }
-        if state.queue.len() <= state.workers_idle || state.workers >= self.workers_max {
-            return;
-        }
-        state.workers += 1;
-        let number = state.workers;
-        drop(state);
-        let name = format!("{}-w{number}", thread::current().name().unwrap_or("nbd"));
-        let spawned = thread::Builder::new().name(name).spawn_scoped(scope, move || self.work());
-        if let Err(error) = spawned {
-            let mut state = self.state.lock();
-            state.workers -= 1;
-            warn!(%error, workers = state.workers, "cannot start an NBD worker thread");
-            if state.workers == 0 {
-                // Nobody else will run the queue; the reader does.
-                while let Some(job) = state.queue.pop_front() {
-                    MutexGuard::unlocked(&mut state, || self.run(job, scratch, Delivery::Now));
-                }
-            }
-        }
-    }
-
-    /// A worker: runs queued requests until the reader has stopped and the
-    /// queue is empty.
-    fn work(&self) {
+    /// One of the connection's threads, the connection thread first
+    /// (leader/follower): whoever holds the reading role reads requests and
+    /// runs the small ones; with a large one it gives the role up, to a
+    /// thread waiting for it or one it starts, and runs the request itself.
+    /// Returns once reading has ended and this thread's request is answered.
+    fn follow<'scope>(&'scope self, scope: &'scope Scope<'scope, '_>, reading: &'scope Mutex<Requests<'_, S>>) {
         let _span = self.span.enter();
         let _guard = PanicGuard(self);
         let mut scratch = Scratch::default();
-        let mut state = self.state.lock();
         loop {
-            match state.queue.pop_front() {
-                Some(job) => MutexGuard::unlocked(&mut state, || self.run(job, &mut scratch, Delivery::Now)),
-                None if state.closing => return,
-                None => {
-                    state.workers_idle += 1;
-                    self.work.wait(&mut state);
-                    state.workers_idle -= 1;
+            self.followers.fetch_add(1, Ordering::Relaxed);
+            let mut requests = reading.lock();
+            self.followers.fetch_sub(1, Ordering::Relaxed);
+            let job = loop {
+                if requests.ended.is_some() {
+                    return;
+                }
+                match requests.next(self) {
+                    Ok(Some(job)) => break job,
+                    Ok(None) => {}
+                    Err(hangup) => {
+                        self.send_outbox(&mut requests.outbox);
+                        requests.ended = Some(hangup);
+                        return;
+                    }
+                }
+            };
+            self.send_outbox(&mut requests.outbox);
+            if self.followers.load(Ordering::Relaxed) == 0 && requests.threads_started < self.workers_max {
+                let number = requests.threads_started + 1;
+                if self.start_follower(scope, reading, number) {
+                    requests.threads_started = number;
                 }
             }
+            drop(requests);
+            self.run(job, &mut scratch, Delivery::Now);
+        }
+    }
+
+    /// Starts another thread for the connection. If it cannot start, the
+    /// requests wait for a thread that is there.
+    fn start_follower<'scope>(
+        &'scope self,
+        scope: &'scope Scope<'scope, '_>,
+        reading: &'scope Mutex<Requests<'_, S>>,
+        number: usize,
+    ) -> bool {
+        let name = format!("{}-w{number}", self.thread_name);
+        let started = thread::Builder::new().name(name).spawn_scoped(scope, move || self.follow(scope, reading));
+        if let Err(error) = &started {
+            warn!(%error, threads = number, "cannot start another thread for an NBD connection");
+        }
+        started.is_ok()
+    }
+
+    /// Records a request about to run off the reading role that a later
+    /// FLUSH must wait for.
+    fn register(&self, job: &Job) {
+        if is_write(&job.command) {
+            self.state.lock().writes_pending.push(job.sequence);
         }
     }
 
@@ -499,8 +512,8 @@ impl<'a, S: Transport> Pipeline<'a, S> {
             self.execute(&mut job, scratch, &mut delivery);
         }
         let mut state = self.state.lock();
-        // Writes the reader runs itself are not registered: no FLUSH can be
-        // waiting for them, as it would have been received later.
+        // Writes run by the reading role are not registered: no FLUSH can
+        // be waiting for them, as it would have been read later.
         let pending = &mut state.writes_pending;
         if let Some(index) = pending.iter().position(|&sequence| sequence == job.sequence) {
             pending.swap_remove(index);
@@ -706,7 +719,7 @@ impl<'a, S: Transport> Pipeline<'a, S> {
     }
 
     /// Stops replies and wakes whoever waits: the reader (in a socket read or
-    /// for room), flushes, idle workers.
+    /// for room) and flushes.
     fn stop(&self) {
         self.broken.store(true, Ordering::Release);
         // The read side only: shutting down the write side would show the
@@ -715,38 +728,12 @@ impl<'a, S: Transport> Pipeline<'a, S> {
         let _state = self.state.lock();
         self.room.notify_all();
         self.writes_done.notify_all();
-        self.work.notify_all();
-    }
-
-    /// The reader has stopped: workers finish what is queued and exit. A
-    /// broken connection's queue is dropped unanswered.
-    fn close(&self) {
-        let mut state = self.state.lock();
-        state.closing = true;
-        if self.is_broken() {
-            while let Some(job) = state.queue.pop_front() {
-                state.writes_pending.retain(|&sequence| sequence != job.sequence);
-                state.window.release(job.buffer);
-            }
-        }
-        self.work.notify_all();
     }
 }
 
-/// Closes the pipeline when the reader stops, however it stops.
-struct CloseOnDrop<'p, 'a, S: Transport>(&'p Pipeline<'a, S>);
-
-impl<S: Transport> Drop for CloseOnDrop<'_, '_, S> {
-    fn drop(&mut self) {
-        if thread::panicking() {
-            self.0.stop();
-        }
-        self.0.close();
-    }
-}
-
-/// Breaks the connection when a worker panics (an export bug): the reader
-/// stops, and the panic ends the connection thread once the scope joins.
+/// Breaks the connection when one of its threads panics (an export bug):
+/// reading ends, and the panic ends the connection thread once the scope
+/// joins.
 struct PanicGuard<'p, 'a, S: Transport>(&'p Pipeline<'a, S>);
 
 impl<S: Transport> Drop for PanicGuard<'_, '_, S> {
@@ -759,32 +746,35 @@ impl<S: Transport> Drop for PanicGuard<'_, '_, S> {
 
 // --- The reader ---------------------------------------------------------------------
 
-struct Requests<'r, 'p, 'a, S> {
+/// The reading role: the stream's read side and what goes with reading it.
+/// One thread of the connection holds it at a time (`Pipeline::follow`).
+struct Requests<'r, S> {
     reader: &'r mut BufReader<DeadlineReader<S>>,
-    pipeline: &'p Pipeline<'a, S>,
     session: &'r Session,
     scratch: Scratch,
-    /// Replies to requests the reader ran itself, not yet written.
+    /// Replies to requests the reading role ran itself, not yet written.
     outbox: Vec<u8>,
     stats: &'r mut Stats,
+    /// Threads started beside the connection thread.
+    threads_started: usize,
+    /// Why reading ended; set once, then every thread finishes and returns.
+    ended: Option<Hangup>,
 }
 
-impl<'p, S: Transport> Requests<'_, 'p, '_, S> {
-    /// Reads, validates and dispatches one request.
-    fn next<'scope>(&mut self, scope: &'scope Scope<'scope, '_>) -> Result<()>
-    where
-        'p: 'scope,
-    {
+impl<S: Transport> Requests<'_, S> {
+    /// Reads, validates and answers one request, or returns it to be run
+    /// off the reading role.
+    fn next(&mut self, pipeline: &Pipeline<'_, S>) -> Result<Option<Job>> {
         if self.reader.buffer().len() < p::REQUEST_HEADER_BYTES {
             // About to wait for the client, which may be waiting for these.
-            self.pipeline.send_outbox(&mut self.outbox);
+            pipeline.send_outbox(&mut self.outbox);
         }
         let mut header = [0u8; p::REQUEST_HEADER_BYTES];
         // The magic is checked before waiting for the rest: a client that
         // sends a 16-byte option here would otherwise wait for its reply while
         // we wait for 12 more bytes.
         let (magic, rest) = header.split_at_mut(4);
-        self.read_request_start(magic)?;
+        self.read_request_start(pipeline, magic)?;
         if magic != p::REQUEST_MAGIC.to_be_bytes() {
             let magic = u32::from_be_bytes(magic.try_into().unwrap());
             return Err(Hangup::Violation(format!("request magic {magic:#010x} is not NBD_REQUEST_MAGIC")));
@@ -794,12 +784,12 @@ impl<'p, S: Transport> Requests<'_, 'p, '_, S> {
         self.stats.requests += 1;
         match p::validate_request(&request, self.session) {
             Ok(Command::Disconnect) => Err(Hangup::ClientDone("NBD_CMD_DISC")),
-            Ok(command) => self.dispatch(scope, request.handle, command),
+            Ok(command) => self.dispatch(pipeline, request.handle, command),
             Err(Refusal::Disconnect { length }) => Err(Hangup::Violation(format!(
                 "NBD_CMD_WRITE of {length} bytes exceeds the {} byte payload limit",
                 p::PAYLOAD_BYTES_MAX
             ))),
-            Err(Refusal::Reply { errno, fault }) => self.refuse(&request, errno, fault),
+            Err(Refusal::Reply { errno, fault }) => self.refuse(pipeline, &request, errno, fault).map(|()| None),
         }
     }
 
@@ -807,13 +797,13 @@ impl<'p, S: Transport> Requests<'_, 'p, '_, S> {
     /// idle timeout (`enter_transmission` set it as the socket's read
     /// timeout): the connection is idle, and closed, only if none of its
     /// requests is in flight; otherwise the client is waiting for us.
-    fn read_request_start(&mut self, magic: &mut [u8]) -> Result<()> {
+    fn read_request_start(&mut self, pipeline: &Pipeline<'_, S>, magic: &mut [u8]) -> Result<()> {
         loop {
             match read_message_start(self.reader, magic) {
                 Err(Hangup::Io(error))
                     if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
                 {
-                    if self.pipeline.requests_in_flight() > 0 {
+                    if pipeline.requests_in_flight() > 0 {
                         continue;
                     }
                     let timeout = self.reader.get_ref().idle_timeout()?;
@@ -824,11 +814,7 @@ impl<'p, S: Transport> Requests<'_, 'p, '_, S> {
         }
     }
 
-    fn dispatch<'scope>(&mut self, scope: &'scope Scope<'scope, '_>, handle: u64, command: Command) -> Result<()>
-    where
-        'p: 'scope,
-    {
-        let pipeline = self.pipeline;
+    fn dispatch(&mut self, pipeline: &Pipeline<'_, S>, handle: u64, command: Command) -> Result<Option<Job>> {
         let payload_bytes = match command {
             Command::Read { length, .. } | Command::Write { length, .. } => length,
             _ => 0,
@@ -864,20 +850,27 @@ impl<'p, S: Transport> Requests<'_, 'p, '_, S> {
             // hand-over. No other request can be admitted meanwhile.
             pipeline.run(job, &mut self.scratch, Delivery::Now);
         } else {
-            pipeline.submit(scope, job, &mut self.scratch);
+            pipeline.register(&job);
+            return Ok(Some(job));
         }
-        Ok(())
+        Ok(None)
     }
 
-    fn refuse(&mut self, request: &RequestHeader, errno: u32, fault: p::RequestFault) -> Result<()> {
-        if self.pipeline.log.allow() {
+    fn refuse(
+        &mut self,
+        pipeline: &Pipeline<'_, S>,
+        request: &RequestHeader,
+        errno: u32,
+        fault: p::RequestFault,
+    ) -> Result<()> {
+        if pipeline.log.allow() {
             warn!(handle = request.handle, errno, "invalid request from client: {fault}");
         }
         if request.command == p::CMD_WRITE {
             // Stay in step with the stream: the payload follows regardless.
             // `validate_request` bounded it by PAYLOAD_BYTES_MAX.
             if self.reader.buffer().len() < request.length as usize {
-                self.pipeline.send_outbox(&mut self.outbox);
+                pipeline.send_outbox(&mut self.outbox);
             }
             let skipped = io::copy(&mut (&mut *self.reader).take(u64::from(request.length)), &mut io::sink())?;
             if skipped != u64::from(request.length) {
@@ -885,7 +878,7 @@ impl<'p, S: Transport> Requests<'_, 'p, '_, S> {
             }
         }
         let delivery = &mut Delivery::Outbox(&mut self.outbox);
-        self.pipeline.reply_error(&mut self.scratch, delivery, request.handle, errno, fault);
+        pipeline.reply_error(&mut self.scratch, delivery, request.handle, errno, fault);
         Ok(())
     }
 }

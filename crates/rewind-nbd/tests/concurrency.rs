@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Write};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
@@ -28,7 +28,8 @@ use rewind_nbd::{
 const GATED_BYTES: usize = 8 << 20;
 /// Run by the reader itself.
 const SMALL: u32 = 4096;
-/// Handed to a worker (unless it is the only request in flight).
+/// Run by the thread that read it, after it handed the reading on (unless
+/// it is the only request in flight).
 const LARGE: u32 = INLINE_BYTES_MAX + 16 * 1024;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -56,6 +57,8 @@ struct Counters {
     open: bool,
     flushes: usize,
     flush_overlapped_a_write: bool,
+    /// The threads that called `read`.
+    reading_threads: HashSet<thread::ThreadId>,
 }
 
 /// A byte array whose reads and/or writes wait at a gate the test opens,
@@ -105,6 +108,9 @@ impl GatedExport {
             counters.executing_max = counters.executing_max.max(counters.executing);
             if op == Op::Write {
                 counters.writes_executing += 1;
+            }
+            if op == Op::Read {
+                counters.reading_threads.insert(thread::current().id());
             }
             self.changed.notify_all();
         }
@@ -427,6 +433,36 @@ fn a_client_that_pipelines_without_end_is_held_to_the_in_flight_bound() {
     let executing_max = export.counters(|c| c.executing_max);
     assert!(executing_max <= requests_in_flight_max, "{executing_max} requests executed at once");
     assert_eq!(export.counters(|c| c.entered), 1 + writes as usize);
+    client.disconnect();
+}
+
+#[test]
+fn large_requests_run_at_once_on_the_threads_that_read_them() {
+    let config = ServerConfig { workers_per_connection_max: 2, ..ServerConfig::default() };
+    let server = GatedServer::start(Gated::ReadsAndWrites, config);
+    let export = &server.export;
+    let mut client = server.client(SIMPLE);
+    let parked = park_the_reader(&mut client, export);
+
+    let mut burst = Vec::new();
+    let mut reads: Vec<u64> =
+        (0..4u64).map(|i| client.queue_request(&mut burst, 0, p::CMD_READ, i * u64::from(LARGE), LARGE, &[])).collect();
+    client.send(&burst);
+    export.release(1);
+    // Each of the connection's three threads reads a large read, hands the
+    // reading on and waits at the gate with it. The fourth read is read by
+    // whichever of them is done first. (A fourth thread would read it at
+    // once, unless one of the three got to the reading before it started:
+    // this test catches one most of the time, not always.)
+    export.wait_entered(1 + 3);
+    assert_eq!(expect_ok(client.any_reply(|_| 0)), parked);
+    export.open();
+    let mut answered: Vec<u64> = (0..reads.len()).map(|_| expect_ok(client.any_reply(|_| LARGE as usize))).collect();
+    answered.sort_unstable();
+    reads.sort_unstable();
+    assert_eq!(answered, reads);
+    assert_eq!(export.counters(|c| c.reading_threads.len()), 3, "the reads ran on the connection's three threads");
+    assert_eq!(export.counters(|c| c.executing_max), 3);
     client.disconnect();
 }
 
