@@ -70,7 +70,7 @@ use crate::locality::{self, LocalityCache};
 use crate::pack_store::{LocalPackStore, PackStore};
 use crate::peers::{pack_owner, packs_before, PeerChunks};
 use crate::saved::{self, Saved};
-use crate::table::{slot_in, ChunkTable};
+use crate::table::ChunkTable;
 use crate::{chunk_hash, pack_name, Check, ChunkError, ChunkLocation, PackReader, PackWriter};
 
 #[derive(Clone, Copy, Debug)]
@@ -791,7 +791,7 @@ impl ChunkStore {
             for index in 0..count as usize {
                 let id = ChunkId(first + index as u64);
                 let referenced = state.counts[id.0 as usize] != FREE;
-                let slot = match slot_in(&bytes, index, id) {
+                let slot = match self.table.slot_in(&bytes, first, id) {
                     Ok(Some(slot)) => slot,
                     Ok(None) if referenced => {
                         unslotted.insert(id.0, "its table slot was never written".into());
@@ -1071,7 +1071,7 @@ impl ChunkStore {
             self.table.read_range(first, count, &mut bytes)?;
             while next < ids.len() && ids[next].0 < first + count {
                 let id = ids[next];
-                if let Ok(Some(slot)) = slot_in(&bytes, (id.0 - first) as usize, id) {
+                if let Ok(Some(slot)) = self.table.slot_in(&bytes, first, id) {
                     packs.insert(slot.pack);
                 }
                 next += 1;
@@ -1117,7 +1117,7 @@ impl ChunkStore {
             for index in 0..count as usize {
                 let id = ChunkId(first + index as u64);
                 let held = state.counts[id.0 as usize] != FREE && !state.unslotted.contains(&id.0);
-                if let (true, Ok(Some(slot))) = (held, slot_in(&bytes, index, id)) {
+                if let (true, Ok(Some(slot))) = (held, self.table.slot_in(&bytes, first, id)) {
                     dedup.insert(slot.hash, id);
                 }
             }
@@ -1193,7 +1193,9 @@ impl ChunkStore {
             self.table.read_range(first, last - first + 1, &mut bytes)?;
             for &index in &order[start..end] {
                 let id = ids[index];
-                let slot = slot_in(&bytes, (id.0 - first) as usize, id)
+                let slot = self
+                    .table
+                    .slot_in(&bytes, first, id)
                     .map_err(|error| ChunkError::Missing { id, reason: format!("its table slot is damaged: {error}") })?
                     .ok_or_else(|| ChunkError::Missing { id, reason: "its table slot was never written".into() })?;
                 if slot.raw_bytes as usize != chunk_bytes {
@@ -1449,7 +1451,7 @@ impl ChunkStore {
             if !state.is_live(id) || state.unslotted.contains(&id.0) {
                 continue;
             }
-            if let Ok(Some(slot)) = slot_in(&bytes, index, id) {
+            if let Ok(Some(slot)) = self.table.slot_in(&bytes, first, id) {
                 state.locality.insert(slot.hash, id);
             }
         }
@@ -1516,7 +1518,7 @@ impl ChunkStore {
                     if !set.contains(id.0) {
                         continue;
                     }
-                    let slot = slot_in(&bytes, index, id).map_err(|error| ChunkError::Missing {
+                    let slot = self.table.slot_in(&bytes, first, id).map_err(|error| ChunkError::Missing {
                         id,
                         reason: format!("its table slot is damaged: {error}"),
                     })?;
@@ -1599,7 +1601,9 @@ impl ChunkStore {
                         continue;
                     }
                     // A dead chunk's slot was valid when it was counted (open or put).
-                    let slot = slot_in(&bytes, index, id)
+                    let slot = self
+                        .table
+                        .slot_in(&bytes, first, id)
                         .map_err(|error| ChunkError::corrupt(self.table.path(), id.0 * 64, error))?
                         .ok_or_else(|| {
                             ChunkError::corrupt(self.table.path(), id.0 * 64, "slot of a counted chunk is empty")
@@ -1799,7 +1803,7 @@ impl ChunkStore {
             self.table.read_range(first, count, &mut bytes)?;
             for index in 0..count as usize {
                 let id = ChunkId(first + index as u64);
-                if let (true, Ok(Some(slot))) = (self.state.lock().is_live(id), slot_in(&bytes, index, id)) {
+                if let (true, Ok(Some(slot))) = (self.state.lock().is_live(id), self.table.slot_in(&bytes, first, id)) {
                     if slot.pack == pack {
                         let offset = u64::from(slot.offset);
                         let (stored_bytes, raw_bytes) = (slot.stored_bytes, slot.raw_bytes);
