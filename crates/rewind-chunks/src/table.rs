@@ -77,10 +77,7 @@ impl ChunkTable {
         }
         let mut bytes = [0; TABLE_SLOT_BYTES];
         self.file.read_exact_at(&mut bytes, id.0 * SLOT).map_err(ChunkError::io(&self.path))?;
-        if TableSlot::decode(&bytes, id).is_err() {
-            bytes = self.read_settled(id).map_err(ChunkError::io(&self.path))?;
-        }
-        TableSlot::decode(&bytes, id).map_err(|error| ChunkError::corrupt(&self.path, id.0 * SLOT, error))
+        self.slot_in(&bytes, id.0, id).map_err(|error| ChunkError::corrupt(&self.path, id.0 * SLOT, error))
     }
 
     /// The bytes of the slot of `id`, read while no slot is being written:
