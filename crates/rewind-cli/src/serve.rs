@@ -14,7 +14,7 @@ use clap::{Args, ValueEnum};
 use rewind_access::{Grants, Tokens, ADMIN_TOKEN_FILE};
 use rewind_engine::pool::Pool;
 use rewind_engine::{
-    Bucket, EngineError, Node, NodeConfig, Reserve, Retention, TierConfig, Timestamp, VolumeName, VolumeSpec,
+    Bucket, Clock, EngineError, Node, NodeConfig, Reserve, Retention, TierConfig, Timestamp, VolumeName, VolumeSpec,
 };
 use rewind_http::{AllowedHosts, ApiState, Door, HttpConfig};
 use rewind_io::OsStorage;
@@ -331,11 +331,12 @@ pub struct ServeArgs {
     /// measures both).
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     burst_quiet: Duration,
-    /// Reads keep that work waiting too, up to this long after the last
-    /// write: a read job right after a burst of writes keeps the disk and
-    /// the cores (30s moved back-to-back reads from 0.67 to 0.8 of rested,
-    /// BENCHMARKS.md); 0s, the default: reads never do.
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    /// Reads keep archiving waiting too (a pass under way pauses), up to
+    /// this long after the last write, while the disk has room for the
+    /// history waiting: a read job right after a burst of writes keeps the
+    /// cores. Destaging and checkpoints do not wait for reads; 0s: nothing
+    /// does.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     burst_reads: Duration,
     /// Tier history's packs to S3-compatible object storage: `s3://BUCKET/PREFIX`.
     /// Recorded in DATA_DIR/bucket.json: later starts (and `--offline`
@@ -559,6 +560,20 @@ pub fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
 
+/// The system clock, for the engine's one wait: an archive pass pausing for
+/// reads (see `rewind_engine::Clock`).
+struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        now()
+    }
+
+    fn sleep(&self, nanos: u64) {
+        thread::sleep(Duration::from_nanos(nanos));
+    }
+}
+
 /// `rewind proxy`: `rewind serve`, with one tree's present forwarded to an
 /// NFSv3 server Rewind does not run, every update it applies recorded in
 /// the tree (UCDP-O; UCDP-A with `--async`).
@@ -679,6 +694,7 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
         }
     };
     let node = Arc::new(Node::open_with_bucket(Arc::new(storage), config, bucket)?);
+    node.set_clock(Arc::new(SystemClock));
     if let Some(record) = &record {
         record.write(data_dir)?;
     }

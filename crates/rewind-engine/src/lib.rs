@@ -53,7 +53,7 @@ pub use volume::revert::{RevertReport, Writers};
 pub use volume::revert_copy::RevertCopyStatus;
 pub use volume::space::{ratio, VolumeSpace};
 pub use volume::writes::{WriteExtent, WriteExtents, WriteHistory};
-pub use volume::{Durability, Volume, VolumeConfig, ZeroMode};
+pub use volume::{Clock, Durability, Volume, VolumeConfig, ZeroMode};
 
 pub use rewind_journal::DroppedTail;
 pub use rewind_types::{BlockSize, BookmarkName, Timestamp, VolumeName};

@@ -24,7 +24,7 @@ use crate::layout::LayoutRules;
 use crate::pool::Pool;
 use crate::reserve::{Reserve, SpaceGauge, SpaceReport, SpaceState};
 use crate::volume::{Base, Shared};
-use crate::{EngineError, InUse, PromoteReport, Volume, VolumeConfig};
+use crate::{Clock, EngineError, InUse, PromoteReport, Volume, VolumeConfig};
 
 #[derive(Clone, Copy, Debug)]
 pub struct NodeConfig {
@@ -345,6 +345,8 @@ impl Node {
             chunks: Arc::clone(&chunks),
             work: Arc::new(WorkSignal::default()),
             space: Arc::new(SpaceGauge::default()),
+            passes_wanted: Arc::default(),
+            clock: Arc::default(),
         };
         let space = storage.space().map_err(EngineError::io("."))?;
         if let (_, SpaceState::Exhausted | SpaceState::Low) = shared.space.update(space, config.reserve) {
@@ -487,6 +489,14 @@ impl Node {
         };
         node.finish_groups();
         Ok(node)
+    }
+
+    /// Gives the node the embedder's clock, so that an archive pass pauses
+    /// while a volume is read right after a burst of writes (see
+    /// `VolumeConfig::burst_reads_nanos`); without one, passes never pause.
+    /// Once: later calls change nothing.
+    pub fn set_clock(&self, clock: Arc<dyn Clock>) {
+        let _ = self.shared.clock.set(clock);
     }
 
     /// Calls `waker` whenever a pack is sealed and waits for its upload (the
@@ -955,6 +965,7 @@ impl Node {
         if !damaged.is_empty() {
             return Err(EngineError::CollectionWaits { volumes: damaged });
         }
+        let _wanted = self.shared.passes_wanted.hold();
         if self.shared.chunks.recount_pending().is_some() {
             self.recount_chunks()?;
         }

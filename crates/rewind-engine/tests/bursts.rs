@@ -2,12 +2,17 @@
 //! written, its destaging, archiving and checkpoints wait, each within a
 //! budget, so the burst reaches the disk once at the journal's speed; the
 //! second copies follow once the writes pause. Reads right after the burst
-//! keep it waiting too, for a while.
+//! keep archiving waiting too (a pass under way pauses), for a while.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
 
-use rewind_engine::{BlockSize, Durability, Node, NodeConfig, Timestamp, Volume, VolumeName, VolumeSpec};
-use rewind_io::{SimConfig, SimStorage};
+use rewind_engine::{
+    BlockSize, Clock, Durability, Node, NodeConfig, Reserve, Timestamp, Volume, VolumeName, VolumeSpec,
+};
+use rewind_io::{SimConfig, SimStorage, Storage};
 
 const MILLI: u64 = 1_000_000;
 const BLOCK: usize = 4096;
@@ -75,16 +80,16 @@ fn background_work_waits_while_a_burst_lasts_and_within_its_budgets() {
 }
 
 #[test]
-fn reads_right_after_a_burst_keep_background_work_waiting_for_a_while() {
-    let storage = SimStorage::new(SimConfig::default(), 6);
-    let mut config = NodeConfig::default();
+fn reads_right_after_a_burst_keep_archiving_waiting_while_the_disk_has_room() {
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 6));
+    let mut config = NodeConfig { reserve: Reserve::Bytes(0), ..NodeConfig::default() };
     config.volume.burst_quiet_nanos = 250 * MILLI;
     config.volume.burst_reads_nanos = 2_000 * MILLI;
     config.volume.overlay_versions_max = 64;
     config.volume.archive_age_nanos = 0;
     config.volume.archive_bytes_soft = 4 * BLOCK as u64;
     config.volume.archive_bytes_burst = 48 * BLOCK as u64;
-    let node = Node::open(Arc::new(storage), config).unwrap();
+    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
     let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
     let volume = node.create_volume(spec, start).unwrap();
@@ -101,28 +106,145 @@ fn reads_right_after_a_burst_keep_background_work_waiting_for_a_while() {
     };
 
     // 10 blocks written by millisecond 10, then read every 200 ms: past the
-    // burst of writes, the reads keep destaging and archiving waiting.
+    // burst of writes, the reads keep archiving waiting, not destaging.
     write_blocks(&volume, at, 0..10);
     work(5);
     for millis in (200..=1_800).step_by(200) {
         read();
         let stats = work(millis);
-        assert_eq!((stats.versions_pending_destage, stats.versions_archived), (10, 0), "at {millis} ms: {stats:?}");
+        assert_eq!(stats.versions_archived, 0, "at {millis} ms: {stats:?}");
+        if millis >= 400 {
+            assert_eq!(stats.versions_pending_destage, 0, "destaged once the writes paused: {stats:?}");
+        }
     }
-    // Reads stop: a quiet 250 ms later the work catches up.
+    // Reads stop: a quiet 250 ms later archiving catches up.
     let stats = work(1_800 + 260);
-    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (0, 10), "{stats:?}");
+    assert_eq!(stats.versions_archived, 10, "{stats:?}");
 
-    // Reads that go on past `burst_reads_nanos` after the last write wait no longer.
+    // Reads that go on past `burst_reads_nanos` after the last write keep
+    // it waiting no longer.
     write_blocks(&volume, |block| at(3_000 + block), 10..20);
-    for millis in (3_200..=4_800).step_by(200) {
+    for millis in (3_400..=4_800).step_by(200) {
         read();
-        let stats = work(millis);
-        assert_eq!(stats.versions_pending_destage, 10, "at {millis} ms: {stats:?}");
+        assert_eq!(work(millis).versions_archived, 10, "at {millis} ms");
     }
     read();
-    let stats = work(5_100);
-    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (0, 20), "{stats:?}");
+    assert_eq!(work(5_100).versions_archived, 20);
+
+    // Nor once the history waiting would take more than a quarter of the
+    // disk's free space: 10 blocks wait, with room for 9 (the reserve is 0).
+    write_blocks(&volume, |block| at(6_000 + block), 20..30);
+    let free = storage.space().unwrap().free_bytes;
+    storage.set_capacity(Some(u64::MAX - free + 36 * BLOCK as u64));
+    read();
+    assert_eq!(work(6_400).versions_archived, 30, "archived although read");
+}
+
+/// The archive pass `archive` starts on its own thread, and the channel that
+/// says it ended.
+fn pass_in_background(archive: impl FnOnce() + Send + 'static) -> mpsc::Receiver<()> {
+    let (ended, pass_ended) = mpsc::channel();
+    thread::spawn(move || {
+        archive();
+        let _ = ended.send(());
+    });
+    pass_ended
+}
+
+/// Waits (a minute at most) until `done`.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "still waiting for {what}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The embedder's clock in a simulation: it reads `set`'s time, plus the
+/// time the machine's clock has run since.
+struct TestClock(Mutex<(Timestamp, Instant)>);
+
+impl TestClock {
+    fn set(&self, now: Timestamp) {
+        *self.0.lock().unwrap() = (now, Instant::now());
+    }
+}
+
+impl Clock for TestClock {
+    fn now(&self) -> Timestamp {
+        let (at, set) = *self.0.lock().unwrap();
+        at.saturating_add_nanos(set.elapsed().as_nanos() as u64)
+    }
+
+    fn sleep(&self, nanos: u64) {
+        thread::sleep(Duration::from_nanos(nanos));
+    }
+}
+
+#[test]
+fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_a_diff_or_when_reads_end() {
+    const BLOCKS: u64 = 64;
+    let storage = SimStorage::new(SimConfig::default(), 8);
+    let mut config = NodeConfig::default();
+    config.volume.burst_quiet_nanos = 250 * MILLI;
+    // Long enough that only the reads ending, or a diff, can end a pause.
+    config.volume.burst_reads_nanos = 3_600_000 * MILLI;
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_bytes_burst = 8 * BLOCK as u64;
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
+    node.set_clock(Arc::clone(&clock) as _);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    let reading = Arc::new(AtomicBool::new(true));
+    let reads = Arc::new(AtomicU64::new(0));
+    let reader = {
+        let (volume, reading, reads) = (Arc::clone(&volume), Arc::clone(&reading), Arc::clone(&reads));
+        thread::spawn(move || {
+            let mut block = vec![0; BLOCK];
+            while reading.load(Ordering::Acquire) {
+                volume.read(0, &mut block).unwrap();
+                reads.fetch_add(1, Ordering::Release);
+            }
+        })
+    };
+
+    for round in 0..2 {
+        let first = round * BLOCKS;
+        // Block n is written at millisecond n, from the second second (the
+        // volume's granularity), each round 10 s after the one before (which
+        // archived history up to its time).
+        let at = |millis: u64| start.saturating_add_nanos((1 + 10 * round) * 1_000 * MILLI + millis * MILLI);
+        write_blocks(&volume, at, first..first + BLOCKS);
+        let reads_after_writes = reads.load(Ordering::Acquire);
+        wait_for("a read after the writes", || reads.load(Ordering::Acquire) > reads_after_writes);
+        // The pass starts in the burst, over its budget, a nanosecond before
+        // the burst ends; it pauses as it looks, the reads going on.
+        let pass_ended = {
+            let volume = Arc::clone(&volume);
+            let now = at(first + BLOCKS - 1).saturating_add_nanos(250 * MILLI - 1);
+            clock.set(now);
+            pass_in_background(move || assert!(volume.maintain_history(now).unwrap(), "the pass archived"))
+        };
+        wait_for("the pass to pause", || volume.stats().unwrap().archive_pauses == round + 1);
+        assert_eq!(volume.stats().unwrap().versions_archived, first, "nothing archived while paused");
+        if round == 0 {
+            // A diff goes on at once: the pass resumes though the reads go
+            // on, and the diff has the history once it has ended.
+            let (answer, diffed) = mpsc::channel();
+            let volume = Arc::clone(&volume);
+            thread::spawn(move || answer.send(volume.changed_ranges(&volume.view(start).unwrap(), None).unwrap()));
+            let changed = diffed.recv_timeout(Duration::from_secs(60)).expect("the diff does not wait for the reads");
+            assert_eq!(changed, vec![(0, BLOCKS * BLOCK as u64)]);
+            pass_ended.recv_timeout(Duration::from_secs(60)).expect("the pass ended before the diff");
+        } else {
+            reading.store(false, Ordering::Release);
+            pass_ended.recv_timeout(Duration::from_secs(60)).expect("the pass ends when the reads do");
+        }
+        assert_eq!(volume.stats().unwrap().versions_archived, first + BLOCKS);
+    }
+    reader.join().unwrap();
 }
 
 #[test]

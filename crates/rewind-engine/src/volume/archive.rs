@@ -20,7 +20,7 @@
 //! entry refers to it). A view that looked a version up in it just before
 //! sees `JournalError::Reclaimed` and looks again.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rewind_chunks::{ArchiveSession, ChunkStore};
@@ -45,6 +45,41 @@ impl ReleaseHook for ReleaseChunks {
     }
 }
 
+/// The embedder's clock, for the one wait inside background work: an archive
+/// pass pausing for reads (`Volume::pause_for_reads`). The engine reads no
+/// clock of its own (times are passed in, for the deterministic simulator).
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Timestamp;
+    fn sleep(&self, nanos: u64);
+}
+
+/// Work waiting for archive passes to end — a diff, a history or volume
+/// delete, a collection — which a pass must not keep waiting while it
+/// pauses for reads (`Volume::pause_for_reads`): it goes on at once while
+/// any is marked. One per node, since a collection waits for every volume.
+#[derive(Default)]
+pub(crate) struct PassesWanted(AtomicUsize);
+
+impl PassesWanted {
+    /// Marks work waiting until the mark is dropped.
+    pub(crate) fn hold(&self) -> PassWanted<'_> {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        PassWanted(self)
+    }
+
+    fn any(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 0
+    }
+}
+
+pub(crate) struct PassWanted<'a>(&'a PassesWanted);
+
+impl Drop for PassWanted<'_> {
+    fn drop(&mut self) {
+        (self.0).0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Stores the journal data of versions as chunks.
 struct JournalArchiver<'a> {
     volume: &'a Volume,
@@ -59,6 +94,7 @@ impl JournalArchiver<'_> {
         let volume = self.volume;
         let block_bytes = volume.block_size().bytes() as usize;
         for part in versions.chunks_mut(GATHER_BYTES_MAX / block_bytes) {
+            volume.pause_for_reads();
             self.gather.read(&volume.journal, part.iter().map(|version| version.data), block_bytes)?;
             let session = self.session.as_mut().expect("archiving until finished");
             for (version, block) in part.iter_mut().zip(self.gather.gathered.chunks_exact(block_bytes)) {
@@ -116,7 +152,35 @@ impl Volume {
         if self.in_burst(now) {
             return waiting >= self.config.archive_bytes_burst;
         }
+        if self.reads_hold_archiving(now) {
+            return false;
+        }
         elapsed >= self.config.archive_interval_nanos || waiting >= self.config.archive_bytes_soft
+    }
+
+    /// Within an archive pass: waits, on the embedder's clock (none, no
+    /// pause: see `Node::set_clock`), while reads right after a burst keep archiving waiting
+    /// (`reads_hold_archiving`). A pass over what a burst left takes a core
+    /// for as long as it lasts, and one that began just before the reads
+    /// would take it from them; it goes on once they pause, once they have
+    /// gone on for `burst_reads_nanos` after the last write, when the
+    /// volume closes, or at once when other work waits for it to end
+    /// (`PassesWanted`).
+    fn pause_for_reads(&self) {
+        // Reads are seen by their count moving between two looks.
+        const LOOK_EVERY_NANOS: u64 = 20_000_000;
+        let Some(clock) = self.clock.get() else { return };
+        let mut paused = false;
+        while !self.passes_wanted.any()
+            && !self.closed.load(Ordering::Acquire)
+            && self.reads_hold_archiving(clock.now())
+        {
+            if !paused {
+                paused = true;
+                self.counters.archive_pauses.fetch_add(1, Ordering::Relaxed);
+            }
+            clock.sleep(LOOK_EVERY_NANOS);
+        }
     }
 
     /// One archive pass (see the module documentation). Returns whether it
@@ -200,6 +264,7 @@ impl Volume {
     /// deleted).
     pub(crate) fn release_all(&self) -> Result<(), EngineError> {
         // No archive pass may add references meanwhile.
+        let _wanted = self.passes_wanted.hold();
         let _history_work = self.history_work.lock();
         let block_bytes = self.block_size().bytes();
         self.releasing(|| {

@@ -112,6 +112,7 @@ impl Volume {
         // No version moves between the two plans: not from the overlay to
         // the current store (destage), nor from the journal to the chunk
         // store (archive), so one version is planned from one place.
+        let _wanted = self.passes_wanted.hold();
         let _no_archive = self.history_work.lock();
         let _no_destage = self.destage.lock();
         let plan = |at: Option<Timestamp>| -> Result<Vec<Source>, EngineError> {

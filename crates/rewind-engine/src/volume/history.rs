@@ -221,6 +221,9 @@ pub struct VolumeStats {
     pub versions_archived: u64,
     pub archived_before: Timestamp,
     pub archive_passes: u64,
+    /// Times an archive pass paused while the volume was read right after a
+    /// burst of writes (see `VolumeConfig::burst_reads_nanos`).
+    pub archive_pauses: u64,
     /// Journal bytes given back since the volume was opened.
     pub journal_bytes_reclaimed: u64,
     pub journal_bytes: u64,
@@ -261,6 +264,8 @@ impl Volume {
         }
         self.check_no_branch_in(from, to)?;
         self.check_no_revert_in(from, to)?;
+        // Its rewrite waits for an archive pass to end.
+        let _wanted = self.passes_wanted.hold();
         {
             let bookmarks = self.history.bookmarks.lock();
             if let Some(inside) = bookmarks.entries.iter().find(|bookmark| (from..to).contains(&bookmark.timestamp)) {
@@ -530,6 +535,7 @@ impl Volume {
                 .saturating_sub(self.index.versions_unarchived()),
             archived_before: self.index.archived_before(),
             archive_passes: counter(&counters.archive_passes),
+            archive_pauses: counter(&counters.archive_pauses),
             journal_bytes_reclaimed: counter(&counters.journal_bytes_reclaimed),
             journal_bytes: self.journal.size_bytes()?,
             journal_bytes_reclaimable: self.journal.reclaimable_bytes(self.index.archived_before())?,

@@ -142,25 +142,48 @@ impl Volume {
     }
 
     /// Whether the volume has been written within `burst_quiet_nanos` of
-    /// `now`, or read within it and written within `burst_reads_nanos`:
-    /// background work then waits, within its budgets, so the foreground
-    /// has the disk (see `VolumeConfig::burst_quiet_nanos`). Reads are seen
-    /// by their count moving between calls, which maintenance makes on
-    /// every pass.
+    /// `now`: background work then waits, within its budgets, so the burst
+    /// has the disk (see `VolumeConfig::burst_quiet_nanos`).
     pub(crate) fn in_burst(&self, now: Timestamp) -> bool {
+        self.note_reads(now);
         let written_at = self.written_at_nanos.load(Ordering::Relaxed);
         let quiet = self.config.burst_quiet_nanos;
-        if quiet == 0 || written_at == 0 {
+        quiet > 0 && written_at > 0 && now.unix_nanos().saturating_sub(written_at) < quiet
+    }
+
+    /// Whether reads right after a burst keep archiving waiting (see
+    /// `VolumeConfig::burst_reads_nanos`): the volume was read within
+    /// `burst_quiet_nanos` of `now` and written within `burst_reads_nanos`
+    /// (but not within the burst: then `in_burst` rules), and the history
+    /// waiting takes less than a quarter of the free space above twice the
+    /// reserve. Reads add no history, so waiting costs only room the
+    /// journal holds already; the disk bounds it, not a fixed budget.
+    pub(crate) fn reads_hold_archiving(&self, now: Timestamp) -> bool {
+        let read_at = self.note_reads(now);
+        let written_at = self.written_at_nanos.load(Ordering::Relaxed);
+        let quiet = self.config.burst_quiet_nanos;
+        if quiet == 0 || written_at == 0 || read_at == 0 {
             return false;
         }
         let since_write = now.unix_nanos().saturating_sub(written_at);
+        let reading = now.unix_nanos().saturating_sub(read_at) < quiet;
+        if !reading || since_write < quiet || since_write >= self.config.burst_reads_nanos {
+            return false;
+        }
+        let disk = self.disk.report();
+        let room = disk.free_bytes.saturating_sub(disk.reserve_bytes.saturating_mul(2)) / 4;
+        self.index.versions_unarchived() * u64::from(self.block_size().bytes()) < room
+    }
+
+    /// When the volume was last seen read (unix nanoseconds; 0: not since
+    /// its last write). Reads are seen by their count moving between calls,
+    /// which maintenance makes on every pass.
+    fn note_reads(&self, now: Timestamp) -> u64 {
         let reads = self.counters.reads.load(Ordering::Relaxed);
         if self.reads_seen.swap(reads, Ordering::Relaxed) != reads {
             self.read_at_nanos.fetch_max(now.unix_nanos(), Ordering::Relaxed);
         }
-        let read_at = self.read_at_nanos.load(Ordering::Relaxed);
-        let reading = read_at > 0 && now.unix_nanos().saturating_sub(read_at) < quiet;
-        since_write < quiet || (reading && since_write < self.config.burst_reads_nanos)
+        self.read_at_nanos.load(Ordering::Relaxed)
     }
 
     /// Records a failure of this volume's work at `now`; returns whether to
@@ -263,7 +286,7 @@ impl Volume {
         // that its failing (a full disk) holds up nothing: a spare written
         // ahead of need for a journal that takes many commits per segment,
         // at a quiet moment (its cache flush would hold up commits).
-        if !self.in_burst(now) {
+        if !self.in_burst(now) && !self.reads_hold_archiving(now) {
             worked |= self.journal.prepare_spare()?;
         }
         Ok(worked)

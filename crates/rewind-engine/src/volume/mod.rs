@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use rewind_cache::{CacheConfig, ControllerCache};
@@ -40,6 +40,8 @@ use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp, Version, VersionData};
 use crate::current::CurrentStore;
 use crate::device_io::{VolumeIo, VolumeIoStats};
 use crate::node::WorkSignal;
+pub use crate::volume::archive::Clock;
+use crate::volume::archive::PassesWanted;
 use crate::volume::history::History;
 use crate::EngineError;
 
@@ -94,14 +96,15 @@ pub struct VolumeConfig {
     /// twice `checkpoint_journal_bytes`. A burst then goes to the disk once,
     /// at the journal's speed, and the second copies follow it.
     pub burst_quiet_nanos: u64,
-    /// Reads keep that background work waiting too, as writes do (within
-    /// the same budgets), for at most this long after the last write
-    /// (nanoseconds): a read job right after a burst of writes keeps the
-    /// disk and the cores, and a volume read for longer than this catches
-    /// up anyway. 0 (the default): reads never keep it waiting. Off by
-    /// default: it moved back-to-back reads from 0.67 to 0.8 of rested
-    /// (BENCHMARKS.md) but changes when Checkpointing and COW copy out, and
-    /// how much, which the layouts' client tests pin.
+    /// Reads keep archiving waiting too, for at most this long after the
+    /// last write (nanoseconds; 0: never): a read job right after a burst of
+    /// writes keeps the cores the archiver would take from it, and a pass
+    /// already under way pauses for it. Not the 1 GiB budget of a burst:
+    /// reads add no history, so it may wait while the disk has room (a
+    /// quarter of what is free above twice the reserve). Destaging and
+    /// checkpoints do not wait for reads: the layouts' client tests pin when
+    /// Checkpointing and COW copy out, and a read job right after a burst
+    /// found nothing left to destage (BENCHMARKS.md).
     pub burst_reads_nanos: u64,
     /// Versions in the live memtable before it is sealed and written as a run.
     pub memtable_versions_max: usize,
@@ -138,7 +141,7 @@ impl Default for VolumeConfig {
             commit_interval_nanos: 50_000_000,
             overlay_versions_max: 1 << 19,
             burst_quiet_nanos: 250_000_000,
-            burst_reads_nanos: 0,
+            burst_reads_nanos: 60_000_000_000,
             memtable_versions_max: 1 << 20,
             checkpoint_interval_nanos: 30_000_000_000,
             checkpoint_journal_bytes: 1 << 30,
@@ -200,6 +203,7 @@ struct Counters {
     pub journal_bytes_appended: AtomicU64,
     pub checkpoints: AtomicU64,
     pub archive_passes: AtomicU64,
+    pub archive_pauses: AtomicU64,
     pub versions_archived: AtomicU64,
     pub journal_bytes_reclaimed: AtomicU64,
     pub revert_blocks_copied: AtomicU64,
@@ -214,6 +218,10 @@ pub(crate) struct Shared {
     pub work: Arc<WorkSignal>,
     /// The free space client writes may use.
     pub space: Arc<crate::reserve::SpaceGauge>,
+    /// Work waiting for archive passes to end.
+    pub passes_wanted: Arc<PassesWanted>,
+    /// The embedder's clock (`Node::set_clock`).
+    pub clock: Arc<OnceLock<Arc<dyn Clock>>>,
 }
 
 /// The largest write record; larger writes become several records.
@@ -238,6 +246,10 @@ pub struct Volume {
     maintenance: Mutex<MaintenanceState>,
     /// Taken by the slow work on history (never while holding `maintenance`).
     history_work: Mutex<HistoryWork>,
+    /// Work waiting for archive passes to end (the node's).
+    passes_wanted: Arc<PassesWanted>,
+    /// The embedder's clock, once it gives one (the node's).
+    clock: Arc<OnceLock<Arc<dyn Clock>>>,
     overlay_versions: AtomicUsize,
     /// The time of the last version appended (unix nanoseconds): whether
     /// the volume is in a burst of writes (see `burst_quiet_nanos`).

@@ -173,6 +173,8 @@ impl Volume {
             recovered,
             settled: AtomicBool::new(!unsettled),
             disk: Arc::clone(&shared.space),
+            passes_wanted: Arc::clone(&shared.passes_wanted),
+            clock: Arc::clone(&shared.clock),
             work: Arc::clone(&shared.work),
             zero_block_crc32c,
             meta,
