@@ -374,6 +374,7 @@ impl PackReader {
     /// [`PackReader::decode`] of a record read in two parts: its `header`,
     /// and its stored bytes, which a scatter read put in `out` already (the
     /// caller expects a chunk stored as it is: as many stored bytes as raw).
+    /// Returns the CRC-32C of the chunk's bytes, computed on the way.
     pub fn decode_in_place(
         &self,
         location: ChunkLocation,
@@ -381,20 +382,24 @@ impl PackReader {
         header: &[u8],
         out: &mut [u8],
         check: Check,
-    ) -> Result<Codec, ChunkError> {
+    ) -> Result<u32, ChunkError> {
         assert_eq!(out.len(), location.raw_bytes as usize, "buffer of the chunk's raw size");
         assert_eq!(location.stored_bytes, location.raw_bytes, "a chunk stored as it is");
-        let decoded =
+        let (decoded, stored_crc32c) =
             RecordHeader::decode_parts(header, out).map_err(|error| self.corrupt(location, error.to_string()))?;
         self.check_names(location, hash, &decoded)?;
-        if decoded.codec == Codec::Zstd {
-            // A frame as large as what it holds: not what Rewind writes,
-            // but a valid record.
-            let stored = out.to_vec();
-            self.decompress(location, &stored, out)?;
-        }
+        let raw_crc32c = match decoded.codec {
+            Codec::Raw => stored_crc32c,
+            Codec::Zstd => {
+                // A frame as large as what it holds: not what Rewind writes,
+                // but a valid record.
+                let stored = out.to_vec();
+                self.decompress(location, &stored, out)?;
+                crc32c(out)
+            }
+        };
         self.check_hash(location, hash, out, check)?;
-        Ok(decoded.codec)
+        Ok(raw_crc32c)
     }
 
     fn corrupt(&self, location: ChunkLocation, reason: String) -> ChunkError {

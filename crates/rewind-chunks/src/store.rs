@@ -1163,14 +1163,16 @@ impl ChunkStore {
 
     /// Reads chunks `ids`, each of `out.len() / ids.len()` raw bytes, into
     /// consecutive pieces of `out`, checked as [`ChunkStore::read`] checks
-    /// one. Neighbouring table slots are read together, and so are
+    /// one, and returns the CRC-32C of each chunk's bytes (for the caller's
+    /// own check: computed on the way, a chunk stored as it is is read
+    /// once). Neighbouring table slots are read together, and so are
     /// neighbouring records of a pack: history archived together lies
     /// together, so a view's sequential read stays close to sequential I/O.
-    pub fn read_many(&self, ids: &[ChunkId], out: &mut [u8]) -> Result<(), ChunkError> {
+    pub fn read_many(&self, ids: &[ChunkId], out: &mut [u8]) -> Result<Vec<u32>, ChunkError> {
         /// Ids apart by at most this share one read of the table.
         const SLOT_SPAN_IDS_MAX: u64 = 256;
         if ids.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         assert_eq!(out.len() % ids.len(), 0, "chunks of one size");
         let chunk_bytes = out.len() / ids.len();
@@ -1209,16 +1211,19 @@ impl ChunkStore {
         // Scratch (record headers, gaps, compressed records) zeroed once and
         // reused: a fresh buffer would be zeroed on every read.
         let mut scratch = self.spare_spans.lock().pop().unwrap_or_default();
-        let read = self.read_spans(&slots, order, ids, chunk_bytes, &mut scratch, out);
+        let mut crcs = vec![0; ids.len()];
+        let read = self.read_spans(&slots, order, ids, chunk_bytes, &mut scratch, out, &mut crcs);
         let mut spare = self.spare_spans.lock();
         if spare.len() < SPARE_SPANS_MAX {
             spare.push(scratch);
         }
-        read
+        read.map(|()| crcs)
     }
 
     /// The second half of [`ChunkStore::read_many`]: the records of the
-    /// chunks whose `slots` it found, read in spans of neighbours.
+    /// chunks whose `slots` it found, read in spans of neighbours, and their
+    /// CRC-32Cs into `crcs`.
+    #[allow(clippy::too_many_arguments)]
     fn read_spans(
         &self,
         slots: &[Option<TableSlot>],
@@ -1227,6 +1232,7 @@ impl ChunkStore {
         chunk_bytes: usize,
         scratch: &mut Vec<u8>,
         out: &mut [u8],
+        crcs: &mut [u32],
     ) -> Result<(), ChunkError> {
         /// Records of a pack within this many bytes share one read of the pack.
         const RECORD_SPAN_BYTES_MAX: u64 = 1 << 20;
@@ -1259,11 +1265,12 @@ impl ChunkStore {
             match reader {
                 Some(reader) => {
                     let members: Vec<(usize, TableSlot)> = group.iter().map(|&index| (index, slot(index))).collect();
-                    self.read_span_scattered(&reader, &members, ids, chunk_bytes, scratch, out)?;
+                    self.read_span_scattered(&reader, &members, ids, chunk_bytes, scratch, out, crcs)?;
                 }
                 None => {
                     for &index in group {
-                        self.read(ids[index], &mut out[index * chunk_bytes..(index + 1) * chunk_bytes])?;
+                        crcs[index] =
+                            self.read_alone(ids[index], &mut out[index * chunk_bytes..(index + 1) * chunk_bytes])?;
                     }
                 }
             }
@@ -1276,8 +1283,10 @@ impl ChunkStore {
     /// slots: neighbours in one pack, in offset order) with one scatter read: the stored bytes of each chunk stored as
     /// it is go straight to its place in `out`, and only headers, the gaps
     /// between records and compressed records to `scratch`. Then checks each
-    /// record. A chunk asked for twice is read once and copied; a record
-    /// overlapping the one before (a damaged table) is read on its own.
+    /// record, and puts each chunk's CRC-32C in `crcs`. A chunk asked for
+    /// twice is read once and copied; a record overlapping the one before
+    /// (a damaged table) is read on its own.
+    #[allow(clippy::too_many_arguments)]
     fn read_span_scattered(
         &self,
         reader: &PackReader,
@@ -1286,6 +1295,7 @@ impl ChunkStore {
         chunk_bytes: usize,
         scratch: &mut Vec<u8>,
         out: &mut [u8],
+        crcs: &mut [u32],
     ) -> Result<(), ChunkError> {
         /// Where the bytes of a piece of the span go.
         enum Piece {
@@ -1367,23 +1377,33 @@ impl ChunkStore {
                 Record::InPlace { index, slot, header } => {
                     let header = &scratch[header..header + RECORD_HEADER_BYTES];
                     let out = &mut out[index * chunk_bytes..(index + 1) * chunk_bytes];
-                    reader.decode_in_place(location(slot), &slot.hash, header, out, Check::Crc)?;
+                    crcs[index] = reader.decode_in_place(location(slot), &slot.hash, header, out, Check::Crc)?;
                 }
                 Record::InScratch { index, slot, start } => {
                     let record = &scratch[start..start + RECORD_HEADER_BYTES + slot.stored_bytes as usize];
                     let out = &mut out[index * chunk_bytes..(index + 1) * chunk_bytes];
                     reader.decode(location(slot), &slot.hash, record, out, Check::Crc)?;
+                    crcs[index] = rewind_format::crc32c(out);
                 }
                 // After its source: records are checked in the order read.
                 Record::Copy { index, source } => {
                     out.copy_within(source * chunk_bytes..(source + 1) * chunk_bytes, index * chunk_bytes);
+                    crcs[index] = crcs[source];
                 }
                 Record::Alone { index } => {
-                    self.read(ids[index], &mut out[index * chunk_bytes..(index + 1) * chunk_bytes])?;
+                    crcs[index] =
+                        self.read_alone(ids[index], &mut out[index * chunk_bytes..(index + 1) * chunk_bytes])?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// [`ChunkStore::read`] of one chunk of a [`ChunkStore::read_many`];
+    /// returns the CRC-32C of its bytes.
+    fn read_alone(&self, id: ChunkId, out: &mut [u8]) -> Result<u32, ChunkError> {
+        self.read(id, out)?;
+        Ok(rewind_format::crc32c(out))
     }
 
     fn reader(&self, pack: u64) -> Result<Arc<PackReader>, ChunkError> {

@@ -85,9 +85,10 @@ fn check_reads(store: &ChunkStore, durable: &[(ChunkId, Vec<u8>)], seed: u64) {
     // All at once, as a view's read asks for them (duplicates included).
     let ids: Vec<ChunkId> = durable.iter().map(|(id, _)| *id).collect();
     let mut all = vec![0; BLOCK * ids.len()];
-    store.read_many(&ids, &mut all).unwrap_or_else(|error| panic!("seed {seed}: read_many: {error}"));
-    for ((id, bytes), out) in durable.iter().zip(all.chunks_exact(BLOCK)) {
+    let crcs = store.read_many(&ids, &mut all).unwrap_or_else(|error| panic!("seed {seed}: read_many: {error}"));
+    for (((id, bytes), out), crc) in durable.iter().zip(all.chunks_exact(BLOCK)).zip(crcs) {
         assert!(out == bytes.as_slice(), "seed {seed}: chunk {id} reads other bytes through read_many");
+        assert_eq!(crc, rewind_format::crc32c(bytes), "seed {seed}: chunk {id}'s CRC-32C through read_many");
     }
 }
 
@@ -496,9 +497,10 @@ fn read_many_scatters_records_into_place_and_still_catches_damage() {
     asked.swap(3, 40);
     let asked_ids: Vec<ChunkId> = asked.iter().map(|&index| ids[index]).collect();
     let mut out = vec![0; CHUNK * asked.len()];
-    store.read_many(&asked_ids, &mut out).unwrap();
-    for (&index, got) in asked.iter().zip(out.chunks_exact(CHUNK)) {
+    let crcs = store.read_many(&asked_ids, &mut out).unwrap();
+    for ((&index, got), crc) in asked.iter().zip(out.chunks_exact(CHUNK)).zip(crcs) {
         assert!(got == blocks[index].as_slice(), "chunk {index} reads other bytes");
+        assert_eq!(crc, rewind_format::crc32c(&blocks[index]), "chunk {index}'s CRC-32C");
     }
 
     // Find chunk 1's record (raw: random bytes) in the one pack and damage

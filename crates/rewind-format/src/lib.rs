@@ -30,6 +30,58 @@ pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
     digest.finalize() as u32
 }
 
+/// The CRC-32C of bytes `A` followed by `B`, from `crc_a` (of `A`), `crc_b`
+/// (of `B`) and the length of `B`, without reading either again: a pack
+/// record's CRC (header, then stored bytes) checked from the CRC of its
+/// stored bytes, which the reader of a block version needs anyway. CRC-32C
+/// is linear: feeding `B`'s length of zero bytes through `crc_a` is a
+/// 32 × 32 bit matrix, one per power of two of the length, made once.
+pub fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
+    let zeros = crc32c_zero_operators();
+    let mut crc = crc_a;
+    for (power, operator) in zeros.iter().enumerate() {
+        if len_b >> power & 1 == 1 {
+            crc = apply_operator(operator, crc);
+        }
+    }
+    crc ^ crc_b
+}
+
+/// A linear map of 32-bit CRC registers: column `i` is the image of bit `i`.
+type CrcOperator = [u32; 32];
+
+fn apply_operator(operator: &CrcOperator, crc: u32) -> u32 {
+    let mut image = 0;
+    let mut bits = crc;
+    while bits != 0 {
+        image ^= operator[bits.trailing_zeros() as usize];
+        bits &= bits - 1;
+    }
+    image
+}
+
+/// Entry `k`: what feeding 2^k zero bytes does to a CRC-32C register.
+fn crc32c_zero_operators() -> &'static [CrcOperator; 64] {
+    static OPERATORS: std::sync::OnceLock<[CrcOperator; 64]> = std::sync::OnceLock::new();
+    OPERATORS.get_or_init(|| {
+        /// The Castagnoli polynomial, bit-reversed (CRC-32C shifts right).
+        const POLYNOMIAL: u32 = 0x82f6_3b78;
+        let mut operators = [[0; 32]; 64];
+        for (bit, column) in operators[0].iter_mut().enumerate() {
+            let mut register = 1u32 << bit;
+            for _ in 0..8 {
+                register = (register >> 1) ^ if register & 1 == 1 { POLYNOMIAL } else { 0 };
+            }
+            *column = register;
+        }
+        for power in 1..64 {
+            let half = operators[power - 1];
+            operators[power] = half.map(|column| apply_operator(&half, column));
+        }
+        operators
+    })
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FormatError {
@@ -68,7 +120,7 @@ pub fn verify_crc(what: &'static str, stored: u32, computed: u32) -> Result<(), 
 
 #[cfg(test)]
 mod tests {
-    use super::{crc32c, crc32c_append};
+    use super::{crc32c, crc32c_append, crc32c_combine};
 
     /// Every checksum already on disk was computed by another implementation
     /// (the `crc32c` crate before this one): the check value of the
@@ -83,6 +135,21 @@ mod tests {
         for split in [0, 1, 7, 8, 63, 64, 4096, 9_999, 20_000] {
             let (head, tail) = bytes.split_at(split);
             assert_eq!(crc32c_append(crc32c(head), tail), whole, "split at {split}");
+        }
+    }
+
+    /// Combining the CRCs of the parts gives the CRC of the whole, for every
+    /// length's bits (powers of two and not, 0 included).
+    #[test]
+    fn crc32c_of_a_whole_combines_from_its_parts() {
+        let bytes: Vec<u8> = (0..70_000u32).map(|index| (index.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        for (head_len, tail_len) in
+            [(0, 0), (5, 0), (0, 9), (48, 4096), (48, 4095), (1, 65_536), (4096, 1), (7, 62_001)]
+        {
+            let (head, tail) = (&bytes[..head_len], &bytes[head_len..head_len + tail_len]);
+            let whole = crc32c(&bytes[..head_len + tail_len]);
+            let combined = crc32c_combine(crc32c(head), crc32c(tail), tail_len as u64);
+            assert_eq!(combined, whole, "{head_len} bytes then {tail_len}");
         }
     }
 }

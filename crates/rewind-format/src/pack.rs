@@ -9,7 +9,7 @@
 
 use rewind_types::ChunkId;
 
-use crate::{crc32c, crc32c_append, verify_crc, FormatError, Reader, Writer};
+use crate::{crc32c, crc32c_append, crc32c_combine, verify_crc, FormatError, Reader, Writer};
 
 pub const PACK_HEADER_BYTES: usize = 64;
 pub const RECORD_HEADER_BYTES: usize = 56;
@@ -108,8 +108,9 @@ impl RecordHeader {
 
     /// [`RecordHeader::decode_record`] of a record read in two parts: its
     /// `header` and, elsewhere, its `stored` bytes (a scatter read put them
-    /// where they are wanted).
-    pub fn decode_parts(header: &[u8], stored: &[u8]) -> Result<Self, FormatError> {
+    /// where they are wanted). Also returns the CRC-32C of the stored bytes
+    /// alone: the record's is checked from it, so they are read once.
+    pub fn decode_parts(header: &[u8], stored: &[u8]) -> Result<(Self, u32), FormatError> {
         let (decoded, stored_crc) = Self::decode_header(header)?;
         if stored.len() != decoded.stored_bytes as usize || header.len() != RECORD_HEADER_BYTES {
             return Err(FormatError::Invalid {
@@ -122,8 +123,10 @@ impl RecordHeader {
                 ),
             });
         }
-        decoded.verify(header, stored_crc, stored)?;
-        Ok(decoded)
+        let stored_alone = crc32c(stored);
+        let head = crc32c(&header[..RECORD_HEADER_BYTES - 8]);
+        verify_crc(RECORD_WHAT, stored_crc, crc32c_combine(head, stored_alone, stored.len() as u64))?;
+        Ok((decoded, stored_alone))
     }
 
     /// The header at the start of `bytes` and the CRC it gives its record;

@@ -359,11 +359,12 @@ impl Volume {
                             _ => unreachable!("chunk sources only"),
                         })
                         .collect();
-                    let range = bytes(end);
-                    self.chunks.read_many(&ids, &mut target[range.clone()])?;
-                    for (index, block) in target[range].chunks_exact(block_bytes).enumerate() {
+                    // The store computed each chunk's CRC-32C as it checked
+                    // the chunk's record: the bytes are not read again.
+                    let crcs = self.chunks.read_many(&ids, &mut target[bytes(end)])?;
+                    for (index, read_crc32c) in crcs.into_iter().enumerate() {
                         let Source::Chunk { id, crc32c } = sources[start + index] else { unreachable!() };
-                        if rewind_format::crc32c(block) != crc32c {
+                        if read_crc32c != crc32c {
                             return Err(EngineError::Corrupt {
                                 volume: self.name().to_string(),
                                 detail: format!(

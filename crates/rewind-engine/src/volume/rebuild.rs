@@ -252,7 +252,7 @@ fn write_batch(
         })
         .collect();
     data.resize(ids.len() * block_bytes, 0);
-    chunks.read_many(&ids, data)?;
+    let mut crcs = chunks.read_many(&ids, data)?.into_iter();
     let mut stored = data.chunks_exact(block_bytes);
     // Neighbouring data blocks go to the current store in one write.
     let mut run: Option<(u64, Vec<u8>, Vec<BlockMeta>)> = None;
@@ -268,7 +268,7 @@ fn write_batch(
         match version.data {
             VersionData::Chunk(id) => {
                 let bytes = stored.next().expect("one stored block per chunk id");
-                if rewind_format::crc32c(bytes) != version.crc32c {
+                if crcs.next().expect("one CRC per chunk id") != version.crc32c {
                     return Err(corrupt(format!("block {block}: chunk {} does not match its version's CRC", id.0)));
                 }
                 let meta = BlockMeta { state: BlockState::Data, crc32c: version.crc32c, timestamp: version.timestamp };
