@@ -269,6 +269,8 @@ impl Node {
         // Small packs waiting for their upload go up as one (or a few).
         let small = tiered.waiting_small();
         if small.len() > 1 {
+            // Waits for archive passes to end.
+            let _wanted = self.shared.passes_wanted.hold();
             self.shared.chunks.coalesce(&small)?;
         }
         let epoch = tiered.begin_capture();

@@ -975,6 +975,8 @@ impl Node {
     /// Counts every chunk reference of every volume again (see
     /// [`ChunkStore::recount`]).
     pub(crate) fn recount_chunks(&self) -> Result<(), EngineError> {
+        // Waits for archive passes to end (a repair's recount too).
+        let _wanted = self.shared.passes_wanted.hold();
         let counting = if self.damaged.read().is_empty() { Counting::Exact } else { Counting::Conservative };
         let volumes = self.volumes();
         let report = self.shared.chunks.recount(counting, |mark| {
@@ -1021,6 +1023,8 @@ impl Node {
     /// not saved while a volume is damaged or poisoned; failing to save them
     /// costs the next start a count, nothing else.
     pub fn shut_down(&self, now: Timestamp) -> Result<(), EngineError> {
+        // Saving the counts waits for archive passes to end.
+        let _wanted = self.shared.passes_wanted.hold();
         self.checkpoint_all(now)?;
         let volumes = self.volumes.read();
         if !self.damaged.read().is_empty() || volumes.values().any(|volume| volume.is_poisoned()) {

@@ -54,9 +54,11 @@ pub trait Clock: Send + Sync {
 }
 
 /// Work waiting for archive passes to end — a diff, a history or volume
-/// delete, a collection — which a pass must not keep waiting while it
-/// pauses for reads (`Volume::pause_for_reads`): it goes on at once while
-/// any is marked. One per node, since a collection waits for every volume.
+/// delete, whatever holds the chunk store's reference gate for writing (a
+/// collection, a recount, coalescing packs, saving the counts at shutdown)
+/// — which a pass must not keep waiting while it pauses for reads
+/// (`Volume::pause_for_reads`): it goes on at once while any is marked. One
+/// per node, since a collection waits for every volume.
 #[derive(Default)]
 pub(crate) struct PassesWanted(AtomicUsize);
 
