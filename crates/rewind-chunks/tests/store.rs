@@ -463,6 +463,20 @@ fn history_written_again_in_order_dedups_from_the_locality_cache() {
     check_reads(&store, &durable, 6);
 }
 
+fn random_block(rng: &mut StdRng, bytes: usize) -> Vec<u8> {
+    let mut block = vec![0; bytes];
+    rng.fill_bytes(&mut block);
+    block
+}
+
+/// Stores `blocks` in one archive session; their ids, in order.
+fn put_all(store: &ChunkStore, blocks: &[Vec<u8>]) -> Vec<ChunkId> {
+    let mut session = store.session().unwrap();
+    let ids = blocks.iter().map(|block| session.put(block).unwrap()).collect();
+    session.finish().unwrap();
+    ids
+}
+
 /// A view's read of history on a real disk: `read_many` reads the records
 /// of neighbouring chunks with one scatter read, the stored bytes of a chunk
 /// kept as it is straight into the caller's buffer. Raw and compressed
@@ -482,16 +496,10 @@ fn read_many_scatters_records_into_place_and_still_catches_damage() {
         .map(|index| match index % 3 {
             // Compresses: stored as a zstd frame, read into scratch.
             0 => vec![index as u8; CHUNK],
-            _ => {
-                let mut block = vec![0; CHUNK];
-                rng.fill_bytes(&mut block);
-                block
-            }
+            _ => random_block(&mut rng, CHUNK),
         })
         .collect();
-    let mut session = store.session().unwrap();
-    let ids: Vec<ChunkId> = blocks.iter().map(|block| session.put(block).unwrap()).collect();
-    session.finish().unwrap();
+    let ids = put_all(&store, &blocks);
 
     let mut asked: Vec<usize> = (0..64).rev().chain([5, 5, 9, 0]).collect();
     asked.swap(3, 40);
@@ -535,16 +543,8 @@ fn read_many_reads_every_other_record_of_a_pack_in_shared_reads() {
     let store = ChunkStore::open(Arc::clone(&counting) as _, "chunks", ChunkStoreConfig::default()).unwrap();
     store.finish_open(Counting::Exact).unwrap();
     let mut rng = StdRng::seed_from_u64(11);
-    let blocks: Vec<Vec<u8>> = (0..CHUNKS)
-        .map(|_| {
-            let mut block = vec![0; CHUNK];
-            rng.fill_bytes(&mut block);
-            block
-        })
-        .collect();
-    let mut session = store.session().unwrap();
-    let ids: Vec<ChunkId> = blocks.iter().map(|block| session.put(block).unwrap()).collect();
-    session.finish().unwrap();
+    let blocks: Vec<Vec<u8>> = (0..CHUNKS).map(|_| random_block(&mut rng, CHUNK)).collect();
+    let ids = put_all(&store, &blocks);
 
     let asked: Vec<usize> = (0..CHUNKS).step_by(2).collect();
     let asked_ids: Vec<ChunkId> = asked.iter().map(|&index| ids[index]).collect();
