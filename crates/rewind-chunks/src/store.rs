@@ -359,12 +359,16 @@ pub struct ChunkSet {
 }
 
 impl ChunkSet {
-    pub fn insert(&mut self, id: ChunkId) {
+    /// Adds `id`; returns whether it was not in the set yet.
+    pub fn insert(&mut self, id: ChunkId) -> bool {
         let word = (id.0 / 64) as usize;
         if word >= self.bits.len() {
             self.bits.resize(word + 1, 0);
         }
-        self.bits[word] |= 1 << (id.0 % 64);
+        let bit = 1 << (id.0 % 64);
+        let new = self.bits[word] & bit == 0;
+        self.bits[word] |= bit;
+        new
     }
 
     fn contains(&self, id: u64) -> bool {
@@ -383,6 +387,14 @@ pub struct Measured {
     pub chunks: u64,
     pub raw_bytes: u64,
     pub stored_bytes: u64,
+}
+
+impl std::ops::AddAssign for Measured {
+    fn add_assign(&mut self, other: Measured) {
+        self.chunks += other.chunks;
+        self.raw_bytes += other.raw_bytes;
+        self.stored_bytes += other.stored_bytes;
+    }
 }
 
 /// What one collection did.

@@ -308,3 +308,75 @@ fn a_space_cap_goes_on_past_a_minute_it_has_already_dropped() {
     assert!(block == first, "the bookmark stays");
     assert!(volume.view(second(1_012)).is_err(), "the second generation went");
 }
+
+/// Measuring a volume's space scans every archived index entry; a monitor
+/// asking every few seconds must not pay that each time. A measurement is
+/// kept while the history in the chunk store stays as it was, takes in
+/// what archive passes add (deduplicated blocks included) without a scan,
+/// and scans again after thinning drops archived versions. Each figure
+/// equals a full scan's: the measurement of the node opened again.
+#[test]
+fn space_is_measured_again_only_where_history_in_the_chunk_store_changed() {
+    let storage = SimStorage::new(SimConfig::default(), 5);
+    let mut config = NodeConfig::default();
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_interval_nanos = 1;
+    config.volume.burst_quiet_nanos = 0;
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    let at = |second: u64| start.saturating_add_nanos(second * SECOND);
+    // Blocks 0..8 at `second`, block b holding `fill(b)`; then archived.
+    let write_and_archive = |node: &Node, second: u64, fill: &dyn Fn(u64) -> u8| {
+        let volume = node.volume("v").unwrap();
+        for block in 0..8u64 {
+            let at = at(second).saturating_add_nanos(block);
+            volume.write(at, block * 4096, &[fill(block); 4096], Durability::Fua).unwrap();
+        }
+        node.maintain(at(second + 1)).unwrap();
+        node.maintain_history(at(second + 1)).unwrap();
+    };
+    // A measurement, and how many index reads it made.
+    let measure = |volume: &Volume, second: u64| {
+        let reads = volume.io_stats().index.reads;
+        let space = volume.measure_space(at(second)).unwrap();
+        let figures = (space.chunk_references, space.chunks, space.chunk_raw_bytes, space.chunk_stored_bytes);
+        (figures, volume.io_stats().index.reads - reads)
+    };
+    let measured_afresh = |second: u64| {
+        let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+        let (figures, reads) = measure(&node.volume("v").unwrap(), second);
+        assert!(reads > 0, "a node opened again scans");
+        figures
+    };
+
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    write_and_archive(&node, 1, &|block| block as u8 + 1);
+    let (first, reads) = measure(&volume, 2);
+    assert!(reads > 0, "the first measurement scans the index");
+    assert_eq!((first.0, first.1, first.2), (8, 8, 8 * 4096), "eight archived blocks, all different");
+    assert_eq!(measure(&volume, 3), (first, 0), "nothing changed: no scan");
+
+    // Blocks 0..4 as before (deduplicated), 4..8 new.
+    write_and_archive(&node, 4, &|block| if block < 4 { block as u8 + 1 } else { block as u8 + 101 });
+    let (second, reads) = measure(&volume, 6);
+    assert_eq!(reads, 0, "an archive pass is taken in without a scan");
+    assert_eq!((second.0, second.1, second.2), (16, 12, 12 * 4096), "sixteen references to twelve chunks");
+    node.shut_down(at(7)).unwrap();
+    drop((node, volume));
+    assert_eq!(measured_afresh(8), second);
+
+    // Both passes in a deleted range, whose last versions it keeps: thinning
+    // drops the first pass's archived versions.
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let volume = node.volume("v").unwrap();
+    measure(&volume, 9);
+    volume.delete_history(at(1), at(6), at(10)).unwrap();
+    node.maintain_history(at(11)).unwrap();
+    let (thinned, reads) = measure(&volume, 12);
+    assert!(reads > 0, "thinning has the measurement scan again");
+    assert_eq!((thinned.0, thinned.1), (8, 8), "the second pass's versions alone count");
+    node.shut_down(at(13)).unwrap();
+    drop((node, volume));
+    assert_eq!(measured_afresh(14), thinned);
+}

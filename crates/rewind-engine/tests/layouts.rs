@@ -218,3 +218,48 @@ fn split_stream_writes_the_newest_down_and_split_down_stream_every_version_let_g
     // (the creation's zeros in the current store are no version to copy).
     assert_eq!(three_versions_through_the_cache(Layout::Checkpointing), (2, 4096 + meta, 16));
 }
+
+/// A volume keeps its last measurement of the space its history takes and
+/// adds to it what archive passes and history filed at destage bring (see
+/// `space.rs`): in every layout that equals a full scan's figures, the
+/// measurement of the node opened again.
+#[test]
+fn space_kept_between_measurements_equals_a_full_scan_in_every_layout() {
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    let at = |second: u64| start.saturating_add_nanos(second * SECOND);
+    let mut config = NodeConfig::default();
+    config.volume.burst_quiet_nanos = 0;
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_interval_nanos = 1;
+    for layout in Layout::ALL {
+        let storage = SimStorage::new(SimConfig::default(), 7);
+        let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+        let spec = VolumeSpec {
+            layout,
+            ..VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap())
+        };
+        let volume = node.create_volume(spec, start).unwrap();
+        let measure = |volume: &Volume, second: u64| {
+            let space = volume.measure_space(at(second)).unwrap();
+            (space.chunk_references, space.chunks, space.chunk_raw_bytes, space.chunk_stored_bytes)
+        };
+        // Blocks 0..8 three times; the third time blocks 0..4 as the first.
+        for (round, second) in [1, 3, 5].into_iter().enumerate() {
+            for block in 0..8u64 {
+                let fill = if round == 2 && block < 4 { block } else { round as u64 * 16 + block };
+                let at = at(second).saturating_add_nanos(block);
+                volume.write(at, block * 4096, &[fill as u8 + 1; 4096], Durability::Fua).unwrap();
+            }
+            node.maintain(at(second + 1)).unwrap();
+            node.checkpoint_all(at(second + 1)).unwrap();
+            node.maintain_history(at(second + 1)).unwrap();
+            measure(&volume, second + 1);
+        }
+        let kept = measure(&volume, 7);
+        assert!(kept.0 >= 8, "{}: history in the chunk store: {kept:?}", layout.name());
+        node.shut_down(at(8)).unwrap();
+        drop((node, volume));
+        let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+        assert_eq!(measure(&node.volume("v").unwrap(), 9), kept, "{}", layout.name());
+    }
+}

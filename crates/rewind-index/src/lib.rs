@@ -103,6 +103,17 @@ pub struct ArchiveReport {
     pub versions_archived: u64,
     pub versions_thinned: u64,
     pub runs_rewritten: u64,
+    /// How the pass moved the chunk epoch (see [`VersionIndex::chunk_epoch`]).
+    pub chunk_epoch: EpochStep,
+}
+
+/// A change of [`VersionIndex::chunk_epoch`] made by one operation alone:
+/// what was known at `from`, with what the operation added, is the truth
+/// at `to`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EpochStep {
+    pub from: u64,
+    pub to: u64,
 }
 
 impl IndexError {
@@ -151,6 +162,17 @@ struct State {
     frozen: Vec<Arc<Memtable>>,
     /// Oldest first.
     runs: Vec<Arc<Run>>,
+    /// See [`VersionIndex::chunk_epoch`]; moved under this lock, so a
+    /// snapshot of the runs and memtables comes with its epoch.
+    chunk_epoch: u64,
+}
+
+impl State {
+    fn step_chunk_epoch(&mut self) -> EpochStep {
+        let from = self.chunk_epoch;
+        self.chunk_epoch += 1;
+        EpochStep { from, to: self.chunk_epoch }
+    }
 }
 
 pub struct VersionIndex {
@@ -268,7 +290,7 @@ impl VersionIndex {
             dir: dir.to_owned(),
             config,
             cache,
-            state: RwLock::new(State { active: Memtable::default(), frozen: Vec::new(), runs }),
+            state: RwLock::new(State { active: Memtable::default(), frozen: Vec::new(), runs, chunk_epoch: 0 }),
             run_id_next: AtomicU64::new(manifest.run_id_next),
             manifest: Mutex::new(manifest),
             persisting: Mutex::new(()),
@@ -331,11 +353,23 @@ impl VersionIndex {
 
     /// Calls `visit` with every version whose data is in the chunk store
     /// (to count, measure or release the chunks history refers to).
-    pub fn for_each_chunk(&self, visit: &mut dyn FnMut(&Version) -> Result<(), IndexError>) -> Result<(), IndexError> {
+    /// Returns the [`VersionIndex::chunk_epoch`] of what it visited.
+    pub fn for_each_chunk(&self, visit: &mut dyn FnMut(&Version) -> Result<(), IndexError>) -> Result<u64, IndexError> {
         self.for_each_version(&mut |version| match version.data {
             VersionData::Chunk(_) => visit(version),
             _ => Ok(()),
         })
+    }
+
+    /// Moves whenever the versions whose data is in the chunk store change:
+    /// an archive pass adds some, a filing of history (`insert`) adds some,
+    /// thinning drops some. Merges and persists that drop none of them
+    /// leave it. So what [`VersionIndex::for_each_chunk`] would visit is
+    /// the same while it stays, and a measurement of it (a volume's space)
+    /// holds; operations that return an [`EpochStep`] say what they added.
+    /// Starts at 0 when the index is opened.
+    pub fn chunk_epoch(&self) -> u64 {
+        self.state.read().chunk_epoch
     }
 
     /// Appends to `out` a description of the versions
@@ -358,20 +392,22 @@ impl VersionIndex {
     }
 
     /// Calls `visit` with every version the index holds, run by run and
-    /// then the memtables (so in no particular order).
+    /// then the memtables (so in no particular order). Returns the
+    /// [`VersionIndex::chunk_epoch`] of what it visited.
     pub fn for_each_version(
         &self,
         visit: &mut dyn FnMut(&Version) -> Result<(), IndexError>,
-    ) -> Result<(), IndexError> {
-        let (runs, frozen, active) = {
+    ) -> Result<u64, IndexError> {
+        let (runs, frozen, active, chunk_epoch) = {
             let state = self.state.read();
-            (state.runs.clone(), state.frozen.clone(), state.active.sorted())
+            (state.runs.clone(), state.frozen.clone(), state.active.sorted(), state.chunk_epoch)
         };
         scan_runs(runs.iter(), visit)?;
         for memtable in frozen {
             memtable.sorted().iter().try_for_each(&mut *visit)?;
         }
-        active.iter().try_for_each(visit)
+        active.iter().try_for_each(visit)?;
+        Ok(chunk_epoch)
     }
 
     /// What later persists and merges drop. A pin must be set before any
@@ -397,8 +433,13 @@ impl VersionIndex {
     /// Adds the versions of journal record `lsn` (all with one time, later
     /// than every version already in the index; with `late_entries`, of any
     /// times, each later than every version of its block).
-    pub fn insert(&self, lsn: Lsn, versions: &[Version]) {
-        self.state.write().active.insert(lsn, versions, self.config.late_entries);
+    /// Returns how the chunk epoch moved, if any of `versions` has its data
+    /// in the chunk store (history filed at destage).
+    pub fn insert(&self, lsn: Lsn, versions: &[Version]) -> Option<EpochStep> {
+        let mut state = self.state.write();
+        state.active.insert(lsn, versions, self.config.late_entries);
+        let chunks = versions.iter().any(|version| matches!(version.data, VersionData::Chunk(_)));
+        chunks.then(|| state.step_chunk_epoch())
     }
 
     /// Versions in the live memtable.
@@ -518,6 +559,9 @@ impl VersionIndex {
             self.write_manifest(&next)?;
             *manifest = next;
             let mut state = self.state.write();
+            if thin.chunks_dropped > 0 {
+                state.step_chunk_epoch();
+            }
             let first = state.frozen.remove(0);
             assert!(Arc::ptr_eq(&first, &memtable), "only persist removes sealed memtables");
             state.runs.push(run);
@@ -671,10 +715,12 @@ impl VersionIndex {
         }
         report.versions_archived += self.archive_batch(&mut batch, archiver, &mut archived)?;
         report.versions_thinned = thin.dropped;
+        // So the pass only adds to the versions in the chunk store (its step says so).
+        assert_eq!(thin.chunks_dropped, 0, "recent runs hold no versions in the chunk store");
         archiver.finish().map_err(|ArchiveFailed| IndexError::ArchiveFailed)?;
         let replacement = [archived, recent].into_iter().flatten().map(|writer| self.finish_run(writer));
         let replacement = replacement.collect::<Result<Vec<_>, _>>()?;
-        self.replace_runs(group, replacement, thin.dropped, cutoff)?;
+        report.chunk_epoch = self.replace_runs(group, replacement, thin.dropped, cutoff, true)?;
         Ok(report)
     }
 
@@ -737,19 +783,22 @@ impl VersionIndex {
         }
         let replacement = writer.map(|writer| self.finish_run(writer)).transpose()?.into_iter().collect();
         let archived_before = self.archived_before();
-        self.replace_runs(merged, replacement, thin.dropped, archived_before)
+        self.replace_runs(merged, replacement, thin.dropped, archived_before, thin.chunks_dropped > 0)?;
+        Ok(())
     }
 
     /// Durably replaces `old`, a contiguous group of runs, by `new` (in time
-    /// order, possibly none), then deletes the old files.
+    /// order, possibly none), then deletes the old files. With
+    /// `chunks_changed`, moves the chunk epoch, and returns how.
     fn replace_runs(
         &self,
         old: &[Arc<Run>],
         new: Vec<(RunInfo, Arc<Run>)>,
         dropped: u64,
         archived_before: Timestamp,
-    ) -> Result<(), IndexError> {
-        {
+        chunks_changed: bool,
+    ) -> Result<EpochStep, IndexError> {
+        let step = {
             let mut manifest = self.manifest.lock();
             let ids: Vec<u64> = old.iter().map(|run| run.info().id).collect();
             let first = match ids.first() {
@@ -773,13 +822,17 @@ impl VersionIndex {
                 assert!(Arc::ptr_eq(listed, replaced), "state and manifest list the same runs");
             }
             state.runs.splice(first..first + ids.len(), new.into_iter().map(|(_, run)| run));
-        }
+            match chunks_changed {
+                true => state.step_chunk_epoch(),
+                false => EpochStep { from: state.chunk_epoch, to: state.chunk_epoch },
+            }
+        };
         for run in old {
             self.cache.forget_run(run.uid());
             let path = format!("{}/{}", self.dir, run_name(run.info().id));
             self.storage.remove_file(&path).map_err(IndexError::io(&path))?;
         }
-        Ok(())
+        Ok(step)
     }
 
     pub fn stats(&self) -> IndexStats {

@@ -119,11 +119,13 @@ pub(crate) struct Thin<'a, I> {
     release: Option<&'a dyn ReleaseHook>,
     pending: Option<Version>,
     pub(crate) dropped: u64,
+    /// Of them, those whose data is in the chunk store.
+    pub(crate) chunks_dropped: u64,
 }
 
 impl<'a, I: Iterator<Item = Result<Version, IndexError>>> Thin<'a, I> {
     pub(crate) fn new(versions: I, thinning: &'a Thinning, release: Option<&'a dyn ReleaseHook>) -> Self {
-        Thin { versions, thinning, release, pending: None, dropped: 0 }
+        Thin { versions, thinning, release, pending: None, dropped: 0, chunks_dropped: 0 }
     }
 }
 
@@ -141,8 +143,11 @@ impl<I: Iterator<Item = Result<Version, IndexError>>> Iterator for Thin<'_, I> {
                 None => continue,
                 Some(previous) if self.thinning.supersedes(&previous, &next) => {
                     self.dropped += 1;
-                    if let (VersionData::Chunk(_), Some(release)) = (previous.data, self.release) {
-                        release.release(&previous);
+                    if let VersionData::Chunk(_) = previous.data {
+                        self.chunks_dropped += 1;
+                        if let Some(release) = self.release {
+                            release.release(&previous);
+                        }
                     }
                 }
                 Some(previous) => return Some(Ok(previous)),

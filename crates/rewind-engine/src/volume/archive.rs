@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use rewind_chunks::{ArchiveSession, ChunkStore};
 use rewind_index::{ArchiveFailed, Archiver, IndexError, ReleaseHook, Thinning};
-use rewind_types::{Lsn, Timestamp, Version, VersionData};
+use rewind_types::{ChunkId, Lsn, Timestamp, Version, VersionData};
 
 use crate::volume::gather::{JournalGather, GATHER_BYTES_MAX};
 use crate::volume::HistoryWork;
@@ -87,6 +87,8 @@ struct JournalArchiver<'a> {
     volume: &'a Volume,
     session: Option<ArchiveSession<'a>>,
     gather: JournalGather,
+    /// The chunks the versions archived so far refer to.
+    added: Vec<ChunkId>,
     /// Why the last call failed.
     error: Option<EngineError>,
 }
@@ -104,7 +106,9 @@ impl JournalArchiver<'_> {
                 version.data = if block.iter().all(|&byte| byte == 0) {
                     VersionData::Zero
                 } else {
-                    VersionData::Chunk(session.put(block)?)
+                    let id = session.put(block)?;
+                    self.added.push(id);
+                    VersionData::Chunk(id)
                 };
             }
         }
@@ -219,8 +223,13 @@ impl Volume {
         let Some(cutoff) = self.hold_exact_cutoff(cutoff) else { return Ok(false) };
         let held = Timestamp::from_unix_nanos(cutoff.unix_nanos() - 1);
         let session = self.chunks.session().inspect_err(|_| self.release_time(held))?;
-        let mut archiver =
-            JournalArchiver { volume: self, session: Some(session), gather: JournalGather::default(), error: None };
+        let mut archiver = JournalArchiver {
+            volume: self,
+            session: Some(session),
+            gather: JournalGather::default(),
+            added: Vec::new(),
+            error: None,
+        };
         let result = self.index.archive(cutoff, &mut archiver);
         self.release_time(held);
         if let Some(session) = archiver.session.take() {
@@ -233,6 +242,7 @@ impl Volume {
             Err(IndexError::ArchiveFailed) => return Err(archiver.error.take().expect("the archiver says why")),
             Err(error) => return Err(self.fail(error.into())),
         };
+        self.tally_added(report.chunk_epoch, &archiver.added);
         self.counters.archive_passes.fetch_add(1, Ordering::Relaxed);
         self.counters.versions_archived.fetch_add(report.versions_archived, Ordering::Relaxed);
         Ok(report.versions_archived > 0 || report.runs_rewritten > 0)
@@ -276,7 +286,8 @@ impl Volume {
                 }
                 Ok(())
             })
-        })
+        })?;
+        Ok(())
     }
 }
 

@@ -28,7 +28,7 @@
 //! came between the record and the overwrite) is not made twice.
 
 use rewind_format::current::{BlockMeta, BlockState};
-use rewind_types::{Timestamp, Version, VersionData};
+use rewind_types::{ChunkId, Timestamp, Version, VersionData};
 
 use crate::volume::Pending;
 use crate::{EngineError, Volume};
@@ -93,7 +93,16 @@ impl Volume {
             let _state = self.write.lock();
             for batch in copies.chunks(COPY_RECORD_VERSIONS_MAX) {
                 let appended = self.journal.append_copy(batch)?;
-                self.index.insert(appended.lsn, batch);
+                if let Some(step) = self.index.insert(appended.lsn, batch) {
+                    let added: Vec<ChunkId> = batch
+                        .iter()
+                        .filter_map(|version| match version.data {
+                            VersionData::Chunk(id) => Some(id),
+                            _ => None,
+                        })
+                        .collect();
+                    self.tally_added(step, &added);
+                }
             }
         }
         self.journal.commit()?;

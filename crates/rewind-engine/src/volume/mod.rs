@@ -262,6 +262,8 @@ pub struct Volume {
     closed: AtomicBool,
     history: History,
     space: Mutex<Option<crate::VolumeSpace>>,
+    /// What the last measurement of `space` counted (see `space.rs`).
+    space_tally: Mutex<Option<space::SpaceTally>>,
     counters: Counters,
     clients: crate::volume::clients::Clients,
     damage: crate::volume::damage::HistoryDamage,

@@ -162,6 +162,7 @@ impl Volume {
             closed: AtomicBool::new(false),
             history,
             space: Mutex::new(None),
+            space_tally: Mutex::new(None),
             counters: Counters::default(),
             written_at_nanos: AtomicU64::new(0),
             reads_seen: AtomicU64::new(0),
