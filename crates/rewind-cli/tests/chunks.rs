@@ -70,6 +70,9 @@ fn archived_history_is_deduplicated_compressed_and_reads_back() {
     assert!(node["pack_bytes"].as_u64().unwrap() < 14 << 20, "{node:#}");
     let db = stats(&server, "db");
     assert_eq!(db["versions_kept"], db["versions_written"], "every write is kept: {db:#}");
+    let info = json(&server.rewind(&["volume", "info", "db", "--json"]));
+    assert!(info["stats"]["archive_passes"].as_u64().unwrap() > 0, "passes counted: {info:#}");
+    assert!(info["stats"]["archive_pauses"].is_u64(), "{info:#}");
     assert_eq!(db["retained_fraction"], 1.0);
     let human = server.rewind(&["stats"]);
     assert!(human.contains("dedup") && human.contains("copy"), "{human}");
@@ -99,12 +102,15 @@ fn archived_history_is_deduplicated_compressed_and_reads_back() {
     let offline = run(common::REWIND, &["stats", "--json", "--offline", "--data-dir", data.to_str().unwrap()]);
     assert_eq!(json(&offline)["chunks_live"], live, "{offline}");
     let server = Server::start_with(&data, &["--archive-interval", "100ms"]);
+    // Before anything else has measured the volumes: a scrape measures them.
+    let metrics = run("curl", &["-sf", "-H", &server.authorization(), &format!("{}/metrics", server.api())]);
+    assert!(metrics.contains("rewind_chunks_live ") && metrics.contains("rewind_chunk_dedup_hits_total"), "{metrics}");
+    let pack_bytes = metrics.lines().find_map(|line| line.strip_prefix("rewind_volume_pack_bytes{volume=\"copy\"} "));
+    assert!(pack_bytes.and_then(|bytes| bytes.parse::<u64>().ok()).is_some_and(|bytes| bytes > 1 << 20), "{metrics}");
     let node = json(&server.rewind(&["stats", "--json"]));
     assert_eq!(node["chunks_live"], live, "{node:#}");
     run("qemu-img", &["compare", "-f", "raw", "-F", "raw", image, &server.uri("copy@imported")]);
     run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 0x44 0 4M", &server.uri("db@after-unique")]);
-    let metrics = run("curl", &["-sf", "-H", &server.authorization(), &format!("{}/metrics", server.api())]);
-    assert!(metrics.contains("rewind_chunks_live ") && metrics.contains("rewind_chunk_dedup_hits_total"), "{metrics}");
 }
 
 #[test]

@@ -364,6 +364,12 @@ pub struct Stats {
     /// at (0 once it is finished, or if there is none).
     #[serde(default)]
     pub revert_copy_blocks_left: u64,
+    /// Archive passes since the server started, and how many of them
+    /// paused for reads right after a burst of writes (`--burst-reads`).
+    #[serde(default)]
+    pub archive_passes: u64,
+    #[serde(default)]
+    pub archive_pauses: u64,
 }
 
 impl From<VolumeStats> for Stats {
@@ -398,6 +404,8 @@ impl From<VolumeStats> for Stats {
             revert_copy_blocks_left: stats
                 .revert_copy
                 .map_or(0, |copy| copy.blocks_total.saturating_sub(copy.blocks_done)),
+            archive_passes: stats.archive_passes,
+            archive_pauses: stats.archive_pauses,
         }
     }
 }

@@ -97,7 +97,7 @@ fn render(node: &Node) -> String {
         (
             "rewind_volume_pack_bytes",
             "gauge",
-            "Stored bytes of the distinct chunks the volume's history refers to, as last measured (0: not yet).",
+            "Stored bytes of the distinct chunks the volume's history refers to (measured at each scrape; kept between while that history is unchanged).",
         ),
         ("rewind_volume_space_max_bytes", "gauge", "Space cap of the archived history (0: none)."),
         ("rewind_volume_pending_destage_versions", "gauge", "Versions not yet copied to the current store."),
@@ -151,7 +151,13 @@ fn render(node: &Node) -> String {
             stats.journal_bytes_reclaimable,
             stats.journal_bytes_reclaimed,
             stats.current_bytes,
-            volume.space().map_or(0, |space| space.chunk_stored_bytes),
+            // A failed measurement (a damaged chunk table) says so in
+            // `rewind stats`; here the last one stands.
+            volume
+                .measure_space(crate::server::now())
+                .ok()
+                .or_else(|| volume.space())
+                .map_or(0, |space| space.chunk_stored_bytes),
             volume.space_max_bytes(),
             stats.versions_pending_destage,
             stats.revert_blocks_copied,
