@@ -380,3 +380,47 @@ fn space_is_measured_again_only_where_history_in_the_chunk_store_changed() {
     drop((node, volume));
     assert_eq!(measured_afresh(14), thinned);
 }
+
+/// One archive pass over a fill and a random overwrite of every block
+/// stores the fill's versions together and the overwrite's together (each
+/// block's first version in the pass, then its second), as two passes would
+/// have: a view before the overwrite then reads its chunks in one sweep,
+/// not every other record of the packs.
+#[test]
+fn a_view_before_an_overwrite_archived_in_the_same_pass_reads_only_its_own_chunks() {
+    const BLOCKS: u64 = 64;
+    let (node, volume, start) = archiving_node(0, 0);
+    let block_bytes = |block: u64, round: u64| {
+        // Distinct, incompressible: every version is a chunk of its own.
+        let mut state = (block * 2 + round + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mut bytes = vec![0u8; 4096];
+        for byte in &mut bytes {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *byte = state as u8;
+        }
+        bytes
+    };
+    let filled = start.saturating_add_nanos(SECOND);
+    let fill: Vec<u8> = (0..BLOCKS).flat_map(|block| block_bytes(block, 0)).collect();
+    volume.write(filled, 0, &fill, Durability::Fua).unwrap();
+    // Overwritten in a scattered order (7 and 64 are coprime).
+    for (nth, block) in (0..BLOCKS).map(|nth| (nth, nth * 7 % BLOCKS)) {
+        let at = filled.saturating_add_nanos(SECOND + nth);
+        volume.write(at, block * 4096, &block_bytes(block, 1), Durability::Fua).unwrap();
+    }
+    let later = filled.saturating_add_nanos(3 * SECOND);
+    node.maintain(later).unwrap();
+    node.maintain_history(later).unwrap();
+    assert_eq!(volume.stats().unwrap().versions_archived, 2 * BLOCKS, "both in one pass");
+
+    let read_bytes = node.chunk_io_stats().read_bytes;
+    let mut view = vec![0u8; fill.len()];
+    volume.view(filled).unwrap().read(0, &mut view).unwrap();
+    assert!(view == fill, "the view reads the fill");
+    let read = node.chunk_io_stats().read_bytes - read_bytes;
+    // The records' headers and footers on top of the blocks, not the
+    // overwrite's records between them.
+    assert!(read < BLOCKS * 4096 * 5 / 4, "{read} bytes read for {} bytes of view", BLOCKS * 4096);
+}

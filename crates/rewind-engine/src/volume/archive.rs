@@ -15,6 +15,14 @@
 //! against its CRC, stored as a chunk or, if all zeros, as a zero), and
 //! writes them as an archived run once the chunks are durable.
 //!
+//! The chunks of a batch go into packs in layers (`layered_order`): the
+//! first version of each block in the batch, in block order, then each
+//! one's second, and so on — not each block's versions side by side. A
+//! pass that covers a long stretch (a burst archived once it pauses) then
+//! lays history out as passes every few seconds would have: the state
+//! before the blocks written again in it lies together, and a view of it
+//! reads it in one sweep rather than every other record.
+//!
 //! A journal segment is deleted once recovery starts after it (the
 //! checkpoint) and its newest record is older than the cutoff (no index
 //! entry refers to it). A view that looked a version up in it just before
@@ -87,6 +95,8 @@ struct JournalArchiver<'a> {
     volume: &'a Volume,
     session: Option<ArchiveSession<'a>>,
     gather: JournalGather,
+    /// The order in which a batch's versions are stored (`layered_order`).
+    order: Vec<usize>,
     /// The chunks the versions archived so far refer to.
     added: Vec<ChunkId>,
     /// Why the last call failed.
@@ -97,11 +107,13 @@ impl JournalArchiver<'_> {
     fn archive_versions(&mut self, versions: &mut [Version]) -> Result<(), EngineError> {
         let volume = self.volume;
         let block_bytes = volume.block_size().bytes() as usize;
-        for part in versions.chunks_mut(GATHER_BYTES_MAX / block_bytes) {
+        layered_order(versions, &mut self.order);
+        for part in self.order.chunks(GATHER_BYTES_MAX / block_bytes) {
             volume.pause_for_reads();
-            self.gather.read(&volume.journal, part.iter().map(|version| version.data), block_bytes)?;
+            self.gather.read(&volume.journal, part.iter().map(|&at| versions[at].data), block_bytes)?;
             let session = self.session.as_mut().expect("archiving until finished");
-            for (version, block) in part.iter_mut().zip(self.gather.gathered.chunks_exact(block_bytes)) {
+            for (&at, block) in part.iter().zip(self.gather.gathered.chunks_exact(block_bytes)) {
+                let version = &mut versions[at];
                 volume.check_version_bytes(version, block, "the journal", "being archived")?;
                 version.data = if block.iter().all(|&byte| byte == 0) {
                     VersionData::Zero
@@ -114,6 +126,32 @@ impl JournalArchiver<'_> {
         }
         Ok(())
     }
+}
+
+/// The order in which to store `versions` (in key order: by block, then
+/// time) as indices into it: layer by layer, where a version's layer is how
+/// many versions of its block come before it in `versions`, and by block
+/// within a layer (see the module documentation).
+fn layered_order(versions: &[Version], order: &mut Vec<usize>) {
+    let mut keyed: Vec<(u32, u32)> = Vec::with_capacity(versions.len());
+    let mut layer = 0;
+    for (at, version) in versions.iter().enumerate() {
+        match at.checked_sub(1).map(|before| &versions[before]) {
+            Some(before) if before.block == version.block => {
+                assert!(before.timestamp < version.timestamp, "a block's versions in time order");
+                layer += 1;
+            }
+            Some(before) => {
+                assert!(before.block < version.block, "versions in block order");
+                layer = 0;
+            }
+            None => layer = 0,
+        }
+        keyed.push((layer, at as u32));
+    }
+    keyed.sort_unstable();
+    order.clear();
+    order.extend(keyed.into_iter().map(|(_, at)| at as usize));
 }
 
 impl Archiver for JournalArchiver<'_> {
@@ -227,6 +265,7 @@ impl Volume {
             volume: self,
             session: Some(session),
             gather: JournalGather::default(),
+            order: Vec::new(),
             added: Vec::new(),
             error: None,
         };
