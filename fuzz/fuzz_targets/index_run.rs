@@ -101,7 +101,7 @@ fuzz_target!(|input: &[u8]| {
             scanned += 1;
             Ok(())
         });
-        Ok::<_, rewind_index::IndexError>((answers, scan.map(|()| scanned)))
+        Ok::<_, rewind_index::IndexError>((answers, scan.map(|_chunk_epoch| scanned)))
     });
     // The page cache holds at most 16 pages here; the rest follows the file.
     assert_heap_follows_input(peak, run.len(), 3, 256 << 10);
