@@ -180,6 +180,12 @@ pub fn volume_detail(detail: &VolumeDetail) {
         "archived        {} versions in the chunk store, {} still in the journal",
         stats.versions_archived, stats.versions_in_journal
     );
+    if stats.versions_archiving > 0 {
+        println!(
+            "archiving       a pass is under way: {} of its {} versions done (they leave the journal as it ends)",
+            stats.versions_archiving_done, stats.versions_archiving
+        );
+    }
     println!(
         "journal         {} (LSN {} written, {} durable; {} reclaimable at the next checkpoint)",
         HumanBytes(stats.journal_bytes),

@@ -191,6 +191,28 @@ pub struct VersionIndex {
     /// Read at the start of each persist and merge.
     thinning: RwLock<Thinning>,
     release_hook: RwLock<Option<Arc<dyn ReleaseHook>>>,
+    archive_progress: ArchiveProgress,
+}
+
+/// How far the archive pass under way is: the versions of the runs it
+/// merges, and how many of them it has been through (archived, kept as
+/// recent, or thinned). A pass over what a burst left takes a while, and
+/// the versions it archives leave the journal's count only as it ends.
+#[derive(Default)]
+struct ArchiveProgress {
+    done: AtomicU64,
+    /// 0 while no pass is under way.
+    total: AtomicU64,
+}
+
+/// Marks a pass under way until dropped, however the pass ends.
+struct PassUnderWay<'a>(&'a ArchiveProgress);
+
+impl Drop for PassUnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.total.store(0, Ordering::Release);
+        self.0.done.store(0, Ordering::Release);
+    }
 }
 
 /// Versions an archive pass hands its [`Archiver`] at a time.
@@ -297,6 +319,7 @@ impl VersionIndex {
             compacting: Mutex::new(()),
             thinning: RwLock::new(Thinning::default()),
             release_hook: RwLock::new(None),
+            archive_progress: ArchiveProgress::default(),
         }
     }
 
@@ -628,6 +651,13 @@ impl VersionIndex {
         (end > self.config.runs_soft_max).then(|| end - self.config.merge_fanin..end)
     }
 
+    /// The archive pass under way, if any: how many versions of the runs
+    /// it merges it has been through, of how many.
+    pub fn archive_progress(&self) -> Option<(u64, u64)> {
+        let total = self.archive_progress.total.load(Ordering::Acquire);
+        (total > 0).then(|| (self.archive_progress.done.load(Ordering::Relaxed).min(total), total))
+    }
+
     /// The runs, and where the recent ones begin.
     fn runs_by_group(&self) -> (Vec<Arc<Run>>, usize) {
         let archived_before = self.archived_before();
@@ -702,8 +732,14 @@ impl VersionIndex {
         let thinning = self.thinning();
         let hook = self.release_hook.read().clone();
         let mut thin = Thin::new(merged_versions(group), &thinning, hook.as_deref());
-        for version in &mut thin {
+        let progress = &self.archive_progress;
+        progress.done.store(0, Ordering::Release);
+        progress.total.store(group.iter().map(|run| run.info().entry_count).sum(), Ordering::Release);
+        let _under_way = PassUnderWay(progress);
+        let mut looked = 0;
+        while let Some(version) = thin.next() {
             let version = version?;
+            looked += 1;
             if version.timestamp < cutoff {
                 batch.push(version);
                 if batch.len() == ARCHIVE_BATCH_MAX {
@@ -712,6 +748,8 @@ impl VersionIndex {
             } else {
                 self.writer(&mut recent)?.push(version)?;
             }
+            // Those waiting in `batch` are not through yet.
+            progress.done.store(looked + thin.dropped - batch.len() as u64, Ordering::Relaxed);
         }
         report.versions_archived += self.archive_batch(&mut batch, archiver, &mut archived)?;
         report.versions_thinned = thin.dropped;

@@ -221,6 +221,9 @@ pub struct VolumeStats {
     pub versions_archived: u64,
     pub archived_before: Timestamp,
     pub archive_passes: u64,
+    /// The archive pass under way: versions it has been through, of how
+    /// many (see `VersionIndex::archive_progress`).
+    pub archive_progress: Option<(u64, u64)>,
     /// Times an archive pass paused while the volume was read right after a
     /// burst of writes (see `VolumeConfig::burst_reads_nanos`).
     pub archive_pauses: u64,
@@ -535,6 +538,7 @@ impl Volume {
                 .saturating_sub(self.index.versions_unarchived()),
             archived_before: self.index.archived_before(),
             archive_passes: counter(&counters.archive_passes),
+            archive_progress: self.index.archive_progress(),
             archive_pauses: counter(&counters.archive_pauses),
             journal_bytes_reclaimed: counter(&counters.journal_bytes_reclaimed),
             journal_bytes: self.journal.size_bytes()?,
