@@ -155,9 +155,11 @@ impl Volume {
     /// `VolumeConfig::burst_reads_nanos`): the volume was read within
     /// `burst_quiet_nanos` of `now` and written within `burst_reads_nanos`
     /// (but not within the burst: then `in_burst` rules), and the history
-    /// waiting takes less than a quarter of the free space above twice the
-    /// reserve. Reads add no history, so waiting costs only room the
-    /// journal holds already; the disk bounds it, not a fixed budget.
+    /// waiting takes less than half the free space above twice the
+    /// reserve. Waiting costs no room: reads add no history, and a write
+    /// ends it. The pass that follows needs room for its packs whether it
+    /// runs now or later; the bound keeps it to half of what is free, the
+    /// rest for other volumes' passes and the writes that come back.
     pub(crate) fn reads_hold_archiving(&self, now: Timestamp) -> bool {
         let read_at = self.note_reads(now);
         let written_at = self.written_at_nanos.load(Ordering::Relaxed);
@@ -171,7 +173,7 @@ impl Volume {
             return false;
         }
         let disk = self.disk.report();
-        let room = disk.free_bytes.saturating_sub(disk.reserve_bytes.saturating_mul(2)) / 4;
+        let room = disk.free_bytes.saturating_sub(disk.reserve_bytes.saturating_mul(2)) / 2;
         self.index.versions_unarchived() * u64::from(self.block_size().bytes()) < room
     }
 

@@ -100,8 +100,8 @@ pub struct VolumeConfig {
     /// last write (nanoseconds; 0: never): a read job right after a burst of
     /// writes keeps the cores the archiver would take from it, and a pass
     /// already under way pauses for it. Not the 1 GiB budget of a burst:
-    /// reads add no history, so it may wait while the disk has room (a
-    /// quarter of what is free above twice the reserve). Destaging and
+    /// reads add no history, so it may wait while the disk has room (half
+    /// of what is free above twice the reserve). Destaging and
     /// checkpoints do not wait for reads: the layouts' client tests pin when
     /// Checkpointing and COW copy out, and a read job right after a burst
     /// found nothing left to destage (BENCHMARKS.md).
