@@ -205,26 +205,37 @@ fn an_expired_view_names_the_bookmark_before_it_and_returns() {
     volume.create_bookmark(rewind_engine::BookmarkName::new("after").unwrap(), None, later).unwrap();
 }
 
+/// A node's settings for archive passes that run whenever asked and take
+/// everything written before the time they run at.
+fn archiving_at_once() -> NodeConfig {
+    let mut config = NodeConfig::default();
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_interval_nanos = 1;
+    config
+}
+
+/// Writes blocks 0..8 of volume `v` from `at` on, block b holding `fill(b)`,
+/// and archives them a second later.
+fn write_eight_and_archive(node: &Node, at: Timestamp, fill: impl Fn(u64) -> u8) {
+    let volume = node.volume("v").unwrap();
+    for block in 0..8u64 {
+        volume.write(at.saturating_add_nanos(block), block * 4096, &[fill(block); 4096], Durability::Fua).unwrap();
+    }
+    node.maintain(at.saturating_add_nanos(SECOND)).unwrap();
+    node.maintain_history(at.saturating_add_nanos(SECOND)).unwrap();
+}
+
 /// A clean shutdown saves the chunk store's reference counts and the next
 /// start takes them back instead of reading every run to count them; after
 /// a crash they are counted again, whatever was saved before.
 #[test]
 fn reference_counts_survive_a_clean_shutdown_and_never_a_crash() {
     let storage = SimStorage::new(SimConfig::default(), 3);
-    let mut config = NodeConfig::default();
-    config.volume.archive_age_nanos = 0;
-    config.volume.archive_interval_nanos = 1;
+    let config = archiving_at_once();
     let start = Timestamp::from_unix_nanos(1_000 * SECOND);
     let at = |second: u64| start.saturating_add_nanos(second * SECOND);
-    let write_and_archive = |node: &Node, second: u64| {
-        let volume = node.volume("v").unwrap();
-        for block in 0..8u64 {
-            let bytes = [(second * 16 + block + 1) as u8; 4096];
-            volume.write(at(second).saturating_add_nanos(block), block * 4096, &bytes, Durability::Fua).unwrap();
-        }
-        node.maintain(at(second + 1)).unwrap();
-        node.maintain_history(at(second + 1)).unwrap();
-    };
+    let write_and_archive =
+        |node: &Node, second: u64| write_eight_and_archive(node, at(second), |block| (second * 16 + block + 1) as u8);
     let counted = |stats: rewind_engine::ChunkStats| (stats.chunks_live, stats.chunks_dead, stats.references);
 
     let node = Node::open(Arc::new(storage.clone()), config).unwrap();
@@ -318,22 +329,9 @@ fn a_space_cap_goes_on_past_a_minute_it_has_already_dropped() {
 #[test]
 fn space_is_measured_again_only_where_history_in_the_chunk_store_changed() {
     let storage = SimStorage::new(SimConfig::default(), 5);
-    let mut config = NodeConfig::default();
-    config.volume.archive_age_nanos = 0;
-    config.volume.archive_interval_nanos = 1;
-    config.volume.burst_quiet_nanos = 0;
+    let config = archiving_at_once();
     let start = Timestamp::from_unix_nanos(1_000 * SECOND);
     let at = |second: u64| start.saturating_add_nanos(second * SECOND);
-    // Blocks 0..8 at `second`, block b holding `fill(b)`; then archived.
-    let write_and_archive = |node: &Node, second: u64, fill: &dyn Fn(u64) -> u8| {
-        let volume = node.volume("v").unwrap();
-        for block in 0..8u64 {
-            let at = at(second).saturating_add_nanos(block);
-            volume.write(at, block * 4096, &[fill(block); 4096], Durability::Fua).unwrap();
-        }
-        node.maintain(at(second + 1)).unwrap();
-        node.maintain_history(at(second + 1)).unwrap();
-    };
     // A measurement, and how many index reads it made.
     let measure = |volume: &Volume, second: u64| {
         let reads = volume.io_stats().index.reads;
@@ -351,14 +349,14 @@ fn space_is_measured_again_only_where_history_in_the_chunk_store_changed() {
     let node = Node::open(Arc::new(storage.clone()), config).unwrap();
     let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
     let volume = node.create_volume(spec, start).unwrap();
-    write_and_archive(&node, 1, &|block| block as u8 + 1);
+    write_eight_and_archive(&node, at(1), |block| block as u8 + 1);
     let (first, reads) = measure(&volume, 2);
     assert!(reads > 0, "the first measurement scans the index");
     assert_eq!((first.0, first.1, first.2), (8, 8, 8 * 4096), "eight archived blocks, all different");
     assert_eq!(measure(&volume, 3), (first, 0), "nothing changed: no scan");
 
     // Blocks 0..4 as before (deduplicated), 4..8 new.
-    write_and_archive(&node, 4, &|block| if block < 4 { block as u8 + 1 } else { block as u8 + 101 });
+    write_eight_and_archive(&node, at(4), |block| if block < 4 { block as u8 + 1 } else { block as u8 + 101 });
     let (second, reads) = measure(&volume, 6);
     assert_eq!(reads, 0, "an archive pass is taken in without a scan");
     assert_eq!((second.0, second.1, second.2), (16, 12, 12 * 4096), "sixteen references to twelve chunks");
