@@ -19,7 +19,7 @@ const BLOCK: usize = 4096;
 
 fn write_blocks(volume: &Volume, at: impl Fn(u64) -> Timestamp, blocks: std::ops::Range<u64>) {
     for block in blocks {
-        volume.write(at(block), block * BLOCK as u64, &[block as u8 + 1; BLOCK], Durability::Buffered).unwrap();
+        volume.write(at(block), block * BLOCK as u64, &[(block % 255) as u8 + 1; BLOCK], Durability::Buffered).unwrap();
     }
     volume.flush().unwrap();
 }
@@ -184,8 +184,16 @@ impl Clock for TestClock {
     }
 }
 
+/// Runs `work` on a thread of its own and waits (a minute at most) for its
+/// answer: work an archive pass must not keep waiting while it pauses.
+fn goes_on_at_once<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
+    let (answer, answered) = mpsc::channel();
+    thread::spawn(move || answer.send(work()));
+    answered.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what} waited for the reads"))
+}
+
 #[test]
-fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_a_diff_or_when_reads_end() {
+fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_waits_for_it_or_when_reads_end() {
     const BLOCKS: u64 = 64;
     let storage = SimStorage::new(SimConfig::default(), 8);
     let mut config = NodeConfig::default();
@@ -194,7 +202,7 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_a_diff_or_whe
     config.volume.burst_reads_nanos = 3_600_000 * MILLI;
     config.volume.archive_age_nanos = 0;
     config.volume.archive_bytes_burst = 8 * BLOCK as u64;
-    let node = Node::open(Arc::new(storage), config).unwrap();
+    let node = Arc::new(Node::open(Arc::new(storage), config).unwrap());
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
     let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
     node.set_clock(Arc::clone(&clock) as _);
@@ -213,7 +221,10 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_a_diff_or_whe
         })
     };
 
-    for round in 0..2 {
+    // Each round's pass is ended by something else: a diff, a delete of
+    // history, a collection of the chunk store (each waits for archive
+    // passes to end, `PassesWanted`), then the reads ending.
+    for round in 0..4 {
         let first = round * BLOCKS;
         // Block n is written at millisecond n, from the second second (the
         // volume's granularity), each round 10 s after the one before (which
@@ -233,18 +244,40 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_a_diff_or_whe
         wait_for("the pass to pause", || volume.stats().unwrap().archive_pauses == round + 1);
         assert_eq!(volume.stats().unwrap().versions_archived, first, "nothing archived while paused");
         assert_eq!(volume.stats().unwrap().archive_progress, Some((0, BLOCKS)), "a pass under way, paused");
-        if round == 0 {
-            // A diff goes on at once: the pass resumes though the reads go
-            // on, and the diff has the history once it has ended.
-            let (answer, diffed) = mpsc::channel();
-            let volume = Arc::clone(&volume);
-            thread::spawn(move || answer.send(volume.changed_ranges(&volume.view(start).unwrap(), None).unwrap()));
-            let changed = diffed.recv_timeout(Duration::from_secs(60)).expect("the diff does not wait for the reads");
-            assert_eq!(changed, vec![(0, BLOCKS * BLOCK as u64)]);
-            pass_ended.recv_timeout(Duration::from_secs(60)).expect("the pass ended before the diff");
-        } else {
-            reading.store(false, Ordering::Release);
-            pass_ended.recv_timeout(Duration::from_secs(60)).expect("the pass ends when the reads do");
+        // Each goes on at once: the pass resumes though the reads go on,
+        // and the work has the history once the pass has ended.
+        let pass_ends = |cause: &str| {
+            pass_ended.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("the pass ended for {cause}"))
+        };
+        match round {
+            0 => {
+                let volume = Arc::clone(&volume);
+                let changed = goes_on_at_once("a diff", move || {
+                    volume.changed_ranges(&volume.view(start).unwrap(), None).unwrap()
+                });
+                assert_eq!(changed, vec![(0, BLOCKS * BLOCK as u64)]);
+                pass_ends("a diff");
+            }
+            1 => {
+                // Round 0's history, from its first write to its last.
+                let (from, to) = (start.saturating_add_nanos(1_000 * MILLI), start.saturating_add_nanos(2_000 * MILLI));
+                let deleting = Arc::clone(&volume);
+                let now = clock.now();
+                goes_on_at_once("a delete of history", move || deleting.delete_history(from, to, now)).unwrap();
+                pass_ends("a delete of history");
+                let inside = from.saturating_add_nanos(BLOCKS / 2 * MILLI);
+                assert!(volume.view(inside).is_err(), "the deleted range is no longer a point to read");
+            }
+            2 => {
+                let collecting = Arc::clone(&node);
+                let report = goes_on_at_once("a collection", move || collecting.collect(&mut |_, _, _| {}).unwrap());
+                pass_ends("a collection");
+                assert_eq!(report.chunks_freed, 0, "history refers to every chunk: {report:?}");
+            }
+            _ => {
+                reading.store(false, Ordering::Release);
+                pass_ends("the reads ending");
+            }
         }
         assert_eq!(volume.stats().unwrap().versions_archived, first + BLOCKS);
         assert_eq!(volume.stats().unwrap().archive_progress, None, "no pass under way");
