@@ -107,6 +107,17 @@ impl LayoutRules {
         self.indexing == Indexing::AtDestage(HistorySource::CurrentVersion)
     }
 
+    /// Whether the overlay keeps, per block, only its newest durable version
+    /// and the ones after it: history is filed as it is written (the
+    /// superseded versions live on in the index), and the destager writes
+    /// only the newest, continuously. Overwrites are then absorbed in memory
+    /// and count once against the overlay's budget, as blocks rather than
+    /// versions. ROW merges at snapshots and the layouts that file history
+    /// at destage need every version until it leaves.
+    pub fn overlay_absorbs_overwrites(self) -> bool {
+        self.indexing == Indexing::AtWrite && self.destage == Destage::Continuously
+    }
+
     pub fn has_controller_cache(self) -> bool {
         self.destage == Destage::ControllerCache
     }

@@ -26,18 +26,19 @@ fn write_blocks(volume: &Volume, at: impl Fn(u64) -> Timestamp, blocks: std::ops
 
 #[test]
 fn background_work_waits_while_a_burst_lasts_and_within_its_budgets() {
-    let storage = SimStorage::new(SimConfig::default(), 5);
-    let mut config = NodeConfig::default();
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 5));
+    let mut config = NodeConfig { reserve: Reserve::Bytes(0), ..NodeConfig::default() };
     config.volume.burst_quiet_nanos = 250 * MILLI;
-    // Destaging waits for 32 versions at most, archiving for 48 blocks,
-    // checkpoints for 2 × 64 KiB of journal; without a burst, archiving
-    // would start at 4 blocks and checkpoints at 64 KiB.
+    // Destaging waits for 32 versions at most, checkpoints for 2 × 64 KiB
+    // of journal, archiving for the burst's first second while the history
+    // waiting takes under half the free space (`leave_free`); without a
+    // burst, archiving would start at 4 blocks and checkpoints at 64 KiB.
     config.volume.overlay_versions_max = 64;
     config.volume.archive_age_nanos = 0;
     config.volume.archive_bytes_soft = 4 * BLOCK as u64;
-    config.volume.archive_bytes_burst = 48 * BLOCK as u64;
+    config.volume.burst_archive_wait_nanos = 1_000 * MILLI;
     config.volume.checkpoint_journal_bytes = 64 << 10;
-    let node = Node::open(Arc::new(storage), config).unwrap();
+    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
     let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
     let volume = node.create_volume(spec, start).unwrap();
@@ -49,10 +50,13 @@ fn background_work_waits_while_a_burst_lasts_and_within_its_budgets() {
         node.maintain_history(at(millis)).unwrap();
         volume.stats().unwrap()
     };
+    let leave_free = |blocks: u64| storage.set_capacity(Some(storage.used_bytes() + blocks * BLOCK as u64));
 
     // 20 blocks (80 KiB of journal), then background work 80 ms later:
-    // still the burst, and every budget has room.
+    // still the burst, and every budget has room (the history waiting
+    // may take 48 blocks).
     write_blocks(&volume, at, 0..20);
+    leave_free(96);
     let stats = work(100);
     assert_eq!(volume.io_stats().current.write_bytes, 0, "destaging waits: {stats:?}");
     assert_eq!((stats.versions_pending_destage, stats.versions_archived), (20, 0), "{stats:?}");
@@ -67,12 +71,27 @@ fn background_work_waits_while_a_burst_lasts_and_within_its_budgets() {
 
     // 5 more wait while the burst lasts and go once it has paused 250 ms.
     write_blocks(&volume, |block| at(200 + block), 50..55);
+    leave_free(96);
     let stats = work(260);
     assert_eq!((stats.versions_pending_destage, stats.versions_archived), (5, 50), "{stats:?}");
     let stats = work(254 + 250);
     assert_eq!((stats.versions_pending_destage, stats.versions_archived), (0, 55), "{stats:?}");
 
-    let mut image = vec![0; 55 * BLOCK];
+    // A burst that does not pause keeps archiving waiting for its first
+    // second only, however much room the disk has: a block every 100 ms
+    // from 1 s on, archived once 4 blocks wait from 2 s on.
+    leave_free(1 << 20);
+    for block in 55..75 {
+        let millis = 1_000 + (block - 55) * 100;
+        write_blocks(&volume, |_| at(millis), block..block + 1);
+        let archived = work(millis + 1).versions_archived;
+        match millis < 2_000 {
+            true => assert_eq!(archived, 55, "at {millis} ms, in the burst's first second"),
+            false => assert!(archived + 4 > block + 1, "at {millis} ms: {archived} archived of {}", block + 1),
+        }
+    }
+
+    let mut image = vec![0; 75 * BLOCK];
     volume.read(0, &mut image).unwrap();
     for (block, bytes) in image.chunks(BLOCK).enumerate() {
         assert!(bytes.iter().all(|&byte| byte == block as u8 + 1), "block {block} reads what was written");
@@ -88,7 +107,6 @@ fn reads_right_after_a_burst_keep_archiving_waiting_while_the_disk_has_room() {
     config.volume.overlay_versions_max = 64;
     config.volume.archive_age_nanos = 0;
     config.volume.archive_bytes_soft = 4 * BLOCK as u64;
-    config.volume.archive_bytes_burst = 48 * BLOCK as u64;
     let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
     let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
@@ -201,7 +219,9 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_wai
     // Long enough that only the reads ending, or a diff, can end a pause.
     config.volume.burst_reads_nanos = 3_600_000 * MILLI;
     config.volume.archive_age_nanos = 0;
-    config.volume.archive_bytes_burst = 8 * BLOCK as u64;
+    // The pass starts in the burst: it does not wait for it to pause.
+    config.volume.burst_archive_wait_nanos = 0;
+    config.volume.archive_bytes_soft = 8 * BLOCK as u64;
     let node = Arc::new(Node::open(Arc::new(storage), config).unwrap());
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
     let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
@@ -325,4 +345,66 @@ fn random_writes_are_destaged_from_reads_of_the_journal_in_its_own_order() {
         volume.read(block * BIG as u64, &mut image).unwrap();
         assert!(image.iter().all(|&byte| byte == block as u8 ^ 0x5a), "block {block} reads what was written");
     }
+}
+
+#[test]
+fn overwrites_in_a_burst_are_absorbed_in_the_overlay_and_every_version_still_reads_back() {
+    // 8 blocks written 12 times in a burst: the overlay keeps one version
+    // per block (two where a newer one is not yet durable), so destaging
+    // waits for blocks, not versions, and writes each block once.
+    const BLOCKS: u64 = 8;
+    let storage = SimStorage::new(SimConfig::default(), 10);
+    let mut config = NodeConfig::default();
+    config.volume.burst_quiet_nanos = 250 * MILLI;
+    // Destaging waits for 32 versions at most: 12 × 8 would be past it.
+    config.volume.overlay_versions_max = 64;
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    // Round r writes block n at millisecond 10 r + n, bytes r + 1.
+    let at = |round: u64, block: u64| start.saturating_add_nanos(1_000 * MILLI + (10 * round + block) * MILLI);
+    let write_round = |round: u64, durability: Durability| {
+        for block in 0..BLOCKS {
+            volume.write(at(round, block), block * BLOCK as u64, &[round as u8 + 1; BLOCK], durability).unwrap();
+        }
+    };
+    let current_bytes = || volume.io_stats().current.write_bytes;
+
+    // Round 0 reaches the current store once the burst has paused.
+    write_round(0, Durability::Fua);
+    node.maintain(at(0, BLOCKS).saturating_add_nanos(300 * MILLI)).unwrap();
+    assert_eq!(volume.stats().unwrap().versions_pending_destage, 0);
+    let destaged_once = current_bytes();
+    assert!(destaged_once >= BLOCKS * BLOCK as u64);
+
+    // Rounds 1 to 10 durable, round 11 not yet: per block the newest
+    // durable version and the one after it.
+    for round in 1..=10 {
+        write_round(round, Durability::Fua);
+    }
+    write_round(11, Durability::Buffered);
+    assert_eq!(volume.stats().unwrap().versions_pending_destage, 2 * BLOCKS);
+    node.maintain(at(11, BLOCKS)).unwrap();
+    assert_eq!(current_bytes(), destaged_once, "destaging waits: 16 versions pending of 32");
+
+    // Every round reads back at its time, though the current store holds
+    // round 0 and the overlay only rounds 10 and 11.
+    let mut image = vec![0; (BLOCKS as usize) * BLOCK];
+    for round in 0..12 {
+        volume.view(at(round, BLOCKS - 1)).unwrap().read(0, &mut image).unwrap();
+        assert!(image.iter().all(|&byte| byte == round as u8 + 1), "the view at round {round} reads round {round}");
+    }
+    volume.read(0, &mut image).unwrap();
+    assert!(image.iter().all(|&byte| byte == 12), "the present is round 11");
+
+    // Once the burst pauses, each block is destaged once more: round 11.
+    volume.flush().unwrap();
+    node.maintain(at(11, BLOCKS).saturating_add_nanos(300 * MILLI)).unwrap();
+    assert_eq!(volume.stats().unwrap().versions_pending_destage, 0);
+    assert!(current_bytes() - destaged_once < 2 * BLOCKS * BLOCK as u64, "one write per block, not one per version");
+    volume.read(0, &mut image).unwrap();
+    assert!(image.iter().all(|&byte| byte == 12), "the present is round 11");
+    volume.view(at(5, BLOCKS - 1)).unwrap().read(0, &mut image).unwrap();
+    assert!(image.iter().all(|&byte| byte == 6), "the view at round 5 reads round 5");
 }

@@ -128,10 +128,12 @@ impl Default for JournalConfig {
         // Small enough that archived history gives its journal space back soon,
         // large enough for the biggest record (32 MiB) and few files.
         // Batches: twice what the engine appends before it writes them out.
-        // Spares: up to 16 segments (1 GiB), what a journal that bursts
-        // (archiving waits for 1 GiB of history while writes go on, see the
-        // engine's `archive_bytes_burst`) starts between two reclaims, so
-        // that in steady state every segment reuses a file.
+        // Spares: up to 16 segments (1 GiB), what a journal that archives
+        // every 1 GiB of history starts between two reclaims, so that in
+        // steady state every segment reuses a file. (A burst that keeps
+        // archiving waiting, see the engine's `burst_archive_wait_nanos`,
+        // starts more; spares beyond 16 are deleted, so their disk space is
+        // not held after the burst.)
         // Spares written ahead after 1024 commits a segment: writing one is a
         // sequential write of a whole segment (about 50 ms of this machine's
         // disk for 64 MiB), and each commit into it then saves a filesystem

@@ -194,9 +194,11 @@ impl Volume {
         let elapsed = now.unix_nanos().saturating_sub(work.archive_last.unix_nanos());
         let waiting = self.index.versions_unarchived() * u64::from(self.block_size().bytes());
         if self.in_burst(now) {
-            return waiting >= self.config.archive_bytes_burst;
-        }
-        if self.reads_hold_archiving(now) {
+            let burst_nanos = now.unix_nanos().saturating_sub(self.burst_began_nanos.load(Ordering::Relaxed));
+            if burst_nanos < self.config.burst_archive_wait_nanos && self.history_waiting_fits(waiting) {
+                return false;
+            }
+        } else if self.reads_hold_archiving(now) {
             return false;
         }
         elapsed >= self.config.archive_interval_nanos || waiting >= self.config.archive_bytes_soft

@@ -155,11 +155,8 @@ impl Volume {
     /// `VolumeConfig::burst_reads_nanos`): the volume was read within
     /// `burst_quiet_nanos` of `now` and written within `burst_reads_nanos`
     /// (but not within the burst: then `in_burst` rules), and the history
-    /// waiting takes less than half the free space above twice the
-    /// reserve. Waiting costs no room: reads add no history, and a write
-    /// ends it. The pass that follows needs room for its packs whether it
-    /// runs now or later; the bound keeps it to half of what is free, the
-    /// rest for other volumes' passes and the writes that come back.
+    /// waiting fits the disk (`history_waiting_fits`). Waiting costs no
+    /// room: reads add no history, and a write ends it.
     pub(crate) fn reads_hold_archiving(&self, now: Timestamp) -> bool {
         let read_at = self.note_reads(now);
         let written_at = self.written_at_nanos.load(Ordering::Relaxed);
@@ -172,9 +169,18 @@ impl Volume {
         if !reading || since_write < quiet || since_write >= self.config.burst_reads_nanos {
             return false;
         }
+        self.history_waiting_fits(self.index.versions_unarchived() * u64::from(self.block_size().bytes()))
+    }
+
+    /// Whether `waiting` bytes of history waiting for the archiver take
+    /// less than half the disk's free space above twice the reserve: the
+    /// room a burst, and reads right after one, may keep archiving waiting
+    /// in. The pass that follows needs room for its packs whether it runs
+    /// now or later; the other half is left for other volumes' passes and
+    /// the writes that come back.
+    pub(crate) fn history_waiting_fits(&self, waiting: u64) -> bool {
         let disk = self.disk.report();
-        let room = disk.free_bytes.saturating_sub(disk.reserve_bytes.saturating_mul(2)) / 2;
-        self.index.versions_unarchived() * u64::from(self.block_size().bytes()) < room
+        waiting < disk.free_bytes.saturating_sub(disk.reserve_bytes.saturating_mul(2)) / 2
     }
 
     /// When the volume was last seen read (unix nanoseconds; 0: not since

@@ -92,16 +92,16 @@ pub struct VolumeConfig {
     /// While the volume is being written (a write within this many
     /// nanoseconds; 0 never waits), background work leaves the disk to the
     /// journal: destaging waits until half of `overlay_versions_max` is
-    /// waiting, archiving until `archive_bytes_burst`, checkpoints until
+    /// waiting, archiving as `burst_archive_wait_nanos` says, checkpoints until
     /// twice `checkpoint_journal_bytes`. A burst then goes to the disk once,
     /// at the journal's speed, and the second copies follow it.
     pub burst_quiet_nanos: u64,
     /// Reads keep archiving waiting too, for at most this long after the
     /// last write (nanoseconds; 0: never): a read job right after a burst of
     /// writes keeps the cores the archiver would take from it, and a pass
-    /// already under way pauses for it. Not the 1 GiB budget of a burst:
-    /// reads add no history, so it may wait while the disk has room (half
-    /// of what is free above twice the reserve). Destaging and
+    /// already under way pauses for it, while the history waiting fits the
+    /// disk as in a burst (half of what is free above twice the reserve).
+    /// Destaging and
     /// checkpoints do not wait for reads: the layouts' client tests pin when
     /// Checkpointing and COW copy out, and a read job right after a burst
     /// found nothing left to destage (BENCHMARKS.md).
@@ -120,9 +120,15 @@ pub struct VolumeConfig {
     /// (nanoseconds), or sooner once `archive_bytes_soft` of it waits.
     pub archive_interval_nanos: u64,
     pub archive_bytes_soft: u64,
-    /// How much history may wait for the archiver during a burst (see
-    /// `burst_quiet_nanos`).
-    pub archive_bytes_burst: u64,
+    /// How long a burst keeps archiving waiting, from its first write
+    /// (nanoseconds; see `burst_quiet_nanos`): while the history waiting
+    /// also takes less than half the free space above twice the reserve
+    /// (the bound reads right after a burst keep to), the burst writes the
+    /// disk once and its history is archived when it pauses. A volume
+    /// written without pause archives as usual after it, alongside the
+    /// writes, so history reaches the chunk store (and a bucket) at most
+    /// this much later than at rest.
+    pub burst_archive_wait_nanos: u64,
     /// Versions younger than this (nanoseconds) stay in the journal.
     pub archive_age_nanos: u64,
     /// Once the journal has been quiet this long (nanoseconds) after a
@@ -148,7 +154,7 @@ impl Default for VolumeConfig {
             retention_interval_nanos: 600_000_000_000,
             archive_interval_nanos: 30_000_000_000,
             archive_bytes_soft: 64 << 20,
-            archive_bytes_burst: 1 << 30,
+            burst_archive_wait_nanos: 60_000_000_000,
             archive_age_nanos: 1_000_000_000,
             vouch_after_nanos: 100_000_000,
         }
@@ -254,6 +260,9 @@ pub struct Volume {
     /// The time of the last version appended (unix nanoseconds): whether
     /// the volume is in a burst of writes (see `burst_quiet_nanos`).
     written_at_nanos: AtomicU64,
+    /// When the burst the last write belongs to began (unix nanoseconds):
+    /// the first write after `burst_quiet_nanos` without one.
+    burst_began_nanos: AtomicU64,
     /// The read count `in_burst` last saw, and when it saw it move (unix
     /// nanoseconds): whether the volume is being read.
     reads_seen: AtomicU64,
@@ -527,7 +536,7 @@ impl Volume {
         if !self.rules().history_at_destage() {
             self.index.insert(lsn, &versions);
         }
-        state.overlay.record(lsn, &versions, self.current.is_some());
+        state.overlay.record(lsn, &versions, self.current.is_some(), self.journal.lsn_durable());
         self.overlay_versions.store(state.overlay.versions(), Ordering::Relaxed);
         add_record_to_timeline(
             &mut state.timeline_unsaved,
@@ -537,7 +546,11 @@ impl Volume {
             u64::from(self.meta.block_size.bytes()),
         );
         self.counters.journal_bytes_appended.fetch_add(journal_bytes, Ordering::Relaxed);
-        self.written_at_nanos.fetch_max(first.timestamp.unix_nanos(), Ordering::Relaxed);
+        let written_at = first.timestamp.unix_nanos();
+        let written_before = self.written_at_nanos.fetch_max(written_at, Ordering::Relaxed);
+        if written_at.saturating_sub(written_before) >= self.config.burst_quiet_nanos {
+            self.burst_began_nanos.fetch_max(written_at, Ordering::Relaxed);
+        }
         // Reads before this write are no reads after the burst: `in_burst`
         // looks only at the count moving from here on.
         self.reads_seen.store(self.counters.reads.load(Ordering::Relaxed), Ordering::Relaxed);

@@ -4,11 +4,19 @@
 //! every block written and decides which blocks may leave (`let_go`); in the
 //! others every durable version may.
 //!
+//! In the layouts whose overlay absorbs overwrites
+//! (`LayoutRules::overlay_absorbs_overwrites`: history is filed as it is
+//! written, the destager writes only the newest), a block keeps only its
+//! newest durable version and the ones after it: a durable version a newer
+//! durable one supersedes is dropped as the newer arrives. The destager
+//! never needed it, and a read of the past finds it in the index.
+//!
 //! Invariants, asserted where they could break: a block's versions are in
 //! strictly increasing LSN order and never empty; only the destager removes
-//! versions, and what it retires is what it applied, which is still there;
-//! a block the cache has let go is in the overlay; the count of versions is
-//! the sum over blocks.
+//! versions, and overwrites absorbed; what the destager retires is what it
+//! applied, which is still there unless a newer durable version absorbed
+//! it; a block the cache has let go is in the overlay; the count of versions
+//! is the sum over blocks.
 
 use rewind_cache::ControllerCache;
 use rewind_types::{Lsn, Version};
@@ -25,6 +33,8 @@ pub(crate) struct Overlay {
     /// ...the blocks it has let go, for the destager.
     let_go: FxHashSet<u64>,
     versions: usize,
+    /// Whether overwrites are absorbed (see the module documentation).
+    absorbs: bool,
 }
 
 /// What a destage pass takes from the overlay (see [`Overlay::plan_destage`]).
@@ -37,11 +47,13 @@ pub(crate) struct DestagePlan {
 }
 
 impl Overlay {
-    /// An overlay holding `pending` (recovered, in LSN order).
-    pub(crate) fn new(cache: Option<ControllerCache<()>>, pending: Vec<Pending>) -> Overlay {
-        let mut overlay = Overlay { blocks: FxHashMap::default(), cache, let_go: FxHashSet::default(), versions: 0 };
+    /// An overlay holding `pending` (recovered, in LSN order: durable).
+    pub(crate) fn new(cache: Option<ControllerCache<()>>, pending: Vec<Pending>, absorbs: bool) -> Overlay {
+        assert!(!(absorbs && cache.is_some()), "a controller cache decides what it absorbs");
+        let mut overlay =
+            Overlay { blocks: FxHashMap::default(), cache, let_go: FxHashSet::default(), versions: 0, absorbs };
         for entry in pending {
-            overlay.push(entry);
+            overlay.push(entry, entry.lsn);
         }
         overlay
     }
@@ -55,21 +67,32 @@ impl Overlay {
         self.blocks.get(&block).map(|entries| entries.as_slice())
     }
 
-    fn push(&mut self, entry: Pending) {
+    /// Adds `entry`; every record up to `lsn_durable` is durable.
+    fn push(&mut self, entry: Pending, lsn_durable: Lsn) {
         let entries = self.blocks.entry(entry.version.block.0).or_default();
         if let Some(last) = entries.last() {
             assert!(last.lsn < entry.lsn, "overlay versions of block {} in LSN order", entry.version.block.0);
         }
         entries.push(entry);
         self.versions += 1;
+        if self.absorbs {
+            // Keeps the newest durable version: the destager may apply
+            // only a durable one, and a checkpoint counts on every durable
+            // record being in the current store or superseded there.
+            if let Some(newest_durable) = entries.iter().rposition(|entry| entry.lsn <= lsn_durable) {
+                entries.drain(..newest_durable);
+                self.versions -= newest_durable;
+            }
+        }
     }
 
     /// Takes in the versions of record `lsn`; `to_current` says whether the
-    /// layout destages them (one with a current store).
-    pub(crate) fn record(&mut self, lsn: Lsn, versions: &[Version], to_current: bool) {
+    /// layout destages them (one with a current store), `lsn_durable` up
+    /// to where records are durable.
+    pub(crate) fn record(&mut self, lsn: Lsn, versions: &[Version], to_current: bool, lsn_durable: Lsn) {
         if to_current {
             for version in versions {
-                self.push(Pending { lsn, version: *version });
+                self.push(Pending { lsn, version: *version }, lsn_durable);
             }
         }
         if let Some(cache) = &mut self.cache {
@@ -126,11 +149,11 @@ impl Overlay {
         let mut retired = 0;
         for applied in applied {
             let block = applied.version.block.0;
-            let entries = self.blocks.get_mut(&block).expect("only the destager removes overlay entries");
+            let entries = self.blocks.get_mut(&block).expect("only the destager removes a block's last entry");
             let keep_from = entries.iter().position(|entry| entry.lsn > applied.lsn).unwrap_or(entries.len());
             assert!(
-                keep_from > 0 && entries[keep_from - 1].lsn == applied.lsn,
-                "block {block}: the version destaged (LSN {}) is still in the overlay",
+                (keep_from > 0 && entries[keep_from - 1].lsn == applied.lsn) || (keep_from == 0 && self.absorbs),
+                "block {block}: the version destaged (LSN {}) is still in the overlay, or a newer one absorbed it",
                 applied.lsn
             );
             retired += keep_from;

@@ -157,6 +157,17 @@ pub(super) enum Copies {
 /// than was asked, as NBD allows).
 pub(super) const STATUS_BLOCKS_MAX: u64 = 1 << 18;
 
+/// A block's versions in the overlay, as a read at some time sees them.
+#[derive(Clone, Copy)]
+enum InOverlay {
+    /// None: the block is in the current store (or history).
+    No,
+    /// Only versions after the time read.
+    NoneVisible,
+    /// The newest at or before it.
+    Newest(Version),
+}
+
 impl Volume {
     /// A read-only view of the volume as it was at the latest exact point at
     /// or before `at` (see [`Volume::exact_time`]). Its state is pinned while
@@ -469,15 +480,19 @@ impl Volume {
             return Ok(Ok(found.iter().map(|version| version.as_ref().map_or(unwritten, of_version)).collect()));
         };
         // Per block, its newest overlay version at or before `at`.
-        let newest_pending = |state: &WriteState| -> Vec<Option<Version>> {
+        let newest_pending = |state: &WriteState| -> Vec<InOverlay> {
             (first.0..first.0 + count)
                 .map(|block| {
-                    let pending = state.overlay.get(block)?;
+                    let Some(pending) = state.overlay.get(block) else { return InOverlay::No };
                     let visible = pending.iter().rev().find(|entry| at.is_none_or(|at| entry.version.timestamp <= at));
-                    visible.map(|entry| entry.version)
+                    visible.map_or(InOverlay::NoneVisible, |entry| InOverlay::Newest(entry.version))
                 })
                 .collect()
         };
+        // Where the overlay absorbs overwrites, the version of a block it
+        // holds newer ones of may have been dropped from it: the index,
+        // which has every version, says which one `at` sees.
+        let absorbs = self.rules().overlay_absorbs_overwrites();
         let pending = match overlay {
             OverlayAccess::Held(state) => newest_pending(state),
             OverlayAccess::Lock if self.overlay_versions.load(Ordering::Relaxed) == 0 => Vec::new(),
@@ -492,14 +507,18 @@ impl Volume {
             // the index's (before them) older: the first that is not after
             // `at` is the one. (In COW the index holds only what was copied
             // out, so versions still in the overlay must be found there.)
-            match (pending.get(index).copied().flatten(), meta) {
-                (Some(version), _) => planned.push(of_version(&version)),
-                (None, None) => return Ok(Err(Mismatch(BlockIndex(first.0 + index as u64)))),
-                (None, Some(meta)) if meta.state == BlockState::Unwritten => planned.push(unwritten),
-                (None, Some(meta)) if at.is_none_or(|at| meta.timestamp <= at) => {
+            match (pending.get(index).copied().unwrap_or(InOverlay::No), meta) {
+                (InOverlay::Newest(version), _) => planned.push(of_version(&version)),
+                (InOverlay::NoneVisible, _) if absorbs => {
+                    planned.push(unwritten);
+                    from_history.push(index);
+                }
+                (_, None) => return Ok(Err(Mismatch(BlockIndex(first.0 + index as u64)))),
+                (_, Some(meta)) if meta.state == BlockState::Unwritten => planned.push(unwritten),
+                (_, Some(meta)) if at.is_none_or(|at| meta.timestamp <= at) => {
                     planned.push((Source::of_meta(meta), meta.timestamp));
                 }
-                (None, Some(_)) => {
+                (_, Some(_)) => {
                     planned.push(unwritten);
                     from_history.push(index);
                 }

@@ -144,7 +144,7 @@ impl Volume {
             write: Mutex::new(WriteState {
                 timestamp_last: checkpoint.timestamp_last.max(timestamp_last).max(reverted),
                 timestamp_floor: index.archived_before(),
-                overlay: Overlay::new(cache, pending),
+                overlay: Overlay::new(cache, pending, LayoutRules::of(meta.layout).overlay_absorbs_overwrites()),
                 timeline_unsaved: BTreeMap::new(),
                 crcs: Vec::new(),
                 versions: Vec::new(),
@@ -165,6 +165,7 @@ impl Volume {
             space_tally: Mutex::new(None),
             counters: Counters::default(),
             written_at_nanos: AtomicU64::new(0),
+            burst_began_nanos: AtomicU64::new(0),
             reads_seen: AtomicU64::new(0),
             read_at_nanos: AtomicU64::new(0),
             clients: crate::volume::clients::Clients::default(),

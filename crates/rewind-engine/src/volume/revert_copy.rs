@@ -247,7 +247,7 @@ impl Volume {
                 crc32c: crcs.get(index).copied().unwrap_or(self.zero_block_crc32c),
             })
             .collect();
-        state.overlay.record(appended.lsn, &versions, true);
+        state.overlay.record(appended.lsn, &versions, true, self.journal.lsn_durable());
         self.overlay_versions.store(state.overlay.versions(), Ordering::Relaxed);
         let record_bytes = rewind_format::journal::RECORD_HEADER_BYTES as u64
             + match run.zero {

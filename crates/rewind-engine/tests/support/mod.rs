@@ -94,7 +94,7 @@ pub fn config(rng: &mut StdRng) -> NodeConfig {
             retention_interval_nanos: rng.random_range(5_000..200_000),
             archive_interval_nanos: rng.random_range(5_000..200_000),
             archive_bytes_soft: rng.random_range(4 << 10..256 << 10),
-            archive_bytes_burst: rng.random_range(4 << 10..1 << 20),
+            burst_archive_wait_nanos: rng.random_range(0..200_000),
             archive_age_nanos: rng.random_range(0..50_000),
             vouch_after_nanos: rng.random_range(0..20_000),
             burst_reads_nanos: rng.random_range(0..200_000),
