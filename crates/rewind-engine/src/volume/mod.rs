@@ -87,7 +87,12 @@ pub struct VolumeConfig {
     /// Buffered writes reach the disk at least this often (nanoseconds): what
     /// a power loss can take from writes that were never flushed.
     pub commit_interval_nanos: u64,
-    /// Block versions waiting to be destaged before writers destage themselves.
+    /// Block versions waiting to be destaged before writers destage
+    /// themselves: about 100 bytes of memory each, so 100 MiB at most per
+    /// volume by default. Where the overlay absorbs overwrites (the
+    /// journaled layout) they are blocks: a burst that rewrites up to 2 GiB
+    /// of 4 KiB blocks (half of it, see `burst_quiet_nanos`) is destaged
+    /// once, after it.
     pub overlay_versions_max: usize,
     /// While the volume is being written (a write within this many
     /// nanoseconds; 0 never waits), background work leaves the disk to the
@@ -145,7 +150,7 @@ impl Default for VolumeConfig {
             commit_bytes_soft: 4 << 20,
             unwritten_bytes_max: 64 << 20,
             commit_interval_nanos: 50_000_000,
-            overlay_versions_max: 1 << 19,
+            overlay_versions_max: 1 << 20,
             burst_quiet_nanos: 250_000_000,
             burst_reads_nanos: 60_000_000_000,
             memtable_versions_max: 1 << 20,
