@@ -29,10 +29,11 @@ fn background_work_waits_while_a_burst_lasts_and_within_its_budgets() {
     let storage = Arc::new(SimStorage::new(SimConfig::default(), 5));
     let mut config = NodeConfig { reserve: Reserve::Bytes(0), ..NodeConfig::default() };
     config.volume.burst_quiet_nanos = 250 * MILLI;
-    // Destaging waits for 32 versions at most, checkpoints for 2 × 64 KiB
-    // of journal, archiving for the burst's first second while the history
-    // waiting takes under half the free space (`leave_free`); without a
-    // burst, archiving would start at 4 blocks and checkpoints at 64 KiB.
+    // Destaging waits for 32 versions at most, archiving for the burst's
+    // first second while the history waiting takes under half the free
+    // space (`leave_free`); without a burst, archiving would start at 4
+    // blocks. Checkpoints come every 64 KiB of journal, but in a burst
+    // destage only the blocks not rewritten since the last one.
     config.volume.overlay_versions_max = 64;
     config.volume.archive_age_nanos = 0;
     config.volume.archive_bytes_soft = 4 * BLOCK as u64;
@@ -54,13 +55,14 @@ fn background_work_waits_while_a_burst_lasts_and_within_its_budgets() {
 
     // 20 blocks (80 KiB of journal), then background work 80 ms later:
     // still the burst, and every budget has room (the history waiting
-    // may take 48 blocks).
+    // may take 48 blocks); the checkpoint leaves all 20, written since
+    // the volume's creation.
     write_blocks(&volume, at, 0..20);
     leave_free(96);
     let stats = work(100);
     assert_eq!(volume.io_stats().current.write_bytes, 0, "destaging waits: {stats:?}");
     assert_eq!((stats.versions_pending_destage, stats.versions_archived), (20, 0), "{stats:?}");
-    assert_eq!(stats.checkpoints, checkpoints_at_creation, "the checkpoint waits: {stats:?}");
+    assert_eq!(stats.checkpoints, checkpoints_at_creation + 1, "cut at the creation: {stats:?}");
 
     // 30 more: 50 waiting is past every budget, so the work goes on
     // during the burst.
@@ -95,6 +97,58 @@ fn background_work_waits_while_a_burst_lasts_and_within_its_budgets() {
     volume.read(0, &mut image).unwrap();
     for (block, bytes) in image.chunks(BLOCK).enumerate() {
         assert!(bytes.iter().all(|&byte| byte == block as u8 + 1), "block {block} reads what was written");
+    }
+}
+
+#[test]
+fn a_checkpoint_in_a_burst_leaves_the_blocks_rewritten_since_the_last_and_a_crash_loses_none() {
+    // Nothing not synced survives the crash.
+    let storage = SimStorage::new(SimConfig { write_survival: 0.0, ..SimConfig::default() }, 9);
+    let mut config = NodeConfig { reserve: Reserve::Bytes(0), ..NodeConfig::default() };
+    config.volume.burst_quiet_nanos = 250 * MILLI;
+    config.volume.checkpoint_journal_bytes = 64 << 10;
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    let at = |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
+    let pattern = |round: u64, block: u64| [(round * 64 + block) as u8; BLOCK];
+    // Writes `round` to `blocks` at `millis`, flushes, and runs maintenance.
+    let write = |round: u64, millis: u64, blocks: Vec<u64>| {
+        for block in blocks {
+            volume.write(at(millis), block * BLOCK as u64, &pattern(round, block), Durability::Buffered).unwrap();
+        }
+        volume.flush().unwrap();
+        node.maintain(at(millis + 1)).unwrap();
+        (volume.stats().unwrap(), volume.io_stats().current.write_bytes / BLOCK as u64)
+    };
+
+    // Round 1 writes blocks 0..20 (80 KiB of journal): a checkpoint, cut
+    // at the creation, leaves them all in the overlay.
+    let checkpoints = volume.stats().unwrap().checkpoints;
+    let (stats, destaged) = write(1, 10, (0..20).collect());
+    assert_eq!((stats.checkpoints, stats.versions_pending_destage, destaged), (checkpoints + 1, 20, 0), "{stats:?}");
+    // Round 2 rewrites 0..10 and writes 20..30: the next checkpoint, cut at
+    // the first, destages 10..20 alone; the rest stays.
+    let (stats, destaged) = write(2, 20, (0..10).chain(20..30).collect());
+    assert_eq!((stats.checkpoints, stats.versions_pending_destage, destaged), (checkpoints + 2, 20, 10), "{stats:?}");
+    // Power fails. Recovery replays from the first checkpoint's point.
+    storage.crash();
+    drop(node);
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let volume = node.volume("v").unwrap();
+    let mut image = vec![0; 30 * BLOCK];
+    volume.read(0, &mut image).unwrap();
+    let view = volume.view(at(15)).unwrap();
+    let mut before = vec![0; 20 * BLOCK];
+    view.read(0, &mut before).unwrap();
+    for block in 0..30 {
+        let round = if (10..20).contains(&block) { 1 } else { 2 };
+        let range = block as usize * BLOCK..(block as usize + 1) * BLOCK;
+        assert!(image[range.clone()] == pattern(round, block), "block {block} reads round {round} after the crash");
+        if block < 20 {
+            assert!(before[range] == pattern(1, block), "block {block} reads round 1 at its time");
+        }
     }
 }
 

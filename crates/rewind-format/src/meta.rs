@@ -255,7 +255,8 @@ pub struct JournalPosition {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Checkpoint {
     /// Every record up to and including this LSN is durably in the current
-    /// store, the version index runs and the timeline.
+    /// store (or superseded there by a durable record after it, which
+    /// recovery re-applies), the version index runs and the timeline.
     pub lsn: Lsn,
     /// Where the record after `lsn` starts (or will start).
     pub replay_from: JournalPosition,

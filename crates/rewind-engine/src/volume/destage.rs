@@ -5,11 +5,13 @@
 //! destage (`copy.rs`). Only durable journal records are ever applied.
 
 use super::gather::{JournalGather, GATHER_BYTES_MAX};
-use super::overlay::DestagePlan;
+use super::overlay::{DestagePlan, Leaving};
 use super::*;
 
 pub(crate) struct DestageState {
-    /// Every durable record up to this LSN is in the current store.
+    /// Every durable record up to this LSN is in the current store, or
+    /// superseded by a later durable record that a pass (or recovery)
+    /// applies.
     pub lsn_applied: Lsn,
 }
 
@@ -39,14 +41,15 @@ impl Volume {
     /// Copies the newest durable version of every overlay block into the
     /// current store and retires what it copied.
     pub(crate) fn destage_durable(&self) -> Result<(), EngineError> {
-        self.destage(false)
+        self.destage(Leaving::Durable)
     }
 
-    /// Destages as [`Volume::destage_durable`] does, but (with
-    /// `cached_only`) only the blocks the controller cache has let go —
-    /// the least recently written beyond its dirty limit — so overwrites of
-    /// the blocks it keeps are absorbed.
-    pub(super) fn destage(&self, cached_only: bool) -> Result<(), EngineError> {
+    /// Destages as [`Volume::destage_durable`] does, but only the blocks
+    /// `leaving` names: those the controller cache has let go (the least
+    /// recently written beyond its dirty limit), so overwrites of the
+    /// blocks it keeps are absorbed; or those not rewritten since a
+    /// checkpoint's cut.
+    pub(super) fn destage(&self, leaving: Leaving) -> Result<(), EngineError> {
         let (lsn_durable, _) = self.journal.durable_point();
         let mut destage = self.destage.lock();
         if self.current.is_none() {
@@ -59,7 +62,7 @@ impl Volume {
             return Ok(());
         }
         let DestagePlan { newest, chains } =
-            self.write.lock().overlay.plan_destage(lsn_durable, cached_only, self.rules().history_at_destage());
+            self.write.lock().overlay.plan_destage(lsn_durable, leaving, self.rules().history_at_destage());
         let let_go = self.file_history(&chains).map_err(|error| self.fail(error))?;
         if self.rules().current_writes == CurrentWrites::EveryVersionLetGo {
             // Every version let go goes down to the current store too, in order.
@@ -68,8 +71,13 @@ impl Volume {
             }
         }
         self.apply_to_current(&newest).map_err(|error| self.fail(error))?;
-        if !cached_only {
-            destage.lsn_applied = destage.lsn_applied.max(lsn_durable);
+        let applied_through = match leaving {
+            Leaving::Durable => Some(lsn_durable),
+            Leaving::NotRewrittenSince(cut) => Some(cut.min(lsn_durable)),
+            Leaving::LetGo => None,
+        };
+        if let Some(applied_through) = applied_through {
+            destage.lsn_applied = destage.lsn_applied.max(applied_through);
             self.journal.forget_written(destage.lsn_applied);
         }
         // Retired before `destage` is let go, so no other pass (a bookmark's

@@ -5,6 +5,7 @@
 //! (a full disk, no descriptors) are noted here and retried by themselves;
 //! everything else poisons the volume (`Volume::fail`).
 
+use super::overlay::Leaving;
 use super::*;
 
 pub(crate) struct MaintenanceState {
@@ -20,6 +21,10 @@ pub(crate) struct MaintenanceState {
     /// Recovery starts in this journal segment: the ones before it may be
     /// reclaimed once their history is archived.
     pub replay_segment: u32,
+    /// The point the last checkpoint was taken at (its LSN, where the next
+    /// record starts, its time): where the next one that leaves a hot set
+    /// behind cuts (see `Volume::checkpoint_leaving`).
+    cut_next: Checkpoint,
 }
 
 /// When the slow work on history last ran.
@@ -52,6 +57,7 @@ impl MaintenanceState {
             checkpoint_journal_bytes: 0,
             merged_at: checkpoint.timestamp_last,
             replay_segment: checkpoint.replay_from.segment,
+            cut_next: *checkpoint,
         }
     }
 }
@@ -94,7 +100,7 @@ impl Volume {
         let destage_waits = in_burst && overlay_versions < self.config.overlay_versions_max / 2;
         if overlay_versions > 0 && merge_due && !destage_waits {
             let before = self.overlay_versions.load(Ordering::Relaxed);
-            self.destage(self.rules().has_controller_cache())?;
+            self.destage(if self.rules().has_controller_cache() { Leaving::LetGo } else { Leaving::Durable })?;
             maintenance.merged_at = now;
             worked |= self.overlay_versions.load(Ordering::Relaxed) < before;
         }
@@ -107,9 +113,14 @@ impl Volume {
         let since = now.unix_nanos().saturating_sub(maintenance.checkpoint_last.unix_nanos());
         // A checkpoint destages everything: in ROW, a merge, so only at a
         // snapshot, unless the journal since the last one grows too long;
-        // in a burst, only once it has grown twice as long.
+        // in a burst, only once it has grown twice as long. Where the
+        // overlay absorbs overwrites it leaves the blocks rewritten since
+        // the last one behind, so it need not wait for a burst, and
+        // recovery replays at most twice `checkpoint_journal_bytes` of
+        // journal, as after a burst elsewhere.
+        let leaves_hot_set = self.rules().overlay_absorbs_overwrites();
         let journal_since = journal_bytes - maintenance.checkpoint_journal_bytes;
-        let due = if in_burst {
+        let due = if in_burst && !leaves_hot_set {
             journal_since >= 2 * self.config.checkpoint_journal_bytes
         } else {
             (since >= self.config.checkpoint_interval_nanos && merge_due)
@@ -117,7 +128,7 @@ impl Volume {
         };
         if lsn_last > maintenance.checkpoint_lsn && due {
             drop(maintenance);
-            self.checkpoint(now)?;
+            self.checkpoint_leaving(now, leaves_hot_set)?;
             let replay_segment = self.maintenance.lock().replay_segment;
             self.reclaim_journal(replay_segment)?;
             worked = true;
@@ -303,44 +314,73 @@ impl Volume {
     /// Makes everything derived from the journal durable up to the records
     /// appended so far, so recovery can start after them.
     pub fn checkpoint(&self, now: Timestamp) -> Result<(), EngineError> {
+        self.checkpoint_leaving(now, false)
+    }
+
+    /// A checkpoint; with `hot_set` (only where the overlay absorbs
+    /// overwrites), a fuzzy one: it destages only the blocks not rewritten
+    /// since the last checkpoint was taken (its cut), and unless nothing
+    /// was left behind, recovery replays from that cut. That is sound:
+    /// replay re-applies records to the current store in LSN order, the
+    /// newest of a block last; every durable record before the cut is in
+    /// the current store or superseded by a durable one after it; and the
+    /// index and the timeline, durable through the new point, skip what
+    /// they hold. A hot set rewritten between two checkpoints then stays in
+    /// the overlay and is destaged once, after the burst, not at every
+    /// checkpoint.
+    fn checkpoint_leaving(&self, now: Timestamp, hot_set: bool) -> Result<(), EngineError> {
+        assert!(!hot_set || self.rules().overlay_absorbs_overwrites(), "a hot set stays only in an absorbing overlay");
         let mut maintenance = self.maintenance.lock();
-        let (lsn, replay_from, timestamp_last, timeline) = {
+        let (point, timeline) = {
             let mut state = self.write.lock();
             self.index.seal();
             let lsn = Lsn(self.journal.lsn_next().0 - 1);
             let timeline = std::mem::take(&mut state.timeline_unsaved);
-            (lsn, self.journal.position_next(), state.timestamp_last, timeline)
+            let point =
+                Checkpoint { lsn, replay_from: self.journal.position_next(), timestamp_last: state.timestamp_last };
+            (point, timeline)
         };
+        let cut = if hot_set { maintenance.cut_next } else { point };
+        assert!(cut.lsn <= point.lsn, "a checkpoint cuts at or before its point");
+        let lsn = point.lsn;
         let derived_durable = (|| {
             self.journal.commit()?;
-            self.destage_durable()?;
+            self.destage(if hot_set { Leaving::NotRewrittenSince(cut.lsn) } else { Leaving::Durable })?;
             self.persist_index(lsn)?;
             if !self.rules().history_at_destage() {
                 // Records after the last write (a revert's copy) file nothing.
                 self.index.indexed_through(lsn)?;
             }
             let destage = self.destage.lock();
-            assert!(destage.lsn_applied >= lsn, "destaged through the sealed LSN");
+            assert!(destage.lsn_applied >= cut.lsn, "destaged through the cut");
+            // Looked at before the current store is synced: whatever a pass
+            // applied before this is synced with it.
+            let left_behind = self.write.lock().overlay.holds_through(lsn);
             if let Some(current) = &self.current {
                 current.sync()?;
             }
-            self.history.save_timeline(lsn, &timeline)
+            self.history.save_timeline(lsn, &timeline)?;
+            Ok::<_, EngineError>(left_behind)
         })();
-        if let Err(error) = derived_durable {
-            // A failure that passes (a full disk): the activity is saved by
-            // the next checkpoint, with what comes meanwhile.
-            crate::volume::history::merge_buckets(&mut self.write.lock().timeline_unsaved, timeline);
-            return Err(self.fail(error));
-        }
-        write_checkpoint(&*self.storage, &self.dir, &Checkpoint { lsn, replay_from, timestamp_last })
-            .map_err(|error| self.fail(error))?;
+        let left_behind = match derived_durable {
+            Ok(left_behind) => left_behind,
+            Err(error) => {
+                // A failure that passes (a full disk): the activity is saved by
+                // the next checkpoint, with what comes meanwhile.
+                crate::volume::history::merge_buckets(&mut self.write.lock().timeline_unsaved, timeline);
+                return Err(self.fail(error));
+            }
+        };
+        let written = if left_behind { cut } else { point };
+        write_checkpoint(&*self.storage, &self.dir, &written).map_err(|error| self.fail(error))?;
         if !self.settled.swap(true, Ordering::AcqRel) {
             tracing::info!(volume = %self.name(), "recovery finished: views are served again");
         }
         maintenance.checkpoint_last = now;
         maintenance.merged_at = now;
         maintenance.checkpoint_lsn = lsn;
-        maintenance.replay_segment = replay_from.segment;
+        maintenance.replay_segment = written.replay_from.segment;
+        maintenance.cut_next = point;
         maintenance.checkpoint_journal_bytes = self.counters.journal_bytes_appended.load(Ordering::Relaxed);
         self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())

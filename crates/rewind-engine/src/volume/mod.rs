@@ -98,7 +98,9 @@ pub struct VolumeConfig {
     /// nanoseconds; 0 never waits), background work leaves the disk to the
     /// journal: destaging waits until half of `overlay_versions_max` is
     /// waiting, archiving as `burst_archive_wait_nanos` says, checkpoints until
-    /// twice `checkpoint_journal_bytes`. A burst then goes to the disk once,
+    /// twice `checkpoint_journal_bytes` (where the overlay absorbs
+    /// overwrites, a checkpoint leaves the blocks rewritten since the last
+    /// one instead, and need not wait). A burst then goes to the disk once,
     /// at the journal's speed, and the second copies follow it.
     pub burst_quiet_nanos: u64,
     /// Reads keep archiving waiting too, for at most this long after the
@@ -115,7 +117,9 @@ pub struct VolumeConfig {
     pub memtable_versions_max: usize,
     /// Checkpoint at least this often (nanoseconds) while there are writes...
     pub checkpoint_interval_nanos: u64,
-    /// ...and after this many journal bytes, bounding recovery time.
+    /// ...and after this many journal bytes, bounding recovery time: it
+    /// replays at most twice this (a burst's checkpoints wait for twice as
+    /// much, or, where the overlay absorbs overwrites, cut at the last one).
     pub checkpoint_journal_bytes: u64,
     /// Apply retention (advance its clock, rewrite the runs it thins) this
     /// often (nanoseconds). Each pass rewrites the index runs old enough to

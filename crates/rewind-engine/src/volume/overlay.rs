@@ -37,6 +37,18 @@ pub(crate) struct Overlay {
     absorbs: bool,
 }
 
+/// Which blocks a destage pass takes from the overlay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Leaving {
+    /// Every block with a durable version.
+    Durable,
+    /// The blocks the controller cache has let go.
+    LetGo,
+    /// The blocks not rewritten since this LSN: a checkpoint's cut, which
+    /// leaves a hot set in the overlay (see `Volume::checkpoint_leaving`).
+    NotRewrittenSince(Lsn),
+}
+
 /// What a destage pass takes from the overlay (see [`Overlay::plan_destage`]).
 pub(crate) struct DestagePlan {
     /// Per block leaving, its newest durable version, sorted by block.
@@ -44,6 +56,14 @@ pub(crate) struct DestagePlan {
     /// Per block leaving, every durable version, oldest first; the chains
     /// sorted by their block. Only when history is filed at destage.
     pub chains: Vec<Vec<Pending>>,
+}
+
+/// Drops the versions of a block that its newest durable one (through
+/// `lsn_durable`) supersedes; returns how many.
+fn absorb(entries: &mut SmallVec<[Pending; 1]>, lsn_durable: Lsn) -> usize {
+    let newest_durable = entries.iter().rposition(|entry| entry.lsn <= lsn_durable).unwrap_or(0);
+    entries.drain(..newest_durable);
+    newest_durable
 }
 
 impl Overlay {
@@ -60,6 +80,12 @@ impl Overlay {
 
     pub(crate) fn versions(&self) -> usize {
         self.versions
+    }
+
+    /// Whether a version at or before `lsn` is still here. It looks at
+    /// every block: for a checkpoint, one every gigabyte of journal or so.
+    pub(crate) fn holds_through(&self, lsn: Lsn) -> bool {
+        self.blocks.values().any(|entries| entries[0].lsn <= lsn)
     }
 
     /// The versions of `block` not yet destaged, oldest first.
@@ -79,10 +105,16 @@ impl Overlay {
             // Keeps the newest durable version: the destager may apply
             // only a durable one, and a checkpoint counts on every durable
             // record being in the current store or superseded there.
-            if let Some(newest_durable) = entries.iter().rposition(|entry| entry.lsn <= lsn_durable) {
-                entries.drain(..newest_durable);
-                self.versions -= newest_durable;
-            }
+            self.versions -= absorb(entries, lsn_durable);
+        }
+    }
+
+    /// Absorbs, in every block, the versions a durable one (through
+    /// `lsn_durable`) supersedes: `push` absorbs only as a block is
+    /// written again, and a block left behind stays for a while.
+    fn absorb_durable(&mut self, lsn_durable: Lsn) {
+        for entries in self.blocks.values_mut() {
+            self.versions -= absorb(entries, lsn_durable);
         }
     }
 
@@ -108,9 +140,21 @@ impl Overlay {
     }
 
     /// What leaves in a destage pass of the versions durable through
-    /// `lsn_durable`: with `cached_only`, the blocks the controller cache
-    /// has let go; otherwise every block, and the cache is clean again.
-    pub(crate) fn plan_destage(&mut self, lsn_durable: Lsn, cached_only: bool, with_chains: bool) -> DestagePlan {
+    /// `lsn_durable`: the blocks `leaving` names (with
+    /// [`Leaving::NotRewrittenSince`], those whose newest durable version
+    /// is at or before its LSN; a block rewritten since is left whole).
+    /// Unless only the blocks the controller cache let go leave, the cache
+    /// is clean again.
+    pub(crate) fn plan_destage(&mut self, lsn_durable: Lsn, leaving: Leaving, with_chains: bool) -> DestagePlan {
+        let cached_only = leaving == Leaving::LetGo;
+        let cut = match leaving {
+            Leaving::NotRewrittenSince(cut) => {
+                assert!(self.absorbs && !with_chains, "only an overlay that absorbs overwrites leaves blocks behind");
+                self.absorb_durable(lsn_durable);
+                cut.min(lsn_durable)
+            }
+            Leaving::Durable | Leaving::LetGo => lsn_durable,
+        };
         if !cached_only {
             if let Some(cache) = &mut self.cache {
                 cache.flush();
@@ -128,6 +172,7 @@ impl Overlay {
         let mut newest: Vec<Pending> = blocks
             .iter()
             .filter_map(|entries| entries.iter().rev().find(|entry| entry.lsn <= lsn_durable).copied())
+            .filter(|newest_durable| newest_durable.lsn <= cut)
             .collect();
         let mut chains: Vec<Vec<Pending>> = match with_chains {
             true => blocks
