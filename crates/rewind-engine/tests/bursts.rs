@@ -65,17 +65,20 @@ fn background_work_waits_while_a_burst_lasts_and_within_its_budgets() {
     assert_eq!(stats.checkpoints, checkpoints_at_creation + 1, "cut at the creation: {stats:?}");
 
     // 30 more: 50 waiting is past every budget, so the work goes on
-    // during the burst.
+    // during the burst: the destager takes a slice of the 4 blocks written
+    // least recently (a sixteenth of the limit), the checkpoint the other
+    // 16 written before the one before it, and 30 wait, under half.
     write_blocks(&volume, |block| at(100 + block), 20..50);
     let stats = work(155);
-    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (0, 50), "{stats:?}");
-    assert!(stats.checkpoints > checkpoints_at_creation, "{stats:?}");
+    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (30, 50), "{stats:?}");
+    assert_eq!(stats.checkpoints, checkpoints_at_creation + 2, "{stats:?}");
 
-    // 5 more wait while the burst lasts and go once it has paused 250 ms.
+    // 5 more, 35 waiting: past half, a slice of 4 leaves during the burst;
+    // the rest goes once it has paused 250 ms.
     write_blocks(&volume, |block| at(200 + block), 50..55);
     leave_free(96);
     let stats = work(260);
-    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (5, 50), "{stats:?}");
+    assert_eq!((stats.versions_pending_destage, stats.versions_archived), (31, 50), "{stats:?}");
     let stats = work(254 + 250);
     assert_eq!((stats.versions_pending_destage, stats.versions_archived), (0, 55), "{stats:?}");
 
@@ -149,6 +152,41 @@ fn a_checkpoint_in_a_burst_leaves_the_blocks_rewritten_since_the_last_and_a_cras
         if block < 20 {
             assert!(before[range] == pattern(1, block), "block {block} reads round 1 at its time");
         }
+    }
+}
+
+#[test]
+fn a_writer_at_the_overlays_limit_destages_a_slice_of_the_least_recently_written_blocks() {
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 10));
+    let mut config = NodeConfig { reserve: Reserve::Bytes(0), ..NodeConfig::default() };
+    config.volume.overlay_versions_max = 64;
+    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    let at = |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
+
+    // No maintenance: 64 blocks fill the overlay, and each block after
+    // them finds it full and destages the 4 written least recently
+    // (64 / 16), not all 64.
+    write_blocks(&volume, at, 0..80);
+    let pending = volume.stats().unwrap().versions_pending_destage;
+    let destaged = volume.io_stats().current.write_bytes / BLOCK as u64;
+    assert_eq!(pending + destaged, 80, "every block pending or destaged once");
+    assert!((60..=64).contains(&pending), "the overlay stays near its limit: {pending} pending");
+    // What left is the least recently written: blocks 0 to `destaged`
+    // are in the current store, the others not yet.
+    let current = rewind_io::read_file(&*storage, "volumes/v/current.img").unwrap();
+    for block in 0..80 {
+        let bytes = &current[block as usize * BLOCK..(block as usize + 1) * BLOCK];
+        let left = bytes.iter().all(|&byte| byte == (block % 255) as u8 + 1);
+        assert_eq!(left, block < destaged, "block {block} in the current store: {left}");
+    }
+
+    let mut image = vec![0; 80 * BLOCK];
+    volume.read(0, &mut image).unwrap();
+    for (block, bytes) in image.chunks(BLOCK).enumerate() {
+        assert!(bytes.iter().all(|&byte| byte == (block % 255) as u8 + 1), "block {block} reads what was written");
     }
 }
 

@@ -5,7 +5,8 @@
 //! destage (`copy.rs`). Only durable journal records are ever applied.
 
 use super::gather::{JournalGather, GATHER_BYTES_MAX};
-use super::overlay::{DestagePlan, Leaving};
+use super::overlay::DestagePlan;
+pub(super) use super::overlay::Leaving;
 use super::*;
 
 pub(crate) struct DestageState {
@@ -44,11 +45,23 @@ impl Volume {
         self.destage(Leaving::Durable)
     }
 
+    /// The blocks a pass takes while writes go on (a burst, a writer's
+    /// backpressure): where the overlay absorbs overwrites, a slice of the
+    /// least recently written, a sixteenth of the overlay's limit, so a
+    /// writer that waits for a pass waits for a short one; elsewhere every
+    /// durable block.
+    pub(super) fn leaving_while_written(&self) -> Leaving {
+        match self.rules().overlay_absorbs_overwrites() {
+            true => Leaving::Oldest((self.config.overlay_versions_max / 16).max(1)),
+            false => Leaving::Durable,
+        }
+    }
+
     /// Destages as [`Volume::destage_durable`] does, but only the blocks
     /// `leaving` names: those the controller cache has let go (the least
     /// recently written beyond its dirty limit), so overwrites of the
     /// blocks it keeps are absorbed; or those not rewritten since a
-    /// checkpoint's cut.
+    /// checkpoint's cut; or a slice of the least recently written.
     pub(super) fn destage(&self, leaving: Leaving) -> Result<(), EngineError> {
         let (lsn_durable, _) = self.journal.durable_point();
         let mut destage = self.destage.lock();
@@ -61,7 +74,7 @@ impl Volume {
         if destage.lsn_applied >= lsn_durable && self.overlay_versions.load(Ordering::Relaxed) == 0 {
             return Ok(());
         }
-        let DestagePlan { newest, chains } =
+        let DestagePlan { newest, chains, through } =
             self.write.lock().overlay.plan_destage(lsn_durable, leaving, self.rules().history_at_destage());
         let let_go = self.file_history(&chains).map_err(|error| self.fail(error))?;
         if self.rules().current_writes == CurrentWrites::EveryVersionLetGo {
@@ -71,12 +84,7 @@ impl Volume {
             }
         }
         self.apply_to_current(&newest).map_err(|error| self.fail(error))?;
-        let applied_through = match leaving {
-            Leaving::Durable => Some(lsn_durable),
-            Leaving::NotRewrittenSince(cut) => Some(cut.min(lsn_durable)),
-            Leaving::LetGo => None,
-        };
-        if let Some(applied_through) = applied_through {
+        if let Some(applied_through) = through {
             destage.lsn_applied = destage.lsn_applied.max(applied_through);
             self.journal.forget_written(destage.lsn_applied);
         }

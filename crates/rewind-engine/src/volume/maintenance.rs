@@ -5,7 +5,7 @@
 //! (a full disk, no descriptors) are noted here and retried by themselves;
 //! everything else poisons the volume (`Volume::fail`).
 
-use super::overlay::Leaving;
+use super::destage::Leaving;
 use super::*;
 
 pub(crate) struct MaintenanceState {
@@ -100,7 +100,12 @@ impl Volume {
         let destage_waits = in_burst && overlay_versions < self.config.overlay_versions_max / 2;
         if overlay_versions > 0 && merge_due && !destage_waits {
             let before = self.overlay_versions.load(Ordering::Relaxed);
-            self.destage(if self.rules().has_controller_cache() { Leaving::LetGo } else { Leaving::Durable })?;
+            let leaving = match (self.rules().has_controller_cache(), in_burst) {
+                (true, _) => Leaving::LetGo,
+                (false, true) => self.leaving_while_written(),
+                (false, false) => Leaving::Durable,
+            };
+            self.destage(leaving)?;
             maintenance.merged_at = now;
             worked |= self.overlay_versions.load(Ordering::Relaxed) < before;
         }

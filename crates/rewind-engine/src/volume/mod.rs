@@ -88,8 +88,10 @@ pub struct VolumeConfig {
     /// a power loss can take from writes that were never flushed.
     pub commit_interval_nanos: u64,
     /// Block versions waiting to be destaged before writers destage
-    /// themselves: about 100 bytes of memory each, so 100 MiB at most per
-    /// volume by default. Where the overlay absorbs overwrites (the
+    /// themselves (where the overlay absorbs overwrites, the least recently
+    /// written sixteenth of them, so a writer waits for a short pass):
+    /// about 100 bytes of memory each, so 100 MiB at most per volume by
+    /// default. Where the overlay absorbs overwrites (the
     /// journaled layout) they are blocks: a burst that rewrites up to 2 GiB
     /// of 4 KiB blocks (half of it, see `burst_quiet_nanos`) is destaged
     /// once, after it.
@@ -485,7 +487,7 @@ impl Volume {
         }
         if self.overlay_versions.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
             self.flush()?;
-            self.destage_durable()?;
+            self.destage(self.leaving_while_written())?;
         }
         if self.index.stats().versions_in_memory >= 3 * self.config.memtable_versions_max as u64 {
             self.flush()?;

@@ -47,6 +47,9 @@ pub(crate) enum Leaving {
     /// The blocks not rewritten since this LSN: a checkpoint's cut, which
     /// leaves a hot set in the overlay (see `Volume::checkpoint_leaving`).
     NotRewrittenSince(Lsn),
+    /// At most this many blocks, those written least recently: a slice, so
+    /// that a pass a writer waits for (backpressure) stays short.
+    Oldest(usize),
 }
 
 /// What a destage pass takes from the overlay (see [`Overlay::plan_destage`]).
@@ -56,6 +59,9 @@ pub(crate) struct DestagePlan {
     /// Per block leaving, every durable version, oldest first; the chains
     /// sorted by their block. Only when history is filed at destage.
     pub chains: Vec<Vec<Pending>>,
+    /// Every durable version up to this LSN leaves, or is superseded by a
+    /// durable one that stays (none: only what the cache let go leaves).
+    pub through: Option<Lsn>,
 }
 
 /// Drops the versions of a block that its newest durable one (through
@@ -148,13 +154,14 @@ impl Overlay {
     pub(crate) fn plan_destage(&mut self, lsn_durable: Lsn, leaving: Leaving, with_chains: bool) -> DestagePlan {
         let cached_only = leaving == Leaving::LetGo;
         let cut = match leaving {
-            Leaving::NotRewrittenSince(cut) => {
-                assert!(self.absorbs && !with_chains, "only an overlay that absorbs overwrites leaves blocks behind");
-                self.absorb_durable(lsn_durable);
-                cut.min(lsn_durable)
-            }
-            Leaving::Durable | Leaving::LetGo => lsn_durable,
+            Leaving::NotRewrittenSince(cut) => cut.min(lsn_durable),
+            Leaving::Durable | Leaving::LetGo | Leaving::Oldest(_) => lsn_durable,
         };
+        if let Leaving::NotRewrittenSince(_) | Leaving::Oldest(_) = leaving {
+            // A block left behind may keep a superseded version no longer.
+            assert!(self.absorbs && !with_chains, "only an overlay that absorbs overwrites leaves blocks behind");
+            self.absorb_durable(lsn_durable);
+        }
         if !cached_only {
             if let Some(cache) = &mut self.cache {
                 cache.flush();
@@ -182,9 +189,22 @@ impl Overlay {
                 .collect(),
             false => Vec::new(),
         };
+        let through = match leaving {
+            Leaving::LetGo => None,
+            Leaving::Oldest(count) if newest.len() > count => {
+                // The `count` oldest, and every block as old as the one
+                // after them has a version that stays.
+                assert!(count > 0, "a slice takes a block at least");
+                newest.select_nth_unstable_by_key(count, |pending| pending.lsn);
+                let first_staying = newest[count].lsn;
+                newest.truncate(count);
+                Some(Lsn(first_staying.0 - 1))
+            }
+            _ => Some(cut),
+        };
         newest.sort_unstable_by_key(|pending| pending.version.block);
         chains.sort_unstable_by_key(|chain| chain[0].version.block);
-        DestagePlan { newest, chains }
+        DestagePlan { newest, chains, through }
     }
 
     /// Removes, per block of `applied` (each the newest version of its
