@@ -144,6 +144,10 @@ impl File for CountingFile {
         self.inner.start_writeback(offset, length)
     }
 
+    fn wait_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.inner.wait_writeback(offset, length)
+    }
+
     fn finish_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
         self.inner.finish_writeback(offset, length)
     }

@@ -71,10 +71,16 @@ pub trait File: Send + Sync {
     fn start_writeback(&self, _offset: u64, _length: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Waits until the writeback already started in `offset..offset+length`
+    /// is on the device; the pages stay in the page cache. An error the
+    /// device met writing it is reported here — and would not be reported
+    /// again by a later `sync_data`, so the caller must fail.
+    fn wait_writeback(&self, _offset: u64, _length: u64) -> io::Result<()> {
+        Ok(())
+    }
     /// Waits until `offset..offset+length` is on the device, then lets the
     /// page cache drop it (for data written once and not read back soon).
-    /// An error the device met writing it is reported here — and would not
-    /// be reported again by a later `sync_data`, so the caller must fail.
+    /// Errors as [`File::wait_writeback`].
     fn finish_writeback(&self, _offset: u64, _length: u64) -> io::Result<()> {
         Ok(())
     }

@@ -139,6 +139,10 @@ impl File for OsFile {
         self.sync_range(offset, length, libc::SYNC_FILE_RANGE_WRITE)
     }
 
+    fn wait_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.sync_range(offset, length, libc::SYNC_FILE_RANGE_WAIT_BEFORE)
+    }
+
     fn finish_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
         let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
         self.sync_range(offset, length, flags)?;

@@ -117,6 +117,7 @@ impl Volume {
                 self.check_version_bytes(&pending.version, block, "the journal", "being destaged")?;
             }
             self.write_runs(part, Some(&gather.gathered))?;
+            self.current.as_ref().expect("destaged into a current store").write_behind()?;
         }
         Ok(())
     }
