@@ -88,13 +88,12 @@ pub struct VolumeConfig {
     /// a power loss can take from writes that were never flushed.
     pub commit_interval_nanos: u64,
     /// Block versions waiting to be destaged before writers destage
-    /// themselves (where the overlay absorbs overwrites, the least recently
-    /// written sixteenth of them, so a writer waits for a short pass):
-    /// about 100 bytes of memory each, so 100 MiB at most per volume by
-    /// default. Where the overlay absorbs overwrites (the
+    /// themselves: about 100 bytes of memory each, so 100 MiB at most per
+    /// volume by default. Where the overlay absorbs overwrites (the
     /// journaled layout) they are blocks: a burst that rewrites up to 2 GiB
     /// of 4 KiB blocks (half of it, see `burst_quiet_nanos`) is destaged
-    /// once, after it.
+    /// once, after it, and a writer that finds them all waiting destages
+    /// the sixteenth written least recently, a short pass.
     pub overlay_versions_max: usize,
     /// While the volume is being written (a write within this many
     /// nanoseconds; 0 never waits), background work leaves the disk to the
