@@ -936,6 +936,9 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
         tracing::info!(upstream = %status.upstream, forwarded = status.forwarded, recorded = status.recorded,
             unrecorded = status.unrecorded, lag = ?status.lag, "proxy stopped");
     }
+    // An archive pass over what a burst left would otherwise hold the
+    // stop up for minutes.
+    node.stop_passes();
     let _ = history_stop.send(());
     history.join().expect("history thread does not panic");
     stopping.store(true, Ordering::Release);

@@ -1017,6 +1017,14 @@ impl Node {
         }
     }
 
+    /// The node is about to stop: archive passes in progress give up at
+    /// their next part instead of finishing (see `PassesWanted::stop`), so
+    /// the embedder's background threads end promptly. Call it before
+    /// waiting for them; [`Node::shut_down`] follows.
+    pub fn stop_passes(&self) {
+        self.shared.passes_wanted.stop();
+    }
+
     /// Checkpoints every volume and saves the chunk store's reference
     /// counts so the next start need not count them: the last thing a clean
     /// shutdown does (no archiving or collection can follow). Counts are

@@ -422,3 +422,38 @@ fn a_view_before_an_overwrite_archived_in_the_same_pass_reads_only_its_own_chunk
     // overwrite's records between them.
     assert!(read < BLOCKS * 4096 * 5 / 4, "{read} bytes read for {} bytes of view", BLOCKS * 4096);
 }
+
+/// A node told it is stopping gives up an archive pass at its next part
+/// rather than keeping the stop waiting for it (a pass over what a burst
+/// left takes minutes): the pass archives nothing, reports no failure, and
+/// the next start archives those versions whole.
+#[test]
+fn a_stopping_node_gives_up_its_archive_pass_and_the_next_start_archives_it() {
+    let storage = SimStorage::new(SimConfig::default(), 5);
+    let config = archiving_at_once();
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    let at = |second: u64| start.saturating_add_nanos(second * SECOND);
+
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+    node.create_volume(spec, start).unwrap();
+    node.stop_passes();
+    write_eight_and_archive(&node, at(1), |block| block as u8 + 1);
+    let volume = node.volume("v").unwrap();
+    let stats = volume.stats().unwrap();
+    assert_eq!((stats.versions_archived, stats.archive_passes), (0, 0), "the pass gave up: {stats:?}");
+    assert_eq!((stats.versions_in_runs, stats.archived_before), (8, Timestamp::from_unix_nanos(0)));
+    assert_eq!(volume.fault(), None, "giving up is no failure");
+    assert_eq!(node.chunk_stats().references, 0);
+    node.shut_down(at(3)).unwrap();
+    drop((volume, node));
+
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    node.maintain_history(at(4)).unwrap();
+    let volume = node.volume("v").unwrap();
+    assert_eq!(volume.stats().unwrap().versions_archived, 8, "the next start archives them");
+    assert_eq!(node.chunk_stats().references, 8);
+    let mut block = vec![0; 4096];
+    volume.view(at(2)).unwrap().read(5 * 4096, &mut block).unwrap();
+    assert_eq!(block, vec![6; 4096], "archived history reads back");
+}

@@ -28,7 +28,7 @@
 //! entry refers to it). A view that looked a version up in it just before
 //! sees `JournalError::Reclaimed` and looks again.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rewind_chunks::{ArchiveSession, ChunkStore};
@@ -66,19 +66,37 @@ pub trait Clock: Send + Sync {
 /// collection, a recount, coalescing packs, saving the counts at shutdown)
 /// — which a pass must not keep waiting while it pauses for reads
 /// (`Volume::pause_for_reads`): it goes on at once while any is marked. One
-/// per node, since a collection waits for every volume.
+/// per node, since a collection waits for every volume. And whether the
+/// node is stopping, which no pass keeps waiting either (see
+/// [`PassesWanted::stop`]).
 #[derive(Default)]
-pub(crate) struct PassesWanted(AtomicUsize);
+pub(crate) struct PassesWanted {
+    waiting: AtomicUsize,
+    stopping: AtomicBool,
+}
 
 impl PassesWanted {
     /// Marks work waiting until the mark is dropped.
     pub(crate) fn hold(&self) -> PassWanted<'_> {
-        self.0.fetch_add(1, Ordering::AcqRel);
+        self.waiting.fetch_add(1, Ordering::AcqRel);
         PassWanted(self)
     }
 
+    /// The node is stopping: a pass in progress gives up at its next part
+    /// (a pass over what a burst left can take minutes, and a stop that
+    /// waits that long is killed by whoever asked for it), and the next
+    /// start archives its versions again. What it stored is referred to by
+    /// nothing: the chunk store counts its references again at that start.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
     fn any(&self) -> bool {
-        self.0.load(Ordering::Acquire) > 0
+        self.waiting.load(Ordering::Acquire) > 0 || self.stopping()
     }
 }
 
@@ -86,7 +104,7 @@ pub(crate) struct PassWanted<'a>(&'a PassesWanted);
 
 impl Drop for PassWanted<'_> {
     fn drop(&mut self) {
-        (self.0).0.fetch_sub(1, Ordering::AcqRel);
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -101,6 +119,8 @@ struct JournalArchiver<'a> {
     added: Vec<ChunkId>,
     /// Why the last call failed.
     error: Option<EngineError>,
+    /// Whether it gave up because the node is stopping.
+    stopped: bool,
 }
 
 impl JournalArchiver<'_> {
@@ -109,6 +129,10 @@ impl JournalArchiver<'_> {
         let block_bytes = volume.block_size().bytes() as usize;
         layered_order(versions, &mut self.order);
         for part in self.order.chunks(GATHER_BYTES_MAX / block_bytes) {
+            if volume.passes_wanted.stopping() {
+                self.stopped = true;
+                return Ok(());
+            }
             volume.pause_for_reads();
             self.gather.read(&volume.journal, part.iter().map(|&at| versions[at].data), block_bytes)?;
             let session = self.session.as_mut().expect("archiving until finished");
@@ -156,10 +180,14 @@ fn layered_order(versions: &[Version], order: &mut Vec<usize>) {
 
 impl Archiver for JournalArchiver<'_> {
     fn archive(&mut self, versions: &mut [Version]) -> Result<(), ArchiveFailed> {
-        self.archive_versions(versions).map_err(|error| {
-            self.error = Some(error);
-            ArchiveFailed
-        })
+        match self.archive_versions(versions) {
+            Ok(()) if self.stopped => Err(ArchiveFailed),
+            Ok(()) => Ok(()),
+            Err(error) => {
+                self.error = Some(error);
+                Err(ArchiveFailed)
+            }
+        }
     }
 
     fn finish(&mut self) -> Result<(), ArchiveFailed> {
@@ -270,6 +298,7 @@ impl Volume {
             order: Vec::new(),
             added: Vec::new(),
             error: None,
+            stopped: false,
         };
         let result = self.index.archive(cutoff, &mut archiver);
         self.release_time(held);
@@ -280,6 +309,10 @@ impl Volume {
         }
         let report = match result {
             Ok(report) => report,
+            Err(IndexError::ArchiveFailed) if archiver.stopped => {
+                tracing::info!(volume = %self.name(), "archive pass stopped: the node is stopping; the next start archives its versions");
+                return Ok(false);
+            }
             Err(IndexError::ArchiveFailed) => return Err(archiver.error.take().expect("the archiver says why")),
             Err(error) => return Err(self.fail(error.into())),
         };
