@@ -224,8 +224,12 @@ fn the_history_thread_yields_the_cpu_to_the_threads_serving_clients() {
         threads.iter().find(|(thread, _)| thread == name).map(|(_, nice)| *nice)
     };
     // A new thread names itself and lowers its own priority as it starts,
-    // which may be after the server answers: wait for both to be done.
-    wait_for("the history thread to start at nice 10", || nice_of(&nice_by_thread(), "history") == Some(10));
+    // which may be after the server answers, and threads spawned in order
+    // may start out of order: wait for both threads to have named themselves.
+    wait_for("the history and maintenance threads to start", || {
+        let threads = nice_by_thread();
+        nice_of(&threads, "history") == Some(10) && nice_of(&threads, "maintenance").is_some()
+    });
     let threads = nice_by_thread();
     assert_eq!(nice_of(&threads, "maintenance"), Some(0), "{threads:?}");
     assert!(threads.iter().filter(|(_, nice)| *nice == 0).count() > 2, "{threads:?}");
