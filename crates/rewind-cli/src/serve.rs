@@ -773,6 +773,20 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
             }
         })?
     };
+    // The journals reach the disk on a thread of their own, so writers do
+    // not wait for a full journal buffer while maintenance is destaging.
+    let journal_writer = {
+        let node = Arc::clone(&node);
+        let stopping = Arc::clone(&stopping);
+        let work = node.journal_signal();
+        thread::Builder::new().name("journal".into()).spawn(move || {
+            while !stopping.load(Ordering::Acquire) {
+                // Failures poison the volume concerned and are logged by the node.
+                let _ = node.write_out_journals(now());
+                work.wait(MAINTENANCE_PERIOD);
+            }
+        })?
+    };
     // Packs go to the bucket on threads of their own: two uploads at once.
     let uploaders: Vec<_> = (0..if record.is_some() { UPLOADERS } else { 0 })
         .map(|index| {
@@ -943,7 +957,9 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
     history.join().expect("history thread does not panic");
     stopping.store(true, Ordering::Release);
     node.work_signal().notify();
+    node.journal_signal().notify();
     maintenance.join().expect("maintenance thread does not panic");
+    journal_writer.join().expect("journal thread does not panic");
     for uploader in uploaders {
         uploader.thread().unpark();
         uploader.join().expect("upload thread does not panic");

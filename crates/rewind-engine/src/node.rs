@@ -344,6 +344,7 @@ impl Node {
             cache: PageCache::new(config.index_cache_bytes),
             chunks: Arc::clone(&chunks),
             work: Arc::new(WorkSignal::default()),
+            journal_work: Arc::new(WorkSignal::default()),
             space: Arc::new(SpaceGauge::default()),
             passes_wanted: Arc::default(),
             clock: Arc::default(),
@@ -928,6 +929,16 @@ impl Node {
         first_error.map_or(Ok(worked), Err)
     }
 
+    /// Hands every volume's waiting journal bytes to the disk, once a
+    /// commit's worth waits (see [`Volume::write_out_journal`]). Embedders
+    /// run it on a thread of its own, woken by [`Node::journal_signal`], so
+    /// the journal keeps reaching the disk while [`Node::maintain`] is busy
+    /// destaging: otherwise writers find its buffer full and write it
+    /// themselves, a stall of a whole buffer's write and sync.
+    pub fn write_out_journals(&self, now: Timestamp) -> Result<bool, EngineError> {
+        self.for_each_volume(now, Volume::write_out_journal)
+    }
+
     /// One round of the slow work on history on every volume (see
     /// [`Volume::maintain_history`]), then garbage collection when due.
     /// Embedders run it on a thread of its own, apart from [`Node::maintain`].
@@ -1048,6 +1059,12 @@ impl Node {
 
     pub fn work_signal(&self) -> Arc<WorkSignal> {
         Arc::clone(&self.shared.work)
+    }
+
+    /// What wakes the journals' writer ([`Node::write_out_journals`]):
+    /// a volume's journal has a commit's worth of bytes waiting.
+    pub fn journal_signal(&self) -> Arc<WorkSignal> {
+        Arc::clone(&self.shared.journal_work)
     }
 
     pub fn page_cache_stats(&self) -> PageCacheStats {

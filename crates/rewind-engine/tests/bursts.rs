@@ -167,8 +167,8 @@ fn a_writer_at_the_overlays_limit_destages_a_slice_of_the_least_recently_written
     let at = |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
 
     // No maintenance: 64 blocks fill the overlay, and each block after
-    // them finds it full and destages the 4 written least recently
-    // (64 / 16), not all 64.
+    // them finds it full and destages the one written least recently
+    // (a 128th of the limit, at least one), not all 64.
     write_blocks(&volume, at, 0..80);
     let pending = volume.stats().unwrap().versions_pending_destage;
     let destaged = volume.io_stats().current.write_bytes / BLOCK as u64;
@@ -188,6 +188,43 @@ fn a_writer_at_the_overlays_limit_destages_a_slice_of_the_least_recently_written
     for (block, bytes) in image.chunks(BLOCK).enumerate() {
         assert!(bytes.iter().all(|&byte| byte == (block % 255) as u8 + 1), "block {block} reads what was written");
     }
+}
+
+/// The journal reaches the disk on a thread of its own
+/// (`Node::write_out_journals`), woken by the writer that leaves a commit's
+/// worth of bytes waiting, not by maintenance, which may be destaging for
+/// seconds while writers fill the journal's buffer.
+#[test]
+fn the_journals_writer_writes_out_a_commits_worth_once_a_writer_leaves_it_waiting() {
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 11));
+    let mut config = NodeConfig { reserve: Reserve::Bytes(0), ..NodeConfig::default() };
+    config.volume.commit_bytes_soft = 16 * BLOCK as u64;
+    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    let signal = node.journal_signal();
+    signal.wait(Duration::ZERO);
+    let write = |block: u64| {
+        volume.write(start, block * BLOCK as u64, &[7; BLOCK], Durability::Buffered).unwrap();
+    };
+    let journal = || volume.io_stats().journal;
+    let before = journal();
+
+    // 15 blocks wait: under a commit's worth, nothing is woken or written.
+    (0..15).for_each(write);
+    assert!(!signal.wait(Duration::ZERO), "no writer woke the journal's writer");
+    assert!(!node.write_out_journals(start).unwrap());
+    assert_eq!(journal().write_bytes, before.write_bytes, "nothing written out");
+    // The 16th: its writer wakes it, and the 16 blocks reach the disk,
+    // unsynced (a commit syncs).
+    write(15);
+    assert!(signal.wait(Duration::ZERO), "the writer that left a commit's worth woke the journal's writer");
+    assert!(node.write_out_journals(start).unwrap());
+    let after = journal();
+    assert!(after.write_bytes >= before.write_bytes + 16 * BLOCK as u64, "{before:?} -> {after:?}");
+    assert_eq!(after.syncs, before.syncs, "written out, not committed");
+    assert!(!node.write_out_journals(start).unwrap(), "nothing left waiting");
 }
 
 #[test]

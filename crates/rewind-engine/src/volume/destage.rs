@@ -9,6 +9,23 @@ use super::overlay::DestagePlan;
 pub(super) use super::overlay::Leaving;
 use super::*;
 
+/// Whether `apply_to_current` retires what it writes as it goes: the
+/// newest versions do; the older ones a layout writes first do not.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retire {
+    No,
+    PartByPart,
+}
+
+/// A writer at the overlay's limit destages this share of it when no pass
+/// is under way: a part's worth of 4 KiB blocks (`GATHER_BYTES_MAX`).
+const WRITER_SLICE_SHARE: usize = 128;
+
+/// The share a background pass in a burst takes (see
+/// `Volume::leaving_while_written`): writers at the limit wait for a part
+/// of it, not all.
+pub(super) const BURST_SLICE_SHARE: usize = 16;
+
 pub(crate) struct DestageState {
     /// Every durable record up to this LSN is in the current store, or
     /// superseded by a later durable record that a pass (or recovery)
@@ -45,16 +62,43 @@ impl Volume {
         self.destage(Leaving::Durable)
     }
 
-    /// The blocks a pass takes while writes go on (a burst, a writer's
-    /// backpressure): where the overlay absorbs overwrites, a slice of the
-    /// least recently written, a sixteenth of the overlay's limit, so a
-    /// writer that waits for a pass waits for a short one; elsewhere every
-    /// durable block.
-    pub(super) fn leaving_while_written(&self) -> Leaving {
+    /// The blocks a pass takes while writes go on (a burst): where the
+    /// overlay absorbs overwrites, a slice of the least recently written,
+    /// `1 / share` of the overlay's limit; elsewhere every durable block.
+    pub(super) fn leaving_while_written(&self, share: usize) -> Leaving {
         match self.rules().overlay_absorbs_overwrites() {
-            true => Leaving::Oldest((self.config.overlay_versions_max / 16).max(1)),
+            true => Leaving::Oldest((self.config.overlay_versions_max / share).max(1)),
             false => Leaving::Durable,
         }
+    }
+
+    /// Backpressure at the overlay's limit. A pass under way retires what
+    /// it destaged part by part, so the writer waits for its next part, not
+    /// for all of it (a checkpoint's pass in a burst takes seconds); with no
+    /// pass under way, the writer destages a slice itself, a part's worth
+    /// (`WRITER_SLICE_SHARE`), so its wait stays as short.
+    pub(super) fn make_room(&self) -> Result<(), EngineError> {
+        let mut room = self.room.lock();
+        while self.overlay_versions.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
+            if let Some(mut destage) = self.destage.try_lock() {
+                drop(room);
+                let destaged = self.destage_locked(&mut destage, self.leaving_while_written(WRITER_SLICE_SHARE));
+                drop(destage);
+                self.room_made();
+                return destaged;
+            }
+            // Woken by the pass's next part, or its end (when the lock is free).
+            self.room_made.wait(&mut room);
+        }
+        Ok(())
+    }
+
+    /// Wakes the writers waiting for room: a part was retired, or a pass
+    /// ended. Taking `room` first means none is between its check and its
+    /// wait.
+    fn room_made(&self) {
+        let _room = self.room.lock();
+        self.room_made.notify_all();
     }
 
     /// Destages as [`Volume::destage_durable`] does, but only the blocks
@@ -63,8 +107,13 @@ impl Volume {
     /// blocks it keeps are absorbed; or those not rewritten since a
     /// checkpoint's cut; or a slice of the least recently written.
     pub(super) fn destage(&self, leaving: Leaving) -> Result<(), EngineError> {
+        let destaged = self.destage_locked(&mut self.destage.lock(), leaving);
+        self.room_made();
+        destaged
+    }
+
+    fn destage_locked(&self, destage: &mut DestageState, leaving: Leaving) -> Result<(), EngineError> {
         let (lsn_durable, _) = self.journal.durable_point();
-        let mut destage = self.destage.lock();
         if self.current.is_none() {
             // Logging: the index is the present; nothing is destaged.
             destage.lsn_applied = destage.lsn_applied.max(lsn_durable);
@@ -80,19 +129,17 @@ impl Volume {
         if self.rules().current_writes == CurrentWrites::EveryVersionLetGo {
             // Every version let go goes down to the current store too, in order.
             for wave in waves(let_go) {
-                self.apply_to_current(&wave).map_err(|error| self.fail(error))?;
+                self.apply_to_current(&wave, Retire::No).map_err(|error| self.fail(error))?;
             }
         }
-        self.apply_to_current(&newest).map_err(|error| self.fail(error))?;
+        // Retired part by part while `destage` is held, so no other pass (a
+        // bookmark's merge, a writer's backpressure) applies or files them
+        // again, and writers waiting for room go on after a part.
+        self.apply_to_current(&newest, Retire::PartByPart).map_err(|error| self.fail(error))?;
         if let Some(applied_through) = through {
             destage.lsn_applied = destage.lsn_applied.max(applied_through);
             self.journal.forget_written(destage.lsn_applied);
         }
-        // Retired before `destage` is let go, so no other pass (a bookmark's
-        // merge, a writer's backpressure) applies or files them again.
-        let mut state = self.write.lock();
-        state.overlay.retire(&newest);
-        self.overlay_versions.store(state.overlay.versions(), Ordering::Relaxed);
         Ok(())
     }
 
@@ -100,11 +147,14 @@ impl Volume {
     /// their journal bytes read part by part in journal order (a random
     /// write's neighbours in the journal are other blocks of the same
     /// pass), each part written in block order, neighbours together.
-    fn apply_to_current(&self, versions: &[Pending]) -> Result<(), EngineError> {
+    fn apply_to_current(&self, versions: &[Pending], retire: Retire) -> Result<(), EngineError> {
         let block_bytes = self.meta.block_size.bytes() as usize;
         let (zeros, mut data): (Vec<&Pending>, Vec<&Pending>) =
             versions.iter().partition(|pending| pending.version.data == VersionData::Zero);
         self.write_runs(&zeros, None)?;
+        if retire == Retire::PartByPart {
+            self.retire(&zeros);
+        }
         data.sort_unstable_by_key(|pending| match pending.version.data {
             VersionData::Journal { segment, offset } => (segment, offset),
             _ => unreachable!("the overlay holds versions in the journal"),
@@ -118,8 +168,25 @@ impl Volume {
             }
             self.write_runs(part, Some(&gather.gathered))?;
             self.current.as_ref().expect("destaged into a current store").write_behind()?;
+            if retire == Retire::PartByPart {
+                self.retire(part);
+            }
         }
         Ok(())
+    }
+
+    /// Takes `applied` (each its block's newest version written to the
+    /// current store) and what it supersedes out of the overlay.
+    fn retire(&self, applied: &[&Pending]) {
+        if applied.is_empty() {
+            return;
+        }
+        let applied: Vec<Pending> = applied.iter().map(|&&pending| pending).collect();
+        let mut state = self.write.lock();
+        state.overlay.retire(&applied);
+        self.overlay_versions.store(state.overlay.versions(), Ordering::Relaxed);
+        drop(state);
+        self.room_made();
     }
 
     /// Writes `versions` (sorted by block; with `data`, their blocks in the

@@ -77,12 +77,8 @@ impl Volume {
         if self.closed.load(Ordering::Acquire) || self.is_poisoned() {
             return Ok(false);
         }
-        let mut worked = false;
-        if self.journal.bytes_unwritten() >= self.config.commit_bytes_soft {
-            // Hand the bytes to the kernel early; the commit below waits less.
-            self.journal.write_out().map_err(|error| self.fail(error.into()))?;
-            worked = true;
-        }
+        // Embedders without a journal writer of its own (`Node::write_out_journals`).
+        let mut worked = self.write_out_journal()?;
         if self.journal.lsn_durable() < Lsn(self.journal.lsn_next().0 - 1) {
             let seen = *maintenance.undurable_since.get_or_insert(now);
             if now.unix_nanos().saturating_sub(seen.unix_nanos()) >= self.config.commit_interval_nanos {
@@ -102,7 +98,7 @@ impl Volume {
             let before = self.overlay_versions.load(Ordering::Relaxed);
             let leaving = match (self.rules().has_controller_cache(), in_burst) {
                 (true, _) => Leaving::LetGo,
-                (false, true) => self.leaving_while_written(),
+                (false, true) => self.leaving_while_written(super::destage::BURST_SLICE_SHARE),
                 (false, false) => Leaving::Durable,
             };
             self.destage(leaving)?;

@@ -232,6 +232,8 @@ pub(crate) struct Shared {
     pub chunks: Arc<ChunkStore>,
     /// Wakes the maintenance loop.
     pub work: Arc<WorkSignal>,
+    /// Wakes the journals' writer (`Node::write_out_journals`).
+    pub journal_work: Arc<WorkSignal>,
     /// The free space client writes may use.
     pub space: Arc<crate::reserve::SpaceGauge>,
     /// Work waiting for archive passes to end.
@@ -259,6 +261,10 @@ pub struct Volume {
     io: VolumeIo,
     write: Mutex<WriteState>,
     destage: Mutex<DestageState>,
+    /// Writers at the overlay's limit wait here for a destage pass under
+    /// way to retire its next part, or to end (see `Volume::make_room`).
+    room: Mutex<()>,
+    room_made: parking_lot::Condvar,
     maintenance: Mutex<MaintenanceState>,
     /// Taken by the slow work on history (never while holding `maintenance`).
     history_work: Mutex<HistoryWork>,
@@ -300,6 +306,7 @@ pub struct Volume {
     settled: AtomicBool,
     disk: Arc<crate::reserve::SpaceGauge>,
     work: Arc<WorkSignal>,
+    journal_work: Arc<WorkSignal>,
     zero_block_crc32c: u32,
     /// A clone's base: what it reads where it never wrote (see `lineage`).
     /// Some exactly when `meta.base` is; a promote swaps what it holds.
@@ -486,7 +493,7 @@ impl Volume {
         }
         if self.overlay_versions.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
             self.flush()?;
-            self.destage(self.leaving_while_written())?;
+            self.make_room()?;
         }
         if self.index.stats().versions_in_memory >= 3 * self.config.memtable_versions_max as u64 {
             self.flush()?;
@@ -649,9 +656,22 @@ impl Volume {
             self.work.notify();
         }
         if self.journal.bytes_unwritten() >= self.config.commit_bytes_soft {
+            self.journal_work.notify();
             self.work.notify();
         }
         Ok(())
+    }
+
+    /// Hands the journal's waiting bytes to the disk once a commit's worth
+    /// (`commit_bytes_soft`) waits, so a commit later has less to write.
+    /// Returns whether it wrote; a failed write poisons the volume.
+    pub(crate) fn write_out_journal(&self) -> Result<bool, EngineError> {
+        let closed = self.closed.load(Ordering::Acquire) || self.is_poisoned();
+        if closed || self.journal.bytes_unwritten() < self.config.commit_bytes_soft {
+            return Ok(false);
+        }
+        self.journal.write_out().map_err(|error| self.fail(error.into()))?;
+        Ok(true)
     }
 
     /// Makes every write that completed before this call durable.
