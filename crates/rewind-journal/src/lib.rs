@@ -269,6 +269,11 @@ impl Batch {
         self.offset + self.records_len()
     }
 
+    /// Where it starts in the journal, comparable across segments.
+    fn position(&self) -> u64 {
+        pack(self.segment, self.offset)
+    }
+
     /// Makes room for `record_bytes` of records and at least `capacity` in
     /// all, if the batch holds no records yet, by laying it out afresh; a
     /// batch that holds records grows when it must (its buffer then moves
@@ -1196,11 +1201,34 @@ impl Journal {
     /// Writes what was appended to the segment files without waiting for the
     /// disk: the kernel starts writing it back, the memory is freed, and a
     /// later [`Journal::commit`] has less to wait for.
+    /// It takes `written` one batch at a time, so a commit, or a writer
+    /// waiting for room ([`Journal::write_out_oldest`]), waits for one.
     pub fn write_out(&self) -> Result<(), JournalError> {
         self.seal_active();
+        let Some(last) = self.tail.lock().sealed.back().map(|batch| batch.position()) else {
+            return Ok(());
+        };
+        loop {
+            let mut written = self.written.lock();
+            self.check_poisoned()?;
+            if !self.write_oldest_sealed(&mut written, last).map_err(|error| self.fail_write(error))? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Writes the oldest batch waiting (without syncing), sealing the
+    /// active one if none is sealed: what a writer that finds too many
+    /// bytes waiting does before appending more, so it waits for one
+    /// batch's write rather than a commit of them all.
+    pub fn write_out_oldest(&self) -> Result<(), JournalError> {
+        if self.tail.lock().sealed.is_empty() {
+            self.seal_active();
+        }
         let mut written = self.written.lock();
         self.check_poisoned()?;
-        self.write_sealed(&mut written).map_err(|error| self.fail_write(error))
+        self.write_oldest_sealed(&mut written, u64::MAX).map_err(|error| self.fail_write(error))?;
+        Ok(())
     }
 
     /// Seals the active batch; returns the LSN of the last record appended.
@@ -1232,54 +1260,65 @@ impl Journal {
 
     /// Writes every sealed batch (without syncing) and retires it.
     fn write_sealed(&self, written: &mut Written) -> Result<(), JournalError> {
-        let batches: Vec<Arc<Batch>> = self.tail.lock().sealed.iter().cloned().collect();
-        for batch in &batches {
-            if batch.starts_segment {
-                // A segment's name is durable before any of its records
-                // reach the file. Were a spare's renaming undone by a crash
-                // after them, the spare would hold this segment's records,
-                // whose LSNs the journal gives out again after recovery.
-                self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
-            }
-            if !self.write_direct(written, batch)? {
-                let file = self.file(batch.segment)?;
-                file.write_all_at(batch.records(), batch.offset).map_err(self.segment_io_error(batch.segment))?;
-            }
-            if written.unsynced.last() != Some(&batch.segment) {
-                written.unsynced.push(batch.segment);
-            }
-            written.lsn = written.lsn.max(batch.lsn_last);
-            written.end = JournalPosition { segment: batch.segment, offset: batch.end() };
-            self.written_end.store(pack(batch.segment, batch.end()), Ordering::Release);
+        // Only those sealed now: appends go on meanwhile and seal more.
+        let Some(last) = self.tail.lock().sealed.back().map(|batch| batch.position()) else {
+            return Ok(());
+        };
+        while self.write_oldest_sealed(written, last)? {}
+        Ok(())
+    }
+
+    /// Writes the oldest sealed batch (without syncing), if it starts at or
+    /// before `last`, and retires it; returns whether it wrote one. One
+    /// batch at a time, so whoever waits for `written` waits for one.
+    fn write_oldest_sealed(&self, written: &mut Written, last: u64) -> Result<bool, JournalError> {
+        let Some(batch) = self.tail.lock().sealed.front().cloned() else {
+            return Ok(false);
+        };
+        if batch.position() > last {
+            return Ok(false);
         }
-        let direct = self.direct_io.load(Ordering::Acquire);
+        if batch.starts_segment {
+            // A segment's name is durable before any of its records
+            // reach the file. Were a spare's renaming undone by a crash
+            // after them, the spare would hold this segment's records,
+            // whose LSNs the journal gives out again after recovery.
+            self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
+        }
+        if !self.write_direct(written, &batch)? {
+            let file = self.file(batch.segment)?;
+            file.write_all_at(batch.records(), batch.offset).map_err(self.segment_io_error(batch.segment))?;
+        }
+        if written.unsynced.last() != Some(&batch.segment) {
+            written.unsynced.push(batch.segment);
+        }
+        written.lsn = written.lsn.max(batch.lsn_last);
+        written.end = JournalPosition { segment: batch.segment, offset: batch.end() };
+        self.written_end.store(pack(batch.segment, batch.end()), Ordering::Release);
         // Copied before taking the locks: appends wait for `tail`.
-        let kept: Vec<Arc<Batch>> = if direct {
-            batches.iter().map(|batch| batch.compacted().map_or_else(|| batch.clone(), Arc::new)).collect()
-        } else {
-            Vec::new()
+        let kept: Option<Arc<Batch>> = match self.direct_io.load(Ordering::Acquire) {
+            true => Some(batch.compacted().map_or_else(|| batch.clone(), Arc::new)),
+            false => None,
         };
         let mut tail = self.tail.lock();
-        // Still readable from memory: `recent` holds them before `sealed` lets go.
+        // Still readable from memory: `recent` holds it before `sealed` lets go.
         let mut recent = self.recent.lock();
-        for (batch, kept) in batches.iter().zip(&kept) {
+        if let Some(kept) = &kept {
             if recent.batches.is_empty() {
                 self.recent_start.store(pack(batch.segment, batch.offset), Ordering::Release);
             }
             recent.bytes += kept.records_len();
             recent.batches.push_back(kept.clone());
         }
-        for batch in &batches {
-            let front = tail.sealed.pop_front().expect("written batches are still queued");
-            assert!(Arc::ptr_eq(&front, batch));
-        }
+        let front = tail.sealed.pop_front().expect("a written batch is still queued");
+        assert!(Arc::ptr_eq(&front, &batch), "sealed batches are written in order, by one writer at a time");
         drop(tail);
-        self.forget_recent(&mut recent, |recent| !direct || recent.bytes > RECENT_BYTES_MAX);
+        self.forget_recent(&mut recent, |recent| kept.is_none() || recent.bytes > RECENT_BYTES_MAX);
         drop(recent);
         // Unshared now unless kept whole in `recent`.
-        drop(kept);
-        batches.into_iter().for_each(|batch| self.recycle(batch));
-        Ok(())
+        drop((kept, front));
+        self.recycle(batch);
+        Ok(true)
     }
 
     /// Lets the written batches whose records are all at or below `lsn` go

@@ -985,3 +985,46 @@ fn records_a_crash_lost_never_come_back_from_a_spare() {
     let (replayed, _, _) = replay_from(&storage, config, from).unwrap();
     assert!(replayed.is_empty(), "no record lost in a crash comes back: {} replayed", replayed.len());
 }
+
+/// A writer that finds too many bytes waiting writes out the oldest batch
+/// only (`write_out_oldest`), so it waits for one batch's write rather than
+/// for a commit of them all: the bytes waiting drop by one batch, nothing
+/// becomes durable, and batch by batch everything reaches the file in
+/// order and reads back; a commit then makes it durable.
+#[test]
+fn a_writer_waiting_for_room_writes_out_the_oldest_batch_only() {
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 12));
+    let config = JournalConfig { batch_bytes_max: 8 << 10, ..JournalConfig::default() };
+    let journal = Journal::create(Arc::clone(&storage) as _, "journal", block_size(), config, Timestamp::MIN).unwrap();
+    let appended: Vec<_> = (0..40u8)
+        .map(|i| {
+            let data = [i; 2 * BLOCK as usize];
+            let timestamp = Timestamp::from_unix_nanos(1 + u64::from(i));
+            journal.append_write(timestamp, BlockIndex(u64::from(i)), &data, &mut Vec::new()).unwrap()
+        })
+        .collect();
+    let waiting = journal.bytes_unwritten();
+    assert!(waiting > 4 * (8 << 10), "several batches wait: {waiting}");
+
+    journal.write_out_oldest().unwrap();
+    let after = journal.bytes_unwritten();
+    assert!(after < waiting && waiting - after <= 8 << 10, "one batch written out: {waiting} -> {after}");
+    assert_eq!(journal.lsn_durable(), Lsn(0), "written out, not committed");
+    let mut rounds = 1;
+    while journal.bytes_unwritten() > 0 {
+        journal.write_out_oldest().unwrap();
+        rounds += 1;
+        assert!(rounds < 100, "each round writes a batch out");
+    }
+    assert!(rounds > 4, "batch by batch: {rounds}");
+    assert_eq!(journal.lsn_durable(), Lsn(0));
+    journal.forget_written(appended.last().unwrap().lsn);
+    for (i, record) in appended.iter().enumerate() {
+        let mut block = vec![0; 2 * BLOCK as usize];
+        journal.read(record.segment, u64::from(record.data_offset), &mut block).unwrap();
+        assert!(block.iter().all(|&byte| byte == i as u8), "record {i} reads back from the file");
+    }
+    assert_eq!(journal.commit().unwrap(), appended.last().unwrap().lsn);
+    let (ops, _) = replay(&storage, JournalConfig::default()).unwrap();
+    assert_eq!(ops.len(), appended.len(), "every record replays after the commit");
+}

@@ -75,14 +75,18 @@ impl Volume {
     /// Backpressure at the overlay's limit. A pass under way retires what
     /// it destaged part by part, so the writer waits for its next part, not
     /// for all of it (a checkpoint's pass in a burst takes seconds); with no
-    /// pass under way, the writer destages a slice itself, a part's worth
-    /// (`WRITER_SLICE_SHARE`), so its wait stays as short.
+    /// pass under way, the writer commits the journal and destages a slice
+    /// itself, a part's worth (`WRITER_SLICE_SHARE`), so its wait stays as
+    /// short.
     pub(super) fn make_room(&self) -> Result<(), EngineError> {
         let mut room = self.room.lock();
         while self.overlay_versions.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
             if let Some(mut destage) = self.destage.try_lock() {
                 drop(room);
-                let destaged = self.destage_locked(&mut destage, self.leaving_while_written(WRITER_SLICE_SHARE));
+                // Only durable versions are destaged.
+                let destaged = self
+                    .flush()
+                    .and_then(|()| self.destage_locked(&mut destage, self.leaving_while_written(WRITER_SLICE_SHARE)));
                 drop(destage);
                 self.room_made();
                 return destaged;

@@ -488,11 +488,12 @@ impl Volume {
         if let Some(detail) = self.disk.refusal() {
             return Err(EngineError::NoSpace { volume: self.meta.name.to_string(), detail });
         }
-        if self.journal.bytes_unwritten() >= self.config.unwritten_bytes_max {
-            self.flush()?;
+        // Batch by batch, so a writer waits for one batch's write, not for
+        // a commit of the whole buffer (which took 40–250 ms at 1 GB/s).
+        while self.journal.bytes_unwritten() >= self.config.unwritten_bytes_max {
+            self.journal.write_out_oldest().map_err(|error| self.fail(error.into()))?;
         }
         if self.overlay_versions.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
-            self.flush()?;
             self.make_room()?;
         }
         if self.index.stats().versions_in_memory >= 3 * self.config.memtable_versions_max as u64 {
