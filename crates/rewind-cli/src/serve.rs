@@ -761,32 +761,10 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
     };
 
     let stopping = Arc::new(AtomicBool::new(false));
-    let maintenance = {
-        let node = Arc::clone(&node);
-        let stopping = Arc::clone(&stopping);
-        let work = node.work_signal();
-        thread::Builder::new().name("maintenance".into()).spawn(move || {
-            while !stopping.load(Ordering::Acquire) {
-                // Failures poison the volume concerned and are logged by the node.
-                let _ = node.maintain(now());
-                work.wait(MAINTENANCE_PERIOD);
-            }
-        })?
-    };
+    let maintenance = spawn_node_loop("maintenance", &node, &stopping, node.work_signal(), Node::maintain)?;
     // The journals reach the disk on a thread of their own, so writers do
     // not wait for a full journal buffer while maintenance is destaging.
-    let journal_writer = {
-        let node = Arc::clone(&node);
-        let stopping = Arc::clone(&stopping);
-        let work = node.journal_signal();
-        thread::Builder::new().name("journal".into()).spawn(move || {
-            while !stopping.load(Ordering::Acquire) {
-                // Failures poison the volume concerned and are logged by the node.
-                let _ = node.write_out_journals(now());
-                work.wait(MAINTENANCE_PERIOD);
-            }
-        })?
-    };
+    let journal_writer = spawn_node_loop("journal", &node, &stopping, node.journal_signal(), Node::write_out_journals)?;
     // Packs go to the bucket on threads of their own: two uploads at once.
     let uploaders: Vec<_> = (0..if record.is_some() { UPLOADERS } else { 0 })
         .map(|index| {
@@ -966,6 +944,25 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
     }
     node.shut_down(now()).context("final checkpoint failed; the next start replays the journal")?;
     served
+}
+
+/// A thread named `name` that runs `work` on the node until `stopping`,
+/// again whenever `signal` wakes it and at least every `MAINTENANCE_PERIOD`.
+fn spawn_node_loop(
+    name: &str,
+    node: &Arc<Node>,
+    stopping: &Arc<AtomicBool>,
+    signal: Arc<rewind_engine::WorkSignal>,
+    work: fn(&Node, Timestamp) -> Result<bool, EngineError>,
+) -> std::io::Result<thread::JoinHandle<()>> {
+    let (node, stopping) = (Arc::clone(node), Arc::clone(stopping));
+    thread::Builder::new().name(name.into()).spawn(move || {
+        while !stopping.load(Ordering::Acquire) {
+            // Failures poison the volume concerned and are logged by the node.
+            let _ = work(&node, now());
+            signal.wait(MAINTENANCE_PERIOD);
+        }
+    })
 }
 
 /// Ctrl-C or SIGTERM: the handlers are installed when this is called, the
