@@ -332,9 +332,9 @@ pub struct ServeArgs {
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     burst_quiet: Duration,
     /// Reads keep archiving waiting too (a pass under way pauses), up to
-    /// this long after the last write, while the disk has room for the
-    /// history waiting: a read job right after a burst of writes keeps the
-    /// cores. Destaging and checkpoints do not wait for reads; 0s: nothing
+    /// this long after the last write, while the disk has room above twice
+    /// the reserve for the history all volumes have waiting: a read job
+    /// right after a burst of writes keeps the cores. Destaging and checkpoints do not wait for reads; 0s: nothing
     /// does.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     burst_reads: Duration,

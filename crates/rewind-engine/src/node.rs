@@ -865,6 +865,8 @@ impl Node {
     /// the others; the first error is returned.
     pub fn maintain(&self, now: Timestamp) -> Result<bool, EngineError> {
         self.measure_space();
+        let waiting = self.volumes().iter().map(|volume| volume.history_waiting_bytes()).sum();
+        self.shared.space.set_history_waiting(waiting);
         self.for_each_volume(now, |volume| volume.maintain(now))
     }
 

@@ -68,6 +68,10 @@ pub(crate) struct SpaceGauge {
     free_bytes: AtomicU64,
     reserve_bytes: AtomicU64,
     state: AtomicU8,
+    /// The history every volume of the node has waiting for the archiver,
+    /// in bytes, as of the last measurement: the room their passes will
+    /// need for packs (see `history_waiting_fits_room`).
+    history_waiting_bytes: AtomicU64,
 }
 
 /// What [`crate::Node::space`] reports.
@@ -104,6 +108,21 @@ impl SpaceGauge {
             reserve_bytes: self.reserve_bytes.load(Ordering::Relaxed),
             state: state_of(self.state.load(Ordering::Acquire)),
         }
+    }
+
+    /// Records the history all volumes have waiting for the archiver.
+    pub fn set_history_waiting(&self, bytes: u64) {
+        self.history_waiting_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Whether the archive passes of all the history the node has waiting
+    /// fit the free space above twice the reserve: the bound within which
+    /// archiving may wait when nothing adds history meanwhile (reads), since
+    /// its passes need room for their packs whether they run now or later.
+    pub fn history_waiting_fits_room(&self) -> bool {
+        let report = self.report();
+        let room = report.free_bytes.saturating_sub(report.reserve_bytes.saturating_mul(2));
+        self.history_waiting_bytes.load(Ordering::Relaxed) < room
     }
 
     /// Why client writes must wait, if they must.
@@ -159,5 +178,18 @@ mod tests {
         let refusal = gauge.refusal().expect("below the reserve");
         assert!(refusal.contains("50.0 MiB free") && refusal.contains("100.0 MiB"), "{refusal}");
         assert_eq!(gauge.update(space(900 << 20), Reserve::Bytes(1 << 20)).1, SpaceState::Ok);
+    }
+
+    #[test]
+    fn the_history_waiting_fits_the_room_above_twice_the_reserve() {
+        let gauge = SpaceGauge::default();
+        gauge.update(Space { total_bytes: 1000 << 20, free_bytes: 300 << 20 }, Reserve::Percent(10));
+        gauge.set_history_waiting(99 << 20);
+        assert!(gauge.history_waiting_fits_room(), "99 MiB in the 100 MiB above twice the reserve");
+        gauge.set_history_waiting(100 << 20);
+        assert!(!gauge.history_waiting_fits_room());
+        gauge.set_history_waiting(0);
+        gauge.update(Space { total_bytes: 1000 << 20, free_bytes: 150 << 20 }, Reserve::Percent(10));
+        assert!(!gauge.history_waiting_fits_room(), "below twice the reserve nothing waits");
     }
 }

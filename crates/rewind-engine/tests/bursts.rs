@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rewind_engine::{
     BlockSize, Clock, Durability, Node, NodeConfig, Reserve, Timestamp, Volume, VolumeName, VolumeSpec,
 };
-use rewind_io::{SimConfig, SimStorage, Storage};
+use rewind_io::{SimConfig, SimStorage};
 
 const MILLI: u64 = 1_000_000;
 const BLOCK: usize = 4096;
@@ -230,7 +230,9 @@ fn the_journals_writer_writes_out_a_commits_worth_once_a_writer_leaves_it_waitin
 #[test]
 fn reads_right_after_a_burst_keep_archiving_waiting_while_the_disk_has_room() {
     let storage = Arc::new(SimStorage::new(SimConfig::default(), 6));
-    let mut config = NodeConfig { reserve: Reserve::Bytes(0), ..NodeConfig::default() };
+    // Room for the index runs maintenance writes meanwhile.
+    const RESERVE: u64 = 256 * BLOCK as u64;
+    let mut config = NodeConfig { reserve: Reserve::Bytes(RESERVE), ..NodeConfig::default() };
     config.volume.burst_quiet_nanos = 250 * MILLI;
     config.volume.burst_reads_nanos = 2_000 * MILLI;
     config.volume.overlay_versions_max = 64;
@@ -278,14 +280,21 @@ fn reads_right_after_a_burst_keep_archiving_waiting_while_the_disk_has_room() {
     read();
     assert_eq!(work(5_100).versions_archived, 20);
 
-    // Only while the history waiting takes at most half the disk's free
-    // space (the reserve is 0): 10 blocks wait, with room for 11, then 9.
+    // Only while the passes of all the history waiting on the node fit the
+    // disk's free space above twice the reserve: 10 blocks wait
+    // here and 3 on another volume (too few for its own pass to be due),
+    // with room for 15, then for 12 — where this volume's 10 alone would fit.
+    let spec = VolumeSpec::new(VolumeName::new("w").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let other = node.create_volume(spec, at(5_900)).unwrap();
+    write_blocks(&other, |block| at(6_000 + block), 0..3);
     write_blocks(&volume, |block| at(6_000 + block), 20..30);
-    let free = storage.space().unwrap().free_bytes;
-    storage.set_capacity(Some(u64::MAX - free + 22 * BLOCK as u64));
+    // The node measures the disk first in its round, before it writes.
+    let room_for = |blocks: u64| storage.set_capacity(Some(storage.used_bytes() + 2 * RESERVE + blocks * BLOCK as u64));
+    room_for(15);
     read();
     assert_eq!(work(6_400).versions_archived, 20, "waiting while there is room");
-    storage.set_capacity(Some(u64::MAX - free + 18 * BLOCK as u64));
+    assert_eq!(other.stats().unwrap().versions_archived, 0, "the other volume's history waits too");
+    room_for(12);
     read();
     assert_eq!(work(6_600).versions_archived, 30, "archived although read");
 }

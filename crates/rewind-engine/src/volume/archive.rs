@@ -220,7 +220,7 @@ impl Volume {
 
     pub(crate) fn archive_due(&self, work: &HistoryWork, now: Timestamp) -> bool {
         let elapsed = now.unix_nanos().saturating_sub(work.archive_last.unix_nanos());
-        let waiting = self.index.versions_unarchived() * u64::from(self.block_size().bytes());
+        let waiting = self.history_waiting_bytes();
         if self.in_burst(now) {
             let burst_nanos = now.unix_nanos().saturating_sub(self.burst_began_nanos.load(Ordering::Relaxed));
             if burst_nanos < self.config.burst_archive_wait_nanos && self.history_waiting_fits(waiting) {

@@ -163,13 +163,13 @@ impl Volume {
         quiet > 0 && written_at > 0 && now.unix_nanos().saturating_sub(written_at) < quiet
     }
 
-    /// Whether reads right after a burst keep archiving waiting (see
-    /// `VolumeConfig::burst_reads_nanos`): the volume was read within
-    /// `burst_quiet_nanos` of `now` and written within `burst_reads_nanos`
-    /// (but not within the burst: then `in_burst` rules), and the history
-    /// waiting fits the disk (`history_waiting_fits`). Waiting costs no
-    /// room: reads add no history, and a write ends it.
-    pub(crate) fn reads_hold_archiving(&self, now: Timestamp) -> bool {
+    /// Whether the volume is read right after a burst of writes (see
+    /// `VolumeConfig::burst_reads_nanos`): read within `burst_quiet_nanos`
+    /// of `now` and written within `burst_reads_nanos` (but not within the
+    /// burst: then `in_burst` rules). Background work that such reads keep
+    /// waiting costs no room while it waits: reads add no history, and a
+    /// write ends it.
+    pub(crate) fn reads_after_burst(&self, now: Timestamp) -> bool {
         let read_at = self.note_reads(now);
         let written_at = self.written_at_nanos.load(Ordering::Relaxed);
         let quiet = self.config.burst_quiet_nanos;
@@ -178,21 +178,30 @@ impl Volume {
         }
         let since_write = now.unix_nanos().saturating_sub(written_at);
         let reading = now.unix_nanos().saturating_sub(read_at) < quiet;
-        if !reading || since_write < quiet || since_write >= self.config.burst_reads_nanos {
-            return false;
-        }
-        self.history_waiting_fits(self.index.versions_unarchived() * u64::from(self.block_size().bytes()))
+        reading && since_write >= quiet && since_write < self.config.burst_reads_nanos
     }
 
-    /// Whether `waiting` bytes of history waiting for the archiver take
-    /// less than half the disk's free space above twice the reserve: the
-    /// room a burst, and reads right after one, may keep archiving waiting
-    /// in. The pass that follows needs room for its packs whether it runs
-    /// now or later; the other half is left for other volumes' passes and
-    /// the writes that come back.
+    /// Whether reads right after a burst keep archiving waiting: while the
+    /// passes of all the history the node has waiting fit the disk's free
+    /// space above twice the reserve (`SpaceGauge::history_waiting_fits_room`).
+    pub(crate) fn reads_hold_archiving(&self, now: Timestamp) -> bool {
+        self.reads_after_burst(now) && self.disk.history_waiting_fits_room()
+    }
+
+    /// Whether `waiting` bytes of this volume's history waiting for the
+    /// archiver take less than half the disk's free space above twice the
+    /// reserve: the room a burst may keep archiving waiting in. The pass
+    /// that follows needs room for its packs whether it runs now or later;
+    /// the other half is left for other volumes' passes and the writes
+    /// that come meanwhile.
     pub(crate) fn history_waiting_fits(&self, waiting: u64) -> bool {
         let disk = self.disk.report();
         waiting < disk.free_bytes.saturating_sub(disk.reserve_bytes.saturating_mul(2)) / 2
+    }
+
+    /// The history waiting for the archiver, in bytes.
+    pub(crate) fn history_waiting_bytes(&self) -> u64 {
+        self.index.versions_unarchived() * u64::from(self.block_size().bytes())
     }
 
     /// When the volume was last seen read (unix nanoseconds; 0: not since
