@@ -43,6 +43,16 @@ struct Allocated {
 
 const REGION_BYTES: u64 = 64 << 10;
 
+/// The longest `pwrite` of data. The page cache sizes a buffered write's
+/// folios by its length, and ext4 walks every buffer head of a folio on each
+/// write into it and on its writeback: on this machine's kernel (6.18) a
+/// 4 KiB write into a block once written in a 1 MiB run cost 20 µs of CPU,
+/// into one written 32 KiB at a time 3.9 µs, while a sequential run costs
+/// 1.3× as much CPU in 32 KiB writes (`bench/folios.py`, BENCHMARKS.md).
+/// The destager's random 4 KiB writes are what the reads right after
+/// random writes share a core with.
+const WRITE_PIECE_BYTES: usize = 32 << 10;
+
 impl Allocated {
     fn new(file_bytes: u64) -> Allocated {
         Allocated { bits: Mutex::new(vec![0; file_bytes.div_ceil(REGION_BYTES).div_ceil(64) as usize]) }
@@ -159,7 +169,9 @@ impl CurrentStore {
         self.check_range(first, metas.len() as u64);
         let offset = self.block_size.offset_of(first);
         self.data_allocated.ensure(&*self.data, offset, data.len() as u64).map_err(EngineError::io(&self.data_path))?;
-        self.data.write_all_at(data, offset).map_err(EngineError::io(&self.data_path))?;
+        for (at, piece) in (offset..).step_by(WRITE_PIECE_BYTES).zip(data.chunks(WRITE_PIECE_BYTES)) {
+            self.data.write_all_at(piece, at).map_err(EngineError::io(&self.data_path))?;
+        }
         self.write_meta(first, metas)
     }
 
