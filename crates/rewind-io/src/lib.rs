@@ -143,13 +143,13 @@ pub trait Storage: Send + Sync {
     fn sync_dir(&self, dir: &str) -> io::Result<()>;
     /// The size of the filesystem holding the storage, and what is free on it.
     fn space(&self) -> io::Result<Space>;
-    /// Opens the existing file `path` for writes that bypass the page cache
-    /// (`O_DIRECT`): every write's offset, length and buffer address must be
-    /// multiples of [`DIRECT_ALIGN`] (see [`aligned_slice`]). A write is on
-    /// the device when it returns, but durable only after `sync_data`;
-    /// other handles of the file read what it wrote. The handle is for
-    /// writing only. Fails with `ErrorKind::Unsupported` where the
-    /// filesystem refuses direct I/O.
+    /// Opens the existing file `path` for reads and writes that bypass the
+    /// page cache (`O_DIRECT`): every read's and write's offset, length and
+    /// buffer address must be multiples of [`DIRECT_ALIGN`] (see
+    /// [`aligned_slice`]). A write is on the device when it returns, but
+    /// durable only after `sync_data`; other handles of the file read what
+    /// it wrote. Fails with `ErrorKind::Unsupported` where the filesystem
+    /// refuses direct I/O.
     fn open_direct(&self, path: &str) -> io::Result<Arc<dyn File>>;
     /// A new, empty file with no name, in `dir`: scratch space for work
     /// too large for memory (sorting). It is gone when its last handle is,
@@ -318,6 +318,13 @@ mod tests {
         direct.sync_data().unwrap();
         file.read_exact_at(&mut page, 8192).unwrap();
         assert_eq!(page, [5; 4096]);
+        // The direct handle reads whole sectors, from an aligned buffer only.
+        let mut back = Vec::new();
+        let sectors = aligned_slice(&mut back, 8192);
+        direct.read_exact_at(sectors, 4096).unwrap();
+        assert!(sectors.iter().all(|&byte| byte == 5));
+        let misaligned = direct.read_exact_at(&mut sectors[1..4097], 4096).unwrap_err();
+        assert_eq!(misaligned.kind(), std::io::ErrorKind::InvalidInput);
         assert!(!is_direct_aligned(&aligned[..100], 4096) && !is_direct_aligned(&aligned[1..4097], 4096));
         assert!(!is_direct_aligned(&aligned[..4096], 100) && is_direct_aligned(&aligned[..4096], 8192));
         write_file_atomic(storage, "a/b/g", b"one").unwrap();

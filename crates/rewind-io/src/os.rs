@@ -239,7 +239,7 @@ impl Storage for OsStorage {
     }
 
     fn open_direct(&self, path: &str) -> io::Result<Arc<dyn File>> {
-        let opened = fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(self.path(path));
+        let opened = fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(self.path(path));
         match opened {
             Ok(file) => Ok(Arc::new(OsFile { file })),
             // What open(2) says when the filesystem does not do O_DIRECT.

@@ -348,7 +348,7 @@ struct SimFile {
     state: Arc<Mutex<State>>,
     inode: u64,
     epoch: u64,
-    /// Opened by `open_direct`: writes only, aligned.
+    /// Opened by `open_direct`: reads and writes aligned.
     direct: bool,
 }
 
@@ -381,8 +381,9 @@ impl SimFile {
 
 impl File for SimFile {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        if self.direct {
-            return Err(io::Error::other("a direct handle is for writing only"));
+        if self.direct && !crate::is_direct_aligned(buf, offset) {
+            let what = format!("direct read of {} bytes at {offset} into {:p} is not aligned", buf.len(), buf);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, what));
         }
         self.with_inode(Access::Read, |inode, _| {
             let end = offset.checked_add(buf.len() as u64).filter(|&end| end <= inode.contents.len() as u64);

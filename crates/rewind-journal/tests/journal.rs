@@ -1028,3 +1028,62 @@ fn a_writer_waiting_for_room_writes_out_the_oldest_batch_only() {
     let (ops, _) = replay(&storage, JournalConfig::default()).unwrap();
     assert_eq!(ops.len(), appended.len(), "every record replays after the commit");
 }
+
+/// The destager's and the archiver's spans (`Journal::read_span`): from
+/// memory while the journal keeps their batches, then, once only in the
+/// file, with direct I/O — the sectors around them into an aligned part of
+/// the buffer — and buffered where the filesystem refuses direct I/O or the
+/// file ends mid-sector (a segment cut at a torn tail): the same bytes as
+/// `Journal::read` every way. Records of three 512-byte blocks straddle
+/// the 4 KiB sectors.
+#[test]
+fn spans_only_in_the_file_are_read_with_direct_io_and_read_the_same_bytes_every_way() {
+    const RECORD: usize = 3 * BLOCK as usize;
+    for direct_io in [true, false] {
+        let storage = SimStorage::new(SimConfig { direct_io, ..SimConfig::default() }, 21);
+        let journal = Journal::create(
+            Arc::new(storage.clone()),
+            "journal",
+            block_size(),
+            JournalConfig::default(),
+            Timestamp::MIN,
+        )
+        .unwrap();
+        let appended: Vec<_> = (0..64u8)
+            .map(|i| {
+                let timestamp = Timestamp::from_unix_nanos(1 + u64::from(i));
+                journal.append_write(timestamp, BlockIndex(3 * u64::from(i)), &[i; RECORD], &mut Vec::new()).unwrap()
+            })
+            .collect();
+        journal.commit().unwrap();
+        let check = |records: std::ops::Range<usize>, direct: bool| {
+            let mut buffer = Vec::new();
+            for first in records.clone() {
+                let last = (first + 2).min(records.end - 1);
+                let segment = appended[first].segment;
+                assert_eq!(appended[last].segment, segment, "one segment");
+                let start = u64::from(appended[first].data_offset);
+                let len = (u64::from(appended[last].data_offset) - start) as usize + RECORD;
+                let mut expected = vec![0; len];
+                journal.read(segment, start, &mut expected).unwrap();
+                let span = journal.read_span(segment, start, len, &mut buffer).unwrap();
+                assert_eq!(span, &expected[..], "records {first}..={last}, direct I/O {direct}");
+                assert_eq!(&span[..RECORD], &[first as u8; RECORD][..]);
+                let at = span.as_ptr();
+                if !start.is_multiple_of(4096) {
+                    // Direct: the span lies inside the aligned sectors read.
+                    assert_eq!(at != buffer.as_ptr(), direct, "records {first}..={last}, direct I/O {direct}");
+                }
+            }
+        };
+        check(0..appended.len(), false);
+        journal.forget_written(appended.last().unwrap().lsn);
+        check(0..appended.len(), direct_io);
+        // The file cut after the last record's data, mid-sector.
+        let end = u64::from(appended.last().unwrap().data_offset) + RECORD as u64;
+        assert!(!end.is_multiple_of(4096), "the cut falls inside a sector");
+        let file = storage.open_file("journal/00000001.seg", rewind_io::OpenMode::Existing).unwrap();
+        file.set_len(end).unwrap();
+        check(appended.len() - 2..appended.len(), false);
+    }
+}

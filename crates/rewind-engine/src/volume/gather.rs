@@ -2,7 +2,8 @@
 //!
 //! The archiver and the destager both take versions in block order, whose
 //! journal bytes lie wherever the writes put them. The journal is written
-//! around the page cache, so each read goes to the disk: one read per
+//! around the page cache, so each read goes to the disk (and is made with
+//! direct I/O too: `Journal::read_span`): one read per
 //! block made random writes' destaging a synchronous 4 KiB read each
 //! (about 10,000 a second on this disk), slower than the writes arrived.
 //! Read in journal order, neighbouring versions share a read.
@@ -26,7 +27,7 @@ pub(super) const GATHER_BYTES_MAX: usize = 32 << 20;
 pub(super) struct JournalGather {
     /// Per version, where its block lies and where it goes in `gathered`.
     order: Vec<(u32, u64, usize)>,
-    /// One read's bytes.
+    /// One read's bytes (somewhere in it: see `Journal::read_span`).
     span: Vec<u8>,
     /// The blocks of the versions last gathered, in their order.
     pub gathered: Vec<u8>,
@@ -62,11 +63,10 @@ impl JournalGather {
                 end = end.max(next + block);
                 last += 1;
             }
-            self.span.resize((end - start) as usize, 0);
-            journal.read(segment, start, &mut self.span)?;
+            let span = journal.read_span(segment, start, (end - start) as usize, &mut self.span)?;
             for &(_, offset, at) in &self.order[first..last] {
                 let from = (offset - start) as usize;
-                self.gathered[at * block_bytes..][..block_bytes].copy_from_slice(&self.span[from..from + block_bytes]);
+                self.gathered[at * block_bytes..][..block_bytes].copy_from_slice(&span[from..from + block_bytes]);
             }
             first = last;
         }
