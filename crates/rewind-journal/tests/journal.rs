@@ -17,6 +17,12 @@ fn block_size() -> BlockSize {
     BlockSize::new(BLOCK).unwrap()
 }
 
+/// A journal with the default configuration on `storage`.
+fn journal_on(storage: &SimStorage) -> Journal {
+    Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
+        .unwrap()
+}
+
 fn start() -> JournalPosition {
     JournalPosition { segment: 1, offset: 64 }
 }
@@ -177,9 +183,7 @@ fn committed_records_survive_every_crash_and_survivors_form_a_prefix() {
 #[test]
 fn reads_see_records_before_and_after_they_reach_the_disk() {
     let storage = SimStorage::new(SimConfig::default(), 1);
-    let journal =
-        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
-            .unwrap();
+    let journal = journal_on(&storage);
     let data: Vec<u8> = (0..BLOCK * 2).map(|i| (i % 251) as u8).collect();
     let appended = journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(7), &data, &mut Vec::new()).unwrap();
     let mut buf = vec![0u8; BLOCK as usize];
@@ -195,9 +199,7 @@ fn reads_see_records_before_and_after_they_reach_the_disk() {
 #[test]
 fn damage_to_an_acknowledged_record_is_corruption_not_a_torn_tail() {
     let storage = SimStorage::new(SimConfig::default(), 5);
-    let journal =
-        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
-            .unwrap();
+    let journal = journal_on(&storage);
     let first = journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[1; 512], &mut Vec::new());
     journal.commit().unwrap();
     journal.append_write(Timestamp::from_unix_nanos(2), BlockIndex(1), &[2; 512], &mut Vec::new()).unwrap();
@@ -214,9 +216,7 @@ fn damage_to_an_acknowledged_record_is_corruption_not_a_torn_tail() {
 #[test]
 fn damage_to_the_unacknowledged_tail_is_cut_off() {
     let storage = SimStorage::new(SimConfig::default(), 5);
-    let journal =
-        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
-            .unwrap();
+    let journal = journal_on(&storage);
     journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[1; 512], &mut Vec::new()).unwrap();
     journal.commit().unwrap();
     let second = journal.append_write(Timestamp::from_unix_nanos(2), BlockIndex(1), &[2; 512], &mut Vec::new());
@@ -235,9 +235,7 @@ fn damage_to_the_unacknowledged_tail_is_cut_off() {
 #[test]
 fn a_failed_fsync_poisons_the_journal() {
     let storage = SimStorage::new(SimConfig::default(), 9);
-    let journal =
-        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
-            .unwrap();
+    let journal = journal_on(&storage);
     journal.append_zero(Timestamp::from_unix_nanos(1), BlockIndex(0), 1).unwrap();
     storage.fail_syncs(1);
     assert!(matches!(journal.commit(), Err(JournalError::Io { .. })));
@@ -305,14 +303,7 @@ fn reclaim_deletes_only_old_segments_before_the_replay_point() {
 fn damage_to_the_last_acknowledged_record_is_corruption_once_a_vouch_covers_it() {
     for vouched in [false, true] {
         let storage = SimStorage::new(SimConfig::default(), 5);
-        let journal = Journal::create(
-            Arc::new(storage.clone()),
-            "journal",
-            block_size(),
-            JournalConfig::default(),
-            Timestamp::MIN,
-        )
-        .unwrap();
+        let journal = journal_on(&storage);
         journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[1; 512], &mut Vec::new()).unwrap();
         let last =
             journal.append_write(Timestamp::from_unix_nanos(2), BlockIndex(1), &[2; 1024], &mut Vec::new()).unwrap();
@@ -625,9 +616,7 @@ fn written_batches_are_read_from_memory_until_forgotten() {
 #[test]
 fn a_tail_cut_short_is_reported_as_torn() {
     let storage = SimStorage::new(SimConfig::default(), 5);
-    let journal =
-        Journal::create(Arc::new(storage.clone()), "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
-            .unwrap();
+    let journal = journal_on(&storage);
     journal.append_write(Timestamp::from_unix_nanos(1), BlockIndex(0), &[1; 512], &mut Vec::new()).unwrap();
     let last = journal.append_write(Timestamp::from_unix_nanos(2), BlockIndex(1), &[2; 512], &mut Vec::new());
     journal.commit().unwrap();
@@ -1041,14 +1030,7 @@ fn spans_only_in_the_file_are_read_with_direct_io_and_read_the_same_bytes_every_
     const RECORD: usize = 3 * BLOCK as usize;
     for direct_io in [true, false] {
         let storage = SimStorage::new(SimConfig { direct_io, ..SimConfig::default() }, 21);
-        let journal = Journal::create(
-            Arc::new(storage.clone()),
-            "journal",
-            block_size(),
-            JournalConfig::default(),
-            Timestamp::MIN,
-        )
-        .unwrap();
+        let journal = journal_on(&storage);
         let appended: Vec<_> = (0..64u8)
             .map(|i| {
                 let timestamp = Timestamp::from_unix_nanos(1 + u64::from(i));
