@@ -1135,16 +1135,21 @@ impl Journal {
     /// durable LSN (which may be higher: group commit).
     pub fn commit(&self) -> Result<Lsn, JournalError> {
         let target = self.seal_active();
+        // Only the batches sealed now, and `written` taken for one at a
+        // time: appends go on meanwhile and seal more, and a writer waiting
+        // for room waits for one batch's write, not for a commit of the
+        // whole buffer (which held writers 40–65 ms at 1 GB/s).
+        self.write_out_sealed()?;
         let mut written = self.written.lock();
         self.check_poisoned()?;
         // A record that takes no LSN of its own (a vouch whose write failed
         // on a full disk) may wait unwritten behind the last durable one:
         // everything appended is made durable, as a checkpoint's replay
-        // position, the journal's end, must be on disk.
-        if self.lsn_durable() >= target && self.tail.lock().sealed.is_empty() {
+        // position, the journal's end, must be on disk. Written above, it
+        // waits in `unsynced`.
+        if self.lsn_durable() >= target && written.unsynced.is_empty() {
             return Ok(self.lsn_durable());
         }
-        self.write_sealed(&mut written).map_err(|error| self.fail_write(error))?;
         self.sync_written(&mut written).map_err(|error| self.poison(error))?;
         Ok(self.lsn_durable())
     }
@@ -1185,9 +1190,9 @@ impl Journal {
             lsn_durable
         };
         self.seal_active();
+        self.write_out_sealed()?;
         let mut written = self.written.lock();
         self.check_poisoned()?;
-        self.write_sealed(&mut written).map_err(|error| self.fail_write(error))?;
         self.sync_written(&mut written).map_err(|error| self.poison(error))?;
         self.lsn_vouched.fetch_max(lsn.0, Ordering::AcqRel);
         Ok(true)
@@ -1205,6 +1210,13 @@ impl Journal {
     /// waiting for room ([`Journal::write_out_oldest`]), waits for one.
     pub fn write_out(&self) -> Result<(), JournalError> {
         self.seal_active();
+        self.write_out_sealed()
+    }
+
+    /// Writes the batches sealed now (not those sealed meanwhile), taking
+    /// `written` for one at a time. When it returns they are all written,
+    /// by this thread or another.
+    fn write_out_sealed(&self) -> Result<(), JournalError> {
         let Some(last) = self.tail.lock().sealed.back().map(|batch| batch.position()) else {
             return Ok(());
         };
@@ -1256,16 +1268,6 @@ impl Journal {
     /// A buffer of a written batch, or a new one.
     fn spare_buffer(&self) -> Vec<u8> {
         self.spare_buffers.lock().pop().unwrap_or_default()
-    }
-
-    /// Writes every sealed batch (without syncing) and retires it.
-    fn write_sealed(&self, written: &mut Written) -> Result<(), JournalError> {
-        // Only those sealed now: appends go on meanwhile and seal more.
-        let Some(last) = self.tail.lock().sealed.back().map(|batch| batch.position()) else {
-            return Ok(());
-        };
-        while self.write_oldest_sealed(written, last)? {}
-        Ok(())
     }
 
     /// Writes the oldest sealed batch (without syncing), if it starts at or
