@@ -86,16 +86,28 @@ fn absorb(entries: &mut SmallVec<[Pending; 1]>, lsn_durable: Lsn) -> usize {
 }
 
 impl Overlay {
-    /// An overlay holding `pending` (recovered, in LSN order: durable).
-    pub(crate) fn new(cache: Option<ControllerCache<()>>, pending: Vec<Pending>, absorbs: bool) -> Overlay {
+    /// An overlay holding `pending` (recovered, in LSN order: durable),
+    /// with room for `blocks_max` blocks made now. A table grows by moving
+    /// every entry, under the volume's write lock that every writer waits
+    /// for: growing past half a million blocks took tens of milliseconds.
+    /// The room is reserved address space; its pages are touched as blocks
+    /// arrive (at random, most of them after a few tens of thousands of
+    /// blocks), so a volume that has written that many holds the memory a
+    /// burst to the overlay's limit would have left it anyway.
+    pub(crate) fn new(
+        cache: Option<ControllerCache<()>>,
+        pending: Vec<Pending>,
+        absorbs: bool,
+        blocks_max: usize,
+    ) -> Overlay {
         assert!(!(absorbs && cache.is_some()), "a controller cache decides what it absorbs");
         let mut overlay = Overlay {
-            blocks: FxHashMap::default(),
+            blocks: FxHashMap::with_capacity_and_hasher(blocks_max, Default::default()),
             cache,
             let_go: FxHashSet::default(),
             versions: 0,
             absorbs,
-            recency: VecDeque::new(),
+            recency: VecDeque::with_capacity(if absorbs { Overlay::recency_max(blocks_max) } else { 0 }),
         };
         for entry in pending {
             overlay.push(entry, entry.lsn);
@@ -149,10 +161,15 @@ impl Overlay {
                 assert!(last <= entry.lsn, "versions come to the overlay in LSN order");
             }
             self.recency.push_back((entry.lsn, entry.version.block.0));
-            if self.recency.len() > 2 * self.versions + 1024 {
+            if self.recency.len() >= Overlay::recency_max(self.versions) {
                 self.compact_recency();
             }
         }
+    }
+
+    /// How long `recency` grows with `versions` here before it is compacted.
+    fn recency_max(versions: usize) -> usize {
+        2 * versions + 1024
     }
 
     /// Drops the entries of `recency` whose versions have left: at most
@@ -347,6 +364,34 @@ mod tests {
         newest.copied().collect()
     }
 
+    /// The table and the recency queue never grow while writes fill the
+    /// room made at opening: a growth moves every entry under the volume's
+    /// write lock, which every writer then waits for. Overwrites of the
+    /// blocks (absorbed) in two more rounds keep it so.
+    #[test]
+    fn an_overlay_holds_its_most_blocks_without_growing() {
+        let blocks_max = 50_000;
+        let mut overlay = Overlay::new(None, Vec::new(), true, blocks_max);
+        let (table, queue) = (overlay.blocks.capacity(), overlay.recency.capacity());
+        assert!(table >= blocks_max && queue >= Overlay::recency_max(blocks_max), "room: {table}, {queue}");
+        let mut lsn = 0;
+        for _round in 0..3 {
+            for block in 0..blocks_max as u64 {
+                lsn += 1;
+                let version = Version {
+                    block: BlockIndex(block),
+                    timestamp: Timestamp::from_unix_nanos(lsn),
+                    data: VersionData::Journal { segment: 0, offset: 0 },
+                    crc32c: 0,
+                };
+                overlay.record(Lsn(lsn), &[version], true, Lsn(lsn));
+            }
+        }
+        assert_eq!(overlay.versions(), blocks_max);
+        assert_eq!(overlay.blocks.capacity(), table, "the table grew");
+        assert_eq!(overlay.recency.capacity(), queue, "the recency queue grew");
+    }
+
     /// A part taken from the front of the recency queue is the one a look
     /// at every block would take: of the blocks whose newest durable
     /// version is at or before the bound (`lsn_durable`, or a checkpoint's
@@ -360,7 +405,7 @@ mod tests {
         for seed in 0..20u64 {
             println!("seed {seed}");
             let mut rng = StdRng::seed_from_u64(seed);
-            let mut overlay = Overlay::new(None, Vec::new(), true);
+            let mut overlay = Overlay::new(None, Vec::new(), true, 1024);
             let (mut lsn_next, mut lsn_durable) = (1u64, Lsn::ZERO);
             let blocks = rng.random_range(8..200u64);
             for step in 0..20_000 {

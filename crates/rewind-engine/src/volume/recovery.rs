@@ -125,6 +125,9 @@ impl Volume {
             let block_bytes = u64::from(meta.block_size.bytes());
             ControllerCache::new(CacheConfig::new(meta.cache_bytes, block_bytes, CACHE_DIRTY_FRACTION))
         });
+        // A volume's overlay holds at most its every block, and at most its limit.
+        let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
+        let overlay_blocks_max = usize::try_from(block_count).unwrap_or(usize::MAX).min(config.overlay_versions_max);
         let zero_block_crc32c = rewind_format::crc32c(&vec![0u8; meta.block_size.bytes() as usize]);
         // Every write after a revert is after it, whatever the journal holds;
         // so is every write after a bookmark made "now" (a point pinned on the
@@ -144,7 +147,12 @@ impl Volume {
             write: Mutex::new(WriteState {
                 timestamp_last: checkpoint.timestamp_last.max(timestamp_last).max(reverted),
                 timestamp_floor: index.archived_before(),
-                overlay: Overlay::new(cache, pending, LayoutRules::of(meta.layout).overlay_absorbs_overwrites()),
+                overlay: Overlay::new(
+                    cache,
+                    pending,
+                    LayoutRules::of(meta.layout).overlay_absorbs_overwrites(),
+                    overlay_blocks_max,
+                ),
                 timeline_unsaved: BTreeMap::new(),
                 crcs: Vec::new(),
                 versions: Vec::new(),
