@@ -105,6 +105,13 @@
 //!   reader's, then a worker's); now the one that reads it runs it. 4 KiB
 //!   random reads at depth 32 (run on the reader either way) 1.16 against
 //!   1.15.
+//! - Small READs that miss the page cache still run on the reader, one at a
+//!   time (2026-11-30). Handing them on while most of the last eight the
+//!   reader ran took 30 µs or more gave five at once, but no more
+//!   throughput: 4 KiB random reads at depth 32 right after random writes
+//!   (newest blocks read from the journal) 265 against 246 MiB/s, and of a
+//!   cold current store 43 against 90 (medians of four, a noisy disk;
+//!   BENCHMARKS.md). Not kept.
 //!
 //! Why per-connection threads rather than one pool for all connections: one
 //! client's slow requests (a view read deep in history, an fsync) then never
