@@ -18,7 +18,8 @@ enum Retire {
 }
 
 /// A writer at the overlay's limit destages this share of it when no pass
-/// is under way: a short part's worth of 4 KiB blocks (`SHORT_PART_BYTES`).
+/// is under way: at the default limit (2^20 versions), 2,048 blocks, a
+/// short part's worth of 4 KiB blocks (`SHORT_PART_BYTES`).
 const WRITER_SLICE_SHARE: usize = 512;
 
 /// Near the overlay's limit, where writers wait for a pass's next part
