@@ -356,6 +356,9 @@ pub struct Stats {
     /// is told from a torn write after a crash.
     pub lsn_vouched: u64,
     pub versions_pending_destage: u64,
+    /// Writers waiting now for destaging to make room in the overlay.
+    #[serde(default)]
+    pub writers_waiting_for_room: u64,
     /// Blocks the background copy after a revert put back into the current
     /// store since the server started.
     #[serde(default)]
@@ -407,6 +410,7 @@ impl From<VolumeStats> for Stats {
             lsn_durable: stats.lsn_durable,
             lsn_vouched: stats.lsn_vouched,
             versions_pending_destage: stats.versions_pending_destage,
+            writers_waiting_for_room: stats.writers_waiting_for_room,
             revert_blocks_copied: stats.revert_blocks_copied,
             revert_copy_blocks_left: stats
                 .revert_copy

@@ -101,6 +101,7 @@ fn render(node: &Node) -> String {
         ),
         ("rewind_volume_space_max_bytes", "gauge", "Space cap of the archived history (0: none)."),
         ("rewind_volume_pending_destage_versions", "gauge", "Versions not yet copied to the current store."),
+        ("rewind_volume_writers_waiting_for_room", "gauge", "Writers waiting now for destaging to make room."),
         (
             "rewind_volume_revert_copied_blocks_total",
             "counter",
@@ -160,6 +161,7 @@ fn render(node: &Node) -> String {
                 .map_or(0, |space| space.chunk_stored_bytes),
             volume.space_max_bytes(),
             stats.versions_pending_destage,
+            stats.writers_waiting_for_room,
             stats.revert_blocks_copied,
             stats.revert_copy.map_or(0, |copy| copy.blocks_total.saturating_sub(copy.blocks_done)),
             volume.size_bytes(),

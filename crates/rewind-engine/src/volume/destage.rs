@@ -45,6 +45,39 @@ pub(crate) struct DestageState {
     pub lsn_applied: Lsn,
 }
 
+/// The destage lock, held. Letting it go wakes the writers waiting for
+/// room (`Volume::make_room`): one that found it taken waits to be woken,
+/// and whoever held it — a pass, a checkpoint syncing the current store, a
+/// read checking a block again — must wake it, or it sleeps until some
+/// later pass, for good where no pass comes (a closed volume, a ROW
+/// volume inside its window).
+pub(super) struct DestageHeld<'a> {
+    volume: &'a Volume,
+    /// Always `Some` until dropped: taken out so the lock is let go before
+    /// the writers are woken.
+    state: Option<parking_lot::MutexGuard<'a, DestageState>>,
+}
+
+impl std::ops::Deref for DestageHeld<'_> {
+    type Target = DestageState;
+    fn deref(&self) -> &DestageState {
+        self.state.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for DestageHeld<'_> {
+    fn deref_mut(&mut self) -> &mut DestageState {
+        self.state.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for DestageHeld<'_> {
+    fn drop(&mut self) {
+        drop(self.state.take());
+        self.volume.room_made();
+    }
+}
+
 /// The share of the controller cache's pages that may be dirty (IBM §4.1).
 pub(super) const CACHE_DIRTY_FRACTION: f64 = 0.03;
 
@@ -68,6 +101,16 @@ pub(super) fn waves(versions: Vec<Pending>) -> Vec<Vec<Pending>> {
 }
 
 impl Volume {
+    /// Takes the destage lock: no pass runs, and none writes the current
+    /// store, until it is dropped.
+    pub(super) fn destage_lock(&self) -> DestageHeld<'_> {
+        DestageHeld { volume: self, state: Some(self.destage.lock()) }
+    }
+
+    fn destage_try_lock(&self) -> Option<DestageHeld<'_>> {
+        Some(DestageHeld { volume: self, state: Some(self.destage.try_lock()?) })
+    }
+
     /// Copies the newest durable version of every overlay block into the
     /// current store and retires what it copied.
     pub(crate) fn destage_durable(&self) -> Result<(), EngineError> {
@@ -93,25 +136,25 @@ impl Volume {
     pub(super) fn make_room(&self) -> Result<(), EngineError> {
         let mut room = self.room.lock();
         while self.overlay_versions.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
-            if let Some(mut destage) = self.destage.try_lock() {
+            if let Some(mut destage) = self.destage_try_lock() {
                 drop(room);
-                // Only durable versions are destaged.
-                let destaged = self
+                // Only durable versions are destaged; letting the lock go
+                // wakes the other writers waiting.
+                return self
                     .flush()
                     .and_then(|()| self.destage_locked(&mut destage, self.leaving_while_written(WRITER_SLICE_SHARE)));
-                drop(destage);
-                self.room_made();
-                return destaged;
             }
-            // Woken by the pass's next part, or its end (when the lock is free).
+            // Woken by the pass's next part, or when the lock is let go.
+            self.writers_waiting_for_room.fetch_add(1, Ordering::Relaxed);
             self.room_made.wait(&mut room);
+            self.writers_waiting_for_room.fetch_sub(1, Ordering::Relaxed);
         }
         Ok(())
     }
 
-    /// Wakes the writers waiting for room: a part was retired, or a pass
-    /// ended. Taking `room` first means none is between its check and its
-    /// wait.
+    /// Wakes the writers waiting for room: a part was retired, or the
+    /// destage lock let go. Taking `room` first means none is between its
+    /// check and its wait.
     fn room_made(&self) {
         let _room = self.room.lock();
         self.room_made.notify_all();
@@ -123,9 +166,7 @@ impl Volume {
     /// blocks it keeps are absorbed; or those not rewritten since a
     /// checkpoint's cut; or a slice of the least recently written.
     pub(super) fn destage(&self, leaving: Leaving) -> Result<(), EngineError> {
-        let destaged = self.destage_locked(&mut self.destage.lock(), leaving);
-        self.room_made();
-        destaged
+        self.destage_locked(&mut self.destage_lock(), leaving)
     }
 
     fn destage_locked(&self, destage: &mut DestageState, leaving: Leaving) -> Result<(), EngineError> {
@@ -292,5 +333,62 @@ impl Volume {
             start = end;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+
+    use rewind_io::{SimConfig, SimStorage};
+    use rewind_types::{BlockSize, VolumeName};
+
+    use crate::{Durability, Node, NodeConfig, Timestamp, VolumeSpec};
+
+    /// A writer at the overlay's limit that finds the destage lock taken
+    /// waits to be woken; here the holder is not a pass (a read checking a
+    /// block again, a checkpoint syncing the current store: the test), and
+    /// no pass comes after it, so only letting the lock go can wake it.
+    #[test]
+    fn a_writer_waiting_for_room_is_woken_when_the_destage_lock_is_let_go() {
+        let storage = SimStorage::new(SimConfig::default(), 1);
+        let mut config = NodeConfig::default();
+        config.volume.overlay_versions_max = 8;
+        let node = Node::open(Arc::new(storage), config).unwrap();
+        let at = |micros: u64| Timestamp::from_unix_nanos(1_000_000_000_000 + micros * 1_000);
+        let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+        let volume = node.create_volume(spec, at(0)).unwrap();
+        for block in 0..8 {
+            volume.write(at(block + 1), block * 4096, &[1; 4096], Durability::Buffered).unwrap();
+        }
+        assert_eq!(volume.stats().unwrap().versions_pending_destage, 8, "the overlay is at its limit");
+
+        let held = volume.destage_lock();
+        let (sender, receiver) = mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| sender.send(volume.write(at(9), 8 * 4096, &[2; 4096], Durability::Buffered)).unwrap());
+            // Looked at every millisecond for 30 s at most (the core reads
+            // no clock, its tests included).
+            let mut looks = 0;
+            while volume.writers_waiting_for_room.load(Ordering::Relaxed) == 0 {
+                looks += 1;
+                assert!(looks < 30_000, "the writer never waited for room");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(volume.stats().unwrap().writers_waiting_for_room, 1);
+            drop(held);
+            // A deadline for the failure only: success arrives on the channel.
+            let written = receiver.recv_timeout(Duration::from_secs(10));
+            if written.is_err() {
+                // A pass that retires a part wakes it, so that the scope can
+                // end and the test fail.
+                volume.flush().unwrap();
+                volume.destage_durable().unwrap();
+            }
+            written.expect("the writer slept on after the destage lock was let go").unwrap();
+        });
+        assert_eq!(volume.stats().unwrap().writers_waiting_for_room, 0);
     }
 }

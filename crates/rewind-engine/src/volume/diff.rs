@@ -114,7 +114,7 @@ impl Volume {
         // store (archive), so one version is planned from one place.
         let _wanted = self.passes_wanted.hold();
         let _no_archive = self.history_work.lock();
-        let _no_destage = self.destage.lock();
+        let _no_destage = self.destage_lock();
         let plan = |at: Option<Timestamp>| -> Result<Vec<Source>, EngineError> {
             self.plan(at, OverlayAccess::Lock, Copies::Traced, first, count)?
                 .map_err(|Mismatch(block)| self.corrupt_current(block))

@@ -240,6 +240,9 @@ pub struct VolumeStats {
     /// See `rewind_journal::Journal::vouch`.
     pub lsn_vouched: u64,
     pub versions_pending_destage: u64,
+    /// Writers waiting now for the overlay to make room (`make_room`):
+    /// backpressure from destaging.
+    pub writers_waiting_for_room: u64,
     /// Blocks the background copy after a revert has put back into the
     /// current store since the volume was opened (see `revert_copy.rs`).
     pub revert_blocks_copied: u64,
@@ -548,6 +551,7 @@ impl Volume {
             lsn_durable: self.journal.lsn_durable().0,
             lsn_vouched: self.journal.lsn_vouched().0,
             versions_pending_destage: self.overlay_versions.load(Ordering::Relaxed) as u64,
+            writers_waiting_for_room: self.writers_waiting_for_room.load(Ordering::Relaxed) as u64,
             revert_blocks_copied: counter(&counters.revert_blocks_copied),
             revert_copy: self.revert_copy_status(),
             poisoned: self.is_poisoned(),

@@ -266,6 +266,7 @@ pub struct Volume {
     /// way to retire its next part, or to end (see `Volume::make_room`).
     room: Mutex<()>,
     room_made: parking_lot::Condvar,
+    writers_waiting_for_room: AtomicUsize,
     maintenance: Mutex<MaintenanceState>,
     /// Taken by the slow work on history (never while holding `maintenance`).
     history_work: Mutex<HistoryWork>,

@@ -259,7 +259,7 @@ impl Volume {
                 // write lock while it holds its own, could deadlock.)
                 return Err(self.corrupt_current(block));
             }
-            let _no_destage = self.destage.lock();
+            let _no_destage = self.destage_lock();
             if let Err(Mismatch(block)) = self.read_blocks_replanning(at, overlay, first, count, target)? {
                 return Err(self.corrupt_current(block));
             }
@@ -282,7 +282,7 @@ impl Volume {
         if let Ok(planned) = plan()? {
             return Ok(planned);
         }
-        let _no_destage = self.destage.lock();
+        let _no_destage = self.destage_lock();
         plan()?.map_err(|Mismatch(block)| self.corrupt_current(block))
     }
 
@@ -616,7 +616,7 @@ mod tests {
         node.checkpoint_all(start.saturating_add_nanos(2 * SECOND)).unwrap();
         storage.corrupt("volumes/v/current.img", 100, 0xff).unwrap();
 
-        let destaging = volume.destage.lock();
+        let destaging = volume.destage_lock();
         let (sender, receiver) = mpsc::channel();
         std::thread::scope(|scope| {
             scope.spawn(|| {

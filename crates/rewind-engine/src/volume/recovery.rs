@@ -160,6 +160,7 @@ impl Volume {
             destage: Mutex::new(DestageState { lsn_applied: journal.lsn_durable() }),
             room: Mutex::new(()),
             room_made: parking_lot::Condvar::new(),
+            writers_waiting_for_room: AtomicUsize::new(0),
             maintenance: Mutex::new(MaintenanceState::after(&checkpoint)),
             history_work: Mutex::new(HistoryWork::after(&checkpoint)),
             journal,

@@ -195,7 +195,7 @@ impl Volume {
         self.check_room()?;
         // The destager held off, so that what the current store holds is
         // what this looks at until the records are in the overlay.
-        let _no_destage = self.destage.lock();
+        let _no_destage = self.destage_lock();
         let mut state = self.write.lock();
         if self.reverts().last() != Some(revert) {
             return Ok(None);
