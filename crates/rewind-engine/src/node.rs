@@ -23,7 +23,7 @@ use crate::group::GroupState;
 use crate::layout::LayoutRules;
 use crate::pool::Pool;
 use crate::reserve::{Reserve, SpaceGauge, SpaceReport, SpaceState};
-use crate::volume::{Base, Shared};
+use crate::volume::{Base, Shared, Work};
 use crate::{Clock, EngineError, InUse, PromoteReport, Volume, VolumeConfig};
 
 #[derive(Clone, Copy, Debug)]
@@ -867,7 +867,7 @@ impl Node {
         self.measure_space();
         let waiting = self.volumes().iter().map(|volume| volume.history_waiting_bytes()).sum();
         self.shared.space.set_history_waiting(waiting);
-        self.for_each_volume(now, |volume| volume.maintain(now))
+        self.for_each_volume(now, Work::Maintenance, |volume| volume.maintain(now))
     }
 
     /// Measures the free space against the reserve, logging when that
@@ -910,6 +910,7 @@ impl Node {
     fn for_each_volume(
         &self,
         now: Timestamp,
+        kind: Work,
         work: impl Fn(&Volume) -> Result<bool, EngineError>,
     ) -> Result<bool, EngineError> {
         let mut worked = false;
@@ -918,10 +919,10 @@ impl Node {
             match work(&volume) {
                 Ok(did) => {
                     worked |= did;
-                    volume.clear_fault();
+                    volume.clear_fault(kind);
                 }
                 Err(error) => {
-                    if volume.note_fault(&error, now) {
+                    if volume.note_fault(kind, &error, now) {
                         tracing::error!(volume = %volume.name(), %error, "maintenance failed");
                     }
                     first_error.get_or_insert(error);
@@ -938,7 +939,7 @@ impl Node {
     /// destaging: otherwise writers find its buffer full and write it
     /// themselves, a stall of a whole buffer's write and sync.
     pub fn write_out_journals(&self, now: Timestamp) -> Result<bool, EngineError> {
-        self.for_each_volume(now, Volume::write_out_journal)
+        self.for_each_volume(now, Work::JournalWriteOut, Volume::write_out_journal)
     }
 
     /// One round of the slow work on history on every volume (see
@@ -946,10 +947,11 @@ impl Node {
     /// Embedders run it on a thread of its own, apart from [`Node::maintain`].
     pub fn maintain_history(&self, now: Timestamp) -> Result<bool, EngineError> {
         let mut first_error = None;
-        let mut worked = self.for_each_volume(now, |volume| volume.maintain_history(now)).unwrap_or_else(|error| {
-            first_error = Some(error);
-            true
-        });
+        let mut worked =
+            self.for_each_volume(now, Work::History, |volume| volume.maintain_history(now)).unwrap_or_else(|error| {
+                first_error = Some(error);
+                true
+            });
         let collect_due = {
             // The first collection comes one interval after the node opened.
             let last = *self.collect_last.lock().get_or_insert(now);

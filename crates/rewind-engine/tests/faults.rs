@@ -364,3 +364,36 @@ fn the_journal_vouches_after_every_quiet_spell() {
         assert_eq!(stats.lsn_vouched, stats.lsn_durable, "burst {burst}: vouched for after 100 ms of quiet");
     }
 }
+
+/// A transient fault is reported until the work that met it succeeds: the
+/// journal's write-out, which `rewind serve` runs every few milliseconds
+/// and which succeeds while checkpoints fail for a full disk, does not
+/// clear it.
+#[test]
+fn a_full_disk_stays_reported_while_other_work_succeeds() {
+    let storage = SimStorage::new(SimConfig { write_survival: 1.0, torn_write: 0.0, ..SimConfig::default() }, 3);
+    let mut config = config();
+    config.volume.checkpoint_interval_nanos = 1;
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("a").unwrap(), BLOCKS * BLOCK as u64, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, at(0)).unwrap();
+    for block in 0..BLOCKS {
+        volume.write(at(1), block * BLOCK as u64, &pattern(1, 1, block), Durability::Fua).unwrap();
+    }
+    storage.set_capacity(Some(storage.used_bytes()));
+    let failed = node.maintain(at(10)).expect_err("a checkpoint needs space");
+    assert!(failed.is_transient(), "{failed}");
+    let fault = volume.fault().expect("the full disk is reported");
+
+    assert!(!node.write_out_journals(at(11)).unwrap(), "nothing was waiting");
+    assert_eq!(volume.fault(), Some(fault), "the journal's write-out did not clear it");
+
+    storage.set_capacity(None);
+    node.maintain(at(12)).unwrap();
+    assert_eq!(volume.fault(), None, "the checkpoint that failed succeeded");
+    let mut image = vec![0u8; BLOCKS as usize * BLOCK];
+    volume.read(0, &mut image).unwrap();
+    for (block, got) in image.chunks_exact(BLOCK).enumerate() {
+        assert!(got == pattern(1, 1, block as u64), "block {block}");
+    }
+}

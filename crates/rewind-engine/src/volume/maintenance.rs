@@ -39,6 +39,20 @@ pub(crate) struct HistoryWork {
 pub(crate) struct Fault {
     pub what: String,
     pub since: Timestamp,
+    /// Only this work succeeding clears it: the others succeed around it
+    /// (the journal's write-out every few milliseconds while destaging
+    /// fails for a full disk).
+    work: Work,
+}
+
+/// The kinds of a volume's background work, each on a thread of its own
+/// in `rewind serve` (see `Node::maintain`, `Node::write_out_journals`,
+/// `Node::maintain_history`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Work {
+    Maintenance,
+    JournalWriteOut,
+    History,
 }
 
 pub(crate) fn write_checkpoint(storage: &dyn Storage, dir: &str, checkpoint: &Checkpoint) -> Result<(), EngineError> {
@@ -218,7 +232,7 @@ impl Volume {
     /// Records a failure of this volume's work at `now`; returns whether to
     /// log it: the first time, when it changes, and once a minute while it
     /// lasts (a full disk fails every pass until it is freed).
-    pub(crate) fn note_fault(&self, error: &EngineError, now: Timestamp) -> bool {
+    pub(crate) fn note_fault(&self, work: Work, error: &EngineError, now: Timestamp) -> bool {
         const RELOG_NANOS: u64 = 60_000_000_000;
         let what = error.to_string();
         let mut fault = self.fault.lock();
@@ -229,7 +243,7 @@ impl Volume {
         let quiet = logged
             .as_ref()
             .is_some_and(|(text, at)| *text == what && now.unix_nanos().saturating_sub(at.unix_nanos()) < RELOG_NANOS);
-        *fault = Some(Fault { what: what.clone(), since });
+        *fault = Some(Fault { what: what.clone(), since, work });
         if quiet {
             return false;
         }
@@ -237,10 +251,11 @@ impl Volume {
         true
     }
 
-    /// The work that failed succeeded: the volume is well again.
-    pub(crate) fn clear_fault(&self) {
-        if let Some(fault) = self.fault.lock().take() {
-            tracing::debug!(volume = %self.name(), failing = %fault.what, "volume works again");
+    /// `work` succeeded: if it is what failed, the volume is well again.
+    pub(crate) fn clear_fault(&self, work: Work) {
+        let mut fault = self.fault.lock();
+        if let Some(cleared) = fault.take_if(|fault| fault.work == work) {
+            tracing::debug!(volume = %self.name(), failing = %cleared.what, "volume works again");
         }
     }
 
@@ -361,7 +376,7 @@ impl Volume {
                 // Records after the last write (a revert's copy) file nothing.
                 self.index.indexed_through(lsn)?;
             }
-            let destage = self.destage.lock();
+            let destage = self.destage_lock();
             assert!(destage.lsn_applied >= cut.lsn, "destaged through the cut");
             // Looked at before the current store is synced: whatever a pass
             // applied before this is synced with it.

@@ -73,6 +73,7 @@ pub(crate) use lineage::Base;
 use maintenance::Fault;
 use maintenance::HistoryWork;
 use maintenance::MaintenanceState;
+pub(crate) use maintenance::Work;
 use overlay::Overlay;
 
 #[derive(Clone, Copy, Debug)]
