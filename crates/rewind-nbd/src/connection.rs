@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,6 +64,9 @@ pub(crate) enum Hangup {
     ClientClosed,
     /// The client ended the session the proper way.
     ClientDone(&'static str),
+    /// The server stopped reading requests: it is shutting down, or the
+    /// export was cut off (a deleted volume).
+    ServerStopped,
     /// The client broke the protocol; we hung up (warn).
     Violation(String),
     /// The client sent nothing for this long with no request in flight.
@@ -202,6 +206,15 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client
         Hangup::Violation(what) => {
             warn!(export, requests, "protocol violation, hanging up: {what}")
         }
+        Hangup::ServerStopped => {
+            info!(
+                export,
+                requests,
+                bytes_read,
+                bytes_written,
+                "connection closed by the server (shutting down, or the export is gone)"
+            )
+        }
         Hangup::Idle(timeout) => {
             info!(
                 export,
@@ -289,15 +302,22 @@ impl<S: Transport> Connection<S> {
                     return Hangup::Io(error);
                 }
                 // Shutting down the read side is how the server ends a
-                // connection gracefully (see `Server::shutdown`).
+                // connection gracefully (see `Server::shutdown`); the flag
+                // says so to a reader the client keeps busy.
+                let cut_off = Arc::new(AtomicBool::new(false));
                 match self.replies.stream.try_clone() {
-                    Ok(control) => negotiated.export.when_cut_off(Box::new(move || {
-                        let _ = control.shutdown(Shutdown::Read);
-                    })),
+                    Ok(control) => {
+                        let cut_off = Arc::clone(&cut_off);
+                        negotiated.export.when_cut_off(Box::new(move || {
+                            cut_off.store(true, Ordering::Release);
+                            let _ = control.shutdown(Shutdown::Read);
+                        }))
+                    }
                     Err(error) => return Hangup::Io(error),
                 }
-                let Connection { shared, mut reader, replies, log, .. } = self;
-                transmission::serve(&mut reader, replies.stream, &negotiated, &shared.config, &log, stats)
+                let Connection { shared, running, mut reader, replies, log, .. } = self;
+                let stopped = || running.is_stopping() || cut_off.load(Ordering::Acquire);
+                transmission::serve(&mut reader, replies.stream, &negotiated, &shared.config, &log, &stopped, stats)
             }
         }
     }

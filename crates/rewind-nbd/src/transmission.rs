@@ -198,6 +198,7 @@ pub(crate) fn serve<S: Transport>(
     negotiated: &Negotiated,
     config: &ServerConfig,
     log: &PeerLog,
+    stopped: &(dyn Fn() -> bool + Sync),
     stats: &mut Stats,
 ) -> Hangup {
     let control = match stream.try_clone() {
@@ -211,6 +212,7 @@ pub(crate) fn serve<S: Transport>(
     let reading = Mutex::new(Requests {
         reader,
         session,
+        stopped,
         scratch: Scratch::default(),
         outbox: Vec::with_capacity(OUTBOX_BYTES_MAX),
         stats,
@@ -758,6 +760,8 @@ impl<S: Transport> Drop for PanicGuard<'_, '_, S> {
 struct Requests<'r, S> {
     reader: &'r mut BufReader<DeadlineReader<S>>,
     session: &'r Session,
+    /// Whether the server stopped reading this connection (see `next`).
+    stopped: &'r (dyn Fn() -> bool + Sync),
     scratch: Scratch,
     /// Replies to requests the reading role ran itself, not yet written.
     outbox: Vec<u8>,
@@ -772,6 +776,13 @@ impl<S: Transport> Requests<'_, S> {
     /// Reads, validates and answers one request, or returns it to be run
     /// off the reading role.
     fn next(&mut self, pipeline: &Pipeline<'_, S>) -> Result<Option<Job>> {
+        // Every way the server ends a connection shuts the socket's read
+        // side down, but Linux goes on delivering what the client has sent
+        // and sends after: a client that keeps writing would never see
+        // the end. So the reasons are looked at before each request too.
+        if pipeline.is_broken() || (self.stopped)() {
+            return Err(Hangup::ServerStopped);
+        }
         if self.reader.buffer().len() < p::REQUEST_HEADER_BYTES {
             // About to wait for the client, which may be waiting for these.
             pipeline.send_outbox(&mut self.outbox);

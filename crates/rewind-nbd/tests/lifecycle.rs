@@ -172,6 +172,34 @@ fn shutdown_lets_the_in_flight_request_finish() {
     assert_eq!(gates.server.connection_count(), 0);
 }
 
+/// Shutdown shuts each socket's read side down, but Linux goes on
+/// delivering what the client sends: a request that arrives once shutdown
+/// has begun is not served (a client that kept sending would otherwise
+/// keep the server from stopping), the one in flight is answered, and the
+/// connection closes.
+#[test]
+fn requests_that_arrive_once_shutdown_began_are_not_served() {
+    let gates = gated_server();
+    let mut client = RawClient::tcp(gates.address);
+    client.connect_export("gate", SIMPLE);
+    let flush = client.send_request(0, p::CMD_FLUSH, 0, 0, &[]);
+    assert_eq!(gates.entered.recv().unwrap(), "flush");
+
+    let server = Arc::clone(&gates.server);
+    let stopper = thread::spawn(move || server.shutdown());
+    wait_until_refused(gates.address);
+    // Waits in the socket while the flush holds the reading role.
+    client.send_request(0, p::CMD_WRITE, 0, 4096, &[7; 4096]);
+    gates.release.send(()).unwrap();
+
+    assert_eq!(client.simple_reply(flush), 0);
+    // No reply to the write: the connection closes (reset, as the write's
+    // bytes were never read).
+    client.expect_closed();
+    stopper.join().unwrap();
+    assert_eq!(gates.server.connection_count(), 0);
+}
+
 #[test]
 fn pending_replies_are_sent_before_a_disconnect() {
     let server = TestServer::start();
