@@ -131,7 +131,7 @@ use std::thread::{self, Scope};
 use parking_lot::{Condvar, Mutex};
 use tracing::{debug, error, warn, Span};
 
-use crate::connection::{read_message_start, read_rest, write_all_vectored, DeadlineReader, Hangup, Result, Transport};
+use crate::connection::{read_rest, write_all_vectored, DeadlineReader, Hangup, Result, Transport};
 use crate::export::{DirtyBitmap, Export, ExportError, ExportErrorKind, ZeroFlags};
 use crate::protocol::{self as p, Command, Refusal, RequestHeader, Session};
 use crate::server::ServerConfig;
@@ -811,25 +811,35 @@ impl<S: Transport> Requests<'_, S> {
         }
     }
 
-    /// Waits for the next request's first bytes. A read timing out is the
-    /// idle timeout (`enter_transmission` set it as the socket's read
-    /// timeout): the connection is idle, and closed, only if none of its
-    /// requests is in flight; otherwise the client is waiting for us.
+    /// Waits for the next request's magic. A read timing out is the idle
+    /// timeout (`enter_transmission` set it as the socket's read timeout):
+    /// the connection is idle, and closed, only if none of its requests is
+    /// in flight; otherwise the client is waiting for us, and the bytes of
+    /// the magic already read are kept (read again, the stream would be out
+    /// of step).
     fn read_request_start(&mut self, pipeline: &Pipeline<'_, S>, magic: &mut [u8]) -> Result<()> {
-        loop {
-            match read_message_start(self.reader, magic) {
-                Err(Hangup::Io(error))
-                    if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
-                {
+        let mut filled = 0;
+        while filled < magic.len() {
+            match self.reader.read(&mut magic[filled..]) {
+                Ok(0) if filled == 0 => return Err(Hangup::ClientClosed),
+                Ok(0) => return Err(Hangup::Violation("client closed the connection within a message".into())),
+                Ok(read) => filled += read,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                     if pipeline.requests_in_flight() > 0 {
                         continue;
+                    }
+                    if filled > 0 {
+                        // Stalled within a message, nothing in flight.
+                        return Err(Hangup::Io(error));
                     }
                     let timeout = self.reader.get_ref().idle_timeout()?;
                     return Err(Hangup::Idle(timeout));
                 }
-                result => return result,
+                Err(error) => return Err(error.into()),
             }
         }
+        Ok(())
     }
 
     fn dispatch(&mut self, pipeline: &Pipeline<'_, S>, handle: u64, command: Command) -> Result<Option<Job>> {

@@ -104,6 +104,10 @@ struct Gates {
 }
 
 fn gated_server() -> Gates {
+    gated_server_with(ServerConfig::default())
+}
+
+fn gated_server_with(config: ServerConfig) -> Gates {
     let (entered_tx, entered) = channel();
     let (release, release_rx) = channel();
     let (open_entered_tx, open_entered) = channel();
@@ -113,7 +117,7 @@ fn gated_server() -> Gates {
         open_entered: Mutex::new(open_entered_tx),
         open_release: Mutex::new(open_release_rx),
     };
-    let server = Arc::new(Server::new(Arc::new(catalog), ServerConfig::default()));
+    let server = Arc::new(Server::new(Arc::new(catalog), config));
     let address = server.serve_tcp("127.0.0.1:0").unwrap();
     Gates { server, address, entered, release, open_entered, open_release }
 }
@@ -198,6 +202,49 @@ fn requests_that_arrive_once_shutdown_began_are_not_served() {
     client.expect_closed();
     stopper.join().unwrap();
     assert_eq!(gates.server.connection_count(), 0);
+}
+
+/// The first bytes of a request, then a pause past the idle timeout while
+/// another request is in flight: the reader keeps what it read of the
+/// magic, and the request is served once the rest comes.
+#[test]
+fn a_request_paused_within_its_magic_past_the_idle_timeout_is_served() {
+    let idle_timeout = Duration::from_millis(200);
+    let gates = gated_server_with(ServerConfig { idle_timeout: Some(idle_timeout), ..ServerConfig::default() });
+    let mut client = RawClient::tcp(gates.address);
+    client.connect_export("gate", SIMPLE);
+    // A large read with a request behind it runs off the reading role,
+    // which goes on reading: the first write, then two bytes of the second.
+    let mut burst = Vec::new();
+    let read = client.queue_request(&mut burst, 0, p::CMD_READ, 0, 1 << 20, &[]);
+    let first = client.queue_request(&mut burst, 0, p::CMD_WRITE, 0, 4096, &[7; 4096]);
+    let mut second = Vec::new();
+    let handle = client.queue_request(&mut second, 0, p::CMD_WRITE, 4096, 4096, &[8; 4096]);
+    burst.extend_from_slice(&second[..2]);
+    client.send(&burst);
+    assert_eq!(gates.entered.recv().unwrap(), "read");
+    assert_eq!(client.simple_reply(first), 0);
+    // The pause is what is under test: the reader's socket read times out
+    // (more than once) with two bytes of the magic read.
+    thread::sleep(3 * idle_timeout);
+    client.send(&second[2..]);
+    // Released first, so that a failure below cannot leave the read waiting.
+    gates.release.send(()).unwrap();
+    let mut answered = Vec::new();
+    for _ in 0..2 {
+        let reply = client.recv(16);
+        assert_eq!(u32::from_be_bytes(reply[0..4].try_into().unwrap()), p::SIMPLE_REPLY_MAGIC);
+        assert_eq!(u32::from_be_bytes(reply[4..8].try_into().unwrap()), 0, "no error");
+        let replied = u64::from_be_bytes(reply[8..16].try_into().unwrap());
+        if replied == read {
+            assert_eq!(client.recv(1 << 20), vec![0x3c; 1 << 20]);
+        }
+        answered.push(replied);
+    }
+    answered.sort_unstable();
+    let mut expected = vec![read, handle];
+    expected.sort_unstable();
+    assert_eq!(answered, expected, "the read and the second write are answered");
 }
 
 #[test]
