@@ -158,6 +158,26 @@ fn shutdown_closes_connections_in_every_state_and_removes_the_socket() {
 
 #[test]
 fn shutdown_lets_the_in_flight_request_finish() {
+    shutdown_during_a_flush(|_| {});
+}
+
+/// Shutdown shuts each socket's read side down, but Linux goes on
+/// delivering what the client sends: a request that arrives once shutdown
+/// has begun is not served (a client that kept sending would otherwise
+/// keep the server from stopping), the one in flight is answered, and the
+/// connection closes (reset, as the request's bytes were never read).
+#[test]
+fn requests_that_arrive_once_shutdown_began_are_not_served() {
+    shutdown_during_a_flush(|client| {
+        // Waits in the socket while the flush holds the reading role.
+        client.send_request(0, p::CMD_WRITE, 0, 4096, &[7; 4096]);
+    });
+}
+
+/// Shuts the server down while a flush is in flight, with what `meanwhile`
+/// sends once shutdown has begun: the flush is answered, nothing else, and
+/// the connection closes.
+fn shutdown_during_a_flush(meanwhile: impl FnOnce(&mut RawClient)) {
     let gates = gated_server();
     let mut client = RawClient::tcp(gates.address);
     client.connect_export("gate", SIMPLE);
@@ -167,38 +187,10 @@ fn shutdown_lets_the_in_flight_request_finish() {
     let server = Arc::clone(&gates.server);
     let stopper = thread::spawn(move || server.shutdown());
     wait_until_refused(gates.address);
+    meanwhile(&mut client);
     gates.release.send(()).unwrap();
 
-    // The flush is answered, then the connection closes.
     assert_eq!(client.simple_reply(handle), 0);
-    client.expect_closed();
-    stopper.join().unwrap();
-    assert_eq!(gates.server.connection_count(), 0);
-}
-
-/// Shutdown shuts each socket's read side down, but Linux goes on
-/// delivering what the client sends: a request that arrives once shutdown
-/// has begun is not served (a client that kept sending would otherwise
-/// keep the server from stopping), the one in flight is answered, and the
-/// connection closes.
-#[test]
-fn requests_that_arrive_once_shutdown_began_are_not_served() {
-    let gates = gated_server();
-    let mut client = RawClient::tcp(gates.address);
-    client.connect_export("gate", SIMPLE);
-    let flush = client.send_request(0, p::CMD_FLUSH, 0, 0, &[]);
-    assert_eq!(gates.entered.recv().unwrap(), "flush");
-
-    let server = Arc::clone(&gates.server);
-    let stopper = thread::spawn(move || server.shutdown());
-    wait_until_refused(gates.address);
-    // Waits in the socket while the flush holds the reading role.
-    client.send_request(0, p::CMD_WRITE, 0, 4096, &[7; 4096]);
-    gates.release.send(()).unwrap();
-
-    assert_eq!(client.simple_reply(flush), 0);
-    // No reply to the write: the connection closes (reset, as the write's
-    // bytes were never read).
     client.expect_closed();
     stopper.join().unwrap();
     assert_eq!(gates.server.connection_count(), 0);
