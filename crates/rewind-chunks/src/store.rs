@@ -123,11 +123,16 @@ struct PackStats {
     /// Its trailer or footer is damaged: its chunks are read where the
     /// table says, and collection rewrites it (finding them by the table).
     footer_damaged: bool,
+    /// A record of it failed its check when a repack copied it: it is left
+    /// as it is (what of it is whole stays readable, the damaged chunk
+    /// fails the reads that need it), and no repack takes it again, so that
+    /// collection goes on with the other packs.
+    left_damaged: bool,
 }
 
 impl PackStats {
     fn new(bytes: u64) -> PackStats {
-        PackStats { bytes, held_chunks: 0, held_bytes: 0, footer_damaged: false }
+        PackStats { bytes, held_chunks: 0, held_bytes: 0, footer_damaged: false, left_damaged: false }
     }
 
     fn hold(&mut self, stored_bytes: u32) {
@@ -187,6 +192,11 @@ struct State {
     /// Packs that did not open, with why: a crash's unsealed leftover unless
     /// history refers to them (decided by `finish_open`).
     unreadable: BTreeMap<u64, String>,
+    /// Packs that did not open although history refers to them, with why:
+    /// kept as they are (their records may be whole; a mended header or a
+    /// copy put back brings their chunks back), their chunks reported
+    /// missing.
+    unopened_but_needed: BTreeMap<u64, String>,
     /// The store has been opened and marked: puts and collection may run.
     open: bool,
     /// Why the counts may be wrong: collection waits for a recount.
@@ -525,6 +535,7 @@ impl ChunkStore {
             pack_next,
             packs,
             unreadable,
+            unopened_but_needed: BTreeMap::new(),
             open: false,
             recount: None,
             dedup_damage: None,
@@ -867,8 +878,10 @@ impl ChunkStore {
             tracing::error!(chunk = id, %reason, "history refers to a chunk that is damaged or missing");
             report.missing.push((ChunkId(id), reason.clone()));
         }
-        // Nothing refers to the packs that did not open: a crash left the
-        // newest one unsealed (its writes may reach the disk in any order).
+        // Nothing refers to the packs that did not open and are left here
+        // (those history needs are in `unopened_but_needed`): a crash left
+        // the newest one unsealed (its writes may reach the disk in any
+        // order).
         let newest_sealed = state.packs.keys().next_back().copied().unwrap_or(0);
         for (pack, damage) in std::mem::take(&mut state.unreadable) {
             let path = self.packs.locate(pack);
@@ -890,6 +903,9 @@ impl ChunkStore {
     /// whose trailer or footer is damaged but whose records are there (it is
     /// then read through the table, and rewritten by the next collection).
     fn pack_for<'s>(&self, state: &'s mut State, pack: u64) -> Result<&'s mut PackStats, String> {
+        if let Some(damage) = state.unopened_but_needed.get(&pack) {
+            return Err(format!("its pack {} is unreadable: {damage}", pack_name(pack)));
+        }
         if let Some(damage) = state.unreadable.remove(&pack) {
             match PackReader::open_records(&self.packs, pack) {
                 Ok(reader) => {
@@ -903,8 +919,14 @@ impl ChunkStore {
                     state.packs.insert(pack, stats);
                 }
                 Err(error) => {
-                    state.unreadable.insert(pack, damage.clone());
-                    return Err(format!("its pack {} is unreadable: {damage}; {error}", pack_name(pack)));
+                    let damage = format!("{damage}; {error}");
+                    tracing::error!(
+                        pack = %pack_name(pack),
+                        %damage,
+                        "a pack history needs does not open; it is kept as it is, and its chunks are reported missing"
+                    );
+                    state.unopened_but_needed.insert(pack, damage.clone());
+                    return Err(format!("its pack {} is unreadable: {damage}", pack_name(pack)));
                 }
             }
         }
@@ -1155,20 +1177,17 @@ impl ChunkStore {
                 let reason = format!("it holds {} bytes, the version {}", slot.raw_bytes, out.len());
                 return Err(ChunkError::Missing { id, reason });
             }
-            let reader = match self.reader(slot.pack) {
-                Ok(reader) => reader,
-                Err(ChunkError::Io { source, .. }) if attempt == 0 && source.kind() == std::io::ErrorKind::NotFound => {
-                    continue;
-                }
-                Err(error) => return Err(error),
-            };
             let location = ChunkLocation {
                 pack: slot.pack,
                 offset: u64::from(slot.offset),
                 stored_bytes: slot.stored_bytes,
                 raw_bytes: slot.raw_bytes,
             };
-            return reader.read(location, &slot.hash, out, Check::Crc);
+            // (Deleted once opened, the pack is found gone by the read.)
+            match self.reader(slot.pack).and_then(|reader| reader.read(location, &slot.hash, out, Check::Crc)) {
+                Err(error) if attempt == 0 && pack_gone(&error) => continue,
+                read => return read,
+            }
         }
         unreachable!("the second attempt returns")
     }
@@ -1274,23 +1293,20 @@ impl ChunkStore {
                 end += 1;
             }
             let group = &order[start..end];
-            let reader = match self.reader(first.pack) {
-                Ok(reader) => Some(reader),
+            let members: Vec<(usize, TableSlot)> = group.iter().map(|&index| (index, slot(index))).collect();
+            let read = self
+                .reader(first.pack)
+                .and_then(|reader| self.read_span_scattered(&reader, &members, ids, chunk_bytes, scratch, out, crcs));
+            match read {
+                Ok(()) => {}
                 // Repacked meanwhile: read these one by one, through fresh slots.
-                Err(ChunkError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
-                Err(error) => return Err(error),
-            };
-            match reader {
-                Some(reader) => {
-                    let members: Vec<(usize, TableSlot)> = group.iter().map(|&index| (index, slot(index))).collect();
-                    self.read_span_scattered(&reader, &members, ids, chunk_bytes, scratch, out, crcs)?;
-                }
-                None => {
+                Err(error) if pack_gone(&error) => {
                     for &index in group {
                         crcs[index] =
                             self.read_alone(ids[index], &mut out[index * chunk_bytes..(index + 1) * chunk_bytes])?;
                     }
                 }
+                Err(error) => return Err(error),
             }
             start = end;
         }
@@ -1687,6 +1703,7 @@ impl ChunkStore {
             let candidates: Vec<(u64, PackStats)> = state
                 .packs
                 .iter()
+                .filter(|(_, pack)| !pack.left_damaged)
                 .filter(|(_, pack)| pack.held_chunks > 0 && (self.worth_rewriting(pack) || small(pack)))
                 .map(|(&number, &pack)| (number, pack))
                 .collect();
@@ -1720,7 +1737,9 @@ impl ChunkStore {
         let candidates: Vec<(u64, PackStats)> = {
             let state = self.state.lock();
             assert!(!state.closed, "the store is open");
-            let small = |pack: &&PackStats| pack.held_chunks > 0 && pack.bytes < self.config.pack_bytes_target / 4;
+            let small = |pack: &&PackStats| {
+                pack.held_chunks > 0 && pack.bytes < self.config.pack_bytes_target / 4 && !pack.left_damaged
+            };
             packs
                 .iter()
                 .filter_map(|number| state.packs.get(number).filter(small).map(|&pack| (*number, pack)))
@@ -1773,10 +1792,12 @@ impl ChunkStore {
         };
         let mut writer = PackWriter::create(&*self.packs, number)?;
         let mut moved: Vec<(ChunkId, TableSlot)> = Vec::new();
+        let mut copying = 0;
         let copied = (|| {
             let (mut record, mut raw) = (Vec::new(), Vec::new());
             let mut bytes_before = 0;
             for &pack in group {
+                copying = pack;
                 let reader = self.reader(pack)?;
                 bytes_before += reader.bytes();
                 for entry in self.live_entries(&reader)? {
@@ -1797,7 +1818,20 @@ impl ChunkStore {
                 if let Err(discard) = writer.discard() {
                     tracing::warn!(%discard, "cannot delete the unfinished pack of a failed repack");
                 }
-                return Err(error);
+                if !matches!(error, ChunkError::Corrupt { .. }) {
+                    return Err(error);
+                }
+                // Damage stays with the pack that has it: the group goes
+                // on without it.
+                tracing::error!(pack = %pack_name(copying), %error, "a pack to rewrite is damaged; it is left as it is");
+                if let Some(stats) = self.state.lock().packs.get_mut(&copying) {
+                    stats.left_damaged = true;
+                }
+                let rest: Vec<u64> = group.iter().copied().filter(|&pack| pack != copying).collect();
+                return match rest.is_empty() {
+                    true => Ok(()),
+                    false => self.rewrite_group(&rest, report),
+                };
             }
         };
         let sealed = writer.seal()?;
@@ -2160,4 +2194,10 @@ fn index_footer(
         }
     }
     Ok(())
+}
+
+/// Whether `error` says a pack is not there: a repack deleted it since its
+/// table slot was read.
+fn pack_gone(error: &ChunkError) -> bool {
+    matches!(error, ChunkError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
 }

@@ -87,7 +87,8 @@ struct Placement {
     generation: Generation,
     local: bool,
     remote: bool,
-    uploading: bool,
+    /// An upload, a fetch or a delete of it is under way: no other starts.
+    busy: bool,
     /// When the pack was last read (a tick of `clock`), for eviction.
     read_at: u64,
     /// Another node's pack, found when first read (`crate::peers`).
@@ -179,6 +180,8 @@ pub struct TieredPackStore {
     remote: Arc<dyn PackStore>,
     config: TierConfig,
     placements: Arc<Mutex<BTreeMap<u64, Placement>>>,
+    /// Signalled when a pack stops being busy (`Placement::busy`).
+    unbusied: Condvar,
     memory: Mutex<WindowCache>,
     /// Windows being fetched from the remote tier: a reader that needs one
     /// waits for it (`fetched`) rather than fetching it again.
@@ -204,6 +207,8 @@ struct Retired {
     pack: u64,
     /// The capture epoch it was deleted in.
     epoch: u64,
+    /// Whether it was in the bucket when deleted here.
+    uploaded: bool,
     /// When a catalog taken after it was first published (the caller's clock).
     published_at: Option<u64>,
 }
@@ -245,6 +250,7 @@ impl TieredPackStore {
             remote,
             config,
             placements: Arc::new(Mutex::new(placements)),
+            unbusied: Condvar::new(),
             memory: Mutex::default(),
             fetching: Mutex::default(),
             fetched: Condvar::new(),
@@ -281,10 +287,7 @@ impl TieredPackStore {
     pub fn waiting_small(&self) -> Vec<u64> {
         let placements = self.placements.lock();
         let small = |placement: &Placement| {
-            placement.local
-                && !placement.remote
-                && !placement.uploading
-                && placement.bytes < self.config.batch_below_bytes
+            placement.local && !placement.remote && !placement.busy && placement.bytes < self.config.batch_below_bytes
         };
         placements.iter().filter(|(_, placement)| small(placement)).map(|(&pack, _)| pack).collect()
     }
@@ -292,17 +295,18 @@ impl TieredPackStore {
     fn upload_next_where(&self, wanted: impl Fn(&Placement) -> bool) -> io::Result<Option<u64>> {
         let pack = {
             let mut placements = self.placements.lock();
-            let next = placements.iter_mut().find(|(_, placement)| {
-                placement.local && !placement.remote && !placement.uploading && wanted(placement)
-            });
+            let next = placements
+                .iter_mut()
+                .find(|(_, placement)| placement.local && !placement.remote && !placement.busy && wanted(placement));
             let Some((&pack, placement)) = next else { return Ok(None) };
-            placement.uploading = true;
+            placement.busy = true;
             pack
         };
         let uploaded = self.upload(pack);
         let mut placements = self.placements.lock();
         let placement = placements.get_mut(&pack).expect("a pack being uploaded is not deleted");
-        placement.uploading = false;
+        placement.busy = false;
+        self.unbusied.notify_all();
         let bytes = uploaded?;
         placement.remote = true;
         self.counters.uploads.fetch_add(1, Ordering::Relaxed);
@@ -353,18 +357,18 @@ impl TieredPackStore {
         let next = {
             let mut placements = self.placements.lock();
             let next = placements.iter_mut().find(|(pack, placement)| {
-                kept.contains(pack) && !placement.local && !placement.borrowed && !placement.uploading
+                kept.contains(pack) && !placement.local && !placement.borrowed && !placement.busy
             });
             let Some((&pack, placement)) = next else { return Ok(None) };
-            // Not deleted meanwhile, as an upload is not.
-            placement.uploading = true;
+            placement.busy = true;
             (pack, placement.bytes)
         };
         let (pack, bytes) = next;
         let fetched = copy_pack(&*self.remote, &*self.local, pack, bytes);
         let mut placements = self.placements.lock();
         let placement = placements.get_mut(&pack).expect("a pack being fetched is not deleted");
-        placement.uploading = false;
+        placement.busy = false;
+        self.unbusied.notify_all();
         fetched?;
         placement.local = true;
         Ok(Some(pack))
@@ -377,7 +381,7 @@ impl TieredPackStore {
         let mut freed = 0;
         loop {
             let victim = {
-                let placements = self.placements.lock();
+                let mut placements = self.placements.lock();
                 let local_bytes: u64 =
                     placements.values().filter(|placement| placement.local).map(|placement| placement.bytes).sum();
                 if local_bytes <= self.config.cache_bytes_max {
@@ -386,26 +390,35 @@ impl TieredPackStore {
                 let own = placements.iter().filter(|(_, placement)| !placement.borrowed);
                 let newest: Vec<u64> = own.rev().take(self.config.newest_kept).map(|(&pack, _)| pack).collect();
                 let kept = self.kept.lock();
-                placements
+                let victim = placements
                     .iter()
                     .filter(|(pack, placement)| {
                         placement.local
                             && placement.remote
-                            && !placement.uploading
+                            && !placement.busy
                             && !newest.contains(pack)
                             && !kept.contains(pack)
                     })
                     .min_by_key(|(_, placement)| placement.read_at)
-                    .map(|(&pack, placement)| (pack, placement.bytes))
+                    .map(|(&pack, placement)| (pack, placement.bytes));
+                drop(kept);
+                // Marked at once: a read from now on goes to the remote
+                // copy, and no delete comes in between.
+                if let Some((pack, _)) = victim {
+                    let placement = placements.get_mut(&pack).expect("listed above");
+                    (placement.local, placement.busy) = (false, true);
+                }
+                victim
             };
             // Whatever is left waits for its upload, or is the newest.
             let Some((pack, bytes)) = victim else { return Ok(freed) };
-            // Marked first: a read from now on goes to the remote copy.
-            self.placements.lock().get_mut(&pack).expect("listed above").local = false;
-            if let Err(error) = self.local.delete(pack) {
-                self.placements.lock().get_mut(&pack).expect("listed above").local = true;
-                return Err(error);
-            }
+            let evicted = self.local.delete(pack);
+            let mut placements = self.placements.lock();
+            let placement = placements.get_mut(&pack).expect("busy while evicted");
+            (placement.local, placement.busy) = (evicted.is_err(), false);
+            self.unbusied.notify_all();
+            drop(placements);
+            evicted?;
             freed += bytes;
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             self.counters.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -464,6 +477,20 @@ impl TieredPackStore {
     pub fn packs(&self) -> Vec<u64> {
         let placements = self.placements.lock();
         placements.iter().filter(|(_, placement)| !placement.borrowed).map(|(&pack, _)| pack).collect()
+    }
+
+    /// Whether every pack of `packs` (a capture's) is in the bucket,
+    /// or was when it was deleted here (it is kept there while a catalog may
+    /// name it): a catalog may name no other. A pack a collection deleted
+    /// before its upload is neither.
+    pub fn all_uploaded(&self, packs: &[u64]) -> bool {
+        let deleted_uploaded: FxHashSet<u64> =
+            self.retired.lock().iter().filter(|retired| retired.uploaded).map(|retired| retired.pack).collect();
+        let placements = self.placements.lock();
+        packs.iter().all(|pack| match placements.get(pack) {
+            Some(placement) => placement.remote || placement.borrowed,
+            None => deleted_uploaded.contains(pack),
+        })
     }
 
     /// The packs waiting for their upload, oldest first.
@@ -683,7 +710,7 @@ impl Placement {
             generation: stored.generation.clone(),
             local,
             remote,
-            uploading: false,
+            busy: false,
             read_at: 0,
             borrowed: false,
         }
@@ -734,22 +761,43 @@ impl PackStore for TieredPackStore {
     }
 
     fn delete(&self, pack: u64) -> io::Result<()> {
-        let Some(placement) = self.placements.lock().get(&pack).cloned() else { return Ok(()) };
-        if placement.borrowed {
-            // Its owner deletes it.
-            self.memory.lock().forget(pack);
-            self.placements.lock().remove(&pack);
-            return Ok(());
-        }
-        if placement.uploading {
-            let message = format!("{} is being uploaded; delete it once that is done", self.locate(pack));
-            return Err(io::Error::new(io::ErrorKind::WouldBlock, message));
-        }
+        // An upload or a fetch of it under way is waited for (a collection
+        // that rewrote the pack must not fail for it), and none starts
+        // while it is deleted.
+        let placement = {
+            let mut placements = self.placements.lock();
+            loop {
+                let Some(placement) = placements.get_mut(&pack) else { return Ok(()) };
+                if !placement.busy {
+                    placement.busy = true;
+                    break placement.clone();
+                }
+                self.unbusied.wait(&mut placements);
+            }
+        };
         self.memory.lock().forget(pack);
-        self.local.delete(pack)?;
-        self.placements.lock().remove(&pack);
-        // Even one never uploaded: an upload whose reply was lost is there.
-        self.retired.lock().push(Retired { pack, epoch: self.epoch.load(Ordering::SeqCst), published_at: None });
+        // A borrowed pack's owner deletes it.
+        let deleted = if placement.borrowed { Ok(()) } else { self.local.delete(pack) };
+        let mut placements = self.placements.lock();
+        match deleted {
+            Ok(()) => {
+                placements.remove(&pack);
+            }
+            Err(_) => placements.get_mut(&pack).expect("busy while deleted").busy = false,
+        }
+        self.unbusied.notify_all();
+        drop(placements);
+        deleted?;
+        if !placement.borrowed {
+            // Even one never uploaded: an upload whose reply was lost is there.
+            let retired = Retired {
+                pack,
+                epoch: self.epoch.load(Ordering::SeqCst),
+                uploaded: placement.remote,
+                published_at: None,
+            };
+            self.retired.lock().push(retired);
+        }
         Ok(())
     }
 

@@ -338,3 +338,101 @@ fn kept_packs_stay_on_the_disk_and_come_back() {
     assert_eq!((stats.local_reads, stats.remote_reads, stats.kept_packs), (1, 0, 2), "{stats:?}");
     assert_eq!(tiered.evict().unwrap(), 0, "both kept");
 }
+
+/// A remote tier whose uploads stop at their start until let go.
+struct HeldUploads {
+    inner: Arc<dyn PackStore>,
+    /// (an upload is waiting, uploads are let go)
+    gate: parking_lot::Mutex<(bool, bool)>,
+    changed: parking_lot::Condvar,
+}
+
+impl HeldUploads {
+    fn wait_for_an_upload(&self) {
+        let mut gate = self.gate.lock();
+        while !gate.0 {
+            self.changed.wait(&mut gate);
+        }
+    }
+
+    fn let_go(&self) {
+        self.gate.lock().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+impl PackStore for HeldUploads {
+    fn locate(&self, pack: u64) -> String {
+        self.inner.locate(pack)
+    }
+
+    fn create(&self, pack: u64) -> std::io::Result<Box<dyn rewind_chunks::pack_store::PackUpload>> {
+        let mut gate = self.gate.lock();
+        gate.0 = true;
+        self.changed.notify_all();
+        while !gate.1 {
+            self.changed.wait(&mut gate);
+        }
+        drop(gate);
+        self.inner.create(pack)
+    }
+
+    fn stat(&self, pack: u64) -> std::io::Result<rewind_chunks::pack_store::StoredPack> {
+        self.inner.stat(pack)
+    }
+
+    fn read(&self, pack: u64, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(pack, offset, buf)
+    }
+
+    fn delete(&self, pack: u64) -> std::io::Result<()> {
+        self.inner.delete(pack)
+    }
+
+    fn list(&self) -> std::io::Result<Vec<rewind_chunks::pack_store::StoredPack>> {
+        self.inner.list()
+    }
+}
+
+/// A collection that deletes a pack while it is being uploaded waits for
+/// the upload: the delete succeeds (it failed, and the failure stopped the
+/// chunk store until a restart). A catalog may name a pack that was in the
+/// bucket when deleted here, and not one deleted before its upload.
+#[test]
+fn a_delete_during_an_upload_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    let local: Arc<dyn PackStore> = Arc::new(LocalPackStore::open(Arc::clone(&storage), "local").unwrap());
+    let remote = Arc::new(HeldUploads {
+        inner: Arc::new(LocalPackStore::open(storage, "remote").unwrap()),
+        gate: parking_lot::Mutex::new((false, false)),
+        changed: parking_lot::Condvar::new(),
+    });
+    let tiered = Arc::new(
+        TieredPackStore::open(local, Arc::clone(&remote) as Arc<dyn PackStore>, TierConfig::default()).unwrap(),
+    );
+    put(&*tiered, 1, 1, 5000);
+    let uploader = std::thread::spawn({
+        let tiered = Arc::clone(&tiered);
+        move || tiered.upload_next()
+    });
+    remote.wait_for_an_upload();
+    let (deleting, delete_called) = std::sync::mpsc::channel();
+    let deleter = std::thread::spawn({
+        let tiered = Arc::clone(&tiered);
+        move || {
+            deleting.send(()).unwrap();
+            tiered.delete(1)
+        }
+    });
+    delete_called.recv().unwrap();
+    remote.let_go();
+    deleter.join().unwrap().expect("the delete waits for the upload");
+    assert_eq!(uploader.join().unwrap().unwrap(), Some(1));
+    assert!(tiered.stat(1).is_err() && !tiered.packs().contains(&1), "deleted here");
+    assert!(tiered.all_uploaded(&[1]), "in the bucket when deleted");
+
+    put(&*tiered, 2, 2, 5000);
+    tiered.delete(2).unwrap();
+    assert!(!tiered.all_uploaded(&[2]), "deleted before its upload");
+}

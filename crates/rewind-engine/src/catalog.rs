@@ -79,6 +79,9 @@ struct CatalogState {
     current_at: Option<Timestamp>,
     /// Per volume in the newest catalog, the point it rebuilds it at.
     points: Vec<(String, Timestamp)>,
+    /// The last catalog this node wrote without learning whether the write
+    /// took (its reply lost): found there later, it is this node's.
+    unanswered: Option<Vec<u8>>,
 }
 
 /// What [`Node::publish_catalog`] did.
@@ -284,7 +287,9 @@ impl Node {
             .collect();
         // Every pack the captured table may name goes first.
         while tiered.upload_next().map_err(bucket_error)?.is_some() {}
-        if tiered.waiting().iter().any(|pack| packs.binary_search(pack).is_ok()) {
+        // (One a collection deleted before its upload is not: the catalog
+        // waits for a capture that does not name it.)
+        if !tiered.all_uploaded(&packs) {
             return Ok(None);
         }
         let mut files = Vec::with_capacity(captured.len());
@@ -334,19 +339,43 @@ impl Node {
         let published = match unchanged {
             true => None,
             false => {
-                let generation = state.kept.back().map_or(0, |newest| newest.generation) + 1;
-                let catalog = Catalog { generation, taken: now, files };
-                let name = Catalog::name(generation);
-                catalogs.store.put_new(&name, &catalog.encode()).map_err(|error| match error.kind() {
-                    std::io::ErrorKind::AlreadyExists => EngineError::Io {
+                let mut generation = state.kept.back().map_or(0, |newest| newest.generation) + 1;
+                let catalog = loop {
+                    let catalog = Catalog { generation, taken: now, files: files.clone() };
+                    let name = Catalog::name(generation);
+                    let encoded = catalog.encode();
+                    let unanswered_before = state.unanswered.replace(encoded.clone());
+                    let error = match catalogs.store.put_new(&name, &encoded) {
+                        Ok(()) => {
+                            state.unanswered = None;
+                            break catalog;
+                        }
+                        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => error,
+                        Err(error) => return Err(bucket_error(error)),
+                    };
+                    // Ours if it holds what this node wrote there and never
+                    // heard back about (a reply lost): kept as published,
+                    // and this catalog follows it. Taken for someone
+                    // else's, every later catalog chose the same name and
+                    // failed the same way, until a restart.
+                    let there = catalogs.store.get(&name).map_err(bucket_error)?;
+                    let ours = there == encoded || unanswered_before.as_ref() == Some(&there);
+                    if !ours {
+                        return Err(EngineError::Io {
+                            path: catalogs.store.locate(&name),
+                            source: std::io::Error::new(
+                                error.kind(),
+                                "written by someone else: another node publishes to this bucket and prefix",
+                            ),
+                        });
+                    }
+                    let adopted = Catalog::decode(&there).map_err(|error| EngineError::Io {
                         path: catalogs.store.locate(&name),
-                        source: std::io::Error::new(
-                            error.kind(),
-                            "written by someone else: another node publishes to this bucket and prefix",
-                        ),
-                    },
-                    _ => bucket_error(error),
-                })?;
+                        source: std::io::Error::other(error.to_string()),
+                    })?;
+                    state.kept.push_back(adopted);
+                    generation += 1;
+                };
                 let report = Published { generation, files: catalog.files.len(), pieces_uploaded, bytes_uploaded };
                 state.kept.push_back(catalog);
                 state.points = points;

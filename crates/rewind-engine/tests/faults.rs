@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use rewind_chunks::MetaStore;
 use rewind_engine::{
     BlockSize, BookmarkName, Clones, Durability, EngineError, InUse, Node, NodeConfig, RepairMode, Timestamp,
     VolumeName, VolumeSpec,
@@ -288,6 +289,44 @@ fn a_damaged_pack_footer_is_read_through_the_table_and_rewritten() {
     check(&node, "b", 2);
 }
 
+/// A pack whose header is damaged does not open, though its records may be
+/// whole. History that refers to it reports its chunks missing, and the
+/// pack is kept: mended (here, the bit flipped back), it reads again. It was
+/// deleted at open as if nothing referred to it.
+#[test]
+fn a_pack_history_needs_is_kept_when_its_header_is_damaged() {
+    let storage = history();
+    let pack = storage.list_dir("chunks/packs").unwrap()[0].clone();
+    let path = format!("chunks/packs/{pack}");
+    flip(&storage, &path, 10);
+    let node = open(&storage);
+    assert!(views_failing_at_round_1(&node) > 0, "round 1 is in that pack");
+    drop(node);
+    assert!(storage.exists(&path).unwrap(), "the pack history needs is kept");
+
+    flip(&storage, &path, 10);
+    let node = open(&storage);
+    check(&node, "a", 1);
+    check(&node, "b", 2);
+}
+
+/// A damaged record in a pack that collection would rewrite stays with
+/// that pack: collection goes on with the others, again and again (it
+/// failed at the same record every time, so nothing was ever reclaimed).
+#[test]
+fn a_damaged_record_in_a_pack_to_rewrite_fails_no_collection() {
+    let storage = history();
+    let packs = storage.list_dir("chunks/packs").unwrap();
+    assert!(packs.len() >= 2, "{packs:?}");
+    // The first record's stored bytes.
+    flip(&storage, &format!("chunks/packs/{}", packs[0]), 64 + 56 + 10);
+    let node = open(&storage);
+    let first = node.collect(&mut |_, _, _| {}).expect("collection goes on past the damaged pack");
+    assert!(first.packs_rewritten >= 1, "the other packs are rewritten: {first:?}");
+    node.collect(&mut |_, _, _| {}).expect("and the next one too");
+    assert_eq!(views_failing_at_round_1(&node), 1, "the damaged chunk is still reported, and only there");
+}
+
 #[test]
 fn a_damaged_chunk_fails_only_the_views_that_need_it() {
     let storage = history();
@@ -296,20 +335,23 @@ fn a_damaged_chunk_fails_only_the_views_that_need_it() {
     flip(&storage, &format!("chunks/packs/{pack}"), 64 + 56 + 10);
     let node = open(&storage);
     assert!(node.damaged_volumes().is_empty());
+    assert_eq!(views_failing_at_round_1(&node), 1, "one chunk, one volume's view");
+}
+
+/// How many of the volumes' views after round 1 fail to read, as damage
+/// (the present of each reads whole).
+fn views_failing_at_round_1(node: &Node) -> usize {
     let mut failed = 0;
     for name in ["a", "b"] {
         let volume = node.volume(name).unwrap();
         let mut image = vec![0u8; BLOCKS as usize * BLOCK];
         volume.read(0, &mut image).unwrap();
-        match volume.view(at(150)).unwrap().read(0, &mut image) {
-            Ok(()) => {}
-            Err(error) => {
-                assert!(error.is_corruption(), "{error}");
-                failed += 1;
-            }
+        if let Err(error) = volume.view(at(150)).unwrap().read(0, &mut image) {
+            assert!(error.is_corruption(), "{error}");
+            failed += 1;
         }
     }
-    assert_eq!(failed, 1, "one chunk, one volume's view");
+    failed
 }
 
 #[test]
@@ -365,12 +407,9 @@ fn the_journal_vouches_after_every_quiet_spell() {
     }
 }
 
-/// A transient fault is reported until the work that met it succeeds: the
-/// journal's write-out, which `rewind serve` runs every few milliseconds
-/// and which succeeds while checkpoints fail for a full disk, does not
-/// clear it.
-#[test]
-fn a_full_disk_stays_reported_while_other_work_succeeds() {
+/// A node whose volume `a` has round 1 written with FUA, checkpointing at
+/// every chance.
+fn written_and_acknowledged() -> (SimStorage, Node, Arc<rewind_engine::Volume>) {
     let storage = SimStorage::new(SimConfig { write_survival: 1.0, torn_write: 0.0, ..SimConfig::default() }, 3);
     let mut config = config();
     config.volume.checkpoint_interval_nanos = 1;
@@ -380,6 +419,16 @@ fn a_full_disk_stays_reported_while_other_work_succeeds() {
     for block in 0..BLOCKS {
         volume.write(at(1), block * BLOCK as u64, &pattern(1, 1, block), Durability::Fua).unwrap();
     }
+    (storage, node, volume)
+}
+
+/// A transient fault is reported until the work that met it succeeds: the
+/// journal's write-out, which `rewind serve` runs every few milliseconds
+/// and which succeeds while checkpoints fail for a full disk, does not
+/// clear it.
+#[test]
+fn a_full_disk_stays_reported_while_other_work_succeeds() {
+    let (storage, node, volume) = written_and_acknowledged();
     storage.set_capacity(Some(storage.used_bytes()));
     let failed = node.maintain(at(10)).expect_err("a checkpoint needs space");
     assert!(failed.is_transient(), "{failed}");
@@ -396,4 +445,87 @@ fn a_full_disk_stays_reported_while_other_work_succeeds() {
     for (block, got) in image.chunks_exact(BLOCK).enumerate() {
         assert!(got == pattern(1, 1, block as u64), "block {block}");
     }
+}
+
+/// A sync that fails leaves what was written off the device whatever its
+/// errno, and the next sync would not say so again. So a full disk met at
+/// sync time (a thin pool run dry) poisons the volume, as EIO does: were it
+/// taken for the transient full disk a write meets, the retried checkpoint
+/// would succeed and name as durable the data the device dropped.
+#[test]
+fn a_sync_that_fails_as_a_full_disk_poisons_the_volume() {
+    let (storage, node, volume) = written_and_acknowledged();
+    storage.fail_syncs_as_full(1);
+    let failed = node.maintain(at(10)).expect_err("the checkpoint's sync was made to fail");
+    assert!(!failed.is_transient(), "{failed}");
+    let refused = volume.write(at(11), 0, &pattern(1, 2, 0), Durability::Fua).expect_err("poisoned");
+    assert!(matches!(refused, EngineError::Poisoned { .. }), "{refused}");
+}
+
+/// A bucket's meta store that loses the reply to the first catalog write:
+/// the catalog is there, the node is told the connection dropped.
+struct LosesACatalogReply {
+    inner: rewind_chunks::LocalMetaStore,
+    lost: std::sync::atomic::AtomicBool,
+}
+
+impl MetaStore for LosesACatalogReply {
+    fn locate(&self, name: &str) -> String {
+        self.inner.locate(name)
+    }
+
+    fn put_new(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        self.inner.put_new(name, bytes)?;
+        match name.starts_with("catalogs/") && !self.lost.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            true => Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "the reply was lost")),
+            false => Ok(()),
+        }
+    }
+
+    fn get(&self, name: &str) -> std::io::Result<Vec<u8>> {
+        self.inner.get(name)
+    }
+
+    fn list(&self, dir: &str) -> std::io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+
+    fn delete(&self, name: &str) -> std::io::Result<()> {
+        self.inner.delete(name)
+    }
+}
+
+/// A catalog whose write took but whose reply was lost is found by the next
+/// publish to be this node's own, and the next catalog follows it. It was
+/// taken for another node's, and every later publish failed the same way
+/// until a restart.
+#[test]
+fn a_catalog_whose_reply_was_lost_is_the_nodes_own() {
+    let storage = SimStorage::new(SimConfig { write_survival: 1.0, torn_write: 0.0, ..SimConfig::default() }, 3);
+    let shared: Arc<dyn rewind_io::Storage> = Arc::new(storage.clone());
+    let packs = rewind_chunks::LocalPackStore::open(Arc::clone(&shared), "bucket/packs").unwrap();
+    let meta = LosesACatalogReply {
+        inner: rewind_chunks::LocalMetaStore::open(Arc::clone(&shared), "bucket/meta").unwrap(),
+        lost: Default::default(),
+    };
+    let bucket = rewind_engine::Bucket {
+        packs: Arc::new(packs),
+        tier: rewind_engine::TierConfig::default(),
+        meta: Arc::new(meta),
+        retention: None,
+        alert_after_nanos: u64::MAX,
+        pool: None,
+    };
+    let node = Node::open_with_bucket(shared, config(), Some(bucket)).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("a").unwrap(), BLOCKS * BLOCK as u64, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, at(0)).unwrap();
+    volume.write(at(1), 0, &pattern(1, 1, 0), Durability::Fua).unwrap();
+    node.maintain_history(at(10)).unwrap();
+
+    let lost = node.publish_catalog(at(20), &[]).expect_err("the reply was lost");
+    assert!(lost.is_transient(), "{lost}");
+    volume.write(at(21), 0, &pattern(1, 2, 0), Durability::Fua).unwrap();
+    node.maintain_history(at(30)).unwrap();
+    let published = node.publish_catalog(at(40), &[]).expect("the lost one is the node's own").expect("a catalog");
+    assert_eq!(published.generation, 2, "it follows the one whose reply was lost");
 }

@@ -63,6 +63,8 @@ pub trait File: Send + Sync {
     fn allocate(&self, offset: u64, length: u64) -> io::Result<()>;
     fn size_bytes(&self) -> io::Result<u64>;
     fn set_len(&self, size_bytes: u64) -> io::Result<()>;
+    /// Makes what was written durable. Its error, whatever the errno, is
+    /// [`sync_failed`]'s: never transient.
     fn sync_data(&self) -> io::Result<()>;
     /// Deallocates `offset..offset+length`; it reads back as zeros afterwards.
     fn punch_hole(&self, offset: u64, length: u64) -> io::Result<()>;
@@ -74,7 +76,8 @@ pub trait File: Send + Sync {
     /// Waits until the writeback already started in `offset..offset+length`
     /// is on the device; the pages stay in the page cache. An error the
     /// device met writing it is reported here — and would not be reported
-    /// again by a later `sync_data`, so the caller must fail.
+    /// again by a later `sync_data`, so the caller must fail: the error is
+    /// [`sync_failed`]'s.
     fn wait_writeback(&self, _offset: u64, _length: u64) -> io::Result<()> {
         Ok(())
     }
@@ -187,6 +190,31 @@ pub struct Space {
     pub total_bytes: u64,
     /// What an unprivileged writer may still use.
     pub free_bytes: u64,
+}
+
+/// The error a failed sync returns, whatever the errno it met: data
+/// written may not be on the device, and a later sync would not say so
+/// again, so the caller must fail (poison) rather than retry. A full disk
+/// met at sync time (a thin pool run dry, a filesystem that could not
+/// reserve space) is one of these, not the transient full disk a write
+/// meets: [`is_transient`] is false for it.
+pub fn sync_failed(error: io::Error) -> io::Error {
+    io::Error::other(SyncFailed(error))
+}
+
+#[derive(Debug)]
+struct SyncFailed(io::Error);
+
+impl std::fmt::Display for SyncFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a sync failed ({}): data written may not be on the device", self.0)
+    }
+}
+
+impl std::error::Error for SyncFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
 }
 
 /// Whether `error` is a condition that passes: a full disk or quota, no

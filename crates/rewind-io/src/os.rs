@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use rustix::fs::{fadvise, fallocate, flock, statvfs, Advice, FallocateFlags, FlockOperation};
 
-use crate::{File, OpenMode, Space, Storage};
+use crate::{sync_failed, File, OpenMode, Space, Storage};
 
 /// Volumes are private: only the user Rewind runs as may enter the data
 /// directory or read what is in it.
@@ -113,7 +113,7 @@ impl File for OsFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        self.file.sync_data()
+        self.file.sync_data().map_err(sync_failed)
     }
 
     fn punch_hole(&self, offset: u64, length: u64) -> io::Result<()> {
@@ -140,12 +140,12 @@ impl File for OsFile {
     }
 
     fn wait_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
-        self.sync_range(offset, length, libc::SYNC_FILE_RANGE_WAIT_BEFORE)
+        self.sync_range(offset, length, libc::SYNC_FILE_RANGE_WAIT_BEFORE).map_err(sync_failed)
     }
 
     fn finish_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
         let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-        self.sync_range(offset, length, flags)?;
+        self.sync_range(offset, length, flags).map_err(sync_failed)?;
         // Only advice: the pages may stay, which costs memory, not data.
         let _ = fadvise(&self.file, offset, NonZeroU64::new(length), Advice::DontNeed);
         Ok(())
@@ -228,7 +228,7 @@ impl Storage for OsStorage {
     }
 
     fn sync_dir(&self, dir: &str) -> io::Result<()> {
-        fs::File::open(self.path(dir))?.sync_all()
+        fs::File::open(self.path(dir))?.sync_all().map_err(sync_failed)
     }
 
     fn create_scratch(&self, dir: &str) -> io::Result<Arc<dyn File>> {

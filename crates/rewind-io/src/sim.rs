@@ -15,8 +15,9 @@
 //! A crash also invalidates every open handle: any call on a handle from before
 //! the crash fails, just as the dead process could not make one.
 //!
-//! Faults: `fail_syncs` makes the next N `sync_data` calls fail with EIO and, as
-//! Linux does, forget the unsynced writes while reads keep showing them;
+//! Faults: `fail_syncs` makes the next N `sync_data` calls fail with EIO (or,
+//! `fail_syncs_as_full`, ENOSPC: a thin pool run dry) and, as Linux does,
+//! forget the unsynced writes while reads keep showing them;
 //! `set_capacity` gives the disk a size: a write or `allocate` that would need
 //! more space than is free fails with ENOSPC and changes nothing (space is
 //! counted per file as the larger of its length and what was allocated, and
@@ -34,7 +35,7 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{File, OpenMode, Space, Storage};
+use crate::{sync_failed, File, OpenMode, Space, Storage};
 
 #[derive(Clone, Copy, Debug)]
 pub struct SimConfig {
@@ -70,7 +71,8 @@ struct State {
     names_durable: BTreeMap<String, u64>,
     dirs: BTreeSet<String>,
     namespace_pending: Vec<NamespaceOp>,
-    sync_failures_pending: u32,
+    /// Syncs still to fail, and the errno they fail with.
+    sync_failures_pending: (u32, i32),
     /// Changes still allowed before every call fails (`stop_after`).
     changes_until_stop: Option<u64>,
     /// The disk's size (`set_capacity`); `None`: unlimited.
@@ -167,7 +169,7 @@ impl SimStorage {
                 names_durable: BTreeMap::new(),
                 dirs,
                 namespace_pending: Vec::new(),
-                sync_failures_pending: 0,
+                sync_failures_pending: (0, 0),
                 changes_until_stop: None,
                 capacity_bytes: None,
             })),
@@ -282,7 +284,13 @@ impl SimStorage {
 
     /// Makes the next `count` calls to `sync_data` fail with EIO.
     pub fn fail_syncs(&self, count: u32) {
-        self.state.lock().sync_failures_pending = count;
+        self.state.lock().sync_failures_pending = (count, libc_eio());
+    }
+
+    /// Makes the next `count` calls to `sync_data` fail with ENOSPC, as a
+    /// device that could not find room for what it was writing back does.
+    pub fn fail_syncs_as_full(&self, count: u32) {
+        self.state.lock().sync_failures_pending = (count, libc_enospc());
     }
 
     /// Flips the bits of `mask` in the byte at `offset` of `path`, in both the
@@ -353,7 +361,11 @@ struct SimFile {
 }
 
 impl SimFile {
-    fn with_inode<T>(&self, access: Access, f: impl FnOnce(&mut Inode, &mut u32) -> io::Result<T>) -> io::Result<T> {
+    fn with_inode<T>(
+        &self,
+        access: Access,
+        f: impl FnOnce(&mut Inode, &mut (u32, i32)) -> io::Result<T>,
+    ) -> io::Result<T> {
         let mut state = self.state.lock();
         if state.epoch != self.epoch {
             return Err(io::Error::other("handle from before a simulated crash"));
@@ -431,10 +443,11 @@ impl File for SimFile {
 
     fn sync_data(&self) -> io::Result<()> {
         self.with_inode(Access::Change, |inode, sync_failures_pending| {
-            if *sync_failures_pending > 0 {
-                *sync_failures_pending -= 1;
+            let (count, errno) = sync_failures_pending;
+            if *count > 0 {
+                *count -= 1;
                 inode.pending.clear();
-                return Err(io::Error::from_raw_os_error(libc_eio()));
+                return Err(sync_failed(io::Error::from_raw_os_error(*errno)));
             }
             inode.pending.clear();
             inode.contents_durable = inode.contents.clone();
@@ -451,9 +464,13 @@ impl File for SimFile {
     }
 }
 
-/// EIO, without depending on libc for one constant.
+/// EIO and ENOSPC, without depending on libc for two constants.
 const fn libc_eio() -> i32 {
     5
+}
+
+const fn libc_enospc() -> i32 {
+    28
 }
 
 impl Storage for SimStorage {

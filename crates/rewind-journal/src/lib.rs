@@ -710,7 +710,9 @@ impl Journal {
         let path = self.path(segment);
         let file = self.storage.open_file(&path, OpenMode::Existing).map_err(self.io_error(path))?;
         if files.len() >= OPEN_SEGMENTS_MAX {
-            let victim = *files.keys().find(|&&other| other != segment).expect("cache is not empty");
+            // The oldest: never the segment being written (the newest),
+            // whose reopening for a commit's sync could meet EMFILE.
+            let victim = *files.keys().filter(|&&other| other != segment).min().expect("cache is not empty");
             files.remove(&victim);
         }
         files.insert(segment, Arc::clone(&file));
@@ -954,7 +956,7 @@ impl Journal {
     /// rename is made durable before the segment's first batch is written
     /// (`write_sealed`), as a new file's name is.
     fn take_spare(&self, path: &str) -> Result<Option<Arc<dyn File>>, JournalError> {
-        let spares = loop {
+        let (spares, spare_path) = loop {
             let spares = self.spares()?;
             let Some(&spare) = spares.first() else { return Ok(None) };
             let spare_path = format!("{}/{}", self.dir, spare_name(spare));
@@ -962,16 +964,28 @@ impl Journal {
                 // Trimmed by a reclaim since the listing (the writer does not
                 // wait for reclaims): the next one, if any.
                 Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
-                renamed => renamed.map_err(self.io_error(spare_path))?,
+                renamed => renamed.map_err(self.io_error(spare_path.clone()))?,
             }
-            break spares;
+            break (spares, spare_path);
         };
         self.spares_kept.store(spares.len() - 1, Ordering::Relaxed);
-        let file = self.storage.open_file(path, OpenMode::Existing).map_err(self.io_error(path.to_owned()))?;
-        // A spare cut short by recovery (a torn tail) has less than a segment.
-        file.allocate(0, segment_reserved_bytes(self.config.segment_bytes_max))
-            .map_err(self.io_error(path.to_owned()))?;
-        Ok(Some(file))
+        let opened = self.storage.open_file(path, OpenMode::Existing).and_then(|file| {
+            // A spare cut short by recovery (a torn tail) has less than a segment.
+            file.allocate(0, segment_reserved_bytes(self.config.segment_bytes_max))?;
+            Ok(file)
+        });
+        match opened {
+            Ok(file) => Ok(Some(file)),
+            Err(error) => {
+                // Named a spare again, so that the segment is created anew
+                // once the (transient) condition passes: left under the
+                // segment's name, it made that creation fail, for good.
+                if let Err(undo) = self.storage.rename(path, &spare_path) {
+                    tracing::warn!(%path, %undo, "cannot name a spare segment file back after failing to take it");
+                }
+                Err(self.io_error(path.to_owned())(error))
+            }
+        }
     }
 
     /// Writes a spare segment file ahead of need when the segments take many
@@ -1768,6 +1782,11 @@ impl Recovery {
             if header.lsn_first != lsn_first {
                 return Err(corrupt(format!("segment starts at LSN {} instead of {lsn_first}", header.lsn_first)));
             }
+        }
+        // What survived the crash of the segment left behind may sit in
+        // the page cache only, as the last one's may (see `finish`).
+        if let Some((left, _)) = &self.file {
+            left.sync_data().map_err(journal.segment_io_error(self.segment))?;
         }
         self.file = Some((file, size_bytes));
         self.recycled = header.recycled;
