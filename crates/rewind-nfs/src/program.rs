@@ -351,15 +351,14 @@ impl Dispatcher {
         let past_named = |dir: &[u8], name: &[u8]| {
             name == PAST_NAME && self.present(dir).is_ok_and(|(_, dir)| dir.ino == ROOT_INODE)
         };
-        let renames_past = match &update {
-            Update::Remove { dir, name, .. } => past_named(dir, name),
-            Update::Rename { from_dir, from_name, to_dir, to_name } => {
-                past_named(from_dir, from_name) || past_named(to_dir, to_name)
+        // `/.rewind` is there, read-only: it cannot be removed or renamed,
+        // and nothing else can take its name.
+        if update.names().into_iter().any(|(dir, name)| past_named(dir, name)) {
+            return Err(match &update {
+                Update::Remove { .. } | Update::Rename { .. } => nfsstat3::NFS3ERR_ROFS,
+                _ => nfsstat3::NFS3ERR_EXIST,
             }
-            _ => false,
-        };
-        if renames_past {
-            return Err(nfsstat3::NFS3ERR_ROFS.into());
+            .into());
         }
         let resolve = |bytes: &[u8]| {
             let (other, handle) = self.present(bytes)?;

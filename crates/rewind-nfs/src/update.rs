@@ -156,6 +156,22 @@ impl<'a> Update<'a> {
         }
     }
 
+    /// Every name the update makes, removes or renames, with its directory.
+    pub fn names(&self) -> Vec<(&[u8], &[u8])> {
+        match self {
+            Update::SetAttr { .. } | Update::Write { .. } | Update::Commit { .. } => vec![],
+            Update::Create { dir, name, .. }
+            | Update::Mkdir { dir, name, .. }
+            | Update::Symlink { dir, name, .. }
+            | Update::Mknod { dir, name, .. }
+            | Update::Remove { dir, name, .. }
+            | Update::Link { dir, name, .. } => vec![(dir.as_ref(), name.as_ref())],
+            Update::Rename { from_dir, from_name, to_dir, to_name } => {
+                vec![(from_dir.as_ref(), from_name.as_ref()), (to_dir.as_ref(), to_name.as_ref())]
+            }
+        }
+    }
+
     /// The name of the object a CREATE, MKDIR, SYMLINK or MKNOD makes.
     pub fn made_name(&self) -> Option<&[u8]> {
         match self {

@@ -191,6 +191,14 @@ async fn every_procedure_answers_as_rfc_1813_says() {
 
     let past = lookup(&mut client, &root, ".rewind").await.unwrap().object;
     assert!(!names(&mut client, &root).await.contains(&".rewind".to_owned()), "hidden like .zfs");
+    // The name is taken: nothing else can have it, and it cannot go.
+    let taken = CREATE3args { where_: dir_op(&root, ".rewind"), how: createhow3::UNCHECKED(mode(0o644)) };
+    assert_eq!(status(client.create(&taken).await.unwrap()), nfsstat3::NFS3ERR_EXIST);
+    let taken = MKDIR3args { where_: dir_op(&root, ".rewind"), attributes: mode(0o755) };
+    assert_eq!(status(client.mkdir(&taken).await.unwrap()), nfsstat3::NFS3ERR_EXIST);
+    let removed = client.remove(&REMOVE3args { object: dir_op(&root, ".rewind") }).await.unwrap();
+    assert_eq!(status(removed), nfsstat3::NFS3ERR_ROFS);
+    assert_eq!(lookup(&mut client, &root, ".rewind").await.unwrap().object, past, "still the past");
     assert_eq!(names(&mut client, &past).await, [".", "..", "v1"]);
     let then = lookup(&mut client, &past, "v1").await.unwrap().object;
     assert_eq!(names(&mut client, &then).await, [".", "..", "a.txt", "docs", "x.txt"]);

@@ -208,6 +208,13 @@ pub(crate) trait Store {
     fn directory(&self, dir: &Inode) -> Result<Arc<Directory>, TreeError>;
     /// The present is; the past is not.
     fn writable(&self) -> bool;
+    /// Runs `read` on the tree as it is at one moment. The present holds
+    /// its lock throughout, so that a directory and the inodes it names
+    /// agree: a REMOVE or RENAME on another connection cannot free an
+    /// inode between the two reads. The past does not change.
+    fn at_one_moment<R>(&self, read: impl FnOnce(&dyn Store) -> R) -> R
+    where
+        Self: Sized;
 
     /// The live inode a handle names, or `Stale`.
     fn live(&self, handle: Handle) -> Result<Inode, TreeError> {
@@ -290,23 +297,7 @@ impl<S: Store> Namespace for S {
     }
 
     fn lookup(&self, dir: Handle, name: &[u8], caller: &Caller) -> Result<Attributes, TreeError> {
-        let dir = self.live_directory(dir)?;
-        if !caller.may(&dir, 1) {
-            return Err(TreeError::AccessDenied);
-        }
-        let ino = match name {
-            b"." => dir.ino,
-            b".." => dir.parent,
-            _ => {
-                check_name(name)?;
-                self.directory(&dir)?.names.get(name).ok_or(TreeError::NotFound)?.ino
-            }
-        };
-        let inode = self.inode(ino)?;
-        if inode.kind.is_none() {
-            return Err(TreeError::Damaged(format!("directory {} names free inode {ino}", dir.ino)));
-        }
-        Ok(Attributes::of(&inode))
+        self.at_one_moment(|store| lookup_in(store, dir, name, caller))
     }
 
     fn read(&self, file: Handle, offset: u64, count: u32, caller: &Caller) -> Result<(Vec<u8>, bool), TreeError> {
@@ -338,39 +329,7 @@ impl<S: Store> Namespace for S {
     }
 
     fn readdir(&self, dir: Handle, cookie: u64, entries_max: usize, caller: &Caller) -> Result<ReadDir, TreeError> {
-        let dir = self.live_directory(dir)?;
-        if !caller.may(&dir, 4) {
-            return Err(TreeError::AccessDenied);
-        }
-        let directory = self.directory(&dir)?;
-        let mut entries = Vec::new();
-        for (dot_cookie, name, ino) in [(1, &b"."[..], dir.ino), (2, &b".."[..], dir.parent)] {
-            if cookie < dot_cookie && entries.len() < entries_max {
-                let attributes = Attributes::of(&self.inode(ino)?);
-                entries.push(DirEntryPlus { cookie: dot_cookie, name: name.to_vec(), attributes });
-            }
-        }
-        let after = directory.after(cookie.max(COOKIE_FIRST_ENTRY - 1));
-        let mut taken = 0;
-        for (name, slot) in &after {
-            if entries.len() >= entries_max {
-                break;
-            }
-            let inode = self.inode(slot.ino)?;
-            if inode.kind != Some(slot.kind) {
-                return Err(TreeError::Damaged(format!(
-                    "directory {} names inode {} as {:?}",
-                    dir.ino, slot.ino, slot.kind
-                )));
-            }
-            entries.push(DirEntryPlus {
-                cookie: slot.cookie(),
-                name: name.to_vec(),
-                attributes: Attributes::of(&inode),
-            });
-            taken += 1;
-        }
-        Ok(ReadDir { eof: taken == after.len(), entries })
+        self.at_one_moment(|store| readdir_in(store, dir, cookie, entries_max, caller))
     }
 
     fn access(&self, handle: Handle, caller: &Caller, wanted: u32) -> Result<u32, TreeError> {
@@ -397,4 +356,66 @@ impl<S: Store> Namespace for S {
         }
         Ok(granted)
     }
+}
+
+/// The inode a directory names, which must be live and of the kind the
+/// directory says: read at one moment, anything else is damage.
+fn named(store: &dyn Store, dir: &Inode, ino: u64, kind: FileKind) -> Result<Inode, TreeError> {
+    let inode = store.inode(ino)?;
+    match inode.kind == Some(kind) {
+        true => Ok(inode),
+        false => Err(TreeError::Damaged(format!(
+            "directory {} names inode {ino} as {kind:?}, which is {:?}",
+            dir.ino, inode.kind
+        ))),
+    }
+}
+
+fn lookup_in(store: &dyn Store, dir: Handle, name: &[u8], caller: &Caller) -> Result<Attributes, TreeError> {
+    let dir = store.live_directory(dir)?;
+    if !caller.may(&dir, 1) {
+        return Err(TreeError::AccessDenied);
+    }
+    let (ino, kind) = match name {
+        b"." => (dir.ino, FileKind::Directory),
+        b".." => (dir.parent, FileKind::Directory),
+        _ => {
+            check_name(name)?;
+            let slot = *store.directory(&dir)?.names.get(name).ok_or(TreeError::NotFound)?;
+            (slot.ino, slot.kind)
+        }
+    };
+    Ok(Attributes::of(&named(store, &dir, ino, kind)?))
+}
+
+fn readdir_in(
+    store: &dyn Store,
+    dir: Handle,
+    cookie: u64,
+    entries_max: usize,
+    caller: &Caller,
+) -> Result<ReadDir, TreeError> {
+    let dir = store.live_directory(dir)?;
+    if !caller.may(&dir, 4) {
+        return Err(TreeError::AccessDenied);
+    }
+    let directory = store.directory(&dir)?;
+    let mut entries = Vec::new();
+    for (dot_cookie, name, ino) in [(1, &b"."[..], dir.ino), (2, &b".."[..], dir.parent)] {
+        if cookie < dot_cookie && entries.len() < entries_max {
+            let attributes = Attributes::of(&named(store, &dir, ino, FileKind::Directory)?);
+            entries.push(DirEntryPlus { cookie: dot_cookie, name: name.to_vec(), attributes });
+        }
+    }
+    let after = directory.after(cookie.max(COOKIE_FIRST_ENTRY - 1));
+    let mut taken = 0;
+    for (name, slot) in &after {
+        if entries.len() >= entries_max {
+            break;
+        }
+        let inode = named(store, &dir, slot.ino, slot.kind)?;
+        entries.push(DirEntryPlus { cookie: slot.cookie(), name: name.to_vec(), attributes: Attributes::of(&inode) });
+        taken += 1;
+    }
+    Ok(ReadDir { eof: taken == after.len(), entries })
 }

@@ -29,6 +29,7 @@
 //! - Caches are bounded maps of inodes and decoded directories; what they
 //!   drop is read again from the volume.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -205,6 +206,38 @@ impl Store for Tree {
 
     fn writable(&self) -> bool {
         true
+    }
+
+    fn at_one_moment<R>(&self, read: impl FnOnce(&dyn Store) -> R) -> R {
+        read(&Locked { tree: self, state: RefCell::new(self.state.lock()) })
+    }
+}
+
+/// The present with its lock held: what `at_one_moment` reads through.
+struct Locked<'a> {
+    tree: &'a Tree,
+    state: RefCell<MutexGuard<'a, State>>,
+}
+
+impl Store for Locked<'_> {
+    fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> Result<(), TreeError> {
+        self.tree.read_bytes(offset, buf)
+    }
+
+    fn inode(&self, ino: u64) -> Result<Inode, TreeError> {
+        self.tree.cached_inode(&mut self.state.borrow_mut(), ino)
+    }
+
+    fn directory(&self, dir: &Inode) -> Result<Arc<Directory>, TreeError> {
+        self.tree.cached_directory(&mut self.state.borrow_mut(), dir)
+    }
+
+    fn writable(&self) -> bool {
+        true
+    }
+
+    fn at_one_moment<R>(&self, read: impl FnOnce(&dyn Store) -> R) -> R {
+        read(self)
     }
 }
 
@@ -401,21 +434,32 @@ impl Tree {
         state.bitmap[(ino / 64) as usize] & (1 << (ino % 64)) != 0
     }
 
+    /// The inode the search for a free one tries after `ino`: past the
+    /// last, it wraps to the first after the root.
+    fn inode_after(ino: u64) -> u64 {
+        if ino + 1 >= INODES_MAX {
+            ROOT_INODE + 1
+        } else {
+            ino + 1
+        }
+    }
+
     /// A free inode, taken in the transaction; its stale data (from a
     /// removal a crash cut short) is zeroed first.
     fn allocate(&self, state: &mut State, txn: &mut Txn, now: Timestamp) -> Result<Inode, TreeError> {
         let start = state.allocate_from;
+        assert!(start > ROOT_INODE && start < INODES_MAX, "the search starts at an inode: {start}");
         let mut ino = start;
         loop {
             if !Tree::is_used(state, ino) && !txn.bits.contains_key(&ino) {
                 break;
             }
-            ino = if ino + 1 >= INODES_MAX { ROOT_INODE + 1 } else { ino + 1 };
+            ino = Tree::inode_after(ino);
             if ino == start {
                 return Err(TreeError::NoInodes);
             }
         }
-        state.allocate_from = ino + 1;
+        state.allocate_from = Tree::inode_after(ino);
         self.drain(state, ino, 0, now)?;
         let inode = self.cached_inode(state, ino)?;
         assert!(inode.kind.is_none() && inode.blocks_end == 0, "inode {ino} is free and drained");
@@ -627,52 +671,66 @@ impl Tree {
         caller: &Caller,
         now: Timestamp,
     ) -> Result<(Attributes, Wcc), TreeError> {
-        let existing = match self.lookup_in(dir, name) {
-            Ok(existing) => Some(existing),
-            Err(TreeError::NotFound) => None,
-            Err(error) => return Err(error),
-        };
-        if let Some(existing) = existing {
-            let before = self.getattr_of(dir)?;
-            return match how {
-                CreateHow::Guarded(_) => Err(TreeError::Exists),
-                CreateHow::Exclusive(verifier) => match self.inode(existing.handle.ino)?.verifier == *verifier {
-                    true => Ok((existing, Wcc { after: before.clone(), before })),
-                    false => Err(TreeError::Exists),
-                },
-                CreateHow::Unchecked(attributes) => {
-                    if existing.kind != FileKind::Regular {
-                        return Err(TreeError::Exists);
-                    }
-                    let size_only = SetAttributes { size: attributes.size, ..SetAttributes::default() };
-                    let changed = match size_only.size {
-                        Some(_) => self.setattr(existing.handle, &size_only, None, caller, now)?.after,
-                        None => existing,
-                    };
-                    Ok((changed, Wcc { after: before.clone(), before }))
-                }
+        check_name(name)?;
+        // A name another client makes between the look and the make is
+        // found by the next look: UNCHECKED and EXCLUSIVE then answer as if
+        // it had been there first (GUARDED refuses either way).
+        loop {
+            match Namespace::lookup(self, dir, name, caller) {
+                Ok(existing) => return self.create_over(dir, existing, how, caller, now),
+                Err(TreeError::NotFound) => {}
+                Err(error) => return Err(error),
+            }
+            let (attributes, verifier) = match how {
+                CreateHow::Unchecked(attributes) | CreateHow::Guarded(attributes) => (attributes.clone(), [0; 8]),
+                CreateHow::Exclusive(verifier) => (SetAttributes::default(), *verifier),
             };
+            if attributes.size.is_some_and(|size| size != 0) {
+                return Err(TreeError::Invalid("a new file starts empty".into()));
+            }
+            match self.make(dir, name, FileKind::Regular, &attributes, |inode| inode.verifier = verifier, caller, now) {
+                Err(TreeError::Exists) if !matches!(how, CreateHow::Guarded(_)) => continue,
+                made => return made,
+            }
         }
-        let (attributes, verifier) = match how {
-            CreateHow::Unchecked(attributes) | CreateHow::Guarded(attributes) => (attributes.clone(), [0; 8]),
-            CreateHow::Exclusive(verifier) => (SetAttributes::default(), *verifier),
-        };
-        if attributes.size.is_some_and(|size| size != 0) {
-            return Err(TreeError::Invalid("a new file starts empty".into()));
-        }
-        self.make(dir, name, FileKind::Regular, &attributes, |inode| inode.verifier = verifier, caller, now)
     }
 
-    fn lookup_in(&self, dir: Handle, name: &[u8]) -> Result<Attributes, TreeError> {
-        check_name(name)?;
-        let mut state = self.state.lock();
-        let txn = Txn::default();
-        let parent = self.live(&mut state, &txn, dir)?;
-        if parent.kind != Some(FileKind::Directory) {
-            return Err(TreeError::NotDirectory);
+    /// CREATE of a name that is there: UNCHECKED opens a regular file (and
+    /// truncates it if asked), EXCLUSIVE finds the file its own earlier
+    /// call made (the same non-zero verifier; zero is what every other
+    /// inode holds).
+    fn create_over(
+        &self,
+        dir: Handle,
+        existing: Attributes,
+        how: &CreateHow,
+        caller: &Caller,
+        now: Timestamp,
+    ) -> Result<(Attributes, Wcc), TreeError> {
+        let before = self.getattr_of(dir)?;
+        match how {
+            CreateHow::Guarded(_) => Err(TreeError::Exists),
+            CreateHow::Exclusive(verifier) => {
+                let made_by_it = existing.kind == FileKind::Regular
+                    && *verifier != [0; 8]
+                    && self.inode(existing.handle.ino)?.verifier == *verifier;
+                match made_by_it {
+                    true => Ok((existing, Wcc { after: before.clone(), before })),
+                    false => Err(TreeError::Exists),
+                }
+            }
+            CreateHow::Unchecked(attributes) => {
+                if existing.kind != FileKind::Regular {
+                    return Err(TreeError::Exists);
+                }
+                let size_only = SetAttributes { size: attributes.size, ..SetAttributes::default() };
+                let changed = match size_only.size {
+                    Some(_) => self.setattr(existing.handle, &size_only, None, caller, now)?.after,
+                    None => existing,
+                };
+                Ok((changed, Wcc { after: before.clone(), before }))
+            }
         }
-        let ino = self.cached_directory(&mut state, &parent)?.names.get(name).ok_or(TreeError::NotFound)?.ino;
-        Ok(Attributes::of(&self.cached_inode(&mut state, ino)?))
     }
 
     fn getattr_of(&self, handle: Handle) -> Result<Attributes, TreeError> {
@@ -1130,5 +1188,31 @@ impl Tree {
         let owed = self.commit(&mut state, txn, now, durability)?;
         self.settle(state, owed)?;
         Ok(Wcc { before, after })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rewind_engine::{Node, NodeConfig, VolumeName, VolumeSpec};
+    use rewind_io::{SimConfig, SimStorage};
+
+    use super::*;
+    use crate::{CreateHow, SetAttributes};
+
+    #[test]
+    fn the_search_for_a_free_inode_wraps_past_the_last_one() {
+        let node = Node::open(Arc::new(SimStorage::new(SimConfig::default(), 5)), NodeConfig::default()).unwrap();
+        let now = |second: u64| Timestamp::from_unix_nanos(second * 1_000_000_000);
+        let volume = node.create_volume(VolumeSpec::tree(VolumeName::new("t").unwrap()), now(1)).unwrap();
+        let tree = Tree::open(volume, now(2)).unwrap();
+        let (root, caller) = (tree.root().unwrap(), Caller::root([0; 16], 0));
+        let how = CreateHow::Unchecked(SetAttributes::default());
+        // As after some 8 million files made (and removed) since the tree
+        // was opened: the search starts at the last inode there is.
+        tree.state.lock().allocate_from = INODES_MAX - 1;
+        let (last, _) = tree.create(root, b"last", &how, &caller, now(3)).unwrap();
+        let (wrapped, _) = tree.create(root, b"wrapped", &how, &caller, now(4)).unwrap();
+        assert_eq!((last.handle.ino, wrapped.handle.ino), (INODES_MAX - 1, ROOT_INODE + 1));
+        assert_eq!(tree.inode_counts().0, 3, "the root and the two");
     }
 }

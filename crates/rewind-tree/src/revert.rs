@@ -92,6 +92,12 @@ impl Tree {
     }
 }
 
+/// What is left of a copy.
+enum Step {
+    Copy { then: Attributes, dir: Handle, name: Vec<u8> },
+    SetAttributes { made: Handle, then: Attributes },
+}
+
 struct Copier<'a> {
     tree: &'a Tree,
     past: &'a TreeView,
@@ -121,32 +127,58 @@ impl Copier<'_> {
         }
     }
 
-    /// Removes `name` from `dir`, a directory with everything in it.
+    /// Removes `name` from `dir`, a directory with everything in it. Depth
+    /// first on a stack of its own, not the thread's: a client can nest
+    /// directories deeper than a thread's stack would go.
     fn remove(&mut self, dir: Handle, name: &[u8]) -> Result<(), TreeError> {
-        let found = self.tree.lookup(dir, name, self.caller)?;
-        let directory = found.kind == FileKind::Directory;
-        if directory {
-            for child in self.names(self.tree, found.handle)? {
-                self.remove(found.handle, &child)?;
+        // (directory, name, whether what it holds is gone already)
+        let mut stack = vec![(dir, name.to_vec(), false)];
+        while let Some((dir, name, emptied)) = stack.pop() {
+            let found = self.tree.lookup(dir, &name, self.caller)?;
+            let directory = found.kind == FileKind::Directory;
+            if directory && !emptied {
+                stack.push((dir, name, true));
+                for child in self.names(self.tree, found.handle)? {
+                    stack.push((found.handle, child, false));
+                }
+                continue;
             }
+            self.tree.remove(dir, &name, directory, self.caller, self.now)?;
+            self.report.removed += 1;
         }
-        self.tree.remove(dir, name, directory, self.caller, self.now)?;
-        self.report.removed += 1;
         Ok(())
     }
 
-    /// Copies `then` (an object of the past) to `name` in `dir` (present).
+    /// Copies `then` (an object of the past) to `name` in `dir` (present),
+    /// depth first on a stack of its own (see `remove`). A directory's
+    /// attributes are set once what it holds is copied (its times would
+    /// change otherwise).
     fn copy(&mut self, then: &Attributes, dir: Handle, name: &[u8]) -> Result<(), TreeError> {
+        let mut steps = vec![Step::Copy { then: then.clone(), dir, name: name.to_vec() }];
+        while let Some(step) = steps.pop() {
+            match step {
+                Step::Copy { then, dir, name } => self.copy_one(then, dir, &name, &mut steps)?,
+                Step::SetAttributes { made, then } => self.set_attributes(made, &then)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `name` in `dir` as `then` is; pushes what is left to do.
+    fn copy_one(&mut self, then: Attributes, dir: Handle, name: &[u8], steps: &mut Vec<Step>) -> Result<(), TreeError> {
         let mode = SetAttributes { mode: Some(then.mode), ..SetAttributes::default() };
         let made = match then.kind {
             FileKind::Directory => {
                 let (made, _) = self.tree.mkdir(dir, name, &mode, self.caller, self.now)?;
-                for child in self.names(self.past, then.handle)? {
+                let children = self.names(self.past, then.handle)?;
+                steps.push(Step::SetAttributes { made: made.handle, then: then.clone() });
+                // Reversed onto the stack: copied in the order listed.
+                for child in children.into_iter().rev() {
                     let child_then = self.past.lookup(then.handle, &child, self.caller)?;
-                    self.copy(&child_then, made.handle, &child)?;
+                    steps.push(Step::Copy { then: child_then, dir: made.handle, name: child });
                 }
                 self.report.directories += 1;
-                made
+                return Ok(());
             }
             FileKind::Regular => {
                 if let Some(&first) = self.links.get(&then.handle.ino) {
@@ -179,7 +211,7 @@ impl Copier<'_> {
             }
             kind => self.tree.mknod(dir, name, kind, then.rdev, &mode, self.caller, self.now)?.0,
         };
-        self.set_attributes(made.handle, then)
+        self.set_attributes(made.handle, &then)
     }
 
     /// Gives `handle` the owner, size (of a file) and times of `then`.

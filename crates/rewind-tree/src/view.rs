@@ -60,4 +60,8 @@ impl Store for TreeView {
     fn writable(&self) -> bool {
         false
     }
+
+    fn at_one_moment<R>(&self, read: impl FnOnce(&dyn Store) -> R) -> R {
+        read(self)
+    }
 }

@@ -114,3 +114,60 @@ fn a_path_goes_back_the_rest_stays_and_the_revert_is_undone() {
     tree.revert_path("later.txt", &past, &caller, now()).unwrap();
     assert!(walk(&tree, "later.txt").is_err());
 }
+
+/// A client can nest directories as deep as it likes (no PATH_MAX binds an
+/// NFS client); reverting such a tree, both ways, runs within a small
+/// thread stack. The copy and the removal recursed a level per directory,
+/// and a stack overflow aborts the whole server.
+#[test]
+fn a_tree_nested_deeper_than_a_stack_reverts_both_ways() {
+    const DEPTH: usize = 300;
+    let storage = SimStorage::new(SimConfig::default(), 5);
+    let node = Node::open(Arc::new(storage), NodeConfig::default()).unwrap();
+    let mut clock = 1_000_000_000u64;
+    let mut now = move || {
+        // Apart by more than the engine's clock moves within one revert.
+        clock += 1_000_000_000;
+        Timestamp::from_unix_nanos(clock)
+    };
+    let volume = node.create_volume(VolumeSpec::tree(VolumeName::new("t").unwrap()), now()).unwrap();
+    let tree = Tree::open(volume, now()).unwrap();
+    let caller = root();
+    let top = tree.root().unwrap();
+    let empty = tree.changed_at();
+    let mut chain = vec![top];
+    for _ in 0..DEPTH {
+        let (made, _) = tree.mkdir(*chain.last().unwrap(), b"d", &SetAttributes::default(), &caller, now()).unwrap();
+        chain.push(made.handle);
+    }
+    let nested = tree.changed_at();
+    for dir in chain.iter().rev().skip(1) {
+        tree.remove(*dir, b"d", true, &caller, now()).unwrap();
+    }
+    let depth = |tree: &Tree| {
+        let mut dir = tree.root().unwrap();
+        let mut depth = 0;
+        while let Ok(found) = tree.lookup(dir, b"d", &root()) {
+            (dir, depth) = (found.handle, depth + 1);
+        }
+        depth
+    };
+    assert_eq!(depth(&tree), 0);
+
+    // 128 KiB of stack: less than a level per directory needs.
+    let small_stack = std::thread::Builder::new().stack_size(128 << 10);
+    let (copied, removed) = std::thread::scope(|scope| {
+        small_stack
+            .spawn_scoped(scope, || {
+                let copied = tree.revert_path("", &tree.view(nested).unwrap(), &caller, now()).unwrap();
+                assert_eq!(depth(&tree), DEPTH);
+                let removed = tree.revert_path("", &tree.view(empty).unwrap(), &caller, now()).unwrap();
+                (copied, removed)
+            })
+            .unwrap()
+            .join()
+            .unwrap()
+    });
+    assert_eq!((copied.directories, removed.removed), (DEPTH as u64, DEPTH as u64));
+    assert_eq!(depth(&tree), 0);
+}
