@@ -776,12 +776,8 @@ impl Node {
                 vec![name.to_owned()]
             }
             Clones::Delete => {
-                let mut doomed = vec![name.to_owned()];
-                let mut next = 0;
-                while next < doomed.len() {
-                    doomed.extend(self.clones_of(&doomed[next]));
-                    next += 1;
-                }
+                let mut doomed = self.clones_and_theirs(name);
+                doomed.insert(0, name.to_owned());
                 doomed.reverse();
                 doomed
             }
@@ -802,6 +798,19 @@ impl Node {
 
     /// The volumes, open or damaged, that are clones of `name` (and read
     /// from it: a promoted clone does not).
+    /// The clones of `name`, their clones, and so on: what deleting it
+    /// with `Clones::Delete` deletes with it, bases before their clones.
+    pub fn clones_and_theirs(&self, name: &str) -> Vec<String> {
+        let mut all = self.clones_of(name);
+        let mut next = 0;
+        while next < all.len() {
+            let theirs = self.clones_of(&all[next]);
+            all.extend(theirs);
+            next += 1;
+        }
+        all
+    }
+
     fn clones_of(&self, name: &str) -> Vec<String> {
         let reads = |base: Option<&VolumeBase>| base.is_some_and(|base| !base.copied && base.volume.as_str() == name);
         let open = self.volumes.read();

@@ -14,7 +14,8 @@
 //!   saying how many run and wait. `GET /v1/jobs` shows each with its
 //!   progress; finished ones are kept for a while (`FINISHED_KEPT`).
 //! - Other slow requests (garbage collection, measuring stats, deleting
-//!   history, streaming the write history) take one of
+//!   history, streaming the write history, a tree's listing, history and
+//!   reverts, which walk or copy without bound) take one of
 //!   `ApiLimits::slow_work_max` permits before they get a thread, and wait
 //!   for one without a thread.
 //! - `blocking_threads_max` is what the runtime's blocking pool needs: the

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 
 use rewind_access::{AccessError, GrantInfo, Grants, Principal, TokenInfo, TokenSpec};
 use rewind_engine::{
-    BookmarkName, Clones, EngineError, GroupRevertTo, InUse, Node, RepairMode, Timestamp, VolumeName, Writers,
+    BookmarkName, Clones, EngineError, GroupRevertTo, InUse, Node, RepairMode, Role, Timestamp, VolumeName, Writers,
 };
 
 use crate::api::{
@@ -409,12 +409,20 @@ struct DeleteQuery {
 
 async fn delete_volume(
     State(state): State<Shared>,
+    Extension(principal): Extension<Principal>,
     Path(name): Path<String>,
     ApiQuery(query): ApiQuery<DeleteQuery>,
 ) -> Result<StatusCode, ApiError> {
     let node = Arc::clone(&state.node);
     let in_use = if query.force { InUse::Force } else { InUse::Refuse };
     let clones = if query.with_clones { Clones::Delete } else { Clones::Refuse };
+    // A token limited to some volumes deletes, and learns of, only those:
+    // clones it may not see are not deleted with their base, nor named.
+    if !node.clones_and_theirs(&name).iter().all(|clone| principal.may_see(clone)) {
+        return Err(ApiError::Forbidden(format!(
+            "{name} has clones this token may not see; a token for all of them (or an admin's) can delete it"
+        )));
+    }
     blocking(move || node.delete_volume(&name, in_use, clones)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -537,15 +545,25 @@ async fn import_volume(
         };
         let mut reader = BodyReader { chunks, current: Bytes::new() };
         let job = Arc::clone(&ticket.job);
-        match volume.import(now(), &mut reader, &mut |done| job.progress(done)) {
+        // Attached as its writer: a DELETE without `force` meanwhile is
+        // refused (in use), as it is for an NBD client's volume.
+        let attached = volume.attach(format!("import over HTTP ({name})"), Role::Live);
+        let imported = volume.import(now(), &mut reader, &mut |done| job.progress(done));
+        drop(attached);
+        match imported {
             Ok(report) => {
                 ticket.finish(Ok(()));
                 Ok((volume, report))
             }
             Err(error) => {
-                // An import is all or nothing; the job ends once its volume is gone.
-                if let Err(delete) = node.delete_volume(&name, InUse::Force, Clones::Refuse) {
-                    tracing::error!(volume = %name, error = %delete, "cannot delete a failed import");
+                // An import is all or nothing; the job ends once its volume
+                // is gone. Only its own volume: one deleted (with `force`)
+                // and made again under the name meanwhile is someone else's.
+                let still_its_own = node.volume(&name).is_ok_and(|named| Arc::ptr_eq(&named, &volume));
+                if still_its_own {
+                    if let Err(delete) = node.delete_volume(&name, InUse::Force, Clones::Refuse) {
+                        tracing::error!(volume = %name, error = %delete, "cannot delete a failed import");
+                    }
                 }
                 ticket.finish(Err(error.to_string()));
                 Err(error)
@@ -705,11 +723,12 @@ async fn timeline(
 /// The versions of one file of a tree (see [`TreeHistoryQuery`]).
 async fn tree_history(
     State(state): State<Shared>,
+    Extension(jobs): Extension<Arc<Jobs>>,
     Path(name): Path<String>,
     ApiQuery(query): ApiQuery<TreeHistoryQuery>,
 ) -> Result<Json<TreeHistory>, ApiError> {
     let trees = Arc::clone(&state.trees);
-    blocking(move || TreeHistory::of(&trees, name, query, now())).await.map(Json)
+    slow(&jobs, move || TreeHistory::of(&trees, name, query, now())).await.map(Json)
 }
 
 /// How the proxy keeping a tree in step with its upstream is doing.
@@ -721,21 +740,23 @@ async fn tree_mirror(State(state): State<Shared>, Path(name): Path<String>) -> R
 /// Everything under a path of a tree at one point (see [`TreeListingQuery`]).
 async fn tree_listing(
     State(state): State<Shared>,
+    Extension(jobs): Extension<Arc<Jobs>>,
     Path(name): Path<String>,
     ApiQuery(query): ApiQuery<TreeListingQuery>,
 ) -> Result<Json<TreeListing>, ApiError> {
     let trees = Arc::clone(&state.trees);
-    blocking(move || TreeListing::of(&trees, name, query, now())).await.map(Json)
+    slow(&jobs, move || TreeListing::of(&trees, name, query, now())).await.map(Json)
 }
 
 /// Puts one path of a tree back as it was (see [`RevertTreePath`]).
 async fn revert_tree_path(
     State(state): State<Shared>,
+    Extension(jobs): Extension<Arc<Jobs>>,
     Path(name): Path<String>,
     ApiJson(request): ApiJson<RevertTreePath>,
 ) -> Result<Json<TreeRevertSummary>, ApiError> {
     let trees = Arc::clone(&state.trees);
-    blocking(move || TreeRevertSummary::of(&trees, name, request, now())).await.map(Json)
+    slow(&jobs, move || TreeRevertSummary::of(&trees, name, request, now())).await.map(Json)
 }
 
 /// Bytes of one file of a tree at an exact point (see [`TreeFileQuery`]).
@@ -759,22 +780,45 @@ async fn write_history(
 ) -> Result<Response, ApiError> {
     const WRITES_PER_CHUNK: usize = 8192;
     let node = Arc::clone(&state.node);
-    let history = slow(&jobs, move || node.volume(&name)?.write_history()).await?;
-    // A read of the sort's scratch files that fails ends the stream early:
-    // the client sees a cut-short response, and the server logs why.
-    let chunks = futures_util::stream::iter(history).chunks(WRITES_PER_CHUNK).map(|writes| {
-        let mut text = Vec::with_capacity(WRITES_PER_CHUNK * 40);
-        for write in writes {
-            let write = write.map_err(|error| {
-                tracing::error!(%error, "the write history could not be read to the end");
-                io::Error::other(error.to_string())
-            })?;
-            serde_json::to_writer(&mut text, &crate::api::kept_write(&write)).expect("numbers serialize");
-            text.push(b'\n');
+    // One of the slow-work permits for the whole stream, not only its
+    // start: each open stream holds a sort's memory and scratch files.
+    let permit = jobs.slow_permit().await;
+    let history = blocking(move || node.volume(&name)?.write_history()).await?;
+    let (sender, chunks) = mpsc::channel::<io::Result<Bytes>>(2);
+    // Read on a blocking thread (the merge reads the sort's scratch files),
+    // as fast as the client takes it; a client that goes away ends it.
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let mut writes = history.into_iter();
+        loop {
+            let mut text = Vec::with_capacity(WRITES_PER_CHUNK * 40);
+            for write in writes.by_ref().take(WRITES_PER_CHUNK) {
+                match write {
+                    Ok(write) => {
+                        serde_json::to_writer(&mut text, &crate::api::kept_write(&write)).expect("numbers serialize");
+                        text.push(b'\n');
+                    }
+                    // A read of the sort's scratch files that fails ends the
+                    // stream early: the client sees a cut-short response,
+                    // and the server logs why.
+                    Err(error) => {
+                        tracing::error!(%error, "the write history could not be read to the end");
+                        let _ = sender.blocking_send(Err(io::Error::other(error.to_string())));
+                        return;
+                    }
+                }
+            }
+            if text.is_empty() || sender.blocking_send(Ok(Bytes::from(text))).is_err() {
+                return;
+            }
         }
-        Ok::<_, io::Error>(Bytes::from(text))
     });
-    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(chunks)).into_response())
+    let stream =
+        futures_util::stream::unfold(
+            chunks,
+            |mut chunks| async move { chunks.recv().await.map(|chunk| (chunk, chunks)) },
+        );
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
 }
 
 async fn list_bookmarks(

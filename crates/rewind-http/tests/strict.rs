@@ -1,14 +1,16 @@
 //! The API takes only what it understands: unknown JSON fields and query
 //! parameters are refused naming them, every PATCH changes what it names or
-//! says why not, and bodies are capped. Each refusal is an `ErrorBody`.
+//! says why not, and bodies are capped. Each refusal is an `ErrorBody`. A
+//! token limited to some volumes deletes only those, and a volume being
+//! imported is in use.
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use rewind_access::{Grants, Tokens};
-use rewind_engine::{Node, NodeConfig};
+use rewind_access::{Grants, TokenSpec, Tokens};
+use rewind_engine::{Node, NodeConfig, Timestamp, VolumeName};
 use rewind_http::api::{ErrorBody, VolumeInfo};
 use rewind_http::{router, AllowedHosts, ApiLimits, ApiState, Door, JSON_BODY_BYTES_MAX};
 use rewind_io::OsStorage;
@@ -17,6 +19,7 @@ use tower::ServiceExt;
 struct Api {
     router: axum::Router,
     node: Arc<Node>,
+    tokens: Arc<Tokens>,
     token: String,
     _dir: tempfile::TempDir,
 }
@@ -27,7 +30,11 @@ impl Api {
         let node = Arc::new(Node::open(Arc::new(OsStorage::new(dir.path()).unwrap()), NodeConfig::default()).unwrap());
         let tokens = Arc::new(Tokens::open(dir.path()).unwrap());
         let token = tokens.ensure_admin().unwrap().expect("a new admin token");
-        let door = Door { tokens, allowed_hosts: AllowedHosts::new("127.0.0.1".parse().unwrap(), &[]), https: false };
+        let door = Door {
+            tokens: Arc::clone(&tokens),
+            allowed_hosts: AllowedHosts::new("127.0.0.1".parse().unwrap(), &[]),
+            https: false,
+        };
         let grants = Arc::new(Grants::open(dir.path()).unwrap());
         let state = ApiState {
             node: Arc::clone(&node),
@@ -38,7 +45,7 @@ impl Api {
             limits: ApiLimits::default(),
             trees: Arc::new(rewind_tree::Trees::new(Arc::clone(&node))),
         };
-        Api { router: router(state), node, token, _dir: dir }
+        Api { router: router(state), node, tokens, token, _dir: dir }
     }
 
     async fn call(
@@ -48,11 +55,22 @@ impl Api {
         content_type: &str,
         body: impl Into<Body>,
     ) -> (StatusCode, Vec<u8>) {
+        self.call_as(&self.token, method, uri, content_type, body).await
+    }
+
+    async fn call_as(
+        &self,
+        token: &str,
+        method: Method,
+        uri: &str,
+        content_type: &str,
+        body: impl Into<Body>,
+    ) -> (StatusCode, Vec<u8>) {
         let request = Request::builder()
             .method(method)
             .uri(uri)
             .header("host", "127.0.0.1")
-            .header("authorization", format!("Bearer {}", self.token))
+            .header("authorization", format!("Bearer {token}"))
             .header("content-type", content_type)
             .body(body.into())
             .unwrap();
@@ -153,4 +171,71 @@ async fn json_bodies_are_small_and_json() {
         assert!(error.error.contains("application/json"), "{}", error.error);
     }
     assert!(api.node.volumes().is_empty());
+}
+
+#[tokio::test]
+async fn a_token_limited_to_a_volume_deletes_no_clone_it_may_not_see() {
+    let api = Api::new();
+    let (status, _) = api.json(Method::POST, "/v1/volumes", r#"{"name": "alpha", "size_bytes": 1048576}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let clone = VolumeName::new("prod-copy").unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    api.node.clone_volume("alpha", None, clone, Timestamp::from_unix_nanos(now)).unwrap();
+    let spec = TokenSpec { volumes: vec!["alpha".to_owned()], ..TokenSpec::default() };
+    let (_, limited) = api.tokens.create(&spec).unwrap();
+
+    let uri = "/v1/volumes/alpha?with_clones=true&force=true";
+    let (status, bytes) = api.call_as(&limited, Method::DELETE, uri, "application/json", "").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{}", String::from_utf8_lossy(&bytes));
+    assert!(!String::from_utf8_lossy(&bytes).contains("prod-copy"), "the clone's name is not told");
+    let (status, _) = api.call_as(&limited, Method::DELETE, "/v1/volumes/alpha", "application/json", "").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "nor told by a refusal that names the clones");
+    assert!(api.node.volume("prod-copy").is_ok() && api.node.volume("alpha").is_ok());
+
+    // The admin's token sees both: both go.
+    let (status, _) = api.call(Method::DELETE, uri, "application/json", "").await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert!(api.node.volumes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_being_imported_is_in_use_and_a_failed_import_deletes_only_its_own() {
+    let api = Arc::new(Api::new());
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    let body = Body::from_stream(futures_util::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|piece| (piece, receiver))
+    }));
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/volumes/x/import")
+        .header("host", "127.0.0.1")
+        .header("authorization", format!("Bearer {}", api.token))
+        .header("content-type", "application/octet-stream")
+        .header("content-length", (1u64 << 20).to_string())
+        .body(body)
+        .unwrap();
+    let import = tokio::spawn({
+        let router = api.router.clone();
+        async move { router.oneshot(request).await.unwrap().status() }
+    });
+    sender.send(Ok(vec![7; 64 << 10])).await.unwrap();
+    // The import has its volume and writes to it.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !api.node.volume("x").is_ok_and(|volume| !volume.clients().is_empty()) {
+        assert!(tokio::time::Instant::now() < deadline, "the import never attached to its volume");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let (status, _) = api.call(Method::DELETE, "/v1/volumes/x", "application/json", "").await;
+    assert_eq!(status, StatusCode::CONFLICT, "in use by the import");
+
+    // Deleted by force and made again by someone else: the import, failing
+    // later, leaves that volume alone.
+    let (status, _) = api.call(Method::DELETE, "/v1/volumes/x?force=true", "application/json", "").await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = api.json(Method::POST, "/v1/volumes", r#"{"name": "x", "size_bytes": 1048576}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    drop(sender);
+    assert_ne!(import.await.unwrap(), StatusCode::CREATED, "the upload ended short");
+    let (status, _) = api.call(Method::GET, "/v1/volumes/x", "application/json", "").await;
+    assert_eq!(status, StatusCode::OK, "the volume made again is still there");
 }
