@@ -97,6 +97,13 @@ pub fn restore(backend: &dyn Backend, request: RestoreRequest<'_>) -> Result<Res
     let bar = (progress == Progress::Bar).then(|| progress_bar(total, &format!("restoring {volume}@{}", view.at)));
     let (moved, zeroed) = copy(backend, volume, view.at_unix_nanos, &work, &target_file.file, bar.as_ref())?;
     target_file.file.sync_all().with_context(|| format!("cannot make {} durable", target.display()))?;
+    if !target_file.block_device {
+        // A new file's name is durable once its directory is synced.
+        let parent = target.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::File::open(parent)
+            .and_then(|dir| dir.sync_all())
+            .with_context(|| format!("cannot make the directory of {} durable", target.display()))?;
+    }
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

@@ -342,19 +342,26 @@ impl Node {
                 let clone = VolumeName::new(&format!("{name}-{}", point.volume)).map_err(|error| {
                     EngineError::InvalidArgument(format!("the clone of {} cannot be named: {error}", point.volume))
                 })?;
-                if self.volumes.read().contains_key(clone.as_str()) || self.is_group(clone.as_str()) {
+                let taken = self.volumes.read().contains_key(clone.as_str())
+                    || self.damaged.read().contains_key(clone.as_str())
+                    || self.is_group(clone.as_str());
+                if taken {
                     return Err(EngineError::VolumeExists(clone.to_string()));
                 }
                 Ok((point, clone))
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
         self.create_group(name.clone(), &[])?;
+        // Only the clones this call made are removed if it fails: a name
+        // taken meanwhile (or set aside as damaged) is someone else's.
+        let mut made_here = Vec::new();
         let made = clones.iter().try_for_each(|(point, clone)| {
             self.clone_volume(point.volume.as_str(), Some(point.at), clone.clone(), now)?;
+            made_here.push(clone);
             self.change_group(name.as_str(), std::slice::from_ref(clone), &[]).map(|_| ())
         });
         if let Err(error) = made {
-            for (_, clone) in &clones {
+            for clone in made_here {
                 if let Err(cleanup) = self.delete_volume(clone.as_str(), crate::InUse::Force, crate::Clones::Refuse) {
                     if !matches!(cleanup, EngineError::VolumeNotFound(_)) {
                         tracing::warn!(volume = %clone, %cleanup, "cannot remove a clone of a group clone that failed");

@@ -134,7 +134,9 @@ pub fn display_retention(tiers: &[RetentionTier]) -> String {
 /// `-10m`, `-1h30m`, `10 minutes ago`, `2h ago`: `Some(Ok(nanoseconds))`;
 /// `None` if `text` is not relative at all.
 fn relative(text: &str) -> Option<Result<u64, String>> {
-    let duration = text.strip_prefix('-').or_else(|| text.strip_suffix("ago").map(str::trim_end))?;
+    // A duration starts with a digit: a bookmark may end in "ago" (`chicago`).
+    let ago = || text.strip_suffix("ago").filter(|_| text.starts_with(|c: char| c.is_ascii_digit()));
+    let duration = text.strip_prefix('-').or_else(|| ago().map(str::trim_end))?;
     Some(
         humantime::parse_duration(duration.trim())
             .map_err(|error| format!("bad duration {duration:?}: {error}"))
@@ -236,6 +238,11 @@ mod tests {
         assert_eq!(
             parse_point_in_time("before-upgrade", NOW, &TimeZone::UTC).unwrap(),
             PointInTime::Bookmark(BookmarkName::new("before-upgrade").unwrap())
+        );
+        // A bookmark that ends in "ago" is a bookmark (it read as a bad duration).
+        assert_eq!(
+            parse_point_in_time("chicago", NOW, &TimeZone::UTC).unwrap(),
+            PointInTime::Bookmark(BookmarkName::new("chicago").unwrap())
         );
         assert_eq!(DisplayTime(NOW).to_string(), "2025-11-22T10:03:12Z");
     }

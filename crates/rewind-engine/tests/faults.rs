@@ -529,3 +529,27 @@ fn a_catalog_whose_reply_was_lost_is_the_nodes_own() {
     let published = node.publish_catalog(at(40), &[]).expect("the lost one is the node's own").expect("a catalog");
     assert_eq!(published.generation, 2, "it follows the one whose reply was lost");
 }
+
+/// A group clone whose name for a member is that of a volume set aside as
+/// damaged is refused before anything is made, and the damaged volume is
+/// left as it is: the failed clone's cleanup deleted every name it had
+/// planned, the damaged volume's whole history with it.
+#[test]
+fn a_group_clone_onto_a_damaged_volumes_name_deletes_nothing() {
+    let storage = history();
+    // `c-a`: the name the clone of `a` in a group clone `c` would take.
+    let node = open(&storage);
+    let spec = VolumeSpec::new(VolumeName::new("c-a").unwrap(), BLOCKS * BLOCK as u64, BlockSize::new(4096).unwrap());
+    node.create_volume(spec, at(500)).unwrap();
+    node.create_group(VolumeName::new("g").unwrap(), &[VolumeName::new("a").unwrap()]).unwrap();
+    node.bookmark_group("g", BookmarkName::new("then").unwrap(), at(600)).unwrap();
+    drop(node);
+    flip_both_copies(&storage, "volumes/c-a/volume.meta");
+    let node = open(&storage);
+    assert_eq!(node.damaged_volumes().len(), 1);
+
+    let refused = node.clone_group("g", "then", VolumeName::new("c").unwrap(), at(700)).expect_err("c-a is taken");
+    assert!(matches!(refused, EngineError::VolumeExists(_)), "{refused}");
+    assert!(storage.exists("volumes/c-a/volume.meta").unwrap(), "the damaged volume is left as it is");
+    assert_eq!(node.damaged_volumes().len(), 1);
+}

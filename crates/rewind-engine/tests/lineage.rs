@@ -524,6 +524,32 @@ fn a_write_after_a_revert_and_a_restart_is_after_the_revert() {
     assert_eq!(image[8192..], [3; 4096], "written after the revert");
 }
 
+/// A revert to "now" on a volume idle since its last write goes back to an
+/// instant after that write: the revert is made after it, and the present
+/// reads and the volume opens again. It was made at that same instant,
+/// and every read of the present planned itself for ever (a stack
+/// overflow), and the reverts file no longer decoded.
+#[test]
+fn a_revert_to_now_is_made_after_now() {
+    let storage = SimStorage::new(SimConfig::default(), 13);
+    let at = Timestamp::from_unix_nanos;
+    let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, at(1_000)).unwrap();
+    volume.write(at(2_000), 0, &[1; 4096], Durability::Fua).unwrap();
+    let report = volume.revert(at(5_000), at(5_000), Writers::Refuse).unwrap();
+    assert!(report.revert.at > at(5_000), "{:?}", report.revert);
+    let mut image = vec![0; 2 * 4096];
+    volume.read(0, &mut image).unwrap();
+    assert_eq!(image[..4096], [1; 4096], "as it was at the point: as it is");
+    drop(volume);
+    drop(node);
+    let node = Node::open(Arc::new(storage.clone()), NodeConfig::default()).unwrap();
+    assert!(node.damaged_volumes().is_empty(), "{:?}", node.damaged_volumes());
+    node.volume("v").unwrap().read(0, &mut image).unwrap();
+    assert_eq!(image[..4096], [1; 4096]);
+}
+
 /// A bookmark and a clone made "now" pin the clock after the last write,
 /// with no journal record of their own; after a crash the clock must still
 /// start after them, or a write at the same instant would be stamped with

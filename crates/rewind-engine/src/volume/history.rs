@@ -619,9 +619,16 @@ fn prune_floors(policy: &mut VolumePolicy) {
     let mut floors = std::mem::take(&mut policy.floors);
     floors.sort_unstable_by_key(|&(interval, until)| (interval, std::cmp::Reverse(until)));
     floors.dedup_by_key(|&mut (interval, _)| interval);
+    // A tier thins only the windows that end by its `later`: the coarser
+    // window holding `until` must too, or the floor's finer windows in it
+    // would be taken for exact points while they hold thinned history.
+    let window_end =
+        |at: Timestamp, window: u64| (at.unix_nanos() / window).saturating_add(1).saturating_mul(window) - 1;
     floors.retain(|&(interval, until)| {
         let covered = interval <= granularity
-            || tiers.iter().any(|&(coarser, later)| coarser >= interval && later >= until)
+            || tiers
+                .iter()
+                .any(|&(coarser, later)| coarser >= interval && window_end(until, coarser) <= later.unix_nanos())
             || horizon.is_some_and(|horizon| until <= horizon);
         !covered
     });
@@ -673,4 +680,32 @@ fn bookmark_every_revert(
     next.entries.sort_by_key(|bookmark| bookmark.timestamp);
     write_file_atomic(storage, path, &next.encode()).map_err(EngineError::io(path))?;
     Ok(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINUTE: u64 = 60_000_000_000;
+
+    /// A floor of minute windows up to 10:40, under a new policy of hour
+    /// windows as of 10:40: the hour holding 10:40 ends at 10:59:59, past
+    /// what that tier thins, so the floor stays (dropped, 10:15:30 read as
+    /// exact while its minute was thinned). One ending at 10:00 is covered.
+    #[test]
+    fn a_floor_stays_unless_a_coarser_tier_thins_the_whole_window_holding_its_end() {
+        let at = |minutes: u64| Timestamp::from_unix_nanos(minutes * MINUTE);
+        let policy = |until| VolumePolicy {
+            retention: vec![RetentionTier { interval_nanos: 60 * MINUTE, age_nanos: 24 * 60 * MINUTE }],
+            retention_clock: at(10 * 60 + 40),
+            floors: vec![(MINUTE, until)],
+            ..VolumePolicy::default()
+        };
+        let mut partial = policy(at(10 * 60 + 40));
+        prune_floors(&mut partial);
+        assert_eq!(partial.floors, [(MINUTE, at(10 * 60 + 40))]);
+        let mut whole = policy(at(10 * 60).saturating_sub_nanos(1));
+        prune_floors(&mut whole);
+        assert_eq!(whole.floors, []);
+    }
 }

@@ -62,8 +62,12 @@ impl Volume {
         self.check_revert_point(to, now, &bookmarks)?;
         let revert = {
             let mut state = self.write.lock();
-            let at = Volume::next_timestamp(&mut state, now);
+            // After the point it goes back to, even when that is now (`--to
+            // now` on a volume idle since before it): a revert to its own
+            // instant made every read of the present plan itself for ever.
+            let at = Volume::next_timestamp(&mut state, now.max(to.next()));
             let revert = Revert { at, to, before: at.saturating_sub_nanos(1) };
+            assert!(revert.to <= revert.before && revert.before < revert.at, "{revert:?}");
             let mut next = self.history.reverts.lock().clone();
             next.entries.push(revert);
             let path = &self.history.reverts_path;
