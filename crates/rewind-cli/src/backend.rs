@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use rewind_access::{GrantInfo, Grants, TokenInfo, TokenSpec, Tokens, ADMIN_TOKEN_FILE};
 use rewind_engine::{
-    BookmarkName, Clones, GroupRevertTo, InUse, Node, NodeConfig, RepairMode, Timestamp, VolumeName, Writers,
+    BookmarkName, Clones, GroupRevertTo, InUse, Node, NodeConfig, RepairMode, Role, Timestamp, VolumeName, Writers,
 };
 use rewind_http::api::{
     kept_write, time, tree_file_bytes, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes,
@@ -659,11 +659,14 @@ impl Backend for LocalBackend {
         let request = CreateVolume { size_bytes, ..request.clone() };
         let volume = self.node.create_volume(request.spec().map_err(|error| anyhow!(error))?, now())?;
         let bar = (progress == Progress::Bar).then(|| progress_bar(size_bytes, "importing"));
-        let result = volume.import(now(), &mut source, &mut |done| {
+        // Attached as its writer, as an NBD client would be.
+        let attached = volume.attach(format!("import of {}", file.display()), Role::Live);
+        let result = attached.import(now(), &mut source, &mut |done| {
             if let Some(bar) = &bar {
                 bar.set_position(done);
             }
         });
+        drop(attached);
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }

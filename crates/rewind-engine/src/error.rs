@@ -71,6 +71,8 @@ pub enum EngineError {
         if clients.len() == 1 { "it" } else { "them" }
     )]
     WritersConnected { volume: String, clients: Vec<String> },
+    #[error("volume {volume} was reverted and this client cut off: its requests fail from now on; reconnect")]
+    CutOff { volume: String },
     #[error(
         "volume {volume} is damaged and not served: {problem}; `rewind volume repair {volume}` rebuilds what can \
          be rebuilt and says what cannot, `rewind volume delete {volume}` removes it"

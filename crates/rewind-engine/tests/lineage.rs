@@ -687,3 +687,54 @@ fn a_damaged_clone_holds_its_branch_point_until_deleted_or_repaired() {
         assert!(held.is_err(), "{case}: the branch point is let go with the clone: {held:?}");
     }
 }
+
+/// A revert with `Writers::Disconnect` cuts its writers off under the
+/// write lock: a write of theirs already waiting for that lock when the
+/// revert is made fails, rather than being stamped after the revert and
+/// landing in the reverted present. A writer writes without pause while
+/// the volume is reverted to the point before it started; the present
+/// must then read as at that point, every round.
+#[test]
+fn a_write_waiting_while_a_revert_cuts_its_writer_off_does_not_land() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const ROUNDS: u8 = 20;
+    const BLOCKS: u64 = 8;
+    let storage = SimStorage::new(SimConfig::default(), 17);
+    let node = Node::open(Arc::new(storage), NodeConfig::default()).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, Timestamp::from_unix_nanos(1_000)).unwrap();
+    let clock = Arc::new(AtomicU64::new(2_000));
+    let tick = |clock: &AtomicU64| Timestamp::from_unix_nanos(clock.fetch_add(1, Ordering::Relaxed));
+    let mut waited_for = 0;
+    for round in 1..=ROUNDS {
+        volume.write(tick(&clock), 0, &[round; 4096], Durability::Fua).unwrap();
+        let point = volume.timeline().timestamp_last;
+        let mut expected = vec![0u8; (BLOCKS * 4096) as usize];
+        volume.read(4096, &mut expected).unwrap();
+        let writer = volume.attach(format!("writer {round}"), rewind_engine::Role::Live);
+        let written = Arc::new(AtomicU64::new(0));
+        let writing = {
+            let (clock, written) = (Arc::clone(&clock), Arc::clone(&written));
+            std::thread::spawn(move || loop {
+                let block = 1 + written.load(Ordering::Relaxed) % BLOCKS;
+                match writer.write(tick(&clock), block * 4096, &[round ^ 0xff; 4096], Durability::Buffered) {
+                    Ok(()) => written.fetch_add(1, Ordering::Relaxed),
+                    Err(EngineError::CutOff { .. }) => return,
+                    Err(error) => panic!("round {round}: {error}"),
+                };
+            })
+        };
+        // The writer is under way (so the revert meets it at the lock).
+        while written.load(Ordering::Relaxed) < 64 {
+            std::thread::yield_now();
+        }
+        let report = volume.revert(point, tick(&clock), Writers::Disconnect).unwrap();
+        assert_eq!(report.disconnected, [format!("writer {round}")]);
+        writing.join().unwrap();
+        waited_for += written.load(Ordering::Relaxed);
+        let mut present = vec![0u8; expected.len()];
+        volume.read(4096, &mut present).unwrap();
+        assert!(present == expected, "round {round}: a cut-off writer's write landed after the revert");
+    }
+    println!("{waited_for} writes made before their writers were cut off");
+}

@@ -548,7 +548,7 @@ async fn import_volume(
         // Attached as its writer: a DELETE without `force` meanwhile is
         // refused (in use), as it is for an NBD client's volume.
         let attached = volume.attach(format!("import over HTTP ({name})"), Role::Live);
-        let imported = volume.import(now(), &mut reader, &mut |done| job.progress(done));
+        let imported = attached.import(now(), &mut reader, &mut |done| job.progress(done));
         drop(attached);
         match imported {
             Ok(report) => {

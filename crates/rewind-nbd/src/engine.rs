@@ -38,7 +38,7 @@ fn now() -> Timestamp {
 
 fn export_error(error: EngineError) -> ExportError {
     let kind = match &error {
-        EngineError::Poisoned { .. } | EngineError::Closed(_) => ExportErrorKind::Shutdown,
+        EngineError::Poisoned { .. } | EngineError::Closed(_) | EngineError::CutOff { .. } => ExportErrorKind::Shutdown,
         EngineError::OutOfRange { .. } | EngineError::InvalidArgument(_) => ExportErrorKind::Invalid,
         // A full disk (or the node's reserve reached): the client's own error.
         error if error.is_no_space() => ExportErrorKind::NoSpace,
@@ -311,7 +311,7 @@ impl Export for VolumeExport {
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         self.writable()?;
         let durability = if fua { Durability::Fua } else { Durability::Buffered };
-        self.volume.write(now(), offset, data, durability).map_err(export_error)
+        self.attachment.write(now(), offset, data, durability).map_err(export_error)
     }
 
     fn flush(&self) -> Result<(), ExportError> {
@@ -322,7 +322,7 @@ impl Export for VolumeExport {
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {
         self.writable()?;
         let durability = if fua { Durability::Fua } else { Durability::Buffered };
-        self.volume.zero(now(), offset, length, ZeroMode::Deallocate, durability).map_err(export_error)
+        self.attachment.zero(now(), offset, length, ZeroMode::Deallocate, durability).map_err(export_error)
     }
 
     fn write_zeroes(&self, offset: u64, length: u64, flags: ZeroFlags) -> Result<(), ExportError> {
@@ -333,7 +333,7 @@ impl Export for VolumeExport {
         }
         let mode = if flags.no_hole { ZeroMode::Allocate } else { ZeroMode::Deallocate };
         let durability = if flags.fua { Durability::Fua } else { Durability::Buffered };
-        self.volume.zero(now(), offset, length, mode, durability).map_err(export_error)
+        self.attachment.zero(now(), offset, length, mode, durability).map_err(export_error)
     }
 
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {

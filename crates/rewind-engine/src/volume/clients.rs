@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::Volume;
+use rewind_types::Timestamp;
+
+use crate::{Durability, EngineError, Volume, ZeroMode};
 
 /// How a client uses the volume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +55,29 @@ impl Attachment {
     /// its requests must fail from now on, so that it reconnects.
     pub fn is_cut_off(&self) -> bool {
         self.cut_off.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn volume(&self) -> &Volume {
+        &self.volume
+    }
+
+    /// Writes to the live volume as this client: fails, having written
+    /// nothing, once a revert cut it off — even a write that was already
+    /// waiting when the revert was made (see [`Volume::write`]).
+    pub fn write(&self, now: Timestamp, offset: u64, data: &[u8], durability: Durability) -> Result<(), EngineError> {
+        self.volume.write_by(Some(&self.cut_off), now, offset, data, durability)
+    }
+
+    /// Zeroes as this client (see [`Attachment::write`] and [`Volume::zero`]).
+    pub fn zero(
+        &self,
+        now: Timestamp,
+        offset: u64,
+        length: u64,
+        mode: ZeroMode,
+        durability: Durability,
+    ) -> Result<(), EngineError> {
+        self.volume.zero_by(Some(&self.cut_off), now, offset, length, mode, durability)
     }
 
     /// How to end this client's connection when it is cut off — at once if
@@ -113,17 +138,32 @@ impl Volume {
     }
 
     /// Cuts off every client of the live volume: their requests fail from
-    /// now on, and their connections are ended. Returns who they were.
-    pub(crate) fn cut_off_live_clients(&self) -> Vec<String> {
+    /// now on. Called under the write lock, so that no write of theirs
+    /// waiting for it gets in after (see [`Volume::write`]); their
+    /// connections are ended by [`CutOff::hang_up`], once the lock is let go.
+    pub(crate) fn cut_off_live_clients(&self) -> CutOff {
         let mut attached = self.clients.attached.lock();
-        let live = attached.values_mut().filter(|client| client.role == Role::Live);
-        live.map(|client| {
+        let mut cut_off = CutOff::default();
+        for client in attached.values_mut().filter(|client| client.role == Role::Live) {
             client.cut_off.store(true, Ordering::Release);
-            if let Some(hang_up) = client.hang_up.take() {
-                hang_up();
-            }
-            client.description.clone()
-        })
-        .collect()
+            cut_off.hang_ups.extend(client.hang_up.take());
+            cut_off.clients.push(client.description.clone());
+        }
+        cut_off
+    }
+}
+
+/// The clients a revert cut off.
+#[derive(Default)]
+pub(crate) struct CutOff {
+    pub clients: Vec<String>,
+    hang_ups: Vec<HangUp>,
+}
+
+impl CutOff {
+    /// Ends their connections; returns who they were.
+    pub fn hang_up(self) -> Vec<String> {
+        self.hang_ups.into_iter().for_each(|hang_up| hang_up());
+        self.clients
     }
 }

@@ -4,7 +4,7 @@ use std::io::{self, Read};
 
 use rewind_types::Timestamp;
 
-use crate::{Durability, EngineError, Volume};
+use crate::{Attachment, Durability, EngineError, Volume};
 
 /// What an import did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -16,11 +16,24 @@ pub struct ImportReport {
 
 const CHUNK_BYTES: usize = 4 << 20;
 
-impl Volume {
+impl Attachment {
     /// Writes the image read from `source` (exactly the volume's size) from
-    /// offset 0, then flushes. `progress` is told the bytes read so far.
+    /// offset 0 as this client, then flushes. `progress` is told the bytes
+    /// read so far. A revert with `--disconnect` meanwhile ends it.
     pub fn import(
         &self,
+        now: Timestamp,
+        source: &mut dyn Read,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<ImportReport, EngineError> {
+        self.volume().import(self, now, source, progress)
+    }
+}
+
+impl Volume {
+    fn import(
+        &self,
+        writer: &Attachment,
         now: Timestamp,
         source: &mut dyn Read,
         progress: &mut dyn FnMut(u64),
@@ -54,7 +67,7 @@ impl Volume {
                 while end < filled && chunk[end..(end + block_bytes).min(filled)].iter().any(|&byte| byte != 0) {
                     end = (end + block_bytes).min(filled);
                 }
-                self.write(now, offset + start as u64, &chunk[start..end], Durability::Buffered)?;
+                writer.write(now, offset + start as u64, &chunk[start..end], Durability::Buffered)?;
                 report.bytes_written += (end - start) as u64;
                 start = end;
             }

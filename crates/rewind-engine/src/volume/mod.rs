@@ -433,6 +433,19 @@ impl Volume {
     /// Writes `data` at byte `offset`. Partial blocks are read, patched and
     /// written whole, so every version is a whole block.
     pub fn write(&self, now: Timestamp, offset: u64, data: &[u8], durability: Durability) -> Result<(), EngineError> {
+        self.write_by(None, now, offset, data, durability)
+    }
+
+    /// [`Volume::write`] for a client that a revert may cut off (see
+    /// [`Attachment::write`]).
+    pub(crate) fn write_by(
+        &self,
+        writer: Option<&AtomicBool>,
+        now: Timestamp,
+        offset: u64,
+        data: &[u8],
+        durability: Durability,
+    ) -> Result<(), EngineError> {
         self.check_writable()?;
         self.check_range(offset, data.len() as u64)?;
         if data.is_empty() {
@@ -441,6 +454,7 @@ impl Volume {
         self.check_room()?;
         {
             let mut state = self.write.lock();
+            self.check_not_cut_off(writer)?;
             let block_bytes = u64::from(self.meta.block_size.bytes());
             let end = offset + data.len() as u64;
             if offset.is_multiple_of(block_bytes) && end.is_multiple_of(block_bytes) {
@@ -457,6 +471,19 @@ impl Volume {
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
         self.counters.write_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.after_write(durability)
+    }
+
+    /// Refuses a write, under the write lock, from a client a revert cut
+    /// off: the revert marks its clients under the same lock, so a write
+    /// that waited for the lock while the revert was made fails rather
+    /// than landing in the reverted present.
+    fn check_not_cut_off(&self, writer: Option<&AtomicBool>) -> Result<(), EngineError> {
+        match writer {
+            Some(cut_off) if cut_off.load(Ordering::Acquire) => {
+                Err(EngineError::CutOff { volume: self.meta.name.to_string() })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Fills the partial first and last blocks of `head..tail` (the byte range
@@ -588,6 +615,20 @@ impl Volume {
         mode: ZeroMode,
         durability: Durability,
     ) -> Result<(), EngineError> {
+        self.zero_by(None, now, offset, length, mode, durability)
+    }
+
+    /// [`Volume::zero`] for a client that a revert may cut off (see
+    /// [`Attachment::zero`]).
+    pub(crate) fn zero_by(
+        &self,
+        writer: Option<&AtomicBool>,
+        now: Timestamp,
+        offset: u64,
+        length: u64,
+        mode: ZeroMode,
+        durability: Durability,
+    ) -> Result<(), EngineError> {
         self.check_writable()?;
         self.check_range(offset, length)?;
         self.check_room()?;
@@ -601,13 +642,13 @@ impl Volume {
             let mut done = 0;
             while done < length {
                 let step = (length - done).min(zeros.len() as u64);
-                self.write(now, offset + done, &zeros[..step as usize], Durability::Buffered)?;
+                self.write_by(writer, now, offset + done, &zeros[..step as usize], Durability::Buffered)?;
                 done += step;
             }
             return self.after_write(durability);
         }
         if offset < whole_first {
-            self.write(now, offset, &vec![0u8; (whole_first - offset) as usize], Durability::Buffered)?;
+            self.write_by(writer, now, offset, &vec![0u8; (whole_first - offset) as usize], Durability::Buffered)?;
         }
         let mut block = whole_first / block_bytes;
         let block_end = whole_end / block_bytes;
@@ -617,6 +658,7 @@ impl Volume {
             self.check_room()?;
             {
                 let mut state = self.write.lock();
+                self.check_not_cut_off(writer)?;
                 let timestamp_before = state.timestamp_last;
                 let timestamp = Volume::next_timestamp(&mut state, now);
                 let appended = self.journal.append_zero(timestamp, BlockIndex(block), count as u32).map_err(|error| {
@@ -640,7 +682,7 @@ impl Volume {
             self.after_write(Durability::Buffered)?;
         }
         if whole_end < end {
-            self.write(now, whole_end, &vec![0u8; (end - whole_end) as usize], Durability::Buffered)?;
+            self.write_by(writer, now, whole_end, &vec![0u8; (end - whole_end) as usize], Durability::Buffered)?;
         }
         self.counters.zeroes.fetch_add(1, Ordering::Relaxed);
         self.counters.zero_bytes.fetch_add(length, Ordering::Relaxed);

@@ -24,6 +24,7 @@ use rewind_io::write_file_atomic;
 use rewind_types::{BookmarkName, Timestamp};
 
 use crate::timespec::DisplayTime;
+use crate::volume::clients::CutOff;
 use crate::{EngineError, Volume};
 
 /// What to do about clients writing to the live volume.
@@ -60,8 +61,13 @@ impl Volume {
         self.flush()?;
         let mut bookmarks = self.history.bookmarks.lock();
         self.check_revert_point(to, now, &bookmarks)?;
-        let revert = {
+        let (revert, cut_off) = {
             let mut state = self.write.lock();
+            // Again under the write lock: a writer that attached since the
+            // check is refused too (one attaching later sees the revert).
+            if writers == Writers::Refuse {
+                self.check_writers(writers)?;
+            }
             // After the point it goes back to, even when that is now (`--to
             // now` on a volume idle since before it): a revert to its own
             // instant made every read of the present plan itself for ever.
@@ -77,12 +83,14 @@ impl Volume {
             // Both ends pinned before any later write can be thinned against them.
             self.rethin(&self.history.policy.lock(), &bookmarks);
             self.start_revert_copy(revert);
-            revert
+            // Under the write lock: a write of theirs waiting for it fails.
+            let cut_off = match writers {
+                Writers::Disconnect => self.cut_off_live_clients(),
+                Writers::Refuse => CutOff::default(),
+            };
+            (revert, cut_off)
         };
-        let disconnected = match writers {
-            Writers::Disconnect => self.cut_off_live_clients(),
-            Writers::Refuse => Vec::new(),
-        };
+        let disconnected = cut_off.hang_up();
         // The writes that came in while it was made are before it, and kept.
         self.flush()?;
         let bookmark = before_revert_name(&revert, |name| bookmarks.entries.iter().any(|entry| entry.name == *name));
