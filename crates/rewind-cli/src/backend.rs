@@ -785,7 +785,7 @@ impl Backend for LocalBackend {
     }
 
     fn allocation(&self, name: &str, at: u64, offset: u64, length: u64) -> Result<Vec<AllocationExtent>> {
-        let view = self.node.volume(name)?.view_exactly(Timestamp::from_unix_nanos(at))?;
+        let view = self.node.volume(name)?.view_exactly(Timestamp::from_unix_nanos(at), now())?;
         let extents = view.block_status(offset, length)?;
         Ok(extents
             .iter()
@@ -794,7 +794,7 @@ impl Backend for LocalBackend {
     }
 
     fn read(&self, name: &str, at: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let view = self.node.volume(name)?.view_exactly(Timestamp::from_unix_nanos(at))?;
+        let view = self.node.volume(name)?.view_exactly(Timestamp::from_unix_nanos(at), now())?;
         Ok(view.read(offset, buf)?)
     }
 

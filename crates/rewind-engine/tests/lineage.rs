@@ -673,17 +673,20 @@ fn a_damaged_clone_holds_its_branch_point_until_deleted_or_repaired() {
         // What the base pins is worked out again (its recovery pinned the
         // branch point until then).
         drop(base.view(at(1_500_000_000)).unwrap());
-        assert!(base.view_exactly(branch).is_ok(), "{case}: the damaged clone holds its branch point");
+        assert!(base.view_exactly(branch, Timestamp::MAX).is_ok(), "{case}: the damaged clone holds its branch point");
         if clone_repaired {
             let report = node.repair_volume("c", RepairMode::Apply, InUse::Refuse, at(1_600_000_000)).unwrap();
             assert!(report.repaired, "{case}: {report:?}");
-            assert!(base.view_exactly(branch).is_ok(), "{case}: the repaired clone holds its branch point");
+            assert!(
+                base.view_exactly(branch, Timestamp::MAX).is_ok(),
+                "{case}: the repaired clone holds its branch point"
+            );
             let mut block = vec![0; 4096];
             node.volume("c").unwrap().read(0, &mut block).unwrap();
             assert!(block == [1; 4096], "{case}: the repaired clone reads its branch point: {}", block[0]);
         }
         node.delete_volume("c", InUse::Refuse, Clones::Refuse).unwrap();
-        let held = base.view_exactly(branch).map(|view| view.at());
+        let held = base.view_exactly(branch, Timestamp::MAX).map(|view| view.at());
         assert!(held.is_err(), "{case}: the branch point is let go with the clone: {held:?}");
     }
 }
@@ -737,4 +740,35 @@ fn a_write_waiting_while_a_revert_cuts_its_writer_off_does_not_land() {
         assert!(present == expected, "round {round}: a cut-off writer's write landed after the revert");
     }
     println!("{waited_for} writes made before their writers were cut off");
+}
+
+/// A view or a bookmark at a past time after the last write raises the
+/// clock to it: a write whose caller read the clock before (it waited for
+/// room meanwhile) is stamped after the point, so the point's state never
+/// changes once it is shown or named. It was stamped before the point and
+/// showed through to the open view and to the bookmark.
+#[test]
+fn a_write_that_comes_in_after_a_view_or_bookmark_of_a_later_time_is_after_it() {
+    let storage = SimStorage::new(SimConfig::default(), 19);
+    let at = Timestamp::from_unix_nanos;
+    let node = Node::open(Arc::new(storage), NodeConfig::default()).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, at(1_000)).unwrap();
+    volume.write(at(2_000), 0, &[1; 4096], Durability::Fua).unwrap();
+    let view = volume.view(at(5_000)).unwrap();
+    let bookmark = volume.create_bookmark(BookmarkName::new("then").unwrap(), Some(at(6_000)), at(7_000)).unwrap();
+    assert_eq!((view.at(), bookmark.timestamp), (at(5_000), at(6_000)));
+    // Its caller read the clock at 3 µs, before the view and the bookmark.
+    volume.write(at(3_000), 0, &[2; 4096], Durability::Fua).unwrap();
+    let mut block = vec![0; 4096];
+    view.read(0, &mut block).unwrap();
+    assert!(block == [1; 4096], "the open view is as it was shown");
+    volume.view(bookmark.timestamp).unwrap().read(0, &mut block).unwrap();
+    assert!(block == [1; 4096], "the bookmark names the state it named");
+    volume.read(0, &mut block).unwrap();
+    assert!(block == [2; 4096], "the write is in the present");
+    assert!(
+        volume.view_exactly(at(9_000), at(8_000)).is_err(),
+        "a time after now, from outside, is refused (it would raise the clock past now)"
+    );
 }

@@ -1602,7 +1602,7 @@ impl TreeHistory {
         let found = match &query.at {
             Some(at) => {
                 let at = tree.resolve(at, now, &TimeZone::system()).map_err(|error| tree_error(&name, error))?;
-                rewind_tree::walk(&*tree.view(at).map_err(|error| tree_error(&name, error))?, &query.path)
+                rewind_tree::walk(&*tree.view(at, now).map_err(|error| tree_error(&name, error))?, &query.path)
             }
             None => rewind_tree::walk(&tree.tree, &query.path),
         };
@@ -1759,7 +1759,7 @@ impl TreeListing {
             None => Ok(tree.tree.changed_at()),
         }
         .map_err(|error| tree_error(&name, error))?;
-        let view = tree.view(at).map_err(|error| tree_error(&name, error))?;
+        let view = tree.view(at, now).map_err(|error| tree_error(&name, error))?;
         let start = rewind_tree::walk(&*view, &query.path).map_err(|error| match error {
             TreeError::NotFound => {
                 EngineError::InvalidArgument(format!("{name} had no {} at {}", query.path, time(at)))
@@ -1863,7 +1863,7 @@ pub fn tree_file_bytes(
         )));
     }
     let tree = trees.by_name(name, now).map_err(|error| tree_error(name, error))?;
-    let view = tree.view(Timestamp::from_unix_nanos(query.at)).map_err(|error| tree_error(name, error))?;
+    let view = tree.view(Timestamp::from_unix_nanos(query.at), now).map_err(|error| tree_error(name, error))?;
     let handle = rewind_tree::Handle { ino, generation: query.generation };
     let root = rewind_tree::Caller::root([0; 16], 0);
     let mut bytes = Vec::with_capacity(query.length as usize);
@@ -1924,7 +1924,7 @@ impl TreeRevertSummary {
             )));
         }
         let to = tree.resolve(&request.to, now, &TimeZone::system()).map_err(|error| tree_error(&name, error))?;
-        let past = tree.view(to).map_err(|error| tree_error(&name, error))?;
+        let past = tree.view(to, now).map_err(|error| tree_error(&name, error))?;
         let caller = rewind_tree::Caller::root([0; 16], 0);
         let report =
             tree.tree.revert_path(&request.path, &past, &caller, now).map_err(|error| tree_error(&name, error))?;

@@ -1097,7 +1097,7 @@ async fn allocation(
 ) -> Result<Json<Vec<AllocationExtent>>, ApiError> {
     let node = Arc::clone(&state.node);
     blocking(move || {
-        let view = node.volume(&name)?.view_exactly(Timestamp::from_unix_nanos(query.at))?;
+        let view = node.volume(&name)?.view_exactly(Timestamp::from_unix_nanos(query.at), now())?;
         let extents = view.block_status(query.offset, query.length)?;
         Ok(extents
             .iter()
@@ -1118,7 +1118,7 @@ async fn data(
     }
     let node = Arc::clone(&state.node);
     let bytes = blocking(move || {
-        let view = node.volume(&name)?.view_exactly(Timestamp::from_unix_nanos(query.at))?;
+        let view = node.volume(&name)?.view_exactly(Timestamp::from_unix_nanos(query.at), now())?;
         let mut buffer = vec![0; query.length as usize];
         view.read(query.offset, &mut buffer)?;
         Ok(buffer)

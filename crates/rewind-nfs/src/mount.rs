@@ -93,7 +93,7 @@ impl Dispatcher {
             None => Object::Present { tree: Arc::clone(&tree), handle: root },
             Some(time) => {
                 let at = tree.resolve(time, now(), &self.zone).map_err(mount_status)?;
-                let view = tree.view(at).map_err(mount_status)?;
+                let view = tree.view(at, now()).map_err(mount_status)?;
                 let handle = view.getattr_root().map_err(mount_status)?.handle;
                 Object::Past { tree: Arc::clone(&tree), view, handle }
             }

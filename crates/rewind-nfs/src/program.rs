@@ -300,7 +300,7 @@ impl Dispatcher {
             (Target::Inode(inode), None) => Object::Present { tree, handle: inode },
             (Target::Inode(inode), Some(at)) => {
                 // A time no longer kept is as gone as a removed file.
-                let view = tree.view(at).map_err(|_| nfsstat3::NFS3ERR_STALE)?;
+                let view = tree.view(at, now()).map_err(|_| nfsstat3::NFS3ERR_STALE)?;
                 Object::Past { tree, view, handle: inode }
             }
         })
@@ -433,7 +433,7 @@ impl Dispatcher {
                 _ => {
                     let text = std::str::from_utf8(name).map_err(|_| nfsstat3::NFS3ERR_NOENT)?;
                     let at = tree.resolve(text, now(), &self.zone)?;
-                    let view = tree.view(at)?;
+                    let view = tree.view(at, now())?;
                     let handle = view.getattr_root()?.handle;
                     let object = Object::Past { tree: Arc::clone(tree), view, handle };
                     Ok((object.file_handle(handle), object.attributes()?))
@@ -579,7 +579,7 @@ impl Dispatcher {
                 ];
                 for (index, bookmark) in tree.tree.volume().bookmarks().iter().enumerate() {
                     // (A bookmark whose point retention has dropped is not listed.)
-                    let Ok(view) = tree.view(bookmark.timestamp) else { continue };
+                    let Ok(view) = tree.view(bookmark.timestamp, now()) else { continue };
                     let Ok(attributes) = view.getattr_root() else { continue };
                     let object = Object::Past { tree: Arc::clone(tree), view, handle: attributes.handle };
                     let entry_handle = object.file_handle(attributes.handle);

@@ -323,9 +323,10 @@ impl Tree {
     }
 
     /// The tree at exactly `at`, a time an earlier view resolved to (a
-    /// handle into the past): refused if `at` is no longer kept exactly.
-    pub fn view_exactly(&self, at: Timestamp) -> Result<TreeView, TreeError> {
-        Ok(TreeView::new(self.volume.view_exactly(at)?))
+    /// handle into the past): refused if `at` is no longer kept exactly, or
+    /// is after `now`.
+    pub fn view_exactly(&self, at: Timestamp, now: Timestamp) -> Result<TreeView, TreeError> {
+        Ok(TreeView::new(self.volume.view_exactly(at, now)?))
     }
 
     /// Inodes in use (the root included) and the most there can be.

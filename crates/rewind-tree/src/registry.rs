@@ -64,8 +64,8 @@ impl OpenTree {
         self.mirror.lock().as_ref()?.upgrade()
     }
 
-    /// The view at exactly `at` (a time a handle carries).
-    pub fn view(&self, at: Timestamp) -> Result<Arc<TreeView>, TreeError> {
+    /// The view at exactly `at` (a time a handle carries), at or before `now`.
+    pub fn view(&self, at: Timestamp, now: Timestamp) -> Result<Arc<TreeView>, TreeError> {
         let mut views = self.views.lock();
         let sweep = self.sweeps.load(Ordering::Relaxed);
         if let Some(position) = views.iter().position(|(time, _, _)| *time == at) {
@@ -73,7 +73,7 @@ impl OpenTree {
             views.push((at, Arc::clone(&view), sweep));
             return Ok(view);
         }
-        let view = Arc::new(self.tree.view_exactly(at)?);
+        let view = Arc::new(self.tree.view_exactly(at, now)?);
         if views.len() >= VIEWS_OPEN_MAX {
             views.remove(0);
         }

@@ -33,7 +33,12 @@ impl Volume {
         let snapshot_now = at.is_none();
         let at = match at {
             // A time in the past is kept exact only if it is already (see `exact_time`).
-            Some(at) => self.exact_time_named(self.check_in_history(at, now)?, &bookmarks)?,
+            Some(at) => {
+                let exact = self.exact_time_named(self.check_in_history(at, now)?, &bookmarks)?;
+                // As a view's (see `hold_exact_time`): nothing lands inside it later.
+                self.advance_clock(exact);
+                exact
+            }
             // Now: pinned before any later write can come in, so no persist or
             // merge can thin away the state it names.
             None => self.advance_clock_pinned(now),
@@ -235,6 +240,9 @@ impl Volume {
         // The bookmarks lock serialises every change of what the index thins.
         let bookmarks = self.history.bookmarks.lock();
         let exact = self.exact_time_named(at, &bookmarks)?;
+        // A point after the last write: a write stamped before it but not
+        // yet in (waiting for room) would otherwise land inside it.
+        self.advance_clock(exact);
         self.hold_locked(exact, &bookmarks);
         Ok(exact)
     }

@@ -172,6 +172,9 @@ impl Volume {
     /// A read-only view of the volume as it was at the latest exact point at
     /// or before `at` (see [`Volume::exact_time`]). Its state is pinned while
     /// it lives: retention and merges cannot change what it shows.
+    ///
+    /// `at` is at or before now (as [`Volume::parse_time`] makes sure):
+    /// opening the view raises the volume's clock to it.
     pub fn view(self: &Arc<Self>, at: Timestamp) -> Result<View, EngineError> {
         self.check_settled()?;
         Ok(View::holding(Arc::clone(self), self.hold_exact_time(at)?))
@@ -179,9 +182,12 @@ impl Volume {
 
     /// A view at exactly `at`, a time some earlier view resolved to (work
     /// done a piece at a time, like a restore over the API): refused if
-    /// `at` is no longer an exact point, rather than showing another.
-    pub fn view_exactly(self: &Arc<Self>, at: Timestamp) -> Result<View, EngineError> {
+    /// `at` is no longer an exact point, rather than showing another. `at`
+    /// comes from outside (an API query, a file handle), so one after `now`
+    /// is refused too: opening a view raises the volume's clock to it.
+    pub fn view_exactly(self: &Arc<Self>, at: Timestamp, now: Timestamp) -> Result<View, EngineError> {
         self.check_settled()?;
+        self.check_in_history(at, now)?;
         self.hold_exactly(at)
     }
 
