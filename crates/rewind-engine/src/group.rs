@@ -36,6 +36,21 @@ pub(crate) struct GroupState {
 }
 
 impl GroupState {
+    /// Holds the points of the group bookmarks `volume` lacks its share of
+    /// (a crash or a failed save came between the group's commit and the
+    /// member's save), as soon as it opens: before anything thins its
+    /// history, so they stay exact until `Node::finish_groups` saves them.
+    pub(crate) fn hold_shares_lacking(&self, volume: &Volume) {
+        let shares = self.groups.entries.iter().flat_map(|group| &group.bookmarks).flat_map(|bookmark| {
+            bookmark.members.iter().filter(|point| point.volume == *volume.name()).map(move |point| (bookmark, point))
+        });
+        for (bookmark, point) in shares {
+            if volume.lacks_bookmark(&bookmark.name) {
+                volume.hold_again(point.at);
+            }
+        }
+    }
+
     pub(crate) fn open(storage: &dyn rewind_io::Storage) -> Result<GroupState, EngineError> {
         if !storage.exists(GROUPS_FILE).map_err(EngineError::io(GROUPS_FILE))? {
             return Ok(GroupState { groups: Groups::default(), damage: None });
@@ -388,15 +403,19 @@ impl Node {
             for bookmark in &group.bookmarks {
                 for point in &bookmark.members {
                     let Ok(volume) = self.volume(point.volume.as_str()) else { continue };
+                    if !volume.lacks_bookmark(&bookmark.name) {
+                        continue;
+                    }
                     match volume.complete_bookmark(&bookmark.name, point.at) {
-                        Ok(true) => tracing::info!(
+                        Ok(()) => tracing::info!(
                             group = %group.name, bookmark = %bookmark.name, volume = %point.volume,
-                            "a crash came between a group bookmark and a member's share of it: saved it"
+                            "a crash or a failed save came between a group bookmark and a member's share of it: \
+                             saved it"
                         ),
-                        Ok(false) => {}
                         Err(error) => tracing::error!(
                             group = %group.name, bookmark = %bookmark.name, volume = %point.volume, %error,
-                            "cannot save a member's share of a group bookmark"
+                            "cannot save a member's share of a group bookmark; its point stays held, and the next \
+                             start tries again"
                         ),
                     }
                 }

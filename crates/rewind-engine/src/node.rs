@@ -358,6 +358,8 @@ impl Node {
                 "the data directory's filesystem is nearly full"
             );
         }
+        // Before the volumes: their shares of group bookmarks are held as they open.
+        let groups = GroupState::open(&*storage)?;
         let mut volumes = BTreeMap::new();
         let mut damaged = BTreeMap::new();
         let mut unopened = Vec::new();
@@ -399,6 +401,7 @@ impl Node {
                 let branch_points = branch_points(&name, &metas);
                 match Volume::open(Arc::clone(&storage), &dir, config.volume, &shared, &lend, &branch_points) {
                     Ok(volume) => {
+                        groups.hold_shares_lacking(&volume);
                         volumes.insert(name, volume);
                     }
                     Err(error) => {
@@ -472,7 +475,7 @@ impl Node {
         }
         // The clones of what was set aside since.
         hold_damaged_branch_points(&volumes, &mut damaged);
-        let groups = Mutex::new(GroupState::open(&*storage)?);
+        let groups = Mutex::new(groups);
         let node = Node {
             storage,
             chunk_io,
