@@ -58,6 +58,17 @@ const DRAIN_BLOCKS_MAX: u64 = COMPOUND_BLOCKS_MAX - 1;
 /// Stale blocks a growing file has zeroed within its own write; more are
 /// zeroed in writes of their own first.
 const STALE_BLOCKS_INLINE_MAX: u64 = 256;
+/// Blocks whose status one look at the volume takes, finding the data to zero.
+const STATUS_WINDOW_BLOCKS: u64 = 1 << 16;
+/// Runs of blocks zeroed per compound write (well within its extents).
+const ZERO_RUNS_MAX: usize = 1024;
+
+/// What `Tree::zero_data` lowers with each write.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lower {
+    BlocksEnd,
+    Nothing,
+}
 
 /// How durable a file write must be before it returns (NFSv3's `stable_how`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -521,17 +532,73 @@ impl Tree {
     /// Zeroes inode `ino`'s blocks from `keep` to its `blocks_end`, in
     /// compound writes of their own, each lowering `blocks_end`.
     fn drain(&self, state: &mut State, ino: u64, keep: u64, now: Timestamp) -> Result<(), TreeError> {
-        loop {
-            let inode = self.cached_inode(state, ino)?;
-            if inode.blocks_end <= keep {
-                return Ok(());
-            }
-            let from = keep.max(inode.blocks_end.saturating_sub(DRAIN_BLOCKS_MAX));
+        let blocks_end = self.cached_inode(state, ino)?.blocks_end;
+        self.zero_data(state, ino, (keep, blocks_end), Lower::BlocksEnd, now)
+    }
+
+    /// Zeroes the blocks of inode `ino` in `from..to` that hold data, from
+    /// the top down, in compound writes of their own; with
+    /// `Lower::BlocksEnd` each also lowers the inode's `blocks_end` to what
+    /// is left below it, and the last to `from`. Only blocks holding data:
+    /// `blocks_end` is a high-water mark, and one byte written at 64 GiB
+    /// put it 16.7 M blocks up, every one of which became a zero version,
+    /// written under the tree's lock, when the file was removed.
+    fn zero_data(
+        &self,
+        state: &mut State,
+        ino: u64,
+        (from, mut to): (u64, u64),
+        lower: Lower,
+        now: Timestamp,
+    ) -> Result<(), TreeError> {
+        while from < to {
+            let low = from.max(to.saturating_sub(STATUS_WINDOW_BLOCKS));
+            let runs = self.data_runs(ino, low, to)?;
             let mut txn = Txn::unseen();
-            txn.zeros.push((data_block(ino, from), inode.blocks_end - from));
-            txn.put_inode(Inode { blocks_end: from, ..inode });
-            self.commit(state, txn, now, Durability::Buffered)?.assert_paid();
+            let (mut blocks, mut left) = (0, low);
+            for &(first, count) in runs.iter().rev() {
+                let room = DRAIN_BLOCKS_MAX - blocks;
+                if room == 0 || txn.zeros.len() == ZERO_RUNS_MAX {
+                    left = first + count;
+                    break;
+                }
+                let take = count.min(room);
+                txn.zeros.push((data_block(ino, first + count - take), take));
+                blocks += take;
+                if take < count {
+                    left = first + count - take;
+                    break;
+                }
+            }
+            let last = left == from;
+            if lower == Lower::BlocksEnd && (!txn.zeros.is_empty() || last) {
+                let inode = self.cached_inode(state, ino)?;
+                txn.put_inode(Inode { blocks_end: left, ..inode });
+            }
+            if !txn.zeros.is_empty() || !txn.inodes.is_empty() {
+                self.commit(state, txn, now, Durability::Buffered)?.assert_paid();
+            }
+            to = left;
         }
+        Ok(())
+    }
+
+    /// The runs `(first, count)` of inode `ino`'s blocks in `from..to`
+    /// (at most `STATUS_WINDOW_BLOCKS`) that hold data, lowest first.
+    fn data_runs(&self, ino: u64, from: u64, to: u64) -> Result<Vec<(u64, u64)>, TreeError> {
+        assert!(from < to && to - from <= STATUS_WINDOW_BLOCKS && to <= FILE_BLOCKS_MAX, "{from}..{to}");
+        let statuses = self.volume.block_status(data_block(ino, from) * BLOCK, (to - from) * BLOCK)?;
+        let mut runs = Vec::new();
+        let mut at = from;
+        for status in statuses {
+            let count = status.length / BLOCK;
+            if status.allocated {
+                runs.push((at, count));
+            }
+            at += count;
+        }
+        assert_eq!(at, to, "block status covers what was asked");
+        Ok(runs)
     }
 
     /// Zeroes the blocks of `inode` in `from..to` that may hold stale data
@@ -550,16 +617,8 @@ impl Tree {
             return Ok(());
         }
         if to - from > STALE_BLOCKS_INLINE_MAX {
-            let mut at = from;
-            while at < to {
-                let end = to.min(at + DRAIN_BLOCKS_MAX);
-                let mut own = Txn::unseen();
-                // (Past the end of the file: nobody sees these zeros arrive.)
-                own.zeros.push((data_block(inode.ino, at), end - at));
-                self.commit(state, own, now, Durability::Buffered)?.assert_paid();
-                at = end;
-            }
-            return Ok(());
+            // (Past the end of the file: nobody sees these zeros arrive.)
+            return self.zero_data(state, inode.ino, (from, to), Lower::Nothing, now);
         }
         txn.zeros.push((data_block(inode.ino, from), to - from));
         Ok(())

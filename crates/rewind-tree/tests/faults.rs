@@ -64,3 +64,47 @@ fn a_full_disk_fails_operations_whole_and_the_tree_carries_on_when_space_is_free
     tree.write(made.handle, 0, b"again", Stability::FileSync, &caller, now).unwrap();
     assert_eq!(tree.read(made.handle, 0, 10, &caller).unwrap().0, b"again");
 }
+
+/// A sparse file whose only data is far out (one byte at the last block a
+/// file may have, 16.7 M blocks up) is shrunk and removed by zeroing the
+/// blocks that hold data, not every block up to its high-water mark:
+/// that wrote 16.7 M zero versions under the tree's lock. A block of data
+/// low in the file and the far byte are all the history gets, plus the
+/// inode's changes; and the past still reads both.
+#[test]
+fn a_sparse_file_is_shrunk_and_removed_by_zeroing_only_its_data() {
+    use rewind_format::tree::FILE_BYTES_MAX;
+    let node = Node::open(Arc::new(SimStorage::new(SimConfig::default(), 13)), NodeConfig::default()).unwrap();
+    let mut clock = 1_000_000_000u64;
+    let mut now = || {
+        clock += 1_000_000;
+        Timestamp::from_unix_nanos(clock)
+    };
+    let volume = node.create_volume(VolumeSpec::tree(VolumeName::new("t").unwrap()), now()).unwrap();
+    let tree = Tree::open(Arc::clone(&volume), now()).unwrap();
+    let caller = Caller::root([0; 16], 0);
+    let root = tree.root().unwrap();
+    let how = CreateHow::Guarded(SetAttributes::default());
+    let (file, _) = tree.create(root, b"sparse", &how, &caller, now()).unwrap();
+    tree.write(file.handle, 4096, &[1; 4096], Stability::FileSync, &caller, now()).unwrap();
+    tree.write(file.handle, FILE_BYTES_MAX - 1, &[2], Stability::FileSync, &caller, now()).unwrap();
+    let written = now();
+    let versions = |volume: &rewind_engine::Volume| {
+        let stats = volume.stats().unwrap();
+        stats.versions_in_memory + stats.versions_in_runs
+    };
+    let before = versions(&volume);
+
+    let shrink = SetAttributes { size: Some(8192), ..SetAttributes::default() };
+    tree.setattr(file.handle, &shrink, None, &caller, now()).unwrap();
+    tree.remove(root, b"sparse", false, &caller, now()).unwrap();
+    let added = versions(&volume) - before;
+    assert!(added < 64, "{added} versions to shrink and remove a file of two blocks of data");
+
+    let past = tree.view(written).unwrap();
+    let file = walk(&past, "sparse").unwrap();
+    let (low, _) = past.read(file.handle, 4096, 4096, &caller).unwrap();
+    let (far, end) = past.read(file.handle, FILE_BYTES_MAX - 1, 1, &caller).unwrap();
+    assert!(low == [1; 4096] && far == [2] && end, "the past reads the data the present no longer has");
+    println!("{added} versions to shrink and remove it");
+}
