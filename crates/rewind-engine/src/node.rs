@@ -617,7 +617,7 @@ impl Node {
                 spec.layout.name()
             )));
         }
-        RetentionTier::check(&spec.retention, spec.granularity_nanos).map_err(|reason| {
+        RetentionTier::check_new(&spec.retention, spec.granularity_nanos).map_err(|reason| {
             EngineError::InvalidArgument(format!(
                 "retention {} does not fit: {reason}",
                 crate::timespec::display_retention(&spec.retention)

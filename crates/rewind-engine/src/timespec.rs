@@ -29,6 +29,9 @@ pub struct TimeSpecError {
     pub reason: String,
 }
 
+/// The present, as a point in time.
+pub(crate) const NOW: &str = "now";
+
 /// Parses `input` relative to `now`, reading times without an offset in `zone`.
 pub fn parse_point_in_time(input: &str, now: Timestamp, zone: &TimeZone) -> Result<PointInTime, TimeSpecError> {
     let error = |reason: &str| TimeSpecError { input: input.to_owned(), reason: reason.to_owned() };
@@ -36,7 +39,7 @@ pub fn parse_point_in_time(input: &str, now: Timestamp, zone: &TimeZone) -> Resu
     if text.is_empty() {
         return Err(error("it is empty"));
     }
-    if text == "now" {
+    if text == NOW {
         return Ok(PointInTime::At(now));
     }
     if let Some(digits) =

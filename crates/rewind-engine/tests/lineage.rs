@@ -564,7 +564,7 @@ fn a_write_after_a_bookmark_or_a_clone_at_now_and_a_restart_is_after_them() {
     let other = node.create_volume(VolumeSpec::new(VolumeName::new("w").unwrap(), 1 << 20, block), at(1_000)).unwrap();
     source.write(at(2_000), 0, &[1; 4096], Durability::Fua).unwrap();
     other.write(at(2_000), 0, &[1; 4096], Durability::Fua).unwrap();
-    let bookmark = BookmarkName::new("now").unwrap();
+    let bookmark = BookmarkName::new("at-now").unwrap();
     let marked = source.create_bookmark(bookmark.clone(), None, at(5_000)).unwrap().timestamp;
     let clone = node.clone_volume("w", None, VolumeName::new("c").unwrap(), at(5_000)).unwrap();
     assert_eq!((marked, clone.base().unwrap().at), (at(5_000), at(5_000)));
@@ -771,4 +771,28 @@ fn a_write_that_comes_in_after_a_view_or_bookmark_of_a_later_time_is_after_it() 
         volume.view_exactly(at(9_000), at(8_000)).is_err(),
         "a time after now, from outside, is refused (it would raise the clock past now)"
     );
+}
+
+/// `now` names the present wherever a time is read, so a bookmark of that
+/// name could never be reached: it is refused, with what to do instead. A
+/// granularity longer than 10 years is refused too (its first window,
+/// counted from 1970, would hold today).
+#[test]
+fn a_bookmark_named_now_and_a_granularity_of_decades_are_refused() {
+    let storage = SimStorage::new(SimConfig::default(), 29);
+    let at = Timestamp::from_unix_nanos;
+    let node = Node::open(Arc::new(storage), NodeConfig::default()).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec.clone(), at(1_000)).unwrap();
+    let refused = volume.create_bookmark(BookmarkName::new("now").unwrap(), None, at(2_000)).unwrap_err();
+    assert!(refused.to_string().contains("choose another name"), "{refused}");
+    assert!(volume.bookmarks().is_empty());
+
+    let fifty_years = 50 * 365 * 86_400 * 1_000_000_000;
+    let refused =
+        volume.set_policy(rewind_engine::PolicyChange { granularity_nanos: Some(fifty_years), ..Default::default() });
+    assert!(refused.unwrap_err().to_string().contains("10 years"));
+    let spec = VolumeSpec { granularity_nanos: fifty_years, name: VolumeName::new("w").unwrap(), ..spec };
+    let refused = node.create_volume(spec, at(3_000)).err().expect("refused");
+    assert!(refused.to_string().contains("10 years"), "{refused}");
 }

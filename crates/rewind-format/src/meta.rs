@@ -591,6 +591,23 @@ pub struct RetentionTier {
 }
 
 impl RetentionTier {
+    /// The longest granularity or tier interval: 10 years (of 365.25 days).
+    pub const INTERVAL_NANOS_MAX: u64 = 36_525 * 86_400 * 1_000_000_000 / 10;
+
+    /// [`RetentionTier::check`] for a policy being set, which also has no
+    /// window longer than [`Self::INTERVAL_NANOS_MAX`]. (Not asked of one
+    /// saved before that bound: it still opens.)
+    pub fn check_new(tiers: &[RetentionTier], granularity_nanos: u64) -> Result<(), String> {
+        let intervals = std::iter::once(granularity_nanos).chain(tiers.iter().map(|tier| tier.interval_nanos));
+        if let Some(long) = intervals.into_iter().find(|&interval| interval > Self::INTERVAL_NANOS_MAX) {
+            return Err(format!(
+                "a granularity or interval of {long}ns is longer than the most, 10 years: windows are counted \
+                 from 1970, and one that long would hold today's time in the first"
+            ));
+        }
+        Self::check(tiers, granularity_nanos)
+    }
+
     /// Why `tiers` cannot be a retention policy under `granularity_nanos`,
     /// if they cannot: ages must grow, and each interval must be a multiple
     /// of the granularity and of the interval before it (so windows nest and
@@ -941,6 +958,10 @@ mod tests {
         assert!(RetentionTier::check(&[tier(10, 20), tier(0, 30)], 5).unwrap_err().contains("`all` must come"));
         assert!(RetentionTier::check(&[tier(7, 20)], 5).unwrap_err().contains("multiple"));
         assert!(RetentionTier::check(&[tier(10, 20), tier(10, 20)], 0).unwrap_err().contains("longer"));
+        let ten_years = RetentionTier::INTERVAL_NANOS_MAX;
+        assert!(RetentionTier::check_new(&[tier(ten_years, u64::MAX)], 5).is_ok(), "a tier of 10 years");
+        assert!(RetentionTier::check_new(&[], ten_years + 1).unwrap_err().contains("10 years"), "granularity");
+        assert!(RetentionTier::check_new(&[tier(2 * ten_years, u64::MAX)], 0).unwrap_err().contains("10 years"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use rewind_io::write_file_atomic;
 use rewind_types::{BookmarkName, Timestamp};
 
 use super::WriteState;
-use crate::timespec::DisplayTime;
+use crate::timespec::{DisplayTime, NOW};
 use crate::{EngineError, Volume};
 
 impl Volume {
@@ -90,6 +90,15 @@ impl Volume {
     }
 
     fn check_bookmark_free(&self, bookmarks: &Bookmarks, name: &BookmarkName) -> Result<(), EngineError> {
+        // Times are read before bookmark names, so `VOLUME@now` could never
+        // reach a bookmark of that name. (Refused here, not in the name
+        // itself, so that a bookmark saved before still decodes.)
+        if name.as_str() == NOW {
+            return Err(EngineError::InvalidArgument(format!(
+                "`{NOW}` names the present (as in {}@{NOW}), so no bookmark can take it; choose another name",
+                self.name()
+            )));
+        }
         if let Some(existing) = bookmarks.entries.iter().find(|bookmark| bookmark.name == *name) {
             return Err(EngineError::BookmarkExists {
                 volume: self.name().to_string(),

@@ -321,8 +321,13 @@ impl Volume {
     /// retention and the cap are applied by the next maintenance pass.
     pub fn set_policy(&self, change: PolicyChange) -> Result<(), EngineError> {
         self.check_open()?;
-        let newest = self.timestamp_last();
         let bookmarks = self.history.bookmarks.lock();
+        // Writes held back until the new policy is in force: every version
+        // the old one may thin is at or before `newest`, so the floor below
+        // covers it (read before the locks, a write and a persist between
+        // could thin a later window under the old granularity, unrecorded).
+        let writes = self.write.lock();
+        let newest = writes.timestamp_last;
         let current = self.history.policy.lock().clone();
         let mut next = current.clone();
         next.granularity_nanos = change.granularity_nanos.unwrap_or(current.granularity_nanos);
@@ -334,7 +339,7 @@ impl Volume {
             display_retention(&next.retention)
         );
         let refuse = |reason: String| EngineError::InvalidArgument(format!("{described} does not fit: {reason}"));
-        RetentionTier::check(&next.retention, next.granularity_nanos).map_err(refuse)?;
+        RetentionTier::check_new(&next.retention, next.granularity_nanos).map_err(refuse)?;
         // What the old policy may already have thinned stays thinned.
         let (tiers, horizon) = retention_windows(&current);
         if current.granularity_nanos > 0 {
@@ -364,7 +369,9 @@ impl Volume {
                 )));
             }
         }
-        self.change_policy(&bookmarks, |policy| *policy = next)
+        self.change_policy(&bookmarks, |policy| *policy = next)?;
+        drop(writes);
+        Ok(())
     }
 
     /// Moves retention's clock to `now` (durably, before any index run is
