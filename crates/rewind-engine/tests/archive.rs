@@ -457,3 +457,56 @@ fn a_stopping_node_gives_up_its_archive_pass_and_the_next_start_archives_it() {
     volume.view(at(2)).unwrap().read(5 * 4096, &mut block).unwrap();
     assert_eq!(block, vec![6; 4096], "archived history reads back");
 }
+
+/// Under a granularity longer than the timeline's minutes, a space cap
+/// moves the horizon to the end of the window holding the point it wants
+/// once that window is complete. It rounded down to the window before, so
+/// while the point it wanted lay in the first window the horizon never
+/// moved, and the history stayed over the cap for good.
+#[test]
+fn a_space_cap_under_a_coarse_granularity_moves_the_horizon() {
+    let storage = SimStorage::new(SimConfig::default(), 1);
+    let mut config = NodeConfig::default();
+    (config.volume.archive_age_nanos, config.volume.archive_interval_nanos) = (0, 1);
+    config.volume.retention_interval_nanos = 1;
+    config.volume.burst_quiet_nanos = 0;
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    let second = |seconds: u64| Timestamp::from_unix_nanos(seconds * SECOND);
+    let blocks = 32usize;
+    let generation_bytes = (blocks * 4096) as u64;
+    // Windows of 10 minutes: 600 s to 1200 s, 1200 s to 1800 s.
+    let spec = VolumeSpec {
+        space_max_bytes: generation_bytes * 3 / 2,
+        granularity_nanos: 600 * SECOND,
+        ..VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap())
+    };
+    let volume = node.create_volume(spec, second(1_000)).unwrap();
+    // Four generations of the same blocks, nothing alike, two per window:
+    // each window keeps its last.
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut last = Vec::new();
+    for at in [1_005, 1_010, 1_205, 1_210] {
+        let data: Vec<u8> = (0..blocks * 4096)
+            .map(|_| {
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                (state >> 56) as u8
+            })
+            .collect();
+        volume.write(second(at), 0, &data, Durability::Fua).unwrap();
+        last = data;
+    }
+    for pass in 0..6 {
+        let now = second(1_810 + pass);
+        // The clock past the second window: a write elsewhere, at the end.
+        volume.write(now, 1 << 19, &[1; 4096], Durability::Fua).unwrap();
+        node.maintain(now).unwrap();
+        node.maintain_history(now).unwrap();
+    }
+    let used = volume.measure_space(second(1_820)).unwrap().chunk_stored_bytes;
+    let horizon = volume.retention_horizon().expect("the cap moved the horizon");
+    assert!(horizon >= second(1_210), "the cap stopped at {horizon:?}, {used} bytes kept");
+    assert!(used <= generation_bytes * 3 / 2, "{used} bytes kept, over the cap");
+    let mut image = vec![0; blocks * 4096];
+    volume.read(0, &mut image).unwrap();
+    assert!(image == last, "the present stays");
+}

@@ -407,6 +407,7 @@ impl Volume {
     /// Called by maintenance every `retention_interval_nanos`.
     pub(crate) fn apply_space_cap(&self, now: Timestamp) -> Result<bool, EngineError> {
         let Some(wanted) = self.horizon_for_space_cap(now)? else { return Ok(false) };
+        let clock = self.timestamp_last();
         let horizon = {
             let bookmarks = self.history.bookmarks.lock();
             let policy = self.history.policy.lock().clone();
@@ -417,8 +418,19 @@ impl Volume {
                 .max()
                 .unwrap_or(0)
                 .max(1);
-            let Some(horizon) = ((wanted.unix_nanos() + 1) / coarsest * coarsest).checked_sub(1) else {
-                return Ok(false);
+            // The end of the window holding `wanted`, once no write can land
+            // in it (a little more history goes than the cap asks); else
+            // the end of the window before. Always the one before: with
+            // windows longer than the timeline's minutes, the horizon never
+            // moved while `wanted` stayed inside the first of them.
+            let wanted = wanted.unix_nanos();
+            let window_end = (wanted / coarsest).saturating_add(1).saturating_mul(coarsest) - 1;
+            let horizon = match window_end < clock.unix_nanos() {
+                true => window_end,
+                false => match ((wanted + 1) / coarsest * coarsest).checked_sub(1) {
+                    Some(before) => before,
+                    None => return Ok(false),
+                },
             };
             let horizon = Timestamp::from_unix_nanos(horizon);
             if self.retention_horizon().is_some_and(|current| current >= horizon) || horizon <= self.created() {
