@@ -471,7 +471,7 @@ impl Node {
     /// The uids of the archived runs the volumes hold now.
     fn runs_held(&self) -> FxHashSet<u64> {
         let volumes: Vec<Arc<Volume>> = self.volumes.read().values().cloned().collect();
-        let rebuildable = volumes.iter().filter(|volume| Volume::not_rebuildable(volume.meta()).is_none());
+        let rebuildable = volumes.iter().filter(|volume| Volume::not_rebuildable(&volume.meta()).is_none());
         rebuildable.flat_map(|volume| volume.archived_part().1).map(|run| run.uid()).collect()
     }
 
@@ -489,7 +489,7 @@ impl Node {
         let volumes: Vec<Arc<Volume>> = self.volumes.read().values().cloned().collect();
         for volume in &volumes {
             let dir = volume_dir(volume.name().as_str());
-            if Volume::not_rebuildable(volume.meta()).is_some() {
+            if Volume::not_rebuildable(&volume.meta()).is_some() {
                 // Named, so that a recovery says why it is left out.
                 captured.push((format!("{dir}/volume.meta"), Captured::Bytes(volume.meta().encode())));
                 continue;

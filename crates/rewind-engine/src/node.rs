@@ -178,7 +178,7 @@ impl DamagedVolume {
     /// An open volume taken out of service because of `problem`.
     pub(crate) fn of(volume: &Volume, problem: String) -> DamagedVolume {
         let name = volume.name().to_string();
-        DamagedVolume { name, meta: Some(volume.meta().clone()), problem, holds_branch_point: false }
+        DamagedVolume { name, meta: Some(volume.meta()), problem, holds_branch_point: false }
     }
 
     /// Lets go of the branch point this damaged clone held on its base
@@ -653,7 +653,7 @@ impl Node {
         now: Timestamp,
     ) -> Result<Arc<Volume>, EngineError> {
         let source = self.volume(source)?;
-        let meta = VolumeMeta { name, base: None, created: now, ..source.meta().clone() };
+        let meta = VolumeMeta { name, base: None, created: now, ..source.meta() };
         let policy =
             VolumePolicy::new(source.granularity_nanos(), source.retention(), source.space_max_bytes(), meta.created);
         self.install(meta, policy, |meta| {

@@ -40,7 +40,7 @@ impl Volume {
         let name = self.name().as_str().as_bytes();
         out.extend_from_slice(&(name.len() as u64).to_le_bytes());
         out.extend_from_slice(name);
-        out.extend_from_slice(&self.meta().created.unix_nanos().to_le_bytes());
+        out.extend_from_slice(&self.created().unix_nanos().to_le_bytes());
         self.index.describe(out);
     }
 

@@ -353,8 +353,11 @@ impl Volume {
         self.meta.kind
     }
 
-    pub(crate) fn meta(&self) -> &VolumeMeta {
-        &self.meta
+    /// What the volume's `volume.meta` holds now: a promote since it was
+    /// opened has made its base `copied` (the file is rewritten then, the
+    /// fields read at opening are not).
+    pub(crate) fn meta(&self) -> VolumeMeta {
+        VolumeMeta { base: self.base(), ..self.meta.clone() }
     }
 
     pub fn rules(&self) -> LayoutRules {

@@ -296,7 +296,7 @@ impl Volume {
     /// first (atomically), then reads go to it and the lent view goes back.
     pub(crate) fn adopt_base_copy(&self, _promoting: &Promoting<'_>, copy: BaseCopy) -> Result<(), EngineError> {
         self.check_open()?;
-        let meta = VolumeMeta { base: Some(copy.origin.clone()), ..self.meta().clone() };
+        let meta = VolumeMeta { base: Some(copy.origin.clone()), ..self.meta() };
         let path = format!("{}/volume.meta", self.dir);
         write_file_atomic(&*self.storage, &path, &meta.encode()).map_err(EngineError::io(&path))?;
         let lent = self.base.lock().replace(Arc::new(Base::Copied(copy)));

@@ -474,7 +474,7 @@ impl Volume {
     ) -> Result<Result<Vec<(Source, Timestamp)>, Mismatch>, EngineError> {
         // What a block reads where this volume never wrote it.
         // A clone stays one: a promote swaps its base, never removes it.
-        let unwritten = match self.meta().base.is_some() {
+        let unwritten = match self.meta.base.is_some() {
             true => (Source::Base, Timestamp::MIN),
             false => (Source::Zero, Timestamp::MIN),
         };
