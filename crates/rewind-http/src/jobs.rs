@@ -17,7 +17,11 @@
 //!   history, streaming the write history, a tree's listing, history and
 //!   reverts, which walk or copy without bound) take one of
 //!   `ApiLimits::slow_work_max` permits before they get a thread, and wait
-//!   for one without a thread.
+//!   for one without a thread, in a line of at most
+//!   `ApiLimits::slow_waiting_max`; no token holds more than a quarter of
+//!   the places (running or waiting). Beyond either, 503 `busy`: one
+//!   token's slow requests, each holding its connection while it waits,
+//!   once filled every connection slot the API has.
 //! - `blocking_threads_max` is what the runtime's blocking pool needs: the
 //!   two above plus `QUICK_THREADS` that only quick calls (a listing, a
 //!   bookmark) can use, so those always find a thread soon.
@@ -26,7 +30,7 @@
 //! one its blocking thread and at most `IMPORT_CHUNKS_QUEUED` body chunks
 //! (hyper reads at most ~400 KiB per chunk).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -54,11 +58,13 @@ pub struct ApiLimits {
     pub imports_waiting_max: usize,
     /// Other slow requests running at once (more wait without a thread).
     pub slow_work_max: usize,
+    /// Other slow requests waiting for one of those; more are refused with 503.
+    pub slow_waiting_max: usize,
 }
 
 impl Default for ApiLimits {
     fn default() -> Self {
-        ApiLimits { imports_max: 2, imports_waiting_max: 16, slow_work_max: 4 }
+        ApiLimits { imports_max: 2, imports_waiting_max: 16, slow_work_max: 4, slow_waiting_max: 32 }
     }
 }
 
@@ -125,6 +131,7 @@ pub(crate) struct Jobs {
     limits: ApiLimits,
     imports: Arc<Semaphore>,
     slow: Arc<Semaphore>,
+    slow_line: Arc<Mutex<SlowLine>>,
     next_id: AtomicU64,
     /// Oldest first: unfinished ones, and up to `FINISHED_KEPT` finished.
     jobs: Mutex<VecDeque<Arc<Job>>>,
@@ -170,6 +177,7 @@ impl Jobs {
             limits,
             imports: Arc::new(Semaphore::new(limits.imports_max)),
             slow: Arc::new(Semaphore::new(limits.slow_work_max)),
+            slow_line: Arc::default(),
             next_id: AtomicU64::new(1),
             jobs: Mutex::new(VecDeque::new()),
         }
@@ -225,10 +233,65 @@ impl Jobs {
         infos
     }
 
-    /// A permit for one piece of other slow work; waits without a thread.
-    pub(crate) async fn slow_permit(&self) -> OwnedSemaphorePermit {
-        Arc::clone(&self.slow).acquire_owned().await.expect("the semaphore is never closed")
+    /// A permit for one piece of other slow work for token `token`; waits
+    /// without a thread, in a bounded line (see the module documentation).
+    pub(crate) async fn slow_permit(&self, token: &str) -> Result<SlowPermit, SlowBusy> {
+        let place = {
+            let mut line = self.slow_line.lock();
+            let waiting = line.total.saturating_sub(self.limits.slow_work_max - self.slow.available_permits());
+            let token_max = (self.limits.slow_work_max + self.limits.slow_waiting_max).div_ceil(4);
+            let held = line.by_token.get(token).copied().unwrap_or(0);
+            if waiting >= self.limits.slow_waiting_max || held >= token_max {
+                return Err(SlowBusy { waiting, held, token_max });
+            }
+            line.total += 1;
+            *line.by_token.entry(token.to_owned()).or_default() += 1;
+            // Taken before the wait: a client that goes away leaves the line.
+            Place { line: Arc::clone(&self.slow_line), token: token.to_owned() }
+        };
+        let permit = Arc::clone(&self.slow).acquire_owned().await.expect("the semaphore is never closed");
+        Ok(SlowPermit { _permit: permit, _place: place })
     }
+}
+
+/// The slow requests running or waiting, in all and by token.
+#[derive(Default)]
+struct SlowLine {
+    total: usize,
+    by_token: HashMap<String, usize>,
+}
+
+/// A slow request's place in [`SlowLine`], given back when dropped.
+struct Place {
+    line: Arc<Mutex<SlowLine>>,
+    token: String,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut line = self.line.lock();
+        line.total -= 1;
+        let held = line.by_token.get_mut(&self.token).expect("a place is counted");
+        *held -= 1;
+        if *held == 0 {
+            line.by_token.remove(&self.token);
+        }
+    }
+}
+
+/// The right to run one slow request (see [`Jobs::slow_permit`]).
+pub(crate) struct SlowPermit {
+    _permit: OwnedSemaphorePermit,
+    _place: Place,
+}
+
+/// Why a slow request cannot even wait.
+#[derive(Debug)]
+pub(crate) struct SlowBusy {
+    pub(crate) waiting: usize,
+    /// The slow requests of its token, running or waiting, and the most it may have.
+    pub(crate) held: usize,
+    pub(crate) token_max: usize,
 }
 
 #[cfg(test)]
@@ -237,7 +300,7 @@ mod tests {
 
     #[tokio::test]
     async fn imports_run_a_few_at_a_time_and_wait_in_a_bounded_line() {
-        let jobs = Jobs::new(ApiLimits { imports_max: 1, imports_waiting_max: 2, slow_work_max: 1 });
+        let jobs = Jobs::new(ApiLimits { imports_max: 1, imports_waiting_max: 2, ..ApiLimits::default() });
         let now = Timestamp::from_unix_nanos(1);
         let mut first = jobs.submit_import("a", 10, now).ok().unwrap();
         first.run(&jobs).await;
@@ -267,5 +330,30 @@ mod tests {
             ticket.finish(Err("no".into()));
         }
         assert_eq!(jobs.list().len(), FINISHED_KEPT);
+    }
+
+    /// Slow requests wait in a bounded line, and no token takes more than a
+    /// quarter of its places: one token's slow requests, each holding its
+    /// connection while it waits, once filled every connection slot.
+    #[tokio::test]
+    async fn slow_work_waits_in_a_bounded_line_and_no_token_takes_it_all() {
+        let jobs = Jobs::new(ApiLimits { slow_work_max: 2, slow_waiting_max: 6, ..ApiLimits::default() });
+        let running = [jobs.slow_permit("a").await.unwrap(), jobs.slow_permit("a").await.unwrap()];
+        let refused = jobs.slow_permit("a").await.err().expect("a's share is full");
+        assert_eq!((refused.held, refused.token_max), (2, 2));
+        // Six wait, two tokens' worth each; each takes its place at its first poll.
+        let mut waiting: Vec<_> =
+            ["b", "b", "c", "c", "d", "d"].iter().map(|token| Box::pin(jobs.slow_permit(token))).collect();
+        for place in &mut waiting {
+            assert!(futures_util::poll!(place.as_mut()).is_pending(), "no thread is free");
+        }
+        let refused = jobs.slow_permit("e").await.err().expect("the line is full");
+        assert_eq!(refused.waiting, 6);
+        // A client that goes away leaves the line; one that finishes lets the next run.
+        drop(waiting.remove(0));
+        let mut next = Box::pin(jobs.slow_permit("e"));
+        assert!(futures_util::poll!(next.as_mut()).is_pending());
+        drop(running);
+        assert!(waiting.remove(0).await.is_ok(), "the first in line runs");
     }
 }

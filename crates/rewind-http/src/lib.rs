@@ -42,6 +42,7 @@
 //! that fits: 404 for unknown names, 409 for duplicates, volumes in use,
 //! bases of clones and reverts under writers, 400 for bad input (413 for a
 //! JSON body too large), 503 for a poisoned volume or chunk store and, with `Retry-After`, for too many imports
+//! or too much other slow work
 //! (`busy`), 500 for corruption and I/O errors; 401 without a valid token,
 //! 403 for what a token may not do (or a foreign Host or Origin), 415 for a
 //! body that is not JSON where JSON is expected (a form or text/plain body

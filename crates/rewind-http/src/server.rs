@@ -34,7 +34,7 @@ use crate::api::{
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
-use crate::jobs::{ApiLimits, Jobs, IMPORT_CHUNKS_QUEUED};
+use crate::jobs::{ApiLimits, Jobs, SlowPermit, IMPORT_CHUNKS_QUEUED};
 
 /// The most bytes of a JSON request body. Every body but an import's is a
 /// small object (a volume's name and policy, a bookmark, a token); an
@@ -210,19 +210,54 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-/// Runs slow blocking engine work, once one of the few threads for slow
-/// work is free (see `crate::jobs`).
-async fn slow<T: Send + 'static>(
-    jobs: &Jobs,
-    work: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
-) -> Result<T, ApiError> {
-    let permit = jobs.slow_permit().await;
-    // Held by the work itself: it runs on even if the client goes away.
-    blocking(move || {
-        let _permit = permit;
-        work()
-    })
-    .await
+/// Slow work on behalf of the request's token: a place in the bounded
+/// line for the few threads slow work has (see `crate::jobs`).
+struct SlowWork {
+    jobs: Arc<Jobs>,
+    token: String,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for SlowWork {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let jobs = parts.extensions.get::<Arc<Jobs>>().expect("the router gives every request the jobs");
+        let principal = parts.extensions.get::<Principal>().expect("the guard names every request's token");
+        Ok(SlowWork { jobs: Arc::clone(jobs), token: principal.id.clone() })
+    }
+}
+
+impl SlowWork {
+    /// Waits (without a thread) for one of the threads, or 503 `busy` when
+    /// the line, or this token's share of it, is full.
+    async fn permit(&self) -> Result<SlowPermit, ApiError> {
+        self.jobs.slow_permit(&self.token).await.map_err(|busy| ApiError::Request {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "busy",
+            message: format!(
+                "too much slow work: {} requests waiting (at most {}), {} of them or running for this token (at \
+                 most {}); try again once some have finished",
+                busy.waiting,
+                self.jobs.limits().slow_waiting_max,
+                busy.held,
+                busy.token_max
+            ),
+        })
+    }
+
+    /// Runs slow blocking engine work once a thread for it is free.
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let permit = self.permit().await?;
+        // Held by the work itself: it runs on even if the client goes away.
+        blocking(move || {
+            let _permit = permit;
+            work()
+        })
+        .await
+    }
 }
 
 /// The API: every route behind the guard (`crate::auth`), with the checks
@@ -317,7 +352,8 @@ async fn health(State(state): State<Shared>, Extension(principal): Extension<Pri
         version: env!("CARGO_PKG_VERSION").to_owned(),
         volumes: state.node.volumes().iter().filter(|volume| principal.may_see(volume.name().as_str())).count(),
         nbd_address: state.nbd_address.clone(),
-        data_dir: state.data_dir.clone(),
+        // Where the node keeps its files is for tokens of the whole node.
+        data_dir: state.data_dir.clone().filter(|_| principal.is_node_wide()),
     })
 }
 
@@ -441,14 +477,14 @@ struct RepairQuery {
 /// Rebuilding what is derived can read a whole journal: slow work.
 async fn repair_volume(
     State(state): State<Shared>,
-    Extension(jobs): Extension<Arc<Jobs>>,
+    slow: SlowWork,
     Path(name): Path<String>,
     ApiQuery(query): ApiQuery<RepairQuery>,
 ) -> Result<Json<RepairSummary>, ApiError> {
     let node = Arc::clone(&state.node);
     let mode = if query.apply { RepairMode::Apply } else { RepairMode::Plan };
     let in_use = if query.force { InUse::Force } else { InUse::Refuse };
-    let report = slow(&jobs, move || node.repair_volume(&name, mode, in_use, now())).await?;
+    let report = slow.run(move || node.repair_volume(&name, mode, in_use, now())).await?;
     Ok(Json(RepairSummary::of(&report, !query.apply)))
 }
 
@@ -606,11 +642,11 @@ async fn job(Extension(jobs): Extension<Arc<Jobs>>, Path(id): Path<u64>) -> Resu
 
 async fn volume_stats(
     State(state): State<Shared>,
-    Extension(jobs): Extension<Arc<Jobs>>,
+    slow: SlowWork,
     Path(name): Path<String>,
 ) -> Result<Json<VolumeReport>, ApiError> {
     let node = Arc::clone(&state.node);
-    slow(&jobs, move || {
+    slow.run(move || {
         let volume = node.volume(&name)?;
         VolumeReport::of(&volume, &volume.measure_space(now())?)
     })
@@ -618,19 +654,16 @@ async fn volume_stats(
     .map(Json)
 }
 
-async fn node_stats(
-    State(state): State<Shared>,
-    Extension(jobs): Extension<Arc<Jobs>>,
-) -> Result<Json<NodeReport>, ApiError> {
+async fn node_stats(State(state): State<Shared>, slow: SlowWork) -> Result<Json<NodeReport>, ApiError> {
     let node = Arc::clone(&state.node);
-    slow(&jobs, move || NodeReport::measure(&node, now())).await.map(Json)
+    slow.run(move || NodeReport::measure(&node, now())).await.map(Json)
 }
 
 /// Collects garbage now, streaming progress as newline-delimited JSON
 /// ([`GcEvent`]): the work can take minutes on a large store.
-async fn collect_garbage(State(state): State<Shared>, Extension(jobs): Extension<Arc<Jobs>>) -> Response {
+async fn collect_garbage(State(state): State<Shared>, slow: SlowWork) -> Result<Response, ApiError> {
     let node = Arc::clone(&state.node);
-    stream_slow_work(&jobs, move |send| {
+    stream_slow_work(&slow, move |send| {
         let mut progress = |phase, done, total| send(GcEvent::progress(phase, done, total), done == total);
         match node.collect(&mut progress) {
             Ok(report) => GcEvent::Done(report.into()),
@@ -645,21 +678,21 @@ async fn collect_garbage(State(state): State<Shared>, Extension(jobs): Extension
 /// keeps serving; afterwards the base may be deleted.
 async fn promote_volume(
     State(state): State<Shared>,
-    Extension(jobs): Extension<Arc<Jobs>>,
+    slow: SlowWork,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let node = Arc::clone(&state.node);
     // Refusals (not a clone, promoted already) answer as errors, not streams.
     let volume = node.volume(&name)?;
     volume.check_promotable()?;
-    Ok(stream_slow_work(&jobs, move |send| {
+    stream_slow_work(&slow, move |send| {
         let mut progress = |done, total| send(PromoteEvent::Progress { done, total }, done == total);
         match node.promote_volume(&name, &mut progress) {
             Ok(report) => PromoteEvent::Done(PromoteSummary::of(&name, &report)),
             Err(error) => PromoteEvent::Failed { error: error.to_string() },
         }
     })
-    .await)
+    .await
 }
 
 /// Runs `work` on a blocking thread under a slow-work permit and streams
@@ -667,11 +700,11 @@ async fn promote_volume(
 /// ten a second, and every one marked last of its phase — clients
 /// interpolate), then the event it returns.
 async fn stream_slow_work<E: serde::Serialize + Send + 'static>(
-    jobs: &Jobs,
+    slow: &SlowWork,
     work: impl FnOnce(&mut dyn FnMut(E, bool)) -> E + Send + 'static,
-) -> Response {
+) -> Result<Response, ApiError> {
     let (sender, events) = mpsc::channel::<E>(16);
-    let permit = jobs.slow_permit().await;
+    let permit = slow.permit().await?;
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
         let mut last_sent = std::time::Instant::now();
@@ -689,7 +722,7 @@ async fn stream_slow_work<E: serde::Serialize + Send + 'static>(
         line.push(b'\n');
         Ok::<_, io::Error>(Bytes::from(line))
     });
-    ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response()
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response())
 }
 
 fn tokio_stream_of<T: Send + 'static>(mut receiver: mpsc::Receiver<T>) -> impl futures_util::Stream<Item = T> {
@@ -723,12 +756,12 @@ async fn timeline(
 /// The versions of one file of a tree (see [`TreeHistoryQuery`]).
 async fn tree_history(
     State(state): State<Shared>,
-    Extension(jobs): Extension<Arc<Jobs>>,
+    slow: SlowWork,
     Path(name): Path<String>,
     ApiQuery(query): ApiQuery<TreeHistoryQuery>,
 ) -> Result<Json<TreeHistory>, ApiError> {
     let trees = Arc::clone(&state.trees);
-    slow(&jobs, move || TreeHistory::of(&trees, name, query, now())).await.map(Json)
+    slow.run(move || TreeHistory::of(&trees, name, query, now())).await.map(Json)
 }
 
 /// How the proxy keeping a tree in step with its upstream is doing.
@@ -740,23 +773,23 @@ async fn tree_mirror(State(state): State<Shared>, Path(name): Path<String>) -> R
 /// Everything under a path of a tree at one point (see [`TreeListingQuery`]).
 async fn tree_listing(
     State(state): State<Shared>,
-    Extension(jobs): Extension<Arc<Jobs>>,
+    slow: SlowWork,
     Path(name): Path<String>,
     ApiQuery(query): ApiQuery<TreeListingQuery>,
 ) -> Result<Json<TreeListing>, ApiError> {
     let trees = Arc::clone(&state.trees);
-    slow(&jobs, move || TreeListing::of(&trees, name, query, now())).await.map(Json)
+    slow.run(move || TreeListing::of(&trees, name, query, now())).await.map(Json)
 }
 
 /// Puts one path of a tree back as it was (see [`RevertTreePath`]).
 async fn revert_tree_path(
     State(state): State<Shared>,
-    Extension(jobs): Extension<Arc<Jobs>>,
+    slow: SlowWork,
     Path(name): Path<String>,
     ApiJson(request): ApiJson<RevertTreePath>,
 ) -> Result<Json<TreeRevertSummary>, ApiError> {
     let trees = Arc::clone(&state.trees);
-    slow(&jobs, move || TreeRevertSummary::of(&trees, name, request, now())).await.map(Json)
+    slow.run(move || TreeRevertSummary::of(&trees, name, request, now())).await.map(Json)
 }
 
 /// Bytes of one file of a tree at an exact point (see [`TreeFileQuery`]).
@@ -775,14 +808,14 @@ async fn tree_file(
 /// a long history has millions, more than one JSON document should hold.
 async fn write_history(
     State(state): State<Shared>,
-    Extension(jobs): Extension<Arc<Jobs>>,
+    slow: SlowWork,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     const WRITES_PER_CHUNK: usize = 8192;
     let node = Arc::clone(&state.node);
     // One of the slow-work permits for the whole stream, not only its
     // start: each open stream holds a sort's memory and scratch files.
-    let permit = jobs.slow_permit().await;
+    let permit = slow.permit().await?;
     let history = blocking(move || node.volume(&name)?.write_history()).await?;
     let (sender, chunks) = mpsc::channel::<io::Result<Bytes>>(2);
     // Read on a blocking thread (the merge reads the sort's scratch files),
@@ -1047,12 +1080,12 @@ struct HistoryRange {
 
 async fn delete_history(
     State(state): State<Shared>,
-    Extension(jobs): Extension<Arc<Jobs>>,
+    slow: SlowWork,
     Path(name): Path<String>,
     ApiQuery(range): ApiQuery<HistoryRange>,
 ) -> Result<Json<DeletedHistory>, ApiError> {
     let node = Arc::clone(&state.node);
-    slow(&jobs, move || DeletedHistory::delete(&*node.volume(&name)?, &range.from, &range.to, now())).await.map(Json)
+    slow.run(move || DeletedHistory::delete(&*node.volume(&name)?, &range.from, &range.to, now())).await.map(Json)
 }
 
 #[derive(Deserialize)]
@@ -1064,12 +1097,12 @@ struct ChangesQuery {
 
 async fn changes(
     State(state): State<Shared>,
-    Extension(jobs): Extension<Arc<Jobs>>,
+    slow: SlowWork,
     Path(name): Path<String>,
     ApiQuery(query): ApiQuery<ChangesQuery>,
 ) -> Result<Json<Changes>, ApiError> {
     let node = Arc::clone(&state.node);
-    slow(&jobs, move || {
+    slow.run(move || {
         let volume = node.volume(&name)?;
         let view = |input: &str| volume.view(volume.parse_time(input, now(), &TimeZone::system())?);
         let earlier = view(&query.from)?;
