@@ -168,9 +168,28 @@ pub fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
     let node = Node::open_with_bucket(storage, NodeConfig::default(), Some(bucket))
         .context("the recovered node does not open")?;
     let damaged = node.damaged_volumes();
+    // An older catalog (--as-of) can name packs deleted from the bucket
+    // since (rewritten by a collection after it was taken): its history
+    // then refers to chunks the store lacks.
+    let lacking: Vec<(String, String)> = node
+        .volumes()
+        .iter()
+        .filter_map(|volume| volume.history_damage().first().map(|note| (volume.name().to_string(), note.clone())))
+        .collect();
     node.shut_down(crate::serve::now()).context("cannot close the recovered node")?;
     if let Some(volume) = damaged.first() {
         anyhow::bail!("the recovered volume {} does not open: {}", volume.name, volume.problem);
+    }
+    if let Some((volume, note)) = lacking.first() {
+        anyhow::bail!(
+            "catalog {} (taken {}) cannot be recovered whole: the history of volume {volume} in it is damaged \
+             ({note}), and of {} recovered volumes in all; packs it names were likely deleted from the bucket \
+             after newer catalogs were published. Recover from a newer catalog (a later --as-of, or none) into \
+             an empty directory",
+            recovered.generation,
+            DisplayTime(recovered.taken),
+            lacking.len()
+        );
     }
     // `rewind serve` on this directory serves it with this bucket.
     record.write(data_dir)?;
