@@ -73,6 +73,10 @@ struct CatalogState {
     held: BTreeMap<u64, Catalog>,
     /// Pieces in the bucket.
     pieces: FxHashSet<[u8; 32]>,
+    /// Of them, those whose delete the bucket's object lock refused: their
+    /// hold is let run out, so a catalog that names one again writes it
+    /// again, which has it held again.
+    refused: FxHashSet<[u8; 32]>,
     /// Index runs already cut into pieces, by [`Run::uid`]: runs never change.
     runs: FxHashMap<u64, CatalogFile>,
     /// When the newest catalog was last found to describe the node.
@@ -311,7 +315,7 @@ impl Node {
             let mut pieces = Vec::new();
             for piece in bytes.chunks(PIECE_BYTES as usize) {
                 let hash = catalogs.store.content_hash(piece);
-                if !state.pieces.contains(&hash) {
+                if !state.pieces.contains(&hash) || state.refused.remove(&hash) {
                     match catalogs.store.put_new(&Catalog::piece_name(&hash), piece) {
                         // Content-addressed: what is there is this piece.
                         Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => {
@@ -460,10 +464,14 @@ impl Node {
         for hash in unnamed {
             match catalogs.store.delete(&Catalog::piece_name(&hash)) {
                 Ok(()) => {}
-                Err(error) if locked(&error).is_some() => continue,
+                Err(error) if locked(&error).is_some() => {
+                    state.refused.insert(hash);
+                    continue;
+                }
                 Err(error) => return Err(bucket_error(error)),
             }
             state.pieces.remove(&hash);
+            state.refused.remove(&hash);
         }
         Ok(())
     }

@@ -110,6 +110,7 @@ impl ObjectLock {
     /// Holds the object at `location`, just written; a failure leaves it
     /// pending for the next [`ObjectLock::extend`].
     pub(crate) fn hold_new(&self, location: &Path) {
+        self.want_again(location);
         let inner = Arc::clone(&self.inner);
         let key = location.to_string();
         let until = unix_now() + (self.inner.period + headroom(self.inner.period)).as_secs();
@@ -119,9 +120,18 @@ impl ObjectLock {
         }
     }
 
-    /// An object already there (a retried upload): held at the next extension.
+    /// An object already there (a retried upload, or a content-addressed
+    /// piece named again): held at the next extension.
     pub(crate) fn hold_later(&self, location: &Path) {
+        self.want_again(location);
         self.inner.state.lock().pending.insert(location.to_string());
+    }
+
+    /// An object written again is wanted again, though a delete gave it up:
+    /// its hold is extended from now on. (A piece a newer catalog names
+    /// once more was left to run out, and then anyone could delete it.)
+    fn want_again(&self, location: &Path) {
+        self.inner.state.lock().given_up.remove(location.as_ref());
     }
 
     /// Deletes the object at `location` (its version, not hiding it behind

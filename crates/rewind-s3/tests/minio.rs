@@ -237,6 +237,14 @@ fn a_locked_bucket_keeps_what_was_written_until_its_hold_runs_out() {
     let error = meta.delete("catalogs/0000000000000001").unwrap_err();
     assert!(locked(&error).is_some(), "{error}");
     assert_eq!(meta.get("catalogs/0000000000000001").unwrap(), b"a catalog");
+    // Written again (as a content-addressed piece a newer catalog names
+    // once more is): wanted again, so held again at the next extension.
+    let again = meta.put_new("catalogs/0000000000000001", b"a catalog").unwrap_err();
+    assert_eq!(again.kind(), std::io::ErrorKind::AlreadyExists);
+    let report = lock.report();
+    assert_eq!((report.given_up, report.pending), (1, 1), "the catalog is wanted again: {report:?}");
+    let report = lock.extend().unwrap();
+    assert_eq!((report.given_up, report.pending, report.extensions), (1, 0, 3), "{report:?}");
 
     // A restarted node, with a longer lock: it finds both holds and extends them.
     let longer = ObjectLock::new(&config, 2 * day).unwrap();
