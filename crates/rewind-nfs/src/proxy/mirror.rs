@@ -172,7 +172,9 @@ impl Proxy {
     /// Brings directory `dir` (the upstream's `fh`) in step: names only the
     /// mirror has go, names only the upstream has are made, and what both
     /// have is compared (kind, contents, attributes), into subdirectories
-    /// when `recursive`.
+    /// when `recursive`. Depth first, in the order a recursion would take,
+    /// on a stack of its own: an upstream's tree can be deeper than a
+    /// thread's stack.
     pub(super) fn resync_directory(
         &self,
         dir: Handle,
@@ -180,45 +182,73 @@ impl Proxy {
         recursive: bool,
         run: &mut Resync,
     ) -> Result<(), ProxyError> {
-        let upstream = self.pool.list(fh)?;
-        let mut mirror = self.mirror_entries(dir)?;
-        let wanted: HashSet<&[u8]> = upstream.iter().map(|entry| &entry.name[..]).collect();
-        let extra: Vec<Vec<u8>> = mirror.keys().filter(|name| !wanted.contains(&name[..])).cloned().collect();
-        for name in extra {
-            let entry = mirror.remove(&name).expect("listed");
-            self.remove_subtree(dir, &name, &entry, run)?;
-        }
-        for Entry { name, fh: entry_fh, attributes: fattr } in &upstream {
-            let existing = mirror.get(name).filter(|existing| {
-                existing.kind == fattr.kind
-                    && run.seen.get(&fattr.fileid).is_none_or(|&linked| linked == existing.handle)
-                    && run.claimed.get(&existing.handle.ino).is_none_or(|&fileid| fileid == fattr.fileid)
-            });
-            let handle = match existing {
-                Some(existing) => existing.handle,
-                None => {
-                    if let Some(stale) = mirror.get(name) {
-                        self.remove_subtree(dir, name, stale, run)?;
+        let mut steps = vec![Step::Directory { dir, fh: fh.to_vec() }];
+        while let Some(step) = steps.pop() {
+            match step {
+                Step::Directory { dir, fh } => {
+                    let upstream = self.pool.list(&fh)?;
+                    let mut mirror = self.mirror_entries(dir)?;
+                    let wanted: HashSet<&[u8]> = upstream.iter().map(|entry| &entry.name[..]).collect();
+                    let extra: Vec<Vec<u8>> =
+                        mirror.keys().filter(|name| !wanted.contains(&name[..])).cloned().collect();
+                    for name in extra {
+                        let entry = mirror.remove(&name).expect("listed");
+                        self.remove_subtree(dir, &name, &entry, run)?;
                     }
-                    self.make_like(dir, name, entry_fh, fattr, run)?
+                    // Reversed, so that they come off the stack in order.
+                    for entry in upstream.into_iter().rev() {
+                        let mirrored = mirror.remove(&entry.name);
+                        steps.push(Step::Entry { dir, entry, mirrored });
+                    }
                 }
-            };
-            let first_sight = run.seen.insert(fattr.fileid, handle).is_none();
-            run.claimed.insert(handle.ino, fattr.fileid);
-            let known = self.handles.lock().mirror_of.get(entry_fh) == Some(&handle);
-            if known && run.trust_mapped {
-                continue;
+                Step::Entry { dir, entry, mirrored } => {
+                    let Entry { name, fh: entry_fh, attributes: fattr } = entry;
+                    let existing = mirrored.as_ref().filter(|existing| {
+                        existing.kind == fattr.kind
+                            && run.seen.get(&fattr.fileid).is_none_or(|&linked| linked == existing.handle)
+                            && run.claimed.get(&existing.handle.ino).is_none_or(|&fileid| fileid == fattr.fileid)
+                    });
+                    let handle = match existing {
+                        Some(existing) => existing.handle,
+                        None => {
+                            if let Some(stale) = &mirrored {
+                                self.remove_subtree(dir, &name, stale, run)?;
+                            }
+                            self.make_like(dir, &name, &entry_fh, &fattr, run)?
+                        }
+                    };
+                    let first_sight = run.seen.insert(fattr.fileid, handle).is_none();
+                    run.claimed.insert(handle.ino, fattr.fileid);
+                    let known = self.handles.lock().mirror_of.get(&entry_fh) == Some(&handle);
+                    if known && run.trust_mapped {
+                        continue;
+                    }
+                    match fattr.kind {
+                        FileKind::Regular if first_sight => {
+                            self.compare_contents(handle, &entry_fh, fattr.size, run)?
+                        }
+                        FileKind::Directory if recursive => {
+                            // Settled and mapped once what is under it is.
+                            steps.push(Step::Settle { handle, fh: entry_fh.clone(), fattr });
+                            steps.push(Step::Directory { dir: handle, fh: entry_fh });
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    self.settle_and_map(handle, &entry_fh, &fattr, run)?;
+                }
+                Step::Settle { handle, fh, fattr } => self.settle_and_map(handle, &fh, &fattr, run)?,
             }
-            match fattr.kind {
-                FileKind::Regular if first_sight => self.compare_contents(handle, entry_fh, fattr.size, run)?,
-                FileKind::Directory if recursive => self.resync_directory(handle, entry_fh, true, run)?,
-                _ => {}
-            }
-            self.settle(handle, fattr, run)?;
-            // Mapped only once taken in whole: a run that fails before (a
-            // full disk) leaves it to be compared again, not trusted.
-            self.handles.lock().insert(handle, entry_fh);
         }
+        Ok(())
+    }
+
+    /// Gives `handle` the upstream's attributes, then maps it to `fh`:
+    /// mapped only once taken in whole, so a run that fails before (a full
+    /// disk) leaves it to be compared again, not trusted.
+    fn settle_and_map(&self, handle: Handle, fh: &[u8], fattr: &Fattr, run: &mut Resync) -> Result<(), ProxyError> {
+        self.settle(handle, fattr, run)?;
+        self.handles.lock().insert(handle, fh);
         Ok(())
     }
 
@@ -240,23 +270,25 @@ impl Proxy {
         }
     }
 
+    /// Removes `name` from the mirror's `dir`, and what is under it first,
+    /// on a stack of its own (see `resync_directory`).
     fn remove_subtree(&self, dir: Handle, name: &[u8], entry: &Attributes, run: &mut Resync) -> Result<(), TreeError> {
-        if entry.kind == FileKind::Directory {
-            for (child, attributes) in self.mirror_entries(entry.handle)? {
-                self.remove_subtree(entry.handle, &child, &attributes, run)?;
+        // (directory, name, what it is, whether what is under it is gone)
+        let mut steps = vec![(dir, name.to_vec(), entry.clone(), false)];
+        while let Some((dir, name, entry, emptied)) = steps.pop() {
+            let is_directory = entry.kind == FileKind::Directory;
+            if is_directory && !emptied {
+                let children = self.mirror_entries(entry.handle)?;
+                steps.push((dir, name, entry.clone(), true));
+                steps.extend(children.into_iter().map(|(child, attributes)| (entry.handle, child, attributes, false)));
+                continue;
             }
+            self.tree.tree.remove(dir, &name, is_directory, &self.upstream_author(), rewind_serve::now())?;
+            if self.tree.tree.getattr(entry.handle).is_err() {
+                self.handles.lock().forget(entry.handle);
+            }
+            run.removed += 1;
         }
-        self.tree.tree.remove(
-            dir,
-            name,
-            entry.kind == FileKind::Directory,
-            &self.upstream_author(),
-            rewind_serve::now(),
-        )?;
-        if self.tree.tree.getattr(entry.handle).is_err() {
-            self.handles.lock().forget(entry.handle);
-        }
-        run.removed += 1;
         Ok(())
     }
 
@@ -340,4 +372,14 @@ impl Proxy {
         run.attributes += 1;
         Ok(())
     }
+}
+
+/// A piece of `Proxy::resync_directory`'s walk.
+enum Step {
+    /// List a directory and compare its names.
+    Directory { dir: Handle, fh: Vec<u8> },
+    /// Bring one of its entries in step (`mirrored`: the mirror's entry of that name).
+    Entry { dir: Handle, entry: Entry, mirrored: Option<Attributes> },
+    /// Settle a directory once what is under it is in step.
+    Settle { handle: Handle, fh: Vec<u8>, fattr: Fattr },
 }
