@@ -275,6 +275,9 @@ impl Node {
 
     /// Reverts every member of group `name` to `to`, or none: each is
     /// checked first, then the intent is recorded, then each is reverted.
+    /// A member's revert that fails part-way (a full disk) leaves the intent
+    /// recorded: the next group revert finishes it first, as opening the
+    /// node does.
     pub fn revert_group(
         &self,
         name: &str,
@@ -284,9 +287,11 @@ impl Node {
     ) -> Result<Vec<(VolumeName, RevertReport)>, EngineError> {
         let mut state = self.groups.lock();
         check_readable(&state)?;
-        let group = state.groups.get(name).ok_or_else(|| EngineError::GroupNotFound(name.to_owned()))?.clone();
-        if group.revert.is_some() {
-            return Err(unfinished_revert(name));
+        let mut group = state.groups.get(name).ok_or_else(|| EngineError::GroupNotFound(name.to_owned()))?.clone();
+        if let Some(unfinished) = group.revert.clone() {
+            self.finish_revert(&mut state, name, &unfinished, Members::NotYetReverted, writers)?;
+            tracing::info!(group = name, "finished a group revert that had failed part-way");
+            group.revert = None;
         }
         let members = self.members(&group)?;
         let points: Vec<MemberPoint> = match to {
@@ -318,19 +323,39 @@ impl Node {
             assert_eq!(volume.name(), &point.volume, "members and points are both in name order");
             volume.check_revert(point.at, now, writers)?;
         }
+        let revert = GroupRevert { began: now, members: points };
         let mut next = state.groups.clone();
-        group_mut(&mut next, name)?.revert = Some(GroupRevert { began: now, members: points.clone() });
+        group_mut(&mut next, name)?.revert = Some(revert.clone());
         self.save_groups(&next)?;
         state.groups = next;
-        let mut reports = Vec::with_capacity(members.len());
-        for (volume, point) in members.iter().zip(&points) {
-            reports.push((volume.name().clone(), volume.revert(point.at, now, writers)?));
+        let reports = self.finish_revert(&mut state, name, &revert, Members::All, writers)?;
+        tracing::info!(group = name, members = reports.len(), "reverted a group");
+        Ok(reports)
+    }
+
+    /// Reverts each member of group `name` as `revert`, recorded, says —
+    /// with `Members::NotYetReverted`, only those it has not reverted yet —
+    /// then clears the record. Stops at the first failure, the record kept.
+    fn finish_revert(
+        &self,
+        state: &mut GroupState,
+        name: &str,
+        revert: &GroupRevert,
+        members: Members,
+        writers: Writers,
+    ) -> Result<Vec<(VolumeName, RevertReport)>, EngineError> {
+        let mut reports = Vec::with_capacity(revert.members.len());
+        for point in &revert.members {
+            let volume = self.volume(point.volume.as_str())?;
+            let done = members == Members::NotYetReverted && volume.reverted_to_since(point.at, revert.began);
+            if !done {
+                reports.push((point.volume.clone(), volume.revert(point.at, revert.began, writers)?));
+            }
         }
         let mut next = state.groups.clone();
         group_mut(&mut next, name)?.revert = None;
         self.save_groups(&next)?;
         state.groups = next;
-        tracing::info!(group = name, members = reports.len(), "reverted a group");
         Ok(reports)
     }
 
@@ -421,20 +446,14 @@ impl Node {
                 }
             }
             let Some(revert) = &group.revert else { continue };
-            let finished = revert.members.iter().try_for_each(|point| {
-                let volume = self.volume(point.volume.as_str())?;
-                if !volume.reverted_to_since(point.at, revert.began) {
-                    volume.revert(point.at, revert.began, Writers::Disconnect)?;
-                }
-                Ok(())
-            });
-            let mut next = state.groups.clone();
-            group_mut(&mut next, group.name.as_str()).expect("listed").revert = None;
-            match finished.and_then(|()| self.save_groups(&next)) {
-                Ok(()) => {
-                    state.groups = next;
-                    tracing::info!(group = %group.name, "finished a group revert a crash interrupted");
-                }
+            match self.finish_revert(
+                &mut state,
+                group.name.as_str(),
+                revert,
+                Members::NotYetReverted,
+                Writers::Disconnect,
+            ) {
+                Ok(_) => tracing::info!(group = %group.name, "finished a group revert a crash interrupted"),
                 Err(error) => tracing::error!(
                     group = %group.name, %error,
                     "cannot finish a group revert a crash interrupted; the group waits for it (its volumes are served)"
@@ -501,8 +520,19 @@ fn no_bookmark(group: &str, bookmark: &str) -> EngineError {
     ))
 }
 
+/// Which members of a recorded group revert to revert.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Members {
+    /// Every one: the revert was recorded just now.
+    All,
+    /// Those not reverted to their point since it began: finishing one
+    /// that failed or was cut short part-way.
+    NotYetReverted,
+}
+
 fn unfinished_revert(name: &str) -> EngineError {
     EngineError::InvalidArgument(format!(
-        "group {name} has a revert that did not finish on every member; restart the server to finish it"
+        "group {name} has a revert that did not finish on every member; revert the group again (`rewind revert \
+         {name} …`), which finishes it first, or restart the server"
     ))
 }

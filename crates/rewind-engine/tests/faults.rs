@@ -606,3 +606,44 @@ fn a_group_bookmarks_share_a_crash_left_out_is_saved_at_its_exact_point() {
     assert!(left_out > 0, "no stop fell between the group's commit and a member's save");
     println!("{left_out} cases with a share left out by the crash");
 }
+
+/// A group revert that a full disk stops part-way, after its intent was
+/// recorded, is finished by the next group revert, without a restart (the
+/// group stayed half-reverted, and every group revert was refused, until
+/// the server restarted). The disk fills at each size in turn, and the
+/// case is seen at least once.
+#[test]
+fn a_group_revert_a_full_disk_stops_part_way_is_finished_by_the_next() {
+    use rewind_engine::{GroupRevertTo, Writers};
+    let names = [VolumeName::new("a").unwrap(), VolumeName::new("b").unwrap()];
+    let mut part_way = 0;
+    for room in 0..96u64 {
+        let storage = SimStorage::new(SimConfig { write_survival: 1.0, torn_write: 0.0, ..SimConfig::default() }, 31);
+        let node = open(&storage);
+        for (tag, name) in (1u8..).zip(&names) {
+            let spec = VolumeSpec::new(name.clone(), BLOCKS * BLOCK as u64, BlockSize::new(4096).unwrap());
+            node.create_volume(spec, at(0)).unwrap().write(at(1), 0, &pattern(tag, 1, 0), Durability::Fua).unwrap();
+        }
+        node.create_group(VolumeName::new("g").unwrap(), &names).unwrap();
+        node.bookmark_group("g", BookmarkName::new("then").unwrap(), at(2)).unwrap();
+        for (tag, name) in (1u8..).zip(&names) {
+            node.volume(name.as_str()).unwrap().write(at(3), 0, &pattern(tag, 2, 0), Durability::Fua).unwrap();
+        }
+        storage.set_capacity(Some(storage.used_bytes() + room * 128));
+        let first = node.revert_group("g", GroupRevertTo::Bookmark("then"), at(4), Writers::Refuse);
+        storage.set_capacity(None);
+        if first.is_err() {
+            part_way += usize::from(node.group("g").unwrap().revert.is_some());
+            node.revert_group("g", GroupRevertTo::Bookmark("then"), at(5), Writers::Refuse)
+                .unwrap_or_else(|error| panic!("room {room}: the second group revert: {error}"));
+        }
+        assert!(node.group("g").unwrap().revert.is_none(), "room {room}: finished");
+        for (tag, name) in (1u8..).zip(&names) {
+            let mut block = vec![0u8; BLOCK];
+            node.volume(name.as_str()).unwrap().read(0, &mut block).unwrap();
+            assert!(block == pattern(tag, 1, 0), "room {room}: {name} reads as at the group bookmark");
+        }
+    }
+    assert!(part_way > 0, "no full disk fell between the intent and the last member's revert");
+    println!("{part_way} group reverts stopped part-way");
+}
