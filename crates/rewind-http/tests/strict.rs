@@ -39,7 +39,7 @@ impl Api {
         let state = ApiState {
             node: Arc::clone(&node),
             nbd_address: None,
-            data_dir: None,
+            data_dir: Some("/var/lib/rewind".to_owned()),
             door,
             grants,
             limits: ApiLimits::default(),
@@ -238,4 +238,17 @@ async fn a_volume_being_imported_is_in_use_and_a_failed_import_deletes_only_its_
     assert_ne!(import.await.unwrap(), StatusCode::CREATED, "the upload ended short");
     let (status, _) = api.call(Method::GET, "/v1/volumes/x", "application/json", "").await;
     assert_eq!(status, StatusCode::OK, "the volume made again is still there");
+}
+
+/// Where the node keeps its files is told only to tokens of the whole node.
+#[tokio::test]
+async fn health_names_the_data_directory_only_to_a_token_of_the_whole_node() {
+    let api = Api::new();
+    let spec = TokenSpec { volumes: vec!["alpha".to_owned()], ..TokenSpec::default() };
+    let (_, limited) = api.tokens.create(&spec).unwrap();
+    let health = |bytes: Vec<u8>| serde_json::from_slice::<rewind_http::api::Health>(&bytes).unwrap();
+    let (status, bytes) = api.call(Method::GET, "/v1/health", "application/json", "").await;
+    assert_eq!((status, health(bytes).data_dir.as_deref()), (StatusCode::OK, Some("/var/lib/rewind")));
+    let (status, bytes) = api.call_as(&limited, Method::GET, "/v1/health", "application/json", "").await;
+    assert_eq!((status, health(bytes).data_dir), (StatusCode::OK, None));
 }
