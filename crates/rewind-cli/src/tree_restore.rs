@@ -134,12 +134,13 @@ pub fn restore(backend: &dyn Backend, point: &str, target: &Path, progress: Prog
         fs::set_permissions(&destination, fs::Permissions::from_mode(entry.mode)).with_context(what)?;
     }
     // The names, directories, modes and times durable too, not only the
-    // files' bytes: one sync of the target's file system (a directory may
-    // by now be one nobody can open to sync it alone).
-    let parent = target.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    File::open(parent)
-        .and_then(|parent| rustix::fs::syncfs(&parent).map_err(std::io::Error::from))
-        .with_context(|| format!("cannot make the restore under {} durable", parent.display()))?;
+    // files' bytes: one sync of the file system the target is on (a
+    // directory may by now be one nobody can open to sync it alone). Of the
+    // target itself, not its parent: it may be a mount point, and a target
+    // the restore made is on its parent's file system anyway.
+    File::open(target)
+        .and_then(|target| rustix::fs::syncfs(&target).map_err(std::io::Error::from))
+        .with_context(|| format!("cannot make the restore in {} durable", target.display()))?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

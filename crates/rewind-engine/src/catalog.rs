@@ -315,7 +315,7 @@ impl Node {
             let mut pieces = Vec::new();
             for piece in bytes.chunks(PIECE_BYTES as usize) {
                 let hash = catalogs.store.content_hash(piece);
-                if !state.pieces.contains(&hash) || state.refused.remove(&hash) {
+                if !state.pieces.contains(&hash) || state.refused.contains(&hash) {
                     match catalogs.store.put_new(&Catalog::piece_name(&hash), piece) {
                         // Content-addressed: what is there is this piece.
                         Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => {
@@ -323,6 +323,8 @@ impl Node {
                         }
                         _ => {}
                     }
+                    // Only once written again: a failed write tries again next time.
+                    state.refused.remove(&hash);
                     state.pieces.insert(hash);
                     pieces_uploaded += 1;
                     bytes_uploaded += piece.len() as u64;

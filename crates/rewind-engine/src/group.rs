@@ -36,17 +36,31 @@ pub(crate) struct GroupState {
 }
 
 impl GroupState {
+    /// The points of volume `name`'s shares of group bookmarks.
+    pub(crate) fn points_of(&self, name: &str) -> Vec<Timestamp> {
+        self.shares_of(name).map(|(_, point)| point.at).collect()
+    }
+
+    fn shares_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = (&'a GroupBookmark, &'a MemberPoint)> + 'a {
+        self.groups.entries.iter().flat_map(|group| &group.bookmarks).flat_map(move |bookmark| {
+            bookmark
+                .members
+                .iter()
+                .filter(move |point| point.volume.as_str() == name)
+                .map(move |point| (bookmark, point))
+        })
+    }
+
     /// Holds the points of the group bookmarks `volume` lacks its share of
     /// (a crash or a failed save came between the group's commit and the
-    /// member's save), as soon as it opens: before anything thins its
-    /// history, so they stay exact until `Node::finish_groups` saves them.
+    /// member's save) once it has opened — its recovery kept them exact
+    /// (`points_of`) — until `Node::finish_groups` saves them, and starts
+    /// its clock after them, as it would after a bookmark saved.
     pub(crate) fn hold_shares_lacking(&self, volume: &Volume) {
-        let shares = self.groups.entries.iter().flat_map(|group| &group.bookmarks).flat_map(|bookmark| {
-            bookmark.members.iter().filter(|point| point.volume == *volume.name()).map(move |point| (bookmark, point))
-        });
-        for (bookmark, point) in shares {
+        for (bookmark, point) in self.shares_of(volume.name().as_str()) {
             if volume.lacks_bookmark(&bookmark.name) {
                 volume.hold_again(point.at);
+                volume.advance_clock(point.at);
             }
         }
     }

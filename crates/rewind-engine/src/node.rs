@@ -398,8 +398,12 @@ impl Node {
             for name in ready {
                 let dir = volume_dir(&name);
                 let lend = |meta: &VolumeMeta| lend_base(&volumes, &damaged, meta);
-                let branch_points = branch_points(&name, &metas);
-                match Volume::open(Arc::clone(&storage), &dir, config.volume, &shared, &lend, &branch_points) {
+                // Kept exact through the recovery's own checkpoint: its
+                // clones' branch points, and its shares of group bookmarks
+                // (one a crash left unsaved is held only after the open).
+                let mut pins = branch_points(&name, &metas);
+                pins.extend(groups.points_of(&name));
+                match Volume::open(Arc::clone(&storage), &dir, config.volume, &shared, &lend, &pins) {
                     Ok(volume) => {
                         groups.hold_shares_lacking(&volume);
                         volumes.insert(name, volume);

@@ -758,6 +758,7 @@ fn a_write_that_comes_in_after_a_view_or_bookmark_of_a_later_time_is_after_it() 
     let view = volume.view(at(5_000)).unwrap();
     let bookmark = volume.create_bookmark(BookmarkName::new("then").unwrap(), Some(at(6_000)), at(7_000)).unwrap();
     assert_eq!((view.at(), bookmark.timestamp), (at(5_000), at(6_000)));
+    assert_eq!(volume.timeline().timestamp_last, at(2_000), "the last write's time is still the last write's");
     // Its caller read the clock at 3 µs, before the view and the bookmark.
     volume.write(at(3_000), 0, &[2; 4096], Durability::Fua).unwrap();
     let mut block = vec![0; 4096];

@@ -1759,7 +1759,9 @@ impl TreeListing {
             None => Ok(tree.tree.changed_at()),
         }
         .map_err(|error| tree_error(&name, error))?;
-        let view = tree.view(at, now).map_err(|error| tree_error(&name, error))?;
+        // The tree's own time of its present may be after `now` (a write
+        // since `now` was read, a clock stepped back): not a time from outside.
+        let view = tree.view(at, now.max(at)).map_err(|error| tree_error(&name, error))?;
         let start = rewind_tree::walk(&*view, &query.path).map_err(|error| match error {
             TreeError::NotFound => {
                 EngineError::InvalidArgument(format!("{name} had no {} at {}", query.path, time(at)))

@@ -123,7 +123,8 @@ impl IntoResponse for ApiError {
             | EngineError::BookmarkExists { .. }
             | EngineError::InUse { .. }
             | EngineError::HasClones { .. }
-            | EngineError::WritersConnected { .. } => (StatusCode::CONFLICT, "conflict"),
+            | EngineError::WritersConnected { .. }
+            | EngineError::CutOff { .. } => (StatusCode::CONFLICT, "conflict"),
             EngineError::Poisoned { .. } | EngineError::Closed(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             EngineError::Damaged { .. } => (StatusCode::SERVICE_UNAVAILABLE, "damaged"),
             EngineError::RecoveryPending { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),

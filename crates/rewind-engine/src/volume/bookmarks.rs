@@ -36,7 +36,7 @@ impl Volume {
             Some(at) => {
                 let exact = self.exact_time_named(self.check_in_history(at, now)?, &bookmarks)?;
                 // As a view's (see `hold_exact_time`): nothing lands inside it later.
-                self.advance_clock(exact);
+                self.keep_writes_after(exact);
                 exact
             }
             // Now: pinned before any later write can come in, so no persist or
@@ -200,6 +200,13 @@ impl Volume {
         self.pin_clock(&mut self.write.lock(), now)
     }
 
+    /// Makes every later write's time after `at`, a point just shown or
+    /// named, without moving the time of the last write (which reports show).
+    fn keep_writes_after(&self, at: Timestamp) {
+        let mut state = self.write.lock();
+        state.timestamp_floor = state.timestamp_floor.max(at.next());
+    }
+
     /// Raises the volume's clock to `at`, so later writes are after it.
     pub(crate) fn advance_clock(&self, at: Timestamp) {
         let mut state = self.write.lock();
@@ -261,9 +268,9 @@ impl Volume {
         // The bookmarks lock serialises every change of what the index thins.
         let bookmarks = self.history.bookmarks.lock();
         let exact = self.exact_time_named(at, &bookmarks)?;
-        // A point after the last write: a write stamped before it but not
-        // yet in (waiting for room) would otherwise land inside it.
-        self.advance_clock(exact);
+        // A point after the last write: a write whose caller read the clock
+        // before it, then waited for room, would otherwise land inside it.
+        self.keep_writes_after(exact);
         self.hold_locked(exact, &bookmarks);
         Ok(exact)
     }

@@ -330,6 +330,7 @@ impl Volume {
         let newest = writes.timestamp_last;
         let current = self.history.policy.lock().clone();
         let mut next = current.clone();
+        let change_sets_windows = change.granularity_nanos.is_some() || change.retention.is_some();
         next.granularity_nanos = change.granularity_nanos.unwrap_or(current.granularity_nanos);
         next.retention = change.retention.unwrap_or(current.retention.clone());
         next.space_max_bytes = change.space_max_bytes.unwrap_or(current.space_max_bytes);
@@ -339,7 +340,13 @@ impl Volume {
             display_retention(&next.retention)
         );
         let refuse = |reason: String| EngineError::InvalidArgument(format!("{described} does not fit: {reason}"));
-        RetentionTier::check_new(&next.retention, next.granularity_nanos).map_err(refuse)?;
+        // The bound on window lengths for what is being set, not for what a
+        // policy saved before it already had.
+        match change_sets_windows {
+            true => RetentionTier::check_new(&next.retention, next.granularity_nanos),
+            false => RetentionTier::check(&next.retention, next.granularity_nanos),
+        }
+        .map_err(refuse)?;
         // What the old policy may already have thinned stays thinned.
         let (tiers, horizon) = retention_windows(&current);
         if current.granularity_nanos > 0 {
