@@ -265,6 +265,26 @@ fn reference_counts_survive_a_clean_shutdown_and_never_a_crash() {
     assert_eq!(counted(node.chunk_stats()), after);
 }
 
+/// A node whose maintenance archives, and applies retention and space
+/// caps, at every pass.
+fn space_capping_node() -> Node {
+    let mut config = NodeConfig::default();
+    (config.volume.archive_age_nanos, config.volume.archive_interval_nanos) = (0, 1);
+    config.volume.retention_interval_nanos = 1;
+    config.volume.burst_quiet_nanos = 0;
+    Node::open(Arc::new(SimStorage::new(SimConfig::default(), 1)), config).unwrap()
+}
+
+/// `bytes` of data like no other (a linear congruential stream from `state`).
+fn unlike(state: &mut u64, bytes: usize) -> Vec<u8> {
+    (0..bytes)
+        .map(|_| {
+            *state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (*state >> 56) as u8
+        })
+        .collect()
+}
+
 /// A space cap moves the horizon a whole minute of the timeline at a time.
 /// When the minute it stopped at last pass did not free enough (a bookmark
 /// keeps most of it), the next pass goes on into the following minutes: it
@@ -272,12 +292,7 @@ fn reference_counts_survive_a_clean_shutdown_and_never_a_crash() {
 /// the history over the cap for good.
 #[test]
 fn a_space_cap_goes_on_past_a_minute_it_has_already_dropped() {
-    let storage = SimStorage::new(SimConfig::default(), 1);
-    let mut config = NodeConfig::default();
-    (config.volume.archive_age_nanos, config.volume.archive_interval_nanos) = (0, 1);
-    config.volume.retention_interval_nanos = 1;
-    config.volume.burst_quiet_nanos = 0;
-    let node = Node::open(Arc::new(storage), config).unwrap();
+    let node = space_capping_node();
     // Minute 16 of the timeline is 960 s to 1020 s, minute 17 to 1080 s.
     let second = |seconds: u64| Timestamp::from_unix_nanos(seconds * SECOND);
     let blocks = 32usize;
@@ -292,12 +307,7 @@ fn a_space_cap_goes_on_past_a_minute_it_has_already_dropped() {
     let mut state = 0x9e37_79b9_7f4a_7c15_u64;
     let mut first = Vec::new();
     for (generation, at) in [(0, 1_005), (1, 1_010), (2, 1_025), (3, 1_030)] {
-        let data: Vec<u8> = (0..blocks * 4096)
-            .map(|_| {
-                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                (state >> 56) as u8
-            })
-            .collect();
+        let data = unlike(&mut state, blocks * 4096);
         volume.write(second(at), 0, &data, Durability::Fua).unwrap();
         if generation == 0 {
             first = data[..4096].to_vec();
@@ -465,12 +475,7 @@ fn a_stopping_node_gives_up_its_archive_pass_and_the_next_start_archives_it() {
 /// moved, and the history stayed over the cap for good.
 #[test]
 fn a_space_cap_under_a_coarse_granularity_moves_the_horizon() {
-    let storage = SimStorage::new(SimConfig::default(), 1);
-    let mut config = NodeConfig::default();
-    (config.volume.archive_age_nanos, config.volume.archive_interval_nanos) = (0, 1);
-    config.volume.retention_interval_nanos = 1;
-    config.volume.burst_quiet_nanos = 0;
-    let node = Node::open(Arc::new(storage), config).unwrap();
+    let node = space_capping_node();
     let second = |seconds: u64| Timestamp::from_unix_nanos(seconds * SECOND);
     let blocks = 32usize;
     let generation_bytes = (blocks * 4096) as u64;
@@ -486,12 +491,7 @@ fn a_space_cap_under_a_coarse_granularity_moves_the_horizon() {
     let mut state = 0x2545_f491_4f6c_dd1d_u64;
     let mut last = Vec::new();
     for at in [1_005, 1_010, 1_205, 1_210] {
-        let data: Vec<u8> = (0..blocks * 4096)
-            .map(|_| {
-                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                (state >> 56) as u8
-            })
-            .collect();
+        let data = unlike(&mut state, blocks * 4096);
         volume.write(second(at), 0, &data, Durability::Fua).unwrap();
         last = data;
     }
