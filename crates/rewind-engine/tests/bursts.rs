@@ -443,6 +443,104 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_wai
     reader.join().unwrap();
 }
 
+/// A clock that stands where the test sets it, and counts how often it is
+/// read: an archive pass reads it once per look while it pauses.
+struct StandingClock {
+    at: Mutex<Timestamp>,
+    looks: AtomicU64,
+}
+
+impl StandingClock {
+    fn set(&self, now: Timestamp) {
+        *self.at.lock().unwrap() = now;
+    }
+
+    fn looks(&self) -> u64 {
+        self.looks.load(Ordering::Acquire)
+    }
+}
+
+impl Clock for StandingClock {
+    fn now(&self) -> Timestamp {
+        self.looks.fetch_add(1, Ordering::AcqRel);
+        *self.at.lock().unwrap()
+    }
+
+    fn sleep(&self, nanos: u64) {
+        thread::sleep(Duration::from_nanos(nanos));
+    }
+}
+
+#[test]
+fn an_archive_pass_paused_by_reads_stays_paused_while_a_new_burst_of_writes_would_keep_archiving_waiting() {
+    // A pass begun in the pause between two bursts went on through the
+    // next, at a core and the disk's bandwidth, where archiving itself
+    // would have waited for it.
+    const BLOCKS: u64 = 64;
+    let storage = SimStorage::new(SimConfig::default(), 10);
+    let mut config = NodeConfig::default();
+    config.volume.burst_quiet_nanos = 250 * MILLI;
+    config.volume.burst_reads_nanos = 3_600_000 * MILLI;
+    config.volume.burst_archive_wait_nanos = 500 * MILLI;
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_bytes_soft = 8 * BLOCK as u64;
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let clock = Arc::new(StandingClock { at: Mutex::new(start), looks: AtomicU64::new(0) });
+    node.set_clock(Arc::clone(&clock) as _);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    let at = move |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
+    let reading = Arc::new(AtomicBool::new(true));
+    let reads = Arc::new(AtomicU64::new(0));
+    let reader = {
+        let (volume, reading, reads) = (Arc::clone(&volume), Arc::clone(&reading), Arc::clone(&reads));
+        thread::spawn(move || {
+            let mut block = vec![0; BLOCK];
+            while reading.load(Ordering::Acquire) {
+                volume.read(0, &mut block).unwrap();
+                reads.fetch_add(1, Ordering::Release);
+            }
+        })
+    };
+
+    // A burst of 630 ms, a block every 10 ms: longer than archiving waits
+    // for, so the pass begins while it lasts; on its clock
+    // the burst has paused and the volume is read, so it pauses as it looks.
+    write_blocks(&volume, |block| at(360 + block * 10), 0..BLOCKS);
+    let reads_after_writes = reads.load(Ordering::Acquire);
+    wait_for("a read after the writes", || reads.load(Ordering::Acquire) > reads_after_writes);
+    clock.set(at(1_290));
+    let pass_ended = {
+        let volume = Arc::clone(&volume);
+        pass_in_background(move || assert!(volume.maintain_history(at(1_100)).unwrap(), "the pass archived"))
+    };
+    wait_for("the pass to pause for the reads", || volume.stats().unwrap().archive_pauses == 1);
+
+    // The reads end and a new burst begins: archiving would wait for its
+    // first half second, and so does the pass under way.
+    reading.store(false, Ordering::Release);
+    reader.join().unwrap();
+    let write = |millis: u64| volume.write(at(millis), 0, &[7; BLOCK], Durability::Buffered).unwrap();
+    write(1_300);
+    clock.set(at(1_310));
+    let looks = clock.looks();
+    let paused = || volume.stats().unwrap().archive_progress == Some((0, BLOCKS));
+    wait_for("the pass to look at the burst, or go on", || clock.looks() >= looks + 5 || !paused());
+    let stats = volume.stats().unwrap();
+    assert_eq!(stats.archive_progress, Some((0, BLOCKS)), "the pass stays paused in the burst: {stats:?}");
+    assert_eq!((stats.versions_archived, stats.archive_pauses), (0, 1), "{stats:?}");
+
+    // Once the burst has lasted half a second (writes going on), it goes on.
+    for millis in [1_500, 1_700, 1_900] {
+        write(millis);
+    }
+    clock.set(at(1_950));
+    pass_ended.recv_timeout(Duration::from_secs(60)).expect("the pass ended once the burst had lasted half a second");
+    let stats = volume.stats().unwrap();
+    assert_eq!((stats.versions_archived, stats.archive_progress), (BLOCKS, None), "{stats:?}");
+}
+
 #[test]
 fn random_writes_are_destaged_from_reads_of_the_journal_in_its_own_order() {
     // Blocks written in a scrambled order lie in the journal in that order:
