@@ -14,10 +14,12 @@
 //!   takes against the IBM Figure 6 model (Logging: r·w).
 //! - `lineage`: clone and revert-in-place time against volume size and
 //!   history length (flat: metadata only).
+//! - `compress`: the compressor's time per chunk, beside zstd alone.
 //!
 //! Each prints a table on stderr and, with `--json`, one JSON object per
 //! measurement on stdout.
 
+mod compress;
 mod history;
 mod lineage;
 mod space;
@@ -52,6 +54,8 @@ enum Command {
     Space(space::SpaceArgs),
     /// Clone and revert time against volume size and history length.
     Lineage(lineage::LineageArgs),
+    /// The compressor's time per chunk, beside zstd alone.
+    Compress(compress::CompressArgs),
 }
 
 /// Prints a line of the human report.
@@ -81,5 +85,6 @@ fn main() -> anyhow::Result<()> {
         Command::History(history) => history::run(&args.dir, &history, args.json),
         Command::Space(space) => space::run(&args.dir, &space, args.json),
         Command::Lineage(lineage) => lineage::run(&args.dir, &lineage, args.json),
+        Command::Compress(compress) => compress::run(&compress, args.json),
     }
 }

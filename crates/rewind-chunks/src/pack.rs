@@ -1,6 +1,6 @@
 //! Writing and reading one pack.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use rewind_format::crc32c;
 use rewind_format::pack::{
@@ -15,34 +15,30 @@ use crate::{chunk_hash, ChunkError, ChunkLocation};
 /// zstd level: fast enough to keep up with the journal on one core, and most
 /// of the ratio the higher levels get on block data.
 const ZSTD_LEVEL: i32 = 3;
-/// zstd's fastest level: the probe of early abort.
-const PROBE_LEVEL: i32 = 1;
 /// The share of recent chunks that compressed, as [`Compressor::compressed_share`]
 /// counts it: this is all of them.
 const SHARE_ALL: u32 = 1 << 10;
 /// Chunks are probed while fewer than half of the recent ones compressed.
-/// Probing each chunk (3.0 µs for 4 KiB here) and compressing at level 3
-/// (6.7 µs) only those that pass costs less than trying each at level 3
-/// whenever under about 55% pass.
+/// Probing each chunk and compressing at level 3 only those that pass
+/// costs less than trying each at level 3 whenever under about half pass.
 const PROBE_BELOW_SHARE: u32 = SHARE_ALL / 2;
 /// Records are buffered and written in writes of about this size.
 const WRITE_BYTES: usize = 1 << 20;
 
 /// Compresses chunks where that pays, with early abort (as OpenZFS 2.2's
-/// zstd early abort, with zstd's own fastest level as the probe). Archiving
-/// history that does not compress (already compressed or encrypted data,
-/// fio's random bytes) spent over half of the archiver's CPU in zstd, which
-/// then gave up. While fewer than half of the recent chunks compressed,
-/// each is first tried at zstd's fastest level — 3.0 µs for 4 KiB of
-/// random bytes against 6.7 µs at level 3, measured here — and only one
-/// that compresses there is compressed at level 3. A share, not a run of
-/// failures: fio's buffers, written over NBD, compress in one chunk in 18,
-/// never 32 failures apart, and a run of 32 was never reached. History
-/// that compresses never pays for the probe; what is stored compressed is
-/// always level 3's output.
+/// zstd early abort). Archiving history that does not compress (already
+/// compressed or encrypted data, fio's random bytes) spent over half of the
+/// archiver's CPU in zstd, which then gave up. While fewer than half of the
+/// recent chunks compressed, each is first looked at cheaply
+/// ([`Compressor::may_compress`]), and only one that may compress is
+/// compressed at level 3. A share, not a run of failures: fio's buffers,
+/// written over NBD, compress in one chunk in 18, never 32 failures apart,
+/// and a run of 32 was never reached. History that compresses never pays
+/// for the look; what is stored compressed is always level 3's output.
 pub struct Compressor {
     full: zstd::bulk::Compressor<'static>,
-    probe: zstd::bulk::Compressor<'static>,
+    /// LZ4's output for the look for repeats, which is thrown away.
+    repeats: Vec<u8>,
     /// The share of recent chunks that compressed, in [`SHARE_ALL`]ths: a
     /// moving average over about the last 16.
     compressed_share: u32,
@@ -52,7 +48,7 @@ impl Compressor {
     pub fn new() -> std::io::Result<Compressor> {
         Ok(Compressor {
             full: zstd::bulk::Compressor::new(ZSTD_LEVEL)?,
-            probe: zstd::bulk::Compressor::new(PROBE_LEVEL)?,
+            repeats: Vec::new(),
             compressed_share: SHARE_ALL,
         })
     }
@@ -63,14 +59,14 @@ impl Compressor {
         // A destination an eighth smaller than the input makes zstd fail on
         // data that does not compress well enough, without a second pass.
         let limit = raw.len() - raw.len() / 8;
+        let worth_trying = !self.probing() || self.may_compress(raw);
         out.clear();
         out.reserve(raw.len());
         out.resize(limit, 0);
-        let pays = |compressor: &mut zstd::bulk::Compressor<'static>, out: &mut Vec<u8>| {
-            compressor.compress_to_buffer(raw, out.as_mut_slice()).ok().filter(|&size| size < limit)
-        };
-        let probed_out = self.probing() && pays(&mut self.probe, out).is_none();
-        match if probed_out { None } else { pays(&mut self.full, out) } {
+        let stored = worth_trying
+            .then(|| self.full.compress_to_buffer(raw, out.as_mut_slice()).ok().filter(|&size| size < limit))
+            .flatten();
+        match stored {
             Some(size) => {
                 out.truncate(size);
                 self.compressed_share += (SHARE_ALL - self.compressed_share) / 16;
@@ -88,6 +84,79 @@ impl Compressor {
     fn probing(&self) -> bool {
         self.compressed_share < PROBE_BELOW_SHARE
     }
+
+    /// Whether `raw` may save an eighth at level 3, by a look that costs a
+    /// fraction of compressing it. zstd saves in two ways, each with a cheap
+    /// estimate: bytes that are not equally likely, which Huffman coding of
+    /// the literals turns into savings up to their entropy
+    /// ([`byte_entropy`]); and repeats, which LZ4's match finder finds.
+    /// Their sum against the eighth itself: on fio's buffers (an eighth of
+    /// their bytes zero, in words) it says 10%, and level 3 saves 11%, never
+    /// an eighth. LZ4 runs only where the bytes' skew alone does not
+    /// decide. The price: a chunk that saves barely more than an eighth may
+    /// be stored as it is while probing, as with the look before, zstd's
+    /// fastest level, whose matching took longer than LZ4's on such
+    /// buffers (`chunk-bench compress`, BENCHMARKS.md).
+    fn may_compress(&mut self, raw: &[u8]) -> bool {
+        const ENOUGH: f64 = 1.0 / 8.0;
+        let skew_saves = (8.0 - byte_entropy(raw)) / 8.0;
+        if skew_saves >= ENOUGH {
+            return true;
+        }
+        self.repeats.resize(lz4_flex::block::get_maximum_output_size(raw.len()), 0);
+        let Ok(with_repeats) = lz4_flex::block::compress_into(raw, &mut self.repeats) else { return true };
+        let repeats_save = raw.len().saturating_sub(with_repeats) as f64 / raw.len() as f64;
+        skew_saves + repeats_save >= ENOUGH
+    }
+}
+
+/// Bytes of a chunk [`byte_entropy`] looks at, at most.
+const ENTROPY_SAMPLES_MAX: usize = 1024;
+
+/// `c log2 c` for every count a histogram of [`ENTROPY_SAMPLES_MAX`] bytes
+/// can hold: 256 logarithms per chunk took four times as long as the
+/// histogram.
+static COUNT_LOG2_COUNT: LazyLock<Vec<f64>> = LazyLock::new(|| {
+    (0..=ENTROPY_SAMPLES_MAX).map(|count| if count == 0 { 0.0 } else { count as f64 * (count as f64).log2() }).collect()
+});
+
+/// The entropy of `raw`'s bytes in bits per byte (8: every value equally
+/// frequent; 0 when there are too few to say), estimated from at most
+/// [`ENTROPY_SAMPLES_MAX`] of them — four runs of 256 spread over the chunk,
+/// not every fourth byte, which in data laid out in words (fio's buffers)
+/// sees some fields and never others — with Miller and Madow's correction
+/// for the bias of so few samples (for random bytes, 7.8 bits without it).
+fn byte_entropy(raw: &[u8]) -> f64 {
+    const RUNS: usize = 4;
+    const RUN_BYTES: usize = ENTROPY_SAMPLES_MAX / RUNS;
+    // Four histograms, so that runs of one byte do not make each count
+    // wait for the one before.
+    let mut counts = [[0u16; 256]; 4];
+    let mut count = |bytes: &[u8]| {
+        for (at, &byte) in bytes.iter().enumerate() {
+            counts[at % 4][usize::from(byte)] += 1;
+        }
+    };
+    if raw.len() <= ENTROPY_SAMPLES_MAX {
+        count(raw);
+    } else {
+        let gap = (raw.len() - RUN_BYTES) / (RUNS - 1);
+        (0..RUNS).for_each(|run| count(&raw[run * gap..run * gap + RUN_BYTES]));
+    }
+    let samples = raw.len().min(ENTROPY_SAMPLES_MAX);
+    if samples < 2 {
+        return 0.0;
+    }
+    let (mut sum, mut values) = (0.0, 0);
+    for value in 0..256 {
+        let count = counts.iter().map(|histogram| usize::from(histogram[value])).sum::<usize>();
+        sum += COUNT_LOG2_COUNT[count];
+        values += usize::from(count > 0);
+    }
+    let samples = samples as f64;
+    let plug_in = samples.log2() - sum / samples;
+    let bias = (values - 1) as f64 / (2.0 * samples * std::f64::consts::LN_2);
+    (plug_in + bias).min(8.0)
 }
 
 /// A pack being written.
@@ -515,7 +584,7 @@ mod tests {
     }
 
     /// Random bytes with short runs of zeros: level 3 saves just over an
-    /// eighth of them, level 1 just under (found by search with this zstd).
+    /// eighth of them (found by search with this zstd).
     fn marginal_block() -> Vec<u8> {
         let mut block = random_block(1);
         for at in (0..4091).step_by(5) {
@@ -523,17 +592,60 @@ mod tests {
                 block[at..at + 4].fill(0);
             }
         }
-        let saves_an_eighth = |level| zstd::bulk::compress(&block, level).unwrap().len() < 4096 - 512;
-        assert!(saves_an_eighth(ZSTD_LEVEL) && !saves_an_eighth(PROBE_LEVEL), "the zstd this was found with");
+        let saved = 4096 - zstd::bulk::compress(&block, ZSTD_LEVEL).unwrap().len();
+        assert!((512..640).contains(&saved), "the zstd this was found with: {saved} saved");
         block
+    }
+
+    /// Random bytes repeated: only repeats to find, every byte value equally
+    /// frequent.
+    fn repeated_block(seed: u64) -> Vec<u8> {
+        random_block(seed)[..1024].repeat(4)
+    }
+
+    /// Random hexadecimal digits: no repeats to speak of, four bits in each
+    /// byte.
+    fn hex_block(seed: u64) -> Vec<u8> {
+        random_block(seed).iter().map(|&byte| b"0123456789abcdef"[usize::from(byte & 15)]).collect()
+    }
+
+    /// Random bytes, an eighth of them zero, as in fio's buffers: 7.5 bits
+    /// of entropy per byte.
+    fn fio_like_block(seed: u64) -> Vec<u8> {
+        let mut block = random_block(seed);
+        block.iter_mut().step_by(8).for_each(|byte| *byte = 0);
+        block
+    }
+
+    #[test]
+    fn the_look_passes_repeats_and_skewed_bytes_to_zstd_and_random_bytes_not() {
+        let mut compressor = Compressor::new().unwrap();
+        for seed in 0..32 {
+            let random = random_block(seed);
+            assert!(byte_entropy(&random) > 7.8, "random block {seed}");
+            assert!(!compressor.may_compress(&random), "random block {seed}");
+            assert!(!compressor.may_compress(&random[..1000]), "random block {seed}, a part");
+            let fio_like = fio_like_block(seed);
+            assert!(level_3(&fio_like).len() > 4096 - 512, "fio-like block {seed} saves less than an eighth");
+            assert!(!compressor.may_compress(&fio_like), "fio-like block {seed}");
+            for (what, block) in
+                [("text", text_block(seed)), ("repeats", repeated_block(seed)), ("hex", hex_block(seed))]
+            {
+                assert!(compressor.may_compress(&block), "{what} {seed}");
+                assert!(level_3(&block).len() < 4096 - 512, "{what} {seed} saves an eighth at level 3");
+            }
+        }
+        assert!(compressor.may_compress(&marginal_block()));
+        assert_eq!(byte_entropy(&[7; 100]), 0.0);
+        assert_eq!(byte_entropy(&(0..=255).collect::<Vec<u8>>()), 8.0);
+        assert!(compressor.may_compress(&[1, 2, 3]), "too short to say: zstd decides");
     }
 
     #[test]
     fn early_abort_probes_while_fewer_than_half_the_recent_chunks_compressed() {
         let mut compressor = Compressor::new().unwrap();
         let mut out = Vec::new();
-        // History that compresses is never probed: the marginal block is
-        // compressed as level 3 alone compresses it.
+        // History that compresses is never probed.
         assert_eq!(compressor.compress(&marginal_block(), &mut out), Codec::Zstd);
         for seed in 0..100 {
             assert_eq!(compressor.compress(&text_block(seed), &mut out), Codec::Zstd);
@@ -546,18 +658,19 @@ mod tests {
             assert_eq!(out, random_block(seed));
         }
         assert!(compressor.probing());
-        // Probing: the marginal block fails the probe and is stored as it is
-        // (the price of early abort: chunks that barely compress).
-        assert_eq!(compressor.compress(&marginal_block(), &mut out), Codec::Raw);
         // One in eight that compresses among them (fio's buffers: one in
-        // 18) passes the probe and is stored as level 3 stores it, and the
-        // rest are still probed.
-        for seed in 0..64 {
-            let (block, codec) = match seed % 8 {
-                0 => (text_block(seed), Codec::Zstd),
-                _ => (random_block(seed), Codec::Raw),
+        // 18), of each kind the look finds, passes it and is stored as
+        // level 3 stores it, and the rest are still probed.
+        for seed in 0..96 {
+            let block = match seed % 32 {
+                0 => text_block(seed),
+                8 => repeated_block(seed),
+                16 => hex_block(seed),
+                24 => marginal_block(),
+                _ => random_block(seed),
             };
-            assert_eq!(compressor.compress(&block, &mut out), codec);
+            let codec = if seed % 8 == 0 { Codec::Zstd } else { Codec::Raw };
+            assert_eq!(compressor.compress(&block, &mut out), codec, "chunk {seed}");
             if codec == Codec::Zstd {
                 assert_eq!(out, level_3(&block));
             }
@@ -568,7 +681,6 @@ mod tests {
             assert_eq!(compressor.compress(&text_block(seed), &mut out), Codec::Zstd);
         }
         assert!(!compressor.probing());
-        assert_eq!(compressor.compress(&marginal_block(), &mut out), Codec::Zstd, "not probing");
         // Less than an eighth saved is not worth it, probing or not.
         let mut mostly_random = random_block(99);
         mostly_random[..400].fill(0);
