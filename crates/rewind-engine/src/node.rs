@@ -500,9 +500,8 @@ impl Node {
     }
 
     /// Gives the node the embedder's clock, so that an archive pass pauses
-    /// while a volume's clients keep archiving waiting: a burst of writes,
-    /// or reads right after one (see `VolumeConfig::burst_archive_wait_nanos`
-    /// and `burst_reads_nanos`); without one, passes never pause.
+    /// while a volume is read right after a burst of writes (see
+    /// `VolumeConfig::burst_reads_nanos`); without one, passes never pause.
     /// Once: later calls change nothing.
     pub fn set_clock(&self, clock: Arc<dyn Clock>) {
         let _ = self.shared.clock.set(clock);

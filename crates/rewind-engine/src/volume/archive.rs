@@ -54,7 +54,7 @@ impl ReleaseHook for ReleaseChunks {
 }
 
 /// The embedder's clock, for the one wait inside background work: an archive
-/// pass pausing for the volume's clients (`Volume::pause_for_foreground`). The engine reads no
+/// pass pausing for reads (`Volume::pause_for_reads`). The engine reads no
 /// clock of its own (times are passed in, for the deterministic simulator).
 pub trait Clock: Send + Sync {
     fn now(&self) -> Timestamp;
@@ -64,8 +64,8 @@ pub trait Clock: Send + Sync {
 /// Work waiting for archive passes to end — a diff, a history or volume
 /// delete, whatever holds the chunk store's reference gate for writing (a
 /// collection, a recount, coalescing packs, saving the counts at shutdown)
-/// — which a pass must not keep waiting while it pauses for the volume's
-/// clients (`Volume::pause_for_foreground`): it goes on at once while any is marked. One
+/// — which a pass must not keep waiting while it pauses for reads
+/// (`Volume::pause_for_reads`): it goes on at once while any is marked. One
 /// per node, since a collection waits for every volume. And whether the
 /// node is stopping, which no pass keeps waiting either (see
 /// [`PassesWanted::stop`]).
@@ -133,7 +133,7 @@ impl JournalArchiver<'_> {
                 self.stopped = true;
                 return Ok(());
             }
-            volume.pause_for_foreground();
+            volume.pause_for_reads();
             self.gather.read(&volume.journal, part.iter().map(|&at| versions[at].data), block_bytes)?;
             let session = self.session.as_mut().expect("archiving until finished");
             for (&at, block) in part.iter().zip(self.gather.gathered.chunks_exact(block_bytes)) {
@@ -219,46 +219,35 @@ impl Volume {
     }
 
     pub(crate) fn archive_due(&self, work: &HistoryWork, now: Timestamp) -> bool {
-        if self.foreground_holds_archiving(now) {
-            return false;
-        }
         let elapsed = now.unix_nanos().saturating_sub(work.archive_last.unix_nanos());
-        elapsed >= self.config.archive_interval_nanos || self.history_waiting_bytes() >= self.config.archive_bytes_soft
-    }
-
-    /// Whether the volume's clients keep archiving waiting at `now`: a
-    /// burst of writes for its first `burst_archive_wait_nanos` while the
-    /// history waiting fits its room (`history_waiting_fits`), or reads
-    /// right after a burst (`reads_hold_archiving`).
-    fn foreground_holds_archiving(&self, now: Timestamp) -> bool {
+        let waiting = self.history_waiting_bytes();
         if self.in_burst(now) {
             let burst_nanos = now.unix_nanos().saturating_sub(self.burst_began_nanos.load(Ordering::Relaxed));
-            burst_nanos < self.config.burst_archive_wait_nanos
-                && self.history_waiting_fits(self.history_waiting_bytes())
-        } else {
-            self.reads_hold_archiving(now)
+            if burst_nanos < self.config.burst_archive_wait_nanos && self.history_waiting_fits(waiting) {
+                return false;
+            }
+        } else if self.reads_hold_archiving(now) {
+            return false;
         }
+        elapsed >= self.config.archive_interval_nanos || waiting >= self.config.archive_bytes_soft
     }
 
     /// Within an archive pass: waits, on the embedder's clock (none, no
-    /// pause: see `Node::set_clock`), while the volume's clients keep
-    /// archiving waiting (`foreground_holds_archiving`). A pass over what a
-    /// burst left takes a core and the disk for as long as it lasts (75% of
-    /// a core and 100-200 MiB/s of reads and writes in bench/nbd.py's jobs
-    /// back to back), and one that began in a pause between bursts, or just
-    /// before reads, would take them from the clients that come next. It
-    /// goes on as archiving would begin: once the clients pause, once the
-    /// burst has lasted `burst_archive_wait_nanos` or reads have gone on for
-    /// `burst_reads_nanos` after the last write, when the volume closes, or
-    /// at once when other work waits for it to end (`PassesWanted`).
-    fn pause_for_foreground(&self) {
+    /// pause: see `Node::set_clock`), while reads right after a burst keep archiving waiting
+    /// (`reads_hold_archiving`). A pass over what a burst left takes a core
+    /// for as long as it lasts, and one that began just before the reads
+    /// would take it from them; it goes on once they pause, once they have
+    /// gone on for `burst_reads_nanos` after the last write, when the
+    /// volume closes, or at once when other work waits for it to end
+    /// (`PassesWanted`).
+    fn pause_for_reads(&self) {
         // Reads are seen by their count moving between two looks.
         const LOOK_EVERY_NANOS: u64 = 20_000_000;
         let Some(clock) = self.clock.get() else { return };
         let mut paused = false;
         while !self.passes_wanted.any()
             && !self.closed.load(Ordering::Acquire)
-            && self.foreground_holds_archiving(clock.now())
+            && self.reads_hold_archiving(clock.now())
         {
             if !paused {
                 paused = true;
