@@ -524,8 +524,12 @@ impl Node {
             }
         }
         // After any archive pass in flight: what it borrowed from other
-        // nodes sharing the bucket is in this catalog (`crate::pool`).
-        let bytes = self.shared.chunks.table_for_catalog()?;
+        // nodes sharing the bucket is in this catalog (`crate::pool`). One
+        // paused for reads goes on at once, not after the reads.
+        let bytes = {
+            let _wanted = self.shared.passes_wanted.hold();
+            self.shared.chunks.table_for_catalog()?
+        };
         captured.push((format!("{CHUNKS_DIR}/table"), Captured::Bytes(bytes)));
         Ok(Capture { files: captured, packs: tiered.packs() })
     }

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rewind_engine::{
-    BlockSize, Clock, Durability, Node, NodeConfig, Reserve, Timestamp, Volume, VolumeName, VolumeSpec,
+    BlockSize, Clock, Durability, Layout, Node, NodeConfig, Reserve, Timestamp, Volume, VolumeName, VolumeSpec,
 };
 use rewind_io::{SimConfig, SimStorage};
 
@@ -364,8 +364,18 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_wai
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
     let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
     node.set_clock(Arc::clone(&clock) as _);
-    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 2 << 20, BlockSize::new(BLOCK as u32).unwrap());
     let volume = node.create_volume(spec, start).unwrap();
+    // A volume that files history as it destages (COW), which takes the
+    // chunk store's one session, the paused pass's: its block 0 is in its
+    // current store before the first pass, and overwritten in round 3.
+    let cow = {
+        let spec = VolumeSpec::new(VolumeName::new("cow").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+        node.create_volume(VolumeSpec { layout: Layout::Cow, ..spec }, start).unwrap()
+    };
+    cow.write(start.saturating_add_nanos(MILLI), 0, &[1; BLOCK], Durability::Fua).unwrap();
+    cow.maintain(start.saturating_add_nanos(500 * MILLI)).unwrap();
+    assert_eq!(cow.stats().unwrap().versions_pending_destage, 0);
     let reading = Arc::new(AtomicBool::new(true));
     let reads = Arc::new(AtomicU64::new(0));
     let reader = {
@@ -381,8 +391,9 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_wai
 
     // Each round's pass is ended by something else: a diff, a delete of
     // history, a collection of the chunk store (each waits for archive
-    // passes to end, `PassesWanted`), then the reads ending.
-    for round in 0..4 {
+    // passes to end, `PassesWanted`), another volume's destaging that files
+    // history, then the reads ending.
+    for round in 0..5 {
         let first = round * BLOCKS;
         // Block n is written at millisecond n, from the second second (the
         // volume's granularity), each round 10 s after the one before (which
@@ -431,6 +442,18 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_wai
                 let report = goes_on_at_once("a collection", move || collecting.collect(&mut |_, _, _| {}).unwrap());
                 pass_ends("a collection");
                 assert_eq!(report.chunks_freed, 0, "history refers to every chunk: {report:?}");
+            }
+            3 => {
+                let cow = Arc::clone(&cow);
+                let overwritten = at(0);
+                let now = clock.now();
+                let filed = goes_on_at_once("a COW volume's destaging", move || {
+                    cow.write(overwritten, 0, &[2; BLOCK], Durability::Fua).unwrap();
+                    cow.maintain(now).unwrap();
+                    cow.stats().unwrap()
+                });
+                assert_eq!((filed.versions_pending_destage, filed.versions_in_runs), (0, 1), "{filed:?}");
+                pass_ends("a COW volume's destaging");
             }
             _ => {
                 reading.store(false, Ordering::Release);

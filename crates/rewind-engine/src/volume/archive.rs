@@ -63,7 +63,9 @@ pub trait Clock: Send + Sync {
 
 /// Work waiting for archive passes to end — a diff, a history or volume
 /// delete, whatever holds the chunk store's reference gate for writing (a
-/// collection, a recount, coalescing packs, saving the counts at shutdown)
+/// collection, a recount, coalescing packs, saving the counts at shutdown),
+/// whatever waits for its one session (a destage filing history in the
+/// layouts that do so then, a catalog's capture of the chunk table)
 /// — which a pass must not keep waiting while it pauses for reads
 /// (`Volume::pause_for_reads`): it goes on at once while any is marked. One
 /// per node, since a collection waits for every volume. And whether the

@@ -64,7 +64,13 @@ impl Volume {
         }
         let copies = {
             let _gate = self.chunks.hold_references();
-            let mut session = self.chunks.session()?;
+            // The one session may be held by another volume's archive pass,
+            // paused for reads: it goes on at once instead, since writers at
+            // the overlay's limit may be waiting for this destage.
+            let mut session = {
+                let _wanted = self.passes_wanted.hold();
+                self.chunks.session()?
+            };
             let mut copies = Vec::with_capacity(wanted.len());
             let mut block = vec![0u8; self.block_size().bytes() as usize];
             for (version, origin) in wanted {
