@@ -61,13 +61,16 @@ impl Compressor {
         // A destination an eighth smaller than the input makes zstd fail on
         // data that does not compress well enough, without a second pass.
         let limit = raw.len() - raw.len() / 8;
-        let worth_trying = !self.probing() || self.may_compress(raw);
         out.clear();
         out.reserve(raw.len());
-        out.resize(limit, 0);
-        let stored = worth_trying
-            .then(|| self.full.compress_to_buffer(raw, out.as_mut_slice()).ok().filter(|&size| size < limit))
-            .flatten();
+        // A chunk the look passes over is copied without filling the
+        // destination first.
+        let stored = if !self.probing() || self.may_compress(raw) {
+            out.resize(limit, 0);
+            self.full.compress_to_buffer(raw, out.as_mut_slice()).ok().filter(|&size| size < limit)
+        } else {
+            None
+        };
         match stored {
             Some(size) => {
                 out.truncate(size);
