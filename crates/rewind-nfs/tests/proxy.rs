@@ -286,6 +286,135 @@ async fn every_update_a_synchronous_proxy_answered_survives_a_power_loss_of_the_
     upstream.server.shutdown();
 }
 
+/// One client's share of `clients_racing_...`: creates, writes, removes,
+/// mkdirs and rmdirs on names the other clients use too, so that updates
+/// of one directory, and writes to a file another client removes, race.
+/// Refusals (a name taken or gone meanwhile) are part of it.
+async fn race(address: SocketAddr, seed: u64, client_index: u64) {
+    let mut client = connect(address, "/shop", 0).await;
+    let top = client.root_nfs_fh3();
+    let shared = lookup(&mut client, &top, "shared").await;
+    let own = lookup(&mut client, &top, &format!("own{client_index}")).await;
+    let mut state = seed ^ (client_index + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut next = move |bound: u64| {
+        // splitmix64
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % bound
+    };
+    for step in 0..150 {
+        let dir = if next(3) == 0 { &own } else { &shared };
+        let name = format!("n{}", next(6));
+        match next(5) {
+            0 | 1 => {
+                let how = createhow3::UNCHECKED(mode(0o640));
+                let _ = client.create(&CREATE3args { where_: dir_op(dir, &name), how }).await.unwrap();
+            }
+            2 => {
+                let found = client.lookup(&LOOKUP3args { what: dir_op(dir, &name) }).await.unwrap();
+                if let Nfs3Result::Ok(found) = found {
+                    let data = format!("client {client_index} step {step}");
+                    let args = WRITE3args {
+                        file: found.object,
+                        offset: next(3) * 16,
+                        count: data.len() as u32,
+                        stable: stable_how::FILE_SYNC,
+                        data: Opaque::borrowed(data.as_bytes()),
+                    };
+                    let _ = client.write(&args).await.unwrap();
+                }
+            }
+            3 => {
+                let _ = client.remove(&REMOVE3args { object: dir_op(dir, &name) }).await.unwrap();
+            }
+            _ => {
+                let _ =
+                    client.mkdir(&MKDIR3args { where_: dir_op(dir, &name), attributes: mode(0o750) }).await.unwrap();
+                let _ = client.rmdir(&RMDIR3args { object: dir_op(dir, &name) }).await.unwrap();
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_racing_on_shared_directories_and_files_leave_the_mirror_as_the_upstream_without_comparisons() {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    println!("seed {seed}");
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, _) = Side::open(&dir.path().join("upstream"), "origin", None);
+    let (mirror, proxy) = Side::open(&dir.path().join("mirror"), "shop", Some((&upstream, ProxyMode::Synchronous)));
+    let proxy = proxy.unwrap();
+    let mut client = connect(mirror.address, "/shop", 0).await;
+    let top = client.root_nfs_fh3();
+    for name in ["shared", "own0", "own1", "own2", "own3"] {
+        client.mkdir(&MKDIR3args { where_: dir_op(&top, name), attributes: mode(0o777) }).await.unwrap().unwrap();
+    }
+    // A name that is not there is the upstream's answer, passed on (it once
+    // ended the connection's thread instead, and the client waited on).
+    let args = LOOKUP3args { what: dir_op(&top, "missing") };
+    let lookup_missing = client.lookup(&args);
+    let missing = tokio::time::timeout(std::time::Duration::from_secs(30), lookup_missing)
+        .await
+        .expect("an answer to a LOOKUP of a missing name")
+        .unwrap();
+    assert_eq!(status(missing), nfsstat3::NFS3ERR_NOENT);
+    let before = proxy.status();
+    let racers: Vec<_> = (0..4).map(|index| tokio::spawn(race(mirror.address, seed, index))).collect();
+    for racer in racers {
+        racer.await.unwrap();
+    }
+    assert_eq!(mirror.present(), upstream.present(), "seed {seed}");
+    let after = proxy.status();
+    assert!(after.recorded > before.recorded + 100, "seed {seed}: the race recorded updates");
+    assert_eq!(
+        (after.unrecorded, after.resyncs),
+        (before.unrecorded, before.resyncs),
+        "seed {seed}: every update was recorded as the upstream applied it, none brought in by a comparison"
+    );
+    mirror.server.shutdown();
+    upstream.server.shutdown();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_commit_alone_makes_the_unstable_writes_before_it_survive_a_power_loss_of_the_mirror() {
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, _) = Side::open(&dir.path().join("upstream"), "origin", None);
+    let storage = SimStorage::new(SimConfig { write_survival: 0.0, ..SimConfig::default() }, 0);
+    let (mirror, proxy) = Side::open_on(
+        Arc::new(storage.clone()),
+        "shop",
+        Some((&upstream, ProxyMode::Synchronous)),
+        NfsConfig::default(),
+    );
+    let mut client = connect(mirror.address, "/shop", 0).await;
+    let top = client.root_nfs_fh3();
+    let file = create(&mut client, &top, "a.txt").await;
+    // The last update before the power loss is the COMMIT: the mirror's
+    // flush runs while the upstream syncs, and must have happened.
+    for offset in [0, 8] {
+        let unstable = WRITE3args {
+            file: file.clone(),
+            offset,
+            count: 8,
+            stable: stable_how::UNSTABLE,
+            data: Opaque::borrowed(b"unstable"),
+        };
+        client.write(&unstable).await.unwrap().unwrap();
+    }
+    client.commit(&COMMIT3args { file: file.clone(), offset: 0, count: 0 }).await.unwrap().unwrap();
+    let answered = mirror.present();
+    assert!(answered.iter().any(|line| line.starts_with("/a.txt Regular 16 ")), "{answered:?}");
+
+    mirror.server.shutdown();
+    drop((client, proxy, mirror));
+    storage.crash();
+    let (after, _) = Side::open_on(Arc::new(storage.clone()), "shop", None, NfsConfig::default());
+    assert_eq!(after.present(), answered, "the committed writes are in the mirror after the power loss");
+    upstream.server.shutdown();
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_full_mirror_disk_never_stops_the_upstream_and_the_mirror_catches_up_when_space_returns() {
     let dir = tempfile::tempdir().unwrap();

@@ -55,9 +55,12 @@
 //!
 //! Updates take one lock per tree from the forward to the record, so the
 //! mirror applies them in the order the upstream did (two clients racing on
-//! one file would otherwise leave the mirror with the other outcome); one
-//! file's data updates share it with other files' and take a stripe of
-//! their own. Reads and COMMITs take no lock. The mirror's records reach
+//! one file would otherwise leave the mirror with the other outcome). Most
+//! share it, and take a stripe for each object they change: a WRITE or
+//! SETATTR its object's, a create its directory's, a REMOVE or RMDIR its
+//! directory's and the removed object's. Only RENAME and LINK, and the
+//! comparison with the upstream, hold it alone. Reads and COMMITs take no
+//! lock. The mirror's records reach
 //! its disk after the lock is released (the journal is one ordered log: a
 //! flush covers every record before it), so one update's disk write does
 //! not hold up every other's forward.
@@ -84,7 +87,7 @@ use std::time::{Duration, Instant};
 
 use nfs3_types::nfs3::nfsstat3;
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use rewind_tree::{Caller, Handle, Mirror, MirrorStatus, OpenTree, TreeError, ROOT_INODE};
+use rewind_tree::{Caller, Handle, Mirror, MirrorStatus, Namespace, OpenTree, TreeError, ROOT_INODE};
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
@@ -180,14 +183,16 @@ struct Retry {
     pause: Duration,
 }
 
-/// Locks striping the order of one file's data updates.
+/// Locks striping the order of updates by the objects they change.
 const FILE_STRIPES: usize = 64;
 
 /// The order an update holds from its forward to its record.
 enum Turn<'a> {
-    File {
+    /// The stripes of the objects the update changes, taken in the order
+    /// of their index (so that two updates never wait for each other).
+    Objects {
         _order: RwLockReadGuard<'a, ()>,
-        _file: MutexGuard<'a, ()>,
+        _stripes: Vec<MutexGuard<'a, ()>>,
     },
     Namespace {
         _order: RwLockWriteGuard<'a, ()>,
@@ -205,8 +210,8 @@ pub struct Proxy {
     handles: Mutex<HandleMap>,
     /// Held from an update's forward to its record (or queueing), so the
     /// mirror applies updates in the upstream's order: shared by updates
-    /// of one file's data (with the file's stripe of `files`), exclusive for
-    /// namespace changes and comparisons.
+    /// that take the stripes of `files` of the objects they change,
+    /// exclusive for renames, links and comparisons.
     order: RwLock<()>,
     files: Vec<Mutex<()>>,
     recorder: Option<recorder::Recorder>,
@@ -365,6 +370,19 @@ impl Proxy {
     /// Sends the call with the upstream's handles in place of ours, the
     /// rest of its bytes as the client sent them.
     fn exchange(&self, record: &[u8], at: usize, targets: &[CallHandle], out: &mut Vec<u8>) -> Result<(), Failure> {
+        self.exchange_doing(record, at, targets, out, &|| {})
+    }
+
+    /// As `exchange`, doing `meanwhile` while the upstream works on the
+    /// call (again if a closed connection makes it send the call again).
+    fn exchange_doing(
+        &self,
+        record: &[u8],
+        at: usize,
+        targets: &[CallHandle],
+        out: &mut Vec<u8>,
+        meanwhile: &dyn Fn(),
+    ) -> Result<(), Failure> {
         let arguments = &record[at..];
         let encoded: Vec<Vec<u8>> = targets.iter().map(|target| opaque(&target.upstream)).collect();
         let mut parts: Vec<&[u8]> = vec![&record[..at]];
@@ -375,7 +393,7 @@ impl Proxy {
             copied = target.at.end;
         }
         parts.push(&arguments[copied..]);
-        self.pool.with(|connection| Ok(connection.exchange(&parts, out, 4)?)).map_err(|error| {
+        self.pool.with(|connection| Ok(connection.exchange_doing(&parts, out, 4, meanwhile)?)).map_err(|error| {
             warn!(%error, "upstream NFS server unreachable: the client is told to try again");
             Failure::Status(nfsstat3::NFS3ERR_JUKEBOX)
         })
@@ -397,7 +415,8 @@ impl Proxy {
             self.adopt(dir, dir_fh)?;
             ours = self.mirror_handles(&found);
         }
-        if procedure == 3 && ours[0].is_none() {
+        // (A LOOKUP the upstream refused has no handle to follow.)
+        if procedure == 3 && matches!(ours.first(), Some(None)) {
             warn!("the upstream found a name the mirror cannot follow");
             return Err(nfsstat3::NFS3ERR_SERVERFAULT.into());
         }
@@ -434,6 +453,34 @@ impl Proxy {
         })
     }
 
+    /// The stripes of `inodes` (a new object's directory; a file whose
+    /// data or attributes change), locked in the order of their index.
+    fn stripes(&self, inodes: &[u64]) -> Vec<MutexGuard<'_, ()>> {
+        let mut indices: Vec<usize> = inodes.iter().map(|ino| (ino % FILE_STRIPES as u64) as usize).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        indices.into_iter().map(|index| self.files[index].lock()).collect()
+    }
+
+    /// The turn of a REMOVE or RMDIR of `name` in `dir`: the stripes of the
+    /// directory and of what the name leads to in the mirror, whose link
+    /// count (and for a file the last link, its data) the update changes,
+    /// so that a WRITE racing with it is recorded in the upstream's order.
+    /// What the name leads to is looked up before the stripes are taken (to
+    /// take them in order) and again after: only a create or remove in
+    /// `dir`, which takes its stripe, can change it meanwhile.
+    fn removing(&self, dir: Handle, name: &[u8], author: &Caller) -> Turn<'_> {
+        let order = self.order.read();
+        let victim = || self.tree.tree.lookup(dir, name, author).ok().map(|found| found.handle.ino);
+        loop {
+            let before = victim();
+            let stripes = self.stripes(&[Some(dir.ino), before].into_iter().flatten().collect::<Vec<_>>());
+            if victim() == before {
+                return Turn::Objects { _order: order, _stripes: stripes };
+            }
+        }
+    }
+
     /// Forwards an update and records it once the upstream applied it.
     fn update(
         &self,
@@ -447,17 +494,34 @@ impl Proxy {
         if self.diverged.load(Ordering::Acquire) {
             self.catch_up();
         }
-        // Updates of different files' data commute; everything else is
+        let author = Caller::acting_for(caller.uid, caller.address, caller.port);
+        // Updates of different objects commute; renames and links are
         // ordered against everything.
         let turn = match &update {
             Update::Commit { .. } => Turn::Unordered,
-            Update::Write { .. } | Update::SetAttr { .. } => {
-                let stripe = &self.files[(targets[0].mirror.ino % FILE_STRIPES as u64) as usize];
-                Turn::File { _order: self.order.read(), _file: stripe.lock() }
+            Update::Write { .. }
+            | Update::SetAttr { .. }
+            | Update::Create { .. }
+            | Update::Mkdir { .. }
+            | Update::Symlink { .. }
+            | Update::Mknod { .. } => {
+                Turn::Objects { _order: self.order.read(), _stripes: self.stripes(&[targets[0].mirror.ino]) }
             }
-            _ => Turn::Namespace { _order: self.order.write() },
+            Update::Remove { name, .. } => self.removing(targets[0].mirror, name, &author),
+            Update::Rename { .. } | Update::Link { .. } => Turn::Namespace { _order: self.order.write() },
         };
-        self.exchange(record, at, targets, out)?;
+        // A synchronous proxy's COMMIT makes the mirror durable while the
+        // upstream syncs, not after: the writes it covers were recorded
+        // before their replies went out, so the two flushes need not wait
+        // for each other (one that was not owed, if the upstream refuses,
+        // does no harm).
+        let durable_meanwhile = self.recorder.is_none() && matches!(update, Update::Commit { .. });
+        let meanwhile = || {
+            if durable_meanwhile && !self.diverged.load(Ordering::Acquire) {
+                self.make_durable();
+            }
+        };
+        self.exchange_doing(record, at, targets, out, &meanwhile)?;
         let applied = upstream::results(&out[4..]).ok().and_then(|mut reader| reader.u32().ok()) == Some(0);
         if !applied {
             // Refused upstream: passed on as it is, nothing to record.
@@ -467,7 +531,6 @@ impl Proxy {
             Some(name) => Some(self.made(&out[4..], &targets[0].upstream, name)?),
             None => None,
         };
-        let author = Caller::acting_for(caller.uid, caller.address, caller.port);
         let created = match &self.recorder {
             None => {
                 let created =
@@ -476,7 +539,7 @@ impl Proxy {
                 // Out of step, nothing was recorded: no flush is owed, and
                 // one that failed on a full disk would fail (and warn) on
                 // every update until the comparison catches up.
-                if update.durable_on_return() && !self.diverged.load(Ordering::Acquire) {
+                if update.durable_on_return() && !durable_meanwhile && !self.diverged.load(Ordering::Acquire) {
                     self.make_durable();
                 }
                 created

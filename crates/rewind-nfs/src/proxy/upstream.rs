@@ -142,6 +142,18 @@ impl Connection {
     /// reads its reply into `reply`, after `reserved` bytes kept at its
     /// start (room for the record mark of the reply passed on).
     pub fn exchange(&mut self, parts: &[&[u8]], reply: &mut Vec<u8>, reserved: usize) -> io::Result<()> {
+        self.exchange_doing(parts, reply, reserved, || {})
+    }
+
+    /// As [`Connection::exchange`], doing `meanwhile` once the call is sent,
+    /// while the upstream works on it.
+    pub fn exchange_doing(
+        &mut self,
+        parts: &[&[u8]],
+        reply: &mut Vec<u8>,
+        reserved: usize,
+        meanwhile: impl FnOnce(),
+    ) -> io::Result<()> {
         let length: usize = parts.iter().map(|part| part.len()).sum();
         assert!(length < LAST_FRAGMENT as usize);
         let mark = (LAST_FRAGMENT | length as u32).to_be_bytes();
@@ -155,6 +167,7 @@ impl Connection {
             }
             IoSlice::advance_slices(&mut slices, written);
         }
+        meanwhile();
         reply.truncate(reserved);
         reply.resize(reserved, 0);
         read_record_after(&mut self.reader, reply)
