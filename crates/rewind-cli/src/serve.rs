@@ -331,6 +331,12 @@ pub struct ServeArgs {
     /// measures both).
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     burst_quiet: Duration,
+    /// Memory the volumes' journals, together, keep what they wrote in until
+    /// it is destaged. The journal writes around the page cache, so reads of
+    /// blocks not destaged yet, and the destager's own, come from here
+    /// instead of the disk; 0 keeps nothing.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size_arg)]
+    journal_memory: u64,
     /// Reads keep archiving waiting too (a pass under way pauses), up to
     /// this long after the last write, while the disk has room above twice
     /// the reserve for the history all volumes have waiting: a read job
@@ -659,6 +665,7 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
     config.volume.burst_reads_nanos = nanos(args.burst_reads, "--burst-reads")?;
     config.volume.journal.direct_io = args.journal_io == JournalIo::Direct;
     config.volume.journal.spare_segments_max = args.journal_spares;
+    config.journal_memory_bytes = args.journal_memory;
     config.volume.vouch_after_nanos =
         u64::try_from(args.journal_vouch_after.as_nanos()).context("--journal-vouch-after is too long")?;
     let tokens = Arc::new(Tokens::open(data_dir)?);

@@ -16,6 +16,7 @@ use rewind_format::meta::{Layout, RetentionTier, VolumeBase, VolumeKind, VolumeM
 use rewind_format::tree::{TREE_BLOCK_BYTES, TREE_VOLUME_BYTES};
 use rewind_index::{PageCache, PageCacheStats};
 use rewind_io::{CountingStorage, IoStats, Storage};
+use rewind_journal::RecentMemory;
 use rewind_types::{BlockSize, Timestamp, VolumeName};
 
 use crate::catalog::Catalogs;
@@ -31,6 +32,9 @@ pub struct NodeConfig {
     pub volume: VolumeConfig,
     /// Memory for cached version index pages, shared by all volumes.
     pub index_cache_bytes: u64,
+    /// Memory the volumes' journals keep what they wrote in until it is
+    /// destaged, shared by all volumes (see `rewind_journal::RecentMemory`).
+    pub journal_memory_bytes: u64,
     pub chunks: ChunkStoreConfig,
     /// Collect garbage in the chunk store at most this often (nanoseconds),
     /// when there is any.
@@ -44,6 +48,7 @@ impl Default for NodeConfig {
         NodeConfig {
             volume: VolumeConfig::default(),
             index_cache_bytes: 64 << 20,
+            journal_memory_bytes: 1 << 30,
             chunks: ChunkStoreConfig::default(),
             collect_interval_nanos: 300_000_000_000,
             reserve: Reserve::default(),
@@ -348,6 +353,7 @@ impl Node {
             space: Arc::new(SpaceGauge::default()),
             passes_wanted: Arc::default(),
             clock: Arc::default(),
+            journal_memory: RecentMemory::new(config.journal_memory_bytes),
         };
         let space = storage.space().map_err(EngineError::io("."))?;
         if let (_, SpaceState::Exhausted | SpaceState::Low) = shared.space.update(space, config.reserve) {

@@ -378,10 +378,38 @@ struct SegmentCommits {
 
 /// Buffers of written batches kept for reuse.
 const SPARE_BUFFERS_MAX: usize = 4;
-/// Batches written with direct I/O stay in memory up to this many bytes,
+/// What a journal keeps in memory of the batches it wrote when no
+/// [`RecentMemory`] is shared with it ([`Journal::sharing_recent_memory`]).
+const RECENT_BYTES_OWN: u64 = 64 << 20;
+
+/// Memory that journals keep the batches they wrote with direct I/O in,
 /// until the destager has read them ([`Journal::forget_written`]): the page
-/// cache does not hold them.
-const RECENT_BYTES_MAX: u64 = 64 << 20;
+/// cache does not hold them, and a buffered writer's would. Reads of blocks
+/// not destaged yet and the destager's own reads then come from memory, not
+/// the disk: after a burst of random writes, 140,000–370,000 blocks wait,
+/// and half of the random reads that follow are theirs (BENCHMARKS.md).
+/// Shared by the journals of a node: one that writes lets go of its own
+/// oldest batches while the journals together keep more than `limit`.
+#[derive(Debug)]
+pub struct RecentMemory {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl RecentMemory {
+    pub fn new(limit: u64) -> Arc<RecentMemory> {
+        Arc::new(RecentMemory { limit, used: AtomicU64::new(0) })
+    }
+
+    /// Bytes of written batches the journals keep now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn over(&self) -> bool {
+        self.used() > self.limit
+    }
+}
 
 /// The batches written with direct I/O that are still kept in memory,
 /// oldest first: a small batch's records in a copy of their size
@@ -412,8 +440,9 @@ pub struct Journal {
     /// Serialises writing batches out and committing them.
     written: Mutex<Written>,
     spare_buffers: Mutex<Vec<Vec<u8>>>,
-    /// Batches written with direct I/O (see `RECENT_BYTES_MAX`).
+    /// Batches written with direct I/O (see [`RecentMemory`]).
     recent: Mutex<Recent>,
+    recent_memory: Arc<RecentMemory>,
     /// `pack(segment, offset)` of the oldest byte `recent` holds.
     recent_start: AtomicU64,
     /// Writes go around the page cache; cleared for good if the filesystem refuses.
@@ -490,6 +519,14 @@ fn parse_spare_name(name: &str) -> Option<u32> {
 /// the next preparation to remove).
 const SPARE_PREPARING_NAME: &str = "spare.preparing";
 
+impl Drop for Journal {
+    /// Gives back the memory its written batches took from what it shares.
+    fn drop(&mut self) {
+        let kept = self.recent.get_mut().bytes;
+        self.recent_memory.used.fetch_sub(kept, Ordering::Relaxed);
+    }
+}
+
 impl Journal {
     /// Creates an empty journal in `dir` whose first record will be LSN 1;
     /// `created` is when the volume's history begins.
@@ -560,6 +597,7 @@ impl Journal {
             }),
             spare_buffers: Mutex::new(Vec::new()),
             recent: Mutex::new(Recent::default()),
+            recent_memory: RecentMemory::new(RECENT_BYTES_OWN),
             recent_start: AtomicU64::new(u64::MAX),
             direct_io: AtomicBool::new(config.direct_io),
             lsn_durable: AtomicU64::new(lsn_next.0 - 1),
@@ -1324,17 +1362,26 @@ impl Journal {
                 self.recent_start.store(pack(batch.segment, batch.offset), Ordering::Release);
             }
             recent.bytes += kept.records_len();
+            self.recent_memory.used.fetch_add(kept.records_len(), Ordering::Relaxed);
             recent.batches.push_back(kept.clone());
         }
         let front = tail.sealed.pop_front().expect("a written batch is still queued");
         assert!(Arc::ptr_eq(&front, &batch), "sealed batches are written in order, by one writer at a time");
         drop(tail);
-        self.forget_recent(&mut recent, |recent| kept.is_none() || recent.bytes > RECENT_BYTES_MAX);
+        self.forget_recent(&mut recent, |_| kept.is_none() || self.recent_memory.over());
         drop(recent);
         // Unshared now unless kept whole in `recent`.
         drop((kept, front));
         self.recycle(batch);
         Ok(true)
+    }
+
+    /// Keeps written batches in `memory`, shared with other journals,
+    /// instead of memory of the journal's own. Before anything is written.
+    pub fn sharing_recent_memory(mut self, memory: Arc<RecentMemory>) -> Journal {
+        assert!(self.recent.get_mut().batches.is_empty(), "recent memory is shared before the first write");
+        self.recent_memory = memory;
+        self
     }
 
     /// Lets the written batches whose records are all at or below `lsn` go
@@ -1349,6 +1396,7 @@ impl Journal {
         while !recent.batches.is_empty() && forget(recent) {
             let oldest = recent.batches.pop_front().expect("not empty");
             recent.bytes -= oldest.records_len();
+            self.recent_memory.used.fetch_sub(oldest.records_len(), Ordering::Relaxed);
             let start = recent.batches.front().map_or(u64::MAX, |batch| pack(batch.segment, batch.offset));
             self.recent_start.store(start, Ordering::Release);
             self.recycle(oldest);

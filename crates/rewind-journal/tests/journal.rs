@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use rewind_format::journal::{split_compound_payload, CompoundExtent};
 use rewind_format::meta::JournalPosition;
 use rewind_io::{SimConfig, SimStorage, Storage};
-use rewind_journal::{Journal, JournalConfig, JournalError, RecoveryReport};
+use rewind_journal::{Journal, JournalConfig, JournalError, RecentMemory, RecoveryReport};
 use rewind_types::{BlockIndex, BlockSize, ChunkId, Lsn, Timestamp, Version, VersionData};
 
 const BLOCK: u32 = 512;
@@ -611,6 +611,63 @@ fn written_batches_are_read_from_memory_until_forgotten() {
     assert_eq!(reads(), before, "the batches not forgotten are still read from memory");
     (0..20).for_each(read);
     assert_eq!(reads(), before + 20, "the forgotten ones are read from the file");
+}
+
+/// Journals that share their memory for written batches keep, together,
+/// what it allows: one that writes lets its own oldest go, the others'
+/// stay, and a journal dropped gives back what it kept.
+#[test]
+fn journals_sharing_memory_keep_what_it_allows_together() {
+    const BATCH: u64 = 1024;
+    let storage = Arc::new(rewind_io::CountingStorage::new(Arc::new(SimStorage::new(SimConfig::default(), 11))));
+    let shared: Arc<dyn Storage> = Arc::clone(&storage) as Arc<dyn Storage>;
+    // Room for the records of about ten one-block commits.
+    let memory = RecentMemory::new(10 * (BATCH + 128));
+    let open = |dir: &str| {
+        Journal::create(Arc::clone(&shared), dir, block_size(), JournalConfig::default(), Timestamp::MIN)
+            .unwrap()
+            .sharing_recent_memory(Arc::clone(&memory))
+    };
+    let write = |journal: &Journal, count: u8| -> Vec<_> {
+        (0..count)
+            .map(|i| {
+                let at = Timestamp::from_unix_nanos(1 + u64::from(i));
+                let appended = journal.append_write(at, BlockIndex(0), &[i; BATCH as usize], &mut Vec::new());
+                journal.commit().unwrap();
+                appended.unwrap()
+            })
+            .collect()
+    };
+    let reads = || storage.counters().stats().reads;
+    let from_memory = |journal: &Journal, appended: &[rewind_journal::Appended]| {
+        let before = reads();
+        for (i, appended) in appended.iter().enumerate() {
+            let mut block = vec![0; BATCH as usize];
+            journal.read(appended.segment, u64::from(appended.data_offset), &mut block).unwrap();
+            assert_eq!(block, [i as u8; BATCH as usize], "record {i}");
+        }
+        appended.len() as u64 - (reads() - before)
+    };
+    let first = open("first");
+    let first_written = write(&first, 6);
+    assert_eq!(from_memory(&first, &first_written), 6, "all six kept");
+    let second = open("second");
+    let second_written = write(&second, 8);
+    assert!(memory.used() <= 10 * (BATCH + 128), "within the limit: {}", memory.used());
+    assert_eq!(from_memory(&first, &first_written), 6, "the first journal's stay: the second let its own go");
+    let kept = from_memory(&second, &second_written);
+    assert!((2..=4).contains(&kept), "the second keeps what the first left room for: {kept}");
+    drop(first);
+    assert!(memory.used() < 5 * (BATCH + 128), "the dropped journal gave its share back: {}", memory.used());
+    let third_written = write(&second, 6);
+    assert_eq!(from_memory(&second, &third_written), 6, "room again");
+    let nothing = RecentMemory::new(0);
+    let none = Journal::create(Arc::clone(&shared), "none", block_size(), JournalConfig::default(), Timestamp::MIN)
+        .unwrap()
+        .sharing_recent_memory(Arc::clone(&nothing));
+    let none_written = write(&none, 3);
+    assert_eq!(from_memory(&none, &none_written), 0, "no memory: every read from the file");
+    assert_eq!(nothing.used(), 0);
 }
 
 #[test]

@@ -34,7 +34,7 @@ use rewind_format::meta::{Checkpoint, Layout, TimelineBucket, VolumeMeta, Volume
 use crate::layout::{CurrentWrites, LayoutRules};
 use rewind_index::{IndexConfig, PageCache, VersionIndex};
 use rewind_io::{read_file_healing, write_file_atomic, OpenMode, Storage};
-use rewind_journal::{Journal, JournalConfig, JournalError};
+use rewind_journal::{Journal, JournalConfig, JournalError, RecentMemory};
 use rewind_types::{BlockIndex, BlockSize, Lsn, Timestamp, Version, VersionData};
 
 use crate::current::CurrentStore;
@@ -242,6 +242,8 @@ pub(crate) struct Shared {
     pub passes_wanted: Arc<PassesWanted>,
     /// The embedder's clock (`Node::set_clock`).
     pub clock: Arc<OnceLock<Arc<dyn Clock>>>,
+    /// What the journals keep in memory of what they wrote.
+    pub journal_memory: Arc<RecentMemory>,
 }
 
 /// The largest write record; larger writes become several records.

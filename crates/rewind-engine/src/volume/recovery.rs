@@ -79,7 +79,8 @@ impl Volume {
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
         let io = VolumeIo::new(&storage);
         let journal_dir = format!("{dir}/journal");
-        let journal = Journal::create(io.journal(), &journal_dir, meta.block_size, config.journal, meta.created)?;
+        let journal = Journal::create(io.journal(), &journal_dir, meta.block_size, config.journal, meta.created)?
+            .sharing_recent_memory(Arc::clone(&shared.journal_memory));
         let cache = Arc::clone(&shared.cache);
         let rules = LayoutRules::of(meta.layout);
         let index_config = IndexConfig { late_entries: rules.history_at_destage(), ..config.index };
@@ -365,6 +366,7 @@ impl Volume {
             timestamp_last = header.timestamp;
         }
         let (journal, report) = recovery.finish()?;
+        let journal = journal.sharing_recent_memory(Arc::clone(&shared.journal_memory));
         if lsn_indexed > journal.lsn_durable() {
             return Err(EngineError::Corrupt {
                 volume: volume_name,

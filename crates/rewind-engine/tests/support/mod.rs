@@ -100,6 +100,7 @@ pub fn config(rng: &mut StdRng) -> NodeConfig {
             burst_reads_nanos: rng.random_range(0..200_000),
         },
         index_cache_bytes: 64 * 4096,
+        journal_memory_bytes: rng.random_range(0..512 << 10),
         chunks: ChunkStoreConfig {
             pack_bytes_target: rng.random_range(4 << 10..128 << 10),
             dedup: DedupConfig {
