@@ -181,8 +181,9 @@ def run_once(args, run_index, results, view_results):
                       "back to back", flush=True)
         # The view against the live volume like with like, after the jobs
         # back to back (so that dropping the page cache changes none of
-        # them): both read twice in a row, the second reads from the page
-        # cache; then both from the disk, the page cache dropped before each.
+        # them): each read once, then each again (from the page cache, the
+        # second reads taken); then both from the disk, the page cache
+        # dropped before each (Rewind's own caches are not).
         settle(https, view_results)
         reads = {}
         for key, uri, drop in [("live", targets["rewind"], False), ("view", view_uri, False),
@@ -332,8 +333,8 @@ def table(args, results, view_results, env):
         f"{low:.2f} / {median:.2f} / {high:.2f} | | |"
     )
     for key, what in [
-        ("seqread_warm", "after the jobs back to back, the view read ÷ the live read, each read twice in a row and "
-         "the second taken (both from the page cache)"),
+        ("seqread_warm", "after the jobs back to back, the view read ÷ the live read, both read once and then "
+         "again, the second reads taken (both from the page cache)"),
         ("seqread_cold", "after the jobs back to back, the view read ÷ the live read, both from the disk (the page "
          "cache dropped before each)"),
     ]:

@@ -265,6 +265,11 @@ impl Batch {
         (self.records_end - self.records_start) as u64
     }
 
+    /// The memory the batch holds: its buffer, whole.
+    fn held_bytes(&self) -> u64 {
+        self.bytes.capacity() as u64
+    }
+
     fn end(&self) -> u64 {
         self.offset + self.records_len()
     }
@@ -1361,8 +1366,8 @@ impl Journal {
             if recent.batches.is_empty() {
                 self.recent_start.store(pack(batch.segment, batch.offset), Ordering::Release);
             }
-            recent.bytes += kept.records_len();
-            self.recent_memory.used.fetch_add(kept.records_len(), Ordering::Relaxed);
+            recent.bytes += kept.held_bytes();
+            self.recent_memory.used.fetch_add(kept.held_bytes(), Ordering::Relaxed);
             recent.batches.push_back(kept.clone());
         }
         let front = tail.sealed.pop_front().expect("a written batch is still queued");
@@ -1395,8 +1400,8 @@ impl Journal {
     fn forget_recent(&self, recent: &mut Recent, mut forget: impl FnMut(&Recent) -> bool) {
         while !recent.batches.is_empty() && forget(recent) {
             let oldest = recent.batches.pop_front().expect("not empty");
-            recent.bytes -= oldest.records_len();
-            self.recent_memory.used.fetch_sub(oldest.records_len(), Ordering::Relaxed);
+            recent.bytes -= oldest.held_bytes();
+            self.recent_memory.used.fetch_sub(oldest.held_bytes(), Ordering::Relaxed);
             let start = recent.batches.front().map_or(u64::MAX, |batch| pack(batch.segment, batch.offset));
             self.recent_start.store(start, Ordering::Release);
             self.recycle(oldest);

@@ -392,7 +392,8 @@ async fn a_commit_alone_makes_the_unstable_writes_before_it_survive_a_power_loss
     let top = client.root_nfs_fh3();
     let file = create(&mut client, &top, "a.txt").await;
     // The last update before the power loss is the COMMIT: the mirror's
-    // flush runs while the upstream syncs, and must have happened.
+    // flush, which now runs while the upstream syncs, must have happened
+    // before its reply. (This is the durability it owes, not when it ran.)
     for offset in [0, 8] {
         let unstable = WRITE3args {
             file: file.clone(),

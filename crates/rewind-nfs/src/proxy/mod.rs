@@ -55,15 +55,14 @@
 //!
 //! Updates take one lock per tree from the forward to the record, so the
 //! mirror applies them in the order the upstream did (two clients racing on
-//! one file would otherwise leave the mirror with the other outcome). Most
-//! share it, and take a stripe for each object they change: a WRITE or
-//! SETATTR its object's, a create its directory's, a REMOVE or RMDIR its
-//! directory's and the removed object's. Only RENAME and LINK, and the
-//! comparison with the upstream, hold it alone. Reads and COMMITs take no
-//! lock. The mirror's records reach
+//! one file would otherwise leave the mirror with the other outcome); one
+//! file's data updates share it with other files' and take a stripe of
+//! their own. Reads and COMMITs take no lock. The mirror's records reach
 //! its disk after the lock is released (the journal is one ordered log: a
 //! flush covers every record before it), so one update's disk write does
-//! not hold up every other's forward.
+//! not hold up every other's forward; a synchronous COMMIT's flush runs
+//! while the upstream syncs, between sending the call and reading its
+//! reply.
 //!
 //! # Asynchronous mode (UCDP-A)
 //!
@@ -87,7 +86,7 @@ use std::time::{Duration, Instant};
 
 use nfs3_types::nfs3::nfsstat3;
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use rewind_tree::{Caller, Handle, Mirror, MirrorStatus, Namespace, OpenTree, TreeError, ROOT_INODE};
+use rewind_tree::{Caller, Handle, Mirror, MirrorStatus, OpenTree, TreeError, ROOT_INODE};
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
@@ -183,16 +182,14 @@ struct Retry {
     pause: Duration,
 }
 
-/// Locks striping the order of updates by the objects they change.
+/// Locks striping the order of one file's data updates.
 const FILE_STRIPES: usize = 64;
 
 /// The order an update holds from its forward to its record.
 enum Turn<'a> {
-    /// The stripes of the objects the update changes, taken in the order
-    /// of their index (so that two updates never wait for each other).
-    Objects {
+    File {
         _order: RwLockReadGuard<'a, ()>,
-        _stripes: Vec<MutexGuard<'a, ()>>,
+        _file: MutexGuard<'a, ()>,
     },
     Namespace {
         _order: RwLockWriteGuard<'a, ()>,
@@ -210,8 +207,8 @@ pub struct Proxy {
     handles: Mutex<HandleMap>,
     /// Held from an update's forward to its record (or queueing), so the
     /// mirror applies updates in the upstream's order: shared by updates
-    /// that take the stripes of `files` of the objects they change,
-    /// exclusive for renames, links and comparisons.
+    /// of one file's data (with the file's stripe of `files`), exclusive for
+    /// namespace changes and comparisons.
     order: RwLock<()>,
     files: Vec<Mutex<()>>,
     recorder: Option<recorder::Recorder>,
@@ -453,34 +450,6 @@ impl Proxy {
         })
     }
 
-    /// The stripes of `inodes` (a new object's directory; a file whose
-    /// data or attributes change), locked in the order of their index.
-    fn stripes(&self, inodes: &[u64]) -> Vec<MutexGuard<'_, ()>> {
-        let mut indices: Vec<usize> = inodes.iter().map(|ino| (ino % FILE_STRIPES as u64) as usize).collect();
-        indices.sort_unstable();
-        indices.dedup();
-        indices.into_iter().map(|index| self.files[index].lock()).collect()
-    }
-
-    /// The turn of a REMOVE or RMDIR of `name` in `dir`: the stripes of the
-    /// directory and of what the name leads to in the mirror, whose link
-    /// count (and for a file the last link, its data) the update changes,
-    /// so that a WRITE racing with it is recorded in the upstream's order.
-    /// What the name leads to is looked up before the stripes are taken (to
-    /// take them in order) and again after: only a create or remove in
-    /// `dir`, which takes its stripe, can change it meanwhile.
-    fn removing(&self, dir: Handle, name: &[u8], author: &Caller) -> Turn<'_> {
-        let order = self.order.read();
-        let victim = || self.tree.tree.lookup(dir, name, author).ok().map(|found| found.handle.ino);
-        loop {
-            let before = victim();
-            let stripes = self.stripes(&[Some(dir.ino), before].into_iter().flatten().collect::<Vec<_>>());
-            if victim() == before {
-                return Turn::Objects { _order: order, _stripes: stripes };
-            }
-        }
-    }
-
     /// Forwards an update and records it once the upstream applied it.
     fn update(
         &self,
@@ -494,21 +463,15 @@ impl Proxy {
         if self.diverged.load(Ordering::Acquire) {
             self.catch_up();
         }
-        let author = Caller::acting_for(caller.uid, caller.address, caller.port);
-        // Updates of different objects commute; renames and links are
+        // Updates of different files' data commute; everything else is
         // ordered against everything.
         let turn = match &update {
             Update::Commit { .. } => Turn::Unordered,
-            Update::Write { .. }
-            | Update::SetAttr { .. }
-            | Update::Create { .. }
-            | Update::Mkdir { .. }
-            | Update::Symlink { .. }
-            | Update::Mknod { .. } => {
-                Turn::Objects { _order: self.order.read(), _stripes: self.stripes(&[targets[0].mirror.ino]) }
+            Update::Write { .. } | Update::SetAttr { .. } => {
+                let stripe = &self.files[(targets[0].mirror.ino % FILE_STRIPES as u64) as usize];
+                Turn::File { _order: self.order.read(), _file: stripe.lock() }
             }
-            Update::Remove { name, .. } => self.removing(targets[0].mirror, name, &author),
-            Update::Rename { .. } | Update::Link { .. } => Turn::Namespace { _order: self.order.write() },
+            _ => Turn::Namespace { _order: self.order.write() },
         };
         // A synchronous proxy's COMMIT makes the mirror durable while the
         // upstream syncs, not after: the writes it covers were recorded
@@ -531,6 +494,7 @@ impl Proxy {
             Some(name) => Some(self.made(&out[4..], &targets[0].upstream, name)?),
             None => None,
         };
+        let author = Caller::acting_for(caller.uid, caller.address, caller.port);
         let created = match &self.recorder {
             None => {
                 let created =
