@@ -472,11 +472,11 @@ fn random_writes_are_destaged_from_reads_of_the_journal_in_its_own_order() {
     // read block by block, destaging them took one read each once they had
     // left memory (4 KiB reads from the disk: random writes at queue depth
     // 32 came in faster than they were destaged, and waited for room in
-    // the overlay). 128 MiB, twice what the journal keeps in memory.
+    // the overlay). 128 MiB, twice what the journal keeps in memory here.
     const BLOCKS: u64 = 2048;
     const BIG: usize = 64 << 10;
     let storage = SimStorage::new(SimConfig::default(), 9);
-    let mut config = NodeConfig::default();
+    let mut config = NodeConfig { journal_memory_bytes: 64 << 20, ..NodeConfig::default() };
     config.volume.burst_quiet_nanos = 0;
     let node = Node::open(Arc::new(storage), config).unwrap();
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
