@@ -15,13 +15,17 @@
 //! against its CRC, stored as a chunk or, if all zeros, as a zero), and
 //! writes them as an archived run once the chunks are durable.
 //!
-//! The chunks of a batch go into packs in layers (`layered_order`): the
-//! first version of each block in the batch, in block order, then each
-//! one's second, and so on — not each block's versions side by side. A
-//! pass that covers a long stretch (a burst archived once it pauses) then
-//! lays history out as passes every few seconds would have: the state
-//! before the blocks written again in it lies together, and a view of it
-//! reads it in one sweep rather than every other record.
+//! The chunks of a batch go into packs in layers (`layered_order`), from
+//! the newest: the last version of each block in the batch, in block
+//! order, then each one's second to last, and so on — not each block's
+//! versions side by side. The first layer is the state at the batch's
+//! cutoff, which every view at a time after it reads (of the blocks not
+//! written again since): a view of any time between two passes, or of a
+//! bookmark taken after a burst, reads it in one sweep. Layering from the
+//! oldest instead, as before, scattered that state across as many layers
+//! as its blocks had versions (a view read at a third of the live read
+//! after random writes at QD 32); a pass covering a fill and then an
+//! overwrite of it still finds the fill together, in the second layer.
 //!
 //! A journal segment is deleted once recovery starts after it (the
 //! checkpoint) and its newest record is older than the cutoff (no index
@@ -156,19 +160,19 @@ impl JournalArchiver<'_> {
 
 /// The order in which to store `versions` (in key order: by block, then
 /// time) as indices into it: layer by layer, where a version's layer is how
-/// many versions of its block come before it in `versions`, and by block
+/// many versions of its block come after it in `versions`, and by block
 /// within a layer (see the module documentation).
 fn layered_order(versions: &[Version], order: &mut Vec<usize>) {
     let mut keyed: Vec<(u32, u32)> = Vec::with_capacity(versions.len());
     let mut layer = 0;
-    for (at, version) in versions.iter().enumerate() {
-        match at.checked_sub(1).map(|before| &versions[before]) {
-            Some(before) if before.block == version.block => {
-                assert!(before.timestamp < version.timestamp, "a block's versions in time order");
+    for (at, version) in versions.iter().enumerate().rev() {
+        match versions.get(at + 1) {
+            Some(after) if after.block == version.block => {
+                assert!(version.timestamp < after.timestamp, "a block's versions in time order");
                 layer += 1;
             }
-            Some(before) => {
-                assert!(before.block < version.block, "versions in block order");
+            Some(after) => {
+                assert!(version.block < after.block, "versions in block order");
                 layer = 0;
             }
             None => layer = 0,
@@ -388,4 +392,32 @@ fn exact_cutoff(thinning: &Thinning, cutoff: Timestamp, archived: Timestamp) -> 
         };
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rewind_types::BlockIndex;
+
+    fn version(block: u64, nanos: u64) -> Version {
+        Version {
+            block: BlockIndex(block),
+            timestamp: Timestamp::from_unix_nanos(nanos),
+            data: VersionData::Zero,
+            crc32c: 0,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_stored_newest_layer_first_each_layer_in_block_order() {
+        // Block 0 written three times, block 1 once, block 2 twice.
+        let versions = [version(0, 1), version(0, 5), version(0, 9), version(1, 2), version(2, 3), version(2, 7)];
+        let mut order = Vec::new();
+        layered_order(&versions, &mut order);
+        let stored: Vec<(u64, u64)> =
+            order.iter().map(|&at| (versions[at].block.0, versions[at].timestamp.unix_nanos())).collect();
+        // First the state after the batch, then what each block held before
+        // its last write, then before that.
+        assert_eq!(stored, [(0, 9), (1, 2), (2, 7), (0, 5), (2, 3), (0, 1)]);
+    }
 }
