@@ -4,7 +4,11 @@
 One Rewind server; per case a 1 GiB volume filled by 1 MiB sequential
 writes, then bookmarked `old`, then random 4 KiB overwrites of one block in
 eight, or of every block once, and the server's archiving let go quiet (the
-history a view of `old` needs is then in the chunk store). Per run, in
+history a view of `old` needs is then in the chunk store). In the third
+case, write jobs run between the fill and the bookmark (1 MiB sequential
+writes, 4 KiB random writes at QD 32, and at QD 1 synced every 8, each
+time-based) and are archived first: the state at `old` is then the last of
+several versions per block in each archive pass, spread over the passes. Per run, in
 alternating order, fio 1 MiB sequential reads (QD 4, time-based) of the live
 volume and of the view `vol@old` over NBD; view ÷ live.
 
@@ -19,8 +23,13 @@ from benchlib import api, environment, fio, remember_token, spread, start_server
 NBD, HTTP = 10997, 10998
 SIZE = 1 << 30
 READ = ["--rw=read", "--bs=1m", "--iodepth=4"]
-# What the overwrite covers, in eighths of the volume.
-CASES = {"one block in eight": 1, "every block": 8}
+# What the overwrite covers, in eighths of the volume, and whether write
+# jobs give the volume a history of many versions per block before `old`.
+CASES = {"one block in eight": (1, False), "every block": (8, False),
+         "every block, after write jobs": (8, True)}
+HISTORY_JOBS = [("seqwrite", ["--rw=write", "--bs=1m", "--iodepth=4"]),
+                ("randwrite", ["--rw=randwrite", "--bs=4k", "--iodepth=32"]),
+                ("randwrite-synced", ["--rw=randwrite", "--bs=4k", "--iodepth=1", "--fsync=8"])]
 
 
 def main():
@@ -35,11 +44,15 @@ def main():
         wait_port(NBD)
         http = f"127.0.0.1:{HTTP}"
         remember_token(http, data)
-        for case, eighths in CASES.items():
-            volume = f"vol{eighths}"
+        for number, (case, (eighths, history)) in enumerate(CASES.items()):
+            volume = f"vol{number}"
             api(http, "POST", "/v1/volumes", {"name": volume, "size_bytes": SIZE})
             live, view = f"nbd://127.0.0.1:{NBD}/{volume}", f"nbd://127.0.0.1:{NBD}/{volume}@old"
             fio(live, "fill", ["--rw=write", "--bs=1m", "--iodepth=4", "--end_fsync=1"], str(SIZE))
+            if history:
+                for name, job in HISTORY_JOBS:
+                    fio(live, name, job, str(SIZE), runtime=args.runtime)
+                wait_archived(http, volume)
             api(http, "POST", f"/v1/volumes/{volume}/bookmarks", {"name": "old"})
             fio(live, "overwrite", ["--rw=randwrite", "--bs=4k", "--iodepth=16", "--end_fsync=1"], str(SIZE),
                 extra=[f"--io_size={SIZE * eighths // 8}"])
@@ -61,7 +74,8 @@ def main():
         f"`python3 bench/views.py --runs {args.runs} --runtime {args.runtime}` — {env['date']}, commit "
         f"{env['commit']}, {env['cpu']}, {env['memory']}, {env['fio']}. A 1 GiB volume written sequentially, "
         "bookmarked `old`, then random 4 KiB overwrites of one block in eight or of every block once, archiving let "
-        "go quiet; fio "
+        "go quiet (in the last case, after write jobs archived before `old`: 1 MiB sequential writes, 4 KiB random "
+        f"writes at QD 32 and at QD 1 synced every 8, {args.runtime} s each); fio "
         f"1 MiB sequential reads (`{' '.join(READ)}`, {args.runtime} s) of the live volume and of `vol@old` over NBD, "
         "alternating. MiB/s (min / median / max).",
         "",
