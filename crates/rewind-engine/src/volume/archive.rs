@@ -23,9 +23,12 @@
 //! written again since): a view of any time between two passes, or of a
 //! bookmark taken after a burst, reads it in one sweep. Layering from the
 //! oldest instead, as before, scattered that state across as many layers
-//! as its blocks had versions (a view read at a third of the live read
-//! after random writes at QD 32); a pass covering a fill and then an
-//! overwrite of it still finds the fill together, in the second layer.
+//! as its blocks had versions (a view read at half the live read after
+//! random writes at QD 32). One exception: where a bookmark falls between
+//! a block's versions in the batch, the version it names goes first, and
+//! the rest follow from the newest, a layer down. A bookmark is the one
+//! sign of which past times will be read: a pass covering a fill, a
+//! bookmark and an overwrite then stores the bookmarked fill together.
 //!
 //! A journal segment is deleted once recovery starts after it (the
 //! checkpoint) and its newest record is older than the cutoff (no index
@@ -119,7 +122,9 @@ struct JournalArchiver<'a> {
     volume: &'a Volume,
     session: Option<ArchiveSession<'a>>,
     gather: JournalGather,
-    /// The order in which a batch's versions are stored (`layered_order`).
+    /// The volume's bookmarks' times, ascending, as the pass began, and the
+    /// order in which a batch's versions are stored (`layered_order`).
+    bookmarks: Vec<Timestamp>,
     order: Vec<usize>,
     /// The chunks the versions archived so far refer to.
     added: Vec<ChunkId>,
@@ -133,7 +138,7 @@ impl JournalArchiver<'_> {
     fn archive_versions(&mut self, versions: &mut [Version]) -> Result<(), EngineError> {
         let volume = self.volume;
         let block_bytes = volume.block_size().bytes() as usize;
-        layered_order(versions, &mut self.order);
+        layered_order(versions, &self.bookmarks, &mut self.order);
         for part in self.order.chunks(GATHER_BYTES_MAX / block_bytes) {
             if volume.passes_wanted.stopping() {
                 self.stopped = true;
@@ -159,25 +164,39 @@ impl JournalArchiver<'_> {
 }
 
 /// The order in which to store `versions` (in key order: by block, then
-/// time) as indices into it: layer by layer, where a version's layer is how
-/// many versions of its block come after it in `versions`, and by block
-/// within a layer (see the module documentation).
-fn layered_order(versions: &[Version], order: &mut Vec<usize>) {
+/// time) as indices into it: layer by layer, and by block within a layer
+/// (see the module documentation). A version's layer is how many versions
+/// of its block come after it in `versions` — but if one of the
+/// `bookmarks` (times, ascending) falls between the block's first and last
+/// version, the version the latest such bookmark names is in layer 0 and
+/// the others one layer further down.
+fn layered_order(versions: &[Version], bookmarks: &[Timestamp], order: &mut Vec<usize>) {
     let mut keyed: Vec<(u32, u32)> = Vec::with_capacity(versions.len());
-    let mut layer = 0;
-    for (at, version) in versions.iter().enumerate().rev() {
-        match versions.get(at + 1) {
-            Some(after) if after.block == version.block => {
-                assert!(version.timestamp < after.timestamp, "a block's versions in time order");
-                layer += 1;
-            }
-            Some(after) => {
-                assert!(version.block < after.block, "versions in block order");
-                layer = 0;
-            }
-            None => layer = 0,
+    let mut start = 0;
+    while start < versions.len() {
+        let block = versions[start].block;
+        let mut end = start + 1;
+        while end < versions.len() && versions[end].block == block {
+            assert!(versions[end - 1].timestamp < versions[end].timestamp, "a block's versions in time order");
+            end += 1;
         }
-        keyed.push((layer, at as u32));
+        assert!(end == versions.len() || block < versions[end].block, "versions in block order");
+        let run = &versions[start..end];
+        let (first, last) = (run[0].timestamp, run[run.len() - 1].timestamp);
+        let bookmarked = bookmarks[..bookmarks.partition_point(|&at| at < last)]
+            .last()
+            .filter(|&&at| at >= first)
+            .map(|&at| run.partition_point(|version| version.timestamp <= at) - 1);
+        for (index, at) in (start..end).enumerate() {
+            let after = (run.len() - 1 - index) as u32;
+            let layer = match bookmarked {
+                None => after,
+                Some(named) if named == index => 0,
+                Some(_) => after + 1,
+            };
+            keyed.push((layer, at as u32));
+        }
+        start = end;
     }
     keyed.sort_unstable();
     order.clear();
@@ -301,6 +320,7 @@ impl Volume {
             volume: self,
             session: Some(session),
             gather: JournalGather::default(),
+            bookmarks: self.bookmark_times(),
             order: Vec::new(),
             added: Vec::new(),
             error: None,
@@ -408,16 +428,26 @@ mod tests {
         }
     }
 
+    fn stored(versions: &[Version], bookmarks: &[u64]) -> Vec<(u64, u64)> {
+        let bookmarks: Vec<Timestamp> = bookmarks.iter().map(|&nanos| Timestamp::from_unix_nanos(nanos)).collect();
+        let mut order = Vec::new();
+        layered_order(versions, &bookmarks, &mut order);
+        order.iter().map(|&at| (versions[at].block.0, versions[at].timestamp.unix_nanos())).collect()
+    }
+
     #[test]
     fn a_batch_is_stored_newest_layer_first_each_layer_in_block_order() {
         // Block 0 written three times, block 1 once, block 2 twice.
         let versions = [version(0, 1), version(0, 5), version(0, 9), version(1, 2), version(2, 3), version(2, 7)];
-        let mut order = Vec::new();
-        layered_order(&versions, &mut order);
-        let stored: Vec<(u64, u64)> =
-            order.iter().map(|&at| (versions[at].block.0, versions[at].timestamp.unix_nanos())).collect();
         // First the state after the batch, then what each block held before
-        // its last write, then before that.
-        assert_eq!(stored, [(0, 9), (1, 2), (2, 7), (0, 5), (2, 3), (0, 1)]);
+        // its last write, then before that. Bookmarks outside every block's
+        // run of versions change nothing.
+        let newest_first = [(0, 9), (1, 2), (2, 7), (0, 5), (2, 3), (0, 1)];
+        assert_eq!(stored(&versions, &[]), newest_first);
+        assert_eq!(stored(&versions, &[0, 9, 20]), newest_first);
+        // A bookmark at 6 names (0, 5) and (2, 3): they go first, and the
+        // rest of their blocks' versions a layer down; a second bookmark
+        // before it in the same runs does not count.
+        assert_eq!(stored(&versions, &[4, 6]), [(0, 5), (1, 2), (2, 3), (0, 9), (2, 7), (0, 1)]);
     }
 }

@@ -19,6 +19,14 @@ impl Volume {
         self.history.bookmarks.lock().entries.clone()
     }
 
+    /// The bookmarks' times, ascending (an archive pass lays out the state
+    /// they name together: see `layered_order`).
+    pub(crate) fn bookmark_times(&self) -> Vec<Timestamp> {
+        let mut times: Vec<Timestamp> = self.history.bookmarks.lock().entries.iter().map(|b| b.timestamp).collect();
+        times.sort_unstable();
+        times
+    }
+
     /// Names a point in time, `at` or (when `None`) now — after every write
     /// acknowledged so far, which this makes durable first.
     pub fn create_bookmark(
