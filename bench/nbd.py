@@ -61,6 +61,26 @@ def nbdinfo_seconds(uri, repeat=15):
     return statistics.median(times)
 
 
+# Every write's history is kept for the whole run: the 2026-11-30 runs of
+# 10 s per job left 22-26 GiB of packs each, so about 2.5 GiB per second of
+# --runtime on a disk that takes 1 GB/s, held until the run's end. One run
+# that found 50 GB free ended with a full disk in its back-to-back writes.
+HISTORY_BYTES_PER_RUNTIME_SECOND = 4 << 30
+
+
+def check_free_space(args):
+    """Refuses to start a run the disk cannot hold, rather than fail in the
+    middle of it with write errors."""
+    directory = Path(args.dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    need = HISTORY_BYTES_PER_RUNTIME_SECOND * args.runtime + 3 * parse_size(args.size)
+    free = shutil.disk_usage(directory).free
+    if free < need:
+        sys.exit(f"{directory} has {free / 2**30:.0f} GiB free; a run of --runtime {args.runtime} keeps about "
+                 f"{need / 2**30:.0f} GiB of history and files until its end: free some, use a shorter "
+                 "--runtime, or --dir on a larger filesystem")
+
+
 def parse_size(text):
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
@@ -388,6 +408,7 @@ def main():
     for tool in ["fio", "nbdkit", "nbdinfo"]:
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing: apt-get install fio nbdkit libnbd-bin")
+    check_free_space(args)
     if not args.no_build:
         subprocess.run(["cargo", "build", "--release", "-p", "rewind-cli"], cwd=ROOT, check=True)
     args.core_binary = build_core(args.core) if args.core else None
