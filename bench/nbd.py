@@ -64,7 +64,8 @@ def nbdinfo_seconds(uri, repeat=15):
 # Every write's history is kept for the whole run: the 2026-11-30 runs of
 # 10 s per job left 22-26 GiB of packs each, so about 2.5 GiB per second of
 # --runtime on a disk that takes 1 GB/s, held until the run's end. One run
-# that found 50 GB free ended with a full disk in its back-to-back writes.
+# that found 50 GB free ended with a full disk in its back-to-back writes;
+# 4 GiB per second leaves room for a faster disk than that.
 HISTORY_BYTES_PER_RUNTIME_SECOND = 4 << 30
 
 
