@@ -15,19 +15,57 @@ pub mod meta;
 pub mod pack;
 pub mod tree;
 
+use std::sync::LazyLock;
+
 pub use bytes::{Reader, Writer};
+
+/// Which CRC-32C implementation checks a 4 KiB block fastest on this CPU
+/// (nearly every check is of one block, and there is one on every read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Crc32cEngine {
+    /// crc-fast's carry-less multiply, where it has AVX-512: 42.1 GB/s
+    /// against 18.8 for the other on 4 KiB blocks (an Intel Xeon, 54e58fb).
+    CarrylessAvx512,
+    /// The crc32c crate's loop of the CPU's CRC instruction, elsewhere:
+    /// there crc-fast falls back to a path whose set-up per call outweighs
+    /// a 4 KiB block (3.8 GB/s against 7.1 on an AMD EPYC without AVX-512,
+    /// where it was a fifth of a read's time on the server).
+    CrcInstruction,
+}
+
+static CRC32C_ENGINE: LazyLock<Crc32cEngine> =
+    LazyLock::new(|| match crc_fast::get_calculator_target(crc_fast::CrcAlgorithm::Crc32Iscsi).contains("avx512") {
+        true => Crc32cEngine::CarrylessAvx512,
+        false => Crc32cEngine::CrcInstruction,
+    });
 
 /// Computes the CRC-32C (Castagnoli) checksum used throughout the formats.
 pub fn crc32c(bytes: &[u8]) -> u32 {
-    crc_fast::crc32_iscsi(bytes)
+    crc32c_with(*CRC32C_ENGINE, bytes)
 }
 
 /// Continues a CRC-32C over further bytes.
 pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
-    // The digest's state is the register before the final inversion.
-    let mut digest = crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
-    digest.update(bytes);
-    digest.finalize() as u32
+    crc32c_append_with(*CRC32C_ENGINE, crc, bytes)
+}
+
+fn crc32c_with(engine: Crc32cEngine, bytes: &[u8]) -> u32 {
+    match engine {
+        Crc32cEngine::CarrylessAvx512 => crc_fast::crc32_iscsi(bytes),
+        Crc32cEngine::CrcInstruction => ::crc32c::crc32c(bytes),
+    }
+}
+
+fn crc32c_append_with(engine: Crc32cEngine, crc: u32, bytes: &[u8]) -> u32 {
+    match engine {
+        Crc32cEngine::CarrylessAvx512 => {
+            // The digest's state is the register before the final inversion.
+            let mut digest = crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
+            digest.update(bytes);
+            digest.finalize() as u32
+        }
+        Crc32cEngine::CrcInstruction => ::crc32c::crc32c_append(crc, bytes),
+    }
 }
 
 /// The CRC-32C of bytes `A` followed by `B`, from `crc_a` (of `A`), `crc_b`
@@ -120,21 +158,29 @@ pub fn verify_crc(what: &'static str, stored: u32, computed: u32) -> Result<(), 
 
 #[cfg(test)]
 mod tests {
-    use super::{crc32c, crc32c_append, crc32c_combine};
+    use super::{crc32c, crc32c_append, crc32c_append_with, crc32c_combine, crc32c_with, Crc32cEngine};
 
-    /// Every checksum already on disk was computed by another implementation
-    /// (the `crc32c` crate before this one): the check value of the
-    /// CRC-32C catalogue, and appending in any split agrees with the whole.
+    /// Checksums on disk were computed by either implementation, as the
+    /// machine chose (a volume moves between machines): each gives the
+    /// check value of the CRC-32C catalogue, and appending in any split
+    /// agrees with the whole and with the other, whichever this machine
+    /// uses.
     #[test]
-    fn crc32c_is_the_castagnoli_checksum_in_any_split() {
-        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
-        assert_eq!(crc32c(b""), 0);
-        assert_eq!(crc32c(&[0u8; 32]), 0x8a91_36aa);
+    fn crc32c_is_the_castagnoli_checksum_in_any_split_by_either_engine() {
         let bytes: Vec<u8> = (0..20_000u32).map(|index| (index.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         let whole = crc32c(&bytes);
-        for split in [0, 1, 7, 8, 63, 64, 4096, 9_999, 20_000] {
-            let (head, tail) = bytes.split_at(split);
-            assert_eq!(crc32c_append(crc32c(head), tail), whole, "split at {split}");
+        for engine in [Crc32cEngine::CarrylessAvx512, Crc32cEngine::CrcInstruction] {
+            assert_eq!(crc32c_with(engine, b"123456789"), 0xe306_9283, "{engine:?}");
+            assert_eq!(crc32c_with(engine, b""), 0, "{engine:?}");
+            assert_eq!(crc32c_with(engine, &[0u8; 32]), 0x8a91_36aa, "{engine:?}");
+            for length in [1, 15, 16, 64, 4095, 4096, 4160, 20_000] {
+                assert_eq!(crc32c_with(engine, &bytes[..length]), crc32c(&bytes[..length]), "{engine:?}, {length}");
+            }
+            for split in [0, 1, 7, 8, 63, 64, 4096, 9_999, 20_000] {
+                let (head, tail) = bytes.split_at(split);
+                assert_eq!(crc32c_append_with(engine, crc32c(head), tail), whole, "{engine:?}, split at {split}");
+                assert_eq!(crc32c_append(crc32c(head), tail), whole, "split at {split}");
+            }
         }
     }
 
