@@ -241,3 +241,36 @@ fn a_pack_is_never_overwritten() {
     assert!(!error.is_transient());
     assert_eq!(std::fs::read(&path).unwrap(), before, "the sealed pack is unchanged");
 }
+
+/// Each reading thread keeps one zstd context for every frame it
+/// decompresses: a frame that fails leaves nothing behind that changes the
+/// next. The fixture's compressed chunk is decoded with its frame damaged
+/// (and its record's CRC made to match, so the damage reaches zstd), then
+/// as it is, on the same thread, twice over.
+#[test]
+fn a_frame_that_fails_to_decompress_leaves_the_next_one_whole() {
+    let (_dir, reader) = open_fixture("sealed.pack");
+    let reader = reader.unwrap();
+    let text = &fixture_chunks()[0];
+    let entry = reader.footer().unwrap()[0];
+    let location = reader.location(&entry);
+    let sealed = std::fs::read(fixtures_dir().join("sealed.pack")).unwrap();
+    let record = &sealed[location.offset as usize..][..56 + entry.stored_bytes as usize];
+    assert_eq!(RecordHeader::decode_record(record).unwrap().0.codec, Codec::Zstd);
+    let mut damaged = record.to_vec();
+    for byte in &mut damaged[56 + 4..] {
+        *byte ^= 0x5a;
+    }
+    let crc = rewind_format::crc32c_append(rewind_format::crc32c(&damaged[..48]), &damaged[56..]);
+    damaged[48..52].copy_from_slice(&crc.to_le_bytes());
+    for round in 0..2 {
+        let mut out = vec![0; 4096];
+        let failed = reader.decode(location, &entry.hash, &damaged, &mut out, Check::Hash);
+        let reached_zstd =
+            matches!(&failed, Err(error @ ChunkError::Corrupt { .. }) if error.to_string().contains("zstd"));
+        assert!(reached_zstd, "round {round}: {failed:?}");
+        let mut out = vec![0; 4096];
+        assert_eq!(reader.decode(location, &entry.hash, record, &mut out, Check::Hash).unwrap(), Codec::Zstd);
+        assert!(&out == text, "round {round}: the whole frame after a damaged one");
+    }
+}

@@ -147,6 +147,37 @@ impl<'a> Page<'a> {
         }
         low
     }
+
+    /// [`Page::count_le`] for a caller that knows the first `at_least`
+    /// entries are `<= key` (it looked up a smaller key in this page
+    /// before): gallops forward from there, so a lookup of each of many
+    /// neighbouring blocks in turn costs a few comparisons, not a search of
+    /// the page each.
+    pub fn count_le_from(&self, key: Key, at_least: usize) -> usize {
+        assert!(at_least <= self.count);
+        assert!(at_least == 0 || self.key(at_least - 1) <= key, "the entries before the start are <= the key");
+        let (mut low, mut step) = (at_least, 1);
+        let mut high = loop {
+            let probe = low + step - 1;
+            if probe >= self.count {
+                break self.count;
+            }
+            if self.key(probe) > key {
+                break probe;
+            }
+            low = probe + 1;
+            step *= 2;
+        };
+        while low < high {
+            let middle = (low + high) / 2;
+            if self.key(middle) <= key {
+                low = middle + 1;
+            } else {
+                high = middle;
+            }
+        }
+        low
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -270,6 +301,12 @@ mod tests {
         assert_eq!(view.count_le((3, 6)), 7);
         assert_eq!(view.count_le((0, 0)), 1);
         assert_eq!(view.count_le((100, 0)), ENTRIES_PER_PAGE);
+        for key in [(0, 0), (0, 1), (3, 6), (3, 7), (30, 60), (62, 0), (63, 126), (100, 0)] {
+            let count = view.count_le(key);
+            for start in 0..=count {
+                assert_eq!(view.count_le_from(key, start), count, "key {key:?} from {start}");
+            }
+        }
         assert!(Page::verify(&page, 6).is_err(), "misplaced page");
         page[100] ^= 4;
         assert!(matches!(Page::verify(&page, 5), Err(FormatError::Checksum { .. })));

@@ -118,26 +118,38 @@ impl Run {
     }
 
     /// For each `blocks[i]` whose `found[i]` is still `None`, the newest
-    /// version of it at or before `at` in this run. `blocks` ascend, so
-    /// neighbours usually share a page: it is looked up once, not per block.
+    /// version of it at or before `at` in this run. Where `blocks` ascend
+    /// (a read's do), neighbours usually share a page: it is looked up once,
+    /// not per block, and searched on from where the block before was found.
     pub fn find_le_many(&self, blocks: &[u64], at: Timestamp, found: &mut [Option<Version>]) -> Result<(), IndexError> {
-        let mut current: Option<(usize, PageBytes)> = None;
+        /// The page in hand, and the last key looked up in it with how many
+        /// of its entries are `<=` that key.
+        struct InHand {
+            number: usize,
+            bytes: PageBytes,
+            last: Option<(Key, usize)>,
+        }
+        let mut current: Option<InHand> = None;
         for (&block, slot) in blocks.iter().zip(found.iter_mut()) {
             if slot.is_some() {
                 continue;
             }
             let key = (block, at.unix_nanos());
-            let in_current = current.as_ref().is_some_and(|(number, _)| {
+            let in_current = current.as_ref().is_some_and(|InHand { number, .. }| {
                 self.fence[*number] <= key && self.fence.get(number + 1).is_none_or(|&next| key < next)
             });
             if !in_current {
                 let pages_le = self.fence.partition_point(|&first| first <= key);
                 let Some(number) = pages_le.checked_sub(1) else { continue };
-                current = Some((number, self.page(number as u64)?));
+                current = Some(InHand { number, bytes: self.page(number as u64)?, last: None });
             }
-            let (_, bytes) = current.as_ref().expect("set above");
-            let page = Page::assume_verified(bytes);
-            let count = page.count_le(key);
+            let in_hand = current.as_mut().expect("set above");
+            let page = Page::assume_verified(&in_hand.bytes);
+            let count = match in_hand.last {
+                Some((last, count)) if last <= key => page.count_le_from(key, count),
+                _ => page.count_le(key),
+            };
+            in_hand.last = Some((key, count));
             assert!(count > 0, "the fence key of this page is <= key");
             if page.key(count - 1).0 == block {
                 *slot = Some(page.entry(count - 1).map_err(IndexError::corrupt(&self.path))?);
