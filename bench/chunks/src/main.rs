@@ -15,11 +15,14 @@
 //! - `lineage`: clone and revert-in-place time against volume size and
 //!   history length (flat: metadata only).
 //! - `compress`: the compressor's time per chunk, beside zstd alone.
+//! - `crc`: CRC-32C's speed by each implementation, and which one this
+//!   machine chose.
 //!
 //! Each prints a table on stderr and, with `--json`, one JSON object per
 //! measurement on stdout.
 
 mod compress;
+mod crc;
 mod history;
 mod lineage;
 mod space;
@@ -56,6 +59,8 @@ enum Command {
     Lineage(lineage::LineageArgs),
     /// The compressor's time per chunk, beside zstd alone.
     Compress(compress::CompressArgs),
+    /// CRC-32C's speed by each implementation, and the one this machine chose.
+    Crc(crc::CrcArgs),
 }
 
 /// Prints a line of the human report.
@@ -86,5 +91,6 @@ fn main() -> anyhow::Result<()> {
         Command::Space(space) => space::run(&args.dir, &space, args.json),
         Command::Lineage(lineage) => lineage::run(&args.dir, &lineage, args.json),
         Command::Compress(compress) => compress::run(&compress, args.json),
+        Command::Crc(crc) => crc::run(&crc, args.json),
     }
 }

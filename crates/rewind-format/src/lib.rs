@@ -22,20 +22,22 @@ pub use bytes::{Reader, Writer};
 /// Which CRC-32C implementation checks a 4 KiB block fastest on this CPU
 /// (nearly every check is of one block, and there is one on every read).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Crc32cEngine {
-    /// crc-fast's carry-less multiply, where it has AVX-512: 42.1 GB/s
-    /// against 18.8 for the other on 4 KiB blocks (an Intel Xeon, 54e58fb).
-    CarrylessAvx512,
-    /// The crc32c crate's loop of the CPU's CRC instruction, elsewhere:
-    /// there crc-fast falls back to a path whose set-up per call outweighs
-    /// a 4 KiB block (3.8 GB/s against 7.1 on an AMD EPYC without AVX-512,
-    /// where it was a fifth of a read's time on the server).
+pub enum Crc32cEngine {
+    /// crc-fast's carry-less multiply: chosen where the CPU has AVX-512,
+    /// 42.1 GB/s against 18.8 for the other on 4 KiB blocks (an Intel Xeon,
+    /// 54e58fb).
+    Carryless,
+    /// The crc32c crate's loop of the CPU's CRC instruction: chosen
+    /// elsewhere, where crc-fast falls back to a path that is slow on short
+    /// inputs (on an AMD EPYC without AVX-512: 3.8 GB/s on 4 KiB blocks, 8.5
+    /// on 64 KiB, against 7.1 and 9.0; its checks were a fifth of the
+    /// server's time in a read there). `chunk-bench crc` measures both.
     CrcInstruction,
 }
 
 static CRC32C_ENGINE: LazyLock<Crc32cEngine> =
     LazyLock::new(|| match crc_fast::get_calculator_target(crc_fast::CrcAlgorithm::Crc32Iscsi).contains("avx512") {
-        true => Crc32cEngine::CarrylessAvx512,
+        true => Crc32cEngine::Carryless,
         false => Crc32cEngine::CrcInstruction,
     });
 
@@ -49,16 +51,22 @@ pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
     crc32c_append_with(*CRC32C_ENGINE, crc, bytes)
 }
 
-fn crc32c_with(engine: Crc32cEngine, bytes: &[u8]) -> u32 {
+/// The implementation this machine checks with.
+pub fn crc32c_engine() -> Crc32cEngine {
+    *CRC32C_ENGINE
+}
+
+/// [`crc32c`] by a given implementation (`chunk-bench crc` times each).
+pub fn crc32c_with(engine: Crc32cEngine, bytes: &[u8]) -> u32 {
     match engine {
-        Crc32cEngine::CarrylessAvx512 => crc_fast::crc32_iscsi(bytes),
+        Crc32cEngine::Carryless => crc_fast::crc32_iscsi(bytes),
         Crc32cEngine::CrcInstruction => ::crc32c::crc32c(bytes),
     }
 }
 
 fn crc32c_append_with(engine: Crc32cEngine, crc: u32, bytes: &[u8]) -> u32 {
     match engine {
-        Crc32cEngine::CarrylessAvx512 => {
+        Crc32cEngine::Carryless => {
             // The digest's state is the register before the final inversion.
             let mut digest = crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
             digest.update(bytes);
@@ -169,7 +177,7 @@ mod tests {
     fn crc32c_is_the_castagnoli_checksum_in_any_split_by_either_engine() {
         let bytes: Vec<u8> = (0..20_000u32).map(|index| (index.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         let whole = crc32c(&bytes);
-        for engine in [Crc32cEngine::CarrylessAvx512, Crc32cEngine::CrcInstruction] {
+        for engine in [Crc32cEngine::Carryless, Crc32cEngine::CrcInstruction] {
             assert_eq!(crc32c_with(engine, b"123456789"), 0xe306_9283, "{engine:?}");
             assert_eq!(crc32c_with(engine, b""), 0, "{engine:?}");
             assert_eq!(crc32c_with(engine, &[0u8; 32]), 0x8a91_36aa, "{engine:?}");
