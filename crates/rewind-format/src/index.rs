@@ -136,16 +136,7 @@ impl<'a> Page<'a> {
 
     /// Number of entries with key `<= key` (entries are sorted).
     pub fn count_le(&self, key: Key) -> usize {
-        let (mut low, mut high) = (0, self.count);
-        while low < high {
-            let middle = (low + high) / 2;
-            if self.key(middle) <= key {
-                low = middle + 1;
-            } else {
-                high = middle;
-            }
-        }
-        low
+        self.count_le_between(key, 0, self.count)
     }
 
     /// [`Page::count_le`] for a caller that knows the first `at_least`
@@ -157,7 +148,7 @@ impl<'a> Page<'a> {
         assert!(at_least <= self.count);
         assert!(at_least == 0 || self.key(at_least - 1) <= key, "the entries before the start are <= the key");
         let (mut low, mut step) = (at_least, 1);
-        let mut high = loop {
+        let high = loop {
             let probe = low + step - 1;
             if probe >= self.count {
                 break self.count;
@@ -168,6 +159,12 @@ impl<'a> Page<'a> {
             low = probe + 1;
             step *= 2;
         };
+        self.count_le_between(key, low, high)
+    }
+
+    /// The binary search of both: entries before `low` are `<= key`, those
+    /// from `high` on are not.
+    fn count_le_between(&self, key: Key, mut low: usize, mut high: usize) -> usize {
         while low < high {
             let middle = (low + high) / 2;
             if self.key(middle) <= key {
