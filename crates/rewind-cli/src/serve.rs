@@ -340,8 +340,10 @@ pub struct ServeArgs {
     /// Reads keep archiving waiting too (a pass under way pauses), up to
     /// this long after the last write, while the disk has room above twice
     /// the reserve for the history all volumes have waiting: a read job
-    /// right after a burst of writes keeps the cores. Destaging and checkpoints do not wait for reads; 0s: nothing
-    /// does.
+    /// right after a burst of writes keeps the cores. In the journaled
+    /// layout small reads (under 64 KiB on average) keep destaging and
+    /// checkpoints waiting too (a pass stops between parts); 0s: nothing
+    /// waits for reads.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     burst_reads: Duration,
     /// Tier history's packs to S3-compatible object storage: `s3://BUCKET/PREFIX`.

@@ -2,7 +2,8 @@
 //! written, its destaging, archiving and checkpoints wait, each within a
 //! budget, so the burst reaches the disk once at the journal's speed; the
 //! second copies follow once the writes pause. Reads right after the burst
-//! keep archiving waiting too (a pass under way pauses), for a while.
+//! keep archiving waiting too (a pass under way pauses), for a while, and
+//! in the journaled layout small ones keep destaging waiting as well.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -255,20 +256,18 @@ fn reads_right_after_a_burst_keep_archiving_waiting_while_the_disk_has_room() {
     };
 
     // 10 blocks written by millisecond 10, then read every 200 ms: past the
-    // burst of writes, the reads keep archiving waiting, not destaging.
+    // burst of writes, the reads keep archiving waiting (and, small,
+    // destaging: see the test below).
     write_blocks(&volume, at, 0..10);
     work(5);
     for millis in (200..=1_800).step_by(200) {
         read();
         let stats = work(millis);
         assert_eq!(stats.versions_archived, 0, "at {millis} ms: {stats:?}");
-        if millis >= 400 {
-            assert_eq!(stats.versions_pending_destage, 0, "destaged once the writes paused: {stats:?}");
-        }
     }
     // Reads stop: a quiet 250 ms later archiving catches up.
     let stats = work(1_800 + 260);
-    assert_eq!(stats.versions_archived, 10, "{stats:?}");
+    assert_eq!((stats.versions_archived, stats.versions_pending_destage), (10, 0), "{stats:?}");
 
     // Reads that go on past `burst_reads_nanos` after the last write keep
     // it waiting no longer.
@@ -297,6 +296,69 @@ fn reads_right_after_a_burst_keep_archiving_waiting_while_the_disk_has_room() {
     room_for(12);
     read();
     assert_eq!(work(6_600).versions_archived, 30, "archived although read");
+}
+
+#[test]
+fn small_reads_right_after_a_burst_keep_destaging_and_checkpoints_waiting_and_large_ones_do_not() {
+    let mut config = NodeConfig::default();
+    config.volume.burst_quiet_nanos = 250 * MILLI;
+    config.volume.burst_reads_nanos = 2_000 * MILLI;
+    // A checkpoint in the first burst, then one due by time after the
+    // second, which destages the blocks the first left behind.
+    config.volume.checkpoint_journal_bytes = 16 * BLOCK as u64;
+    config.volume.checkpoint_interval_nanos = 500 * MILLI;
+    let node = Node::open(Arc::new(SimStorage::new(SimConfig::default(), 9)), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    assert_eq!(volume.layout(), Layout::Journaled, "the layout whose overlay absorbs overwrites");
+    let at = |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
+    let work = |millis: u64| {
+        node.maintain(at(millis)).unwrap();
+        volume.stats().unwrap()
+    };
+    let read = |blocks: usize| {
+        let mut data = vec![0; blocks * BLOCK];
+        volume.read(0, &mut data).unwrap();
+        assert!(data.chunks(BLOCK).enumerate().all(|(block, data)| data[0] == block as u8 + 1), "read back");
+    };
+
+    // 16 blocks by millisecond 15: a checkpoint (a journal's worth) leaves
+    // them behind; 8 more by millisecond 123.
+    write_blocks(&volume, at, 0..16);
+    let stats = work(20);
+    let checkpoints = stats.checkpoints;
+    assert_eq!((checkpoints, stats.versions_pending_destage), (1, 16), "{stats:?}");
+    write_blocks(&volume, |block| at(100 + block), 16..24);
+    // Then a 4 KiB read every 100 ms: the bursts' blocks stay in the
+    // overlay, and the checkpoint due from millisecond 520 waits.
+    for millis in (400..=1_500).step_by(100) {
+        read(1);
+        let stats = work(millis);
+        assert_eq!(stats.versions_pending_destage, 24, "at {millis} ms: {stats:?}");
+        assert_eq!(stats.checkpoints, checkpoints, "at {millis} ms: {stats:?}");
+    }
+    // The reads stop: 250 ms later both go on.
+    let stats = work(1_500 + 260);
+    assert_eq!(stats.versions_pending_destage, 0, "{stats:?}");
+    assert_eq!(stats.checkpoints, checkpoints + 1, "{stats:?}");
+
+    // A burst again, read 128 KiB at a time: the reads need the
+    // volume in block order, and destaging goes on beside them.
+    write_blocks(&volume, |block| at(3_000 + block), 0..32);
+    assert_eq!(work(3_040).versions_pending_destage, 32);
+    read(32);
+    let stats = work(3_300);
+    assert_eq!(stats.versions_pending_destage, 0, "{stats:?}");
+    assert_eq!(stats.destage_stops, 0, "no pass stopped part-way: {stats:?}");
+
+    // Small reads that go on past `burst_reads_nanos` after the last write
+    // keep it waiting no longer.
+    write_blocks(&volume, |block| at(5_000 + block), 0..32);
+    read(1);
+    assert_eq!(work(5_300).versions_pending_destage, 32);
+    read(1);
+    assert_eq!(work(7_100).versions_pending_destage, 0);
 }
 
 /// The archive pass `archive` starts on its own thread, and the channel that
@@ -559,9 +621,12 @@ fn overwrites_in_a_burst_are_absorbed_in_the_overlay_and_every_version_still_rea
     volume.read(0, &mut image).unwrap();
     assert!(image.iter().all(|&byte| byte == 12), "the present is round 11");
 
-    // Once the burst pauses, each block is destaged once more: round 11.
+    // Once the burst pauses, and the small reads just made with it, each
+    // block is destaged once more: round 11.
     volume.flush().unwrap();
     node.maintain(at(11, BLOCKS).saturating_add_nanos(300 * MILLI)).unwrap();
+    assert_eq!(volume.stats().unwrap().versions_pending_destage, 2 * BLOCKS, "the reads keep it waiting");
+    node.maintain(at(11, BLOCKS).saturating_add_nanos(560 * MILLI)).unwrap();
     assert_eq!(volume.stats().unwrap().versions_pending_destage, 0);
     assert!(current_bytes() - destaged_once < 2 * BLOCKS * BLOCK as u64, "one write per block, not one per version");
     volume.read(0, &mut image).unwrap();

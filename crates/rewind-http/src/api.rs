@@ -373,6 +373,10 @@ pub struct Stats {
     pub archive_passes: u64,
     #[serde(default)]
     pub archive_pauses: u64,
+    /// Destage passes stopped part-way for small reads right after a
+    /// burst of writes, to go on once they pause (`--burst-reads`).
+    #[serde(default)]
+    pub destage_stops: u64,
     /// The archive pass under way: the versions it merges (0: none under
     /// way) and how many it has been through. Those it archives leave
     /// `versions_in_journal` only as it ends.
@@ -417,6 +421,7 @@ impl From<VolumeStats> for Stats {
                 .map_or(0, |copy| copy.blocks_total.saturating_sub(copy.blocks_done)),
             archive_passes: stats.archive_passes,
             archive_pauses: stats.archive_pauses,
+            destage_stops: stats.destage_stops,
             versions_archiving: stats.archive_progress.map_or(0, |(_, total)| total),
             versions_archiving_done: stats.archive_progress.map_or(0, |(done, _)| done),
         }

@@ -169,6 +169,34 @@ impl Volume {
         self.destage_locked(&mut self.destage_lock(), leaving)
     }
 
+    /// Where the overlay absorbs overwrites, a pass after a burst (see
+    /// `Volume::maintain`): the blocks not rewritten since `cut` (every
+    /// durable one without it), a part at a time, stopping between parts
+    /// once small reads follow the burst (`reads_hold_destaging`, at `now`
+    /// with the reads seen since). Returns whether it took them all; the
+    /// next pass goes on from where it stopped.
+    pub(super) fn destage_unless_read(&self, cut: Option<Lsn>, now: Timestamp) -> Result<bool, EngineError> {
+        assert!(self.rules().overlay_absorbs_overwrites(), "only an absorbing overlay is destaged from its front");
+        let mut destage = self.destage_lock();
+        let lsn_durable = self.journal.lsn_durable();
+        let cut = cut.map_or(lsn_durable, |cut| cut.min(lsn_durable));
+        let count = GATHER_BYTES_MAX / self.meta.block_size.bytes() as usize;
+        for part in 0.. {
+            // No pass is under way: the destage lock is held.
+            if !self.write.lock().overlay.holds_through(cut) {
+                return Ok(true);
+            }
+            if self.reads_hold_destaging(now) {
+                if part > 0 {
+                    self.counters.destage_stops.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(false);
+            }
+            self.destage_locked(&mut destage, Leaving::NotRewrittenSince { cut, count })?;
+        }
+        unreachable!("a pass ends")
+    }
+
     fn destage_locked(&self, destage: &mut DestageState, leaving: Leaving) -> Result<(), EngineError> {
         let (lsn_durable, _) = self.journal.durable_point();
         if self.current.is_none() {
@@ -225,7 +253,7 @@ impl Volume {
     ) -> Result<Option<Lsn>, EngineError> {
         let (bound, mut left) = match leaving {
             Leaving::Durable => (lsn_durable, usize::MAX),
-            Leaving::NotRewrittenSince(cut) => (cut.min(lsn_durable), usize::MAX),
+            Leaving::NotRewrittenSince { cut, count } => (cut.min(lsn_durable), count),
             Leaving::Oldest(count) => (lsn_durable, count),
             Leaving::LetGo => unreachable!("a controller cache decides what it absorbs"),
         };

@@ -227,6 +227,9 @@ pub struct VolumeStats {
     /// Times an archive pass paused while the volume was read right after a
     /// burst of writes (see `VolumeConfig::burst_reads_nanos`).
     pub archive_pauses: u64,
+    /// Destage passes stopped part-way for small reads right after a
+    /// burst of writes (see `Volume::destage_unless_read`).
+    pub destage_stops: u64,
     /// Journal bytes given back since the volume was opened.
     pub journal_bytes_reclaimed: u64,
     pub journal_bytes: u64,
@@ -569,6 +572,7 @@ impl Volume {
             archive_passes: counter(&counters.archive_passes),
             archive_progress: self.index.archive_progress(),
             archive_pauses: counter(&counters.archive_pauses),
+            destage_stops: counter(&counters.destage_stops),
             journal_bytes_reclaimed: counter(&counters.journal_bytes_reclaimed),
             journal_bytes: self.journal.size_bytes()?,
             journal_bytes_reclaimable: self.journal.reclaimable_bytes(self.index.archived_before())?,

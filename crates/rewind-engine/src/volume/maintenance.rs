@@ -27,6 +27,11 @@ pub(crate) struct MaintenanceState {
     cut_next: Checkpoint,
 }
 
+/// Reads of less than this on average are small (see
+/// `Volume::reads_hold_destaging`): a random 4 KiB read, not the 256 KiB
+/// to 2 MiB a sequential copy asks for at a time.
+const SMALL_READ_BYTES: u64 = 64 << 10;
+
 /// When the slow work on history last ran.
 pub(crate) struct HistoryWork {
     pub archive_last: Timestamp,
@@ -108,14 +113,16 @@ impl Volume {
         let in_burst = self.in_burst(now);
         let overlay_versions = self.overlay_versions.load(Ordering::Relaxed);
         let destage_waits = in_burst && overlay_versions < self.config.overlay_versions_max / 2;
+        let leaves_hot_set = self.rules().overlay_absorbs_overwrites();
         if overlay_versions > 0 && merge_due && !destage_waits {
             let before = self.overlay_versions.load(Ordering::Relaxed);
-            let leaving = match (self.rules().has_controller_cache(), in_burst) {
-                (true, _) => Leaving::LetGo,
-                (false, true) => self.leaving_while_written(super::destage::BURST_SLICE_SHARE),
-                (false, false) => Leaving::Durable,
-            };
-            self.destage(leaving)?;
+            match (self.rules().has_controller_cache(), in_burst) {
+                (true, _) => self.destage(Leaving::LetGo)?,
+                (false, true) => self.destage(self.leaving_while_written(super::destage::BURST_SLICE_SHARE))?,
+                // What a burst left, unless small reads come (and then later).
+                (false, false) if leaves_hot_set => _ = self.destage_unless_read(None, now)?,
+                (false, false) => self.destage(Leaving::Durable)?,
+            }
             maintenance.merged_at = now;
             worked |= self.overlay_versions.load(Ordering::Relaxed) < before;
         }
@@ -133,7 +140,6 @@ impl Volume {
         // the last one behind, so it need not wait for a burst, and
         // recovery replays at most twice `checkpoint_journal_bytes` of
         // journal, as after a burst elsewhere.
-        let leaves_hot_set = self.rules().overlay_absorbs_overwrites();
         let journal_since = journal_bytes - maintenance.checkpoint_journal_bytes;
         let due = if in_burst && !leaves_hot_set {
             journal_since >= 2 * self.config.checkpoint_journal_bytes
@@ -141,7 +147,16 @@ impl Volume {
             (since >= self.config.checkpoint_interval_nanos && merge_due)
                 || journal_since >= self.config.checkpoint_journal_bytes
         };
-        if lsn_last > maintenance.checkpoint_lsn && due {
+        // Where it leaves a hot set, what the checkpoint destages goes first,
+        // a part at a time, so that small reads right after a burst stop it
+        // (`destage_unless_read`): one that became due between a burst's
+        // last write and the reads' first took their speed for as long as
+        // it lasted (BENCHMARKS.md). It is taken once nothing is left
+        // before its cut.
+        if lsn_last > maintenance.checkpoint_lsn
+            && due
+            && (!leaves_hot_set || self.destage_unless_read(Some(maintenance.cut_next.lsn), now)?)
+        {
             drop(maintenance);
             self.checkpoint_leaving(now, leaves_hot_set)?;
             let replay_segment = self.maintenance.lock().replay_segment;
@@ -195,6 +210,24 @@ impl Volume {
         reading && since_write >= quiet && since_write < self.config.burst_reads_nanos
     }
 
+    /// Whether reads right after a burst keep destaging waiting, where the
+    /// overlay absorbs overwrites: while they are small (the reads seen
+    /// last took less than `SMALL_READ_BYTES` each). A small read costs the
+    /// same from the journal as from the current store, so destaging does
+    /// nothing for it and takes a core and the disk from it (random reads
+    /// right after the write jobs ran at 0.64 of rested while a checkpoint
+    /// destaged what the burst left, 0.90 held: BENCHMARKS.md). Large reads
+    /// let it go on: a copy of blocks a random burst scattered through the
+    /// journal reads them at a third of its rested speed, destaged beside
+    /// it or not (0.32 and 0.35 in 10 s), and only once they are back in
+    /// block order in the current store at full speed, so a long one wants
+    /// them there soon. The overlay does not grow meanwhile: a write ends it.
+    pub(crate) fn reads_hold_destaging(&self, now: Timestamp) -> bool {
+        self.rules().overlay_absorbs_overwrites()
+            && self.reads_after_burst(now)
+            && self.reads_small.load(Ordering::Relaxed)
+    }
+
     /// Whether reads right after a burst keep archiving waiting: while the
     /// passes of all the history the node has waiting fit the disk's free
     /// space above twice the reserve (`SpaceGauge::history_waiting_fits_room`).
@@ -220,11 +253,17 @@ impl Volume {
 
     /// When the volume was last seen read (unix nanoseconds; 0: not since
     /// its last write). Reads are seen by their count moving between calls,
-    /// which maintenance makes on every pass.
+    /// which maintenance makes on every pass; and whether those seen last
+    /// were small, by the bytes they read (`reads_hold_destaging`).
     fn note_reads(&self, now: Timestamp) -> u64 {
         let reads = self.counters.reads.load(Ordering::Relaxed);
-        if self.reads_seen.swap(reads, Ordering::Relaxed) != reads {
+        let read_bytes = self.counters.read_bytes.load(Ordering::Relaxed);
+        let reads_new = reads.wrapping_sub(self.reads_seen.swap(reads, Ordering::Relaxed));
+        let bytes_new = read_bytes.wrapping_sub(self.read_bytes_seen.swap(read_bytes, Ordering::Relaxed));
+        if reads_new != 0 {
             self.read_at_nanos.fetch_max(now.unix_nanos(), Ordering::Relaxed);
+            // Two looks may interleave their swaps: a rough average is enough.
+            self.reads_small.store(bytes_new < reads_new.saturating_mul(SMALL_READ_BYTES), Ordering::Relaxed);
         }
         self.read_at_nanos.load(Ordering::Relaxed)
     }
@@ -370,7 +409,10 @@ impl Volume {
         let lsn = point.lsn;
         let derived_durable = (|| {
             self.journal.commit()?;
-            self.destage(if hot_set { Leaving::NotRewrittenSince(cut.lsn) } else { Leaving::Durable })?;
+            self.destage(match hot_set {
+                true => Leaving::NotRewrittenSince { cut: cut.lsn, count: usize::MAX },
+                false => Leaving::Durable,
+            })?;
             self.persist_index(lsn)?;
             if !self.rules().history_at_destage() {
                 // Records after the last write (a revert's copy) file nothing.

@@ -110,11 +110,14 @@ pub struct VolumeConfig {
     /// writes keeps the cores the archiver would take from it, and a pass
     /// already under way pauses for it, while the history every volume of
     /// the node has waiting fits the disk's free space above twice the
-    /// reserve. Destaging and checkpoints do not wait for reads: destaging
-    /// puts the present back in block order in the current store, which
-    /// sequential reads need (held, the reads of a volume randomly
-    /// overwritten ran at 0.6 of rested: BENCHMARKS.md), and the layouts'
-    /// client tests pin when Checkpointing and COW copy out.
+    /// reserve. In the journaled layout small reads keep destaging (and
+    /// the checkpoints that destage) waiting as well, and a pass under way
+    /// stops between its parts (`Volume::reads_hold_destaging`); large
+    /// reads do not, since destaging puts the present back in block order
+    /// in the current store, which a long sequential read needs to run at
+    /// full speed (BENCHMARKS.md). Elsewhere destaging does not wait for
+    /// reads: the layouts' client tests pin when Checkpointing and COW copy
+    /// out.
     pub burst_reads_nanos: u64,
     /// Versions in the live memtable before it is sealed and written as a run.
     pub memtable_versions_max: usize,
@@ -222,6 +225,7 @@ struct Counters {
     pub checkpoints: AtomicU64,
     pub archive_passes: AtomicU64,
     pub archive_pauses: AtomicU64,
+    pub destage_stops: AtomicU64,
     pub versions_archived: AtomicU64,
     pub journal_bytes_reclaimed: AtomicU64,
     pub revert_blocks_copied: AtomicU64,
@@ -288,6 +292,10 @@ pub struct Volume {
     /// nanoseconds): whether the volume is being read.
     reads_seen: AtomicU64,
     read_at_nanos: AtomicU64,
+    /// The bytes read as `reads_seen` was last taken, and whether the
+    /// reads since the look before were small (see `note_reads`).
+    read_bytes_seen: AtomicU64,
+    reads_small: AtomicBool,
     poisoned: Mutex<Option<String>>,
     closed: AtomicBool,
     history: History,
@@ -607,6 +615,7 @@ impl Volume {
         // Reads before this write are no reads after the burst: `in_burst`
         // looks only at the count moving from here on.
         self.reads_seen.store(self.counters.reads.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.read_bytes_seen.store(self.counters.read_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
         state.versions = versions;
     }
 

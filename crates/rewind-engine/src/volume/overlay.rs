@@ -57,9 +57,11 @@ pub(crate) enum Leaving {
     Durable,
     /// The blocks the controller cache has let go.
     LetGo,
-    /// The blocks not rewritten since this LSN: a checkpoint's cut, which
-    /// leaves a hot set in the overlay (see `Volume::checkpoint_leaving`).
-    NotRewrittenSince(Lsn),
+    /// At most `count` of the blocks not rewritten since `cut`, those
+    /// written least recently: with a checkpoint's cut, what it leaves
+    /// behind is a hot set (see `Volume::checkpoint_leaving`); a part at a
+    /// time, a pass that small reads may stop (`Volume::destage_unless_read`).
+    NotRewrittenSince { cut: Lsn, count: usize },
     /// At most this many blocks, those written least recently: a slice, so
     /// that a pass a writer waits for (backpressure) stays short.
     Oldest(usize),
@@ -271,7 +273,7 @@ impl Overlay {
         let cached_only = match leaving {
             Leaving::Durable => false,
             Leaving::LetGo => true,
-            Leaving::NotRewrittenSince(_) | Leaving::Oldest(_) => {
+            Leaving::NotRewrittenSince { .. } | Leaving::Oldest(_) => {
                 unreachable!("only an overlay that absorbs overwrites leaves blocks behind")
             }
         };

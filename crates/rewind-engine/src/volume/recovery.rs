@@ -179,6 +179,8 @@ impl Volume {
             written_at_nanos: AtomicU64::new(0),
             burst_began_nanos: AtomicU64::new(0),
             reads_seen: AtomicU64::new(0),
+            read_bytes_seen: AtomicU64::new(0),
+            reads_small: AtomicBool::new(false),
             read_at_nanos: AtomicU64::new(0),
             clients: crate::volume::clients::Clients::default(),
             damage: crate::volume::damage::HistoryDamage::default(),
