@@ -411,6 +411,81 @@ fn goes_on_at_once<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Sen
 }
 
 #[test]
+fn an_archive_pass_under_way_pauses_for_a_burst_within_its_budget_as_for_reads() {
+    const BLOCKS: u64 = 64;
+    let mut config = NodeConfig::default();
+    config.volume.burst_quiet_nanos = 250 * MILLI;
+    config.volume.burst_reads_nanos = 3_600_000 * MILLI;
+    config.volume.burst_archive_wait_nanos = 2_000 * MILLI;
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_bytes_soft = 8 * BLOCK as u64;
+    let node = Node::open(Arc::new(SimStorage::new(SimConfig::default(), 11)), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
+    node.set_clock(Arc::clone(&clock) as _);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 2 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    // Running until told to stop, counting: reads of block 0, and writes of
+    // blocks from 100 on at the clock's time.
+    let endless = |write: bool| {
+        let (volume, clock) = (Arc::clone(&volume), Arc::clone(&clock));
+        let (going, done) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
+        let (still, count) = (Arc::clone(&going), Arc::clone(&done));
+        let thread = thread::spawn(move || {
+            let mut block = vec![0; BLOCK];
+            while still.load(Ordering::Acquire) {
+                let n = count.load(Ordering::Acquire);
+                match write {
+                    true => volume.write(clock.now(), (100 + n % 64) * BLOCK as u64, &block, Durability::Buffered),
+                    false => volume.read(0, &mut block),
+                }
+                .unwrap();
+                count.fetch_add(1, Ordering::Release);
+            }
+        });
+        (going, done, thread)
+    };
+    let stop = |(going, _, thread): (Arc<AtomicBool>, Arc<AtomicU64>, thread::JoinHandle<()>)| {
+        going.store(false, Ordering::Release);
+        thread.join().unwrap();
+    };
+
+    // A burst of 64 blocks over 2.5 s, past its 2 s budget, and reads after
+    // it: the pass starts in the burst a nanosecond before it ends, and
+    // pauses for the reads as it looks.
+    let at = |block: u64| start.saturating_add_nanos(1_000 * MILLI + block * 40 * MILLI);
+    write_blocks(&volume, at, 0..BLOCKS);
+    let reader = endless(false);
+    wait_for("a read after the writes", || reader.1.load(Ordering::Acquire) > 0);
+    let pass_ended = {
+        let volume = Arc::clone(&volume);
+        let now = at(BLOCKS - 1).saturating_add_nanos(250 * MILLI - 1);
+        clock.set(now);
+        pass_in_background(move || assert!(volume.maintain_history(now).unwrap(), "the pass archived"))
+    };
+    wait_for("the pass to pause", || volume.stats().unwrap().archive_pauses == 1);
+
+    // A new burst begins, the reads end and 300 ms pass: the burst, within
+    // its budget, keeps the pass paused.
+    let writer = endless(true);
+    wait_for("a write of the new burst", || writer.1.load(Ordering::Acquire) > 0);
+    stop(reader);
+    clock.set(clock.now().saturating_add_nanos(300 * MILLI));
+    let written = writer.1.load(Ordering::Acquire);
+    wait_for("writes after the reads", || writer.1.load(Ordering::Acquire) > written + 100);
+    assert!(pass_ended.recv_timeout(Duration::from_millis(200)).is_err(), "the pass waits for the burst");
+    let stats = volume.stats().unwrap();
+    assert_eq!((stats.versions_archived, stats.archive_progress), (0, Some((0, BLOCKS))), "{stats:?}");
+
+    // The writes pause for 250 ms: the pass goes on, paused once.
+    stop(writer);
+    clock.set(clock.now().saturating_add_nanos(300 * MILLI));
+    pass_ended.recv_timeout(Duration::from_secs(60)).expect("the pass ended once the burst paused");
+    let stats = volume.stats().unwrap();
+    assert_eq!((stats.versions_archived, stats.archive_pauses), (BLOCKS, 1), "{stats:?}");
+}
+
+#[test]
 fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_waits_for_it_or_when_reads_end() {
     const BLOCKS: u64 = 64;
     let storage = SimStorage::new(SimConfig::default(), 8);

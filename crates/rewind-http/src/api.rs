@@ -368,7 +368,8 @@ pub struct Stats {
     #[serde(default)]
     pub revert_copy_blocks_left: u64,
     /// Archive passes since the server started, and how many of them
-    /// paused for reads right after a burst of writes (`--burst-reads`).
+    /// paused for a burst of writes or for reads right after one
+    /// (`--burst-reads`).
     #[serde(default)]
     pub archive_passes: u64,
     #[serde(default)]

@@ -61,7 +61,7 @@ impl ReleaseHook for ReleaseChunks {
 }
 
 /// The embedder's clock, for the one wait inside background work: an archive
-/// pass pausing for reads (`Volume::pause_for_reads`). The engine reads no
+/// pass pausing for a burst or reads (`Volume::pause_while_held`). The engine reads no
 /// clock of its own (times are passed in, for the deterministic simulator).
 pub trait Clock: Send + Sync {
     fn now(&self) -> Timestamp;
@@ -73,8 +73,8 @@ pub trait Clock: Send + Sync {
 /// collection, a recount, coalescing packs, saving the counts at shutdown),
 /// whatever waits for its one session (a destage filing history in the
 /// layouts that do so then, a catalog's capture of the chunk table)
-/// — which a pass must not keep waiting while it pauses for reads
-/// (`Volume::pause_for_reads`): it goes on at once while any is marked. One
+/// — which a pass must not keep waiting while it pauses for a burst or
+/// reads (`Volume::pause_while_held`): it goes on at once while any is marked. One
 /// per node, since a collection waits for every volume. And whether the
 /// node is stopping, which no pass keeps waiting either (see
 /// [`PassesWanted::stop`]).
@@ -144,7 +144,7 @@ impl JournalArchiver<'_> {
                 self.stopped = true;
                 return Ok(());
             }
-            volume.pause_for_reads();
+            volume.pause_while_held();
             self.gather.read(&volume.journal, part.iter().map(|&at| versions[at].data), block_bytes)?;
             let session = self.session.as_mut().expect("archiving until finished");
             for (&at, block) in part.iter().zip(self.gather.gathered.chunks_exact(block_bytes)) {
@@ -244,36 +244,42 @@ impl Volume {
     }
 
     pub(crate) fn archive_due(&self, work: &HistoryWork, now: Timestamp) -> bool {
-        let elapsed = now.unix_nanos().saturating_sub(work.archive_last.unix_nanos());
-        let waiting = self.history_waiting_bytes();
-        if self.in_burst(now) {
-            let burst_nanos = now.unix_nanos().saturating_sub(self.burst_began_nanos.load(Ordering::Relaxed));
-            if burst_nanos < self.config.burst_archive_wait_nanos && self.history_waiting_fits(waiting) {
-                return false;
-            }
-        } else if self.reads_hold_archiving(now) {
+        if self.archiving_held(now) {
             return false;
         }
-        elapsed >= self.config.archive_interval_nanos || waiting >= self.config.archive_bytes_soft
+        let elapsed = now.unix_nanos().saturating_sub(work.archive_last.unix_nanos());
+        elapsed >= self.config.archive_interval_nanos || self.history_waiting_bytes() >= self.config.archive_bytes_soft
+    }
+
+    /// Whether archiving waits at `now`: for a burst, in its first
+    /// `burst_archive_wait_nanos` while the history waiting fits
+    /// (`history_waiting_fits`); for reads right after one
+    /// (`reads_hold_archiving`).
+    fn archiving_held(&self, now: Timestamp) -> bool {
+        if !self.in_burst(now) {
+            return self.reads_hold_archiving(now);
+        }
+        let burst_nanos = now.unix_nanos().saturating_sub(self.burst_began_nanos.load(Ordering::Relaxed));
+        burst_nanos < self.config.burst_archive_wait_nanos && self.history_waiting_fits(self.history_waiting_bytes())
     }
 
     /// Within an archive pass: waits, on the embedder's clock (none, no
-    /// pause: see `Node::set_clock`), while reads right after a burst keep archiving waiting
-    /// (`reads_hold_archiving`). A pass over what a burst left takes a core
-    /// for as long as it lasts, and one that began just before the reads
-    /// would take it from them; it goes on once they pause, once they have
-    /// gone on for `burst_reads_nanos` after the last write, when the
-    /// volume closes, or at once when other work waits for it to end
-    /// (`PassesWanted`).
-    fn pause_for_reads(&self) {
+    /// pause: see `Node::set_clock`), while a burst or reads right after
+    /// one keep archiving waiting (`archiving_held`). A pass over what a
+    /// burst left takes a core and the disk for as long as it lasts, and
+    /// one that began in the moment between two write jobs, or just before
+    /// the reads, would take them from what follows (random writes synced
+    /// every 8 ran at half their rested speed beside one: BENCHMARKS.md);
+    /// it goes on once they pause, once the burst is past its budget or
+    /// the reads have gone on for `burst_reads_nanos` after the last
+    /// write, when the volume closes, or at once when other work waits for
+    /// it to end (`PassesWanted`).
+    fn pause_while_held(&self) {
         // Reads are seen by their count moving between two looks.
         const LOOK_EVERY_NANOS: u64 = 20_000_000;
         let Some(clock) = self.clock.get() else { return };
         let mut paused = false;
-        while !self.passes_wanted.any()
-            && !self.closed.load(Ordering::Acquire)
-            && self.reads_hold_archiving(clock.now())
-        {
+        while !self.passes_wanted.any() && !self.closed.load(Ordering::Acquire) && self.archiving_held(clock.now()) {
             if !paused {
                 paused = true;
                 self.counters.archive_pauses.fetch_add(1, Ordering::Relaxed);

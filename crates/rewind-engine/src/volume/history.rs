@@ -224,8 +224,9 @@ pub struct VolumeStats {
     /// The archive pass under way: versions it has been through, of how
     /// many (see `VersionIndex::archive_progress`).
     pub archive_progress: Option<(u64, u64)>,
-    /// Times an archive pass paused while the volume was read right after a
-    /// burst of writes (see `VolumeConfig::burst_reads_nanos`).
+    /// Times an archive pass paused for a burst of writes, or for reads
+    /// right after one (see `VolumeConfig::burst_archive_wait_nanos`,
+    /// `VolumeConfig::burst_reads_nanos`).
     pub archive_pauses: u64,
     /// Destage passes stopped part-way for small reads right after a
     /// burst of writes (see `Volume::destage_unless_read`).

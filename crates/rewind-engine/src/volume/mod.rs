@@ -139,7 +139,8 @@ pub struct VolumeConfig {
     /// (nanoseconds; see `burst_quiet_nanos`): while the history waiting
     /// also takes less than half the free space above twice the reserve
     /// (the bound reads right after a burst keep to), the burst writes the
-    /// disk once and its history is archived when it pauses. A volume
+    /// disk once and its history is archived when it pauses; a pass under
+    /// way when a burst begins pauses too, between its parts. A volume
     /// written without pause archives as usual after it, alongside the
     /// writes, so history reaches the chunk store (and a bucket) at most
     /// this much later than at rest.
