@@ -6,8 +6,9 @@ table for BENCHMARKS.md.
 A fresh server (`--archive-interval 5s`) and a 1 GiB volume, filled; each
 job once from rest (the destager and the archiver caught up, `sync`), then
 all of them back to back. Per job it prints the throughput, the CPU each
-server thread used (from /proc/PID/task/*/stat), the disk's bytes read and
-written (/proc/diskstats) and, after it, the volume's destaging backlog,
+server thread that outlives it used (from /proc/PID/task/*/stat: the
+maintenance, journal and history threads; an NBD connection's end with
+it), the disk's bytes read and written (/proc/diskstats) and, after it, the volume's destaging backlog,
 checkpoints and destage passes stopped for reads. Compare two builds by
 running it once per binary, alternating (`--binary`)."""
 
@@ -34,7 +35,7 @@ JOBS = [
 
 
 def thread_cpu_seconds(pid):
-    """CPU seconds per server thread name (the NBD connections' together)."""
+    """CPU seconds per live server thread name (the NBD connections' together)."""
     seconds = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
