@@ -30,8 +30,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -57,6 +58,43 @@ impl Default for SimConfig {
 #[derive(Clone)]
 pub struct SimStorage {
     state: Arc<Mutex<State>>,
+    gate: Arc<SyncGate>,
+}
+
+/// Where file syncs wait while a test holds them ([`SimStorage::hold_syncs`]),
+/// as if the disk took its time: so a test sees what goes on meanwhile.
+#[derive(Default)]
+struct SyncGate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    held: bool,
+    syncs_waiting: usize,
+    /// File writes so far.
+    writes: u64,
+}
+
+impl SyncGate {
+    fn pass(&self) {
+        let mut state = self.state.lock();
+        if !state.held {
+            return;
+        }
+        state.syncs_waiting += 1;
+        self.changed.notify_all();
+        while state.held {
+            self.changed.wait(&mut state);
+        }
+        state.syncs_waiting -= 1;
+    }
+
+    fn note_write(&self) {
+        self.state.lock().writes += 1;
+        self.changed.notify_all();
+    }
 }
 
 struct State {
@@ -173,7 +211,36 @@ impl SimStorage {
                 changes_until_stop: None,
                 capacity_bytes: None,
             })),
+            gate: Arc::default(),
         }
+    }
+
+    /// Makes every file sync wait until [`SimStorage::release_syncs`].
+    pub fn hold_syncs(&self) {
+        self.gate.state.lock().held = true;
+    }
+
+    pub fn release_syncs(&self) {
+        self.gate.state.lock().held = false;
+        self.gate.changed.notify_all();
+    }
+
+    /// File writes so far.
+    pub fn writes(&self) -> u64 {
+        self.gate.state.lock().writes
+    }
+
+    /// Waits until `syncs` syncs wait at the held gate and `writes` file
+    /// writes were made in all; false if that has not come within `timeout`.
+    pub fn wait_while_syncs_held(&self, syncs: usize, writes: u64, timeout: Duration) -> bool {
+        let mut state = self.gate.state.lock();
+        let deadline = std::time::Instant::now() + timeout;
+        while !(state.held && state.syncs_waiting >= syncs && state.writes >= writes) {
+            if self.gate.changed.wait_until(&mut state, deadline).timed_out() {
+                return false;
+            }
+        }
+        true
     }
 
     /// Simulates power loss: keeps the durable state plus a random part of the
@@ -354,6 +421,7 @@ enum Access {
 
 struct SimFile {
     state: Arc<Mutex<State>>,
+    gate: Arc<SyncGate>,
     inode: u64,
     epoch: u64,
     /// Opened by `open_direct`: reads and writes aligned.
@@ -417,7 +485,9 @@ impl File for SimFile {
             apply_write(&mut inode.contents, offset, data);
             inode.pending.push(DataOp::Write { offset, data: data.to_vec() });
             Ok(())
-        })
+        })?;
+        self.gate.note_write();
+        Ok(())
     }
 
     fn allocate(&self, offset: u64, length: u64) -> io::Result<()> {
@@ -442,6 +512,7 @@ impl File for SimFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        self.gate.pass();
         self.with_inode(Access::Change, |inode, sync_failures_pending| {
             let (count, errno) = sync_failures_pending;
             if *count > 0 {
@@ -515,7 +586,13 @@ impl Storage for SimStorage {
                 inode
             }
         };
-        Ok(Arc::new(SimFile { state: Arc::clone(&self.state), inode, epoch: state.epoch, direct: false }))
+        Ok(Arc::new(SimFile {
+            state: Arc::clone(&self.state),
+            gate: Arc::clone(&self.gate),
+            inode,
+            epoch: state.epoch,
+            direct: false,
+        }))
     }
 
     fn open_direct(&self, path: &str) -> io::Result<Arc<dyn File>> {
@@ -525,7 +602,13 @@ impl Storage for SimStorage {
             return Err(io::Error::new(io::ErrorKind::Unsupported, "the simulated filesystem refuses direct I/O"));
         }
         let inode = *state.names.get(path).ok_or_else(|| not_found(path))?;
-        Ok(Arc::new(SimFile { state: Arc::clone(&self.state), inode, epoch: state.epoch, direct: true }))
+        Ok(Arc::new(SimFile {
+            state: Arc::clone(&self.state),
+            gate: Arc::clone(&self.gate),
+            inode,
+            epoch: state.epoch,
+            direct: true,
+        }))
     }
 
     fn create_scratch(&self, dir: &str) -> io::Result<Arc<dyn File>> {
@@ -538,7 +621,13 @@ impl Storage for SimStorage {
         let inode = state.inode_next;
         state.inode_next += 1;
         state.inodes.insert(inode, Inode::default());
-        Ok(Arc::new(SimFile { state: Arc::clone(&self.state), inode, epoch: state.epoch, direct: false }))
+        Ok(Arc::new(SimFile {
+            state: Arc::clone(&self.state),
+            gate: Arc::clone(&self.gate),
+            inode,
+            epoch: state.epoch,
+            direct: false,
+        }))
     }
 
     fn remove_file(&self, path: &str) -> io::Result<()> {

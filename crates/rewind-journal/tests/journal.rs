@@ -2,6 +2,7 @@
 //! crash, what survives is a prefix, torn tails are cut and corruption is not.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1154,4 +1155,67 @@ fn what_recovery_replays_after_a_kill_survives_a_power_loss() {
     storage.crash();
     let (replayed, _, _) = replay_from(&storage, config, (start(), Lsn(1))).unwrap();
     assert_eq!(replayed, ops, "what the first recovery replayed is on the disk");
+}
+
+/// Starts committing `journal` on a thread of its own, once `storage` holds
+/// syncs and `block` is appended: returns the commit's thread once its sync
+/// waits at the disk, and the LSN it commits.
+fn commit_waiting_at_the_disk(
+    storage: &SimStorage,
+    journal: &Arc<Journal>,
+    block: u64,
+) -> (std::thread::JoinHandle<Result<Lsn, JournalError>>, Lsn) {
+    let lsn = append(journal, &Op::Write { block, data: vec![block as u8; BLOCK as usize] }, block + 1);
+    let committing = Arc::clone(journal);
+    let commit = std::thread::spawn(move || committing.commit());
+    assert!(storage.wait_while_syncs_held(1, 0, Duration::from_secs(30)), "the commit reaches its sync");
+    (commit, lsn)
+}
+
+/// A commit that comes while another's sync waits for the disk writes its
+/// batch meanwhile, and is durable only with a sync of its own.
+#[test]
+fn a_commit_writes_its_batch_while_the_sync_before_it_waits_for_the_disk() {
+    let storage = SimStorage::new(SimConfig::default(), 21);
+    let journal = Arc::new(journal_on(&storage));
+    storage.hold_syncs();
+    let (first, first_lsn) = commit_waiting_at_the_disk(&storage, &journal, 1);
+    let writes = storage.writes();
+    let second_lsn = append(&journal, &Op::Write { block: 2, data: vec![2; BLOCK as usize] }, 3);
+    let committing = Arc::clone(&journal);
+    let second = std::thread::spawn(move || committing.commit());
+    assert!(
+        storage.wait_while_syncs_held(1, writes + 1, Duration::from_secs(30)),
+        "the second batch is written while the first sync waits"
+    );
+    assert!(journal.lsn_durable() < first_lsn, "nothing is durable before its sync returns");
+    assert_eq!(journal.bytes_unwritten(), 0);
+    storage.release_syncs();
+    assert!(first.join().unwrap().unwrap() >= first_lsn);
+    assert!(second.join().unwrap().unwrap() >= second_lsn);
+    assert_eq!(journal.lsn_durable(), second_lsn);
+    drop(journal);
+    storage.crash();
+    let (ops, _) = replay(&storage, JournalConfig::default()).unwrap();
+    assert_eq!(ops.len(), 2, "both committed records survive the crash");
+}
+
+/// A batch written while a sync that then fails waited is not durable
+/// either: its commit fails on the poisoned journal.
+#[test]
+fn a_commit_behind_a_sync_that_fails_fails_too() {
+    let storage = SimStorage::new(SimConfig::default(), 22);
+    let journal = Arc::new(journal_on(&storage));
+    storage.hold_syncs();
+    let (first, _) = commit_waiting_at_the_disk(&storage, &journal, 1);
+    let writes = storage.writes();
+    append(&journal, &Op::Write { block: 2, data: vec![2; BLOCK as usize] }, 3);
+    let committing = Arc::clone(&journal);
+    let second = std::thread::spawn(move || committing.commit());
+    assert!(storage.wait_while_syncs_held(1, writes + 1, Duration::from_secs(30)));
+    storage.fail_syncs(1);
+    storage.release_syncs();
+    assert!(matches!(first.join().unwrap(), Err(JournalError::Io { .. })));
+    assert!(matches!(second.join().unwrap(), Err(JournalError::Poisoned)));
+    assert_eq!(journal.lsn_durable(), Lsn::ZERO);
 }
