@@ -7,6 +7,10 @@ operation mix with the update share scaled to 12, 36, 60 and 96%) against:
 - Rewind's own NFS server (`rewind serve`, UCDP-I);
 - `rewind proxy` in front of that nfs-ganesha (UCDP-O), and with `--async`
   (UCDP-A);
+- `tcp-relay` (bench/trees) relaying the NFS and MOUNT ports to that
+  nfs-ganesha and doing nothing else: the floor for any proxy in user space
+  on this machine (a second TCP hop, a read and a write per message each
+  way), which the proxies' figures are also read against;
 - fio's random 8 KiB reads and writes at the same write share, `--direct=1`
   on the same filesystem: the device's own limit.
 
@@ -29,14 +33,17 @@ import subprocess
 from pathlib import Path
 
 from benchlib import (ROOT, REWIND, Process, api, environment, fio, publish, remember_token, spread, start_ganesha,
-                      start_server, stop_ganesha)
+                      start_server, stop_ganesha, wait_port)
 
 NFS_MIX = ROOT / "target" / "release" / "nfs-mix"
+TCP_RELAY = ROOT / "target" / "release" / "tcp-relay"
 WORK = Path("/var/tmp/rewind-bench-nfs-mix")
 NBD, HTTP, NFS = 11940, 11941, 11942
 GANESHA_NFS, GANESHA_MOUNT = 20501, 20502
+RELAY_MOUNT = 11943
 MIXES = (12, 36, 60, 96)
-CONFIGS = ("ganesha", "rewind", "proxy", "proxy-async")
+CONFIGS = ("ganesha", "rewind", "relay", "proxy", "proxy-async")
+PROXIES = ("relay", "proxy", "proxy-async")
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -61,6 +68,14 @@ def run_config(config, args):
         servers.append(("ganesha", ganesha.pid))
     if config == "ganesha":
         target = (GANESHA_NFS, GANESHA_MOUNT, str(export))
+    elif config == "relay":
+        relay = subprocess.Popen(
+            [str(TCP_RELAY), "--listen", f"127.0.0.1:{NFS}", "--upstream", f"127.0.0.1:{GANESHA_NFS}",
+             "--listen", f"127.0.0.1:{RELAY_MOUNT}", "--upstream", f"127.0.0.1:{GANESHA_MOUNT}"],
+        )
+        wait_port(NFS)
+        servers.append(("rewind", relay.pid))
+        target = (NFS, RELAY_MOUNT, str(export))
     elif config == "rewind":
         _, data, server = start_server(work / "rewind", NBD, HTTP, options=["--nfs", f"127.0.0.1:{NFS}"])
         remember_token(f"127.0.0.1:{HTTP}", data)
@@ -95,7 +110,10 @@ def run_config(config, args):
             results[mix] = result
             print(f"{config} {mix}%: {result}", flush=True)
     finally:
-        if config != "ganesha":
+        if config == "relay":
+            relay.terminate()
+            relay.wait(timeout=30)
+        elif config != "ganesha":
             server.stop()
         if ganesha:
             stop_ganesha(ganesha)
@@ -152,27 +170,29 @@ def main():
         " READDIRPLUS, READLINK, ACCESS, READDIR, FSSTAT) to what is left, 8 KiB I/O on a working set of 64"
         " files of 128 KiB per client, for"
         f" {args.seconds} s per mix. nfs-ganesha is the VFS FSAL on a directory of the same filesystem; the"
-        " proxies sit in front of it; every configuration starts fresh, in turn. Min / median / max of"
+        " proxies and `tcp-relay` (bench/trees: relaying its NFS and MOUNT ports, bytes only, a thread per direction:"
+        " the floor for any proxy in user space) sit in front of it; every configuration starts fresh, in turn. Min / median / max of"
         f" {args.runs} runs; ratios are to nfs-ganesha in the same run. CPU per operation is user + system"
         " time of the server processes over the run (2 cores shared with the clients).",
         "",
-        "| update share | nfs-ganesha ops/s | Rewind server ÷ ganesha | proxy ÷ ganesha | proxy --async ÷ ganesha"
-        " | device limit (fio 8 KiB randrw, direct) IOPS |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| update share | nfs-ganesha ops/s | Rewind server ÷ ganesha | relay ÷ ganesha | proxy ÷ ganesha"
+        " | proxy --async ÷ ganesha | proxy ÷ relay | device limit (fio 8 KiB randrw, direct) IOPS |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mix in MIXES:
         device = [limits[mix] for limits in devices]
+        over_relay = [a / b for a, b in zip(values("proxy", mix, "ops_per_s"), values("relay", mix, "ops_per_s"))]
         lines.append(
-            f"| {mix}% | {spread(values('ganesha', mix, 'ops_per_s'), 0)} | {spread(ratio('rewind', mix, 'ops_per_s'))}"
-            f" | {spread(ratio('proxy', mix, 'ops_per_s'))} | {spread(ratio('proxy-async', mix, 'ops_per_s'))}"
-            f" | {spread(device, 0)} |"
+            f"| {mix}% | {spread(values('ganesha', mix, 'ops_per_s'), 0)} | "
+            + " | ".join(spread(ratio(config, mix, "ops_per_s")) for config in ("rewind", *PROXIES))
+            + f" | {spread(over_relay)} | {spread(device, 0)} |"
         )
     lines += [
         "",
         "Latency, mean and p99 in µs (medians of the runs):",
         "",
-        "| update share | ganesha mean / p99 | Rewind server | proxy | proxy --async |",
-        "|---:|---:|---:|---:|---:|",
+        "| update share | ganesha mean / p99 | Rewind server | relay | proxy | proxy --async |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for mix in MIXES:
         cells = [
@@ -182,18 +202,20 @@ def main():
         lines.append(f"| {mix}% | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "CPU per operation in µs (medians): the Rewind process, and nfs-ganesha's behind a proxy:",
+        "CPU per operation in µs (medians): the Rewind process (tcp-relay's for the relay), and nfs-ganesha's behind"
+        " a proxy:",
         "",
-        "| update share | ganesha alone | Rewind server | proxy (+ its ganesha) | proxy --async (+ its ganesha) |",
-        "|---:|---:|---:|---:|---:|",
+        "| update share | ganesha alone | Rewind server | relay (+ its ganesha) | proxy (+ its ganesha)"
+        " | proxy --async (+ its ganesha) |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for mix in MIXES:
         def cpu(config, name):
             return statistics.median(values(config, mix, f"{name}_cpu_us_per_op"))
         lines.append(
-            f"| {mix}% | {cpu('ganesha', 'ganesha'):.0f} | {cpu('rewind', 'rewind'):.0f}"
-            f" | {cpu('proxy', 'rewind'):.0f} (+ {cpu('proxy', 'ganesha'):.0f})"
-            f" | {cpu('proxy-async', 'rewind'):.0f} (+ {cpu('proxy-async', 'ganesha'):.0f}) |"
+            f"| {mix}% | {cpu('ganesha', 'ganesha'):.0f} | {cpu('rewind', 'rewind'):.0f} | "
+            + " | ".join(f"{cpu(config, 'rewind'):.0f} (+ {cpu(config, 'ganesha'):.0f})" for config in PROXIES)
+            + " |"
         )
     # Which operations the time goes to where updates are most of the mix.
     busiest = MIXES[-1]
@@ -203,8 +225,8 @@ def main():
         f"Mean latency in µs by operation at {busiest}% updates (medians of the runs), and each operation's share of"
         " the calls (in the SPECsfs mix CREATE writes the new file's first 8 KiB too):",
         "",
-        "| operation | share | ganesha | Rewind server | proxy | proxy --async |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| operation | share | ganesha | Rewind server | relay | proxy | proxy --async |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for op in operations:
         def op_mean(config):
