@@ -1205,22 +1205,37 @@ impl Journal {
     pub fn commit(&self) -> Result<Lsn, JournalError> {
         let (target, target_end) = {
             let tail = self.tail.lock();
-            (Lsn(tail.lsn_next.0 - 1), pack(tail.active.segment, tail.active.end()))
+            // Where the records appended so far end: a record that takes no
+            // LSN of its own (a vouch whose write failed on a full disk) may
+            // wait behind the last durable one, and everything appended is
+            // made durable, as a checkpoint's replay position, the
+            // journal's end, must be on disk.
+            let end = match (tail.active.records_len() > 0, tail.sealed.back()) {
+                (true, _) => pack(tail.active.segment, tail.active.end()),
+                (false, Some(batch)) => pack(batch.segment, batch.end()),
+                // `written_end` moves before the written batch leaves `sealed`.
+                (false, None) => self.written_end.load(Ordering::Acquire),
+            };
+            (Lsn(tail.lsn_next.0 - 1), end)
         };
         self.write_out_through(target_end)?;
         let syncing = self.lock_syncing();
         self.check_poisoned()?;
-        let written = self.written.lock();
-        // A record that takes no LSN of its own (a vouch whose write failed
-        // on a full disk) may wait unwritten behind the last durable one:
-        // everything appended is made durable, as a checkpoint's replay
-        // position, the journal's end, must be on disk. Written above, it
-        // waits in `unsynced`.
-        if self.lsn_durable() >= target && written.unsynced.is_empty() {
+        // By position, not by what waits unsynced: a committer whose records
+        // the sync before it took returns, rather than syncing (and waiting
+        // for) the batches written since.
+        if self.durable_end() >= target_end {
+            assert!(self.lsn_durable() >= target, "records durable to their end have durable LSNs");
             return Ok(self.lsn_durable());
         }
-        self.sync_written(&syncing, written).map_err(|error| self.poison(error))?;
+        self.sync_written(&syncing, self.written.lock()).map_err(|error| self.poison(error))?;
         Ok(self.lsn_durable())
+    }
+
+    /// Where the durable records end, packed.
+    fn durable_end(&self) -> u64 {
+        let (_, position) = *self.durable_point.lock();
+        pack(position.segment, position.offset)
     }
 
     /// Appends and commits a vouch record (see the module documentation) if
