@@ -231,12 +231,13 @@ impl SimStorage {
     }
 
     /// Waits until `syncs` syncs wait at the held gate and `writes` file
-    /// writes were made in all; false if that has not come within `timeout`.
+    /// writes were made in all; false if nothing changes for `timeout`: a
+    /// guard that fails a test rather than hanging it, not simulated time
+    /// (the simulator reads no clock).
     pub fn wait_while_syncs_held(&self, syncs: usize, writes: u64, timeout: Duration) -> bool {
         let mut state = self.gate.state.lock();
-        let deadline = std::time::Instant::now() + timeout;
         while !(state.held && state.syncs_waiting >= syncs && state.writes >= writes) {
-            if self.gate.changed.wait_until(&mut state, deadline).timed_out() {
+            if self.gate.changed.wait_for(&mut state, timeout).timed_out() {
                 return false;
             }
         }
