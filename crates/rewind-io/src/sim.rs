@@ -215,6 +215,11 @@ impl SimStorage {
         }
     }
 
+    /// A handle on `inode`, opened in `epoch`.
+    fn file(&self, inode: u64, epoch: u64, direct: bool) -> Arc<dyn File> {
+        Arc::new(SimFile { state: Arc::clone(&self.state), gate: Arc::clone(&self.gate), inode, epoch, direct })
+    }
+
     /// Makes every file sync wait until [`SimStorage::release_syncs`].
     pub fn hold_syncs(&self) {
         self.gate.state.lock().held = true;
@@ -587,13 +592,7 @@ impl Storage for SimStorage {
                 inode
             }
         };
-        Ok(Arc::new(SimFile {
-            state: Arc::clone(&self.state),
-            gate: Arc::clone(&self.gate),
-            inode,
-            epoch: state.epoch,
-            direct: false,
-        }))
+        Ok(self.file(inode, state.epoch, false))
     }
 
     fn open_direct(&self, path: &str) -> io::Result<Arc<dyn File>> {
@@ -603,13 +602,7 @@ impl Storage for SimStorage {
             return Err(io::Error::new(io::ErrorKind::Unsupported, "the simulated filesystem refuses direct I/O"));
         }
         let inode = *state.names.get(path).ok_or_else(|| not_found(path))?;
-        Ok(Arc::new(SimFile {
-            state: Arc::clone(&self.state),
-            gate: Arc::clone(&self.gate),
-            inode,
-            epoch: state.epoch,
-            direct: true,
-        }))
+        Ok(self.file(inode, state.epoch, true))
     }
 
     fn create_scratch(&self, dir: &str) -> io::Result<Arc<dyn File>> {
@@ -622,13 +615,7 @@ impl Storage for SimStorage {
         let inode = state.inode_next;
         state.inode_next += 1;
         state.inodes.insert(inode, Inode::default());
-        Ok(Arc::new(SimFile {
-            state: Arc::clone(&self.state),
-            gate: Arc::clone(&self.gate),
-            inode,
-            epoch: state.epoch,
-            direct: false,
-        }))
+        Ok(self.file(inode, state.epoch, false))
     }
 
     fn remove_file(&self, path: &str) -> io::Result<()> {

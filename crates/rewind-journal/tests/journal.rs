@@ -1160,16 +1160,33 @@ fn what_recovery_replays_after_a_kill_survives_a_power_loss() {
 /// Starts committing `journal` on a thread of its own, once `storage` holds
 /// syncs and `block` is appended: returns the commit's thread once its sync
 /// waits at the disk, and the LSN it commits.
-fn commit_waiting_at_the_disk(
-    storage: &SimStorage,
-    journal: &Arc<Journal>,
-    block: u64,
-) -> (std::thread::JoinHandle<Result<Lsn, JournalError>>, Lsn) {
+fn commit_waiting_at_the_disk(storage: &SimStorage, journal: &Arc<Journal>, block: u64) -> (Committing, Lsn) {
     let lsn = append(journal, &Op::Write { block, data: vec![block as u8; BLOCK as usize] }, block + 1);
     let committing = Arc::clone(journal);
     let commit = std::thread::spawn(move || committing.commit());
     assert!(storage.wait_while_syncs_held(1, 0, Duration::from_secs(30)), "the commit reaches its sync");
     (commit, lsn)
+}
+
+type Committing = std::thread::JoinHandle<Result<Lsn, JournalError>>;
+
+/// Holds syncs and starts two commits: the first waits at the disk, and the
+/// second has written its batch meanwhile (asserted). Each with its LSN.
+fn two_commits_with_the_second_written(
+    storage: &SimStorage,
+    journal: &Arc<Journal>,
+) -> (Committing, Lsn, Committing, Lsn) {
+    storage.hold_syncs();
+    let (first, first_lsn) = commit_waiting_at_the_disk(storage, journal, 1);
+    let writes = storage.writes();
+    let second_lsn = append(journal, &Op::Write { block: 2, data: vec![2; BLOCK as usize] }, 3);
+    let committing = Arc::clone(journal);
+    let second = std::thread::spawn(move || committing.commit());
+    assert!(
+        storage.wait_while_syncs_held(1, writes + 1, Duration::from_secs(30)),
+        "the second batch is written while the first sync waits"
+    );
+    (first, first_lsn, second, second_lsn)
 }
 
 /// A commit that comes while another's sync waits for the disk writes its
@@ -1178,16 +1195,7 @@ fn commit_waiting_at_the_disk(
 fn a_commit_writes_its_batch_while_the_sync_before_it_waits_for_the_disk() {
     let storage = SimStorage::new(SimConfig::default(), 21);
     let journal = Arc::new(journal_on(&storage));
-    storage.hold_syncs();
-    let (first, first_lsn) = commit_waiting_at_the_disk(&storage, &journal, 1);
-    let writes = storage.writes();
-    let second_lsn = append(&journal, &Op::Write { block: 2, data: vec![2; BLOCK as usize] }, 3);
-    let committing = Arc::clone(&journal);
-    let second = std::thread::spawn(move || committing.commit());
-    assert!(
-        storage.wait_while_syncs_held(1, writes + 1, Duration::from_secs(30)),
-        "the second batch is written while the first sync waits"
-    );
+    let (first, first_lsn, second, second_lsn) = two_commits_with_the_second_written(&storage, &journal);
     assert!(journal.lsn_durable() < first_lsn, "nothing is durable before its sync returns");
     assert_eq!(journal.bytes_unwritten(), 0);
     storage.release_syncs();
@@ -1206,13 +1214,7 @@ fn a_commit_writes_its_batch_while_the_sync_before_it_waits_for_the_disk() {
 fn a_commit_behind_a_sync_that_fails_fails_too() {
     let storage = SimStorage::new(SimConfig::default(), 22);
     let journal = Arc::new(journal_on(&storage));
-    storage.hold_syncs();
-    let (first, _) = commit_waiting_at_the_disk(&storage, &journal, 1);
-    let writes = storage.writes();
-    append(&journal, &Op::Write { block: 2, data: vec![2; BLOCK as usize] }, 3);
-    let committing = Arc::clone(&journal);
-    let second = std::thread::spawn(move || committing.commit());
-    assert!(storage.wait_while_syncs_held(1, writes + 1, Duration::from_secs(30)));
+    let (first, _, second, _) = two_commits_with_the_second_written(&storage, &journal);
     storage.fail_syncs(1);
     storage.release_syncs();
     assert!(matches!(first.join().unwrap(), Err(JournalError::Io { .. })));
