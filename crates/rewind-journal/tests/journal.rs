@@ -1197,7 +1197,9 @@ fn a_commit_writes_its_batch_while_the_sync_before_it_waits_for_the_disk() {
     let journal = Arc::new(journal_on(&storage));
     let (first, first_lsn, second, second_lsn) = two_commits_with_the_second_written(&storage, &journal);
     assert!(journal.lsn_durable() < first_lsn, "nothing is durable before its sync returns");
-    assert_eq!(journal.bytes_unwritten(), 0);
+    // (That the second batch is written is the storage's count of writes:
+    // the journal lets the batch go from its tail just after the write
+    // returns, so `bytes_unwritten` may not be 0 yet.)
     storage.release_syncs();
     assert!(first.join().unwrap().unwrap() >= first_lsn);
     assert!(second.join().unwrap().unwrap() >= second_lsn);
