@@ -1596,6 +1596,14 @@ impl Journal {
         Ok(())
     }
 
+    /// Whether the block at `offset` of `segment` is still in memory (not
+    /// yet written out, or kept since: see [`RecentMemory`]): a read of it
+    /// is a copy, not a disk read. It may leave memory right after.
+    pub fn holds_in_memory(&self, segment: u32, offset: u64) -> bool {
+        let at = pack(segment, offset);
+        at >= self.written_end.load(Ordering::Acquire) || at >= self.recent_start.load(Ordering::Acquire)
+    }
+
     /// The `len` bytes at `offset` of `segment`, read into `buffer`: with
     /// direct I/O where the journal writes so and they are in the file
     /// only — the sectors around them, straight from the device into an

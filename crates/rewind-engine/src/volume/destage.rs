@@ -33,6 +33,12 @@ const SHORT_PART_BYTES: usize = 8 << 20;
 /// From this share of the overlay's limit (7/8), a pass takes short parts.
 const SHORT_PARTS_FROM_EIGHTHS: usize = 7;
 
+/// A pass sweeps the overlay in block order only while it holds at least
+/// one block in this many of the volume (see `Volume::destage_from_front`):
+/// sparser, a part's blocks are seldom neighbours, and the sweep would look
+/// at many blocks for each it takes (`SWEEP_LOOKS_PER_BLOCK` bounds that).
+const SWEEP_ONE_BLOCK_IN: u64 = 8;
+
 /// The share a background pass in a burst takes (see
 /// `Volume::leaving_while_written`): writers at the limit wait for a part
 /// of it, not all.
@@ -43,6 +49,9 @@ pub(crate) struct DestageState {
     /// superseded by a later durable record that a pass (or recovery)
     /// applies.
     pub lsn_applied: Lsn,
+    /// The block a pass sweeping the overlay in block order goes on from
+    /// (see `Volume::destage_from_front`).
+    pub sweep_next: u64,
 }
 
 /// The destage lock, held. Letting it go wakes the writers waiting for
@@ -213,7 +222,7 @@ impl Volume {
         // profile; none in another, where the allocator kept its pages).
         let mut gather = JournalGather::default();
         let through = match self.rules().overlay_absorbs_overwrites() {
-            true => self.destage_from_front(lsn_durable, leaving, &mut gather)?,
+            true => self.destage_from_front(lsn_durable, leaving, &mut destage.sweep_next, &mut gather)?,
             false => {
                 let DestagePlan { newest, chains, through } =
                     self.write.lock().overlay.plan_destage(lsn_durable, leaving, self.rules().history_at_destage());
@@ -245,33 +254,75 @@ impl Volume {
     /// pass takes hundreds of thousands of blocks, whose plan held every
     /// writer 40–90 ms — and each part retired once written. Returns the
     /// LSN through which every durable version left or is superseded.
+    ///
+    /// Once what is left is in the journal's memory and covers much of the
+    /// volume (what a burst of random writes leaves), a pass that takes
+    /// every block up to its bound sweeps the overlay in block order
+    /// instead (`plan_sweep`, going on from `sweep_next`): a part from the
+    /// front holds the blocks one burst wrote in a row, one in 32 of a
+    /// 1 GiB volume after random writes, each a write and a writeback of
+    /// its own into the current store, where a part of the sweep writes
+    /// runs of neighbours. Its bytes are copies out of memory either way;
+    /// those on the disk are read in journal order from the front.
     fn destage_from_front(
         &self,
         lsn_durable: Lsn,
         leaving: Leaving,
+        sweep_next: &mut u64,
         gather: &mut JournalGather,
     ) -> Result<Option<Lsn>, EngineError> {
-        let (bound, mut left) = match leaving {
-            Leaving::Durable => (lsn_durable, usize::MAX),
-            Leaving::NotRewrittenSince { cut, count } => (cut.min(lsn_durable), count),
-            Leaving::Oldest(count) => (lsn_durable, count),
+        let (bound, mut left, may_sweep) = match leaving {
+            Leaving::Durable => (lsn_durable, usize::MAX, true),
+            Leaving::NotRewrittenSince { cut, count } => (cut.min(lsn_durable), count, true),
+            // Slices in a burst: the least recently written go first.
+            Leaving::Oldest(count) => (lsn_durable, count, false),
             Leaving::LetGo => unreachable!("a controller cache decides what it absorbs"),
         };
+        let blocks_total = self.meta.size_bytes / u64::from(self.meta.block_size.bytes());
+        // Whether a version's bytes are to hand: a zero's need no read.
+        let in_memory = |pending: &Pending| match pending.version.data {
+            VersionData::Journal { segment, offset } => self.journal.holds_in_memory(segment, u64::from(offset)),
+            _ => true,
+        };
+        let mut through = None;
         loop {
             let near_limit = self.overlay_versions.load(Ordering::Relaxed)
                 >= self.config.overlay_versions_max / 8 * SHORT_PARTS_FROM_EIGHTHS;
             let part_bytes = if near_limit { SHORT_PART_BYTES } else { GATHER_BYTES_MAX };
             let take = left.min(part_bytes / self.meta.block_size.bytes() as usize);
-            let plan = self.write.lock().overlay.plan_front(lsn_durable, bound, take);
+            let (plan, swept) = {
+                let mut state = self.write.lock();
+                let overlay = &mut state.overlay;
+                let sweeps = may_sweep
+                    && overlay.blocks() as u64 * SWEEP_ONE_BLOCK_IN >= blocks_total
+                    && overlay.oldest().is_some_and(|oldest| oldest.lsn <= bound && in_memory(&oldest));
+                match sweeps {
+                    true => {
+                        *sweep_next %= blocks_total;
+                        let plan =
+                            overlay.plan_sweep((lsn_durable, bound), take, (sweep_next, blocks_total), in_memory);
+                        (plan, true)
+                    }
+                    false => (overlay.plan_front(lsn_durable, bound, take), false),
+                }
+            };
             assert!(plan.chains.is_empty(), "history is filed as it is written");
             if let Err(error) = self.apply_to_current(&plan.newest, Retire::PartByPart, gather) {
-                self.write.lock().overlay.requeue(&plan.newest);
+                // A part of the sweep took nothing out of the queue.
+                if !swept {
+                    self.write.lock().overlay.requeue(&plan.newest);
+                }
                 return Err(self.fail(error));
             }
             left -= plan.newest.len();
-            // It stopped short of `bound` only with a part's worth taken.
-            if plan.through == Some(bound) || left == 0 {
-                return Ok(plan.through);
+            through = through.max(plan.through);
+            if swept && !self.write.lock().overlay.holds_through(bound) {
+                through = Some(bound);
+            }
+            // A part from the front stopped short of `bound` only with a
+            // part's worth taken.
+            if through == Some(bound) || left == 0 {
+                return Ok(through);
             }
         }
     }

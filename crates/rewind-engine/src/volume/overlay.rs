@@ -50,6 +50,11 @@ pub(crate) struct Overlay {
     recency: VecDeque<(Lsn, u64)>,
 }
 
+/// The most blocks a part of a sweep (`Overlay::plan_sweep`) looks at per
+/// block it may take: a pass sweeps only an overlay that holds one block
+/// in eight of the volume or more.
+pub(crate) const SWEEP_LOOKS_PER_BLOCK: u64 = 16;
+
 /// Which blocks a destage pass takes from the overlay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Leaving {
@@ -127,18 +132,28 @@ impl Overlay {
         if !self.absorbs {
             return self.blocks.values().any(|entries| entries[0].lsn <= lsn);
         }
-        // The first entry of `recency` whose version is still here is the
-        // oldest version here (no pass is under way: see `requeue`).
+        self.oldest().is_some_and(|oldest| oldest.lsn <= lsn)
+    }
+
+    /// The oldest version here, where overwrites are absorbed: the first
+    /// entry of `recency` whose version is still here (no pass is under
+    /// way: see `requeue`). The entries before it are dropped.
+    pub(crate) fn oldest(&mut self) -> Option<Pending> {
+        assert!(self.absorbs, "only an absorbing overlay keeps its order");
         while let Some(&(oldest, block)) = self.recency.front() {
-            if oldest > lsn {
-                return false;
-            }
-            if self.blocks.get(&block).is_some_and(|entries| entries.iter().any(|entry| entry.lsn == oldest)) {
-                return true;
+            let still_here =
+                self.blocks.get(&block).and_then(|entries| entries.iter().find(|entry| entry.lsn == oldest));
+            if let Some(&pending) = still_here {
+                return Some(pending);
             }
             self.recency.pop_front();
         }
-        false
+        None
+    }
+
+    /// Blocks with versions here.
+    pub(crate) fn blocks(&self) -> usize {
+        self.blocks.len()
     }
 
     /// The versions of `block` not yet destaged, oldest first.
@@ -225,6 +240,45 @@ impl Overlay {
     /// are still here back at the front of `recency`: a pass that failed
     /// (a full disk) retired only some, and the rest must stay where the
     /// next pass, and a checkpoint's `holds_through`, find them.
+    /// At most `count` blocks whose newest durable version (through
+    /// `lsn_durable`) is at or before `bound` and one `takes`, in block
+    /// order from `*next` on, wrapping at `blocks_total`; it looks at
+    /// `SWEEP_LOOKS_PER_BLOCK` blocks per block it may take at most, and
+    /// leaves `*next` where the next part goes on. Unlike a part from the
+    /// front, it says nothing of what is left behind (`through` is `None`):
+    /// the pass asks `holds_through` once it has retired the part; and it
+    /// takes nothing out of `recency`, so a pass that fails has nothing to
+    /// put back.
+    pub(crate) fn plan_sweep(
+        &mut self,
+        (lsn_durable, bound): (Lsn, Lsn),
+        count: usize,
+        (next, blocks_total): (&mut u64, u64),
+        takes: impl Fn(&Pending) -> bool,
+    ) -> DestagePlan {
+        assert!(self.absorbs, "only an overlay that absorbs overwrites leaves blocks behind");
+        assert!(bound <= lsn_durable, "only durable versions leave");
+        assert!(*next < blocks_total, "the sweep goes on inside the volume");
+        let looks = (count as u64).saturating_mul(SWEEP_LOOKS_PER_BLOCK).min(blocks_total);
+        let mut newest = Vec::with_capacity(count.min(self.blocks.len()));
+        for _ in 0..looks {
+            if newest.len() == count {
+                break;
+            }
+            let block = *next;
+            *next = (block + 1) % blocks_total;
+            let Some(entries) = self.blocks.get_mut(&block) else { continue };
+            self.versions -= absorb(entries, lsn_durable);
+            // The newest durable version, if the block has one.
+            let first = entries[0];
+            if first.lsn <= bound && takes(&first) {
+                newest.push(first);
+            }
+        }
+        newest.sort_unstable_by_key(|pending| pending.version.block);
+        DestagePlan { newest, chains: Vec::new(), through: None }
+    }
+
     pub(crate) fn requeue(&mut self, planned: &[Pending]) {
         let mut left: Vec<(Lsn, u64)> = planned
             .iter()
@@ -472,6 +526,69 @@ mod tests {
                     }
                 }
                 assert!(overlay.recency.len() <= 2 * overlay.versions + 1024, "seed {seed} step {step}: compacted");
+            }
+        }
+    }
+
+    #[test]
+    fn a_sweep_takes_the_blocks_in_order_from_where_it_left_off_and_a_whole_one_leaves_nothing_behind() {
+        for seed in 0..20u64 {
+            println!("seed {seed}");
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut overlay = Overlay::new(None, Vec::new(), true, 1024);
+            let (mut lsn_next, mut lsn_durable) = (1u64, Lsn::ZERO);
+            let blocks_total = rng.random_range(8..300u64);
+            let mut next = rng.random_range(0..blocks_total);
+            for step in 0..5_000 {
+                match rng.random_range(0..100) {
+                    0..80 => {
+                        let block = rng.random_range(0..blocks_total);
+                        let version = Version {
+                            block: BlockIndex(block),
+                            timestamp: Timestamp::from_unix_nanos(lsn_next),
+                            data: VersionData::Journal { segment: 0, offset: 0 },
+                            crc32c: 0,
+                        };
+                        overlay.record(Lsn(lsn_next), &[version], true, lsn_durable);
+                        lsn_next += 1;
+                    }
+                    80..90 => lsn_durable = Lsn(rng.random_range(lsn_durable.0..lsn_next)),
+                    _ => {
+                        let bound = Lsn(rng.random_range(0..=lsn_durable.0));
+                        let whole = rng.random_bool(0.3);
+                        let count = if whole { usize::MAX } else { rng.random_range(1..=blocks_total as usize) };
+                        let odd_only = !whole && rng.random_bool(0.5);
+                        let takes = |pending: &Pending| !odd_only || pending.version.block.0 % 2 == 1;
+                        // What a look at each block in turn from `next` takes.
+                        let newest = newest_durable(&overlay, lsn_durable);
+                        let mut expected = Vec::new();
+                        let mut expected_next = next;
+                        let looks = (count as u64).saturating_mul(SWEEP_LOOKS_PER_BLOCK).min(blocks_total);
+                        for _ in 0..looks {
+                            if expected.len() == count {
+                                break;
+                            }
+                            let block = expected_next;
+                            expected_next = (block + 1) % blocks_total;
+                            let found = newest.iter().find(|pending| pending.version.block.0 == block);
+                            if let Some(&pending) = found.filter(|pending| pending.lsn <= bound && takes(pending)) {
+                                expected.push(pending);
+                            }
+                        }
+                        expected.sort_unstable_by_key(|pending| pending.version.block);
+                        let plan = overlay.plan_sweep((lsn_durable, bound), count, (&mut next, blocks_total), takes);
+                        assert_eq!(plan.through, None, "seed {seed} step {step}");
+                        assert_eq!(next, expected_next, "seed {seed} step {step}: where the sweep goes on");
+                        let keys = |pendings: &[Pending]| -> Vec<(u64, Lsn)> {
+                            pendings.iter().map(|pending| (pending.version.block.0, pending.lsn)).collect()
+                        };
+                        assert_eq!(keys(&plan.newest), keys(&expected), "seed {seed} step {step}");
+                        overlay.retire(&plan.newest);
+                        if whole {
+                            assert!(!overlay.holds_through(bound), "seed {seed} step {step}: a whole sweep left some");
+                        }
+                    }
+                }
             }
         }
     }

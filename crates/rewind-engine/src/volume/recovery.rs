@@ -158,7 +158,7 @@ impl Volume {
                 crcs: Vec::new(),
                 versions: Vec::new(),
             }),
-            destage: Mutex::new(DestageState { lsn_applied: journal.lsn_durable() }),
+            destage: Mutex::new(DestageState { lsn_applied: journal.lsn_durable(), sweep_next: 0 }),
             room: Mutex::new(()),
             room_made: parking_lot::Condvar::new(),
             writers_waiting_for_room: AtomicUsize::new(0),
