@@ -255,15 +255,15 @@ impl Volume {
     /// writer 40–90 ms — and each part retired once written. Returns the
     /// LSN through which every durable version left or is superseded.
     ///
-    /// Once what is left is in the journal's memory and covers much of the
-    /// volume (what a burst of random writes leaves), a pass that takes
-    /// every block up to its bound sweeps the overlay in block order
-    /// instead (`plan_sweep`, going on from `sweep_next`): a part from the
-    /// front holds the blocks one burst wrote in a row, one in 32 of a
-    /// 1 GiB volume after random writes, each a write and a writeback of
-    /// its own into the current store, where a part of the sweep writes
-    /// runs of neighbours. Its bytes are copies out of memory either way;
-    /// those on the disk are read in journal order from the front.
+    /// Once what is left covers much of the volume (what a burst of random
+    /// writes leaves), a pass that takes every block up to its bound
+    /// sweeps the overlay in block order instead (`plan_sweep`, going on
+    /// from `sweep_next`): a part from the front holds the blocks one
+    /// stretch of the burst wrote, one in 32 of a 1 GiB volume after random
+    /// writes, each a write and a writeback of its own into the current
+    /// store, where a part of the sweep writes runs of neighbours. Its
+    /// blocks lie all over the journal: those in memory are copies, and
+    /// the gather's readers fetch the others from the disk many at once.
     fn destage_from_front(
         &self,
         lsn_durable: Lsn,
@@ -279,11 +279,6 @@ impl Volume {
             Leaving::LetGo => unreachable!("a controller cache decides what it absorbs"),
         };
         let blocks_total = self.meta.size_bytes / u64::from(self.meta.block_size.bytes());
-        // Whether a version's bytes are to hand: a zero's need no read.
-        let in_memory = |pending: &Pending| match pending.version.data {
-            VersionData::Journal { segment, offset } => self.journal.holds_in_memory(segment, u64::from(offset)),
-            _ => true,
-        };
         let mut through = None;
         loop {
             let near_limit = self.overlay_versions.load(Ordering::Relaxed)
@@ -295,12 +290,11 @@ impl Volume {
                 let overlay = &mut state.overlay;
                 let sweeps = may_sweep
                     && overlay.blocks() as u64 * SWEEP_ONE_BLOCK_IN >= blocks_total
-                    && overlay.oldest().is_some_and(|oldest| oldest.lsn <= bound && in_memory(&oldest));
+                    && overlay.oldest().is_some_and(|oldest| oldest.lsn <= bound);
                 match sweeps {
                     true => {
                         *sweep_next %= blocks_total;
-                        let plan =
-                            overlay.plan_sweep((lsn_durable, bound), take, (sweep_next, blocks_total), in_memory);
+                        let plan = overlay.plan_sweep((lsn_durable, bound), take, (sweep_next, blocks_total));
                         (plan, true)
                     }
                     false => (overlay.plan_front(lsn_durable, bound, take), false),

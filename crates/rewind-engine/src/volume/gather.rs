@@ -25,12 +25,13 @@ const READ_GAP_MAX: u64 = 16 << 10;
 pub(super) const GATHER_BYTES_MAX: usize = 32 << 20;
 
 /// Spans on the disk read at once, at most. After a burst of random
-/// writes, the blocks a part takes from the front of what is left lie a
-/// few together among others the burst superseded: 2,400 spans of 4–16 KiB
-/// for 8,192 blocks, each waiting for the device alone, took 0.5–0.8 s a
-/// 32 MiB part (BENCHMARKS.md). Threads of their own, blocked in the
-/// device, not on the cores.
-const DISK_READERS: usize = 4;
+/// writes, a part's blocks lie all over the journal, those left from the
+/// burst's first seconds on the disk only: thousands of reads of 4–16 KiB
+/// a part, each waiting for the device alone (2,400 took 0.5–0.8 s). With
+/// 16 readers a sequential read right after such a burst ran at 0.59–0.66
+/// of rested, with 4 at 0.22–0.46 (BENCHMARKS.md). Threads of their own,
+/// blocked in the device, not on the cores.
+const DISK_READERS: usize = 16;
 
 /// Spans on the disk below which they are read one after another: a
 /// handful costs less than starting the readers.

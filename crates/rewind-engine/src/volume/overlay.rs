@@ -241,7 +241,7 @@ impl Overlay {
     /// (a full disk) retired only some, and the rest must stay where the
     /// next pass, and a checkpoint's `holds_through`, find them.
     /// At most `count` blocks whose newest durable version (through
-    /// `lsn_durable`) is at or before `bound` and one `takes`, in block
+    /// `lsn_durable`) is at or before `bound`, in block
     /// order from `*next` on, wrapping at `blocks_total`; it looks at
     /// `SWEEP_LOOKS_PER_BLOCK` blocks per block it may take at most, and
     /// leaves `*next` where the next part goes on. Unlike a part from the
@@ -254,7 +254,6 @@ impl Overlay {
         (lsn_durable, bound): (Lsn, Lsn),
         count: usize,
         (next, blocks_total): (&mut u64, u64),
-        takes: impl Fn(&Pending) -> bool,
     ) -> DestagePlan {
         assert!(self.absorbs, "only an overlay that absorbs overwrites leaves blocks behind");
         assert!(bound <= lsn_durable, "only durable versions leave");
@@ -271,7 +270,7 @@ impl Overlay {
             self.versions -= absorb(entries, lsn_durable);
             // The newest durable version, if the block has one.
             let first = entries[0];
-            if first.lsn <= bound && takes(&first) {
+            if first.lsn <= bound {
                 newest.push(first);
             }
         }
@@ -557,8 +556,6 @@ mod tests {
                         let bound = Lsn(rng.random_range(0..=lsn_durable.0));
                         let whole = rng.random_bool(0.3);
                         let count = if whole { usize::MAX } else { rng.random_range(1..=blocks_total as usize) };
-                        let odd_only = !whole && rng.random_bool(0.5);
-                        let takes = |pending: &Pending| !odd_only || pending.version.block.0 % 2 == 1;
                         // What a look at each block in turn from `next` takes.
                         let newest = newest_durable(&overlay, lsn_durable);
                         let mut expected = Vec::new();
@@ -571,12 +568,12 @@ mod tests {
                             let block = expected_next;
                             expected_next = (block + 1) % blocks_total;
                             let found = newest.iter().find(|pending| pending.version.block.0 == block);
-                            if let Some(&pending) = found.filter(|pending| pending.lsn <= bound && takes(pending)) {
+                            if let Some(&pending) = found.filter(|pending| pending.lsn <= bound) {
                                 expected.push(pending);
                             }
                         }
                         expected.sort_unstable_by_key(|pending| pending.version.block);
-                        let plan = overlay.plan_sweep((lsn_durable, bound), count, (&mut next, blocks_total), takes);
+                        let plan = overlay.plan_sweep((lsn_durable, bound), count, (&mut next, blocks_total));
                         assert_eq!(plan.through, None, "seed {seed} step {step}");
                         assert_eq!(next, expected_next, "seed {seed} step {step}: where the sweep goes on");
                         let keys = |pendings: &[Pending]| -> Vec<(u64, Lsn)> {
