@@ -28,9 +28,10 @@ pub(super) const GATHER_BYTES_MAX: usize = 32 << 20;
 /// writes, a part's blocks lie all over the journal, those left from the
 /// burst's first seconds on the disk only: thousands of reads of 4–16 KiB
 /// a part, each waiting for the device alone (2,400 took 0.5–0.8 s). With
-/// 16 readers a sequential read right after such a burst ran at 0.59–0.66
-/// of rested, with 4 at 0.22–0.46 (BENCHMARKS.md). Threads of their own,
-/// blocked in the device, not on the cores.
+/// 16 readers a sequential read right after such a burst ran at 0.34–0.66
+/// of rested (median 0.62 of 4 runs), with 4 at 0.22 and 0.46
+/// (BENCHMARKS.md). Threads of their own, blocked in the device, not on
+/// the cores.
 const DISK_READERS: usize = 16;
 
 /// Spans on the disk below which they are read one after another: a
