@@ -412,6 +412,16 @@ mod tests {
 
     use super::*;
 
+    /// A version of `block` written at LSN `lsn` (its time too), in the journal.
+    fn written(block: u64, lsn: u64) -> Version {
+        Version {
+            block: BlockIndex(block),
+            timestamp: Timestamp::from_unix_nanos(lsn),
+            data: VersionData::Journal { segment: 0, offset: 0 },
+            crc32c: 0,
+        }
+    }
+
     /// Per block, its newest version through `lsn_durable`, as the
     /// overlay's blocks hold them.
     fn newest_durable(overlay: &Overlay, lsn_durable: Lsn) -> Vec<Pending> {
@@ -433,13 +443,7 @@ mod tests {
         for _round in 0..3 {
             for block in 0..blocks_max as u64 {
                 lsn += 1;
-                let version = Version {
-                    block: BlockIndex(block),
-                    timestamp: Timestamp::from_unix_nanos(lsn),
-                    data: VersionData::Journal { segment: 0, offset: 0 },
-                    crc32c: 0,
-                };
-                overlay.record(Lsn(lsn), &[version], true, Lsn(lsn));
+                overlay.record(Lsn(lsn), &[written(block, lsn)], true, Lsn(lsn));
             }
         }
         assert_eq!(overlay.versions(), blocks_max);
@@ -467,14 +471,8 @@ mod tests {
                 match rng.random_range(0..100) {
                     0..78 => {
                         let (first, count) = (rng.random_range(0..blocks), rng.random_range(1..4u64));
-                        let versions: Vec<Version> = (first..(first + count).min(blocks))
-                            .map(|block| Version {
-                                block: BlockIndex(block),
-                                timestamp: Timestamp::from_unix_nanos(lsn_next),
-                                data: VersionData::Journal { segment: 0, offset: 0 },
-                                crc32c: 0,
-                            })
-                            .collect();
+                        let versions: Vec<Version> =
+                            (first..(first + count).min(blocks)).map(|block| written(block, lsn_next)).collect();
                         overlay.record(Lsn(lsn_next), &versions, true, lsn_durable);
                         lsn_next += 1;
                     }
@@ -542,13 +540,7 @@ mod tests {
                 match rng.random_range(0..100) {
                     0..80 => {
                         let block = rng.random_range(0..blocks_total);
-                        let version = Version {
-                            block: BlockIndex(block),
-                            timestamp: Timestamp::from_unix_nanos(lsn_next),
-                            data: VersionData::Journal { segment: 0, offset: 0 },
-                            crc32c: 0,
-                        };
-                        overlay.record(Lsn(lsn_next), &[version], true, lsn_durable);
+                        overlay.record(Lsn(lsn_next), &[written(block, lsn_next)], true, lsn_durable);
                         lsn_next += 1;
                     }
                     80..90 => lsn_durable = Lsn(rng.random_range(lsn_durable.0..lsn_next)),
