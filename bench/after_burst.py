@@ -43,7 +43,9 @@ def thread_cpu_seconds(pid, name):
 def one_run(binary, mode, args):
     """One fresh server through the burst and `mode`: the figure it prints."""
     benchlib.REWIND = binary
-    options = ["--archive-interval", "1h", "--journal-memory", args.journal_memory]
+    options = ["--archive-interval", "1h"]
+    if args.journal_memory:
+        options += ["--journal-memory", args.journal_memory]
     _work, data, server = start_server(args.work, NBD_PORT, HTTP_PORT, options)
     try:
         wait_port(NBD_PORT)
@@ -83,7 +85,7 @@ def main():
     parser.add_argument("--mode", choices=["read", "destage"], default="read")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--runtime", type=int, default=10, help="seconds per fio job")
-    parser.add_argument("--journal-memory", default="1GiB", help="`rewind serve --journal-memory`")
+    parser.add_argument("--journal-memory", help="`rewind serve --journal-memory` (default: the build's own)")
     parser.add_argument("--work", default="/var/tmp/rewind-after-burst", help="the server's work directory (emptied)")
     args = parser.parse_args()
     figures = {binary: [] for binary in args.binaries}
