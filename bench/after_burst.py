@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import benchlib
-from benchlib import api, fio, remember_token, start_server, wait_port
+from benchlib import fio, serve_volume, wait_destaged
 
 NBD_PORT, HTTP_PORT = 10987, 10988
 SEQREAD = ["--rw=read", "--bs=1m", "--iodepth=4"]
@@ -46,32 +46,19 @@ def one_run(binary, mode, args):
     options = ["--archive-interval", "1h"]
     if args.journal_memory:
         options += ["--journal-memory", args.journal_memory]
-    _work, data, server = start_server(args.work, NBD_PORT, HTTP_PORT, options)
+    server, http, uri = serve_volume(args.work, NBD_PORT, HTTP_PORT, "bench", 1 << 30, options)
     try:
-        wait_port(NBD_PORT)
-        http = f"127.0.0.1:{HTTP_PORT}"
-        remember_token(http, data)
-        api(http, "POST", "/v1/volumes", {"name": "bench", "size_bytes": 1 << 30})
-        uri = f"nbd://127.0.0.1:{NBD_PORT}/bench"
-
-        def pending():
-            return api(http, "GET", "/v1/volumes/bench")["stats"]["versions_pending_destage"]
-
-        def until_destaged():
-            while pending():
-                time.sleep(0.05)
-
         fio(uri, "fill", ["--rw=write", "--bs=1m", "--iodepth=4"], "1G")
-        until_destaged()
+        wait_destaged(http, "bench")
         for depth in (1, 32):
             fio(uri, f"burst-qd{depth}", ["--rw=randwrite", "--bs=4k", f"--iodepth={depth}"], "1G",
                 runtime=args.runtime)
         if mode == "destage":
             cpu, started = thread_cpu_seconds(server.process.pid, "maintenance"), time.monotonic()
-            until_destaged()
+            wait_destaged(http, "bench")
             return (time.monotonic() - started, thread_cpu_seconds(server.process.pid, "maintenance") - cpu)
         after = fio(uri, "seqread-after", SEQREAD, "1G", runtime=args.runtime)["read"]["bw_bytes"] / 2**20
-        until_destaged()
+        wait_destaged(http, "bench")
         subprocess.run(["sync"], check=True)
         rested = fio(uri, "seqread-rested", SEQREAD, "1G", runtime=args.runtime)["read"]["bw_bytes"] / 2**20
         return (after, rested)

@@ -206,6 +206,27 @@ def start_server(work_dir, nbd, http, options=(), fresh=True):
 
 
 
+def serve_volume(work_dir, nbd, http, name, size_bytes, options=()):
+    """A fresh Rewind server (`start_server`) with one volume `name` made:
+    (server, its HTTP address, the volume's NBD URI). The caller stops the
+    server."""
+    _work, data, server = start_server(work_dir, nbd, http, options)
+    try:
+        wait_port(nbd)
+        address = f"127.0.0.1:{http}"
+        remember_token(address, data)
+        api(address, "POST", "/v1/volumes", {"name": name, "size_bytes": size_bytes})
+    except BaseException:
+        server.stop()
+        raise
+    return server, address, f"nbd://127.0.0.1:{nbd}/{name}"
+
+
+def wait_destaged(http, volume):
+    """Until the volume's destager has caught up with its journal."""
+    while api(http, "GET", f"/v1/volumes/{volume}")["stats"]["versions_pending_destage"]:
+        time.sleep(0.05)
+
 MINIO_USER, MINIO_PASSWORD = "rewind-bench", "rewind-bench-secret"
 
 

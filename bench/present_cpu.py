@@ -13,11 +13,10 @@ server's CPU per GiB is what sets the pace."""
 import argparse
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import benchlib
-from benchlib import api, fio, remember_token, start_server, wait_port
+from benchlib import fio, serve_volume, wait_destaged, wait_port
 
 REWIND_NBD, REWIND_HTTP, NBDKIT_NBD = 11960, 11961, 11970
 SEQREAD = ["--rw=read", "--bs=1m", "--iodepth=4"]
@@ -40,16 +39,11 @@ def reads(uri, pid, args):
 
 
 def rewind(args):
-    _work, data, server = start_server(args.work, REWIND_NBD, REWIND_HTTP, ["--archive-interval", "1h"])
+    server, http, uri = serve_volume(args.work, REWIND_NBD, REWIND_HTTP, "present", 1 << 30,
+                                     ["--archive-interval", "1h"])
     try:
-        wait_port(REWIND_NBD)
-        http = f"127.0.0.1:{REWIND_HTTP}"
-        remember_token(http, data)
-        api(http, "POST", "/v1/volumes", {"name": "present", "size_bytes": 1 << 30})
-        uri = f"nbd://127.0.0.1:{REWIND_NBD}/present"
         fio(uri, "fill", FILL, "1G")
-        while api(http, "GET", "/v1/volumes/present")["stats"]["versions_pending_destage"]:
-            time.sleep(0.05)
+        wait_destaged(http, "present")
         subprocess.run(["sync"], check=True)
         return reads(uri, server.process.pid, args)
     finally:
