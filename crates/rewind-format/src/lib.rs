@@ -7,6 +7,8 @@
 mod bytes;
 pub mod catalog;
 pub mod chunks;
+#[cfg(target_arch = "x86_64")]
+mod crc_fold;
 pub mod current;
 pub mod groups;
 pub mod index;
@@ -27,17 +29,46 @@ pub enum Crc32cEngine {
     /// 42.1 GB/s against 18.8 for the other on 4 KiB blocks (an Intel Xeon,
     /// 54e58fb).
     Carryless,
+    /// Rewind's own fold with 256-bit carry-less multiplies (`crc_fold`):
+    /// chosen where the CPU has AVX2 and VPCLMULQDQ but not AVX-512, where
+    /// crc-fast falls back to a path that is slow on short inputs (on an AMD
+    /// EPYC 7003: 4.1 GB/s on 4 KiB blocks) and the CRC instruction is bound
+    /// by its latency (7.6 GB/s).
+    Folded,
     /// The crc32c crate's loop of the CPU's CRC instruction: chosen
-    /// elsewhere, where crc-fast falls back to a path that is slow on short
-    /// inputs (on an AMD EPYC without AVX-512: 3.8 GB/s on 4 KiB blocks, 8.5
-    /// on 64 KiB, against 7.1 and 9.0; its checks were a fifth of the
-    /// server's time in a read there). `chunk-bench crc` measures both.
+    /// elsewhere (its checks were a fifth of the server's time in a read on
+    /// that EPYC). `chunk-bench crc` measures each engine this CPU runs.
     CrcInstruction,
+}
+
+impl Crc32cEngine {
+    /// Every engine, whether or not this CPU runs it.
+    pub const ALL: [Crc32cEngine; 3] = [Crc32cEngine::Carryless, Crc32cEngine::Folded, Crc32cEngine::CrcInstruction];
+
+    /// Whether this CPU runs the engine (crc-fast and the crc32c crate run
+    /// everywhere, each picking its best path).
+    pub fn available(self) -> bool {
+        match self {
+            Crc32cEngine::Folded => folding_available(),
+            Crc32cEngine::Carryless | Crc32cEngine::CrcInstruction => true,
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn folding_available() -> bool {
+    crc_fold::available()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn folding_available() -> bool {
+    false
 }
 
 static CRC32C_ENGINE: LazyLock<Crc32cEngine> =
     LazyLock::new(|| match crc_fast::get_calculator_target(crc_fast::CrcAlgorithm::Crc32Iscsi).contains("avx512") {
         true => Crc32cEngine::Carryless,
+        false if folding_available() => Crc32cEngine::Folded,
         false => Crc32cEngine::CrcInstruction,
     });
 
@@ -57,10 +88,11 @@ pub fn crc32c_engine() -> Crc32cEngine {
 }
 
 /// [`crc32c`] by a given implementation (`chunk-bench crc` times each).
+/// Panics if this CPU does not run it ([`Crc32cEngine::available`]).
 pub fn crc32c_with(engine: Crc32cEngine, bytes: &[u8]) -> u32 {
     match engine {
         Crc32cEngine::Carryless => crc_fast::crc32_iscsi(bytes),
-        Crc32cEngine::CrcInstruction => ::crc32c::crc32c(bytes),
+        Crc32cEngine::Folded | Crc32cEngine::CrcInstruction => crc32c_append_with(engine, 0, bytes),
     }
 }
 
@@ -72,8 +104,19 @@ fn crc32c_append_with(engine: Crc32cEngine, crc: u32, bytes: &[u8]) -> u32 {
             digest.update(bytes);
             digest.finalize() as u32
         }
+        Crc32cEngine::Folded => folded_append(crc, bytes),
         Crc32cEngine::CrcInstruction => ::crc32c::crc32c_append(crc, bytes),
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn folded_append(crc: u32, bytes: &[u8]) -> u32 {
+    crc_fold::crc32c_append(crc, bytes)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn folded_append(_crc: u32, _bytes: &[u8]) -> u32 {
+    panic!("CRC-32C folding runs on x86-64 only")
 }
 
 /// The CRC-32C of bytes `A` followed by `B`, from `crc_a` (of `A`), `crc_b`
@@ -166,9 +209,9 @@ pub fn verify_crc(what: &'static str, stored: u32, computed: u32) -> Result<(), 
 
 #[cfg(test)]
 mod tests {
-    use super::{crc32c, crc32c_append, crc32c_append_with, crc32c_combine, crc32c_with, Crc32cEngine};
+    use super::{crc32c, crc32c_append, crc32c_append_with, crc32c_combine, crc32c_engine, crc32c_with, Crc32cEngine};
 
-    /// Checksums on disk were computed by either implementation, as the
+    /// Checksums on disk were computed by any of the implementations, as the
     /// machine chose (a volume moves between machines): each gives the
     /// check value of the CRC-32C catalogue, and appending in any split
     /// agrees with the whole and with the other, whichever this machine
@@ -177,11 +220,14 @@ mod tests {
     fn crc32c_is_the_castagnoli_checksum_in_any_split_by_either_engine() {
         let bytes: Vec<u8> = (0..20_000u32).map(|index| (index.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         let whole = crc32c(&bytes);
-        for engine in [Crc32cEngine::Carryless, Crc32cEngine::CrcInstruction] {
+        let engines: Vec<Crc32cEngine> = Crc32cEngine::ALL.into_iter().filter(|engine| engine.available()).collect();
+        eprintln!("engines this CPU runs: {engines:?}");
+        assert!(engines.contains(&crc32c_engine()), "the chosen engine runs here");
+        for engine in engines {
             assert_eq!(crc32c_with(engine, b"123456789"), 0xe306_9283, "{engine:?}");
             assert_eq!(crc32c_with(engine, b""), 0, "{engine:?}");
             assert_eq!(crc32c_with(engine, &[0u8; 32]), 0x8a91_36aa, "{engine:?}");
-            for length in [1, 15, 16, 64, 4095, 4096, 4160, 20_000] {
+            for length in [1, 15, 16, 64, 255, 256, 300, 4095, 4096, 4160, 20_000] {
                 assert_eq!(crc32c_with(engine, &bytes[..length]), crc32c(&bytes[..length]), "{engine:?}, {length}");
             }
             for split in [0, 1, 7, 8, 63, 64, 4096, 9_999, 20_000] {
