@@ -265,6 +265,8 @@ pub struct Node {
     /// which volumes are in which group.
     pub(crate) admin: Mutex<()>,
     collect_last: Mutex<Option<Timestamp>>,
+    /// When the journals' idle spare buffers were last given back.
+    spares_released_last: Mutex<Timestamp>,
     /// The packs' two tiers, when they go to a bucket.
     pub(crate) tiered: Option<Arc<TieredPackStore>>,
     /// Since when each pack waiting for its upload has been seen waiting.
@@ -496,6 +498,7 @@ impl Node {
             groups,
             admin: Mutex::new(()),
             collect_last: Mutex::new(None),
+            spares_released_last: Mutex::default(),
             tiered,
             upload_waiting_since: Mutex::new(BTreeMap::new()),
             catalogs,
@@ -887,9 +890,22 @@ impl Node {
     /// the others; the first error is returned.
     pub fn maintain(&self, now: Timestamp) -> Result<bool, EngineError> {
         self.measure_space();
+        self.release_idle_journal_memory(now);
         let waiting = self.volumes().iter().map(|volume| volume.history_waiting_bytes()).sum();
         self.shared.space.set_history_waiting(waiting);
         self.for_each_volume(now, Work::Maintenance, |volume| volume.maintain(now))
+    }
+
+    /// Gives back the journals' spare batch buffers that no batch took
+    /// within the last minute or so (see `RecentMemory::release_idle_spares`).
+    fn release_idle_journal_memory(&self, now: Timestamp) {
+        /// A burst's buffers are kept at least this long for the next burst.
+        const SPARES_KEPT_NANOS: u64 = 60_000_000_000;
+        let mut last = self.spares_released_last.lock();
+        if now.unix_nanos().saturating_sub(last.unix_nanos()) >= SPARES_KEPT_NANOS {
+            self.shared.journal_memory.release_idle_spares();
+            *last = now;
+        }
     }
 
     /// Measures the free space against the reserve, logging when that

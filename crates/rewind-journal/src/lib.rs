@@ -384,8 +384,8 @@ struct SegmentCommits {
     previous: u64,
 }
 
-/// Buffers of written batches kept for reuse.
-const SPARE_BUFFERS_MAX: usize = 4;
+/// Buffers of written batches kept for reuse however full the memory.
+const SPARE_BUFFERS_MIN: usize = 4;
 /// What a journal keeps in memory of the batches it wrote when no
 /// [`RecentMemory`] is shared with it ([`Journal::sharing_recent_memory`]).
 const RECENT_BYTES_OWN: u64 = 64 << 20;
@@ -398,15 +398,68 @@ const RECENT_BYTES_OWN: u64 = 64 << 20;
 /// and half of the random reads that follow are theirs (BENCHMARKS.md).
 /// Shared by the journals of a node: one that writes lets go of its own
 /// oldest batches while the journals together keep more than `limit`.
+///
+/// The buffers of batches let go are kept for the next batches, of any of
+/// the journals, within the same `limit`: a batch in a fresh buffer pays a
+/// page fault for each 4 KiB its records fill, and a burst into a new
+/// volume took a fifth of the server's time in them (BENCHMARKS.md, "The
+/// journal at the device's limit"). Those no batch took between two calls
+/// of [`RecentMemory::release_idle_spares`] are given back.
 #[derive(Debug)]
 pub struct RecentMemory {
     limit: u64,
     used: AtomicU64,
+    spares: Mutex<SpareBuffers>,
+}
+
+/// Buffers of written batches kept for reuse, and the fewest there were
+/// since the last release: that many no batch needed meanwhile.
+#[derive(Debug, Default)]
+struct SpareBuffers {
+    buffers: Vec<Vec<u8>>,
+    bytes: u64,
+    fewest: usize,
 }
 
 impl RecentMemory {
     pub fn new(limit: u64) -> Arc<RecentMemory> {
-        Arc::new(RecentMemory { limit, used: AtomicU64::new(0) })
+        Arc::new(RecentMemory { limit, used: AtomicU64::new(0), spares: Mutex::default() })
+    }
+
+    /// A buffer of a written batch, or a new one.
+    fn take_spare(&self) -> Vec<u8> {
+        let mut spares = self.spares.lock();
+        let buffer = spares.buffers.pop().unwrap_or_default();
+        spares.bytes -= buffer.capacity() as u64;
+        spares.fewest = spares.fewest.min(spares.buffers.len());
+        buffer
+    }
+
+    /// Keeps `buffer` for a batch to come, if the memory has room for it.
+    fn keep_spare(&self, buffer: Vec<u8>) {
+        let mut spares = self.spares.lock();
+        let bytes = buffer.capacity() as u64;
+        if spares.buffers.len() < SPARE_BUFFERS_MIN || self.used() + spares.bytes + bytes <= self.limit {
+            spares.bytes += bytes;
+            spares.buffers.push(buffer);
+        }
+    }
+
+    /// Gives back the spare buffers no batch took since the last call (the
+    /// oldest kept), keeping a few: run now and then (a minute apart), so
+    /// that the memory of a burst is held for the next burst but not by an
+    /// idle node.
+    pub fn release_idle_spares(&self) {
+        let mut spares = self.spares.lock();
+        let idle = spares.fewest.min(spares.buffers.len().saturating_sub(SPARE_BUFFERS_MIN));
+        let released: u64 = spares.buffers.drain(..idle).map(|buffer| buffer.capacity() as u64).sum();
+        spares.bytes -= released;
+        spares.fewest = spares.buffers.len();
+    }
+
+    /// Bytes of spare batch buffers kept now.
+    pub fn spare_bytes(&self) -> u64 {
+        self.spares.lock().bytes
     }
 
     /// Bytes of written batches the journals keep now.
@@ -455,7 +508,6 @@ pub struct Journal {
     /// in the kernel, where `parking_lot`'s first yield in a loop, for a lock
     /// held across a disk flush.
     syncing: std::sync::Mutex<()>,
-    spare_buffers: Mutex<Vec<Vec<u8>>>,
     /// Batches written with direct I/O (see [`RecentMemory`]).
     recent: Mutex<Recent>,
     recent_memory: Arc<RecentMemory>,
@@ -612,7 +664,6 @@ impl Journal {
                 commits: SegmentCommits::default(),
             }),
             syncing: std::sync::Mutex::new(()),
-            spare_buffers: Mutex::new(Vec::new()),
             recent: Mutex::new(Recent::default()),
             recent_memory: RecentMemory::new(RECENT_BYTES_OWN),
             recent_start: AtomicU64::new(u64::MAX),
@@ -1379,7 +1430,7 @@ impl Journal {
 
     /// A buffer of a written batch, or a new one.
     fn spare_buffer(&self) -> Vec<u8> {
-        self.spare_buffers.lock().pop().unwrap_or_default()
+        self.recent_memory.take_spare()
     }
 
     /// Writes the oldest sealed batch (without syncing), if it starts at or
@@ -1470,10 +1521,7 @@ impl Journal {
             if batch.bytes.capacity() < self.config.batch_bytes_max {
                 return;
             }
-            let mut spare = self.spare_buffers.lock();
-            if spare.len() < SPARE_BUFFERS_MAX {
-                spare.push(batch.bytes);
-            }
+            self.recent_memory.keep_spare(batch.bytes);
         }
     }
 

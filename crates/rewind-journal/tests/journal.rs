@@ -671,6 +671,73 @@ fn journals_sharing_memory_keep_what_it_allows_together() {
     assert_eq!(nothing.used(), 0);
 }
 
+/// The buffers of batches let go serve the next batches of any journal
+/// sharing the memory (their pages are already faulted in), within the
+/// memory's limit, and those no batch took between two releases are given
+/// back, so an idle node does not hold a burst's memory.
+#[test]
+fn spare_batch_buffers_serve_every_journal_and_idle_ones_are_given_back() {
+    // Large enough that a written batch is kept whole, not copied small.
+    const BATCH: usize = 64 << 10;
+    // A batch's buffer: its records and less than a sector of each padding
+    // (and, at most, as much again when its vector grew for them).
+    const BUFFER: u64 = BATCH as u64 + 3 * 4096;
+    const BUFFER_MAX: u64 = BUFFER + 3 * 4096;
+    let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(SimConfig::default(), 12));
+    let config = JournalConfig { batch_bytes_max: BATCH, ..JournalConfig::default() };
+    let memory = RecentMemory::new(64 * BUFFER_MAX);
+    let open = |dir: &str| {
+        Journal::create(Arc::clone(&storage), dir, block_size(), config, Timestamp::MIN)
+            .unwrap()
+            .sharing_recent_memory(Arc::clone(&memory))
+    };
+    // Full batches, written and kept until forgotten.
+    let burst = |journal: &Journal, batches: usize| -> Lsn {
+        let records = batches * BATCH / (2 * BLOCK as usize);
+        let last = (0..records)
+            .map(|i| {
+                let at = Timestamp::from_unix_nanos(1 + i as u64);
+                journal.append_write(at, BlockIndex(2 * i as u64), &[i as u8; 2 * BLOCK as usize], &mut Vec::new())
+            })
+            .last()
+            .unwrap()
+            .unwrap();
+        journal.commit().unwrap();
+        last.lsn
+    };
+    let first = open("first");
+    let lsn = burst(&first, 10);
+    assert_eq!(memory.spare_bytes(), 0, "the burst's batches are all kept");
+    first.forget_written(lsn);
+    let spare = memory.spare_bytes();
+    assert!(spare >= 9 * BUFFER, "the buffers of the burst are kept for reuse: {spare}");
+    memory.release_idle_spares();
+    assert_eq!(memory.spare_bytes(), spare, "none has waited a whole interval yet");
+    let second = open("second");
+    burst(&second, 4);
+    let taken = spare - memory.spare_bytes();
+    assert!(taken >= 3 * BUFFER, "another journal's batches took them: {taken} of {spare}");
+    memory.release_idle_spares();
+    let left = memory.spare_bytes();
+    assert!(left < spare - taken, "what no batch took in the interval is given back: {left}");
+    assert!(left > 0, "a few stay: {left}");
+    second.forget_written(Lsn(u64::MAX));
+    assert!(memory.spare_bytes() > left, "the second journal's batches are spares now");
+    memory.release_idle_spares();
+    memory.release_idle_spares();
+    let kept = memory.spare_bytes();
+    assert!((1..=4 * BUFFER_MAX).contains(&kept), "a few buffers stay however idle: {kept}");
+    // Within the limit: a journal whose memory keeps nothing keeps no more
+    // than a few spares.
+    let nothing = RecentMemory::new(0);
+    let none = Journal::create(Arc::clone(&storage), "none", block_size(), config, Timestamp::MIN)
+        .unwrap()
+        .sharing_recent_memory(Arc::clone(&nothing));
+    let lsn = burst(&none, 10);
+    none.forget_written(lsn);
+    assert!(nothing.spare_bytes() <= 4 * BUFFER_MAX, "the limit holds: {}", nothing.spare_bytes());
+}
+
 #[test]
 fn a_tail_cut_short_is_reported_as_torn() {
     let storage = SimStorage::new(SimConfig::default(), 5);
