@@ -336,8 +336,8 @@ pub struct ServeArgs {
     /// blocks not destaged yet, and the destager's own, come from here
     /// instead of the disk; 0 keeps nothing. `auto`: an eighth of the
     /// memory this process may use (the machine's, or its cgroup's limit if
-    /// lower), at least 64 MiB; it is held only while a burst waits to be
-    /// destaged.
+    /// lower), at least 64 MiB; it is held while a burst waits to be
+    /// destaged, and its buffers a minute or two longer, for the next.
     #[arg(long, value_name = "SIZE|auto", default_value = "auto", value_parser = parse_journal_memory)]
     journal_memory: JournalMemory,
     /// Reads keep archiving waiting too (a pass under way pauses), up to
