@@ -24,13 +24,11 @@
 //! it; a block the cache has let go is in the overlay; the count of versions
 //! is the sum over blocks.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use rewind_cache::ControllerCache;
 use rewind_types::{Lsn, Version};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use rustc_hash::FxHashSet;
 use smallvec::SmallVec;
 
