@@ -15,10 +15,11 @@
 //!   file writes are durable when asked (`Stability`) or at `commit`. A
 //!   SETATTR that changes only attributes (mode, owner, times), which §1.6
 //!   leaves out of its synchronous procedures, is durable with the next
-//!   change that is, or within the volume's commit interval (50 ms): each
-//!   waiting for a flush, they took 1.1 ms against nfs-ganesha's 0.23 in
-//!   the SPECsfs-like mix (BENCHMARKS.md). One that sets the size changes
-//!   the file's bytes, and is durable before it returns.
+//!   change that is, or at the volume's commit interval (50 ms; later
+//!   while maintenance destages): each waiting for a flush, they took
+//!   1.1 ms against nfs-ganesha's 0.23 in the SPECsfs-like mix
+//!   (BENCHMARKS.md). One that sets the size changes the file's bytes, and
+//!   is durable before it returns.
 //!   A change waits for the disk after it has released the lock
 //!   ([`Owed`]): the journal is one ordered log, so a flush makes every
 //!   record before it durable, and an operation that sees a change not

@@ -1,8 +1,8 @@
 //! What a tree makes durable before a call returns, through power loss on
 //! the simulated disk (which keeps nothing that was not synced): RFC 1813's
 //! synchronous changes and a new size at once; a change of attributes alone
-//! (which §1.6 leaves out of them) with the next synchronous change, or
-//! within the volume's commit interval.
+//! (which §1.6 leaves out of them) with the next synchronous change, or at
+//! the volume's commit interval (checked by maintenance).
 
 use std::sync::Arc;
 
