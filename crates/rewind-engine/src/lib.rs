@@ -43,7 +43,7 @@ pub use rewind_format::groups::{Group, GroupBookmark, MemberPoint};
 pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, Revert, TimelineBucket, VolumeBase, VolumeKind};
 pub use rewind_io::IoStats;
 pub use volume::clients::{Attachment, HangUp, InUse, Role};
-pub use volume::compound::{Change, COMPOUND_BLOCKS_MAX, COMPOUND_BYTES_MAX};
+pub use volume::compound::{Change, CompoundWritten, COMPOUND_BLOCKS_MAX, COMPOUND_BYTES_MAX};
 pub use volume::diff::ChangeExtent;
 pub use volume::history::{PolicyChange, TimelineReport, VolumeStats};
 pub use volume::import::ImportReport;

@@ -45,7 +45,7 @@ fn a_compound_write_is_one_point_in_time_all_or_none() {
         Change::Write { offset: 0, data: &inode },
     ];
     // The clock stands still: the compound write still gets a time of its own.
-    let at = volume.write_compound(before, &changes, Durability::Fua).unwrap();
+    let at = volume.write_compound(before, &changes, Durability::Fua).unwrap().at;
     assert_eq!(at, before.next());
     let check = |volume: &Arc<Volume>| {
         assert_eq!(read(volume, Some(before), 0), vec![0; BLOCK as usize]);

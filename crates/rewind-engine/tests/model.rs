@@ -332,7 +332,7 @@ fn run(seed: u64) -> Exercised {
                 } else if full && result.as_ref().is_err_and(no_space) {
                     exercised.no_space += 1;
                 } else {
-                    let at = result.unwrap_or_else(|error| panic!("seed {seed} step {step}: {error}"));
+                    let at = result.unwrap_or_else(|error| panic!("seed {seed} step {step}: {error}")).at;
                     let changes: Vec<(u64, Vec<u8>)> =
                         parts.into_iter().map(|(offset, data, _)| (offset, data)).collect();
                     record_compound(&mut oracle, now, &changes);

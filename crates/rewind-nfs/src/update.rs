@@ -263,8 +263,9 @@ impl<'a> Update<'a> {
                 Applied::Linked(attributes, change)
             }
             Update::Commit { file } => {
-                let before = tree.getattr(resolve(file)?)?;
-                tree.commit_writes()?;
+                let file = resolve(file)?;
+                let before = tree.getattr(file)?;
+                tree.commit_file(file)?;
                 Applied::Changed(Wcc { after: before.clone(), before })
             }
         })

@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering;
 
 use rewind_format::journal::{CompoundExtent, COMPOUND_EXTENTS_MAX, COMPOUND_EXTENT_BYTES, RECORD_HEADER_BYTES};
-use rewind_types::{BlockIndex, Timestamp, Version, VersionData};
+use rewind_types::{BlockIndex, Lsn, Timestamp, Version, VersionData};
 
 use crate::volume::{Durability, Volume, RECORD_BYTES_MAX, ZERO_RECORD_BLOCKS_MAX};
 use crate::EngineError;
@@ -39,9 +39,17 @@ pub const COMPOUND_BYTES_MAX: usize = RECORD_BYTES_MAX;
 /// becomes a version in memory at once, as in a zero record.
 pub const COMPOUND_BLOCKS_MAX: u64 = ZERO_RECORD_BLOCKS_MAX;
 
+/// Where a compound write went: its point in time, and its journal record's
+/// LSN, which [`Volume::flush_through`] makes durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompoundWritten {
+    pub at: Timestamp,
+    pub lsn: Lsn,
+}
+
 impl Volume {
     /// Writes and zeroes `changes` (whole blocks, disjoint, in any order) as
-    /// one point in time, all or none, and returns that time. Refused whole
+    /// one point in time, all or none, and returns that time and its record. Refused whole
     /// if any change is misaligned, out of range or overlaps another, or if
     /// together they exceed [`COMPOUND_BYTES_MAX`] of data or
     /// `COMPOUND_EXTENTS_MAX` extents.
@@ -50,11 +58,11 @@ impl Volume {
         now: Timestamp,
         changes: &[Change<'_>],
         durability: Durability,
-    ) -> Result<Timestamp, EngineError> {
+    ) -> Result<CompoundWritten, EngineError> {
         self.check_writable()?;
         let (extents, data) = self.compound_extents(changes)?;
         self.check_room()?;
-        let timestamp = {
+        let written = {
             let mut state = self.write.lock();
             let timestamp_before = state.timestamp_last;
             let timestamp = Volume::next_timestamp(&mut state, now);
@@ -91,12 +99,12 @@ impl Volume {
                 (RECORD_HEADER_BYTES + table_bytes) as u64 + u64::from(data_blocks) * u64::from(block_bytes);
             let zero_blocks = state.versions.iter().filter(|version| version.data == VersionData::Zero).count();
             self.record_versions(&mut state, appended.lsn, journal_bytes, zero_blocks);
-            timestamp
+            CompoundWritten { at: timestamp, lsn: appended.lsn }
         };
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
         self.counters.write_bytes.fetch_add(data.iter().map(|slice| slice.len() as u64).sum(), Ordering::Relaxed);
         self.after_write(durability)?;
-        Ok(timestamp)
+        Ok(written)
     }
 
     /// The journal's extents for `changes`, sorted, and the data of each
