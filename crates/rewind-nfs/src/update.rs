@@ -52,9 +52,14 @@ fn borrowed(bytes: &[u8]) -> Bytes<'_> {
 
 impl<'a> Update<'a> {
     /// Whether NFS wants the change durable before its reply: every update
-    /// but an UNSTABLE WRITE (a COMMIT is that wish itself).
+    /// RFC 1813 §1.6 lists as synchronous, so all but an UNSTABLE WRITE and
+    /// a SETATTR that sets no size (a COMMIT is that wish itself).
     pub fn durable_on_return(&self) -> bool {
-        !matches!(self, Update::Write { stability: Stability::Unstable, .. })
+        match self {
+            Update::Write { stability, .. } => *stability != Stability::Unstable,
+            Update::SetAttr { attributes, .. } => attributes.size.is_some(),
+            _ => true,
+        }
     }
 
     /// Decodes the arguments of an update procedure (`is_update`).

@@ -257,7 +257,8 @@ async fn every_update_a_synchronous_proxy_answered_survives_a_power_loss_of_the_
     let mut client = connect(mirror.address, "/shop", 0).await;
     let top = client.root_nfs_fh3();
     // Metadata, a stable write, and an unstable one made stable by COMMIT:
-    // NFS wants each durable when it is answered.
+    // NFS wants each durable when it is answered (the SETATTR of a mode
+    // alone, which it does not, with the MKDIR after it).
     let file = create(&mut client, &top, "a.txt").await;
     write(&mut client, &file, 0, b"stable, ").await;
     let unstable = WRITE3args {

@@ -67,8 +67,10 @@
 //! # Asynchronous mode (UCDP-A)
 //!
 //! Synchronously (UCDP-O), an update is in history, as durably as the
-//! client asked of the upstream (metadata at once, data at COMMIT or when
-//! written stable), before the client hears back. With
+//! client asked of the upstream (what RFC 1813 §1.6 makes synchronous, the
+//! namespace's changes and a new size, at once; data at COMMIT or when
+//! written stable; a SETATTR of attributes alone with the next of those,
+//! or within the mirror's commit interval), before the client hears back. With
 //! [`ProxyMode::Asynchronous`] (UCDP-A), an update is answered as soon as
 //! the upstream has applied it and queued for the recorder (`recorder.rs`),
 //! whose records reach the disk with the journal's next flush; the queue is
@@ -481,7 +483,7 @@ impl Proxy {
         let durable_meanwhile = self.recorder.is_none() && matches!(update, Update::Commit { .. });
         let meanwhile = || {
             if durable_meanwhile && !self.diverged.load(Ordering::Acquire) {
-                self.make_durable();
+                self.make_durable(Some(targets[0].mirror));
             }
         };
         self.exchange_doing(record, at, targets, out, &meanwhile)?;
@@ -504,7 +506,7 @@ impl Proxy {
                 // one that failed on a full disk would fail (and warn) on
                 // every update until the comparison catches up.
                 if update.durable_on_return() && !durable_meanwhile && !self.diverged.load(Ordering::Acquire) {
-                    self.make_durable();
+                    self.make_durable(None);
                 }
                 created
             }
@@ -554,11 +556,16 @@ impl Proxy {
     }
 
     /// Makes what the mirror recorded durable (a synchronous update's
-    /// record, before its reply). If that fails (a full disk, or a failed
-    /// flush that poisoned the mirror's volume) the upstream keeps serving
-    /// and the mirror is out of step.
-    fn make_durable(&self) {
-        if let Err(error) = self.tree.tree.commit_writes() {
+    /// record, before its reply): all of it, or for a COMMIT what it
+    /// recorded of `file`. If that fails (a full disk, or a failed flush
+    /// that poisoned the mirror's volume) the upstream keeps serving and the
+    /// mirror is out of step.
+    fn make_durable(&self, file: Option<Handle>) {
+        let made = match file {
+            Some(file) => self.tree.tree.commit_file(file),
+            None => self.tree.tree.commit_writes(),
+        };
+        if let Err(error) = made {
             warn!(%error, "the mirror's records could not be made durable: it is out of step with the upstream");
             self.stats.lock().unrecorded += 1;
             self.fall_out_of_step();
