@@ -182,7 +182,8 @@ const UNSYNCED_TRACKED_MAX: usize = 1 << 16;
 
 impl Unsynced {
     fn changed(&mut self, ino: u64, lsn: Lsn, lsn_durable: Lsn) {
-        assert!(lsn > self.floor, "records are tracked in LSN order");
+        // (Equal: another inode of the record whose first ones set the floor.)
+        assert!(lsn >= self.floor, "records are tracked in LSN order");
         if self.lsns.len() >= UNSYNCED_TRACKED_MAX && !self.lsns.contains_key(&ino) {
             self.lsns.retain(|_, &mut last| last > lsn_durable);
             if self.lsns.len() > UNSYNCED_TRACKED_MAX / 2 {
