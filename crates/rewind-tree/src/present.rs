@@ -1354,6 +1354,17 @@ mod tests {
         unsynced.changed(ino, Lsn(ino + 1), durable);
         assert_eq!((unsynced.lsns.len(), unsynced.floor), (1, Lsn(ino)));
         assert_eq!((unsynced.through(max - 1), unsynced.through(ino)), (Lsn(ino), Lsn(ino + 1)));
+        // Forgetting in the middle of one record's inodes: the floor is
+        // that record's own LSN, which its later inodes carry too.
+        while (unsynced.lsns.len() as u64) < max - 1 {
+            ino += 1;
+            unsynced.changed(ino, Lsn(ino + 1), durable);
+        }
+        let record = Lsn(ino + 2);
+        for inode in [ino + 1, ino + 2, ino + 3] {
+            unsynced.changed(inode, record, durable);
+        }
+        assert_eq!((unsynced.floor, unsynced.through(ino + 3), unsynced.through(3)), (record, record, record));
     }
 
     #[test]
