@@ -332,14 +332,50 @@ impl Batch {
         Some(Batch { bytes: records, sector_start: 0, records_start: 0, records_end, ..*self })
     }
 
+    /// Where the `len` bytes at `offset` of `segment` start in
+    /// [`Batch::records`], if this batch holds them.
+    fn start_of(&self, segment: u32, offset: u64, len: usize) -> Option<usize> {
+        let holds = segment == self.segment && offset >= self.offset && offset + len as u64 <= self.end();
+        holds.then(|| (offset - self.offset) as usize)
+    }
+
     /// Copies `buf.len()` bytes at `offset` of `segment` if this batch holds them.
     fn copy_out(&self, segment: u32, offset: u64, buf: &mut [u8]) -> bool {
-        if segment != self.segment || offset < self.offset || offset + buf.len() as u64 > self.end() {
+        let Some(start) = self.start_of(segment, offset, buf.len()) else {
             return false;
-        }
-        let start = (offset - self.offset) as usize;
+        };
         buf.copy_from_slice(&self.records()[start..start + buf.len()]);
         true
+    }
+}
+
+/// Bytes of the journal that [`Journal::read_span`] found: read into the
+/// caller's buffer, or still in the journal's memory, where they are
+/// borrowed from the batch that holds them (kept alive meanwhile) rather
+/// than copied — the destager's copy out of journal memory was a quarter
+/// of its CPU under sustained 1 MiB writes (BENCHMARKS.md).
+pub struct SpanBytes<'a>(SpanSource<'a>);
+
+enum SpanSource<'a> {
+    Buffer(&'a [u8]),
+    Memory { batch: Arc<Batch>, start: usize, len: usize },
+}
+
+impl SpanBytes<'_> {
+    /// Whether the bytes are borrowed from the journal's memory.
+    pub fn in_memory(&self) -> bool {
+        matches!(self.0, SpanSource::Memory { .. })
+    }
+}
+
+impl std::ops::Deref for SpanBytes<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            SpanSource::Buffer(bytes) => bytes,
+            SpanSource::Memory { batch, start, len } => &batch.records()[*start..*start + *len],
+        }
     }
 }
 
@@ -484,11 +520,16 @@ struct Recent {
 }
 
 impl Recent {
-    /// Copies `buf.len()` bytes at `offset` of `segment` if a kept batch holds them.
-    fn copy_out(&self, segment: u32, offset: u64, buf: &mut [u8]) -> bool {
+    /// The kept batch that would hold bytes at `offset` of `segment`, if any.
+    fn batch_at(&self, segment: u32, offset: u64) -> Option<&Arc<Batch>> {
         let at = pack(segment, offset);
         let after = self.batches.partition_point(|batch| pack(batch.segment, batch.offset) <= at);
-        after > 0 && self.batches[after - 1].copy_out(segment, offset, buf)
+        after.checked_sub(1).map(|index| &self.batches[index])
+    }
+
+    /// Copies `buf.len()` bytes at `offset` of `segment` if a kept batch holds them.
+    fn copy_out(&self, segment: u32, offset: u64, buf: &mut [u8]) -> bool {
+        self.batch_at(segment, offset).is_some_and(|batch| batch.copy_out(segment, offset, buf))
     }
 }
 
@@ -1652,20 +1693,25 @@ impl Journal {
         at >= self.written_end.load(Ordering::Acquire) || at >= self.recent_start.load(Ordering::Acquire)
     }
 
-    /// The `len` bytes at `offset` of `segment`, read into `buffer`: with
-    /// direct I/O where the journal writes so and they are in the file
-    /// only — the sectors around them, straight from the device into an
-    /// aligned part of `buffer` — and otherwise as [`Journal::read`] does.
-    /// For the destager's and the archiver's reads of a megabyte at a time:
-    /// through the page cache, half the destager's CPU went to the kernel
-    /// copying pages it had read ahead (BENCHMARKS.md).
+    /// The `len` bytes at `offset` of `segment`: borrowed from the batch
+    /// that holds them where the journal keeps it in memory (sealed, or
+    /// written and kept), otherwise read into `buffer` — with direct I/O
+    /// where the journal writes so and they are in the file only (the
+    /// sectors around them, straight from the device into an aligned part
+    /// of `buffer`), and otherwise as [`Journal::read`] does. For the
+    /// destager's and the archiver's reads of a megabyte at a time: through
+    /// the page cache, half the destager's CPU went to the kernel copying
+    /// pages it had read ahead (BENCHMARKS.md).
     pub fn read_span<'a>(
         &self,
         segment: u32,
         offset: u64,
         len: usize,
         buffer: &'a mut Vec<u8>,
-    ) -> Result<&'a [u8], JournalError> {
+    ) -> Result<SpanBytes<'a>, JournalError> {
+        if let Some((batch, start)) = self.batch_holding(segment, offset, len) {
+            return Ok(SpanBytes(SpanSource::Memory { batch, start, len }));
+        }
         let end = offset + len as u64;
         let in_file_only = pack(segment, end) <= self.written_end.load(Ordering::Acquire)
             && pack(segment, end) <= self.recent_start.load(Ordering::Acquire);
@@ -1676,12 +1722,29 @@ impl Journal {
             if self.read_sectors(segment, first, sectors)? {
                 let from = (offset - first) as usize;
                 let start = sectors.as_ptr() as usize - buffer.as_ptr() as usize + from;
-                return Ok(&buffer[start..start + len]);
+                return Ok(SpanBytes(SpanSource::Buffer(&buffer[start..start + len])));
             }
         }
+        // The active batch's bytes among them (it is not shared), or its
+        // batch written out and let go since we looked.
         buffer.resize(buffer.len().max(len), 0);
         self.read(segment, offset, &mut buffer[..len])?;
-        Ok(&buffer[..len])
+        Ok(SpanBytes(SpanSource::Buffer(&buffer[..len])))
+    }
+
+    /// The sealed or kept batch that holds the `len` bytes at `offset` of
+    /// `segment`, and where they start in its records.
+    fn batch_holding(&self, segment: u32, offset: u64, len: usize) -> Option<(Arc<Batch>, usize)> {
+        let held = |batch: &Arc<Batch>| batch.start_of(segment, offset, len).map(|start| (batch.clone(), start));
+        if pack(segment, offset + len as u64) > self.written_end.load(Ordering::Acquire) {
+            if let Some(found) = self.tail.lock().sealed.iter().find_map(held) {
+                return Some(found);
+            }
+        }
+        if pack(segment, offset) >= self.recent_start.load(Ordering::Acquire) {
+            return self.recent.lock().batch_at(segment, offset).and_then(held);
+        }
+        None
     }
 
     /// Reads whole sectors of `segment` with direct I/O; `false` where the

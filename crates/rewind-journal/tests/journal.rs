@@ -1143,13 +1143,13 @@ fn a_writer_waiting_for_room_writes_out_the_oldest_batch_only() {
     assert_eq!(ops.len(), appended.len(), "every record replays after the commit");
 }
 
-/// The destager's and the archiver's spans (`Journal::read_span`): from
-/// memory while the journal keeps their batches, then, once only in the
-/// file, with direct I/O — the sectors around them into an aligned part of
-/// the buffer — and buffered where the filesystem refuses direct I/O or the
-/// file ends mid-sector (a segment cut at a torn tail): the same bytes as
-/// `Journal::read` every way. Records of three 512-byte blocks straddle
-/// the 4 KiB sectors.
+/// The destager's and the archiver's spans (`Journal::read_span`):
+/// borrowed from the journal's memory while it keeps their batches, then,
+/// once only in the file, read with direct I/O — the sectors around them
+/// into an aligned part of the buffer — and buffered where the filesystem
+/// refuses direct I/O or the file ends mid-sector (a segment cut at a torn
+/// tail): the same bytes as `Journal::read` every way. Records of three
+/// 512-byte blocks straddle the 4 KiB sectors.
 #[test]
 fn spans_only_in_the_file_are_read_with_direct_io_and_read_the_same_bytes_every_way() {
     const RECORD: usize = 3 * BLOCK as usize;
@@ -1163,7 +1163,13 @@ fn spans_only_in_the_file_are_read_with_direct_io_and_read_the_same_bytes_every_
             })
             .collect();
         journal.commit().unwrap();
-        let check = |records: std::ops::Range<usize>, direct: bool| {
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        enum Found {
+            InMemory,
+            Direct,
+            Buffered,
+        }
+        let check = |records: std::ops::Range<usize>, found: Found| {
             let mut buffer = Vec::new();
             for first in records.clone() {
                 let last = (first + 2).min(records.end - 1);
@@ -1174,24 +1180,32 @@ fn spans_only_in_the_file_are_read_with_direct_io_and_read_the_same_bytes_every_
                 let mut expected = vec![0; len];
                 journal.read(segment, start, &mut expected).unwrap();
                 let span = journal.read_span(segment, start, len, &mut buffer).unwrap();
-                assert_eq!(span, &expected[..], "records {first}..={last}, direct I/O {direct}");
+                assert_eq!(&span[..], &expected[..], "records {first}..={last}, {found:?}");
                 assert_eq!(&span[..RECORD], &[first as u8; RECORD][..]);
-                let at = span.as_ptr();
-                if !start.is_multiple_of(4096) {
+                let (in_memory, at) = (span.in_memory(), span.as_ptr());
+                drop(span);
+                let how = match in_memory {
+                    true => Found::InMemory,
                     // Direct: the span lies inside the aligned sectors read.
-                    assert_eq!(at != buffer.as_ptr(), direct, "records {first}..={last}, direct I/O {direct}");
+                    false if at != buffer.as_ptr() => Found::Direct,
+                    false => Found::Buffered,
+                };
+                if !start.is_multiple_of(4096) || how == Found::InMemory {
+                    assert_eq!(how, found, "records {first}..={last}");
                 }
             }
         };
-        check(0..appended.len(), false);
+        // Written with direct I/O, the batches stay in memory; written
+        // buffered, the page cache keeps them instead.
+        check(0..appended.len(), if direct_io { Found::InMemory } else { Found::Buffered });
         journal.forget_written(appended.last().unwrap().lsn);
-        check(0..appended.len(), direct_io);
+        check(0..appended.len(), if direct_io { Found::Direct } else { Found::Buffered });
         // The file cut after the last record's data, mid-sector.
         let end = u64::from(appended.last().unwrap().data_offset) + RECORD as u64;
         assert!(!end.is_multiple_of(4096), "the cut falls inside a sector");
         let file = storage.open_file("journal/00000001.seg", rewind_io::OpenMode::Existing).unwrap();
         file.set_len(end).unwrap();
-        check(appended.len() - 2..appended.len(), false);
+        check(appended.len() - 2..appended.len(), Found::Buffered);
     }
 }
 
