@@ -165,14 +165,58 @@ impl CurrentStore {
 
     /// Writes whole blocks of data and then their metadata.
     pub fn write_blocks(&self, first: BlockIndex, data: &[u8], metas: &[BlockMeta]) -> Result<(), EngineError> {
-        assert_eq!(data.len(), metas.len() * self.block_size.bytes() as usize);
+        self.write_block_stretches(first, &[data], metas, &mut Vec::new())
+    }
+
+    /// [`CurrentStore::write_blocks`] for blocks that lie in memory in
+    /// `stretches` (whole blocks each; together the blocks from `first`,
+    /// in order), written from where they lie: the destager's blocks,
+    /// straight from the journal's memory. Stretches shorter than a piece
+    /// (`WRITE_PIECE_BYTES`), such as random writes' blocks, are copied
+    /// into `staging` until they make one, unless one is all there is.
+    pub fn write_block_stretches(
+        &self,
+        first: BlockIndex,
+        stretches: &[&[u8]],
+        metas: &[BlockMeta],
+        staging: &mut Vec<u8>,
+    ) -> Result<(), EngineError> {
+        let bytes: usize = stretches.iter().map(|stretch| stretch.len()).sum();
+        assert_eq!(bytes, metas.len() * self.block_size.bytes() as usize);
         self.check_range(first, metas.len() as u64);
         let offset = self.block_size.offset_of(first);
-        self.data_allocated.ensure(&*self.data, offset, data.len() as u64).map_err(EngineError::io(&self.data_path))?;
+        self.data_allocated.ensure(&*self.data, offset, bytes as u64).map_err(EngineError::io(&self.data_path))?;
+        staging.clear();
+        let (mut at, mut staged_at) = (offset, offset);
+        for (index, stretch) in stretches.iter().enumerate() {
+            assert!(stretch.len().is_multiple_of(self.block_size.bytes() as usize), "whole blocks");
+            let alone = staging.is_empty() && index + 1 == stretches.len();
+            if stretch.len() >= WRITE_PIECE_BYTES || alone {
+                self.write_pieces(staging, staged_at)?;
+                staging.clear();
+                self.write_pieces(stretch, at)?;
+            } else {
+                if staging.is_empty() {
+                    staged_at = at;
+                }
+                staging.extend_from_slice(stretch);
+                if staging.len() >= WRITE_PIECE_BYTES {
+                    self.write_pieces(staging, staged_at)?;
+                    staging.clear();
+                }
+            }
+            at += stretch.len() as u64;
+        }
+        self.write_pieces(staging, staged_at)?;
+        self.write_meta(first, metas)
+    }
+
+    /// Writes `data` at `offset` of the data file, a piece at a time.
+    fn write_pieces(&self, data: &[u8], offset: u64) -> Result<(), EngineError> {
         for (at, piece) in (offset..).step_by(WRITE_PIECE_BYTES).zip(data.chunks(WRITE_PIECE_BYTES)) {
             self.data.write_all_at(piece, at).map_err(EngineError::io(&self.data_path))?;
         }
-        self.write_meta(first, metas)
+        Ok(())
     }
 
     /// Deallocates blocks (they read as zeros) and then writes their metadata.
@@ -213,5 +257,53 @@ impl CurrentStore {
     pub fn sync(&self) -> Result<(), EngineError> {
         self.data.sync_data().map_err(EngineError::io(&self.data_path))?;
         self.meta.sync_data().map_err(EngineError::io(&self.meta_path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rewind_format::current::{BlockMeta, BlockState};
+    use rewind_io::{OpenMode, SimConfig, SimStorage, Storage};
+    use rewind_types::{BlockIndex, BlockSize, Timestamp};
+
+    use super::{CurrentStore, WRITE_PIECE_BYTES};
+
+    /// Stretches of every mix of lengths — shorter than a piece (staged),
+    /// a piece or longer (written where they lie), a short one alone —
+    /// land where their blocks go: the store reads back their
+    /// concatenation, and the blocks around stay unwritten.
+    #[test]
+    fn stretches_of_any_length_are_written_where_their_blocks_go() {
+        const BLOCK: usize = 4096;
+        let piece_blocks = WRITE_PIECE_BYTES / BLOCK;
+        let patterns: [&[usize]; 6] = [
+            &[1],
+            &[1, 1, 1],
+            &[piece_blocks + 3],
+            &[2, piece_blocks, 1, 1],
+            &[piece_blocks - 1, 1, 2 * piece_blocks, 3],
+            &[1; 20],
+        ];
+        for (index, lengths) in patterns.iter().enumerate() {
+            let storage = SimStorage::new(SimConfig::default(), index as u64);
+            storage.create_dir_all("v").unwrap();
+            let store =
+                CurrentStore::open(&storage, "v", BlockSize::new(BLOCK as u32).unwrap(), 256, OpenMode::CreateNew)
+                    .unwrap();
+            let owned: Vec<Vec<u8>> = lengths
+                .iter()
+                .enumerate()
+                .map(|(at, &blocks)| (0..blocks * BLOCK).map(|byte| (at * 7 + byte / BLOCK + 1) as u8).collect())
+                .collect();
+            let stretches: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+            let blocks: usize = lengths.iter().sum();
+            let meta = BlockMeta { state: BlockState::Data, crc32c: 0, timestamp: Timestamp::from_unix_nanos(1) };
+            let first = 5;
+            store.write_block_stretches(BlockIndex(first), &stretches, &vec![meta; blocks], &mut Vec::new()).unwrap();
+            let mut read = vec![0xff; (blocks + 2) * BLOCK];
+            store.read_data(BlockIndex(first - 1), &mut read).unwrap();
+            let expected: Vec<u8> = [&[0; BLOCK][..], &owned.concat(), &[0; BLOCK]].concat();
+            assert!(read == expected, "stretches of {lengths:?} blocks read back otherwise");
+        }
     }
 }

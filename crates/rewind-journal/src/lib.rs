@@ -349,32 +349,40 @@ impl Batch {
     }
 }
 
-/// Bytes of the journal that [`Journal::read_span`] found: read into the
-/// caller's buffer, or still in the journal's memory, where they are
-/// borrowed from the batch that holds them (kept alive meanwhile) rather
-/// than copied — the destager's copy out of journal memory was a quarter
-/// of its CPU under sustained 1 MiB writes (BENCHMARKS.md).
-pub struct SpanBytes<'a>(SpanSource<'a>);
-
-enum SpanSource<'a> {
-    Buffer(&'a [u8]),
-    Memory { batch: Arc<Batch>, start: usize, len: usize },
+/// Journal bytes still in the journal's memory, borrowed from the batch
+/// that holds them rather than copied: the batch stays alive while they
+/// are held, so hold them no longer than needed (a batch let go meanwhile
+/// is freed when they are, its buffer not reused). The destager's copies
+/// out of journal memory were a quarter of its CPU under sustained 1 MiB
+/// writes (BENCHMARKS.md).
+pub struct MemorySpan {
+    batch: Arc<Batch>,
+    start: usize,
+    len: usize,
 }
 
-impl SpanBytes<'_> {
-    /// Whether the bytes are borrowed from the journal's memory.
-    pub fn in_memory(&self) -> bool {
-        matches!(self.0, SpanSource::Memory { .. })
+impl std::ops::Deref for MemorySpan {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.batch.records()[self.start..self.start + self.len]
     }
+}
+
+/// Bytes of the journal that [`Journal::read_span`] found: read into the
+/// caller's buffer, or still in the journal's memory.
+pub enum SpanBytes<'a> {
+    Buffer(&'a [u8]),
+    Memory(MemorySpan),
 }
 
 impl std::ops::Deref for SpanBytes<'_> {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        match &self.0 {
-            SpanSource::Buffer(bytes) => bytes,
-            SpanSource::Memory { batch, start, len } => &batch.records()[*start..*start + *len],
+        match self {
+            SpanBytes::Buffer(bytes) => bytes,
+            SpanBytes::Memory(span) => span,
         }
     }
 }
@@ -1709,8 +1717,8 @@ impl Journal {
         len: usize,
         buffer: &'a mut Vec<u8>,
     ) -> Result<SpanBytes<'a>, JournalError> {
-        if let Some((batch, start)) = self.batch_holding(segment, offset, len) {
-            return Ok(SpanBytes(SpanSource::Memory { batch, start, len }));
+        if let Some(span) = self.span_in_memory(segment, offset, len) {
+            return Ok(SpanBytes::Memory(span));
         }
         let end = offset + len as u64;
         let in_file_only = pack(segment, end) <= self.written_end.load(Ordering::Acquire)
@@ -1722,20 +1730,23 @@ impl Journal {
             if self.read_sectors(segment, first, sectors)? {
                 let from = (offset - first) as usize;
                 let start = sectors.as_ptr() as usize - buffer.as_ptr() as usize + from;
-                return Ok(SpanBytes(SpanSource::Buffer(&buffer[start..start + len])));
+                return Ok(SpanBytes::Buffer(&buffer[start..start + len]));
             }
         }
         // The active batch's bytes among them (it is not shared), or its
         // batch written out and let go since we looked.
         buffer.resize(buffer.len().max(len), 0);
         self.read(segment, offset, &mut buffer[..len])?;
-        Ok(SpanBytes(SpanSource::Buffer(&buffer[..len])))
+        Ok(SpanBytes::Buffer(&buffer[..len]))
     }
 
-    /// The sealed or kept batch that holds the `len` bytes at `offset` of
-    /// `segment`, and where they start in its records.
-    fn batch_holding(&self, segment: u32, offset: u64, len: usize) -> Option<(Arc<Batch>, usize)> {
-        let held = |batch: &Arc<Batch>| batch.start_of(segment, offset, len).map(|start| (batch.clone(), start));
+    /// The `len` bytes at `offset` of `segment`, if a sealed batch or one
+    /// written and kept holds them (not the active batch: it is not shared).
+    pub fn span_in_memory(&self, segment: u32, offset: u64, len: usize) -> Option<MemorySpan> {
+        let held = |batch: &Arc<Batch>| {
+            let start = batch.start_of(segment, offset, len)?;
+            Some(MemorySpan { batch: batch.clone(), start, len })
+        };
         if pack(segment, offset + len as u64) > self.written_end.load(Ordering::Acquire) {
             if let Some(found) = self.tail.lock().sealed.iter().find_map(held) {
                 return Some(found);

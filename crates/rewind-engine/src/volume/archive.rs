@@ -147,7 +147,8 @@ impl JournalArchiver<'_> {
             volume.pause_while_held();
             self.gather.read(&volume.journal, part.iter().map(|&at| versions[at].data), block_bytes)?;
             let session = self.session.as_mut().expect("archiving until finished");
-            for (&at, block) in part.iter().zip(self.gather.gathered.chunks_exact(block_bytes)) {
+            for (gathered, &at) in part.iter().enumerate() {
+                let block = self.gather.block(gathered);
                 let version = &mut versions[at];
                 volume.check_version_bytes(version, block, "the journal", "being archived")?;
                 version.data = if block.iter().all(|&byte| byte == 0) {
@@ -158,6 +159,7 @@ impl JournalArchiver<'_> {
                     VersionData::Chunk(id)
                 };
             }
+            self.gather.let_go();
         }
         Ok(())
     }

@@ -334,7 +334,8 @@ impl Volume {
         let block_bytes = self.meta.block_size.bytes() as usize;
         let (zeros, mut data): (Vec<&Pending>, Vec<&Pending>) =
             versions.iter().partition(|pending| pending.version.data == VersionData::Zero);
-        self.write_runs(&zeros, None)?;
+        let mut staging = Vec::new();
+        self.write_runs(&zeros, None, &mut staging)?;
         if retire == Retire::PartByPart {
             self.retire(&zeros);
         }
@@ -345,10 +346,11 @@ impl Volume {
         for part in data.chunks_mut(GATHER_BYTES_MAX / block_bytes) {
             part.sort_unstable_by_key(|pending| pending.version.block);
             gather.read(&self.journal, part.iter().map(|pending| pending.version.data), block_bytes)?;
-            for (pending, block) in part.iter().zip(gather.gathered.chunks_exact(block_bytes)) {
-                self.check_version_bytes(&pending.version, block, "the journal", "being destaged")?;
+            for (at, pending) in part.iter().enumerate() {
+                self.check_version_bytes(&pending.version, gather.block(at), "the journal", "being destaged")?;
             }
-            self.write_runs(part, Some(&gather.gathered))?;
+            self.write_runs(part, Some(gather), &mut staging)?;
+            gather.let_go();
             self.current.as_ref().expect("destaged into a current store").write_behind()?;
             if retire == Retire::PartByPart {
                 self.retire(part);
@@ -371,13 +373,17 @@ impl Volume {
         self.room_made();
     }
 
-    /// Writes `versions` (sorted by block; with `data`, their blocks in the
-    /// same order, otherwise zeros) to the current store, a run of
-    /// neighbouring blocks at a time.
-    fn write_runs(&self, versions: &[&Pending], data: Option<&[u8]>) -> Result<(), EngineError> {
+    /// Writes `versions` (sorted by block; with `data`, their blocks
+    /// gathered in the same order, otherwise zeros) to the current store, a
+    /// run of neighbouring blocks at a time.
+    fn write_runs(
+        &self,
+        versions: &[&Pending],
+        data: Option<&JournalGather>,
+        staging: &mut Vec<u8>,
+    ) -> Result<(), EngineError> {
         const RUN_BLOCKS_MAX: usize = 2048;
         let current = self.current.as_ref().expect("only layouts with a current store have an overlay");
-        let block_bytes = self.meta.block_size.bytes() as usize;
         let mut metas = Vec::new();
         let mut start = 0;
         while start < versions.len() {
@@ -401,7 +407,7 @@ impl Volume {
             let first = run[0].version.block;
             match data {
                 None => current.zero_blocks(first, &metas)?,
-                Some(data) => current.write_blocks(first, &data[start * block_bytes..end * block_bytes], &metas)?,
+                Some(data) => current.write_block_stretches(first, &data.stretches(start..end), &metas, staging)?,
             }
             start = end;
         }

@@ -8,9 +8,12 @@
 //! (about 10,000 a second on this disk), slower than the writes arrived.
 //! Read in journal order, neighbouring versions share a read; the reads
 //! that go to the disk, where there are many, are made by several readers
-//! at once, so that they wait for the device together.
+//! at once, so that they wait for the device together. Spans the journal
+//! still holds in memory are borrowed, not copied: under sustained 1 MiB
+//! writes the destager then writes the current store straight from the
+//! journal's memory.
 
-use rewind_journal::{Journal, JournalError};
+use rewind_journal::{Journal, JournalError, MemorySpan};
 use rewind_types::VersionData;
 
 /// Journal bytes read at once for versions that lie near each other.
@@ -47,6 +50,15 @@ struct Span {
     versions: std::ops::Range<usize>,
 }
 
+/// Where a gathered version's block is.
+#[derive(Clone, Copy)]
+enum Located {
+    /// Copied into `gathered`, at the version's place.
+    Copied,
+    /// In `held[span]`, at `offset`.
+    Held { span: usize, offset: usize },
+}
+
 /// Reuses its buffers from one gathering to the next.
 #[derive(Default)]
 pub(super) struct JournalGather {
@@ -54,38 +66,61 @@ pub(super) struct JournalGather {
     order: Vec<(u32, u64, usize)>,
     /// One read's bytes (somewhere in it: see `Journal::read_span`).
     span: Vec<u8>,
-    /// The blocks of the versions last gathered, in their order.
-    pub gathered: Vec<u8>,
+    /// The blocks copied for the versions last gathered, each at its
+    /// version's place (the places of blocks held are left unused).
+    gathered: Vec<u8>,
+    /// Spans borrowed from the journal's memory (see [`JournalGather::let_go`]).
+    held: Vec<MemorySpan>,
+    /// Per version last gathered, where its block is.
+    located: Vec<Located>,
+    block_bytes: usize,
 }
 
 impl JournalGather {
-    /// Reads the journal block of each of `versions` (all in the journal)
-    /// into `gathered`, in the order given: nearby ones a read together,
-    /// those in the journal's memory copied, those on the disk by several
-    /// readers at once where there are many.
+    /// Gathers the journal block of each of `versions` (all in the
+    /// journal), in the order given ([`JournalGather::block`]): nearby ones
+    /// a read together, those in the journal's memory borrowed (if the
+    /// batch holding them is not the active one: then copied), those on
+    /// the disk read by several readers at once where there are many.
     pub(super) fn read(
         &mut self,
         journal: &Journal,
         versions: impl Iterator<Item = VersionData>,
         block_bytes: usize,
     ) -> Result<(), JournalError> {
-        let JournalGather { order, span, gathered } = self;
+        self.let_go();
+        self.block_bytes = block_bytes;
+        let JournalGather { order, span, gathered, held, located, .. } = self;
         order.clear();
         order.extend(versions.enumerate().map(|(at, data)| match data {
             VersionData::Journal { segment, offset } => (segment, u64::from(offset), at),
             _ => unreachable!("only versions in the journal are gathered from it"),
         }));
         order.sort_unstable();
+        located.clear();
+        located.resize(order.len(), Located::Copied);
         gathered.resize(order.len() * block_bytes, 0);
         // Each version's block in `gathered`, handed to the read of its span.
         let mut blocks: Vec<Option<&mut [u8]>> = gathered.chunks_exact_mut(block_bytes).map(Some).collect();
         let (mut copies, mut disk_reads) = (Vec::new(), Vec::new());
         for read in spans(order, block_bytes as u64) {
-            let targets: Vec<(usize, &mut [u8])> = order[read.versions.clone()]
+            let versions = &order[read.versions.clone()];
+            let in_memory = journal.holds_in_memory(read.segment, read.start);
+            let borrowed = in_memory
+                .then(|| journal.span_in_memory(read.segment, read.start, (read.end - read.start) as usize))
+                .flatten();
+            if let Some(memory) = borrowed {
+                for &(_, offset, at) in versions {
+                    located[at] = Located::Held { span: held.len(), offset: (offset - read.start) as usize };
+                }
+                held.push(memory);
+                continue;
+            }
+            let targets: Vec<(usize, &mut [u8])> = versions
                 .iter()
                 .map(|&(_, offset, at)| ((offset - read.start) as usize, blocks[at].take().expect("in one span")))
                 .collect();
-            match journal.holds_in_memory(read.segment, read.start) {
+            match in_memory {
                 true => copies.push((read, targets)),
                 false => disk_reads.push((read, targets)),
             }
@@ -116,6 +151,49 @@ impl JournalGather {
                 .collect();
             readers.into_iter().try_for_each(|reader| reader.join().expect("a journal reader panicked"))
         })
+    }
+
+    /// The block of the `at`-th version last gathered.
+    pub(super) fn block(&self, at: usize) -> &[u8] {
+        match self.located[at] {
+            Located::Copied => &self.gathered[at * self.block_bytes..(at + 1) * self.block_bytes],
+            Located::Held { span, offset } => &self.held[span][offset..offset + self.block_bytes],
+        }
+    }
+
+    /// The blocks of the versions `range` of those last gathered, in
+    /// their order, as stretches of neighbours in memory: each as long as
+    /// the blocks next to each other where they lie.
+    pub(super) fn stretches(&self, range: std::ops::Range<usize>) -> Vec<&[u8]> {
+        let mut stretches = Vec::new();
+        let mut at = range.start;
+        while at < range.end {
+            let mut end = at + 1;
+            let next_to = |before: Located, after: Located| match (before, after) {
+                (Located::Copied, Located::Copied) => true,
+                (Located::Held { span, offset }, Located::Held { span: span_after, offset: offset_after }) => {
+                    span == span_after && offset + self.block_bytes == offset_after
+                }
+                _ => false,
+            };
+            while end < range.end && next_to(self.located[end - 1], self.located[end]) {
+                end += 1;
+            }
+            let len = (end - at) * self.block_bytes;
+            stretches.push(match self.located[at] {
+                Located::Copied => &self.gathered[at * self.block_bytes..][..len],
+                Located::Held { span, offset } => &self.held[span][offset..offset + len],
+            });
+            at = end;
+        }
+        stretches
+    }
+
+    /// Lets go of the spans borrowed from the journal's memory: call once
+    /// a part's blocks are used, so that the journal reuses the buffers of
+    /// the batches it lets go of rather than freeing them.
+    pub(super) fn let_go(&mut self) {
+        self.held.clear();
     }
 }
 
