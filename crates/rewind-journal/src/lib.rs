@@ -351,21 +351,36 @@ impl Batch {
 
 /// Journal bytes still in the journal's memory, borrowed from the batch
 /// that holds them rather than copied: the batch stays alive while they
-/// are held, so hold them no longer than needed (a batch let go meanwhile
-/// is freed when they are, its buffer not reused). The destager's copies
+/// are held, so hold them no longer than needed. The destager's copies
 /// out of journal memory were a quarter of its CPU under sustained 1 MiB
 /// writes (BENCHMARKS.md).
 pub struct MemorySpan {
-    batch: Arc<Batch>,
+    /// `None` once dropped.
+    batch: Option<Arc<Batch>>,
     start: usize,
     len: usize,
+    memory: Arc<RecentMemory>,
+    batch_bytes_max: usize,
 }
 
 impl std::ops::Deref for MemorySpan {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        &self.batch.records()[self.start..self.start + self.len]
+        let batch = self.batch.as_ref().expect("held until dropped");
+        &batch.records()[self.start..self.start + self.len]
+    }
+}
+
+impl Drop for MemorySpan {
+    /// The journal may have let go of the batch meanwhile (its memory
+    /// full under sustained writes, the destager behind): its buffer is
+    /// then kept for reuse here, as the journal would have. Freed, the
+    /// next batches came in fresh buffers, and the kernel's zeroing of
+    /// their pages took a sixth of the server's CPU (BENCHMARKS.md).
+    fn drop(&mut self) {
+        let batch = self.batch.take().expect("dropped once");
+        self.memory.recycle(batch, self.batch_bytes_max);
     }
 }
 
@@ -499,6 +514,17 @@ impl RecentMemory {
         let released: u64 = spares.buffers.drain(..idle).map(|buffer| buffer.capacity() as u64).sum();
         spares.bytes -= released;
         spares.fewest = spares.buffers.len();
+    }
+
+    /// Keeps a written batch's buffer for reuse if this was its last
+    /// holder: its pages are already faulted in. A compacted copy's buffer
+    /// (below `batch_bytes_max`) is too small to be worth it.
+    fn recycle(&self, batch: Arc<Batch>, batch_bytes_max: usize) {
+        if let Ok(batch) = Arc::try_unwrap(batch) {
+            if batch.bytes.capacity() >= batch_bytes_max {
+                self.keep_spare(batch.bytes);
+            }
+        }
     }
 
     /// Bytes of spare batch buffers kept now.
@@ -1532,7 +1558,7 @@ impl Journal {
         drop(recent);
         // Unshared now unless kept whole in `recent`.
         drop((kept, front));
-        self.recycle(batch);
+        self.recent_memory.recycle(batch, self.config.batch_bytes_max);
         Ok(true)
     }
 
@@ -1559,18 +1585,7 @@ impl Journal {
             self.recent_memory.used.fetch_sub(oldest.held_bytes(), Ordering::Relaxed);
             let start = recent.batches.front().map_or(u64::MAX, |batch| pack(batch.segment, batch.offset));
             self.recent_start.store(start, Ordering::Release);
-            self.recycle(oldest);
-        }
-    }
-
-    /// Keeps a written batch's buffer for reuse: its pages are already
-    /// faulted in. A compacted copy's buffer is too small to be worth it.
-    fn recycle(&self, batch: Arc<Batch>) {
-        if let Ok(batch) = Arc::try_unwrap(batch) {
-            if batch.bytes.capacity() < self.config.batch_bytes_max {
-                return;
-            }
-            self.recent_memory.keep_spare(batch.bytes);
+            self.recent_memory.recycle(oldest, self.config.batch_bytes_max);
         }
     }
 
@@ -1745,7 +1760,13 @@ impl Journal {
     pub fn span_in_memory(&self, segment: u32, offset: u64, len: usize) -> Option<MemorySpan> {
         let held = |batch: &Arc<Batch>| {
             let start = batch.start_of(segment, offset, len)?;
-            Some(MemorySpan { batch: batch.clone(), start, len })
+            Some(MemorySpan {
+                batch: Some(batch.clone()),
+                start,
+                len,
+                memory: self.recent_memory.clone(),
+                batch_bytes_max: self.config.batch_bytes_max,
+            })
         };
         if pack(segment, offset + len as u64) > self.written_end.load(Ordering::Acquire) {
             if let Some(found) = self.tail.lock().sealed.iter().find_map(held) {
