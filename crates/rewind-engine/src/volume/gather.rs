@@ -53,8 +53,8 @@ struct Span {
 /// Where a gathered version's block is.
 #[derive(Clone, Copy)]
 enum Located {
-    /// Copied into `gathered`, at the version's place.
-    Copied,
+    /// Copied into `gathered`, at this place (in the versions' order).
+    Copied(usize),
     /// In `held[span]`, at `offset`.
     Held { span: usize, offset: usize },
 }
@@ -66,8 +66,9 @@ pub(super) struct JournalGather {
     order: Vec<(u32, u64, usize)>,
     /// One read's bytes (somewhere in it: see `Journal::read_span`).
     span: Vec<u8>,
-    /// The blocks copied for the versions last gathered, each at its
-    /// version's place (the places of blocks held are left unused).
+    /// The blocks copied for the versions last gathered, in their order:
+    /// sized for those only, so that a part borrowed whole from memory
+    /// zeroes and faults in no buffer.
     gathered: Vec<u8>,
     /// Spans borrowed from the journal's memory (see [`JournalGather::let_go`]).
     held: Vec<MemorySpan>,
@@ -98,27 +99,41 @@ impl JournalGather {
         }));
         order.sort_unstable();
         located.clear();
-        located.resize(order.len(), Located::Copied);
-        gathered.resize(order.len() * block_bytes, 0);
-        // Each version's block in `gathered`, handed to the read of its span.
-        let mut blocks: Vec<Option<&mut [u8]>> = gathered.chunks_exact_mut(block_bytes).map(Some).collect();
-        let (mut copies, mut disk_reads) = (Vec::new(), Vec::new());
+        located.resize(order.len(), Located::Copied(0));
+        let mut to_read = Vec::new();
         for read in spans(order, block_bytes as u64) {
-            let versions = &order[read.versions.clone()];
             let in_memory = journal.holds_in_memory(read.segment, read.start);
             let borrowed = in_memory
                 .then(|| journal.span_in_memory(read.segment, read.start, (read.end - read.start) as usize))
                 .flatten();
-            if let Some(memory) = borrowed {
-                for &(_, offset, at) in versions {
-                    located[at] = Located::Held { span: held.len(), offset: (offset - read.start) as usize };
+            match borrowed {
+                Some(memory) => {
+                    for &(_, offset, at) in &order[read.versions.clone()] {
+                        located[at] = Located::Held { span: held.len(), offset: (offset - read.start) as usize };
+                    }
+                    held.push(memory);
                 }
-                held.push(memory);
-                continue;
+                None => to_read.push((read, in_memory)),
             }
-            let targets: Vec<(usize, &mut [u8])> = versions
+        }
+        let mut copied = 0;
+        for located in located.iter_mut() {
+            if let Located::Copied(place) = located {
+                *place = copied;
+                copied += 1;
+            }
+        }
+        gathered.resize(copied * block_bytes, 0);
+        // Each copied block's place in `gathered`, handed to the read of its span.
+        let mut places: Vec<Option<&mut [u8]>> = gathered.chunks_exact_mut(block_bytes).map(Some).collect();
+        let (mut copies, mut disk_reads) = (Vec::new(), Vec::new());
+        for (read, in_memory) in to_read {
+            let targets: Vec<(usize, &mut [u8])> = order[read.versions.clone()]
                 .iter()
-                .map(|&(_, offset, at)| ((offset - read.start) as usize, blocks[at].take().expect("in one span")))
+                .map(|&(_, offset, at)| {
+                    let Located::Copied(place) = located[at] else { unreachable!("its span is read") };
+                    ((offset - read.start) as usize, places[place].take().expect("in one span"))
+                })
                 .collect();
             match in_memory {
                 true => copies.push((read, targets)),
@@ -156,7 +171,7 @@ impl JournalGather {
     /// The block of the `at`-th version last gathered.
     pub(super) fn block(&self, at: usize) -> &[u8] {
         match self.located[at] {
-            Located::Copied => &self.gathered[at * self.block_bytes..(at + 1) * self.block_bytes],
+            Located::Copied(place) => &self.gathered[place * self.block_bytes..(place + 1) * self.block_bytes],
             Located::Held { span, offset } => &self.held[span][offset..offset + self.block_bytes],
         }
     }
@@ -170,7 +185,7 @@ impl JournalGather {
         while at < range.end {
             let mut end = at + 1;
             let next_to = |before: Located, after: Located| match (before, after) {
-                (Located::Copied, Located::Copied) => true,
+                (Located::Copied(place), Located::Copied(place_after)) => place + 1 == place_after,
                 (Located::Held { span, offset }, Located::Held { span: span_after, offset: offset_after }) => {
                     span == span_after && offset + self.block_bytes == offset_after
                 }
@@ -181,7 +196,7 @@ impl JournalGather {
             }
             let len = (end - at) * self.block_bytes;
             stretches.push(match self.located[at] {
-                Located::Copied => &self.gathered[at * self.block_bytes..][..len],
+                Located::Copied(place) => &self.gathered[place * self.block_bytes..][..len],
                 Located::Held { span, offset } => &self.held[span][offset..offset + len],
             });
             at = end;
@@ -233,4 +248,90 @@ fn read_into(
         block.copy_from_slice(&bytes[*from..*from + len]);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rand::rngs::StdRng;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    use rewind_io::{SimConfig, SimStorage};
+    use rewind_journal::{Journal, JournalConfig};
+    use rewind_types::{BlockIndex, BlockSize, Timestamp, VersionData};
+
+    use super::JournalGather;
+
+    const BLOCK: usize = 4096;
+
+    /// Durable blocks (what the destager and the archiver gather) from
+    /// everywhere a journal keeps them — on the disk only, in batches kept
+    /// in memory, in spans across two such batches (read from the file) —
+    /// in any order: each version's block is its own, and the stretches of
+    /// a range are those blocks, in order, neighbours in memory together.
+    #[test]
+    fn gathered_blocks_are_each_versions_own_wherever_the_journal_keeps_them() {
+        for seed in 0..8 {
+            println!("seed {seed}");
+            gather_from_everywhere(seed);
+        }
+    }
+
+    fn gather_from_everywhere(seed: u64) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let storage = SimStorage::new(SimConfig::default(), seed);
+        let block_size = BlockSize::new(BLOCK as u32).unwrap();
+        let journal =
+            Journal::create(Arc::new(storage), "journal", block_size, JournalConfig::default(), Timestamp::MIN)
+                .unwrap();
+        let mut versions = Vec::new();
+        let mut append = |journal: &Journal, records: u64, versions: &mut Vec<(VersionData, Vec<u8>)>| {
+            for _ in 0..records {
+                let blocks = rng.random_range(1..64usize);
+                let data: Vec<u8> = (0..blocks * BLOCK).map(|_| rng.random()).collect();
+                let at = Timestamp::from_unix_nanos(1 + versions.len() as u64);
+                let appended = journal.append_write(at, BlockIndex(0), &data, &mut Vec::new()).unwrap();
+                for (index, block) in data.chunks_exact(BLOCK).enumerate() {
+                    let offset = appended.data_offset + (index * BLOCK) as u32;
+                    versions.push((VersionData::Journal { segment: appended.segment, offset }, block.to_vec()));
+                }
+            }
+        };
+        append(&journal, 40, &mut versions);
+        journal.commit().unwrap();
+        journal.forget_written(journal.lsn_durable());
+        for records in [40, 20, 10] {
+            append(&journal, records, &mut versions);
+            journal.commit().unwrap();
+        }
+
+        let mut gather = JournalGather::default();
+        for round in 0..4 {
+            match round {
+                0 => {}
+                1 => versions.reverse(),
+                _ => versions.shuffle(&mut rng),
+            }
+            gather.read(&journal, versions.iter().map(|(data, _)| *data), BLOCK).unwrap();
+            for (at, (_, block)) in versions.iter().enumerate() {
+                assert!(gather.block(at) == &block[..], "seed {seed}, round {round}: version {at}'s block");
+            }
+            let (start, end) = match round {
+                0 => (0, versions.len()),
+                _ => {
+                    let start = rng.random_range(0..versions.len());
+                    (start, rng.random_range(start + 1..=versions.len()))
+                }
+            };
+            let stretches = gather.stretches(start..end);
+            let expected: Vec<u8> = versions[start..end].iter().flat_map(|(_, block)| block.iter().copied()).collect();
+            assert!(stretches.concat() == expected, "seed {seed}, round {round}: stretches of {start}..{end}");
+            if round == 0 {
+                assert!(stretches.len() < end - start, "neighbours in memory make one stretch");
+                assert!(!gather.held.is_empty() && !gather.gathered.is_empty(), "borrowed and read blocks both");
+            }
+            gather.let_go();
+        }
+    }
 }
