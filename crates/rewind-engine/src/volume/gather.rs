@@ -80,9 +80,10 @@ pub(super) struct JournalGather {
 impl JournalGather {
     /// Gathers the journal block of each of `versions` (all in the
     /// journal), in the order given ([`JournalGather::block`]): nearby ones
-    /// a read together, those in the journal's memory borrowed (if the
-    /// batch holding them is not the active one: then copied), those on
-    /// the disk read by several readers at once where there are many.
+    /// a read together, those in the journal's memory borrowed (read,
+    /// where no one batch holds a span: across two, or in the active
+    /// batch, which is not shared), those on the disk read by several
+    /// readers at once where there are many.
     pub(super) fn read(
         &mut self,
         journal: &Journal,
