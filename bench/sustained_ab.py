@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Rewind builds side by side on bench/nbd.py's sustained 1 MiB overwrite
+(issue 13, req 1): throughput, the server's CPU per GiB written and its
+minor page faults per GiB — the A/B behind the by-hand sections of
+BENCHMARKS.md, not a table of its own.
+
+Each round, for each binary in turn (the order reverses every round): the
+page cache dropped, a fresh server, a 1 GiB volume filled with 1 MiB writes,
+destaged, archived and synced, then fio 1 MiB writes at depth 4 for
+--runtime s (2 s ramp). CPU and faults come from `/proc/PID/stat` (all
+threads), the ramp included. These machines drift between rounds: read the
+binaries' ratios within a round, and the medians.
+
+    python3 bench/sustained_ab.py BEFORE_BINARY AFTER_BINARY --rounds 4"""
+
+import argparse
+import os
+import statistics
+from pathlib import Path
+
+import benchlib
+
+
+def cpu_and_faults(pid):
+    """CPU seconds (user + system) and minor faults of process `pid` so far."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("binaries", nargs="+", help="rewind binaries to compare")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--runtime", type=int, default=10, help="seconds of the timed write job")
+    parser.add_argument("--work-dir", default="/var/tmp/rewind-sustained-ab")
+    args = parser.parse_args()
+    results = {binary: [] for binary in args.binaries}
+    for round_ in range(args.rounds):
+        for binary in args.binaries if round_ % 2 == 0 else list(reversed(args.binaries)):
+            benchlib.REWIND = Path(binary)
+            os.system("sync")
+            benchlib.drop_caches()
+            server, http, uri = benchlib.serve_volume(
+                args.work_dir, 12801, 12802, "v", 1 << 30, ["--archive-interval", "5s"]
+            )
+            try:
+                benchlib.fio(uri, "fill", ["--rw=write", "--bs=1m", "--iodepth=4"], "1G")
+                benchlib.wait_destaged(http, "v")
+                benchlib.wait_archived(http, "v")
+                os.system("sync")
+                cpu_before, faults_before = cpu_and_faults(server.process.pid)
+                job = benchlib.fio(uri, "seq", ["--rw=write", "--bs=1m", "--iodepth=4"], "1G", runtime=args.runtime)
+                cpu_after, faults_after = cpu_and_faults(server.process.pid)
+            finally:
+                server.stop()
+            rate = benchlib.throughput(job, "write")
+            gib = rate * (args.runtime + 2) / 2**30
+            figures = (rate / 2**20, (cpu_after - cpu_before) / gib, (faults_after - faults_before) / gib)
+            results[binary].append(figures)
+            print(f"round {round_} {binary}: {figures[0]:.0f} MiB/s, {figures[1]:.2f} CPU-s/GiB, "
+                  f"{figures[2]:.0f} minor faults/GiB", flush=True)
+    for binary, rows in results.items():
+        for name, column in zip(("MiB/s", "CPU-s/GiB", "faults/GiB"), zip(*rows)):
+            print(f"{binary} {name} min / median / max: "
+                  f"{min(column):.2f} / {statistics.median(column):.2f} / {max(column):.2f}")
+
+
+if __name__ == "__main__":
+    main()
