@@ -111,7 +111,12 @@ def fio(uri, name, args, size, runtime=None, extra=()):
     ]
     if runtime:
         command += ["--time_based", f"--runtime={runtime}", "--ramp_time=2"]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    finished = subprocess.run(command, capture_output=True, text=True)
+    if finished.returncode:
+        # fio's own words (an errno per failed I/O, say ENOSPC on a full
+        # disk), not only its exit status.
+        raise RuntimeError(f"fio {name} exited with {finished.returncode}: {finished.stderr[-2000:]}")
+    output = finished.stdout
     # fio may print warnings before the JSON.
     result = json.loads(output[output.index("{"):])
     job = result["jobs"][0]

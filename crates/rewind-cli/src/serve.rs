@@ -338,8 +338,15 @@ pub struct ServeArgs {
     /// memory this process may use (the machine's, or its cgroup's limit if
     /// lower), at least 64 MiB; it is held while a burst waits to be
     /// destaged, and its buffers a minute or two longer, for the next.
-    #[arg(long, value_name = "SIZE|auto", default_value = "auto", value_parser = parse_journal_memory)]
-    journal_memory: JournalMemory,
+    #[arg(long, value_name = "SIZE|auto", default_value = "auto", value_parser = parse_memory_share)]
+    journal_memory: MemoryShare,
+    /// Memory for the version index's pages, verified and kept between
+    /// reads, shared by all volumes: a view reads the index for every
+    /// block, and an index larger than this is read from the files and
+    /// checked again on every pass. `auto`: a thirty-second of the memory
+    /// this process may use (as for `--journal-memory`), at least 64 MiB.
+    #[arg(long, value_name = "SIZE|auto", default_value = "auto", value_parser = parse_memory_share)]
+    index_cache: MemoryShare,
     /// Reads keep archiving waiting too (a pass under way pauses), up to
     /// this long after the last write, while the disk has room above twice
     /// the reserve for the history all volumes have waiting: a read job
@@ -562,22 +569,38 @@ fn parse_size_arg(text: &str) -> Result<u64, String> {
     crate::parse_bytes(text, "size").map_err(|error| format!("{error:#}"))
 }
 
-/// `--journal-memory`.
+/// `--journal-memory`, `--index-cache`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum JournalMemory {
-    /// A share of the memory this process may use ([`journal_memory_auto`]).
+enum MemoryShare {
+    /// A share of the memory this process may use ([`memory_share_auto`]).
     Auto,
     Bytes(u64),
 }
 
-fn parse_journal_memory(text: &str) -> Result<JournalMemory, String> {
+impl MemoryShare {
+    /// The bytes this stands for: `Auto` as `1 / share` of the memory
+    /// this process may use, at least `at_least`; logged, with `flag`.
+    fn bytes(self, share: u64, at_least: u64, flag: &str, what: &str) -> u64 {
+        match self {
+            MemoryShare::Bytes(bytes) => bytes,
+            MemoryShare::Auto => {
+                let bytes = memory_share_auto(share, at_least);
+                let shown = indicatif::HumanBytes(bytes);
+                tracing::info!(bytes, "{what} {shown} ({flag} auto)");
+                bytes
+            }
+        }
+    }
+}
+
+fn parse_memory_share(text: &str) -> Result<MemoryShare, String> {
     if text.eq_ignore_ascii_case("auto") {
-        return Ok(JournalMemory::Auto);
+        return Ok(MemoryShare::Auto);
     }
     parse_size::Config::new()
         .with_binary()
         .parse_size(text)
-        .map(JournalMemory::Bytes)
+        .map(MemoryShare::Bytes)
         .map_err(|error| format!("cannot read {text:?} as a size ({error}); write it like 3GiB or 512MiB, or auto"))
 }
 
@@ -589,25 +612,32 @@ fn parse_journal_memory(text: &str) -> Result<JournalMemory, String> {
 /// right after a burst waits for"). A share rather than a size, so that a
 /// small machine is not asked for a gigabyte and a large one uses its room.
 const JOURNAL_MEMORY_SHARE: u64 = 8;
-/// What `auto` takes at least: the 64 MiB a journal kept before the memory
-/// was shared.
+/// What `--journal-memory auto` takes at least: the 64 MiB a journal kept
+/// before the memory was shared.
 const JOURNAL_MEMORY_AUTO_MIN: u64 = 64 << 20;
-/// What `auto` takes where the machine's memory cannot be read.
-const JOURNAL_MEMORY_UNKNOWN: u64 = 1 << 30;
+/// `--index-cache auto` takes this share of the memory the process may
+/// use. The version index of a 1 GiB volume with 2 to 3 million versions
+/// took 103 MiB; with the fixed 64 MiB cache before, a view read of it
+/// loaded and verified index pages on every pass (5.5% of the server's
+/// samples, BENCHMARKS.md "A view of the past against the present").
+const INDEX_CACHE_SHARE: u64 = 32;
+/// What `--index-cache auto` takes at least: the fixed size it had before.
+const INDEX_CACHE_AUTO_MIN: u64 = 64 << 20;
+/// The memory taken as usable where the machine's cannot be read.
+const MEMORY_UNKNOWN: u64 = 8 << 30;
 
-/// The bytes `--journal-memory auto` stands for, from the memory this
-/// process may use: the smaller of the machine's (`/proc/meminfo`) and the
-/// limit of its cgroup or any cgroup above it, as a container sees it.
-fn journal_memory_auto() -> u64 {
+/// `1 / share` of the memory this process may use, at least `at_least`:
+/// the smaller of the machine's (`/proc/meminfo`) and the limit of its
+/// cgroup or any cgroup above it, as a container sees it.
+fn memory_share_auto(share: u64, at_least: u64) -> u64 {
     let machine = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| meminfo_total(&text));
     let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok().and_then(|text| cgroup_limit(&text));
-    match machine.into_iter().chain(cgroup).min() {
-        Some(usable) => (usable / JOURNAL_MEMORY_SHARE).max(JOURNAL_MEMORY_AUTO_MIN),
-        None => {
-            tracing::warn!("cannot read this machine's memory; --journal-memory auto keeps 1 GiB");
-            JOURNAL_MEMORY_UNKNOWN
-        }
-    }
+    let usable = machine.into_iter().chain(cgroup).min().unwrap_or_else(|| {
+        let shown = indicatif::HumanBytes(MEMORY_UNKNOWN);
+        tracing::warn!("cannot read this machine's memory; memory sized by a share of it takes {shown} as usable");
+        MEMORY_UNKNOWN
+    });
+    (usable / share).max(at_least)
 }
 
 /// `MemTotal` of `/proc/meminfo`, in bytes.
@@ -761,15 +791,14 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
     config.volume.burst_reads_nanos = nanos(args.burst_reads, "--burst-reads")?;
     config.volume.journal.direct_io = args.journal_io == JournalIo::Direct;
     config.volume.journal.spare_segments_max = args.journal_spares;
-    config.journal_memory_bytes = match args.journal_memory {
-        JournalMemory::Bytes(bytes) => bytes,
-        JournalMemory::Auto => {
-            let bytes = journal_memory_auto();
-            let shown = indicatif::HumanBytes(bytes);
-            tracing::info!(bytes, "journals keep up to {shown} of what they wrote (--journal-memory auto)");
-            bytes
-        }
-    };
+    config.journal_memory_bytes = args.journal_memory.bytes(
+        JOURNAL_MEMORY_SHARE,
+        JOURNAL_MEMORY_AUTO_MIN,
+        "--journal-memory",
+        "journals keep up to",
+    );
+    config.index_cache_bytes =
+        args.index_cache.bytes(INDEX_CACHE_SHARE, INDEX_CACHE_AUTO_MIN, "--index-cache", "index pages cached up to");
     config.volume.vouch_after_nanos =
         u64::try_from(args.journal_vouch_after.as_nanos()).context("--journal-vouch-after is too long")?;
     let tokens = Arc::new(Tokens::open(data_dir)?);
@@ -1115,12 +1144,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn journal_memory_is_a_size_or_auto() {
-        assert_eq!(parse_journal_memory("auto"), Ok(JournalMemory::Auto));
-        assert_eq!(parse_journal_memory("AUTO"), Ok(JournalMemory::Auto));
-        assert_eq!(parse_journal_memory("3GiB"), Ok(JournalMemory::Bytes(3 << 30)));
-        assert_eq!(parse_journal_memory("0"), Ok(JournalMemory::Bytes(0)));
-        let error = parse_journal_memory("lots").unwrap_err();
+    fn memory_shares_are_a_size_or_auto() {
+        assert_eq!(parse_memory_share("auto"), Ok(MemoryShare::Auto));
+        assert_eq!(parse_memory_share("AUTO"), Ok(MemoryShare::Auto));
+        assert_eq!(parse_memory_share("3GiB"), Ok(MemoryShare::Bytes(3 << 30)));
+        assert_eq!(parse_memory_share("0"), Ok(MemoryShare::Bytes(0)));
+        let error = parse_memory_share("lots").unwrap_err();
         assert!(error.contains("3GiB") && error.ends_with("or auto"), "{error}");
     }
 
@@ -1149,8 +1178,13 @@ mod tests {
     #[test]
     fn auto_is_a_share_of_what_this_process_may_use() {
         let machine = meminfo_total(&std::fs::read_to_string("/proc/meminfo").unwrap()).unwrap();
-        let auto = journal_memory_auto();
-        assert!(auto <= (machine / JOURNAL_MEMORY_SHARE).max(JOURNAL_MEMORY_AUTO_MIN), "{auto} of {machine}");
-        assert!(auto >= JOURNAL_MEMORY_AUTO_MIN, "{auto}");
+        for (share, at_least) in
+            [(JOURNAL_MEMORY_SHARE, JOURNAL_MEMORY_AUTO_MIN), (INDEX_CACHE_SHARE, INDEX_CACHE_AUTO_MIN)]
+        {
+            let auto = memory_share_auto(share, at_least);
+            assert!(auto <= (machine / share).max(at_least), "{auto} of {machine}");
+            assert!(auto >= at_least, "{auto}");
+        }
+        assert_eq!(MemoryShare::Bytes(5).bytes(JOURNAL_MEMORY_SHARE, JOURNAL_MEMORY_AUTO_MIN, "--flag", "kept"), 5);
     }
 }
