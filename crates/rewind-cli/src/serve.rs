@@ -616,10 +616,10 @@ const JOURNAL_MEMORY_SHARE: u64 = 8;
 /// before the memory was shared.
 const JOURNAL_MEMORY_AUTO_MIN: u64 = 64 << 20;
 /// `--index-cache auto` takes this share of the memory the process may
-/// use. The version index of a 1 GiB volume with 2 to 3 million versions
-/// took 103 MiB; with the fixed 64 MiB cache before, a view read of it
+/// use. An index takes 32 bytes a version: 103 MiB for a 1 GiB volume's
+/// few million; with the fixed 64 MiB cache before, a view read of it
 /// loaded and verified index pages on every pass (5.5% of the server's
-/// samples, BENCHMARKS.md "A view of the past against the present").
+/// samples, BENCHMARKS.md "Index pages and pack readers kept for a view read").
 const INDEX_CACHE_SHARE: u64 = 32;
 /// What `--index-cache auto` takes at least: the fixed size it had before.
 const INDEX_CACHE_AUTO_MIN: u64 = 64 << 20;
