@@ -100,9 +100,22 @@ def wait_archived(http, volume, timeout_seconds=600):
         time.sleep(0.5)
 
 
+def cpu_ticks():
+    """This machine's CPU time so far, from the first line of /proc/stat, in
+    ticks: (all of it, what the hypervisor took for other guests: steal)."""
+    with open("/proc/stat") as stat:
+        fields = [int(field) for field in stat.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is in user).
+    return sum(fields[:8]), fields[7]
+
+
 def fio(uri, name, args, size, runtime=None, extra=()):
     """Runs one fio job against an NBD `uri`, or against a file path with
-    direct I/O (the device's own limit on the same filesystem)."""
+    direct I/O (the device's own limit on the same filesystem). The job's
+    `stolen_share` is the share of the machine's CPU time the hypervisor
+    took meanwhile: on a shared host, a job run while neighbours were busy
+    measures them too."""
+    ticks_before, stolen_before = cpu_ticks()
     target = (["--ioengine=nbd", f"--uri={uri}"] if uri.startswith("nbd://")
               else ["--ioengine=libaio", "--direct=1", f"--filename={uri}"])
     command = [
@@ -122,6 +135,8 @@ def fio(uri, name, args, size, runtime=None, extra=()):
     job = result["jobs"][0]
     if job["error"]:
         raise RuntimeError(f"fio {name} failed: error {job['error']}")
+    ticks_after, stolen_after = cpu_ticks()
+    job["stolen_share"] = (stolen_after - stolen_before) / max(1, ticks_after - ticks_before)
     return job
 
 

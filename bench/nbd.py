@@ -168,7 +168,9 @@ def run_once(args, run_index, results, view_results):
                 settle(https, view_results)
                 job = fio(targets[target], name, job_args, size, runtime=args.runtime)
                 results.setdefault(name, {}).setdefault(target, []).append(throughput(job, direction))
-                print(f"run {run_index} {name:28} {target:7} {throughput(job, direction) / 2**20:10.1f} MiB/s", flush=True)
+                note_stolen(view_results, job, run_index, name, target)
+                print(f"run {run_index} {name:28} {target:7} {throughput(job, direction) / 2**20:10.1f} MiB/s "
+                      f"({job['stolen_share']:.0%} stolen)", flush=True)
                 if target == "device" and name in DEVICE_SYNC_BOUND:
                     job = fio(targets[target], name, job_args, size, runtime=args.runtime,
                               extra=DEVICE_SYNC_BOUND[name])
@@ -198,8 +200,9 @@ def run_once(args, run_index, results, view_results):
                     continue
                 job = fio(targets[target], name, job_args, size, runtime=args.runtime)
                 results.setdefault(f"{name} b2b", {}).setdefault(target, []).append(throughput(job, direction))
+                note_stolen(view_results, job, run_index, f"{name} back to back", target)
                 print(f"run {run_index} {name:28} {target:7} {throughput(job, direction) / 2**20:10.1f} MiB/s "
-                      "back to back", flush=True)
+                      f"back to back ({job['stolen_share']:.0%} stolen)", flush=True)
         # The view against the live volume like with like, after the jobs
         # back to back (so that dropping the page cache changes none of
         # them): each read once, then each again (from the page cache, the
@@ -238,6 +241,25 @@ def run_once(args, run_index, results, view_results):
         shutil.rmtree(work, ignore_errors=True)
 
 
+def note_stolen(view_results, job, run_index, name, target):
+    """Keeps the share of CPU time the hypervisor took during `job` (see
+    `benchlib.fio`), with which job it was."""
+    view_results.setdefault("stolen", []).append((job["stolen_share"], run_index, name, target))
+
+
+def stolen_text(view_results):
+    """A sentence on the CPU time the hypervisor took during the jobs."""
+    stolen = view_results["stolen"]
+    shares = [share for share, *_ in stolen]
+    most, run_index, name, target = max(stolen)
+    return (
+        "CPU time the hypervisor took from this machine during the jobs (steal in /proc/stat, every server's "
+        f"jobs): min / median / max {min(shares):.0%} / {statistics.median(shares):.0%} / {max(shares):.0%}; "
+        f"the most during {name} against {target} in run {run_index}. A job that lost much of its CPU measures "
+        "the host's other guests as well."
+    )
+
+
 def spread(values, scale=1.0):
     return min(values) * scale, statistics.median(values) * scale, max(values) * scale
 
@@ -268,6 +290,8 @@ def table(args, results, view_results, env):
         "target is a ratio to nbdkit file, except for 1 MiB writes: nbdkit only fills the page cache there, so "
         "the bound for keeping every byte once is the device's direct write with `--fdatasync=4` (a sync every "
         "4 MiB), and the target column gives Rewind ÷ that, min / median / max (BRIEF.md).",
+        "",
+        stolen_text(view_results),
         "",
         "| job | device (median) | nbdkit file (median) | Rewind (median) | Rewind ÷ nbdkit min / median / max "
         "| target | | nbdkit ÷ device | Rewind ÷ device min / median / max |"
