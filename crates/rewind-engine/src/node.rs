@@ -971,13 +971,15 @@ impl Node {
     }
 
     /// Hands every volume's waiting journal bytes to the disk, once a
-    /// commit's worth waits (see [`Volume::write_out_journal`]). Embedders
-    /// run it on a thread of its own, woken by [`Node::journal_signal`], so
-    /// the journal keeps reaching the disk while [`Node::maintain`] is busy
-    /// destaging: otherwise writers find its buffer full and write it
-    /// themselves, a stall of a whole buffer's write and sync.
+    /// commit's worth waits, and commits what has waited undurable for the
+    /// commit interval (see [`Volume::write_out_journal`]). Embedders run
+    /// it on a thread of its own, woken by [`Node::journal_signal`] and
+    /// periodically, so the journal keeps reaching the disk, and durability
+    /// its interval, while [`Node::maintain`] is busy destaging: otherwise
+    /// writers find its buffer full and write it themselves, a stall of a
+    /// whole buffer's write and sync.
     pub fn write_out_journals(&self, now: Timestamp) -> Result<bool, EngineError> {
-        self.for_each_volume(now, Work::JournalWriteOut, Volume::write_out_journal)
+        self.for_each_volume(now, Work::JournalWriteOut, |volume| volume.write_out_journal(now))
     }
 
     /// One round of the slow work on history on every volume (see

@@ -228,6 +228,34 @@ fn the_journals_writer_writes_out_a_commits_worth_once_a_writer_leaves_it_waitin
     assert!(!node.write_out_journals(start).unwrap(), "nothing left waiting");
 }
 
+/// The journal's writer also commits what has waited undurable for
+/// `commit_interval_nanos`, the bound on what a power loss takes from writes
+/// never flushed: maintenance, which did alone, may be destaging for seconds.
+#[test]
+fn the_journals_writer_commits_what_waited_undurable_for_a_commit_interval() {
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 12));
+    let mut config = NodeConfig { reserve: Reserve::Bytes(0), ..NodeConfig::default() };
+    config.volume.commit_interval_nanos = 50 * MILLI;
+    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let after = |millis: u64| Timestamp::from_unix_nanos(start.unix_nanos() + millis * MILLI);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    let durable_before = volume.lsn_durable();
+    for block in 0..3u64 {
+        volume.write(start, block * BLOCK as u64, &[9; BLOCK], Durability::Buffered).unwrap();
+    }
+    let syncs = volume.io_stats().journal.syncs;
+
+    assert!(!node.write_out_journals(start).unwrap(), "first seen undurable: not due");
+    assert!(!node.write_out_journals(after(49)).unwrap(), "49 ms: not due");
+    assert_eq!((volume.lsn_durable(), volume.io_stats().journal.syncs), (durable_before, syncs));
+    assert!(node.write_out_journals(after(50)).unwrap(), "50 ms: committed");
+    assert!(volume.lsn_durable() > durable_before, "the three writes are durable");
+    assert_eq!(volume.io_stats().journal.syncs, syncs + 1);
+    assert!(!node.write_out_journals(after(200)).unwrap(), "nothing left undurable");
+}
+
 #[test]
 fn reads_right_after_a_burst_keep_archiving_waiting_while_the_disk_has_room() {
     let storage = Arc::new(SimStorage::new(SimConfig::default(), 6));

@@ -144,7 +144,7 @@ impl Volume {
     /// short.
     pub(super) fn make_room(&self) -> Result<(), EngineError> {
         let mut room = self.room.lock();
-        while self.overlay_versions.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
+        while self.overlay_held.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
             if let Some(mut destage) = self.destage_try_lock() {
                 drop(room);
                 // Only durable versions are destaged; letting the lock go
@@ -281,7 +281,7 @@ impl Volume {
         let blocks_total = self.meta.size_bytes / u64::from(self.meta.block_size.bytes());
         let mut through = None;
         loop {
-            let near_limit = self.overlay_versions.load(Ordering::Relaxed)
+            let near_limit = self.overlay_held.load(Ordering::Relaxed)
                 >= self.config.overlay_versions_max / 8 * SHORT_PARTS_FROM_EIGHTHS;
             let part_bytes = if near_limit { SHORT_PART_BYTES } else { GATHER_BYTES_MAX };
             let take = left.min(part_bytes / self.meta.block_size.bytes() as usize);
@@ -368,7 +368,7 @@ impl Volume {
         let applied: Vec<Pending> = applied.iter().map(|&&pending| pending).collect();
         let mut state = self.write.lock();
         state.overlay.retire(&applied);
-        self.overlay_versions.store(state.overlay.versions(), Ordering::Relaxed);
+        self.note_overlay(&state.overlay);
         drop(state);
         self.room_made();
     }

@@ -9,8 +9,6 @@ use super::destage::Leaving;
 use super::*;
 
 pub(crate) struct MaintenanceState {
-    /// When maintenance first saw records that are not durable yet.
-    undurable_since: Option<Timestamp>,
     /// The durable LSN maintenance last saw, and since when it has not moved.
     quiet: (Lsn, Timestamp),
     checkpoint_last: Timestamp,
@@ -69,7 +67,6 @@ impl MaintenanceState {
     /// The state of a volume just opened at `checkpoint`.
     pub(super) fn after(checkpoint: &Checkpoint) -> MaintenanceState {
         MaintenanceState {
-            undurable_since: None,
             quiet: (Lsn::ZERO, checkpoint.timestamp_last),
             checkpoint_last: checkpoint.timestamp_last,
             checkpoint_lsn: checkpoint.lsn,
@@ -97,22 +94,13 @@ impl Volume {
             return Ok(false);
         }
         // Embedders without a journal writer of its own (`Node::write_out_journals`).
-        let mut worked = self.write_out_journal()?;
-        if self.journal.lsn_durable() < Lsn(self.journal.lsn_next().0 - 1) {
-            let seen = *maintenance.undurable_since.get_or_insert(now);
-            if now.unix_nanos().saturating_sub(seen.unix_nanos()) >= self.config.commit_interval_nanos {
-                self.flush()?;
-                maintenance.undurable_since = None;
-                worked = true;
-            }
-        } else {
-            maintenance.undurable_since = None;
-        }
+        let mut worked = self.write_out_journal(now)?;
         worked |= self.vouch_when_quiet(&mut maintenance, now)?;
         let merge_due = self.merge_due(&maintenance, now);
         let in_burst = self.in_burst(now);
         let overlay_versions = self.overlay_versions.load(Ordering::Relaxed);
-        let destage_waits = in_burst && overlay_versions < self.config.overlay_versions_max / 2;
+        let destage_waits =
+            in_burst && self.overlay_held.load(Ordering::Relaxed) < self.config.overlay_versions_max / 2;
         let leaves_hot_set = self.rules().overlay_absorbs_overwrites();
         if overlay_versions > 0 && merge_due && !destage_waits {
             let before = self.overlay_versions.load(Ordering::Relaxed);

@@ -91,7 +91,9 @@ pub struct VolumeConfig {
     /// Block versions waiting to be destaged before writers destage
     /// themselves: about 100 bytes of memory each, so 100 MiB at most per
     /// volume by default. Where the overlay absorbs overwrites (the
-    /// journaled layout) they are blocks: a burst that rewrites up to 2 GiB
+    /// journaled layout) they are blocks (`Overlay::held`), each with its
+    /// newest durable version and those written since the last commit, so
+    /// about twice that memory under sustained writes: a burst that rewrites up to 2 GiB
     /// of 4 KiB blocks (half of it, see `burst_quiet_nanos`) is destaged
     /// once, after it, and a writer that finds them all waiting destages
     /// the sixteenth written least recently, a short pass.
@@ -283,9 +285,14 @@ pub struct Volume {
     /// The embedder's clock, once it gives one (the node's).
     clock: Arc<OnceLock<Arc<dyn Clock>>>,
     overlay_versions: AtomicUsize,
+    /// What the overlay holds against `overlay_versions_max` (`Overlay::held`).
+    overlay_held: AtomicUsize,
     /// The time of the last version appended (unix nanoseconds): whether
     /// the volume is in a burst of writes (see `burst_quiet_nanos`).
     written_at_nanos: AtomicU64,
+    /// When the journal's writer or maintenance first saw records that are
+    /// not durable yet (unix nanoseconds; 0: none seen).
+    undurable_since_nanos: AtomicU64,
     /// When the burst the last write belongs to began (unix nanoseconds):
     /// the first write after `burst_quiet_nanos` without one.
     burst_began_nanos: AtomicU64,
@@ -537,7 +544,7 @@ impl Volume {
         while self.journal.bytes_unwritten() >= self.config.unwritten_bytes_max {
             self.journal.write_out_oldest().map_err(|error| self.fail(error.into()))?;
         }
-        if self.overlay_versions.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
+        if self.overlay_held.load(Ordering::Relaxed) >= self.config.overlay_versions_max {
             self.make_room()?;
         }
         if self.index.stats().versions_in_memory >= 3 * self.config.memtable_versions_max as u64 {
@@ -599,7 +606,7 @@ impl Volume {
             self.index.insert(lsn, &versions);
         }
         state.overlay.record(lsn, &versions, self.current.is_some(), self.journal.lsn_durable());
-        self.overlay_versions.store(state.overlay.versions(), Ordering::Relaxed);
+        self.note_overlay(&state.overlay);
         add_record_to_timeline(
             &mut state.timeline_unsaved,
             first.timestamp,
@@ -723,15 +730,51 @@ impl Volume {
         Ok(())
     }
 
+    /// Publishes the overlay's counts for readers without the write lock.
+    fn note_overlay(&self, overlay: &Overlay) {
+        self.overlay_versions.store(overlay.versions(), Ordering::Relaxed);
+        self.overlay_held.store(overlay.held(), Ordering::Relaxed);
+    }
+
     /// Hands the journal's waiting bytes to the disk once a commit's worth
-    /// (`commit_bytes_soft`) waits, so a commit later has less to write.
+    /// (`commit_bytes_soft`) waits, so a commit later has less to write,
+    /// and commits records left undurable for `commit_interval_nanos`.
     /// Returns whether it wrote; a failed write poisons the volume.
-    pub(crate) fn write_out_journal(&self) -> Result<bool, EngineError> {
-        let closed = self.closed.load(Ordering::Acquire) || self.is_poisoned();
-        if closed || self.journal.bytes_unwritten() < self.config.commit_bytes_soft {
+    ///
+    /// Both the journal's writer and maintenance call it. Commits were
+    /// maintenance's alone, and a destage pass holds maintenance for
+    /// seconds under sustained writes: durability then lagged by as long,
+    /// past the interval's promise, and the overlay, which absorbs an
+    /// overwrite only of a durable version, held two versions of every
+    /// block of a volume rewritten in a loop, reached half its limit and
+    /// destaged slices of blocks about to be rewritten (BENCHMARKS.md).
+    pub(crate) fn write_out_journal(&self, now: Timestamp) -> Result<bool, EngineError> {
+        if self.closed.load(Ordering::Acquire) || self.is_poisoned() {
             return Ok(false);
         }
-        self.journal.write_out().map_err(|error| self.fail(error.into()))?;
+        let mut worked = false;
+        if self.journal.bytes_unwritten() >= self.config.commit_bytes_soft {
+            self.journal.write_out().map_err(|error| self.fail(error.into()))?;
+            worked = true;
+        }
+        if self.journal.lsn_durable() == Lsn(self.journal.lsn_next().0 - 1) {
+            self.undurable_since_nanos.store(0, Ordering::Relaxed);
+            return Ok(worked);
+        }
+        let now_nanos = now.unix_nanos().max(1);
+        // Both callers may note it at once: either time will do.
+        let first_seen = match self.undurable_since_nanos.load(Ordering::Relaxed) {
+            0 => {
+                self.undurable_since_nanos.store(now_nanos, Ordering::Relaxed);
+                now_nanos
+            }
+            seen => seen,
+        };
+        if now_nanos.saturating_sub(first_seen) < self.config.commit_interval_nanos {
+            return Ok(worked);
+        }
+        self.flush()?;
+        self.undurable_since_nanos.store(0, Ordering::Relaxed);
         Ok(true)
     }
 

@@ -158,6 +158,20 @@ impl Overlay {
         self.versions
     }
 
+    /// What the overlay holds against its budget (`overlay_versions_max`):
+    /// its blocks where it absorbs overwrites, its versions elsewhere. An
+    /// absorbing overlay drops a version only once a newer one is durable
+    /// when it arrives, so a block rewritten in a loop keeps two (the one
+    /// before the last commit and the one after): counted as versions, a
+    /// volume of half the budget's blocks filled it to half, where a burst
+    /// stops waiting and destages slices of blocks about to be rewritten.
+    pub(crate) fn held(&self) -> usize {
+        match self.absorbs {
+            true => self.blocks.len(),
+            false => self.versions,
+        }
+    }
+
     /// Whether a version at or before `lsn` is still here. It looks at
     /// every block: for a checkpoint, one every gigabyte of journal or so.
     pub(crate) fn holds_through(&mut self, lsn: Lsn) -> bool {
@@ -506,6 +520,32 @@ mod tests {
         assert_eq!(overlay.versions(), blocks_max);
         assert_eq!(overlay.blocks.capacity(), table, "the table grew");
         assert_eq!(overlay.recency.capacity(), queue, "the recency queue grew");
+    }
+
+    /// A volume rewritten in a loop, each round committed only after the
+    /// next began (a commit every 50 ms under sustained writes): every block
+    /// keeps two versions, the one before the commit and the one after, and
+    /// what the absorbing overlay holds against its budget is its blocks.
+    /// One that does not absorb holds every version.
+    #[test]
+    fn an_absorbing_overlay_holds_its_blocks_against_the_budget() {
+        const BLOCKS: u64 = 1000;
+        let mut absorbing = Overlay::new(None, Vec::new(), true, BLOCKS as usize);
+        let mut keeping = Overlay::new(None, Vec::new(), false, BLOCKS as usize);
+        let (mut lsn, mut lsn_durable) = (0, Lsn::ZERO);
+        for _round in 0..4 {
+            for block in 0..BLOCKS {
+                lsn += 1;
+                absorbing.record(Lsn(lsn), &[written(block, lsn)], true, lsn_durable);
+                keeping.record(Lsn(lsn), &[written(block, lsn)], true, lsn_durable);
+            }
+            // Committed by the time the next round rewrites it.
+            lsn_durable = Lsn(lsn);
+        }
+        assert_eq!(absorbing.versions(), 2 * BLOCKS as usize, "the newest durable version and the one after");
+        assert_eq!(absorbing.held(), BLOCKS as usize);
+        assert_eq!(keeping.held(), 4 * BLOCKS as usize);
+        assert_eq!(keeping.held(), keeping.versions());
     }
 
     /// A part taken from the front of the recency queue is the one a look

@@ -121,7 +121,6 @@ impl Volume {
         base: Option<Base>,
     ) -> Volume {
         let chunks = Arc::clone(&shared.chunks);
-        let recovered_count = pending.len();
         let cache = LayoutRules::of(meta.layout).has_controller_cache().then(|| {
             let block_bytes = u64::from(meta.block_size.bytes());
             ControllerCache::new(CacheConfig::new(meta.cache_bytes, block_bytes, CACHE_DIRTY_FRACTION))
@@ -129,6 +128,9 @@ impl Volume {
         // A volume's overlay holds at most its every block, and at most its limit.
         let block_count = meta.size_bytes / u64::from(meta.block_size.bytes());
         let overlay_blocks_max = usize::try_from(block_count).unwrap_or(usize::MAX).min(config.overlay_versions_max);
+        let absorbs = LayoutRules::of(meta.layout).overlay_absorbs_overwrites();
+        let overlay = Overlay::new(cache, pending, absorbs, overlay_blocks_max);
+        let (overlay_versions, overlay_held) = (overlay.versions(), overlay.held());
         let zero_block_crc32c = rewind_format::crc32c(&vec![0u8; meta.block_size.bytes() as usize]);
         // Every write after a revert is after it, whatever the journal holds;
         // so is every write after a bookmark made "now" (a point pinned on the
@@ -148,12 +150,7 @@ impl Volume {
             write: Mutex::new(WriteState {
                 timestamp_last: checkpoint.timestamp_last.max(timestamp_last).max(reverted),
                 timestamp_floor: index.archived_before(),
-                overlay: Overlay::new(
-                    cache,
-                    pending,
-                    LayoutRules::of(meta.layout).overlay_absorbs_overwrites(),
-                    overlay_blocks_max,
-                ),
+                overlay,
                 timeline_unsaved: BTreeMap::new(),
                 crcs: Vec::new(),
                 versions: Vec::new(),
@@ -169,7 +166,8 @@ impl Volume {
             current,
             chunks,
             io,
-            overlay_versions: AtomicUsize::new(recovered_count),
+            overlay_versions: AtomicUsize::new(overlay_versions),
+            overlay_held: AtomicUsize::new(overlay_held),
             poisoned: Mutex::new(None),
             closed: AtomicBool::new(false),
             history,
@@ -177,6 +175,7 @@ impl Volume {
             space_tally: Mutex::new(None),
             counters: Counters::default(),
             written_at_nanos: AtomicU64::new(0),
+            undurable_since_nanos: AtomicU64::new(0),
             burst_began_nanos: AtomicU64::new(0),
             reads_seen: AtomicU64::new(0),
             read_bytes_seen: AtomicU64::new(0),

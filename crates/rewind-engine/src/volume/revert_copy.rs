@@ -248,7 +248,7 @@ impl Volume {
             })
             .collect();
         state.overlay.record(appended.lsn, &versions, true, self.journal.lsn_durable());
-        self.overlay_versions.store(state.overlay.versions(), Ordering::Relaxed);
+        self.note_overlay(&state.overlay);
         let record_bytes = rewind_format::journal::RECORD_HEADER_BYTES as u64
             + match run.zero {
                 true => 0,
