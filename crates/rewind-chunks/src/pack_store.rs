@@ -21,11 +21,11 @@
 
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rewind_format::crc32c;
-use rewind_io::{File, OpenMode, Storage, WriteBehind};
+use rewind_io::{File, OpenMode, Storage, WriteBehind, DIRECT_ALIGN};
 use rustc_hash::FxHashMap;
 
 use crate::pack_name;
@@ -116,6 +116,9 @@ pub struct LocalPackStore {
     dir: String,
     /// Packs opened for reading, kept open: reads come one chunk at a time.
     open: parking_lot::Mutex<FxHashMap<u64, Arc<dyn File>>>,
+    /// Whether the filesystem takes direct I/O (see [`PartFile`]): false
+    /// once it refused it, said in the log then.
+    direct: AtomicBool,
 }
 
 /// How many packs [`LocalPackStore`] keeps open for reading.
@@ -137,11 +140,29 @@ impl LocalPackStore {
         if removed {
             storage.sync_dir(dir)?;
         }
-        Ok(LocalPackStore { storage, dir: dir.to_owned(), open: Default::default() })
+        Ok(LocalPackStore { storage, dir: dir.to_owned(), open: Default::default(), direct: AtomicBool::new(true) })
     }
 
     fn path(&self, pack: u64) -> String {
         format!("{}/{}", self.dir, pack_name(pack))
+    }
+
+    /// The part file `part` (just created as `file`), written directly
+    /// where the filesystem takes it.
+    fn part_file(&self, part: &str, file: Arc<dyn File>) -> io::Result<PartFile> {
+        if self.direct.load(Ordering::Relaxed) {
+            match self.storage.open_direct(part) {
+                Ok(direct) => {
+                    return Ok(PartFile::Direct { file: direct, staged: Vec::new(), staged_len: 0, on_disk: 0 })
+                }
+                Err(error) if error.kind() == io::ErrorKind::Unsupported => {
+                    tracing::info!(dir = %self.dir, %error, "the filesystem refuses direct I/O: packs are written through the page cache");
+                    self.direct.store(false, Ordering::Relaxed);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(PartFile::Buffered(WriteBehind::new(file)))
     }
 
     /// Pack `pack`, open for reading.
@@ -200,9 +221,9 @@ impl PackStore for LocalPackStore {
         Ok(Box::new(LocalUpload {
             storage: Arc::clone(&self.storage),
             dir: self.dir.clone(),
+            file: Some(self.part_file(&part, file)?),
             path,
             part,
-            file: Some(WriteBehind::new(file)),
             written: 0,
             tail: Vec::new(),
         }))
@@ -258,20 +279,99 @@ struct LocalUpload {
     dir: String,
     path: String,
     part: String,
-    /// Written behind (`rewind_io::WriteBehind`): the device writes while
-    /// the archiver fills the next megabyte, and the pack's pages leave the
-    /// page cache once on the device, so archiving gigabytes of history
-    /// reuses a few pages instead of touching fresh memory for every byte
-    /// (on a VM, a host fault a page) and pushing the present out of the
-    /// cache. `None` once finished or aborted.
-    file: Option<WriteBehind<Arc<dyn File>>>,
+    /// `None` once finished or aborted.
+    file: Option<PartFile>,
     written: u64,
     /// The last bytes appended, up to [`GENERATION_TAIL_BYTES`].
     tail: Vec<u8>,
 }
 
+/// How a pack's part file is written. Directly (`O_DIRECT`), a megabyte
+/// at a time from one buffer: archived history is written once and read
+/// seldom, and through the page cache every byte was copied into a page
+/// taken fresh (the pages of the megabytes before left the cache as they
+/// reached the device, so as not to push the present out): on a VM that
+/// hands freed memory back to its host, a host fault for every page — 22%
+/// of the server's samples while a burst was archived at 110 MiB/s, in the
+/// kernel's copy alone (BENCHMARKS.md). Where the filesystem refuses direct
+/// I/O (tmpfs), through the page cache, written behind
+/// (`rewind_io::WriteBehind`): the device writes while the archiver fills
+/// the next megabyte, and the pages leave the cache once on the device.
+enum PartFile {
+    Direct {
+        file: Arc<dyn File>,
+        /// The bytes not yet on the device, at an aligned start in here
+        /// (`rewind_io::aligned_slice`); they follow `on_disk`.
+        staged: Vec<u8>,
+        staged_len: usize,
+        /// Bytes of the file on the device: whole sectors.
+        on_disk: u64,
+    },
+    Buffered(WriteBehind<Arc<dyn File>>),
+}
+
+/// What a direct part file writes at once.
+const DIRECT_WRITE_BYTES: usize = 1 << 20;
+
+impl PartFile {
+    fn file(&self) -> &dyn File {
+        match self {
+            PartFile::Direct { file, .. } => &**file,
+            PartFile::Buffered(behind) => behind.file(),
+        }
+    }
+
+    /// Writes `bytes` at `offset`, the end of what was appended so far.
+    fn append(&mut self, bytes: &[u8], offset: u64) -> io::Result<()> {
+        match self {
+            PartFile::Buffered(behind) => {
+                behind.file().write_all_at(bytes, offset)?;
+                // An error here is the device's, for bytes already written:
+                // the append fails, as the pack's finish would have.
+                behind.written(offset, bytes.len() as u64)
+            }
+            PartFile::Direct { file, staged, staged_len, on_disk } => {
+                assert_eq!(*on_disk + *staged_len as u64, offset, "appends follow each other");
+                let mut rest = bytes;
+                while !rest.is_empty() {
+                    let stage = rewind_io::aligned_slice(staged, DIRECT_WRITE_BYTES);
+                    let take = rest.len().min(DIRECT_WRITE_BYTES - *staged_len);
+                    stage[*staged_len..*staged_len + take].copy_from_slice(&rest[..take]);
+                    *staged_len += take;
+                    rest = &rest[take..];
+                    if *staged_len == DIRECT_WRITE_BYTES {
+                        file.write_all_at(stage, *on_disk)?;
+                        *on_disk += DIRECT_WRITE_BYTES as u64;
+                        *staged_len = 0;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Puts every byte appended on the device and makes the file
+    /// `length` bytes long and durable.
+    fn finish(&mut self, length: u64) -> io::Result<()> {
+        if let PartFile::Direct { file, staged, staged_len, on_disk } = self {
+            if *staged_len > 0 {
+                // The last sector padded with zeros, then cut off at the end.
+                let padded = staged_len.next_multiple_of(DIRECT_ALIGN);
+                let stage = rewind_io::aligned_slice(staged, DIRECT_WRITE_BYTES);
+                stage[*staged_len..padded].fill(0);
+                file.write_all_at(&stage[..padded], *on_disk)?;
+                *on_disk += padded as u64;
+                *staged_len = 0;
+                file.set_len(length)?;
+            }
+            assert!(*on_disk >= length && *on_disk - length < DIRECT_ALIGN as u64, "every byte appended is written");
+        }
+        self.file().sync_data()
+    }
+}
+
 impl LocalUpload {
-    fn file(&mut self) -> &mut WriteBehind<Arc<dyn File>> {
+    fn file(&mut self) -> &mut PartFile {
         self.file.as_mut().expect("an upload is used until it is finished or aborted")
     }
 
@@ -288,10 +388,7 @@ impl PackUpload for LocalUpload {
         let (offset, length) = (self.written, bytes.len() as u64);
         let file = self.file();
         file.file().allocate(offset, length)?;
-        file.file().write_all_at(bytes, offset)?;
-        // An error here is the device's, for bytes already written: the
-        // append fails, as the pack's finish would have.
-        file.written(offset, length)?;
+        file.append(bytes, offset)?;
         self.written += length;
         let keep = GENERATION_TAIL_BYTES as usize;
         if bytes.len() >= keep {
@@ -310,7 +407,8 @@ impl PackUpload for LocalUpload {
     }
 
     fn finish(mut self: Box<Self>) -> io::Result<Generation> {
-        self.file().file().sync_data()?;
+        let length = self.written;
+        self.file().finish(length)?;
         if self.storage.exists(&self.path)? {
             self.remove_part()?;
             let message = format!("{} already exists; packs are written once", self.path);

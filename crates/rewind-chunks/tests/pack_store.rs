@@ -43,8 +43,9 @@ fn resident_bytes(path: &std::path::Path, len: usize) -> usize {
 }
 
 /// Archiving writes gigabytes of packs nobody reads soon: a local pack is
-/// written behind, so what lies more than `rewind_io::WRITE_BEHIND_BYTES`
-/// behind the end has reached the device and left the page cache while the
+/// written directly, so what lies more than `rewind_io::WRITE_BEHIND_BYTES`
+/// behind the end (the most a filesystem refusing direct I/O keeps, written
+/// behind) has reached the device and is not in the page cache while the
 /// pack is still being written (it would otherwise push the present out of
 /// the cache and, on a VM, touch fresh memory for every byte).
 #[test]
@@ -90,6 +91,16 @@ fn a_directory_of_a_meta_store_keeps_the_contract() {
 #[test]
 fn the_local_pack_store_keeps_the_contract_on_the_simulated_disk() {
     let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(SimConfig::default(), 1));
+    let store = LocalPackStore::open(storage, "packs").unwrap();
+    check_store(&store, 1 << 40, 3 << 20);
+}
+
+/// Where the filesystem refuses direct I/O, packs are written through the
+/// page cache, behind, and keep the contract as well.
+#[test]
+fn the_local_pack_store_keeps_the_contract_where_direct_io_is_refused() {
+    let config = SimConfig { direct_io: false, ..SimConfig::default() };
+    let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(config, 4));
     let store = LocalPackStore::open(storage, "packs").unwrap();
     check_store(&store, 1 << 40, 3 << 20);
 }
