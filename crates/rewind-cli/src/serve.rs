@@ -338,6 +338,8 @@ pub struct ServeArgs {
     /// memory this process may use (the machine's, or its cgroup's limit if
     /// lower), at least 64 MiB; it is held while a burst waits to be
     /// destaged, and its buffers a minute or two longer, for the next.
+    /// Large writes (64 KiB or more) take at most an eighth of it: they
+    /// are read back from the disk sequentially.
     #[arg(long, value_name = "SIZE|auto", default_value = "auto", value_parser = parse_memory_share)]
     journal_memory: MemoryShare,
     /// Memory for the version index's pages, verified and kept between

@@ -223,6 +223,8 @@ struct Batch {
     lsn_last: Lsn,
     /// The batch starts its segment: the segment's name must be synced too.
     starts_segment: bool,
+    /// Records appended.
+    records: u32,
 }
 
 impl Batch {
@@ -250,6 +252,7 @@ impl Batch {
             records_end: records_start,
             lsn_last: Lsn::ZERO,
             starts_segment: false,
+            records: 0,
         }
     }
 
@@ -305,6 +308,13 @@ impl Batch {
         encode(&mut self.bytes);
         assert_eq!((self.bytes.len() - self.records_end) as u64, record_bytes);
         self.records_end = self.bytes.len();
+        self.records += 1;
+    }
+
+    /// Whether its records are large writes on average (see
+    /// [`LARGE_RECORD_BYTES`]).
+    fn holds_large_records(&self) -> bool {
+        self.records > 0 && self.records_len() / u64::from(self.records) >= LARGE_RECORD_BYTES
     }
 
     /// Pads the batch with zeros to a whole sector: it takes no more records.
@@ -448,6 +458,13 @@ const SPARE_BUFFERS_MIN: usize = 4;
 /// What a journal keeps in memory of the batches it wrote when no
 /// [`RecentMemory`] is shared with it ([`Journal::sharing_recent_memory`]).
 const RECENT_BYTES_OWN: u64 = 64 << 20;
+/// Batches whose records hold this much on average are of large writes,
+/// which [`RecentMemory`] keeps less of: read back from the disk they are
+/// read a record at a time, sequentially. As `rewind serve --burst-reads`
+/// tells small reads from large ones.
+const LARGE_RECORD_BYTES: u64 = 64 << 10;
+/// Batches of large records take at most this share of the memory.
+const LARGE_RECORDS_SHARE: u64 = 8;
 
 /// Memory that journals keep the batches they wrote with direct I/O in,
 /// until the destager has read them ([`Journal::forget_written`]): the page
@@ -464,10 +481,24 @@ const RECENT_BYTES_OWN: u64 = 64 << 20;
 /// volume took a fifth of the server's time in them (BENCHMARKS.md, "The
 /// journal at the device's limit"). Those no batch took between two calls
 /// of [`RecentMemory::release_idle_spares`] are given back.
+///
+/// Batches of large writes ([`Batch::holds_large_records`]) take at most
+/// an eighth of `limit`: read back from the disk they cost a sequential
+/// read, where the 4 KiB blocks of random writes cost a random read each,
+/// and what the memory holds is paid for as it is first touched. On a VM
+/// whose balloon takes freed memory back, that is a host fault and a
+/// zeroed page for every 4 KiB: with all of an eighth of 23 GiB open to
+/// them, 10 s of 1 MiB writes into a new server ran at 988 MiB/s and took
+/// 1.17 CPU-s a GiB, against 1,230 and 0.63 with this share (BENCHMARKS.md,
+/// "The journal's memory and large writes"). Random writes that fill the
+/// memory afterwards pay for its pages instead, as they would have on a
+/// server that had not seen large writes.
 #[derive(Debug)]
 pub struct RecentMemory {
     limit: u64,
     used: AtomicU64,
+    /// The share of `used` in batches of large records.
+    large_used: AtomicU64,
     spares: Mutex<SpareBuffers>,
 }
 
@@ -482,7 +513,12 @@ struct SpareBuffers {
 
 impl RecentMemory {
     pub fn new(limit: u64) -> Arc<RecentMemory> {
-        Arc::new(RecentMemory { limit, used: AtomicU64::new(0), spares: Mutex::default() })
+        Arc::new(RecentMemory {
+            limit,
+            used: AtomicU64::new(0),
+            large_used: AtomicU64::new(0),
+            spares: Mutex::default(),
+        })
     }
 
     /// A buffer of a written batch, or a new one.
@@ -540,17 +576,39 @@ impl RecentMemory {
     fn over(&self) -> bool {
         self.used() > self.limit
     }
+
+    fn large_over(&self) -> bool {
+        self.large_used.load(Ordering::Relaxed) > self.limit / LARGE_RECORDS_SHARE
+    }
+
+    fn count(&self, batch: &Batch) {
+        self.used.fetch_add(batch.held_bytes(), Ordering::Relaxed);
+        if batch.holds_large_records() {
+            self.large_used.fetch_add(batch.held_bytes(), Ordering::Relaxed);
+        }
+    }
+
+    fn uncount(&self, batch: &Batch) {
+        self.used.fetch_sub(batch.held_bytes(), Ordering::Relaxed);
+        if batch.holds_large_records() {
+            self.large_used.fetch_sub(batch.held_bytes(), Ordering::Relaxed);
+        }
+    }
 }
 
 /// The batches written with direct I/O that are still kept in memory,
 /// oldest first: a small batch's records in a copy of their size
 /// ([`Batch::compacted`]), so that its buffer, reserved for a whole batch,
 /// is reused at once. Reads find theirs by bisection, and the byte count
-/// is kept, not summed: a stream of small commits keeps thousands.
+/// is kept, not summed: a stream of small commits keeps thousands. Those
+/// of large records may leave before older ones ([`RecentMemory`]), so
+/// the batches kept need not be neighbours.
 #[derive(Default)]
 struct Recent {
     batches: VecDeque<Arc<Batch>>,
     bytes: u64,
+    /// Where the kept batches of large records start, oldest first.
+    large: VecDeque<u64>,
 }
 
 impl Recent {
@@ -665,8 +723,9 @@ const SPARE_PREPARING_NAME: &str = "spare.preparing";
 impl Drop for Journal {
     /// Gives back the memory its written batches took from what it shares.
     fn drop(&mut self) {
-        let kept = self.recent.get_mut().bytes;
-        self.recent_memory.used.fetch_sub(kept, Ordering::Relaxed);
+        for batch in &self.recent.get_mut().batches {
+            self.recent_memory.uncount(batch);
+        }
     }
 }
 
@@ -1548,13 +1607,17 @@ impl Journal {
                 self.recent_start.store(pack(batch.segment, batch.offset), Ordering::Release);
             }
             recent.bytes += kept.held_bytes();
-            self.recent_memory.used.fetch_add(kept.held_bytes(), Ordering::Relaxed);
+            self.recent_memory.count(kept);
+            if kept.holds_large_records() {
+                recent.large.push_back(kept.position());
+            }
             recent.batches.push_back(kept.clone());
         }
         let front = tail.sealed.pop_front().expect("a written batch is still queued");
         assert!(Arc::ptr_eq(&front, &batch), "sealed batches are written in order, by one writer at a time");
         drop(tail);
         self.forget_recent(&mut recent, |_| kept.is_none() || self.recent_memory.over());
+        self.forget_large(&mut recent);
         drop(recent);
         // Unshared now unless kept whole in `recent`.
         drop((kept, front));
@@ -1581,12 +1644,37 @@ impl Journal {
     fn forget_recent(&self, recent: &mut Recent, mut forget: impl FnMut(&Recent) -> bool) {
         while !recent.batches.is_empty() && forget(recent) {
             let oldest = recent.batches.pop_front().expect("not empty");
-            recent.bytes -= oldest.held_bytes();
-            self.recent_memory.used.fetch_sub(oldest.held_bytes(), Ordering::Relaxed);
-            let start = recent.batches.front().map_or(u64::MAX, |batch| pack(batch.segment, batch.offset));
+            if recent.large.front() == Some(&oldest.position()) {
+                recent.large.pop_front();
+            }
+            let start = recent.batches.front().map_or(u64::MAX, |batch| batch.position());
             self.recent_start.store(start, Ordering::Release);
-            self.recent_memory.recycle(oldest, self.config.batch_bytes_max);
+            self.let_go(recent, oldest);
         }
+    }
+
+    /// Drops this journal's oldest batches of large records while those of
+    /// all the journals take more than their share (see [`RecentMemory`]).
+    fn forget_large(&self, recent: &mut Recent) {
+        while self.recent_memory.large_over() {
+            let Some(position) = recent.large.pop_front() else { return };
+            let index = recent.batches.binary_search_by_key(&position, |batch| batch.position());
+            let index = index.expect("a kept batch of large records is among the kept batches");
+            if index == 0 {
+                let start = recent.batches.get(1).map_or(u64::MAX, |batch| batch.position());
+                self.recent_start.store(start, Ordering::Release);
+            }
+            let batch = recent.batches.remove(index).expect("found above");
+            assert!(batch.holds_large_records());
+            self.let_go(recent, batch);
+        }
+    }
+
+    /// Gives back the memory of `batch`, no longer among the `recent` ones.
+    fn let_go(&self, recent: &mut Recent, batch: Arc<Batch>) {
+        recent.bytes -= batch.held_bytes();
+        self.recent_memory.uncount(&batch);
+        self.recent_memory.recycle(batch, self.config.batch_bytes_max);
     }
 
     /// Writes `batch` with direct I/O, if the journal does: its whole
@@ -1713,13 +1801,22 @@ impl Journal {
     /// is a copy, not a disk read. It may leave memory right after.
     pub fn holds_in_memory(&self, segment: u32, offset: u64) -> bool {
         let at = pack(segment, offset);
-        at >= self.written_end.load(Ordering::Acquire) || at >= self.recent_start.load(Ordering::Acquire)
+        if at >= self.written_end.load(Ordering::Acquire) {
+            return true;
+        }
+        // Kept batches need not be neighbours: look.
+        at >= self.recent_start.load(Ordering::Acquire)
+            && self
+                .recent
+                .lock()
+                .batch_at(segment, offset)
+                .is_some_and(|batch| batch.start_of(segment, offset, 1).is_some())
     }
 
     /// The `len` bytes at `offset` of `segment`: borrowed from the batch
     /// that holds them where the journal keeps it in memory (sealed, or
     /// written and kept), otherwise read into `buffer` — with direct I/O
-    /// where the journal writes so and they are in the file only (the
+    /// where the journal writes so and no one batch in memory holds them (the
     /// sectors around them, straight from the device into an aligned part
     /// of `buffer`), and otherwise as [`Journal::read`] does. For the
     /// destager's and the archiver's reads of a megabyte at a time: through
@@ -1735,10 +1832,10 @@ impl Journal {
         if let Some(span) = self.span_in_memory(segment, offset, len) {
             return Ok(SpanBytes::Memory(span));
         }
+        // Written out, and no one kept batch holds it all.
         let end = offset + len as u64;
-        let in_file_only = pack(segment, end) <= self.written_end.load(Ordering::Acquire)
-            && pack(segment, end) <= self.recent_start.load(Ordering::Acquire);
-        if in_file_only && self.direct_io.load(Ordering::Acquire) {
+        let in_file = pack(segment, end) <= self.written_end.load(Ordering::Acquire);
+        if in_file && self.direct_io.load(Ordering::Acquire) {
             let align = DIRECT_ALIGN as u64;
             let first = offset / align * align;
             let sectors = aligned_slice(buffer, (end.div_ceil(align) * align - first) as usize);

@@ -671,6 +671,67 @@ fn journals_sharing_memory_keep_what_it_allows_together() {
     assert_eq!(nothing.used(), 0);
 }
 
+/// Batches of large writes take at most an eighth of the memory, the
+/// oldest leaving first, while batches of small writes written before them
+/// stay: read back from the disk, a large write costs one sequential read,
+/// a small one a random read each. Whatever left memory reads the same from
+/// the file, and `holds_in_memory` says which is which.
+#[test]
+fn batches_of_large_writes_take_at_most_an_eighth_of_the_memory() {
+    const SMALL: usize = BLOCK as usize;
+    const LARGE: usize = 64 << 10;
+    // A large record and its header, padded: an eighth holds four.
+    const LARGE_HELD: u64 = LARGE as u64 + 1024;
+    let storage = Arc::new(rewind_io::CountingStorage::new(Arc::new(SimStorage::new(SimConfig::default(), 13))));
+    let shared: Arc<dyn Storage> = Arc::clone(&storage) as Arc<dyn Storage>;
+    let memory = RecentMemory::new(8 * 4 * LARGE_HELD);
+    let journal = Journal::create(shared, "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
+        .unwrap()
+        .sharing_recent_memory(Arc::clone(&memory));
+    // One write a commit, so one batch a write: 40 small ones, then 12 large.
+    let sizes: Vec<usize> = [SMALL; 40].into_iter().chain([LARGE; 12]).collect();
+    let appended: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let at = Timestamp::from_unix_nanos(1 + i as u64);
+            let block = BlockIndex(i as u64 * (LARGE / SMALL) as u64);
+            let appended = journal.append_write(at, block, &vec![i as u8; size], &mut Vec::new());
+            journal.commit().unwrap();
+            appended.unwrap()
+        })
+        .collect();
+    assert!(memory.used() <= 8 * 4 * LARGE_HELD, "within the limit: {}", memory.used());
+    let reads = || storage.counters().stats().reads;
+    let from_memory: Vec<bool> = appended
+        .iter()
+        .zip(&sizes)
+        .enumerate()
+        .map(|(i, (appended, &size))| {
+            let before = reads();
+            let mut data = vec![0; size];
+            journal.read(appended.segment, u64::from(appended.data_offset), &mut data).unwrap();
+            assert!(data.iter().all(|&byte| byte == i as u8), "write {i} reads back");
+            let held = reads() == before;
+            assert_eq!(journal.holds_in_memory(appended.segment, u64::from(appended.data_offset)), held, "write {i}");
+            held
+        })
+        .collect();
+    assert!(from_memory[..40].iter().all(|&held| held), "the small writes stay: {from_memory:?}");
+    let large_held: Vec<bool> = from_memory[40..].to_vec();
+    let kept = large_held.iter().filter(|&&held| held).count();
+    assert!((3..=4).contains(&kept), "an eighth holds three or four large writes: {large_held:?}");
+    assert!(large_held[12 - kept..].iter().all(|&held| held), "the newest stay: {large_held:?}");
+    // The destager's reads of a large write that left memory: the same bytes, from the disk.
+    let mut buffer = Vec::new();
+    let span =
+        journal.read_span(appended[40].segment, u64::from(appended[40].data_offset), LARGE, &mut buffer).unwrap();
+    assert!(matches!(span, SpanBytes::Buffer(_)), "read from the file");
+    assert!(span.iter().all(|&byte| byte == 40));
+    drop(journal);
+    assert_eq!(memory.used(), 0, "the dropped journal gave back all it kept");
+}
+
 /// The buffers of batches let go serve the next batches of any journal
 /// sharing the memory (their pages are already faulted in), within the
 /// memory's limit, and those no batch took between two releases are given
