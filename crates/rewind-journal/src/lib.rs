@@ -599,14 +599,14 @@ impl RecentMemory {
 /// The batches written with direct I/O that are still kept in memory,
 /// oldest first: a small batch's records in a copy of their size
 /// ([`Batch::compacted`]), so that its buffer, reserved for a whole batch,
-/// is reused at once. Reads find theirs by bisection, and the byte count
-/// is kept, not summed: a stream of small commits keeps thousands. Those
+/// is reused at once. Reads find theirs by bisection, and their bytes are
+/// counted in [`RecentMemory`], not summed: a stream of small commits
+/// keeps thousands. Those
 /// of large records may leave before older ones ([`RecentMemory`]), so
 /// the batches kept need not be neighbours.
 #[derive(Default)]
 struct Recent {
     batches: VecDeque<Arc<Batch>>,
-    bytes: u64,
     /// Where the kept batches of large records start, oldest first.
     large: VecDeque<u64>,
 }
@@ -1606,7 +1606,6 @@ impl Journal {
             if recent.batches.is_empty() {
                 self.recent_start.store(pack(batch.segment, batch.offset), Ordering::Release);
             }
-            recent.bytes += kept.held_bytes();
             self.recent_memory.count(kept);
             if kept.holds_large_records() {
                 recent.large.push_back(kept.position());
@@ -1649,7 +1648,7 @@ impl Journal {
             }
             let start = recent.batches.front().map_or(u64::MAX, |batch| batch.position());
             self.recent_start.store(start, Ordering::Release);
-            self.let_go(recent, oldest);
+            self.let_go(oldest);
         }
     }
 
@@ -1666,13 +1665,12 @@ impl Journal {
             }
             let batch = recent.batches.remove(index).expect("found above");
             assert!(batch.holds_large_records());
-            self.let_go(recent, batch);
+            self.let_go(batch);
         }
     }
 
     /// Gives back the memory of `batch`, no longer among the `recent` ones.
-    fn let_go(&self, recent: &mut Recent, batch: Arc<Batch>) {
-        recent.bytes -= batch.held_bytes();
+    fn let_go(&self, batch: Arc<Batch>) {
         self.recent_memory.uncount(&batch);
         self.recent_memory.recycle(batch, self.config.batch_bytes_max);
     }
