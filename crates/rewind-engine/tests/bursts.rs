@@ -327,6 +327,77 @@ fn reads_right_after_a_burst_keep_archiving_waiting_while_the_disk_has_room() {
 }
 
 #[test]
+fn a_pass_whose_history_does_not_fit_the_room_goes_on_beside_reads_by_budget() {
+    // Two parts of a pass (32 MiB each) and a little more.
+    const BLOCKS: u64 = (32 << 20) / BLOCK as u64 + 64;
+    // Free space enough for the pass's packs, not for reads to hold it.
+    const RESERVE: u64 = 16 << 20;
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 12));
+    let mut config = NodeConfig { reserve: Reserve::Bytes(RESERVE), ..NodeConfig::default() };
+    config.volume.burst_quiet_nanos = 250 * MILLI;
+    config.volume.burst_reads_nanos = 3_600_000 * MILLI;
+    config.volume.burst_archive_wait_nanos = 0;
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_bytes_soft = 8 * BLOCK as u64;
+    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
+    node.set_clock(Arc::clone(&clock) as _);
+    let spec =
+        VolumeSpec::new(VolumeName::new("v").unwrap(), BLOCKS * BLOCK as u64, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    let reading = Arc::new(AtomicBool::new(true));
+    let reads = Arc::new(AtomicU64::new(0));
+    let reader = {
+        let (volume, reading, reads) = (Arc::clone(&volume), Arc::clone(&reading), Arc::clone(&reads));
+        thread::spawn(move || {
+            let mut block = vec![0; BLOCK];
+            while reading.load(Ordering::Acquire) {
+                volume.read(0, &mut block).unwrap();
+                reads.fetch_add(1, Ordering::Release);
+            }
+        })
+    };
+    // Each round writes every block (a microsecond apart, from its second),
+    // then runs a pass past the burst, with the history waiting twice what
+    // fits the room above twice the reserve. (The node's round first takes
+    // the room back, and sees the reads so far.)
+    let pass = |round: u64| {
+        storage.set_capacity(None);
+        node.maintain(clock.now()).unwrap();
+        let at = |block: u64| start.saturating_add_nanos((1 + 10 * round) * 1_000 * MILLI + block * 1_000);
+        write_blocks(&volume, at, 0..BLOCKS);
+        let now = at(BLOCKS - 1).saturating_add_nanos(250 * MILLI + 1);
+        clock.set(now);
+        storage.set_capacity(Some(storage.used_bytes() + 2 * RESERVE + BLOCKS / 2 * BLOCK as u64));
+        // The node measures the disk and the history waiting in its round.
+        node.maintain(now).unwrap();
+        let volume = Arc::clone(&volume);
+        pass_in_background(move || assert!(volume.maintain_history(now).unwrap(), "the pass archived"))
+    };
+
+    // Read beside it: after its first part the pass waits fifteen times as
+    // long, then goes on though the reads do.
+    let reads_before = reads.load(Ordering::Acquire);
+    wait_for("a read", || reads.load(Ordering::Acquire) > reads_before);
+    let pass_ended = pass(0);
+    wait_for("the pass to wait after its first part", || volume.stats().unwrap().archive_yields == 1);
+    let stats = volume.stats().unwrap();
+    assert_eq!(stats.versions_archived, 0, "{stats:?}");
+    pass_ended.recv_timeout(Duration::from_secs(60)).expect("the pass ended beside the reads");
+    let stats = volume.stats().unwrap();
+    assert_eq!((stats.versions_archived, stats.archive_pauses, stats.archive_yields), (BLOCKS, 0, 1), "{stats:?}");
+    assert!(reads.load(Ordering::Acquire) > reads_before + 1, "the reads went on meanwhile");
+
+    // Without reads, a pass goes on at once after each part.
+    reading.store(false, Ordering::Release);
+    reader.join().unwrap();
+    pass(1).recv_timeout(Duration::from_secs(60)).expect("the pass ended");
+    let stats = volume.stats().unwrap();
+    assert_eq!((stats.versions_archived, stats.archive_pauses, stats.archive_yields), (2 * BLOCKS, 0, 1), "{stats:?}");
+}
+
+#[test]
 fn small_reads_right_after_a_burst_keep_destaging_and_checkpoints_waiting_and_large_ones_do_not() {
     let mut config = NodeConfig::default();
     config.volume.burst_quiet_nanos = 250 * MILLI;

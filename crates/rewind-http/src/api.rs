@@ -374,6 +374,11 @@ pub struct Stats {
     pub archive_passes: u64,
     #[serde(default)]
     pub archive_pauses: u64,
+    /// Parts after which a pass that reads right after a burst did not
+    /// hold (its history did not fit the free space) waited, to take at
+    /// most a sixteenth of the time beside them.
+    #[serde(default)]
+    pub archive_yields: u64,
     /// Destage passes stopped part-way for small reads right after a
     /// burst of writes, to go on once they pause (`--burst-reads`).
     #[serde(default)]
@@ -422,6 +427,7 @@ impl From<VolumeStats> for Stats {
                 .map_or(0, |copy| copy.blocks_total.saturating_sub(copy.blocks_done)),
             archive_passes: stats.archive_passes,
             archive_pauses: stats.archive_pauses,
+            archive_yields: stats.archive_yields,
             destage_stops: stats.destage_stops,
             versions_archiving: stats.archive_progress.map_or(0, |(_, total)| total),
             versions_archiving_done: stats.archive_progress.map_or(0, |(done, _)| done),

@@ -61,8 +61,9 @@ impl ReleaseHook for ReleaseChunks {
 }
 
 /// The embedder's clock, for the one wait inside background work: an archive
-/// pass pausing for a burst or reads (`Volume::pause_while_held`). The engine reads no
-/// clock of its own (times are passed in, for the deterministic simulator).
+/// pass pausing for a burst or reads, or keeping to its budget beside reads
+/// (`Volume::pause_before_part`). The engine reads no clock of its own
+/// (times are passed in, for the deterministic simulator).
 pub trait Clock: Send + Sync {
     fn now(&self) -> Timestamp;
     fn sleep(&self, nanos: u64);
@@ -74,7 +75,7 @@ pub trait Clock: Send + Sync {
 /// whatever waits for its one session (a destage filing history in the
 /// layouts that do so then, a catalog's capture of the chunk table)
 /// — which a pass must not keep waiting while it pauses for a burst or
-/// reads (`Volume::pause_while_held`): it goes on at once while any is marked. One
+/// reads (`Volume::pause_before_part`): it goes on at once while any is marked. One
 /// per node, since a collection waits for every volume. And whether the
 /// node is stopping, which no pass keeps waiting either (see
 /// [`PassesWanted::stop`]).
@@ -117,6 +118,13 @@ impl Drop for PassWanted<'_> {
     }
 }
 
+/// An archive pass that reads go on beside, unheld (see
+/// `Volume::pause_before_part`), takes at most one part of this many of the
+/// time: random reads right after the write jobs ran at 0.93 of their
+/// rested speed beside it (0.85–1.11 at an eighth, 0.53–0.71 beside a pass
+/// at full speed; by hand, on a disk with little room: BENCHMARKS.md).
+const ARCHIVE_SHARE_BESIDE_READS: u64 = 16;
+
 /// Stores the journal data of versions as chunks.
 struct JournalArchiver<'a> {
     volume: &'a Volume,
@@ -128,6 +136,10 @@ struct JournalArchiver<'a> {
     order: Vec<usize>,
     /// The chunks the versions archived so far refer to.
     added: Vec<ChunkId>,
+    /// When the part under way began, on the embedder's clock (none before
+    /// the first, or without a clock): what `Volume::pause_before_part`
+    /// budgets by.
+    part_began: Option<Timestamp>,
     /// Why the last call failed.
     error: Option<EngineError>,
     /// Whether it gave up because the node is stopping.
@@ -144,7 +156,7 @@ impl JournalArchiver<'_> {
                 self.stopped = true;
                 return Ok(());
             }
-            volume.pause_while_held();
+            self.part_began = volume.pause_before_part(self.part_began);
             self.gather.read(&volume.journal, part.iter().map(|&at| versions[at].data), block_bytes)?;
             let session = self.session.as_mut().expect("archiving until finished");
             for (gathered, &at) in part.iter().enumerate() {
@@ -265,29 +277,56 @@ impl Volume {
         burst_nanos < self.config.burst_archive_wait_nanos && self.history_waiting_fits(self.history_waiting_bytes())
     }
 
-    /// Within an archive pass: waits, on the embedder's clock (none, no
-    /// pause: see `Node::set_clock`), while a burst or reads right after
-    /// one keep archiving waiting (`archiving_held`). A pass over what a
-    /// burst left takes a core and the disk for as long as it lasts, and
-    /// one that began in the moment between two write jobs, or just before
-    /// the reads, would take them from what follows (random writes synced
-    /// every 8 ran at half their rested speed beside one: BENCHMARKS.md);
-    /// it goes on once they pause, once the burst is past its budget or
-    /// the reads have gone on for `burst_reads_nanos` after the last
-    /// write, when the volume closes, or at once when other work waits for
-    /// it to end (`PassesWanted`).
-    fn pause_while_held(&self) {
+    /// Within an archive pass, before each part: waits, on the embedder's
+    /// clock (none, no pause: see `Node::set_clock`), while a burst or
+    /// reads right after one keep archiving waiting (`archiving_held`). A
+    /// pass over what a burst left takes a core and the disk for as long as
+    /// it lasts, and one that began in the moment between two write jobs,
+    /// or just before the reads, would take them from what follows (random
+    /// writes synced every 8 ran at half their rested speed beside one:
+    /// BENCHMARKS.md); it goes on once they pause, once the burst is past
+    /// its budget or the reads have gone on for `burst_reads_nanos` after
+    /// the last write, when the volume closes, or at once when other work
+    /// waits for it to end (`PassesWanted`).
+    ///
+    /// Reads do not hold a pass whose history does not fit the room they
+    /// would keep it waiting in (`reads_hold_archiving`): it goes on beside
+    /// them, but by budget — after a part that began at `part_began`, it
+    /// waits until the part's time is at most `1 / ARCHIVE_SHARE_BESIDE_READS`
+    /// of the time since, as long as the reads go on. At full speed, at
+    /// nice 10, such a pass still took most of the core the reads left
+    /// idle between requests. Returns when the next part begins.
+    fn pause_before_part(&self, part_began: Option<Timestamp>) -> Option<Timestamp> {
         // Reads are seen by their count moving between two looks.
         const LOOK_EVERY_NANOS: u64 = 20_000_000;
-        let Some(clock) = self.clock.get() else { return };
+        let clock = self.clock.get()?;
+        let waited_for = || self.passes_wanted.any() || self.closed.load(Ordering::Acquire);
         let mut paused = false;
-        while !self.passes_wanted.any() && !self.closed.load(Ordering::Acquire) && self.archiving_held(clock.now()) {
+        while !waited_for() && self.archiving_held(clock.now()) {
             if !paused {
                 paused = true;
                 self.counters.archive_pauses.fetch_add(1, Ordering::Relaxed);
             }
             clock.sleep(LOOK_EVERY_NANOS);
         }
+        if let Some(began) = part_began.filter(|_| !paused) {
+            let now = clock.now();
+            let part_nanos = now.unix_nanos().saturating_sub(began.unix_nanos());
+            let until = now.saturating_add_nanos(part_nanos.saturating_mul(ARCHIVE_SHARE_BESIDE_READS - 1));
+            let mut yielded = false;
+            loop {
+                let now = clock.now();
+                if now >= until || waited_for() || !self.reads_after_burst(now) {
+                    break;
+                }
+                if !yielded {
+                    yielded = true;
+                    self.counters.archive_yields.fetch_add(1, Ordering::Relaxed);
+                }
+                clock.sleep(LOOK_EVERY_NANOS.min(until.unix_nanos() - now.unix_nanos()));
+            }
+        }
+        Some(clock.now())
     }
 
     /// One archive pass (see the module documentation). Returns whether it
@@ -331,6 +370,7 @@ impl Volume {
             bookmarks: self.bookmark_times(),
             order: Vec::new(),
             added: Vec::new(),
+            part_began: None,
             error: None,
             stopped: false,
         };

@@ -228,6 +228,11 @@ pub struct VolumeStats {
     /// right after one (see `VolumeConfig::burst_archive_wait_nanos`,
     /// `VolumeConfig::burst_reads_nanos`).
     pub archive_pauses: u64,
+    /// Parts after which an archive pass that reads went on beside, unheld
+    /// (its history did not fit the room they would keep it waiting in),
+    /// waited to keep to its share of the time (see
+    /// `Volume::pause_before_part`).
+    pub archive_yields: u64,
     /// Destage passes stopped part-way for small reads right after a
     /// burst of writes (see `Volume::destage_unless_read`).
     pub destage_stops: u64,
@@ -573,6 +578,7 @@ impl Volume {
             archive_passes: counter(&counters.archive_passes),
             archive_progress: self.index.archive_progress(),
             archive_pauses: counter(&counters.archive_pauses),
+            archive_yields: counter(&counters.archive_yields),
             destage_stops: counter(&counters.destage_stops),
             journal_bytes_reclaimed: counter(&counters.journal_bytes_reclaimed),
             journal_bytes: self.journal.size_bytes()?,

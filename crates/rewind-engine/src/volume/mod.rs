@@ -228,6 +228,7 @@ struct Counters {
     pub checkpoints: AtomicU64,
     pub archive_passes: AtomicU64,
     pub archive_pauses: AtomicU64,
+    pub archive_yields: AtomicU64,
     pub destage_stops: AtomicU64,
     pub versions_archived: AtomicU64,
     pub journal_bytes_reclaimed: AtomicU64,
