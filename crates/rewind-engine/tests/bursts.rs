@@ -346,18 +346,7 @@ fn a_pass_whose_history_does_not_fit_the_room_goes_on_beside_reads_by_budget() {
     let spec =
         VolumeSpec::new(VolumeName::new("v").unwrap(), BLOCKS * BLOCK as u64, BlockSize::new(BLOCK as u32).unwrap());
     let volume = node.create_volume(spec, start).unwrap();
-    let reading = Arc::new(AtomicBool::new(true));
-    let reads = Arc::new(AtomicU64::new(0));
-    let reader = {
-        let (volume, reading, reads) = (Arc::clone(&volume), Arc::clone(&reading), Arc::clone(&reads));
-        thread::spawn(move || {
-            let mut block = vec![0; BLOCK];
-            while reading.load(Ordering::Acquire) {
-                volume.read(0, &mut block).unwrap();
-                reads.fetch_add(1, Ordering::Release);
-            }
-        })
-    };
+    let reader = Reader::start(&volume);
     // Each round writes every block (a microsecond apart, from its second),
     // then runs a pass past the burst, with the history waiting twice what
     // fits the room above twice the reserve. (The node's round first takes
@@ -378,8 +367,8 @@ fn a_pass_whose_history_does_not_fit_the_room_goes_on_beside_reads_by_budget() {
 
     // Read beside it: after its first part the pass waits fifteen times as
     // long, then goes on though the reads do.
-    let reads_before = reads.load(Ordering::Acquire);
-    wait_for("a read", || reads.load(Ordering::Acquire) > reads_before);
+    let reads_before = reader.reads();
+    wait_for("a read", || reader.reads() > reads_before);
     let pass_ended = pass(0);
     wait_for("the pass to wait after its first part", || volume.stats().unwrap().archive_yields == 1);
     let stats = volume.stats().unwrap();
@@ -387,11 +376,11 @@ fn a_pass_whose_history_does_not_fit_the_room_goes_on_beside_reads_by_budget() {
     pass_ended.recv_timeout(Duration::from_secs(60)).expect("the pass ended beside the reads");
     let stats = volume.stats().unwrap();
     assert_eq!((stats.versions_archived, stats.archive_pauses, stats.archive_yields), (BLOCKS, 0, 1), "{stats:?}");
-    assert!(reads.load(Ordering::Acquire) > reads_before + 1, "the reads went on meanwhile");
+    assert!(reader.reads() > reads_before + 1, "the reads went on meanwhile");
 
     // Without reads, a pass goes on at once after each part.
-    reading.store(false, Ordering::Release);
-    reader.join().unwrap();
+    reader.stop();
+    reader.join();
     pass(1).recv_timeout(Duration::from_secs(60)).expect("the pass ended");
     let stats = volume.stats().unwrap();
     assert_eq!((stats.versions_archived, stats.archive_pauses, stats.archive_yields), (2 * BLOCKS, 0, 1), "{stats:?}");
@@ -458,6 +447,43 @@ fn small_reads_right_after_a_burst_keep_destaging_and_checkpoints_waiting_and_la
     assert_eq!(work(5_300).versions_pending_destage, 32);
     read(1);
     assert_eq!(work(7_100).versions_pending_destage, 0);
+}
+
+/// Reads block 0 of a volume over and over on a thread of its own,
+/// counting, until stopped.
+struct Reader {
+    going: Arc<AtomicBool>,
+    reads: Arc<AtomicU64>,
+    thread: thread::JoinHandle<()>,
+}
+
+impl Reader {
+    fn start(volume: &Arc<Volume>) -> Reader {
+        let (going, reads) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
+        let thread = {
+            let (volume, going, reads) = (Arc::clone(volume), Arc::clone(&going), Arc::clone(&reads));
+            thread::spawn(move || {
+                let mut block = vec![0; BLOCK];
+                while going.load(Ordering::Acquire) {
+                    volume.read(0, &mut block).unwrap();
+                    reads.fetch_add(1, Ordering::Release);
+                }
+            })
+        };
+        Reader { going, reads, thread }
+    }
+
+    fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Acquire)
+    }
+
+    fn stop(&self) {
+        self.going.store(false, Ordering::Release);
+    }
+
+    fn join(self) {
+        self.thread.join().unwrap();
+    }
 }
 
 /// The archive pass `archive` starts on its own thread, and the channel that
@@ -612,18 +638,7 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_wai
     cow.write(start.saturating_add_nanos(MILLI), 0, &[1; BLOCK], Durability::Fua).unwrap();
     cow.maintain(start.saturating_add_nanos(500 * MILLI)).unwrap();
     assert_eq!(cow.stats().unwrap().versions_pending_destage, 0);
-    let reading = Arc::new(AtomicBool::new(true));
-    let reads = Arc::new(AtomicU64::new(0));
-    let reader = {
-        let (volume, reading, reads) = (Arc::clone(&volume), Arc::clone(&reading), Arc::clone(&reads));
-        thread::spawn(move || {
-            let mut block = vec![0; BLOCK];
-            while reading.load(Ordering::Acquire) {
-                volume.read(0, &mut block).unwrap();
-                reads.fetch_add(1, Ordering::Release);
-            }
-        })
-    };
+    let reader = Reader::start(&volume);
 
     // Each round's pass is ended by something else: a diff, a delete of
     // history, a collection of the chunk store (each waits for archive
@@ -636,8 +651,8 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_wai
         // archived history up to its time).
         let at = |millis: u64| start.saturating_add_nanos((1 + 10 * round) * 1_000 * MILLI + millis * MILLI);
         write_blocks(&volume, at, first..first + BLOCKS);
-        let reads_after_writes = reads.load(Ordering::Acquire);
-        wait_for("a read after the writes", || reads.load(Ordering::Acquire) > reads_after_writes);
+        let reads_after_writes = reader.reads();
+        wait_for("a read after the writes", || reader.reads() > reads_after_writes);
         // The pass starts in the burst, over its budget, a nanosecond before
         // the burst ends; it pauses as it looks, the reads going on.
         let pass_ended = {
@@ -692,14 +707,14 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_wai
                 pass_ends("a COW volume's destaging");
             }
             _ => {
-                reading.store(false, Ordering::Release);
+                reader.stop();
                 pass_ends("the reads ending");
             }
         }
         assert_eq!(volume.stats().unwrap().versions_archived, first + BLOCKS);
         assert_eq!(volume.stats().unwrap().archive_progress, None, "no pass under way");
     }
-    reader.join().unwrap();
+    reader.join();
 }
 
 #[test]
