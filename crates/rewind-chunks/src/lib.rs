@@ -38,7 +38,7 @@ pub use pack_store::{Generation, LocalPackStore, PackStore, PackUpload, StoredPa
 pub use rewind_format::pack::{ChunkHash, Codec};
 pub use store::{
     ArchiveSession, ChunkSet, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting,
-    Measured, OpenReport,
+    Measured, OpenReport, RelocateReport, RELOCATE_RUN_CHUNKS_MIN,
 };
 
 use std::io;

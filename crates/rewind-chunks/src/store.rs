@@ -262,6 +262,7 @@ struct Counters {
     chunks_freed: AtomicU64,
     packs_deleted: AtomicU64,
     packs_rewritten: AtomicU64,
+    chunks_relocated: AtomicU64,
     dedup_hits_peers: AtomicU64,
 }
 
@@ -324,6 +325,9 @@ pub struct ChunkStats {
     pub chunks_freed: u64,
     pub packs_deleted: u64,
     pub packs_rewritten: u64,
+    /// Since the store was opened: chunks copied to be read in order
+    /// ([`ChunkStore::relocate`]).
+    pub chunks_relocated: u64,
     /// Since the store was opened: chunks found in other nodes' packs
     /// (`crate::peers`) rather than stored.
     pub dedup_hits_peers: u64,
@@ -432,6 +436,29 @@ pub enum CollectPhase {
 }
 
 const REPACK_INTENT: &str = "repack";
+
+/// Chunks asked to be laid out in order ([`ChunkStore::relocate`]) that
+/// already lie in runs of neighbouring records this long on average stay
+/// where they are: a reader in that order reads them with few reads
+/// already, and copying them would cost a write of each.
+pub const RELOCATE_RUN_CHUNKS_MIN: u64 = 64;
+
+/// What [`ChunkStore::relocate`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RelocateReport {
+    /// Distinct chunks asked for that this node's packs hold.
+    pub chunks: u64,
+    /// The runs of neighbouring records they lay in before.
+    pub runs_before: u64,
+    /// Of them, copied into new packs in the order asked (none when they
+    /// already lay in long runs).
+    pub chunks_moved: u64,
+    /// Bytes of the packs written.
+    pub bytes_written: u64,
+    /// Chunks whose record failed its check: left where they are (the
+    /// reads that need them fail as before), and logged.
+    pub chunks_damaged: u64,
+}
 
 impl ChunkStore {
     /// Opens (creating if needed) the chunk store in `dir`, completing an
@@ -1548,6 +1575,7 @@ impl ChunkStore {
             chunks_freed: counter(&self.counters.chunks_freed),
             packs_deleted: counter(&self.counters.packs_deleted),
             packs_rewritten: counter(&self.counters.packs_rewritten),
+            chunks_relocated: counter(&self.counters.chunks_relocated),
             dedup_hits_peers: counter(&self.counters.dedup_hits_peers),
             borrowed_chunks: state.borrowed_chunks,
             borrowed_stored_bytes: state.borrowed_stored_bytes,
@@ -1757,6 +1785,133 @@ impl ChunkStore {
         Ok(report.packs_rewritten)
     }
 
+    /// Copies the live chunks `ids` (each once, in this order) into new
+    /// packs in that order, so that a reader in that order reads them
+    /// together: history is archived in the order it was written, a view of
+    /// one point in it is read in block order (`rewind_engine`'s defrag).
+    /// Chunks that already lie in runs of neighbouring records averaging
+    /// [`RELOCATE_RUN_CHUNKS_MIN`] stay where they are, and so do chunks
+    /// borrowed from other nodes' packs. The old records become dead space
+    /// that collection reclaims; each pack written is put in place as a
+    /// repack's is (crash-safely, through the repack intent), deleting none.
+    pub fn relocate(&self, ids: &[ChunkId]) -> Result<RelocateReport, ChunkError> {
+        let _gate = self.gate.write();
+        let _writing = self.writing.lock();
+        self.check_poisoned()?;
+        let chunks = self.relocatable(ids)?;
+        let mut report = RelocateReport {
+            chunks: chunks.len() as u64,
+            runs_before: runs_of_records(&chunks),
+            ..RelocateReport::default()
+        };
+        if report.runs_before * RELOCATE_RUN_CHUNKS_MIN <= report.chunks {
+            return Ok(report);
+        }
+        self.relocate_in_packs(&chunks, &mut report).map_err(|error| self.fail(error))?;
+        self.counters.chunks_relocated.fetch_add(report.chunks_moved, Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// The distinct ids of `ids`, in order, that are live and held by one of
+    /// this node's packs, with their slots.
+    fn relocatable(&self, ids: &[ChunkId]) -> Result<Vec<(ChunkId, TableSlot)>, ChunkError> {
+        let mut seen = rustc_hash::FxHashSet::default();
+        let mut chunks = Vec::with_capacity(ids.len());
+        for &id in ids {
+            if !seen.insert(id) || !self.state.lock().is_live(id) {
+                continue;
+            }
+            if let Some(slot) = self.table.read(id)? {
+                if self.state.lock().packs.contains_key(&slot.pack) {
+                    chunks.push((id, slot));
+                }
+            }
+        }
+        Ok(chunks)
+    }
+
+    /// Writes `chunks` in order into packs of about the target size, each
+    /// put in place once sealed.
+    fn relocate_in_packs(
+        &self,
+        chunks: &[(ChunkId, TableSlot)],
+        report: &mut RelocateReport,
+    ) -> Result<(), ChunkError> {
+        let (mut record, mut raw) = (Vec::new(), Vec::new());
+        let mut rest = chunks;
+        while !rest.is_empty() {
+            let number = {
+                let mut state = self.state.lock();
+                state.pack_next += 1;
+                state.pack_next - 1
+            };
+            let mut writer = PackWriter::create(&*self.packs, number)?;
+            let (mut moved, mut moved_from): (Vec<(ChunkId, TableSlot)>, Vec<TableSlot>) = (Vec::new(), Vec::new());
+            let mut taken = 0;
+            let copied = (|| {
+                for &(id, slot) in rest {
+                    if writer.bytes() >= self.config.pack_bytes_target {
+                        break;
+                    }
+                    taken += 1;
+                    let location = ChunkLocation {
+                        pack: slot.pack,
+                        offset: u64::from(slot.offset),
+                        stored_bytes: slot.stored_bytes,
+                        raw_bytes: slot.raw_bytes,
+                    };
+                    raw.resize(slot.raw_bytes as usize, 0);
+                    let codec = match self.reader(slot.pack)?.read_record(
+                        location,
+                        &slot.hash,
+                        &mut record,
+                        &mut raw,
+                        Check::Crc,
+                    ) {
+                        Ok(codec) => codec,
+                        Err(error @ ChunkError::Corrupt { .. }) => {
+                            tracing::error!(%error, chunk = %id, "a chunk to lay out in order is damaged; it is left where it is");
+                            report.chunks_damaged += 1;
+                            continue;
+                        }
+                        Err(error) => return Err(error),
+                    };
+                    let stored = &record[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + slot.stored_bytes as usize];
+                    let location = writer.add_stored(id, slot.hash, codec, stored, slot.raw_bytes)?;
+                    moved.push((id, slot_of(slot.hash, location)));
+                    moved_from.push(slot);
+                }
+                Ok(())
+            })();
+            if let Err(error) = copied {
+                // Nothing refers to the new pack yet.
+                if let Err(discard) = writer.discard() {
+                    tracing::warn!(%discard, "cannot delete the unfinished pack of a failed relocation");
+                }
+                return Err(error);
+            }
+            rest = &rest[taken..];
+            if moved.is_empty() {
+                writer.discard()?;
+                continue;
+            }
+            let sealed = writer.seal()?;
+            self.replace_packs(number, &[], &moved)?;
+            let mut state = self.state.lock();
+            for old in &moved_from {
+                state.packs.get_mut(&old.pack).expect("a pack of this node").free(old.stored_bytes);
+            }
+            let mut stats = PackStats::new(sealed.bytes);
+            for (_, slot) in &moved {
+                stats.hold(slot.stored_bytes);
+            }
+            state.packs.insert(number, stats);
+            report.chunks_moved += moved.len() as u64;
+            report.bytes_written += sealed.bytes;
+        }
+        Ok(())
+    }
+
     /// Rewrites `candidates` in groups whose live chunks fill about a pack.
     fn rewrite_in_groups(
         &self,
@@ -1943,6 +2098,23 @@ impl ChunkStore {
         let counts = &state.counts;
         let is_live = |id: ChunkId| counts.get(id.0 as usize).is_some_and(|&count| count != FREE);
         state.dedup.flush(covered, &is_live).map_err(|error| self.fail(error))
+    }
+}
+
+/// The runs of neighbouring records `chunks` lie in, taken in order: a run
+/// goes on while the next record starts where the one before ends, in the
+/// same pack.
+fn runs_of_records(chunks: &[(ChunkId, TableSlot)]) -> u64 {
+    let record_end =
+        |slot: &TableSlot| u64::from(slot.offset) + RECORD_HEADER_BYTES as u64 + u64::from(slot.stored_bytes);
+    let follows = |(before, after): (&TableSlot, &TableSlot)| {
+        after.pack == before.pack && u64::from(after.offset) == record_end(before)
+    };
+    let breaks = chunks.windows(2).filter(|pair| !follows((&pair[0].1, &pair[1].1))).count() as u64;
+    if chunks.is_empty() {
+        0
+    } else {
+        breaks + 1
     }
 }
 

@@ -560,3 +560,70 @@ fn read_many_reads_every_other_record_of_a_pack_in_shared_reads() {
     // One read of the table slots, one scatter read of the records.
     assert_eq!(reads, 2, "reads for {} chunks every other record apart", asked.len());
 }
+
+/// A view of one point in history asks for chunks archived far apart (every
+/// eighth record here: the versions between them are other points'). Laid
+/// out in the order asked, they are read with one scatter read instead of
+/// one each, their bytes unchanged, through a reopen; asked again, they
+/// stay where they are; the old records are dead space, not lost chunks.
+#[test]
+fn relocate_lays_out_chunks_in_the_order_asked_once() {
+    use rewind_chunks::RELOCATE_RUN_CHUNKS_MIN;
+    use rewind_io::CountingStorage;
+    const CHUNK: usize = 4096;
+    const CHUNKS: usize = 1024;
+    let sim = SimStorage::new(SimConfig::default(), 12);
+    let counting = Arc::new(CountingStorage::new(Arc::new(sim.clone())));
+    let store = ChunkStore::open(Arc::clone(&counting) as _, "chunks", ChunkStoreConfig::default()).unwrap();
+    store.finish_open(Counting::Exact).unwrap();
+    let mut rng = StdRng::seed_from_u64(12);
+    let blocks: Vec<Vec<u8>> = (0..CHUNKS).map(|_| random_block(&mut rng, CHUNK)).collect();
+    let ids = put_all(&store, &blocks);
+    let asked: Vec<usize> = (0..CHUNKS).step_by(8).collect();
+    let asked_ids: Vec<ChunkId> = asked.iter().map(|&index| ids[index]).collect();
+    let read_asked = |store: &ChunkStore| {
+        let mut out = vec![0; CHUNK * asked.len()];
+        let before = counting.counters().stats().reads;
+        store.read_many(&asked_ids, &mut out).unwrap();
+        for (&index, got) in asked.iter().zip(out.chunks_exact(CHUNK)) {
+            assert!(got == blocks[index].as_slice(), "chunk {index} reads other bytes");
+        }
+        counting.counters().stats().reads - before
+    };
+    read_asked(&store); // opens the pack
+    let scattered = read_asked(&store);
+    assert!(scattered > asked.len() as u64 / 2, "{scattered} reads for {} chunks 8 records apart", asked.len());
+
+    // Asked twice over: each chunk once.
+    let twice: Vec<ChunkId> = asked_ids.iter().chain(&asked_ids).copied().collect();
+    let report = store.relocate(&twice).unwrap();
+    assert_eq!(report.chunks, asked.len() as u64);
+    assert_eq!(report.runs_before, asked.len() as u64, "no two of them neighbours");
+    assert_eq!(report.chunks_moved, asked.len() as u64);
+    assert_eq!(report.chunks_damaged, 0);
+    assert!(report.bytes_written >= (asked.len() * CHUNK) as u64);
+    assert_eq!(store.stats().chunks_relocated, asked.len() as u64);
+    read_asked(&store); // opens the new pack
+                        // Four reads of table slots (the ids span 1024, read 256 at a time)
+                        // and one scatter read of the records.
+    assert_eq!(read_asked(&store), 5, "reads after the chunks were laid out in order");
+
+    let again = store.relocate(&asked_ids).unwrap();
+    assert_eq!((again.runs_before, again.chunks_moved), (1, 0), "in one run already: left as they are");
+    assert!(again.chunks >= RELOCATE_RUN_CHUNKS_MIN);
+
+    // The moved chunks' old records are dead: collection keeps every
+    // chunk readable, and so does the next open.
+    store.collect(&mut |_, _, _| {}).unwrap();
+    drop(store);
+    let store = ChunkStore::open(Arc::new(sim.clone()), "chunks", ChunkStoreConfig::default()).unwrap();
+    for id in &ids {
+        store.mark(*id, CHUNK as u32).unwrap();
+    }
+    store.finish_open(Counting::Exact).unwrap();
+    let mut out = vec![0; CHUNK];
+    for (index, (id, block)) in ids.iter().zip(&blocks).enumerate() {
+        store.read(*id, &mut out).unwrap_or_else(|error| panic!("chunk {index} after a reopen: {error}"));
+        assert!(&out == block, "chunk {index} reads other bytes after a reopen");
+    }
+}

@@ -44,6 +44,7 @@ pub use rewind_format::meta::{Bookmark, Layout, RetentionTier, Revert, TimelineB
 pub use rewind_io::IoStats;
 pub use volume::clients::{Attachment, HangUp, InUse, Role};
 pub use volume::compound::{Change, CompoundWritten, COMPOUND_BLOCKS_MAX, COMPOUND_BYTES_MAX};
+pub use volume::defrag::DefragReport;
 pub use volume::diff::ChangeExtent;
 pub use volume::history::{PolicyChange, TimelineReport, VolumeStats};
 pub use volume::import::ImportReport;

@@ -510,3 +510,72 @@ fn a_space_cap_under_a_coarse_granularity_moves_the_horizon() {
     volume.read(0, &mut image).unwrap();
     assert!(image == last, "the present stays");
 }
+
+/// A view of a point that later passes rewrote half of finds its blocks in
+/// two packs, every other record of one and a run of the other: read in
+/// block order it reads half as much again as it returns. A defrag of it
+/// copies its chunks into a pack in block order: the view then reads about
+/// what it returns, the same bytes; a second defrag leaves them be; the
+/// present and the view after the rewrite read as before.
+#[test]
+fn a_defrag_lays_out_the_history_a_view_reads_in_block_order() {
+    const BLOCKS: u64 = 64;
+    let (node, volume, start) = archiving_node(0, 0);
+    let contents = |block: u64, round: u64| -> Vec<u8> {
+        let mut state = (block * 3 + round + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (0..4096)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    };
+    // Round 0 fills every block, round 1 rewrites the odd ones, round 2
+    // every block again; each archived in a pass of its own.
+    let mut at = start;
+    let mut ends = Vec::new();
+    for round in 0..3u64 {
+        for block in (0..BLOCKS).filter(|block| round != 1 || block % 2 == 1) {
+            at = at.saturating_add_nanos(1_000);
+            volume.write(at, block * 4096, &contents(block, round), Durability::Fua).unwrap();
+        }
+        ends.push(at);
+        at = at.saturating_add_nanos(SECOND);
+        node.maintain(at).unwrap();
+        node.maintain_history(at).unwrap();
+    }
+    assert_eq!(volume.stats().unwrap().versions_archived, 5 * BLOCKS / 2, "every version archived");
+    let expected: Vec<u8> = (0..BLOCKS).flat_map(|block| contents(block, if block % 2 == 1 { 1 } else { 0 })).collect();
+    let view = volume.view(ends[1]).unwrap();
+    let read_view = || {
+        let mut bytes = vec![0u8; expected.len()];
+        view.read(0, &mut bytes).unwrap();
+        assert!(bytes == expected, "the view reads the state after round 1");
+        let before = node.chunk_io_stats().read_bytes;
+        view.read(0, &mut bytes).unwrap();
+        assert!(bytes == expected, "the view reads the state after round 1");
+        node.chunk_io_stats().read_bytes - before
+    };
+    let view_bytes = BLOCKS * 4096;
+    let scattered = read_view();
+    assert!(scattered > view_bytes * 7 / 5, "{scattered} bytes read for {view_bytes} before the defrag");
+
+    let mut progress = Vec::new();
+    let report = view.defrag(&mut |done, total| progress.push((done, total))).unwrap();
+    // The volume's 256 blocks, of which the first 64 were ever written.
+    assert_eq!(progress.last(), Some(&(256, 256)), "progress ends at the volume's end");
+    assert_eq!((report.blocks_archived, report.chunks, report.runs_before), (BLOCKS, BLOCKS, BLOCKS));
+    assert_eq!((report.chunks_moved, report.chunks_damaged), (BLOCKS, 0));
+    let laid_out = read_view();
+    assert!(laid_out < view_bytes * 21 / 20, "{laid_out} bytes read for {view_bytes} after the defrag");
+
+    let again = view.defrag(&mut |_, _| {}).unwrap();
+    assert_eq!((again.runs_before, again.chunks_moved), (1, 0), "laid out already");
+    let mut present = vec![0u8; expected.len()];
+    volume.read(0, &mut present).unwrap();
+    assert!(present == (0..BLOCKS).flat_map(|block| contents(block, 2)).collect::<Vec<u8>>(), "the present");
+    volume.view(ends[0]).unwrap().read(0, &mut present).unwrap();
+    assert!(present == (0..BLOCKS).flat_map(|block| contents(block, 0)).collect::<Vec<u8>>(), "the fill");
+}

@@ -51,6 +51,7 @@ pub(crate) mod clients;
 pub(crate) mod compound;
 mod copy;
 mod damage;
+pub(crate) mod defrag;
 mod destage;
 pub(crate) mod diff;
 mod gather;
