@@ -2102,15 +2102,16 @@ impl ChunkStore {
 }
 
 /// The runs of neighbouring records `chunks` lie in, taken in order: a run
-/// goes on while the next record starts where the one before ends, in the
-/// same pack.
+/// goes on while the next record starts where the one before ends (with
+/// its padding), in the same pack.
 fn runs_of_records(chunks: &[(ChunkId, TableSlot)]) -> u64 {
-    let record_end =
-        |slot: &TableSlot| u64::from(slot.offset) + RECORD_HEADER_BYTES as u64 + u64::from(slot.stored_bytes);
-    let follows = |(before, after): (&TableSlot, &TableSlot)| {
+    let record_end = |slot: &TableSlot| {
+        u64::from(slot.offset) + (RECORD_HEADER_BYTES as u64 + u64::from(slot.stored_bytes)).next_multiple_of(8)
+    };
+    let follows = |before: &TableSlot, after: &TableSlot| {
         after.pack == before.pack && u64::from(after.offset) == record_end(before)
     };
-    let breaks = chunks.windows(2).filter(|pair| !follows((&pair[0].1, &pair[1].1))).count() as u64;
+    let breaks = chunks.windows(2).filter(|pair| !follows(&pair[0].1, &pair[1].1)).count() as u64;
     if chunks.is_empty() {
         0
     } else {

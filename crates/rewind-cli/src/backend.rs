@@ -19,11 +19,11 @@ use rewind_engine::{
 };
 use rewind_http::api::{
     kept_write, time, tree_file_bytes, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes,
-    CreateBookmark, CreateClone, CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GcReport,
-    GroupBookmarkInfo, GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, KeptWrite, NodeReport,
-    PromoteEvent, PromoteSummary, RepairSummary, RevertSummary, RevertTreePath, RevertVolume, Timeline, TreeFileQuery,
-    TreeHistory, TreeHistoryQuery, TreeListing, TreeListingQuery, TreeMirror, TreeRevertSummary, UpdateVolume,
-    ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
+    CreateBookmark, CreateClone, CreateGroup, CreateVolume, CreatedToken, DefragSummary, DefragVolume, DeletedHistory,
+    ErrorBody, GcEvent, GcReport, GroupBookmarkInfo, GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo,
+    KeptWrite, NodeReport, PromoteSummary, RepairSummary, RevertSummary, RevertTreePath, RevertVolume, Streamed,
+    Timeline, TreeFileQuery, TreeHistory, TreeHistoryQuery, TreeListing, TreeListingQuery, TreeMirror,
+    TreeRevertSummary, UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport,
 };
 use rewind_io::{DirLock, OsStorage};
 
@@ -47,6 +47,9 @@ pub trait Backend: Send + Sync {
     /// Gives the clone `name` its own copy of what it reads from its base,
     /// reporting progress as (bytes gone through, volume size).
     fn promote_volume(&self, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<PromoteSummary>;
+    /// Lays out the history the view of volume `name` at `at` reads in
+    /// block order, reporting progress as (blocks gone through, of all).
+    fn defrag_volume(&self, name: &str, at: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<DefragSummary>;
     /// Repairs volume `name` (`apply`), or says what a repair would do.
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary>;
     fn timeline(&self, name: &str, bucket_seconds: u64) -> Result<Timeline>;
@@ -272,13 +275,33 @@ impl HttpBackend {
     /// Posts to `path`, which answers with a stream of events (one JSON
     /// object a line), and hands each to `event` until it says how `what`
     /// ended.
+    /// Posts `body` to `path` and follows the stream of [`Streamed`] events
+    /// it answers with, handing progress to `progress`, to its result.
+    fn streamed<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+        what: &str,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<T> {
+        self.events(path, body, what, |event| match event {
+            Streamed::Progress { done, total } => {
+                progress(done, total);
+                None
+            }
+            Streamed::Done(summary) => Some(Ok(summary)),
+            Streamed::Failed { error } => Some(Err(anyhow!(error))),
+        })
+    }
+
     fn events<E: DeserializeOwned, T>(
         &self,
         path: &str,
+        body: &impl Serialize,
         what: &str,
         mut event: impl FnMut(E) -> Option<Result<T>>,
     ) -> Result<T> {
-        let mut response = self.post_request(path).send_empty()?;
+        let mut response = self.post_request(path).send_json(body)?;
         if !response.status().is_success() {
             return Err(self.error(response));
         }
@@ -400,14 +423,12 @@ impl Backend for HttpBackend {
     }
 
     fn promote_volume(&self, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<PromoteSummary> {
-        self.events(&format!("/v1/volumes/{name}/promote"), "the promote", |event| match event {
-            PromoteEvent::Progress { done, total } => {
-                progress(done, total);
-                None
-            }
-            PromoteEvent::Done(summary) => Some(Ok(summary)),
-            PromoteEvent::Failed { error } => Some(Err(anyhow!(error))),
-        })
+        self.streamed(&format!("/v1/volumes/{name}/promote"), &serde_json::json!({}), "the promote", progress)
+    }
+
+    fn defrag_volume(&self, name: &str, at: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<DefragSummary> {
+        let request = DefragVolume { at: at.to_owned() };
+        self.streamed(&format!("/v1/volumes/{name}/defrag"), &request, "the defrag", progress)
     }
 
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary> {
@@ -535,7 +556,7 @@ impl Backend for HttpBackend {
     }
 
     fn collect_garbage(&self, progress: &mut dyn FnMut(&str, u64, u64)) -> Result<GcReport> {
-        self.events("/v1/gc", "garbage collection", |event| match event {
+        self.events("/v1/gc", &serde_json::json!({}), "garbage collection", |event| match event {
             GcEvent::Progress { phase, done, total } => {
                 progress(&phase, done, total);
                 None
@@ -719,6 +740,12 @@ impl Backend for LocalBackend {
 
     fn promote_volume(&self, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<PromoteSummary> {
         Ok(PromoteSummary::of(name, &self.node.promote_volume(name, progress)?))
+    }
+
+    fn defrag_volume(&self, name: &str, at: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<DefragSummary> {
+        let volume = self.node.volume(name)?;
+        let view = volume.view(volume.parse_time(at, now(), &TimeZone::system())?)?;
+        Ok(DefragSummary::of(name, view.at(), &view.defrag(progress)?))
     }
 
     fn repair_volume(&self, name: &str, apply: bool, in_use: InUse) -> Result<RepairSummary> {

@@ -529,6 +529,22 @@ enum VolumeCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Lay out the history a view reads in block order, so that reading or
+    /// restoring it reads the chunk store's packs in order: history is
+    /// stored in the order it was archived, and a view of a point that
+    /// later writes rewrote in places finds its blocks among other points'
+    /// versions. Copies the view's archived chunks into new packs (about
+    /// the view's size in the worst case; pieces already in order are left
+    /// as they are); the volume and its views keep serving meanwhile.
+    Defrag {
+        /// VOLUME@TIME (see TIME in `rewind --help`), a bookmark for one.
+        point: String,
+        /// Show a progress bar.
+        #[arg(long)]
+        progress: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -1054,6 +1070,41 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
                 base.volume,
                 base.at,
                 info.export
+            );
+            Ok(())
+        }
+        VolumeCommand::Defrag { point, progress, json } => {
+            let (name, at) = volume_at(&point)?;
+            let bar = progress.then(|| backend::progress_bar(0, "laying out history"));
+            let summary = backend.defrag_volume(name, at, &mut |done, total| {
+                if let Some(bar) = &bar {
+                    bar.set_length(total);
+                    bar.set_position(done);
+                }
+            });
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            let summary = summary?;
+            if json {
+                return output::json(&summary);
+            }
+            println!(
+                "{name} as of {}: {} blocks of archived history in {} chunks, which lay in {} of \
+                 neighbouring records; {} chunks laid out in block order ({} written){}",
+                summary.at,
+                summary.blocks_archived,
+                summary.chunks,
+                match summary.runs_before {
+                    1 => "one run".to_owned(),
+                    runs => format!("{runs} runs"),
+                },
+                summary.chunks_moved,
+                indicatif::HumanBytes(summary.bytes_written),
+                match summary.chunks_damaged {
+                    0 => String::new(),
+                    damaged => format!("; {damaged} damaged chunks left where they are (see the server log)"),
+                }
             );
             Ok(())
         }

@@ -113,6 +113,63 @@ fn archived_history_is_deduplicated_compressed_and_reads_back() {
     run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 0x44 0 4M", &server.uri("db@after-unique")]);
 }
 
+/// `rewind volume defrag`: a point whose odd blocks a later pass rewrote
+/// (in the first 2 MiB) reads its history from two places; laid out in
+/// block order it reads the same bytes, a second defrag leaves it be, and
+/// a bad point is refused with a way forward.
+#[test]
+fn defrag_lays_out_a_view_in_block_order_and_it_reads_the_same() {
+    require("qemu-img");
+    require("qemu-io");
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("image.raw");
+    std::fs::write(&image, pattern(3, 8 << 20)).unwrap();
+    let server = Server::start_with(&dir.path().join("data"), &["--archive-interval", "100ms", "--gc-interval", "1h"]);
+    server.rewind(&["volume", "create", "v", "--size", "8MiB"]);
+    run("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", image.to_str().unwrap(), &server.uri("v")]);
+    wait_archived(&server, "v");
+    let odd_blocks: Vec<String> =
+        (0..256).map(|block| format!("write -P 0x55 {} 4k", (2 * block + 1) * 4096)).collect();
+    let mut args = vec!["-f", "raw"];
+    for command in &odd_blocks {
+        args.extend(["-c", command.as_str()]);
+    }
+    let uri = server.uri("v");
+    args.push(&uri);
+    run("qemu-io", &args);
+    wait_archived(&server, "v");
+    server.rewind(&["bookmark", "v", "mixed"]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x66 0 8M", &server.uri("v")]);
+    wait_archived(&server, "v");
+    let mut expected = std::fs::read(&image).unwrap();
+    for block in 0..256 {
+        let at = (2 * block + 1) * 4096;
+        expected[at..at + 4096].fill(0x55);
+    }
+    let expected_path = dir.path().join("expected.raw");
+    std::fs::write(&expected_path, &expected).unwrap();
+    let expected_path = expected_path.to_str().unwrap();
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", expected_path, &server.uri("v@mixed")]);
+
+    let summary = json(&server.rewind(&["volume", "defrag", "v@mixed", "--json"]));
+    assert_eq!(summary["blocks_archived"], 2048, "{summary:#}");
+    // The 256 rewritten blocks are alike: one chunk, laid out once.
+    assert_eq!(summary["chunks"], 1792 + 1, "{summary:#}");
+    assert!(summary["runs_before"].as_u64().unwrap() > 256, "half of 2 MiB from elsewhere: {summary:#}");
+    assert_eq!(summary["chunks_moved"], 1793, "{summary:#}");
+    assert!(summary["bytes_written"].as_u64().unwrap() >= 1793 * 4096, "{summary:#}");
+    assert_eq!(json(&server.rewind(&["stats", "--json"]))["chunks_relocated"], 1793);
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", expected_path, &server.uri("v@mixed")]);
+    run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 0x66 0 8M", &server.uri("v")]);
+
+    let again = server.rewind(&["volume", "defrag", "v@mixed", "--progress"]);
+    assert!(again.contains("lay in one run of neighbouring records; 0 chunks laid out"), "{again}");
+    let refused = server.rewind_failing(&["volume", "defrag", "v"]);
+    assert!(refused.contains("is not VOLUME@TIME"), "{refused}");
+    let refused = server.rewind_failing(&["volume", "defrag", "v@no-such-bookmark"]);
+    assert!(refused.contains("no-such-bookmark"), "{refused}");
+}
+
 #[test]
 fn a_space_cap_drops_the_oldest_history_but_keeps_bookmarks() {
     require("qemu-img");

@@ -12,10 +12,10 @@ use rewind_engine::timespec::{
     display_granularity, display_retention, parse_granularity, parse_retention, DisplayTime,
 };
 use rewind_engine::{
-    ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, DamagedVolume, EngineError, Group,
-    GroupBookmark, IoStats, Layout, MemberPoint, PolicyChange, PromoteReport, RepairReport, Revert, RevertReport,
-    SpaceReport, TierStats, TimelineReport, Timestamp, Volume, VolumeBase, VolumeIoStats, VolumeKind, VolumeName,
-    VolumeSpace, VolumeSpec, VolumeStats,
+    ratio, BlockSize, Bookmark, ChunkStats, CollectPhase, CollectReport, DamagedVolume, DefragReport, EngineError,
+    Group, GroupBookmark, IoStats, Layout, MemberPoint, PolicyChange, PromoteReport, RepairReport, Revert,
+    RevertReport, SpaceReport, TierStats, TimelineReport, Timestamp, Volume, VolumeBase, VolumeIoStats, VolumeKind,
+    VolumeName, VolumeSpace, VolumeSpec, VolumeStats,
 };
 
 pub fn time(at: Timestamp) -> String {
@@ -112,15 +112,64 @@ impl BaseInfo {
     }
 }
 
-/// One line of the `POST /v1/volumes/{name}/promote` stream
+/// One line of the stream a slow request over one volume answers with
 /// (newline-delimited JSON): progress through the volume, then the result
-/// or an error.
+/// `T` or an error.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum PromoteEvent {
+pub enum Streamed<T> {
     Progress { done: u64, total: u64 },
-    Done(PromoteSummary),
+    Done(T),
     Failed { error: String },
+}
+
+/// The `POST /v1/volumes/{name}/promote` stream (progress in bytes).
+pub type PromoteEvent = Streamed<PromoteSummary>;
+
+/// The `POST /v1/volumes/{name}/defrag` stream (progress in blocks).
+pub type DefragEvent = Streamed<DefragSummary>;
+
+/// `POST /v1/volumes/{name}/defrag`: the point whose view to lay out.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DefragVolume {
+    /// Any time expression or bookmark of the volume (see `rewind help times`).
+    pub at: String,
+}
+
+/// What a defrag did (see `rewind_engine::DefragReport`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DefragSummary {
+    pub volume: String,
+    pub at: String,
+    pub at_unix_nanos: u64,
+    /// Blocks of the view whose data is archived history.
+    pub blocks_archived: u64,
+    /// The distinct chunks they read, and the runs of neighbouring records
+    /// those lay in before.
+    pub chunks: u64,
+    pub runs_before: u64,
+    /// Chunks copied into new packs in block order, and the bytes written.
+    pub chunks_moved: u64,
+    pub bytes_written: u64,
+    /// Chunks whose record failed its check, left where they are.
+    pub chunks_damaged: u64,
+}
+
+impl DefragSummary {
+    pub fn of(volume: &str, at: Timestamp, report: &DefragReport) -> DefragSummary {
+        DefragSummary {
+            volume: volume.to_owned(),
+            at: time(at),
+            at_unix_nanos: at.unix_nanos(),
+            blocks_archived: report.blocks_archived,
+            chunks: report.chunks,
+            runs_before: report.runs_before,
+            chunks_moved: report.chunks_moved,
+            bytes_written: report.bytes_written,
+            chunks_damaged: report.chunks_damaged,
+        }
+    }
 }
 
 /// What a promote did.
@@ -1121,6 +1170,8 @@ pub struct NodeReport {
     pub dedup_hits: u64,
     pub collections: u64,
     pub chunks_freed: u64,
+    /// Chunks copied by defrags to lay views out in block order.
+    pub chunks_relocated: u64,
     /// Why archiving and collection stopped, if they did.
     pub chunk_store_poisoned: Option<String>,
     /// Why garbage collection waits (a recount of references, damaged volumes), if it does.
@@ -1410,6 +1461,7 @@ impl NodeReport {
             dedup_hits: chunks.dedup_hits,
             collections: chunks.collections,
             chunks_freed: chunks.chunks_freed,
+            chunks_relocated: chunks.chunks_relocated,
             chunk_store_poisoned: chunks.poisoned.clone(),
             collection_waits: chunks.recount_pending.clone(),
             chunks_missing: chunks.chunks_missing,

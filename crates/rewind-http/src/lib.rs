@@ -14,6 +14,7 @@
 //! | POST | `/v1/volumes/{name}/clones` | a writable clone of the volume at a point (`CreateClone`) |
 //! | POST | `/v1/volumes/{name}/revert` | revert in place, or undo the last revert (`RevertVolume`) |
 //! | POST | `/v1/volumes/{name}/promote` | give a clone its own copy of its base; progress, then the result, as newline-delimited JSON (`PromoteEvent`) |
+//! | POST | `/v1/volumes/{name}/defrag` | lay out the history the view at `at` (`DefragVolume`) reads in block order; progress in blocks, then the result, as newline-delimited JSON (`DefragEvent`) |
 //! | GET | `/v1/volumes/{name}/view?at=TIME` | resolve a point in time to its NBD export |
 //! | GET | `/v1/volumes/{name}/changes?from=TIME[&to=TIME]` | the byte ranges that read differently between two points (to now without `to`) |
 //! | GET | `/v1/volumes/{name}/allocation?at=NANOS&offset=O&length=L` | allocated and zero extents at an exact point (for `rewind restore`) |

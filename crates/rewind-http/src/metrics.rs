@@ -178,7 +178,7 @@ fn render(node: &Node) -> String {
     }
     let chunks = node.chunk_stats();
     let space = node.space();
-    let node_families: [(&'static str, &'static str, &'static str, u64); 28] = [
+    let node_families: [(&'static str, &'static str, &'static str, u64); 29] = [
         ("rewind_disk_total_bytes", "gauge", "Size of the data directory's filesystem.", space.total_bytes),
         ("rewind_disk_free_bytes", "gauge", "Free space on the data directory's filesystem.", space.free_bytes),
         (
@@ -264,6 +264,12 @@ fn render(node: &Node) -> String {
         ),
         ("rewind_chunk_collections_total", "counter", "Garbage collections run.", chunks.collections),
         ("rewind_chunks_freed_total", "counter", "Chunks freed by garbage collection.", chunks.chunks_freed),
+        (
+            "rewind_chunks_relocated_total",
+            "counter",
+            "Chunks copied by defrags to lay views out in block order.",
+            chunks.chunks_relocated,
+        ),
         ("rewind_chunk_packs_deleted_total", "counter", "Packs deleted by garbage collection.", chunks.packs_deleted),
         (
             "rewind_chunk_packs_rewritten_total",

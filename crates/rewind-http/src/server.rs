@@ -26,11 +26,11 @@ use rewind_engine::{
 
 use crate::api::{
     time, tree_file_bytes, view_export, AllocationExtent, BookmarkInfo, ChangeGroup, Changes, CreateBookmark,
-    CreateClone, CreateGroup, CreateVolume, CreatedToken, DeletedHistory, ErrorBody, GcEvent, GroupBookmarkInfo,
-    GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, NodeReport, PromoteEvent, PromoteSummary,
-    RepairSummary, RevertSummary, RevertTreePath, RevertVolume, RevokeGrant, Timeline, TreeFileQuery, TreeHistory,
-    TreeHistoryQuery, TreeListing, TreeListingQuery, TreeMirror, TreeRevertSummary, UpdateVolume, ViewInfo,
-    VolumeDetail, VolumeInfo, VolumeReport, DATA_BYTES_MAX, FIXED_AT_CREATION,
+    CreateClone, CreateGroup, CreateVolume, CreatedToken, DefragEvent, DefragSummary, DefragVolume, DeletedHistory,
+    ErrorBody, GcEvent, GroupBookmarkInfo, GroupInfo, GroupRevertSummary, Health, ImportSummary, JobInfo, NodeReport,
+    PromoteEvent, PromoteSummary, RepairSummary, RevertSummary, RevertTreePath, RevertVolume, RevokeGrant, Timeline,
+    TreeFileQuery, TreeHistory, TreeHistoryQuery, TreeListing, TreeListingQuery, TreeMirror, TreeRevertSummary,
+    UpdateVolume, ViewInfo, VolumeDetail, VolumeInfo, VolumeReport, DATA_BYTES_MAX, FIXED_AT_CREATION,
 };
 use crate::auth::{self, Door};
 use crate::edge::HttpConfig;
@@ -277,6 +277,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/volumes/{name}/clones", post(create_clone))
         .route("/v1/volumes/{name}/revert", post(revert_volume))
         .route("/v1/volumes/{name}/promote", post(promote_volume))
+        .route("/v1/volumes/{name}/defrag", post(defrag_volume))
         .route("/v1/volumes/{name}/bookmarks/{bookmark}", delete(delete_bookmark))
         .route("/v1/volumes/{name}/view", get(resolve_view))
         .route("/v1/volumes/{name}/changes", get(changes))
@@ -691,6 +692,33 @@ async fn promote_volume(
         match node.promote_volume(&name, &mut progress) {
             Ok(report) => PromoteEvent::Done(PromoteSummary::of(&name, &report)),
             Err(error) => PromoteEvent::Failed { error: error.to_string() },
+        }
+    })
+    .await
+}
+
+/// Lays out the history a view of the volume reads in block order (see
+/// `rewind_engine::View::defrag`), streaming progress as newline-delimited
+/// JSON ([`DefragEvent`]) while the volume and its views keep serving.
+async fn defrag_volume(
+    State(state): State<Shared>,
+    slow: SlowWork,
+    Path(name): Path<String>,
+    ApiJson(request): ApiJson<DefragVolume>,
+) -> Result<Response, ApiError> {
+    let node = Arc::clone(&state.node);
+    // Refusals (no such volume, a time outside its history) answer as
+    // errors, not streams.
+    let view = blocking(move || {
+        let volume = node.volume(&name)?;
+        volume.view(volume.parse_time(&request.at, now(), &TimeZone::system())?)
+    })
+    .await?;
+    stream_slow_work(&slow, move |send| {
+        let mut progress = |done, total| send(DefragEvent::Progress { done, total }, done == total);
+        match view.defrag(&mut progress) {
+            Ok(report) => DefragEvent::Done(DefragSummary::of(view.volume().name().as_str(), view.at(), &report)),
+            Err(error) => DefragEvent::Failed { error: error.to_string() },
         }
     })
     .await
