@@ -16,15 +16,19 @@ around it (`/v1/stats`, io.chunks): the bytes it read per byte of the view,
 and its reads per MiB. Where the history a view needs lies together that is
 a little over the share of the view held in the chunk store (record headers
 and table slots); gaps between the records it needs, read through, add the
-rest.
+rest. Then `rewind volume defrag vol@old` lays that history out in block
+order (timed: the view's size ÷ its seconds), and the reads are measured
+again: the view after the defrag ÷ the live read, in the same alternation.
 
 Usage: python3 bench/views.py [--runs 5] [--runtime 8]
 """
 
 import argparse
+import json
 import shutil
 
-from benchlib import api, environment, fio, remember_token, spread, start_server, wait_archived, wait_port, write_section
+from benchlib import (REWIND, api, environment, fio, remember_token, spread, start_server, timed, wait_archived,
+                      wait_port, write_section)
 
 NBD, HTTP = 10997, 10998
 SIZE = 1 << 30
@@ -45,8 +49,10 @@ def main():
     parser.add_argument("--dir", default="/var/tmp/rewind-bench-views")
     args = parser.parse_args()
     work, data, server = start_server(args.dir, NBD, HTTP)
-    mib_s = {case: {"live": [], "view": []} for case in CASES}
+    rewind = [str(REWIND), "--server", f"http://127.0.0.1:{HTTP}", "--data-dir", str(data)]
+    mib_s = {case: {"live": [], "view": [], "live after": [], "view after": []} for case in CASES}
     chunk_reads = {}
+    defrags = {}
     try:
         wait_port(NBD)
         http = f"127.0.0.1:{HTTP}"
@@ -64,19 +70,24 @@ def main():
             fio(live, "overwrite", ["--rw=randwrite", "--bs=4k", "--iodepth=16", "--end_fsync=1"], str(SIZE),
                 extra=[f"--io_size={SIZE * eighths // 8}"])
             wait_archived(http, volume)
-            for run in range(args.runs):
-                order = [("live", live), ("view", view)]
-                for name, uri in order if run % 2 == 0 else reversed(order):
-                    result = fio(uri, name, READ, str(SIZE), runtime=args.runtime)
-                    mib_s[case][name].append(result["read"]["bw_bytes"] / (1 << 20))
-                    print(f"{case}, run {run} {name}: {mib_s[case][name][-1]:6.0f} MiB/s", flush=True)
-            before = api(http, "GET", "/v1/stats")["io"]["chunks"]
-            fio(view, "view-pass", READ, str(SIZE))
-            after = api(http, "GET", "/v1/stats")["io"]["chunks"]
-            chunk_reads[case] = ((after["read_bytes"] - before["read_bytes"]) / SIZE,
-                                 (after["reads"] - before["reads"]) / (SIZE >> 20))
-            print(f"{case}: the chunk store read {chunk_reads[case][0]:.2f} bytes per byte of the view, "
-                  f"{chunk_reads[case][1]:.0f} reads per MiB", flush=True)
+            for phase in ["", " after"]:
+                if phase:
+                    took, output = timed([*rewind, "volume", "defrag", f"{volume}@old", "--json"])
+                    defrags[case] = (json.loads(output), SIZE / took / (1 << 20))
+                    print(f"{case}: defrag {defrags[case][0]}, {defrags[case][1]:.0f} MiB/s", flush=True)
+                for run in range(args.runs):
+                    order = [("live" + phase, live), ("view" + phase, view)]
+                    for name, uri in order if run % 2 == 0 else reversed(order):
+                        result = fio(uri, name, READ, str(SIZE), runtime=args.runtime)
+                        mib_s[case][name].append(result["read"]["bw_bytes"] / (1 << 20))
+                        print(f"{case}, run {run} {name}: {mib_s[case][name][-1]:6.0f} MiB/s", flush=True)
+                before = api(http, "GET", "/v1/stats")["io"]["chunks"]
+                fio(view, "view-pass", READ, str(SIZE))
+                after = api(http, "GET", "/v1/stats")["io"]["chunks"]
+                chunk_reads[case + phase] = ((after["read_bytes"] - before["read_bytes"]) / SIZE,
+                                             (after["reads"] - before["reads"]) / (SIZE >> 20))
+                print(f"{case}{phase}: the chunk store read {chunk_reads[case + phase][0]:.2f} bytes per byte of "
+                      f"the view, {chunk_reads[case + phase][1]:.0f} reads per MiB", flush=True)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -93,17 +104,27 @@ def main():
         f"1 MiB sequential reads (`{' '.join(READ)}`, {args.runtime} s) of the live volume and of `vol@old` over NBD, "
         "alternating. MiB/s (min / median / max). Then one pass over the whole view, not timed, with the chunk "
         "store's file reads counted around it (packs and chunk table, from the page cache or the disk): bytes read "
-        "per byte of the view, and reads per MiB.",
+        "per byte of the view, and reads per MiB. Then `rewind volume defrag vol@old` (the history the view reads "
+        "laid out in block order; MiB/s is the volume's size ÷ the command's seconds) and the same reads again.",
         "",
         "| overwritten since `old` | live MiB/s | view `vol@old` MiB/s | view ÷ live "
         "| chunk store bytes read per byte of the view | chunk store reads per MiB |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for case, reads in mib_s.items():
-        ratios = [v / l for v, l in zip(reads["view"], reads["live"])]
-        read_bytes, read_calls = chunk_reads[case]
-        lines.append(f"| {case} | {spread(reads['live'], 0)} | {spread(reads['view'], 0)} | {spread(ratios)} "
-                     f"| {read_bytes:.2f} | {read_calls:.0f} |")
+        for phase, label in [("", case), (" after", f"{case}; after `volume defrag`")]:
+            ratios = [v / l for v, l in zip(reads["view" + phase], reads["live" + phase])]
+            read_bytes, read_calls = chunk_reads[case + phase]
+            lines.append(f"| {label} | {spread(reads['live' + phase], 0)} | {spread(reads['view' + phase], 0)} "
+                         f"| {spread(ratios)} | {read_bytes:.2f} | {read_calls:.0f} |")
+    lines += [
+        "",
+        "| overwritten since `old` | defrag: chunks laid out | runs they lay in before | MiB written | MiB/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for case, (summary, speed) in defrags.items():
+        lines.append(f"| {case} | {summary['chunks_moved']} of {summary['chunks']} | {summary['runs_before']} "
+                     f"| {summary['bytes_written'] / (1 << 20):.0f} | {speed:.0f} |")
     lines.append("<!-- views:end -->")
     section = "\n".join(lines)
     print(section)
