@@ -8,10 +8,11 @@
 //! later passes rewrote some of its blocks, or between the sequential
 //! passes of one batch, finds its blocks' versions among other points'
 //! versions: it reads more of the packs than it returns (records between
-//! the ones it wants, up to 16 KiB at a time) or many small reads. On
-//! such history a 1 MiB sequential read of the view ran at 0.72–0.80 of
-//! the live read, against 0.94 for history archived in block order
-//! (BENCHMARKS.md, "Views of history laid out in block order").
+//! the ones it wants, up to 16 KiB at a time) or many small reads: after
+//! bench/views.py's write jobs, 1.27 bytes of packs per byte of the view
+//! in 20 reads per MiB, and 0.67 of the live read's speed; laid out, 1.03
+//! bytes in 4 reads, and 0.77 (BENCHMARKS.md, "A view of the past against
+//! the present").
 //!
 //! `View::defrag` plans the view piece by piece, as a read would, and asks
 //! the chunk store to copy the chunks of each piece, in block order, into
