@@ -97,6 +97,7 @@ struct Exercised {
     dedup_hits: u64,
     chunks_freed: u64,
     packs_rewritten: u64,
+    chunks_relocated: u64,
     deaths: u64,
     counts_restored: u64,
 }
@@ -116,7 +117,7 @@ fn run(seed: u64) -> Exercised {
         if dies {
             storage.stop_after(rng.random_range(0..30));
         }
-        let op = rng.random_range(0..11);
+        let op = rng.random_range(0..12);
         if std::env::var_os("REWIND_DEBUG").is_some() {
             println!(
                 "step {step} op {op} dies {dies} durable {:?}",
@@ -149,6 +150,14 @@ fn run(seed: u64) -> Exercised {
                 Ok(())
             }
             10 => store.save_counts(&describe(&durable)).map(|saved| saved_counts = Some(saved)),
+            11 if !durable.is_empty() => {
+                // A defrag lays some history out in another order.
+                let mut ids: Vec<ChunkId> = (0..rng.random_range(1..=durable.len()))
+                    .map(|_| durable[rng.random_range(0..durable.len())].0)
+                    .collect();
+                ids.sort_unstable_by_key(|id| std::cmp::Reverse(id.0));
+                store.relocate(&ids).map(|report| exercised.chunks_relocated += report.chunks_moved)
+            }
             _ => {
                 store.collect(&mut |_: CollectPhase, done, total| assert!(done <= total, "seed {seed}")).map(|report| {
                     exercised.chunks_freed += report.chunks_freed;
@@ -210,6 +219,7 @@ fn chunk_store_keeps_every_durable_reference_through_deaths() {
         total.dedup_hits += case.dedup_hits;
         total.chunks_freed += case.chunks_freed;
         total.packs_rewritten += case.packs_rewritten;
+        total.chunks_relocated += case.chunks_relocated;
         total.deaths += case.deaths;
         total.counts_restored += case.counts_restored;
     }
@@ -219,9 +229,10 @@ fn chunk_store_keeps_every_durable_reference_through_deaths() {
             || (total.dedup_hits > 100
                 && total.chunks_freed > 100
                 && total.packs_rewritten > 20
+                && total.chunks_relocated > 100
                 && total.deaths > 50
                 && total.counts_restored > 50),
-        "dedup, collection, repacking, deaths and saved counts must be exercised"
+        "dedup, collection, repacking, relocation, deaths and saved counts must be exercised"
     );
 }
 

@@ -229,6 +229,8 @@ struct Exercised {
     bucket_reads: u64,
     /// Nodes recovered from their bucket with the volume rebuilt.
     recoveries: u64,
+    /// Chunks a defrag laid out in block order.
+    chunks_relocated: u64,
 }
 
 fn run(seed: u64) -> Exercised {
@@ -459,11 +461,38 @@ fn run(seed: u64) -> Exercised {
                 bookmarks.push((name, bookmark.timestamp));
             }
             76..=77 if !poisoned && !bookmarks.is_empty() => {
-                let (name, at) = &bookmarks[rng.random_range(0..bookmarks.len())];
-                let point = rewind_engine::timespec::PointInTime::Bookmark(name.clone());
-                assert_eq!(volume.resolve_time(&point, now).unwrap(), *at);
-                assert_eq!(volume.exact_time(*at).unwrap(), *at, "seed {seed}: a bookmark is an exact point");
-                check_view(&volume, &oracle, *at, &mut rng, seed);
+                let (name, at) = bookmarks[rng.random_range(0..bookmarks.len())].clone();
+                let point = rewind_engine::timespec::PointInTime::Bookmark(name);
+                assert_eq!(volume.resolve_time(&point, now).unwrap(), at);
+                assert_eq!(volume.exact_time(at).unwrap(), at, "seed {seed}: a bookmark is an exact point");
+                if !full && rng.random_bool(0.5) {
+                    // A defrag lays out the history the view reads, and the
+                    // process may die part-way.
+                    let dies = rng.random_bool(0.3);
+                    if dies {
+                        storage.stop_after(rng.random_range(0..40));
+                    }
+                    let defragged = volume.view(at).and_then(|view| view.defrag(&mut |_, _| {}));
+                    if dies && storage.is_stopped() {
+                        drop(volume);
+                        drop(node);
+                        (node, remote, volume) =
+                            restart(&storage, config, tiering, &mut oracle, &mut bookmarks, seed, step);
+                        poisoned = false;
+                        exercised.deaths += 1;
+                    } else {
+                        storage.stop_after(u64::MAX);
+                        match defragged {
+                            Ok(report) => exercised.chunks_relocated += report.chunks_moved,
+                            // Views wait for recovery on a full disk, and a
+                            // defrag's packs need room too.
+                            Err(EngineError::RecoveryPending { .. }) => {}
+                            Err(error) if no_space(&error) => exercised.no_space += 1,
+                            Err(error) => panic!("seed {seed} step {step}: defrag: {error}"),
+                        }
+                    }
+                }
+                check_view(&volume, &oracle, at, &mut rng, seed);
             }
             78 if !poisoned && !full => {
                 // A failed fsync poisons the volume until restart.
@@ -679,6 +708,7 @@ fn engine_matches_the_oracle_through_crashes() {
         bucket_reads: total.bucket_reads + case.bucket_reads,
         recoveries: total.recoveries + case.recoveries,
         compound_writes: total.compound_writes + case.compound_writes,
+        chunks_relocated: total.chunks_relocated + case.chunks_relocated,
     });
     println!("{total:?}");
     let enough = total.thinned > 100 && total.range_deletes > 30 && total.policy_changes > 30 && total.expired > 30;
@@ -694,10 +724,11 @@ fn engine_matches_the_oracle_through_crashes() {
         && total.uploads > 15
         && total.bucket_reads > 30
         && total.recoveries > 5
-        && total.compound_writes > 1000;
+        && total.compound_writes > 1000
+        && total.chunks_relocated > 100;
     assert!(
         seeds < 30 || chunks,
-        "archiving, collection, dedup, journal reclaim, deaths, caps, uploads, recoveries and compound writes must be \
-         exercised"
+        "archiving, collection, dedup, journal reclaim, deaths, caps, uploads, recoveries, compound writes and defrags \
+         must be exercised"
     );
 }
