@@ -1207,14 +1207,9 @@ impl ChunkStore {
                 let reason = format!("it holds {} bytes, the version {}", slot.raw_bytes, out.len());
                 return Err(ChunkError::Missing { id, reason });
             }
-            let location = ChunkLocation {
-                pack: slot.pack,
-                offset: u64::from(slot.offset),
-                stored_bytes: slot.stored_bytes,
-                raw_bytes: slot.raw_bytes,
-            };
             // (Deleted once opened, the pack is found gone by the read.)
-            match self.reader(slot.pack).and_then(|reader| reader.read(location, &slot.hash, out, Check::Crc)) {
+            match self.reader(slot.pack).and_then(|reader| reader.read(location_of(&slot), &slot.hash, out, Check::Crc))
+            {
                 Err(error) if attempt == 0 && pack_gone(&error) => continue,
                 read => return read,
             }
@@ -1379,12 +1374,6 @@ impl ChunkStore {
             /// Overlaps the record before: read on its own.
             Alone { index: usize },
         }
-        let location = |slot: TableSlot| ChunkLocation {
-            pack: slot.pack,
-            offset: u64::from(slot.offset),
-            stored_bytes: slot.stored_bytes,
-            raw_bytes: slot.raw_bytes,
-        };
         let start = u64::from(members[0].1.offset);
         let mut pieces = Vec::with_capacity(members.len() * 3);
         let mut records = Vec::with_capacity(members.len());
@@ -1441,12 +1430,12 @@ impl ChunkStore {
                 Record::InPlace { index, slot, header } => {
                     let header = &scratch[header..header + RECORD_HEADER_BYTES];
                     let out = &mut out[index * chunk_bytes..(index + 1) * chunk_bytes];
-                    crcs[index] = reader.decode_in_place(location(slot), &slot.hash, header, out, Check::Crc)?;
+                    crcs[index] = reader.decode_in_place(location_of(&slot), &slot.hash, header, out, Check::Crc)?;
                 }
                 Record::InScratch { index, slot, start } => {
                     let record = &scratch[start..start + RECORD_HEADER_BYTES + slot.stored_bytes as usize];
                     let out = &mut out[index * chunk_bytes..(index + 1) * chunk_bytes];
-                    reader.decode(location(slot), &slot.hash, record, out, Check::Crc)?;
+                    reader.decode(location_of(&slot), &slot.hash, record, out, Check::Crc)?;
                     crcs[index] = rewind_format::crc32c(out);
                 }
                 // After its source: records are checked in the order read.
@@ -1840,11 +1829,7 @@ impl ChunkStore {
         let (mut record, mut raw) = (Vec::new(), Vec::new());
         let mut rest = chunks;
         while !rest.is_empty() {
-            let number = {
-                let mut state = self.state.lock();
-                state.pack_next += 1;
-                state.pack_next - 1
-            };
+            let number = self.take_pack_number();
             let mut writer = PackWriter::create(&*self.packs, number)?;
             let (mut moved, mut moved_from): (Vec<(ChunkId, TableSlot)>, Vec<TableSlot>) = (Vec::new(), Vec::new());
             let mut taken = 0;
@@ -1854,15 +1839,9 @@ impl ChunkStore {
                         break;
                     }
                     taken += 1;
-                    let location = ChunkLocation {
-                        pack: slot.pack,
-                        offset: u64::from(slot.offset),
-                        stored_bytes: slot.stored_bytes,
-                        raw_bytes: slot.raw_bytes,
-                    };
                     raw.resize(slot.raw_bytes as usize, 0);
                     let codec = match self.reader(slot.pack)?.read_record(
-                        location,
+                        location_of(&slot),
                         &slot.hash,
                         &mut record,
                         &mut raw,
@@ -1941,13 +1920,16 @@ impl ChunkStore {
         Ok(())
     }
 
+    /// A number for a new pack of this node.
+    fn take_pack_number(&self) -> u64 {
+        let mut state = self.state.lock();
+        state.pack_next += 1;
+        state.pack_next - 1
+    }
+
     /// Copies the live chunks of `group` into one new pack, then replaces them.
     fn rewrite_group(&self, group: &[u64], report: &mut CollectReport) -> Result<(), ChunkError> {
-        let number = {
-            let mut state = self.state.lock();
-            state.pack_next += 1;
-            state.pack_next - 1
-        };
+        let number = self.take_pack_number();
         let mut writer = PackWriter::create(&*self.packs, number)?;
         let mut moved: Vec<(ChunkId, TableSlot)> = Vec::new();
         let mut copying = 0;
@@ -2119,6 +2101,16 @@ fn runs_of_records(chunks: &[(ChunkId, TableSlot)]) -> u64 {
     }
 }
 
+/// Where the chunk `slot` names is: [`slot_of`] the other way.
+fn location_of(slot: &TableSlot) -> ChunkLocation {
+    ChunkLocation {
+        pack: slot.pack,
+        offset: u64::from(slot.offset),
+        stored_bytes: slot.stored_bytes,
+        raw_bytes: slot.raw_bytes,
+    }
+}
+
 fn slot_of(hash: ChunkHash, location: ChunkLocation) -> TableSlot {
     TableSlot {
         hash,
@@ -2246,12 +2238,7 @@ impl ArchiveSession<'_> {
             id
         };
         if self.writer.is_none() {
-            let number = {
-                let mut state = store.state.lock();
-                state.pack_next += 1;
-                state.pack_next - 1
-            };
-            self.writer = Some(PackWriter::create(&*store.packs, number)?);
+            self.writer = Some(PackWriter::create(&*store.packs, store.take_pack_number())?);
         }
         let writer = self.writer.as_mut().expect("opened above");
         let location = writer.add(id, hash, raw)?;
