@@ -15,6 +15,10 @@ into the deduplicated, compressed chunk store (every 5 s here, so that it
 runs during the jobs). With `--core REV`, the Rewind of that revision (before
 the chunk store) runs as a third server in the same run, built once into a
 git worktree beside the repository.
+
+The view rows read a view at a bookmark taken before a random overwrite,
+after every job's history, against the live volume; the last two read it
+again after `rewind volume defrag` has laid its history out in block order.
 """
 
 import argparse
@@ -208,23 +212,31 @@ def run_once(args, run_index, results, view_results):
         # them): each read once, then each again (from the page cache, the
         # second reads taken); then both from the disk, the page cache
         # dropped before each (Rewind's own caches are not).
-        settle(https, view_results)
-        reads = {}
-        for key, uri, drop in [("live", targets["rewind"], False), ("view", view_uri, False),
-                               ("live warm", targets["rewind"], False), ("view warm", view_uri, False),
-                               ("live cold", targets["rewind"], True), ("view cold", view_uri, True)]:
-            if drop:
-                drop_caches()
-            # From the disk, one pass: time-based, it would go round again
-            # from the page cache.
-            job = fio(uri, key.replace(" ", "-"), ["--rw=read", "--bs=1m", "--iodepth=4", "--readonly"], size,
-                      runtime=None if drop else args.runtime)
-            reads[key] = throughput(job, "read")
-        for kind in ["warm", "cold"]:
-            view_results.setdefault(f"seqread_{kind}", []).append(reads[f"view {kind}"] / reads[f"live {kind}"])
-        print(f"run {run_index} view ÷ live read, page cache warm: {reads['view warm'] / 2**20:.1f} ÷ "
-              f"{reads['live warm'] / 2**20:.1f} MiB/s; cold: {reads['view cold'] / 2**20:.1f} ÷ "
-              f"{reads['live cold'] / 2**20:.1f} MiB/s", flush=True)
+        # Then the view's history laid out in block order (`rewind volume
+        # defrag`), and the same pairs again.
+        for phase in ["", "defrag_"]:
+            if phase:
+                subprocess.run([str(REWIND), "--server", f"http://{http}", "--data-dir", str(work / "rewind"),
+                                "volume", "defrag", f"bench@{bookmark['at']}", "--json"],
+                               check=True, capture_output=True)
+            settle(https, view_results)
+            reads = {}
+            for key, uri, drop in [("live", targets["rewind"], False), ("view", view_uri, False),
+                                   ("live warm", targets["rewind"], False), ("view warm", view_uri, False),
+                                   ("live cold", targets["rewind"], True), ("view cold", view_uri, True)]:
+                if drop:
+                    drop_caches()
+                # From the disk, one pass: time-based, it would go round again
+                # from the page cache.
+                job = fio(uri, key.replace(" ", "-"), ["--rw=read", "--bs=1m", "--iodepth=4", "--readonly"], size,
+                          runtime=None if drop else args.runtime)
+                reads[key] = throughput(job, "read")
+            for kind in ["warm", "cold"]:
+                view_results.setdefault(f"seqread_{phase}{kind}", []).append(
+                    reads[f"view {kind}"] / reads[f"live {kind}"])
+            print(f"run {run_index} {phase}view ÷ live read, page cache warm: {reads['view warm'] / 2**20:.1f} ÷ "
+                  f"{reads['live warm'] / 2**20:.1f} MiB/s; cold: {reads['view cold'] / 2**20:.1f} ÷ "
+                  f"{reads['live cold'] / 2**20:.1f} MiB/s", flush=True)
         oldest = f"nbd://127.0.0.1:{rewind_port}/bench@{api(http, 'GET', '/v1/volumes/bench')['created']}"
         open_live = nbdinfo_seconds(targets["rewind"])
         open_view = nbdinfo_seconds(oldest)
@@ -382,6 +394,8 @@ def table(args, results, view_results, env):
          "again, the second reads taken (both from the page cache)"),
         ("seqread_cold", "after the jobs back to back, the view read ÷ the live read, both from the disk (the page "
          "cache dropped before each)"),
+        ("seqread_defrag_warm", "the same, page cache warm, after `rewind volume defrag` of the view"),
+        ("seqread_defrag_cold", "the same, from the disk, after `rewind volume defrag` of the view"),
     ]:
         low, median, high = spread(view_results[key])
         lines.append(
