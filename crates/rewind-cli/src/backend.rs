@@ -156,11 +156,19 @@ pub enum Progress {
 }
 
 pub(crate) fn progress_bar(total: u64, what: &str) -> ProgressBar {
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template("{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
-            .expect("valid template"),
-    );
+    let bar = labelled_bar("{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}", what);
+    bar.set_length(total);
+    bar
+}
+
+/// A progress bar over a count of `units` (blocks, say), not bytes.
+pub(crate) fn count_bar(what: &str, units: &str) -> ProgressBar {
+    labelled_bar(&format!("{{msg}} {{wide_bar}} {{pos}}/{{len}} {units} ETA {{eta}}"), what)
+}
+
+fn labelled_bar(template: &str, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    bar.set_style(ProgressStyle::with_template(template).expect("valid template"));
     bar.set_message(what.to_owned());
     bar
 }

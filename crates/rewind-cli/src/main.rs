@@ -594,6 +594,21 @@ fn parse_bytes(text: &str, what: &str) -> Result<u64> {
 }
 
 /// `VOLUME@TIME` as its two parts (a volume name has no `@`).
+/// Runs `work`, showing the progress it reports (done, of total) on `bar`
+/// if there is one, cleared once it returns.
+fn with_bar<T>(bar: Option<indicatif::ProgressBar>, work: impl FnOnce(&mut dyn FnMut(u64, u64)) -> T) -> T {
+    let result = work(&mut |done, total| {
+        if let Some(bar) = &bar {
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+    });
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    result
+}
+
 fn volume_at(text: &str) -> Result<(&str, &str)> {
     match text.split_once('@') {
         Some((volume, at)) if !volume.is_empty() && !at.is_empty() => Ok((volume, at)),
@@ -1075,17 +1090,8 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
         }
         VolumeCommand::Defrag { point, progress, json } => {
             let (name, at) = volume_at(&point)?;
-            let bar = progress.then(|| backend::progress_bar(0, "laying out history"));
-            let summary = backend.defrag_volume(name, at, &mut |done, total| {
-                if let Some(bar) = &bar {
-                    bar.set_length(total);
-                    bar.set_position(done);
-                }
-            });
-            if let Some(bar) = &bar {
-                bar.finish_and_clear();
-            }
-            let summary = summary?;
+            let bar = progress.then(|| backend::count_bar("laying out history", "blocks"));
+            let summary = with_bar(bar, |progress| backend.defrag_volume(name, at, progress))?;
             if json {
                 return output::json(&summary);
             }
@@ -1110,16 +1116,7 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
         }
         VolumeCommand::Promote { name, progress, json } => {
             let bar = progress.then(|| backend::progress_bar(0, "copying the base"));
-            let summary = backend.promote_volume(&name, &mut |done, total| {
-                if let Some(bar) = &bar {
-                    bar.set_length(total);
-                    bar.set_position(done);
-                }
-            });
-            if let Some(bar) = &bar {
-                bar.finish_and_clear();
-            }
-            let summary = summary?;
+            let summary = with_bar(bar, |progress| backend.promote_volume(&name, progress))?;
             if json {
                 return output::json(&summary);
             }
