@@ -15,6 +15,8 @@
 //! - `lineage`: clone and revert-in-place time against volume size and
 //!   history length (flat: metadata only).
 //! - `compress`: the compressor's time per chunk, beside zstd alone.
+//! - `savings`: what zstd saves on real files chunk by chunk, and what
+//!   reading each band back costs.
 //! - `crc`: CRC-32C's speed by each implementation, and which one this
 //!   machine chose.
 //!
@@ -25,6 +27,7 @@ mod compress;
 mod crc;
 mod history;
 mod lineage;
+mod savings;
 mod space;
 mod store;
 
@@ -59,6 +62,8 @@ enum Command {
     Lineage(lineage::LineageArgs),
     /// The compressor's time per chunk, beside zstd alone.
     Compress(compress::CompressArgs),
+    /// What zstd saves on real files, chunk by chunk, and what reading it back costs.
+    Savings(savings::SavingsArgs),
     /// CRC-32C's speed by each implementation, and the one this machine chose.
     Crc(crc::CrcArgs),
 }
@@ -91,6 +96,7 @@ fn main() -> anyhow::Result<()> {
         Command::Space(space) => space::run(&args.dir, &space, args.json),
         Command::Lineage(lineage) => lineage::run(&args.dir, &lineage, args.json),
         Command::Compress(compress) => compress::run(&compress, args.json),
+        Command::Savings(savings) => savings::run(&savings, args.json),
         Command::Crc(crc) => crc::run(&crc, args.json),
     }
 }

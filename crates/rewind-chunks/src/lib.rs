@@ -33,7 +33,7 @@ pub mod tiered;
 
 pub use dedup::DedupConfig;
 pub use meta_store::{LocalMetaStore, MetaStore};
-pub use pack::{Check, Compressor, PackReader, PackWriter, SealedPack};
+pub use pack::{Check, Compressor, PackReader, PackWriter, SealedPack, SAVING_SHARE_MIN};
 pub use pack_store::{Generation, LocalPackStore, PackStore, PackUpload, StoredPack};
 pub use rewind_format::pack::{ChunkHash, Codec};
 pub use store::{
