@@ -36,7 +36,7 @@ const WRITE_BYTES: usize = 1 << 20;
 /// quarter are 1.1%, with 0.4% of what zstd saves (stored ÷ raw 0.4294
 /// against 0.4273 with an eighth; `chunk-bench savings`). History that
 /// barely compresses (fio's buffers save about a tenth; one chunk in 18 an
-/// eighth) is then stored as it is, and a view of it took 11% less server
+/// eighth) is then stored as it is, and a view of it took 9% less server
 /// CPU per byte (BENCHMARKS.md, "Compressed only where a quarter is saved").
 pub const SAVING_SHARE_MIN: f64 = 0.25;
 
