@@ -8,9 +8,12 @@ volume filled, written over twice sequentially, then 4 KiB random writes at
 QD 32 and at QD 1 synced every 8 (3 s each), archived; bookmarked `old`;
 every block overwritten at random, then a sequential pass and 3 s of random
 writes, archived (so the view of `old` reads history among other versions
-of every block); `rewind volume defrag vol@old`. Then rounds of a 1 MiB
-sequential read of the view and one of the live volume, the first round
-left out (it pays for the page cache's first touch). The server process's
+of every block); `rewind volume defrag vol@old` (unless `--no-defrag`).
+Then rounds of a 1 MiB sequential read of the view and one of the live
+volume, the first round left out (it pays for the page cache's first
+touch), or with `--cold` every round, the page cache dropped before each
+read (the packs, the index and the current store then come from the
+disk). The server process's
 CPU time (`/proc/PID/stat`, all threads) around each read, divided by the
 GiB it served: on a machine whose cores fio shares, what sets the pace.
 
@@ -22,7 +25,7 @@ import subprocess
 from pathlib import Path
 
 import benchlib
-from benchlib import api, fio, serve_volume, spread, wait_archived
+from benchlib import api, drop_caches, fio, serve_volume, spread, wait_archived
 from present_cpu import cpu_seconds
 
 NBD, HTTP = 11980, 11981
@@ -37,8 +40,10 @@ AFTER = [("overwrite", ["--rw=randwrite", "--bs=4k", "--iodepth=32"], None),
          ("randwrite-after", ["--rw=randwrite", "--bs=4k", "--iodepth=32"], 3)]
 
 
-def read(uri, pid):
+def read(uri, pid, cold):
     """(MiB/s, server CPU-s per GiB) of one read of the volume."""
+    if cold:
+        drop_caches()
     before = cpu_seconds(pid)
     job = fio(uri, "seqread", READ, SIZE)["read"]
     return job["bw_bytes"] / 2**20, (cpu_seconds(pid) - before) / (job["io_bytes"] / 2**30)
@@ -56,13 +61,14 @@ def one_history(build, args):
         for name, job, runtime in AFTER:
             fio(live, name, job, SIZE, runtime=runtime)
         wait_archived(http, "v")
-        data = Path(args.work) / "data"
-        subprocess.run([str(build), "--server", f"http://{http}", "--data-dir", str(data), "volume", "defrag",
-                        "v@old"], check=True, capture_output=True)
+        if args.defrag:
+            data = Path(args.work) / "data"
+            subprocess.run([str(build), "--server", f"http://{http}", "--data-dir", str(data), "volume", "defrag",
+                            "v@old"], check=True, capture_output=True)
         view = f"{live}@{at}"
         pid = server.process.pid
-        rounds = [(read(view, pid), read(live, pid)) for _ in range(args.rounds)]
-        return rounds[1:]
+        rounds = [(read(view, pid, args.cold), read(live, pid, args.cold)) for _ in range(args.rounds)]
+        return rounds if args.cold else rounds[1:]
     finally:
         server.stop()
 
@@ -72,9 +78,11 @@ def main():
     parser.add_argument("builds", nargs="+", type=Path, help="rewind binaries to compare")
     parser.add_argument("--histories", type=int, default=2, help="fresh histories per build")
     parser.add_argument("--rounds", type=int, default=6, help="view and live reads per history")
+    parser.add_argument("--no-defrag", dest="defrag", action="store_false", help="read the history as archived")
+    parser.add_argument("--cold", action="store_true", help="drop the page cache before every read")
     parser.add_argument("--work", default="/var/tmp/rewind-view-cpu", help="the server's work directory (emptied)")
     args = parser.parse_args()
-    if args.rounds < 2:
+    if args.rounds < 2 and not args.cold:
         parser.error("--rounds must be at least 2: the first round is left out")
     pairs = {build: [] for build in args.builds}
     for history in range(args.histories):
