@@ -1225,6 +1225,17 @@ impl ChunkStore {
     /// neighbouring records of a pack: history archived together lies
     /// together, so a view's sequential read stays close to sequential I/O.
     pub fn read_many(&self, ids: &[ChunkId], out: &mut [u8]) -> Result<Vec<u32>, ChunkError> {
+        let wanted: Vec<Option<ChunkId>> = ids.iter().copied().map(Some).collect();
+        self.read_many_among(&wanted, out)
+    }
+
+    /// [`ChunkStore::read_many`] of chunks among other blocks: `out` holds
+    /// a chunk's room for each of `ids`, and only those that name a chunk
+    /// are read (the rest of `out` is left as it is), all in one go, so
+    /// that a view whose chunks lie between blocks read from elsewhere
+    /// reads its neighbouring records together too. The CRC-32C of a room
+    /// with no chunk is 0.
+    pub fn read_many_among(&self, ids: &[Option<ChunkId>], out: &mut [u8]) -> Result<Vec<u32>, ChunkError> {
         /// Ids apart by at most this share one read of the table.
         const SLOT_SPAN_IDS_MAX: u64 = 256;
         if ids.is_empty() {
@@ -1232,25 +1243,26 @@ impl ChunkStore {
         }
         assert_eq!(out.len() % ids.len(), 0, "chunks of one size");
         let chunk_bytes = out.len() / ids.len();
-        let mut order: Vec<usize> = (0..ids.len()).collect();
-        order.sort_unstable_by_key(|&index| ids[index]);
+        let id = |index: usize| ids[index].expect("only rooms with a chunk are ordered");
+        let mut order: Vec<usize> = (0..ids.len()).filter(|&index| ids[index].is_some()).collect();
+        order.sort_unstable_by_key(|&index| id(index));
         let mut slots = vec![None; ids.len()];
         let mut bytes = Vec::new();
         let mut start = 0;
         while start < order.len() {
-            let first = ids[order[start]].0;
+            let first = id(order[start]).0;
             let mut end = start + 1;
-            while end < order.len() && ids[order[end]].0 - first < SLOT_SPAN_IDS_MAX {
+            while end < order.len() && id(order[end]).0 - first < SLOT_SPAN_IDS_MAX {
                 end += 1;
             }
-            let last = ids[order[end - 1]].0;
+            let last = id(order[end - 1]).0;
             if first == 0 || last >= self.table.id_end() {
-                let id = if first == 0 { ids[order[start]] } else { ids[order[end - 1]] };
+                let id = if first == 0 { id(order[start]) } else { id(order[end - 1]) };
                 return Err(ChunkError::Missing { id, reason: "its table slot was never written".into() });
             }
             self.table.read_range(first, last - first + 1, &mut bytes)?;
             for &index in &order[start..end] {
-                let id = ids[index];
+                let id = id(index);
                 let slot = self
                     .table
                     .slot_in(&bytes, first, id)
@@ -1276,7 +1288,7 @@ impl ChunkStore {
         read.map(|()| crcs)
     }
 
-    /// The second half of [`ChunkStore::read_many`]: the records of the
+    /// The second half of [`ChunkStore::read_many_among`]: the records of the
     /// chunks whose `slots` it found, read in spans of neighbours, and their
     /// CRC-32Cs into `crcs`.
     #[allow(clippy::too_many_arguments)]
@@ -1284,7 +1296,7 @@ impl ChunkStore {
         &self,
         slots: &[Option<TableSlot>],
         mut order: Vec<usize>,
-        ids: &[ChunkId],
+        ids: &[Option<ChunkId>],
         chunk_bytes: usize,
         scratch: &mut Vec<u8>,
         out: &mut [u8],
@@ -1327,8 +1339,10 @@ impl ChunkStore {
                 // Repacked meanwhile: read these one by one, through fresh slots.
                 Err(error) if pack_gone(&error) => {
                     for &index in group {
-                        crcs[index] =
-                            self.read_alone(ids[index], &mut out[index * chunk_bytes..(index + 1) * chunk_bytes])?;
+                        crcs[index] = self.read_alone(
+                            ids[index].expect("ordered"),
+                            &mut out[index * chunk_bytes..(index + 1) * chunk_bytes],
+                        )?;
                     }
                 }
                 Err(error) => return Err(error),
@@ -1350,7 +1364,7 @@ impl ChunkStore {
         &self,
         reader: &PackReader,
         members: &[(usize, TableSlot)],
-        ids: &[ChunkId],
+        ids: &[Option<ChunkId>],
         chunk_bytes: usize,
         scratch: &mut Vec<u8>,
         out: &mut [u8],
@@ -1444,8 +1458,10 @@ impl ChunkStore {
                     crcs[index] = crcs[source];
                 }
                 Record::Alone { index } => {
-                    crcs[index] =
-                        self.read_alone(ids[index], &mut out[index * chunk_bytes..(index + 1) * chunk_bytes])?;
+                    crcs[index] = self.read_alone(
+                        ids[index].expect("ordered"),
+                        &mut out[index * chunk_bytes..(index + 1) * chunk_bytes],
+                    )?;
                 }
             }
         }

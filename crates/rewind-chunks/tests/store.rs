@@ -572,6 +572,43 @@ fn read_many_reads_every_other_record_of_a_pack_in_shared_reads() {
     assert_eq!(reads, 2, "reads for {} chunks every other record apart", asked.len());
 }
 
+/// Chunks among other blocks (a view whose chunk blocks lie between blocks
+/// of the current store): only the rooms that name a chunk are written,
+/// each with its chunk, and the chunks share reads as if asked for alone.
+#[test]
+fn read_many_among_fills_only_the_rooms_of_chunks() {
+    use rewind_io::CountingStorage;
+    const CHUNK: usize = 4096;
+    const CHUNKS: usize = 64;
+    let counting = Arc::new(CountingStorage::new(Arc::new(SimStorage::new(SimConfig::default(), 12))));
+    let store = ChunkStore::open(Arc::clone(&counting) as _, "chunks", ChunkStoreConfig::default()).unwrap();
+    store.finish_open(Counting::Exact).unwrap();
+    let mut rng = StdRng::seed_from_u64(12);
+    let blocks: Vec<Vec<u8>> = (0..CHUNKS).map(|_| random_block(&mut rng, CHUNK)).collect();
+    let ids = put_all(&store, &blocks);
+    store.read_many(&ids[1..2], &mut vec![0; CHUNK]).unwrap();
+
+    // Every third room names a chunk, in reverse order; the others hold 0xAA.
+    let rooms: Vec<Option<ChunkId>> = (0..CHUNKS).map(|room| (room % 3 == 0).then(|| ids[CHUNKS - 1 - room])).collect();
+    let mut out = vec![0xAA; CHUNK * CHUNKS];
+    let before = counting.counters().stats().reads;
+    let crcs = store.read_many_among(&rooms, &mut out).unwrap();
+    let reads = counting.counters().stats().reads - before;
+    for (room, (got, crc)) in out.chunks_exact(CHUNK).zip(&crcs).enumerate() {
+        if room % 3 == 0 {
+            let block = &blocks[CHUNKS - 1 - room];
+            assert!(got == block.as_slice(), "room {room} holds another chunk's bytes");
+            assert_eq!(*crc, rewind_format::crc32c(block), "room {room}'s CRC");
+        } else {
+            assert!(got.iter().all(|&byte| byte == 0xAA), "room {room}, without a chunk, was written");
+            assert_eq!(*crc, 0, "room {room} has no chunk");
+        }
+    }
+    // One read of the table slots, one scatter read of the records.
+    assert_eq!(reads, 2, "reads for {} chunks among other rooms", rooms.iter().flatten().count());
+    assert!(store.read_many_among(&[None, None], &mut [0; 2 * CHUNK]).unwrap() == [0, 0], "no chunk at all");
+}
+
 /// A view of one point in history asks for chunks archived far apart (every
 /// eighth record here: the versions between them are other points'). Laid
 /// out in the order asked, they are read with one scatter read instead of

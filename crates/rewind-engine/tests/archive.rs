@@ -517,6 +517,44 @@ fn a_space_cap_under_a_coarse_granularity_moves_the_horizon() {
 /// copies its chunks into a pack in block order: the view then reads about
 /// what it returns, the same bytes; a second defrag leaves them be; the
 /// present and the view after the rewrite read as before.
+/// A view of a point after which every other block was written again
+/// reads those blocks' history from the chunk store and the rest from the
+/// current store: the chunk blocks of one read are asked for together, so
+/// their neighbouring records share reads instead of one each.
+#[test]
+fn a_view_reads_its_chunk_blocks_between_current_ones_together() {
+    const BLOCKS: u64 = 64;
+    let (node, volume, start) = archiving_node(0, 0);
+    let contents = |block: u64, round: u64| -> Vec<u8> {
+        (0..4096u64).map(|at| (at.wrapping_mul(block * 2 + round + 1) >> 3) as u8 ^ block as u8).collect()
+    };
+    let mut at = start;
+    let mut ends = Vec::new();
+    // Round 0 fills every block, round 1 rewrites the even ones.
+    for round in 0..2u64 {
+        for block in (0..BLOCKS).filter(|block| round == 0 || block % 2 == 0) {
+            at = at.saturating_add_nanos(1_000);
+            volume.write(at, block * 4096, &contents(block, round), Durability::Fua).unwrap();
+        }
+        ends.push(at);
+        at = at.saturating_add_nanos(SECOND);
+        node.maintain(at).unwrap();
+        node.maintain_history(at).unwrap();
+    }
+    let expected: Vec<u8> = (0..BLOCKS).flat_map(|block| contents(block, 0)).collect();
+    let view = volume.view(ends[0]).unwrap();
+    let mut bytes = vec![0u8; expected.len()];
+    view.read(0, &mut bytes).unwrap();
+    assert!(bytes == expected, "the view reads the fill");
+    let before = node.chunk_io_stats().reads;
+    view.read(0, &mut bytes).unwrap();
+    let reads = node.chunk_io_stats().reads - before;
+    assert!(bytes == expected, "the view reads the fill");
+    // One read of the table slots and one of the records (with the odd
+    // blocks' records between them read through), not two per even block.
+    assert!(reads <= 2, "{reads} chunk store reads for {} chunk blocks among current ones", BLOCKS / 2);
+}
+
 #[test]
 fn a_defrag_lays_out_the_history_a_view_reads_in_block_order() {
     const BLOCKS: u64 = 64;
