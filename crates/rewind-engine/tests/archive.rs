@@ -517,6 +517,33 @@ fn a_space_cap_under_a_coarse_granularity_moves_the_horizon() {
 /// copies its chunks into a pack in block order: the view then reads about
 /// what it returns, the same bytes; a second defrag leaves them be; the
 /// present and the view after the rewrite read as before.
+/// Writes `rounds` rounds over the first `blocks` blocks (in each, the
+/// blocks `written` picks, each with `contents(block, round)`), each round
+/// archived in a pass of its own; returns the time of each round's last write.
+fn write_archived_rounds(
+    node: &Node,
+    volume: &Volume,
+    start: Timestamp,
+    blocks: u64,
+    rounds: u64,
+    written: impl Fn(u64, u64) -> bool,
+    contents: impl Fn(u64, u64) -> Vec<u8>,
+) -> Vec<Timestamp> {
+    let mut at = start;
+    let mut ends = Vec::new();
+    for round in 0..rounds {
+        for block in (0..blocks).filter(|&block| written(block, round)) {
+            at = at.saturating_add_nanos(1_000);
+            volume.write(at, block * 4096, &contents(block, round), Durability::Fua).unwrap();
+        }
+        ends.push(at);
+        at = at.saturating_add_nanos(SECOND);
+        node.maintain(at).unwrap();
+        node.maintain_history(at).unwrap();
+    }
+    ends
+}
+
 /// A view of a point after which every other block was written again
 /// reads those blocks' history from the chunk store and the rest from the
 /// current store: the chunk blocks of one read are asked for together, so
@@ -528,19 +555,9 @@ fn a_view_reads_its_chunk_blocks_between_current_ones_together() {
     let contents = |block: u64, round: u64| -> Vec<u8> {
         (0..4096u64).map(|at| (at.wrapping_mul(block * 2 + round + 1) >> 3) as u8 ^ block as u8).collect()
     };
-    let mut at = start;
-    let mut ends = Vec::new();
     // Round 0 fills every block, round 1 rewrites the even ones.
-    for round in 0..2u64 {
-        for block in (0..BLOCKS).filter(|block| round == 0 || block % 2 == 0) {
-            at = at.saturating_add_nanos(1_000);
-            volume.write(at, block * 4096, &contents(block, round), Durability::Fua).unwrap();
-        }
-        ends.push(at);
-        at = at.saturating_add_nanos(SECOND);
-        node.maintain(at).unwrap();
-        node.maintain_history(at).unwrap();
-    }
+    let ends =
+        write_archived_rounds(&node, &volume, start, BLOCKS, 2, |block, round| round == 0 || block % 2 == 0, contents);
     let expected: Vec<u8> = (0..BLOCKS).flat_map(|block| contents(block, 0)).collect();
     let view = volume.view(ends[0]).unwrap();
     let mut bytes = vec![0u8; expected.len()];
@@ -571,19 +588,9 @@ fn a_defrag_lays_out_the_history_a_view_reads_in_block_order() {
             .collect()
     };
     // Round 0 fills every block, round 1 rewrites the odd ones, round 2
-    // every block again; each archived in a pass of its own.
-    let mut at = start;
-    let mut ends = Vec::new();
-    for round in 0..3u64 {
-        for block in (0..BLOCKS).filter(|block| round != 1 || block % 2 == 1) {
-            at = at.saturating_add_nanos(1_000);
-            volume.write(at, block * 4096, &contents(block, round), Durability::Fua).unwrap();
-        }
-        ends.push(at);
-        at = at.saturating_add_nanos(SECOND);
-        node.maintain(at).unwrap();
-        node.maintain_history(at).unwrap();
-    }
+    // every block again.
+    let ends =
+        write_archived_rounds(&node, &volume, start, BLOCKS, 3, |block, round| round != 1 || block % 2 == 1, contents);
     assert_eq!(volume.stats().unwrap().versions_archived, 5 * BLOCKS / 2, "every version archived");
     let expected: Vec<u8> = (0..BLOCKS).flat_map(|block| contents(block, if block % 2 == 1 { 1 } else { 0 })).collect();
     let view = volume.view(ends[1]).unwrap();
