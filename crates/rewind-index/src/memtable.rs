@@ -4,16 +4,17 @@
 //! (the COW layout files a version when it is copied, long after it was
 //! written): then only each block's own versions arrive in time order.
 
-use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
+use rewind_types::block_hash::BlockMap;
 use rewind_types::{Lsn, Timestamp, Version};
 
 #[derive(Default)]
 pub struct Memtable {
     versions: Vec<Version>,
-    /// Positions in `versions` of each block's versions, oldest first.
-    by_block: FxHashMap<u64, SmallVec<[u32; 2]>>,
+    /// Positions in `versions` of each block's versions, oldest first;
+    /// keyed so that a large write's blocks take neighbouring slots.
+    by_block: BlockMap<SmallVec<[u32; 2]>>,
     /// LSN of the last journal record whose versions are in here.
     lsn_last: Lsn,
     timestamp_min: Option<Timestamp>,

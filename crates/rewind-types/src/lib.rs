@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+pub mod block_hash;
 mod layout;
 pub use layout::Layout;
 

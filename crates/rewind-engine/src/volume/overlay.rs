@@ -24,10 +24,10 @@
 //! it; a block the cache has let go is in the overlay; the count of versions
 //! is the sum over blocks.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 
 use rewind_cache::ControllerCache;
+use rewind_types::block_hash::BlockMap;
 use rewind_types::{Lsn, Version};
 use rustc_hash::FxHashSet;
 use smallvec::SmallVec;
@@ -35,7 +35,9 @@ use smallvec::SmallVec;
 use super::Pending;
 
 pub(crate) struct Overlay {
-    blocks: HashMap<u64, SmallVec<[Pending; 1]>, BuildHasherDefault<NeighbourHasher>>,
+    /// Keyed so that a large write's blocks take neighbouring slots
+    /// (`NeighbourHasher`).
+    blocks: BlockMap<SmallVec<[Pending; 1]>>,
     /// The controller cache of the layouts with one: its dirty pages are
     /// the overlay's blocks, and...
     cache: Option<ControllerCache<()>>,
@@ -49,37 +51,6 @@ pub(crate) struct Overlay {
     /// An entry whose version has left (destaged, or absorbed by a newer
     /// one) stays until a slice passes it or the queue is compacted.
     recency: VecDeque<(Lsn, u64)>,
-}
-
-/// Hashes a block so that the overlay's table keeps neighbouring blocks
-/// together: a block's place in the table is its run of 16 blocks' place
-/// (scattered, by a multiplicative hash) and its place within the run, so a
-/// large write's blocks fill neighbouring slots, in the same cache lines and
-/// pages, instead of one slot each at random across a table of 2^20 (64 MiB,
-/// beyond the caches: each push a miss in the cache and the TLB). The top
-/// seven bits, which the table keeps beside each slot to tell keys apart,
-/// come from the whole block, so those of one run differ.
-#[derive(Default)]
-struct NeighbourHasher(u64);
-
-impl Hasher for NeighbourHasher {
-    fn write_u64(&mut self, block: u64) {
-        const RUN_BITS: u32 = 4;
-        /// Bits of the hash the table may use for a slot: all but the top seven.
-        const SLOT_MASK: u64 = (1 << 57) - 1;
-        let run = (block >> RUN_BITS).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
-        let slot = ((run << RUN_BITS) | (block & ((1 << RUN_BITS) - 1))) & SLOT_MASK;
-        let tag = block.wrapping_mul(0xbf58_476d_1ce4_e5b9) & !SLOT_MASK;
-        self.0 = slot | tag;
-    }
-
-    fn write(&mut self, _bytes: &[u8]) {
-        unreachable!("the overlay's keys are block numbers")
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 /// The most blocks a part of a sweep (`Overlay::plan_sweep`) looks at per
@@ -141,7 +112,7 @@ impl Overlay {
     ) -> Overlay {
         assert!(!(absorbs && cache.is_some()), "a controller cache decides what it absorbs");
         let mut overlay = Overlay {
-            blocks: HashMap::with_capacity_and_hasher(blocks_max, Default::default()),
+            blocks: BlockMap::with_capacity_and_hasher(blocks_max, Default::default()),
             cache,
             let_go: FxHashSet::default(),
             versions: 0,
@@ -465,31 +436,6 @@ mod tests {
             timestamp: Timestamp::from_unix_nanos(lsn),
             data: VersionData::Journal { segment: 0, offset: 0 },
             crc32c: 0,
-        }
-    }
-
-    fn neighbour_hash(block: u64) -> u64 {
-        let mut hasher = NeighbourHasher::default();
-        hasher.write_u64(block);
-        hasher.finish()
-    }
-
-    /// A run of 16 blocks takes 16 neighbouring slots, told apart by their
-    /// tags; runs are scattered over the slots, strided ones too.
-    #[test]
-    fn neighbouring_blocks_hash_to_neighbouring_slots_with_distinct_tags() {
-        const SLOTS: u64 = (1 << 20) - 1;
-        for run in [0u64, 1, 7, 1 << 20, 123_456_789] {
-            let hashes: Vec<u64> = (16 * run..16 * run + 16).map(neighbour_hash).collect();
-            for (i, hash) in hashes.iter().enumerate() {
-                assert_eq!(hash & SLOTS, (hashes[0] & SLOTS) + i as u64, "run {run}, block {i}");
-            }
-            let tags: FxHashSet<u64> = hashes.iter().map(|hash| hash >> 57).collect();
-            assert!(tags.len() >= 12, "run {run}: {} tags of 16", tags.len());
-        }
-        for stride in [16u64, 256, 4096, 1 << 16] {
-            let slots: FxHashSet<u64> = (0..4096).map(|i| neighbour_hash(i * stride) & SLOTS).collect();
-            assert!(slots.len() >= 4000, "stride {stride}: {} slots of 4096", slots.len());
         }
     }
 
