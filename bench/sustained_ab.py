@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Rewind builds side by side on bench/nbd.py's sustained 1 MiB overwrite
-(issue 13, req 1): throughput, the server's CPU per GiB written and its
-minor page faults per GiB — the A/B behind the by-hand sections of
-BENCHMARKS.md, not a table of its own.
+(issue 13, req 1), or its 4 KiB random writes at depth 32 (`--job rand`):
+throughput, the server's CPU per GiB written and its minor page faults per
+GiB — the A/B behind the by-hand sections of BENCHMARKS.md, not a table of
+its own.
 
 Each round, for each binary in turn (the order reverses every round): the
 page cache dropped, a fresh server, a 1 GiB volume filled with 1 MiB writes,
-destaged, archived and synced, then fio 1 MiB writes at depth 4 for
---runtime s (2 s ramp). CPU and faults come from `/proc/PID/stat` (all
-threads), the ramp included. These machines drift between rounds: read the
-binaries' ratios within a round, and the medians.
+destaged, archived and synced, then the job (fio 1 MiB writes at depth 4,
+or 4 KiB random writes at depth 32) for --runtime s (2 s ramp). CPU and
+faults come from `/proc/PID/stat` (all threads), the ramp included. These
+machines drift between rounds: read the binaries' ratios within a round,
+and the medians.
 
-    python3 bench/sustained_ab.py BEFORE_BINARY AFTER_BINARY --rounds 4"""
+    python3 bench/sustained_ab.py BEFORE_BINARY AFTER_BINARY --rounds 4 [--job rand]"""
 
 import argparse
 import os
@@ -19,6 +21,8 @@ import statistics
 from pathlib import Path
 
 import benchlib
+
+JOBS = {"seq": ["--rw=write", "--bs=1m", "--iodepth=4"], "rand": ["--rw=randwrite", "--bs=4k", "--iodepth=32"]}
 
 
 def cpu_and_faults(pid):
@@ -32,6 +36,7 @@ def main():
     parser.add_argument("binaries", nargs="+", help="rewind binaries to compare")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--runtime", type=int, default=10, help="seconds of the timed write job")
+    parser.add_argument("--job", choices=sorted(JOBS), default="seq", help="the timed write job")
     parser.add_argument("--work-dir", default="/var/tmp/rewind-sustained-ab")
     args = parser.parse_args()
     results = {binary: [] for binary in args.binaries}
@@ -49,7 +54,7 @@ def main():
                 benchlib.wait_archived(http, "v")
                 os.system("sync")
                 cpu_before, faults_before = cpu_and_faults(server.process.pid)
-                job = benchlib.fio(uri, "seq", ["--rw=write", "--bs=1m", "--iodepth=4"], "1G", runtime=args.runtime)
+                job = benchlib.fio(uri, args.job, JOBS[args.job], "1G", runtime=args.runtime)
                 cpu_after, faults_after = cpu_and_faults(server.process.pid)
             finally:
                 server.stop()
