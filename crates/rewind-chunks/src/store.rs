@@ -1337,9 +1337,10 @@ impl ChunkStore {
         // Read one after the other, spans from the disk would each wait for
         // the one before: all are asked for first, so the device reads them
         // at once (a view of history archived over many passes finds a
-        // request's blocks in several packs).
+        // request's blocks in several packs). Not the first, read at once;
+        // each ask costs a look through the page cache where they are in it.
         if spans.len() > 1 {
-            for &(start, _, bytes) in &spans {
+            for &(start, _, bytes) in &spans[1..] {
                 let first = slot(order[start]);
                 if let Ok(reader) = self.reader(first.pack) {
                     reader.prefetch(u64::from(first.offset), bytes);
