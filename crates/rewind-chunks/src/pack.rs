@@ -439,15 +439,6 @@ impl PackReader {
         self.packs.read_vectored(self.pack, offset, bufs).map_err(ChunkError::io(&self.path))
     }
 
-    /// Starts reading `length` bytes at `offset` ahead of their read (see
-    /// `PackStore::prefetch`); a range outside the pack is left to that
-    /// read to report.
-    pub fn prefetch(&self, offset: u64, length: u64) {
-        if self.check_inside(offset, length).is_ok() {
-            self.packs.prefetch(self.pack, offset, length);
-        }
-    }
-
     /// `length` bytes at `offset` lie inside the pack (a table slot that
     /// says otherwise is damaged).
     fn check_inside(&self, offset: u64, length: u64) -> Result<(), ChunkError> {

@@ -80,9 +80,6 @@ pub trait PackStore: Send + Sync {
     fn read_vectored(&self, pack: u64, offset: u64, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<()> {
         read_then_scatter(|range| self.read(pack, offset, range), bufs)
     }
-    /// Starts reading `length` bytes of pack `pack` at `offset` ahead of a
-    /// read of them (`File::prefetch`). A hint, given where packs are files.
-    fn prefetch(&self, _pack: u64, _offset: u64, _length: u64) {}
     /// Removes pack `pack` durably; removing a pack that is not there is not
     /// an error (a crash may have come between a removal and its record).
     fn delete(&self, pack: u64) -> io::Result<()>;
@@ -245,13 +242,6 @@ impl PackStore for LocalPackStore {
 
     fn read_vectored(&self, pack: u64, offset: u64, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<()> {
         self.file(pack)?.read_exact_vectored_at(bufs, offset)
-    }
-
-    fn prefetch(&self, pack: u64, offset: u64, length: u64) {
-        // A pack that does not open now fails the read that follows.
-        if let Ok(file) = self.file(pack) {
-            file.prefetch(offset, length);
-        }
     }
 
     fn delete(&self, pack: u64) -> io::Result<()> {

@@ -1315,8 +1315,6 @@ impl ChunkStore {
         order.sort_unstable_by_key(|&index| (slot(index).pack, slot(index).offset));
         let record_end =
             |slot: TableSlot| u64::from(slot.offset) + (RECORD_HEADER_BYTES as u64 + u64::from(slot.stored_bytes));
-        // The spans: `order[start..end]`, and the bytes each covers.
-        let mut spans = Vec::new();
         let mut start = 0;
         while start < order.len() {
             let first = slot(order[start]);
@@ -1331,24 +1329,6 @@ impl ChunkStore {
                 span_end = span_end.max(record_end(next));
                 end += 1;
             }
-            spans.push((start, end, span_end - u64::from(first.offset)));
-            start = end;
-        }
-        // Read one after the other, spans from the disk would each wait for
-        // the one before: all are asked for first, so the device reads them
-        // at once (a view of history archived over many passes finds a
-        // request's blocks in several packs). Not the first, read at once;
-        // each ask costs a look through the page cache where they are in it.
-        if spans.len() > 1 {
-            for &(start, _, bytes) in &spans[1..] {
-                let first = slot(order[start]);
-                if let Ok(reader) = self.reader(first.pack) {
-                    reader.prefetch(u64::from(first.offset), bytes);
-                }
-            }
-        }
-        for (start, end, _) in spans {
-            let first = slot(order[start]);
             let group = &order[start..end];
             let members: Vec<(usize, TableSlot)> = group.iter().map(|&index| (index, slot(index))).collect();
             let read = self
@@ -1367,6 +1347,7 @@ impl ChunkStore {
                 }
                 Err(error) => return Err(error),
             }
+            start = end;
         }
         Ok(())
     }

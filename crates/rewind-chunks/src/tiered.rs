@@ -760,13 +760,6 @@ impl PackStore for TieredPackStore {
         read_then_scatter(|buf| self.read_remote(pack, offset, buf), bufs)
     }
 
-    fn prefetch(&self, pack: u64, offset: u64, length: u64) {
-        // A remote pack's windows are fetched when read.
-        if self.placements.lock().get(&pack).is_some_and(|placement| placement.local) {
-            self.local.prefetch(pack, offset, length);
-        }
-    }
-
     fn delete(&self, pack: u64) -> io::Result<()> {
         // An upload or a fetch of it under way is waited for (a collection
         // that rewrote the pack must not fail for it), and none starts

@@ -609,41 +609,6 @@ fn read_many_among_fills_only_the_rooms_of_chunks() {
     assert!(store.read_many_among(&[None, None], &mut [0; 2 * CHUNK]).unwrap() == [0, 0], "no chunk at all");
 }
 
-/// Chunks of one read that lie in several packs (a view of history archived
-/// over many passes) are asked of the disk all at once before any is read:
-/// one prefetch per span after the first (which is read at once), none for
-/// a read of a single span.
-#[test]
-fn read_many_among_asks_for_the_spans_of_several_packs_first() {
-    use rewind_io::CountingStorage;
-    const CHUNK: usize = 4096;
-    let counting = Arc::new(CountingStorage::new(Arc::new(SimStorage::new(SimConfig::default(), 13))));
-    let store = ChunkStore::open(Arc::clone(&counting) as _, "chunks", ChunkStoreConfig::default()).unwrap();
-    store.finish_open(Counting::Exact).unwrap();
-    let mut rng = StdRng::seed_from_u64(13);
-    let passes: Vec<(Vec<Vec<u8>>, Vec<ChunkId>)> = (0..3)
-        .map(|_| {
-            let blocks: Vec<Vec<u8>> = (0..8).map(|_| random_block(&mut rng, CHUNK)).collect();
-            let ids = put_all(&store, &blocks);
-            (blocks, ids)
-        })
-        .collect();
-    let prefetches = || counting.counters().stats().prefetches;
-
-    let before = prefetches();
-    store.read_many_among(&[Some(passes[0].1[2]), None, Some(passes[0].1[3])], &mut vec![0; 3 * CHUNK]).unwrap();
-    assert_eq!(prefetches() - before, 0, "neighbours in one pack are one span: nothing to ask for ahead");
-
-    let rooms: Vec<Option<ChunkId>> = passes.iter().map(|(_, ids)| Some(ids[5])).collect();
-    let mut out = vec![0; rooms.len() * CHUNK];
-    let before = prefetches();
-    store.read_many_among(&rooms, &mut out).unwrap();
-    assert_eq!(prefetches() - before, 2, "one prefetch per pack's span after the first");
-    for (room, (blocks, _)) in out.chunks_exact(CHUNK).zip(&passes) {
-        assert!(room == blocks[5].as_slice(), "each room holds its chunk");
-    }
-}
-
 /// A view of one point in history asks for chunks archived far apart (every
 /// eighth record here: the versions between them are other points'). Laid
 /// out in the order asked, they are read with one scatter read instead of

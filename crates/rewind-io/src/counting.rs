@@ -24,8 +24,6 @@ pub struct IoStats {
     /// the store) ended.
     pub sequential: u64,
     pub syncs: u64,
-    /// Ranges asked to be read ahead (`File::prefetch`): hints, not reads.
-    pub prefetches: u64,
 }
 
 impl IoStats {
@@ -45,7 +43,6 @@ impl std::ops::Add for IoStats {
             write_bytes: self.write_bytes + other.write_bytes,
             sequential: self.sequential + other.sequential,
             syncs: self.syncs + other.syncs,
-            prefetches: self.prefetches + other.prefetches,
         }
     }
 }
@@ -59,7 +56,6 @@ pub struct IoCounters {
     write_bytes: AtomicU64,
     sequential: AtomicU64,
     syncs: AtomicU64,
-    prefetches: AtomicU64,
     /// Which file (by the number it was opened as) and where the last I/O ended.
     head: Mutex<(u64, u64)>,
     files_opened: AtomicU64,
@@ -74,7 +70,6 @@ impl IoCounters {
             write_bytes: self.write_bytes.load(Ordering::Relaxed),
             sequential: self.sequential.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
-            prefetches: self.prefetches.load(Ordering::Relaxed),
         }
     }
 
@@ -143,11 +138,6 @@ impl File for CountingFile {
 
     fn allocate(&self, offset: u64, length: u64) -> io::Result<()> {
         self.inner.allocate(offset, length)
-    }
-
-    fn prefetch(&self, offset: u64, length: u64) {
-        self.inner.prefetch(offset, length);
-        self.counters.prefetches.fetch_add(1, Ordering::Relaxed);
     }
 
     fn start_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
@@ -235,7 +225,7 @@ mod tests {
     use crate::SimStorage;
 
     #[test]
-    fn counts_reads_writes_bytes_syncs_prefetches_and_sequential_runs() {
+    fn counts_reads_writes_bytes_syncs_and_sequential_runs() {
         let storage = CountingStorage::new(Arc::new(SimStorage::new(crate::SimConfig::default(), 1)));
         let first = storage.open_file("a", OpenMode::CreateNew).unwrap();
         let second = storage.open_file("b", OpenMode::CreateNew).unwrap();
@@ -246,19 +236,12 @@ mod tests {
         let mut buf = [0; 4096];
         first.read_exact_at(&mut buf, 0).unwrap();
         first.read_exact_at(&mut buf, 4096).unwrap(); // sequential
-        second.prefetch(0, 8192); // a hint: neither a read nor the head's move
         first.sync_data().unwrap();
         let stats = storage.counters().stats();
-        let expected = IoStats {
-            reads: 2,
-            read_bytes: 8192,
-            writes: 4,
-            write_bytes: 3 * 4096 + 512,
-            sequential: 2,
-            syncs: 1,
-            prefetches: 1,
-        };
-        assert_eq!(stats, expected);
+        assert_eq!(
+            stats,
+            IoStats { reads: 2, read_bytes: 8192, writes: 4, write_bytes: 3 * 4096 + 512, sequential: 2, syncs: 1 }
+        );
         assert_eq!(stats.random(), 4);
     }
 }

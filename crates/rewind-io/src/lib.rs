@@ -68,11 +68,6 @@ pub trait File: Send + Sync {
     fn sync_data(&self) -> io::Result<()>;
     /// Deallocates `offset..offset+length`; it reads back as zeros afterwards.
     fn punch_hole(&self, offset: u64, length: u64) -> io::Result<()>;
-    /// Starts reading `offset..offset+length` into the page cache without
-    /// waiting: a caller about to read several ranges one after the other
-    /// asks for them all first, so that the device reads them at once. A
-    /// hint: where it cannot be given, nothing happens.
-    fn prefetch(&self, _offset: u64, _length: u64) {}
     /// Starts writing `offset..offset+length` to the device without waiting
     /// for it. A hint: where it cannot be given, nothing happens.
     fn start_writeback(&self, _offset: u64, _length: u64) -> io::Result<()> {

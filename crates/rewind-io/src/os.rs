@@ -135,11 +135,6 @@ impl File for OsFile {
         }
     }
 
-    fn prefetch(&self, offset: u64, length: u64) {
-        // Only advice: a range not read ahead is read when it is asked for.
-        let _ = fadvise(&self.file, offset, NonZeroU64::new(length), Advice::WillNeed);
-    }
-
     fn start_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
         self.sync_range(offset, length, libc::SYNC_FILE_RANGE_WRITE)
     }
