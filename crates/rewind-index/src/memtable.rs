@@ -30,6 +30,18 @@ impl Memtable {
         self.versions.is_empty()
     }
 
+    /// Versions it has room for without growing.
+    pub fn capacity(&self) -> usize {
+        self.versions.capacity()
+    }
+
+    /// An empty memtable in this one's memory.
+    pub fn emptied(mut self) -> Memtable {
+        self.versions.clear();
+        self.by_block.clear();
+        Memtable { versions: self.versions, by_block: self.by_block, ..Memtable::default() }
+    }
+
     pub fn lsn_last(&self) -> Lsn {
         self.lsn_last
     }
