@@ -334,24 +334,18 @@ fn append_with_blocks(
 ) {
     let block_bytes = header.block_size.bytes() as usize;
     let crc_first = crcs.len();
-    out.reserve(header.record_bytes() as usize);
-    let header_at = out.len();
-    out.resize(header_at + RECORD_HEADER_BYTES + header.crc_area_bytes(), 0);
-    // Each block is copied just after its CRC has read it, from the CPU's
-    // cache: a pass of CRCs over the whole request and then a copy of it
-    // read every byte from memory twice.
-    for block in data.iter().flat_map(|slice| slice.chunks_exact(block_bytes)) {
-        crcs.push(crc32c(block));
-        out.extend_from_slice(block);
-    }
+    crcs.extend(data.iter().flat_map(|slice| slice.chunks_exact(block_bytes)).map(crc32c));
     crc_area.reserve(header.crc_area_bytes() - crc_area.len());
     for crc in &crcs[crc_first..] {
         crc_area.extend_from_slice(&crc.to_le_bytes());
     }
     crc_area.resize(header.crc_area_bytes(), 0);
-    let sealed = seal(header.encode_unsealed(), &crc_area);
-    out[header_at..header_at + RECORD_HEADER_BYTES].copy_from_slice(&sealed);
-    out[header_at + RECORD_HEADER_BYTES..header_at + RECORD_HEADER_BYTES + crc_area.len()].copy_from_slice(&crc_area);
+    out.reserve(header.record_bytes() as usize);
+    out.extend_from_slice(&seal(header.encode_unsealed(), &crc_area));
+    out.extend_from_slice(&crc_area);
+    for slice in data {
+        out.extend_from_slice(slice);
+    }
 }
 
 /// One extent of a compound record: blocks that now hold data (taken in turn
