@@ -163,7 +163,7 @@ struct State {
     /// A memtable written as a run, emptied, for the next seal: its pages
     /// are already faulted in. A fresh one's growth paid a page fault for
     /// every 4 KiB, 7% of the server's CPU under sustained 1 MiB writes
-    /// (BENCHMARKS.md, "The journal at the device's limit").
+    /// (BENCHMARKS.md, "Fresh memory under sustained writes, again").
     spare: Option<Memtable>,
     /// Oldest first.
     runs: Vec<Arc<Run>>,
@@ -602,15 +602,22 @@ impl VersionIndex {
             }
             let first = state.frozen.remove(0);
             assert!(Arc::ptr_eq(&first, &memtable), "only persist removes sealed memtables");
-            drop(memtable);
-            // Unless a lookup holds it still.
-            if let Ok(written) = Arc::try_unwrap(first) {
-                if state.spare.as_ref().is_none_or(|spare| spare.capacity() < written.capacity()) {
-                    state.spare = Some(written.emptied());
-                }
-            }
             state.runs.push(run);
+            drop((state, manifest, first));
             written += 1;
+            self.keep_spare(memtable);
+        }
+    }
+
+    /// Empties `written`, a memtable written as a run, for the next seal,
+    /// unless a lookup holds it still or the spare kept is larger.
+    /// Emptied without the state lock: it drops up to a million entries.
+    fn keep_spare(&self, written: Arc<Memtable>) {
+        let Ok(written) = Arc::try_unwrap(written) else { return };
+        let emptied = written.emptied();
+        let mut state = self.state.write();
+        if state.spare.as_ref().is_none_or(|spare| spare.capacity() < emptied.capacity()) {
+            state.spare = Some(emptied);
         }
     }
 
