@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Rewind builds side by side on bench/nbd.py's sustained 1 MiB overwrite
-(issue 13, req 1), or its 4 KiB random writes at depth 32 (`--job rand`):
+(issue 13, req 1), its 4 KiB random writes at depth 32 (`--job rand`), or
+bench/journal.py's one pass into a new volume (`--job pass`):
 throughput, the server's CPU per GiB written and its minor page faults per
 GiB — the A/B behind the by-hand sections of BENCHMARKS.md, not a table of
 its own.
@@ -8,12 +9,14 @@ its own.
 Each round, for each binary in turn (the order reverses every round): the
 page cache dropped, a fresh server, a 1 GiB volume filled with 1 MiB writes,
 destaged, archived and synced, then the job (fio 1 MiB writes at depth 4,
-or 4 KiB random writes at depth 32) for --runtime s (2 s ramp). CPU and
-faults come from `/proc/PID/stat` (all threads), the ramp included. These
+or 4 KiB random writes at depth 32) for --runtime s (2 s ramp); or, for
+`pass`, a new 1 GiB volume written once with 1 MiB writes at depth 4 and a
+final fsync. CPU and faults come from `/proc/PID/stat` (all threads), the
+ramp included. These
 machines drift between rounds: read the binaries' ratios within a round,
 and the medians.
 
-    python3 bench/sustained_ab.py BEFORE_BINARY AFTER_BINARY --rounds 4 [--job rand]"""
+    python3 bench/sustained_ab.py BEFORE_BINARY AFTER_BINARY --rounds 4 [--job rand|pass]"""
 
 import argparse
 import os
@@ -22,7 +25,11 @@ from pathlib import Path
 
 import benchlib
 
-JOBS = {"seq": ["--rw=write", "--bs=1m", "--iodepth=4"], "rand": ["--rw=randwrite", "--bs=4k", "--iodepth=32"]}
+JOBS = {
+    "seq": ["--rw=write", "--bs=1m", "--iodepth=4"],
+    "rand": ["--rw=randwrite", "--bs=4k", "--iodepth=32"],
+    "pass": ["--rw=write", "--bs=1m", "--iodepth=4", "--end_fsync=1"],
+}
 
 
 def cpu_and_faults(pid):
@@ -48,18 +55,21 @@ def main():
             server, http, uri = benchlib.serve_volume(
                 args.work_dir, 12801, 12802, "v", 1 << 30, ["--archive-interval", "5s"]
             )
+            one_pass = args.job == "pass"
             try:
-                benchlib.fio(uri, "fill", ["--rw=write", "--bs=1m", "--iodepth=4"], "1G")
-                benchlib.wait_destaged(http, "v")
-                benchlib.wait_archived(http, "v")
-                os.system("sync")
+                if not one_pass:
+                    benchlib.fio(uri, "fill", ["--rw=write", "--bs=1m", "--iodepth=4"], "1G")
+                    benchlib.wait_destaged(http, "v")
+                    benchlib.wait_archived(http, "v")
+                    os.system("sync")
                 cpu_before, faults_before = cpu_and_faults(server.process.pid)
-                job = benchlib.fio(uri, args.job, JOBS[args.job], "1G", runtime=args.runtime)
+                runtime = None if one_pass else args.runtime
+                job = benchlib.fio(uri, args.job, JOBS[args.job], "1G", runtime=runtime)
                 cpu_after, faults_after = cpu_and_faults(server.process.pid)
             finally:
                 server.stop()
             rate = benchlib.throughput(job, "write")
-            gib = rate * (args.runtime + 2) / 2**30
+            gib = 1.0 if one_pass else rate * (args.runtime + 2) / 2**30
             figures = (rate / 2**20, (cpu_after - cpu_before) / gib, (faults_after - faults_before) / gib)
             results[binary].append(figures)
             print(f"round {round_} {binary}: {figures[0]:.0f} MiB/s, {figures[1]:.2f} CPU-s/GiB, "
