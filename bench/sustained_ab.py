@@ -9,12 +9,11 @@ its own.
 Each round, for each binary in turn (the order reverses every round): the
 page cache dropped, a fresh server, a 1 GiB volume filled with 1 MiB writes,
 destaged, archived and synced, then the job (fio 1 MiB writes at depth 4,
-or 4 KiB random writes at depth 32) for --runtime s (2 s ramp); or, for
-`pass`, a new 1 GiB volume written once with 1 MiB writes at depth 4 and a
-final fsync. CPU and faults come from `/proc/PID/stat` (all threads), the
-ramp included. These
-machines drift between rounds: read the binaries' ratios within a round,
-and the medians.
+or 4 KiB random writes at depth 32) for --runtime s (2 s ramp). For `pass`
+the volume is new, not filled, and written once with 1 MiB writes at depth
+4 and a final fsync. CPU and faults come from `/proc/PID/stat` (all
+threads), the ramp included. These machines drift between rounds: read the
+binaries' ratios within a round, and the medians.
 
     python3 bench/sustained_ab.py BEFORE_BINARY AFTER_BINARY --rounds 4 [--job rand|pass]"""
 
@@ -47,6 +46,7 @@ def main():
     parser.add_argument("--work-dir", default="/var/tmp/rewind-sustained-ab")
     args = parser.parse_args()
     results = {binary: [] for binary in args.binaries}
+    one_pass = args.job == "pass"
     for round_ in range(args.rounds):
         for binary in args.binaries if round_ % 2 == 0 else list(reversed(args.binaries)):
             benchlib.REWIND = Path(binary)
@@ -55,7 +55,6 @@ def main():
             server, http, uri = benchlib.serve_volume(
                 args.work_dir, 12801, 12802, "v", 1 << 30, ["--archive-interval", "5s"]
             )
-            one_pass = args.job == "pass"
             try:
                 if not one_pass:
                     benchlib.fio(uri, "fill", ["--rw=write", "--bs=1m", "--iodepth=4"], "1G")
