@@ -85,15 +85,17 @@ def wait_archived(http, volume, timeout_seconds=600):
     version archived out of the journal into the chunk store (zstd over
     everything just written, which takes both cores for a while; passes run
     every `--archive-interval`, sooner while 64 MiB waits) and every write
-    destaged. So a measurement that follows does not share the CPU with it
-    by chance. Returns the volume's stats."""
+    destaged, and every bookmark's history laid out in block order (the
+    server does that once it is archived). So a measurement that follows
+    does not share the CPU with it by chance. Returns the volume's stats."""
     deadline = time.monotonic() + timeout_seconds
     while True:
         stats = api(http, "GET", f"/v1/volumes/{volume}/stats")
         info = api(http, "GET", f"/v1/volumes/{volume}")
         pending_destage = info["stats"]["versions_pending_destage"]
         archived = stats["versions_in_journal"] == 0 or info["layout"] in HISTORY_AT_DESTAGE
-        if archived and pending_destage == 0:
+        laid_out = info["stats"].get("bookmarks_awaiting_layout", 0) == 0
+        if archived and pending_destage == 0 and laid_out:
             return stats
         if time.monotonic() > deadline:
             raise RuntimeError(f"archiving of {volume} did not finish in {timeout_seconds} s: {stats}")

@@ -8,7 +8,10 @@ volume filled, written over twice sequentially, then 4 KiB random writes at
 QD 32 and at QD 1 synced every 8 (3 s each), archived; bookmarked `old`;
 every block overwritten at random, then a sequential pass and 3 s of random
 writes, archived (so the view of `old` reads history among other versions
-of every block); `rewind volume defrag vol@old` (unless `--no-defrag`).
+of every block); `rewind volume defrag vol@old`, or with `--background`
+only the server's own layout of the bookmark's history, or with
+`--no-defrag` neither (the history as archived: the server is started with
+`--no-bookmark-layout`, which builds before 2026-12-04 lack).
 Then rounds of a 1 MiB sequential read of the view and one of the live
 volume, the first round left out (it pays for the page cache's first
 touch), or with `--cold` every round, the page cache dropped before each
@@ -52,7 +55,8 @@ def read(uri, pid, cold):
 def one_history(build, args):
     """Per round after the first: ((view MiB/s, CPU-s/GiB), (live MiB/s, CPU-s/GiB))."""
     benchlib.REWIND = build
-    server, http, live = serve_volume(args.work, NBD, HTTP, "v", 1 << 29, ["--archive-interval", "5s"])
+    options = ["--archive-interval", "5s"] + ([] if args.defrag else ["--no-bookmark-layout"])
+    server, http, live = serve_volume(args.work, NBD, HTTP, "v", 1 << 29, options)
     try:
         for name, job, runtime in HISTORY:
             fio(live, name, job, SIZE, runtime=runtime)
@@ -61,7 +65,7 @@ def one_history(build, args):
         for name, job, runtime in AFTER:
             fio(live, name, job, SIZE, runtime=runtime)
         wait_archived(http, "v")
-        if args.defrag:
+        if args.defrag and not args.background:
             data = Path(args.work) / "data"
             subprocess.run([str(build), "--server", f"http://{http}", "--data-dir", str(data), "volume", "defrag",
                             "v@old"], check=True, capture_output=True)
@@ -79,9 +83,13 @@ def main():
     parser.add_argument("--histories", type=int, default=2, help="fresh histories per build")
     parser.add_argument("--rounds", type=int, default=6, help="view and live reads per history")
     parser.add_argument("--no-defrag", dest="defrag", action="store_false", help="read the history as archived")
+    parser.add_argument("--background", action="store_true",
+                        help="read the history as the server laid it out by itself (no `volume defrag`)")
     parser.add_argument("--cold", action="store_true", help="drop the page cache before every read")
     parser.add_argument("--work", default="/var/tmp/rewind-view-cpu", help="the server's work directory (emptied)")
     args = parser.parse_args()
+    if args.background and not args.defrag:
+        parser.error("--background and --no-defrag are two different histories: choose one")
     if args.rounds < 2 and not args.cold:
         parser.error("--rounds must be at least 2: the first round is left out")
     pairs = {build: [] for build in args.builds}

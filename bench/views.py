@@ -19,6 +19,9 @@ and table slots); gaps between the records it needs, read through, add the
 rest. Then `rewind volume defrag vol@old` lays that history out in block
 order (timed: the view's size ÷ its seconds), and the reads are measured
 again: the view after the defrag ÷ the live read, in the same alternation.
+The server runs with `--no-bookmark-layout`, so the first reads are of the
+history as archived (by default the server lays out a bookmark's history by
+itself once it is archived: bench/nbd.py measures that).
 
 Usage: python3 bench/views.py [--runs 5] [--runtime 8]
 """
@@ -48,7 +51,7 @@ def main():
     parser.add_argument("--runtime", type=int, default=8)
     parser.add_argument("--dir", default="/var/tmp/rewind-bench-views")
     args = parser.parse_args()
-    work, data, server = start_server(args.dir, NBD, HTTP)
+    work, data, server = start_server(args.dir, NBD, HTTP, ["--no-bookmark-layout"])
     rewind = [str(REWIND), "--server", f"http://127.0.0.1:{HTTP}", "--data-dir", str(data)]
     mib_s = {case: {"live": [], "view": [], "live after": [], "view after": []} for case in CASES}
     chunk_reads = {}
@@ -102,7 +105,8 @@ def main():
         "go quiet (in the last case, after write jobs archived before `old`: 1 MiB sequential writes, 4 KiB random "
         f"writes at QD 32 and at QD 1 synced every 8, {args.runtime} s each); fio "
         f"1 MiB sequential reads (`{' '.join(READ)}`, {args.runtime} s) of the live volume and of `vol@old` over NBD, "
-        "alternating. MiB/s (min / median / max). Then one pass over the whole view, not timed, with the chunk "
+        "alternating, the server started with `--no-bookmark-layout` (the history as archived). "
+        "MiB/s (min / median / max). Then one pass over the whole view, not timed, with the chunk "
         "store's file reads counted around it (packs and chunk table, from the page cache or the disk): bytes read "
         "per byte of the view, and reads per MiB. Then `rewind volume defrag vol@old` (the history the view reads "
         "laid out in block order; MiB/s is the volume's size ÷ the command's seconds) and the same reads again.",

@@ -1795,7 +1795,7 @@ impl ChunkStore {
     /// together: history is archived in the order it was written, a view of
     /// one point in it is read in block order (`rewind_engine`'s defrag).
     /// Chunks that already lie in runs of neighbouring records averaging
-    /// [`RELOCATE_RUN_CHUNKS_MIN`] stay where they are, and so do chunks
+    /// [`RELOCATE_RUN_CHUNKS_MIN`], or in one run, stay where they are, and so do chunks
     /// borrowed from other nodes' packs. The old records become dead space
     /// that collection reclaims; each pack written is put in place as a
     /// repack's is (crash-safely, through the repack intent), deleting none.
@@ -1809,7 +1809,8 @@ impl ChunkStore {
             runs_before: runs_of_records(&chunks),
             ..RelocateReport::default()
         };
-        if report.runs_before * RELOCATE_RUN_CHUNKS_MIN <= report.chunks {
+        // One run is in order however short (a small view's, or one piece).
+        if report.runs_before <= 1 || report.runs_before * RELOCATE_RUN_CHUNKS_MIN <= report.chunks {
             return Ok(report);
         }
         self.relocate_in_packs(&chunks, &mut report).map_err(|error| self.fail(error))?;

@@ -659,6 +659,8 @@ fn relocate_lays_out_chunks_in_the_order_asked_once() {
     let again = store.relocate(&asked_ids).unwrap();
     assert_eq!((again.runs_before, again.chunks_moved), (1, 0), "in one run already: left as they are");
     assert!(again.chunks >= RELOCATE_RUN_CHUNKS_MIN);
+    let few = store.relocate(&asked_ids[..8]).unwrap();
+    assert_eq!((few.chunks, few.runs_before, few.chunks_moved), (8, 1, 0), "one short run: left as it is");
 
     // The moved chunks' old records are dead: collection keeps every
     // chunk readable, and so does the next open.

@@ -186,6 +186,13 @@ pub fn volume_detail(detail: &VolumeDetail) {
             stats.versions_archiving_done, stats.versions_archiving
         );
     }
+    if stats.bookmarks_awaiting_layout > 0 {
+        println!(
+            "bookmarks       {} archived, their history to be laid out in block order while the volume is quiet \
+             (views of them read faster once it is)",
+            stats.bookmarks_awaiting_layout
+        );
+    }
     println!(
         "journal         {} (LSN {} written, {} durable; {} reclaimable at the next checkpoint)",
         HumanBytes(stats.journal_bytes),

@@ -308,6 +308,12 @@ pub struct ServeArgs {
     /// compressed chunk store (sooner when 64 MiB of it waits).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     archive_interval: Duration,
+    /// Do not lay out the history of bookmarks in block order in the
+    /// background once archived (each costs up to a write of the volume's
+    /// size, and views of them then read as fast as the present; `rewind
+    /// volume defrag` still does it on demand).
+    #[arg(long)]
+    no_bookmark_layout: bool,
     /// How often garbage collection runs, when there is garbage.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     gc_interval: Duration,
@@ -787,6 +793,7 @@ fn run(data_dir: &Path, args: ServeArgs, proxy_to: Option<ProxyTo>) -> Result<()
     let mut config = NodeConfig::default();
     config.volume.retention_interval_nanos = nanos(args.retention_interval, "--retention-interval")?;
     config.volume.archive_interval_nanos = nanos(args.archive_interval, "--archive-interval")?;
+    config.volume.lay_out_bookmarks = !args.no_bookmark_layout;
     config.collect_interval_nanos = nanos(args.gc_interval, "--gc-interval")?;
     config.reserve = args.reserve;
     config.volume.burst_quiet_nanos = nanos(args.burst_quiet, "--burst-quiet")?;

@@ -13,6 +13,11 @@ fn stats(server: &Server, volume: &str) -> serde_json::Value {
     json(&server.rewind(&["stats", volume, "--json"]))
 }
 
+/// The volume's counters (`volume info`'s `stats`).
+fn counters(server: &Server, volume: &str) -> serde_json::Value {
+    json(&server.rewind(&["volume", "info", volume, "--json"]))["stats"].clone()
+}
+
 /// Waits until the archive pass has moved all of `volume`'s history out of
 /// the journal.
 fn wait_archived(server: &Server, volume: &str) {
@@ -113,21 +118,18 @@ fn archived_history_is_deduplicated_compressed_and_reads_back() {
     run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 0x44 0 4M", &server.uri("db@after-unique")]);
 }
 
-/// `rewind volume defrag`: a point whose odd blocks a later pass rewrote
-/// (in the first 2 MiB) reads its history from two places; laid out in
-/// block order it reads the same bytes, a second defrag leaves it be, and
-/// a bad point is refused with a way forward.
-#[test]
-fn defrag_lays_out_a_view_in_block_order_and_it_reads_the_same() {
+/// Volume `v` (8 MiB) filled, its odd blocks in the first 2 MiB rewritten
+/// in a later pass, bookmarked `mixed`, then written over whole: a view of
+/// `mixed` reads its history from two places. Returns the path of an image
+/// of what it reads.
+fn mixed_history(server: &Server, dir: &Path) -> String {
     require("qemu-img");
     require("qemu-io");
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("image.raw");
+    let image = dir.join("image.raw");
     std::fs::write(&image, pattern(3, 8 << 20)).unwrap();
-    let server = Server::start_with(&dir.path().join("data"), &["--archive-interval", "100ms", "--gc-interval", "1h"]);
     server.rewind(&["volume", "create", "v", "--size", "8MiB"]);
     run("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", image.to_str().unwrap(), &server.uri("v")]);
-    wait_archived(&server, "v");
+    wait_archived(server, "v");
     let odd_blocks: Vec<String> =
         (0..256).map(|block| format!("write -P 0x55 {} 4k", (2 * block + 1) * 4096)).collect();
     let mut args = vec!["-f", "raw"];
@@ -137,19 +139,32 @@ fn defrag_lays_out_a_view_in_block_order_and_it_reads_the_same() {
     let uri = server.uri("v");
     args.push(&uri);
     run("qemu-io", &args);
-    wait_archived(&server, "v");
+    wait_archived(server, "v");
     server.rewind(&["bookmark", "v", "mixed"]);
     run("qemu-io", &["-f", "raw", "-c", "write -P 0x66 0 8M", &server.uri("v")]);
-    wait_archived(&server, "v");
+    wait_archived(server, "v");
     let mut expected = std::fs::read(&image).unwrap();
     for block in 0..256 {
         let at = (2 * block + 1) * 4096;
         expected[at..at + 4096].fill(0x55);
     }
-    let expected_path = dir.path().join("expected.raw");
+    let expected_path = dir.join("expected.raw");
     std::fs::write(&expected_path, &expected).unwrap();
-    let expected_path = expected_path.to_str().unwrap();
-    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", expected_path, &server.uri("v@mixed")]);
+    let expected_path = expected_path.to_str().unwrap().to_owned();
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &expected_path, &server.uri("v@mixed")]);
+    expected_path
+}
+
+/// `rewind volume defrag`, on a server that leaves bookmarks as archived:
+/// laid out in block order, `v@mixed` reads the same bytes, a second
+/// defrag leaves it be, and a bad point is refused with a way forward.
+#[test]
+fn defrag_lays_out_a_view_in_block_order_and_it_reads_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = ["--archive-interval", "100ms", "--gc-interval", "1h", "--no-bookmark-layout"];
+    let server = Server::start_with(&dir.path().join("data"), &options);
+    let expected_path = mixed_history(&server, dir.path());
+    assert_eq!(counters(&server, "v")["bookmarks_awaiting_layout"], 0, "none with --no-bookmark-layout");
 
     let summary = json(&server.rewind(&["volume", "defrag", "v@mixed", "--json"]));
     assert_eq!(summary["blocks_archived"], 2048, "{summary:#}");
@@ -159,7 +174,7 @@ fn defrag_lays_out_a_view_in_block_order_and_it_reads_the_same() {
     assert_eq!(summary["chunks_moved"], 1793, "{summary:#}");
     assert!(summary["bytes_written"].as_u64().unwrap() >= 1793 * 4096, "{summary:#}");
     assert_eq!(json(&server.rewind(&["stats", "--json"]))["chunks_relocated"], 1793);
-    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", expected_path, &server.uri("v@mixed")]);
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &expected_path, &server.uri("v@mixed")]);
     run("qemu-io", &["-f", "raw", "-r", "-c", "read -P 0x66 0 8M", &server.uri("v")]);
 
     let again = server.rewind(&["volume", "defrag", "v@mixed", "--progress"]);
@@ -168,6 +183,40 @@ fn defrag_lays_out_a_view_in_block_order_and_it_reads_the_same() {
     assert!(refused.contains("is not VOLUME@TIME"), "{refused}");
     let refused = server.rewind_failing(&["volume", "defrag", "v@no-such-bookmark"]);
     assert!(refused.contains("no-such-bookmark"), "{refused}");
+}
+
+/// By default the server lays out a bookmark's history by itself once it
+/// is archived: `v@mixed` reads the same bytes, `volume defrag` finds
+/// nothing left to move, and after a restart nothing waits again.
+#[test]
+fn a_server_lays_out_a_bookmarks_history_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let options = ["--archive-interval", "100ms", "--gc-interval", "1h"];
+    let mut server = Server::start_with(&data, &options);
+    let expected_path = mixed_history(&server, dir.path());
+    wait_for("the bookmark's history to be laid out", || {
+        counters(&server, "v")["bookmarks_awaiting_layout"].as_u64() == Some(0)
+    });
+    let written = counters(&server, "v")["layout_bytes_written"].as_u64().unwrap();
+    assert!(written >= 1793 * 4096, "{written} bytes of packs written laying out 1,793 chunks");
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &expected_path, &server.uri("v@mixed")]);
+    let summary = json(&server.rewind(&["volume", "defrag", "v@mixed", "--json"]));
+    assert_eq!(
+        (&summary["chunks"], &summary["runs_before"], &summary["chunks_moved"]),
+        (&1793.into(), &1.into(), &0.into()),
+        "{summary:#}"
+    );
+
+    server.stop();
+    let server = Server::start_with(&data, &options);
+    let after = counters(&server, "v");
+    assert_eq!(
+        (&after["bookmarks_awaiting_layout"], &after["layout_bytes_written"]),
+        (&0.into(), &0.into()),
+        "{after:#}"
+    );
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", &expected_path, &server.uri("v@mixed")]);
 }
 
 #[test]

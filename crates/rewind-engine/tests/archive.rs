@@ -624,3 +624,122 @@ fn a_defrag_lays_out_the_history_a_view_reads_in_block_order() {
     volume.view(ends[0]).unwrap().read(0, &mut present).unwrap();
     assert!(present == (0..BLOCKS).flat_map(|block| contents(block, 0)).collect::<Vec<u8>>(), "the fill");
 }
+
+/// A bookmark's history is laid out in block order in the background once
+/// it is archived, while the volume is neither written nor read — the
+/// blocks the bookmark reads from the current store too, since a view
+/// reads their archived versions once they are written again.
+#[test]
+fn a_bookmark_is_laid_out_in_the_background_once_archived() {
+    const BLOCKS: u64 = 64;
+    let (storage, config, node, volume, start) = layout_node();
+    let contents = |block: u64, round: u64| -> Vec<u8> {
+        let mut state = (block * 5 + round + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (0..4096)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    };
+    // Round 0 fills every block, round 1 rewrites the odd ones: the state
+    // after it lies in two passes' packs, every other record of each.
+    let ends =
+        write_archived_rounds(&node, &volume, start, BLOCKS, 2, |block, round| round == 0 || block % 2 == 1, contents);
+    let mut now = ends[1].saturating_add_nanos(2 * SECOND);
+    volume.create_bookmark(rewind_engine::BookmarkName::new("before").unwrap(), Some(ends[1]), now).unwrap();
+    let stats = volume.stats().unwrap();
+    assert_eq!((stats.bookmarks_awaiting_layout, stats.layout_bytes_written), (1, 0), "{stats:?}");
+
+    // Written a moment ago: the layout waits.
+    volume.write(now, BLOCKS * 4096, &[7; 4096], Durability::Fua).unwrap();
+    now = now.saturating_add_nanos(LAYOUT_QUIET / 2);
+    node.maintain_history(now).unwrap();
+    let stats = volume.stats().unwrap();
+    assert_eq!((stats.bookmarks_awaiting_layout, stats.layout_bytes_written), (1, 0), "{stats:?}");
+
+    // Quiet: laid out, every block's chunk, though each reads from the current store now.
+    now = now.saturating_add_nanos(LAYOUT_QUIET);
+    node.maintain_history(now).unwrap();
+    let stats = volume.stats().unwrap();
+    assert_eq!(stats.bookmarks_awaiting_layout, 0, "{stats:?}");
+    assert!(stats.layout_bytes_written >= BLOCKS * 4096, "{stats:?}");
+    node.maintain_history(now.saturating_add_nanos(SECOND)).unwrap();
+    assert_eq!(volume.stats().unwrap().layout_bytes_written, stats.layout_bytes_written, "laid out once");
+
+    // Round 2 rewrites every block: the view now reads them all from the
+    // chunk store, in one sweep of the laid-out records.
+    write_archived_rounds(&node, &volume, now.saturating_add_nanos(SECOND), BLOCKS, 1, |_, _| true, contents);
+    let expected: Vec<u8> = (0..BLOCKS).flat_map(|block| contents(block, block % 2)).collect();
+    let view = volume.view(ends[1]).unwrap();
+    let mut bytes = vec![0u8; expected.len()];
+    view.read(0, &mut bytes).unwrap();
+    assert!(bytes == expected, "the view reads the state after round 1");
+    // Read again, as the table's slots are then known.
+    let before = node.chunk_io_stats().read_bytes;
+    view.read(0, &mut bytes).unwrap();
+    let read = node.chunk_io_stats().read_bytes - before;
+    assert!(bytes == expected, "the view reads the state after round 1");
+    let view_bytes = BLOCKS * 4096;
+    assert!(read < view_bytes * 21 / 20, "{read} bytes read for {view_bytes}: not laid out");
+
+    // Saved with the bookmarks: a restart does not plan it again.
+    drop((view, volume));
+    drop(node);
+    let node = Node::open(Arc::new(storage), config).unwrap();
+    let volume = node.volume("v").unwrap();
+    assert_eq!(volume.stats().unwrap().bookmarks_awaiting_layout, 0, "laid out before the restart");
+}
+
+/// The quiet spell after which `layout_node`'s volume is laid out.
+const LAYOUT_QUIET: u64 = SECOND / 10;
+
+/// A node that archives at once, and lays out bookmarks once its volume
+/// `v` (1 MiB, created at 1000 s) is quiet for `LAYOUT_QUIET`: (storage,
+/// config, node, volume, creation time).
+fn layout_node() -> (SimStorage, NodeConfig, Node, Arc<Volume>, Timestamp) {
+    let mut config = archiving_at_once();
+    config.volume.burst_quiet_nanos = LAYOUT_QUIET;
+    // Archiving does not wait for bursts here: only the layout does.
+    config.volume.burst_archive_wait_nanos = 0;
+    let storage = SimStorage::new(SimConfig::default(), 1);
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    (storage, config, node, volume, start)
+}
+
+/// Damage met while laying out a bookmark leaves it as archived, with a
+/// warning, instead of failing the volume's history work at every pass;
+/// the view reports the damage where it reads it.
+#[test]
+fn damage_met_laying_out_a_bookmark_fails_no_pass() {
+    let (storage, _, node, volume, start) = layout_node();
+    for block in 0..8u64 {
+        volume
+            .write(start.saturating_add_nanos(block), block * 4096, &[block as u8 + 1; 4096], Durability::Fua)
+            .unwrap();
+    }
+    let mut now = start.saturating_add_nanos(SECOND);
+    node.maintain(now).unwrap();
+    volume.create_bookmark(rewind_engine::BookmarkName::new("b").unwrap(), None, now).unwrap();
+    // Written a moment before the pass: archived, not laid out yet.
+    now = now.saturating_add_nanos(SECOND);
+    volume.write(now, 9 * 4096, &[9; 4096], Durability::Fua).unwrap();
+    node.maintain_history(now.saturating_add_nanos(LAYOUT_QUIET / 2)).unwrap();
+    assert_eq!(volume.stats().unwrap().bookmarks_awaiting_layout, 1, "archived, not yet laid out");
+    // Block 5's entry in the current store's metadata.
+    storage.corrupt("volumes/v/current.meta", 5 * 16 + 2, 0x20).unwrap();
+    for _ in 0..2 {
+        now = now.saturating_add_nanos(SECOND);
+        node.maintain_history(now).expect("the pass goes on past the damage");
+    }
+    let stats = volume.stats().unwrap();
+    assert_eq!((stats.bookmarks_awaiting_layout, stats.layout_bytes_written), (0, 0), "{stats:?}");
+    let view = volume.view(volume.bookmarks()[0].timestamp).unwrap();
+    let error = view.read(5 * 4096, &mut [0; 4096]).unwrap_err();
+    assert!(error.is_corruption(), "{error}");
+}

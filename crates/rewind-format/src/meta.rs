@@ -401,6 +401,10 @@ pub struct Bookmark {
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Bookmarks {
     pub entries: Vec<Bookmark>,
+    /// Bookmarked times whose history the server has laid out in block
+    /// order (`rewind_engine`'s `lay_out_bookmarks`), ascending: a trailing
+    /// section that files written before it lack.
+    pub laid_out: Vec<Timestamp>,
 }
 
 impl Bookmarks {
@@ -413,6 +417,10 @@ impl Bookmarks {
         payload.u32(self.entries.len() as u32);
         for bookmark in &self.entries {
             payload.str(bookmark.name.as_str()).u64(bookmark.timestamp.unix_nanos());
+        }
+        payload.u32(self.laid_out.len() as u32);
+        for at in &self.laid_out {
+            payload.u64(at.unix_nanos());
         }
         seal_envelope(Self::MAGIC, payload)
     }
@@ -429,8 +437,23 @@ impl Bookmarks {
             let name = BookmarkName::new(reader.str()?).map_err(|error| reader.invalid(error.to_string()))?;
             entries.push(Bookmark { name, timestamp: Timestamp::from_unix_nanos(reader.u64()?) });
         }
+        let mut laid_out = Vec::new();
+        if reader.remaining() > 0 {
+            let count = reader.u32()? as usize;
+            if count > Self::COUNT_MAX {
+                return Err(reader.invalid(format!("{count} bookmarks laid out")));
+            }
+            laid_out.reserve(reader.capacity_for(count, 8));
+            for _ in 0..count {
+                let at = Timestamp::from_unix_nanos(reader.u64()?);
+                if laid_out.last().is_some_and(|&last| last >= at) {
+                    return Err(reader.invalid("bookmarks laid out not in ascending order"));
+                }
+                laid_out.push(at);
+            }
+        }
         finish(reader)?;
-        Ok(Bookmarks { entries })
+        Ok(Bookmarks { entries, laid_out })
     }
 }
 
@@ -929,8 +952,16 @@ mod tests {
                 name: BookmarkName::new("before-upgrade").unwrap(),
                 timestamp: Timestamp::from_unix_nanos(7),
             }],
+            laid_out: vec![Timestamp::from_unix_nanos(7)],
         };
         assert_eq!(Bookmarks::decode(&bookmarks.encode()).unwrap(), bookmarks);
+        // Written before the laid-out section: none laid out.
+        let mut older = Writer::new();
+        older.u32(1).str("before-upgrade").u64(7);
+        let older = Bookmarks::decode(&seal_envelope(Bookmarks::MAGIC, older)).unwrap();
+        assert_eq!(older, Bookmarks { laid_out: Vec::new(), ..bookmarks.clone() });
+        let unordered = Bookmarks { laid_out: vec![Timestamp::from_unix_nanos(7); 2], ..bookmarks };
+        assert!(Bookmarks::decode(&unordered.encode()).unwrap_err().to_string().contains("ascending"));
 
         let at = Timestamp::from_unix_nanos;
         let tier = |interval_nanos, age_nanos| RetentionTier { interval_nanos, age_nanos };

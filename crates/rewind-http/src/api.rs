@@ -143,7 +143,8 @@ pub struct DefragSummary {
     pub volume: String,
     pub at: String,
     pub at_unix_nanos: u64,
-    /// Blocks of the view whose data is archived history.
+    /// Blocks of the view whose version is archived history (read from the
+    /// chunk store now, or once the block is written again).
     pub blocks_archived: u64,
     /// The distinct chunks they read, and the runs of neighbouring records
     /// those lay in before.
@@ -423,6 +424,13 @@ pub struct Stats {
     pub archive_passes: u64,
     #[serde(default)]
     pub archive_pauses: u64,
+    /// Bookmarks whose history is archived and waits to be laid out in
+    /// block order in the background (while the volume is neither written
+    /// nor read), and the bytes of packs that has written.
+    #[serde(default)]
+    pub bookmarks_awaiting_layout: u64,
+    #[serde(default)]
+    pub layout_bytes_written: u64,
     /// Parts after which a pass that reads right after a burst did not
     /// hold (its history did not fit the free space) waited, to take at
     /// most a sixteenth of the time beside them.
@@ -476,6 +484,8 @@ impl From<VolumeStats> for Stats {
                 .map_or(0, |copy| copy.blocks_total.saturating_sub(copy.blocks_done)),
             archive_passes: stats.archive_passes,
             archive_pauses: stats.archive_pauses,
+            bookmarks_awaiting_layout: stats.bookmarks_awaiting_layout,
+            layout_bytes_written: stats.layout_bytes_written,
             archive_yields: stats.archive_yields,
             destage_stops: stats.destage_stops,
             versions_archiving: stats.archive_progress.map_or(0, |(_, total)| total),

@@ -138,4 +138,9 @@ fn a_space_cap_drops_a_trees_oldest_unbookmarked_history() {
     assert!(tree.view(at(25)).is_err(), "the second generation went");
     assert!(contents(&tree.view(at(15)).unwrap(), "data.bin") == generations[0], "the bookmark stays");
     assert!(contents(&tree, "data.bin") == generations[3], "the present stays");
+    // A tree's 2^60-byte address space is not laid out in block order,
+    // neither in the background nor on demand.
+    assert_eq!(volume.stats().unwrap().bookmarks_awaiting_layout, 0);
+    let refused = volume.view(at(15)).unwrap().defrag(&mut |_, _| {}).unwrap_err().to_string();
+    assert!(refused.contains("is a file tree"), "{refused}");
 }

@@ -105,7 +105,7 @@ impl PassesWanted {
         self.stopping.load(Ordering::Acquire)
     }
 
-    fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.waiting.load(Ordering::Acquire) > 0 || self.stopping()
     }
 }

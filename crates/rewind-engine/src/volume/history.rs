@@ -221,6 +221,11 @@ pub struct VolumeStats {
     pub versions_archived: u64,
     pub archived_before: Timestamp,
     pub archive_passes: u64,
+    /// Bookmarks whose history is archived and waits to be laid out in the
+    /// background, and the bytes of packs that has written (see
+    /// `Volume::lay_out_bookmarks`).
+    pub bookmarks_awaiting_layout: u64,
+    pub layout_bytes_written: u64,
     /// The archive pass under way: versions it has been through, of how
     /// many (see `VersionIndex::archive_progress`).
     pub archive_progress: Option<(u64, u64)>,
@@ -576,6 +581,8 @@ impl Volume {
                 .saturating_sub(self.index.versions_unarchived()),
             archived_before: self.index.archived_before(),
             archive_passes: counter(&counters.archive_passes),
+            bookmarks_awaiting_layout: self.bookmarks_awaiting_layout(),
+            layout_bytes_written: counter(&counters.layout_bytes_written),
             archive_progress: self.index.archive_progress(),
             archive_pauses: counter(&counters.archive_pauses),
             archive_yields: counter(&counters.archive_yields),

@@ -243,7 +243,7 @@ impl Volume {
     /// its last write). Reads are seen by their count moving between calls,
     /// which maintenance makes on every pass; and whether those seen last
     /// were small, by the bytes they read (`reads_hold_destaging`).
-    fn note_reads(&self, now: Timestamp) -> u64 {
+    pub(super) fn note_reads(&self, now: Timestamp) -> u64 {
         let reads = self.counters.reads.load(Ordering::Relaxed);
         let read_bytes = self.counters.read_bytes.load(Ordering::Relaxed);
         let reads_new = reads.wrapping_sub(self.reads_seen.swap(reads, Ordering::Relaxed));
@@ -360,6 +360,8 @@ impl Volume {
         if !self.in_burst(now) && !self.reads_hold_archiving(now) {
             worked |= self.journal.prepare_spare()?;
         }
+        // Last: the work that is only ever worth doing when nothing else is.
+        worked |= self.lay_out_bookmarks(now)?;
         Ok(worked)
     }
 

@@ -150,6 +150,9 @@ pub struct VolumeConfig {
     pub burst_archive_wait_nanos: u64,
     /// Versions younger than this (nanoseconds) stay in the journal.
     pub archive_age_nanos: u64,
+    /// Lay out the history of each bookmark in block order in the
+    /// background once it is archived (see `Volume::lay_out_bookmarks`).
+    pub lay_out_bookmarks: bool,
     /// Once the journal has been quiet this long (nanoseconds) after a
     /// commit, a vouch record makes damage to the last acknowledged writes
     /// detectable (see `rewind_journal`); 0 never vouches.
@@ -175,6 +178,7 @@ impl Default for VolumeConfig {
             archive_bytes_soft: 64 << 20,
             burst_archive_wait_nanos: 60_000_000_000,
             archive_age_nanos: 1_000_000_000,
+            lay_out_bookmarks: true,
             vouch_after_nanos: 100_000_000,
         }
     }
@@ -228,6 +232,8 @@ struct Counters {
     pub journal_bytes_appended: AtomicU64,
     pub checkpoints: AtomicU64,
     pub archive_passes: AtomicU64,
+    /// Bytes of packs written laying out bookmarks in the background.
+    pub layout_bytes_written: AtomicU64,
     pub archive_pauses: AtomicU64,
     pub archive_yields: AtomicU64,
     pub destage_stops: AtomicU64,
@@ -282,6 +288,8 @@ pub struct Volume {
     maintenance: Mutex<MaintenanceState>,
     /// Taken by the slow work on history (never while holding `maintenance`).
     history_work: Mutex<HistoryWork>,
+    /// The bookmarks laid out in the background (see `defrag.rs`).
+    bookmark_layout: Mutex<defrag::BookmarkLayout>,
     /// Work waiting for archive passes to end (the node's).
     passes_wanted: Arc<PassesWanted>,
     /// The embedder's clock, once it gives one (the node's).
@@ -351,6 +359,10 @@ impl Volume {
 
     pub fn size_bytes(&self) -> u64 {
         self.meta.size_bytes
+    }
+
+    pub(crate) fn block_count(&self) -> u64 {
+        self.size_bytes() / u64::from(self.block_size().bytes())
     }
 
     pub fn block_size(&self) -> BlockSize {

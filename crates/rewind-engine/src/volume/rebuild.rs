@@ -145,6 +145,7 @@ pub(crate) fn rebuild(
     let mut bookmarks = Bookmarks::decode(file("bookmarks")?).map_err(|error| decoded("bookmarks", error))?;
     let (kept, left_out): (Vec<_>, Vec<_>) = bookmarks.entries.drain(..).partition(|bookmark| bookmark.timestamp < at);
     bookmarks.entries = kept;
+    bookmarks.laid_out.retain(|&laid_out| laid_out < at);
     let mut reverts = match files.get("reverts") {
         Some(bytes) => Reverts::decode(bytes).map_err(|error| decoded("reverts", error))?,
         None => Reverts::default(),

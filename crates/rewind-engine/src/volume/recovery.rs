@@ -161,6 +161,7 @@ impl Volume {
             writers_waiting_for_room: AtomicUsize::new(0),
             maintenance: Mutex::new(MaintenanceState::after(&checkpoint)),
             history_work: Mutex::new(HistoryWork::after(&checkpoint)),
+            bookmark_layout: Mutex::default(),
             journal,
             index,
             current,

@@ -257,10 +257,6 @@ impl Volume {
         self.counters.journal_bytes_appended.fetch_add(record_bytes, Ordering::Relaxed);
         Ok(())
     }
-
-    fn block_count(&self) -> u64 {
-        self.size_bytes() / u64::from(self.block_size().bytes())
-    }
 }
 
 /// A run of neighbouring blocks of one step that are copied alike.

@@ -96,6 +96,7 @@ pub fn config(rng: &mut StdRng) -> NodeConfig {
             archive_bytes_soft: rng.random_range(4 << 10..256 << 10),
             burst_archive_wait_nanos: rng.random_range(0..200_000),
             archive_age_nanos: rng.random_range(0..50_000),
+            lay_out_bookmarks: rng.random_bool(0.5),
             vouch_after_nanos: rng.random_range(0..20_000),
             burst_reads_nanos: rng.random_range(0..200_000),
         },
