@@ -995,7 +995,14 @@ impl Node {
         let collect_due = {
             // The first collection comes one interval after the node opened.
             let last = *self.collect_last.lock().get_or_insert(now);
-            now.unix_nanos().saturating_sub(last.unix_nanos()) >= self.config.collect_interval_nanos
+            let since = now.unix_nanos().saturating_sub(last.unix_nanos());
+            let interval = self.config.collect_interval_nanos;
+            // A repack takes the disk from the volumes written or read at
+            // the time (a layout's dead space, rewritten during random writes
+            // synced every 8); they keep it waiting, for one more interval at most.
+            since >= interval
+                && (since >= interval.saturating_mul(2)
+                    || !self.volumes().iter().any(|volume| volume.foreground_active(now)))
         };
         let collectable = !self.shared.chunks.is_poisoned() && self.damaged.read().is_empty();
         if collect_due && collectable && self.shared.chunks.collection_due() {

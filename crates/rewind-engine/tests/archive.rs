@@ -743,3 +743,48 @@ fn damage_met_laying_out_a_bookmark_fails_no_pass() {
     let error = view.read(5 * 4096, &mut [0; 4096]).unwrap_err();
     assert!(error.is_corruption(), "{error}");
 }
+
+/// Garbage collection waits while a volume is written or read (its
+/// repack takes the disk from them), for one more interval at most.
+#[test]
+fn collection_waits_for_writes_one_interval_at_most() {
+    const INTERVAL: u64 = 10 * SECOND;
+    let mut config = archiving_at_once();
+    config.volume.burst_quiet_nanos = LAYOUT_QUIET;
+    config.volume.burst_archive_wait_nanos = 0;
+    config.volume.lay_out_bookmarks = false;
+    config.collect_interval_nanos = INTERVAL;
+    let node = Node::open(Arc::new(SimStorage::new(SimConfig::default(), 3)), config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    // Round 1 rewrites the odd blocks; a defrag of the state after it moves
+    // its chunks, leaving their old records dead.
+    let contents = |block: u64, round: u64| vec![(block * 7 + round * 3 + 1) as u8; 4096];
+    let ends =
+        write_archived_rounds(&node, &volume, start, 64, 2, |block, round| round == 0 || block % 2 == 1, contents);
+    assert!(volume.view(ends[1]).unwrap().defrag(&mut |_, _| {}).unwrap().chunks_moved > 0);
+    let collections = || node.chunk_stats().collections;
+    let before = collections();
+
+    // Due, but the volume was written a moment ago: it waits...
+    let mut now = start.saturating_add_nanos(INTERVAL + 5 * SECOND);
+    let write_then_maintain = |now: Timestamp| {
+        volume.write(now, 100 * 4096, &[1; 4096], Durability::Fua).unwrap();
+        node.maintain_history(now.saturating_add_nanos(LAYOUT_QUIET / 2)).unwrap();
+    };
+    write_then_maintain(now);
+    assert_eq!(collections(), before, "collection waits for the writes");
+    // ...until the volume is quiet.
+    node.maintain_history(now.saturating_add_nanos(2 * LAYOUT_QUIET)).unwrap();
+    assert_eq!(collections(), before + 1, "collected once quiet");
+
+    // Written without pause: it waits one more interval, no longer.
+    assert!(volume.view(ends[0]).unwrap().defrag(&mut |_, _| {}).unwrap().chunks_moved > 0, "more dead records");
+    now = now.saturating_add_nanos(INTERVAL + SECOND);
+    write_then_maintain(now);
+    assert_eq!(collections(), before + 1, "waits while written");
+    now = now.saturating_add_nanos(INTERVAL);
+    write_then_maintain(now);
+    assert_eq!(collections(), before + 2, "collected after two intervals, written or not");
+}

@@ -225,10 +225,7 @@ impl Volume {
     /// `burst_quiet_nanos`), for other work waiting for the node's passes
     /// to end, or because the volume closes.
     fn layout_waits(&self, now: Timestamp) -> bool {
-        let quiet = self.config.burst_quiet_nanos;
-        let read_at = self.note_reads(now);
-        let reading = quiet > 0 && read_at > 0 && now.unix_nanos().saturating_sub(read_at) < quiet;
-        reading || self.in_burst(now) || self.passes_wanted.any() || self.closed.load(Ordering::Acquire)
+        self.foreground_active(now) || self.passes_wanted.any() || self.closed.load(Ordering::Acquire)
     }
 
     /// Saves that the history of the bookmarks at `at` is laid out, and

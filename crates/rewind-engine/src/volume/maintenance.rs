@@ -180,6 +180,15 @@ impl Volume {
         quiet > 0 && written_at > 0 && now.unix_nanos().saturating_sub(written_at) < quiet
     }
 
+    /// Whether the volume is written or read now: within `burst_quiet_nanos`
+    /// of `now` (never, where that is 0).
+    pub(crate) fn foreground_active(&self, now: Timestamp) -> bool {
+        let quiet = self.config.burst_quiet_nanos;
+        let read_at = self.note_reads(now);
+        let reading = quiet > 0 && read_at > 0 && now.unix_nanos().saturating_sub(read_at) < quiet;
+        reading || self.in_burst(now)
+    }
+
     /// Whether the volume is read right after a burst of writes (see
     /// `VolumeConfig::burst_reads_nanos`): read within `burst_quiet_nanos`
     /// of `now` and written within `burst_reads_nanos` (but not within the
@@ -243,7 +252,7 @@ impl Volume {
     /// its last write). Reads are seen by their count moving between calls,
     /// which maintenance makes on every pass; and whether those seen last
     /// were small, by the bytes they read (`reads_hold_destaging`).
-    pub(super) fn note_reads(&self, now: Timestamp) -> u64 {
+    fn note_reads(&self, now: Timestamp) -> u64 {
         let reads = self.counters.reads.load(Ordering::Relaxed);
         let read_bytes = self.counters.read_bytes.load(Ordering::Relaxed);
         let reads_new = reads.wrapping_sub(self.reads_seen.swap(reads, Ordering::Relaxed));
