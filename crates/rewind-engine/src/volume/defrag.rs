@@ -174,11 +174,16 @@ impl Volume {
     /// archive pass has taken all of it into the chunk store: the newest
     /// first, a piece at a time, for at most `LAYOUT_SLICE_NANOS` per call,
     /// stopping (to go on later) while the volume is written or read, or
-    /// other work waits for the node's passes to end. A bookmark is the one sign of which past times will
-    /// be read, and a view of one after later passes finds its blocks
-    /// among other points' versions (bench/nbd.py's view read 0.71 of the
-    /// live read as archived, 0.86 after `volume defrag`). Returns whether
-    /// it did anything.
+    /// other work waits for the node's passes to end. A bookmark is the one
+    /// sign of which past times will be read, and a view of one after later
+    /// passes finds its blocks among other points' versions (bench/nbd.py's
+    /// view read 0.71 of the live read as archived, 0.86 after `volume
+    /// defrag`). Returns whether it did anything.
+    ///
+    /// The bookmark's time is not held meanwhile: deleted, the pieces
+    /// planned before the next call only move live chunks other points
+    /// read (a relocation moves a chunk's slot, never what its id names),
+    /// and the next call lets it go.
     pub(crate) fn lay_out_bookmarks(&self, now: Timestamp) -> Result<bool, EngineError> {
         if !self.lays_out_bookmarks() || self.chunks.is_poisoned() {
             return Ok(false);

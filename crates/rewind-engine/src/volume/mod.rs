@@ -288,7 +288,7 @@ pub struct Volume {
     maintenance: Mutex<MaintenanceState>,
     /// Taken by the slow work on history (never while holding `maintenance`).
     history_work: Mutex<HistoryWork>,
-    /// The bookmarks laid out in the background (see `defrag.rs`).
+    /// The bookmark being laid out in the background (see `defrag.rs`).
     bookmark_layout: Mutex<defrag::BookmarkLayout>,
     /// Work waiting for archive passes to end (the node's).
     passes_wanted: Arc<PassesWanted>,
