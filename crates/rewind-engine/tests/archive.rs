@@ -511,6 +511,20 @@ fn a_space_cap_under_a_coarse_granularity_moves_the_horizon() {
     assert!(image == last, "the present stays");
 }
 
+/// 4 KiB that do not compress, different for every block and round (up
+/// to 3 rounds).
+fn incompressible(block: u64, round: u64) -> Vec<u8> {
+    let mut state = (block * 3 + round + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (0..4096)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
 /// A view of a point that later passes rewrote half of finds its blocks in
 /// two packs, every other record of one and a run of the other: read in
 /// block order it reads half as much again as it returns. A defrag of it
@@ -576,17 +590,7 @@ fn a_view_reads_its_chunk_blocks_between_current_ones_together() {
 fn a_defrag_lays_out_the_history_a_view_reads_in_block_order() {
     const BLOCKS: u64 = 64;
     let (node, volume, start) = archiving_node(0, 0);
-    let contents = |block: u64, round: u64| -> Vec<u8> {
-        let mut state = (block * 3 + round + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        (0..4096)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect()
-    };
+    let contents = incompressible;
     // Round 0 fills every block, round 1 rewrites the odd ones, round 2
     // every block again.
     let ends =
@@ -633,17 +637,7 @@ fn a_defrag_lays_out_the_history_a_view_reads_in_block_order() {
 fn a_bookmark_is_laid_out_in_the_background_once_archived() {
     const BLOCKS: u64 = 64;
     let (storage, config, node, volume, start) = layout_node();
-    let contents = |block: u64, round: u64| -> Vec<u8> {
-        let mut state = (block * 5 + round + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        (0..4096)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect()
-    };
+    let contents = incompressible;
     // Round 0 fills every block, round 1 rewrites the odd ones: the state
     // after it lies in two passes' packs, every other record of each.
     let ends =
