@@ -9,8 +9,15 @@ all of them back to back. Per job it prints the throughput, the CPU each
 server thread that outlives it used (from /proc/PID/task/*/stat: the
 maintenance, journal and history threads; an NBD connection's end with
 it), the disk's bytes read and written (/proc/diskstats) and, after it, the volume's destaging backlog,
-checkpoints and destage passes stopped for reads. Compare two builds by
-running it once per binary, alternating (`--binary`)."""
+checkpoints and destage passes stopped for reads, and the node's garbage
+collections and versions archived during it. Compare two builds by
+running it once per binary, alternating (`--binary`), or two server
+settings (`--server-option`).
+
+`--bookmark` sets the scene as bench/nbd.py does before its back-to-back
+jobs: a bookmark, every block overwritten once in random order, and the
+bookmark's history archived and laid out by the server before the rested
+jobs (the settle time is printed)."""
 
 import argparse
 import os
@@ -74,10 +81,14 @@ def main():
     parser.add_argument("--runtime", type=int, default=10, help="seconds per job")
     parser.add_argument("--size", default="1G")
     parser.add_argument("--skip", action="append", default=[], metavar="JOB", help="a job to leave out")
+    parser.add_argument("--bookmark", action="store_true",
+                        help="a bookmark before a random overwrite of the whole volume, as in bench/nbd.py")
+    parser.add_argument("--server-option", action="append", default=[], metavar="OPTION",
+                        help="one more `rewind serve` option (e.g. --server-option=--no-bookmark-layout)")
     args = parser.parse_args()
     benchlib.REWIND = args.binary
     jobs = [job for job in JOBS if job[0] not in args.skip]
-    _work, data, server = start_server(args.work, NBD_PORT, HTTP_PORT, ["--archive-interval", "5s"])
+    _work, data, server = start_server(args.work, NBD_PORT, HTTP_PORT, ["--archive-interval", "5s", *args.server_option])
     device = args.device or data_device(str(data))
     try:
         wait_port(NBD_PORT)
@@ -86,22 +97,34 @@ def main():
         api(http, "POST", "/v1/volumes", {"name": "bench", "size_bytes": benchlib.size_of(args.size)})
         uri = f"nbd://127.0.0.1:{NBD_PORT}/bench"
         fio(uri, "fill", ["--rw=write", "--bs=1m", "--iodepth=4"], args.size)
+        if args.bookmark:
+            api(http, "POST", "/v1/volumes/bench/bookmarks", {"name": "before-overwrite"})
+            fio(uri, "overwrite", ["--rw=randwrite", "--bs=4k", "--iodepth=32"], args.size)
 
         def stats():
             return api(http, "GET", "/v1/volumes/bench")["stats"]
 
         def settle():
+            start = time.perf_counter()
             subprocess.run(["sync"], check=True)
             while True:
                 now = stats()
-                if now["versions_pending_destage"] == 0 and now.get("versions_in_journal", 0) == 0:
-                    return
+                if (now["versions_pending_destage"] == 0 and now.get("versions_in_journal", 0) == 0
+                        and now.get("bookmarks_awaiting_layout", 0) == 0):
+                    break
                 time.sleep(0.05)
+            print(f"settled in {time.perf_counter() - start:.1f} s", flush=True)
+
+        def node_counts():
+            node, volume = api(http, "GET", "/v1/stats"), stats()
+            return node["collections"], node["chunks_freed"], volume["versions_archived"]
 
         def run(name, job_args, direction, label):
             cpu_before, disk_before = thread_cpu_seconds(server.process.pid), disk_bytes(device)
+            counts_before = node_counts()
             job = fio(uri, name, job_args, args.size, runtime=args.runtime)
             cpu_after, disk_after = thread_cpu_seconds(server.process.pid), disk_bytes(device)
+            collections, freed, archived = (after - before for after, before in zip(node_counts(), counts_before))
             cpu = {thread: round(seconds - cpu_before.get(thread, 0), 1) for thread, seconds in cpu_after.items()
                    if seconds - cpu_before.get(thread, 0) >= 0.2}
             read, written = ((after - before) / 2**20 for after, before in zip(disk_after, disk_before))
@@ -109,7 +132,8 @@ def main():
                   f"disk r {read:6.0f} w {written:6.0f} MiB  cpu {cpu}", flush=True)
             after = stats()
             print(f"{'':8} pending destage {after['versions_pending_destage']}, "
-                  f"checkpoints {after['checkpoints']}, destage passes stopped {after.get('destage_stops')}",
+                  f"checkpoints {after['checkpoints']}, destage passes stopped {after.get('destage_stops')}, "
+                  f"collections {collections} ({freed} chunks freed), versions archived {archived}",
                   flush=True)
 
         for name, job_args, direction in jobs:

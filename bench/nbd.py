@@ -212,11 +212,14 @@ def run_once(args, run_index, results, view_results):
             for name, job_args, direction, _target in JOBS:
                 if name in BACK_TO_BACK_SKIPS:
                     continue
+                collections = api(http, "GET", "/v1/stats")["collections"] if target == "rewind" else 0
                 job = fio(targets[target], name, job_args, size, runtime=args.runtime)
                 results.setdefault(f"{name} b2b", {}).setdefault(target, []).append(throughput(job, direction))
                 note_stolen(view_results, job, run_index, f"{name} back to back", target)
+                if target == "rewind":
+                    collections = api(http, "GET", "/v1/stats")["collections"] - collections
                 print(f"run {run_index} {name:28} {target:7} {throughput(job, direction) / 2**20:10.1f} MiB/s "
-                      f"back to back ({job['stolen_share']:.0%} stolen)", flush=True)
+                      f"back to back ({job['stolen_share']:.0%} stolen, {collections} collections)", flush=True)
         # The view against the live volume like with like, after the jobs
         # back to back (so that dropping the page cache changes none of
         # them): each read once, then each again (from the page cache, the
