@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use rewind_serve::listen::{self, Listeners, Peer, Protocol, Running, ServeConfig};
 use rewind_serve::log_limit::PeerLog;
-use rewind_serve::transport::Transport;
+use rewind_serve::transport::{PollFirst, Transport};
 use tracing::{info, warn};
 
 use crate::rpc::{read_record, write_record};
@@ -149,7 +149,8 @@ impl Nfs {
             None => ([0; 16], 0),
         };
         let mut writer = stream.try_clone()?;
-        let mut reader = BufReader::with_capacity(64 << 10, stream);
+        // Polls before it sleeps, as NBD's reader does (`transport::POLL_BEFORE_SLEEP`).
+        let mut reader = BufReader::with_capacity(64 << 10, PollFirst(stream));
         let (mut record, mut reply) = (Vec::new(), Vec::new());
         while !running.is_stopping() {
             if !read_record(&mut reader, &mut record)? {
