@@ -150,6 +150,22 @@ fn a_flood_of_bad_requests_and_connections_logs_a_bounded_number_of_lines() {
 }
 
 #[test]
+fn clean_connections_spend_no_log_budget_while_info_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let mut server = Server::start_in_shell(&dir.path().join("data"), "export RUST_LOG=warn", &[], &log);
+    server.rewind(&["volume", "create", "v", "--size", "16MiB"]);
+    // Past the 20 lines a client may have logged a minute, each ending
+    // with a line at INFO, which a server logging warnings drops.
+    for _ in 0..40 {
+        NbdClient::connect(server.nbd, "v").unwrap().disconnect().unwrap();
+    }
+    server.stop();
+    let text = lines(&log).join("\n");
+    assert!(!text.contains("suppressed"), "no lines held back that would have been shown:\n{text}");
+}
+
+#[test]
 fn refused_clients_see_why_and_idle_views_give_their_slots_back() {
     require("nbdinfo");
     require("qemu-img");

@@ -198,7 +198,19 @@ pub(crate) fn serve<S: Transport>(stream: S, shared: Arc<Shared>, client: Client
     let mut export_name = String::new();
     let mut stats = Stats::default();
     let hangup = connection.run(&mut stats, &mut export_name);
-    if !log.allow() {
+    // Most ends are logged at INFO: with INFO filtered out they neither
+    // spend the client's budget nor are reported as suppressed.
+    let at_warn = match &hangup {
+        Hangup::Violation(_) | Hangup::ExportRefused { .. } => true,
+        Hangup::Io(error) => matches!(error.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock),
+        Hangup::ClientClosed
+        | Hangup::ClientDone(_)
+        | Hangup::ServerStopped
+        | Hangup::Idle(_)
+        | Hangup::TlsRequired
+        | Hangup::Tls(_) => false,
+    };
+    if !(if at_warn { log.allow() } else { log.allow_info() }) {
         return;
     }
     let Stats { requests, bytes_read, bytes_written } = stats;
