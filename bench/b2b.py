@@ -8,8 +8,9 @@ job once from rest (the destager and the archiver caught up, `sync`), then
 all of them back to back. Per job it prints the throughput, the CPU each
 server thread that outlives it used (from /proc/PID/task/*/stat: the
 maintenance, journal and history threads; an NBD connection's end with
-it), the disk's bytes read and written (/proc/diskstats) and, after it, the volume's destaging backlog,
-checkpoints and destage passes stopped for reads, and the node's garbage
+it), the server's minor page faults (fresh memory), the disk's bytes read
+and written (/proc/diskstats) and, after it, the volume's destaging
+backlog, checkpoints and destage passes stopped for reads, and the node's garbage
 collections and versions archived during it. Compare two builds by
 running it once per binary, alternating (`--binary`), or two server
 settings (`--server-option`).
@@ -17,7 +18,9 @@ settings (`--server-option`).
 `--bookmark` sets the scene as bench/nbd.py does before its back-to-back
 jobs: a bookmark, every block overwritten once in random order, and the
 bookmark's history archived and laid out by the server before the rested
-jobs (the settle time is printed)."""
+jobs (the settle time is printed). `--rested-rounds 2` runs the rested
+jobs twice: the first round on a fresh server fills the journal's memory
+for the first time (BENCHMARKS.md)."""
 
 import argparse
 import os
@@ -56,6 +59,11 @@ def thread_cpu_seconds(pid):
     return seconds
 
 
+def minor_faults(pid):
+    """The server's minor page faults so far (fresh memory touched first)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
 def disk_bytes(device):
     """Bytes read and written so far by `device` (a name in /proc/diskstats)."""
     for line in Path("/proc/diskstats").read_text().splitlines():
@@ -83,6 +91,8 @@ def main():
     parser.add_argument("--skip", action="append", default=[], metavar="JOB", help="a job to leave out")
     parser.add_argument("--bookmark", action="store_true",
                         help="a bookmark before a random overwrite of the whole volume, as in bench/nbd.py")
+    parser.add_argument("--rested-rounds", type=int, default=1,
+                        help="the rested jobs this many times (the first on a fresh server fills its memory)")
     parser.add_argument("--server-option", action="append", default=[], metavar="OPTION",
                         help="one more `rewind serve` option (e.g. --server-option=--no-bookmark-layout)")
     args = parser.parse_args()
@@ -121,24 +131,26 @@ def main():
 
         def run(name, job_args, direction, label):
             cpu_before, disk_before = thread_cpu_seconds(server.process.pid), disk_bytes(device)
-            counts_before = node_counts()
+            counts_before, faults_before = node_counts(), minor_faults(server.process.pid)
             job = fio(uri, name, job_args, args.size, runtime=args.runtime)
             cpu_after, disk_after = thread_cpu_seconds(server.process.pid), disk_bytes(device)
             collections, freed, archived = (after - before for after, before in zip(node_counts(), counts_before))
+            faults = minor_faults(server.process.pid) - faults_before
             cpu = {thread: round(seconds - cpu_before.get(thread, 0), 1) for thread, seconds in cpu_after.items()
                    if seconds - cpu_before.get(thread, 0) >= 0.2}
             read, written = ((after - before) / 2**20 for after, before in zip(disk_after, disk_before))
             print(f"{label:8} {name:22} {job[direction]['bw_bytes'] / 2**20:8.1f} MiB/s  "
-                  f"disk r {read:6.0f} w {written:6.0f} MiB  cpu {cpu}", flush=True)
+                  f"disk r {read:6.0f} w {written:6.0f} MiB  minor faults {faults}  cpu {cpu}", flush=True)
             after = stats()
             print(f"{'':8} pending destage {after['versions_pending_destage']}, "
                   f"checkpoints {after['checkpoints']}, destage passes stopped {after.get('destage_stops')}, "
                   f"collections {collections} ({freed} chunks freed), versions archived {archived}",
                   flush=True)
 
-        for name, job_args, direction in jobs:
-            settle()
-            run(name, job_args, direction, "rested")
+        for rested_round in range(args.rested_rounds):
+            for name, job_args, direction in jobs:
+                settle()
+                run(name, job_args, direction, "rested" if rested_round == 0 else f"rested{rested_round + 1}")
         settle()
         for name, job_args, direction in jobs:
             run(name, job_args, direction, "b2b")
