@@ -92,14 +92,16 @@ impl Transport for UnixStream {
 }
 
 /// How long a server's connection polls for the next request before it
-/// sleeps in `read` (NBD in transmission, NFS). A client at queue depth 1 sends its next request a few
-/// tens of microseconds after our reply; a thread that sleeps for it leaves
-/// its CPU idle, and where idle CPUs halt (this project's virtual machines:
-/// cpuidle `haltpoll` with `guest_halt_poll_ns` 0) the wake-up costs more
-/// than the request. fio 4 KiB random writes at depth 1, 3 s, two rounds:
-/// 54 MiB/s without polling, 131 / 124 / 130 MiB/s polling 50 / 100 /
-/// 200 µs; reads alike (50 → 134); depth 32 level (BENCHMARKS.md). The
-/// shortest that won: the window is spent whenever a client goes quiet.
+/// sleeps in `read` (NBD in transmission, NFS). A client at queue depth 1
+/// sends its next request a few tens of microseconds after our reply; a
+/// thread that sleeps for it leaves its CPU idle, and where idle CPUs halt
+/// (this project's virtual machines: cpuidle `haltpoll` with
+/// `guest_halt_poll_ns` 0) the wake-up costs more than the request. fio
+/// 4 KiB random writes at depth 1 over NBD, 3 s, two rounds: 54 MiB/s
+/// without polling, 131 / 124 / 130 MiB/s polling 50 / 100 / 200 µs; reads
+/// alike (50 → 134); depth 32 level. One NFS client's operations: 1.69×
+/// (BENCHMARKS.md). The shortest window that won: it is spent whenever a
+/// client goes quiet.
 pub const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 
 /// Reads what arrives on `stream` within [`POLL_BEFORE_SLEEP`] without
