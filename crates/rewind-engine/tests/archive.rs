@@ -514,15 +514,7 @@ fn a_space_cap_under_a_coarse_granularity_moves_the_horizon() {
 /// 4 KiB that do not compress, different for every block and round (up
 /// to 3 rounds).
 fn incompressible(block: u64, round: u64) -> Vec<u8> {
-    let mut state = (block * 3 + round + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (0..4096)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+    rewind_chunks::conformance::noise(block * 3 + round + 1, 4096)
 }
 
 /// A view of a point that later passes rewrote half of finds its blocks in
