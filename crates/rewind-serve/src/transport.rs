@@ -109,11 +109,15 @@ pub const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 /// stream, `None` if nothing came in time or the stream is no socket (the
 /// caller then blocks in `read`, which reports any error).
 pub fn poll_briefly<S: Transport>(stream: &S, buf: &mut [u8]) -> Option<usize> {
-    let start = Instant::now();
+    // The clock is read only once nothing has come: a busy connection's
+    // reads find data at the first try.
+    let mut start = None;
     loop {
         match rustix::net::recv(stream.as_fd(), &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
             Ok((read, _)) => return Some(read),
-            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) if start.elapsed() < POLL_BEFORE_SLEEP => {
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR)
+                if start.get_or_insert_with(Instant::now).elapsed() < POLL_BEFORE_SLEEP =>
+            {
                 // Whatever else this CPU has to run goes first.
                 std::thread::yield_now();
             }
