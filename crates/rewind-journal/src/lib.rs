@@ -240,8 +240,9 @@ impl Batch {
         let fresh = buffer.capacity() < capacity + 3 * DIRECT_ALIGN;
         buffer.reserve(capacity + 3 * DIRECT_ALIGN);
         if fresh {
-            // Filled and written again and again (buffers are recycled):
-            // with huge pages, sustained 1 MiB writes ran 1.15× faster
+            // Filled and written again and again (buffers are recycled).
+            // With huge pages, 1 MiB writes that needed fresh buffers (a
+            // server still busy with earlier work) ran 1.15–1.27× faster
             // (BENCHMARKS.md, "Huge pages for the journal's batches").
             rewind_io::advise_huge_pages(&buffer);
         }
