@@ -315,3 +315,44 @@ fn a_stop_right_after_the_server_says_it_listens_is_clean() {
         server.stop();
     }
 }
+
+/// Kibibytes of transparent huge pages in the process, from its
+/// `smaps_rollup`.
+fn anon_huge_kib(pid: u32) -> u64 {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let line = rollup.lines().find_map(|line| line.strip_prefix("AnonHugePages:")).unwrap();
+    line.trim().trim_end_matches("kB").trim().parse().unwrap()
+}
+
+#[test]
+fn journal_buffers_ask_for_huge_pages_unless_the_operator_says_no() {
+    let setting = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    println!("transparent_hugepage: {}", setting.trim());
+    let huge_kib_after_writes = |options: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start_with(dir.path(), options);
+        server.rewind(&["volume", "create", "v", "--size", "64MiB"]);
+        let mut client = NbdClient::connect(server.nbd, "v").unwrap();
+        for mebibyte in 0..32u64 {
+            client.write(mebibyte << 20, &common::pattern(mebibyte, 1 << 20)).unwrap();
+        }
+        client.flush().unwrap();
+        let kib = anon_huge_kib(server.pid());
+        client.disconnect().unwrap();
+        println!("{options:?}: AnonHugePages {kib} kB");
+        kib
+    };
+    let asked = huge_kib_after_writes(&[]);
+    let refused = huge_kib_after_writes(&["--no-journal-huge-pages"]);
+    if setting.contains("[madvise]") {
+        // Only advised memory gets huge pages: the journal's 8 MiB batch
+        // buffer holds at least two whole ones.
+        assert!(asked >= 4096, "no huge pages behind the journal's batch buffer: {asked} kB");
+        assert_eq!(refused, 0, "huge pages though the journal was told not to ask");
+    } else if setting.contains("[never]") {
+        assert_eq!((asked, refused), (0, 0), "huge pages though the kernel's setting is never");
+    } else {
+        // `always`: every large anonymous mapping may get them, asked or not.
+        assert!(asked >= 4096, "no huge pages with transparent_hugepage always: {asked} kB");
+    }
+}

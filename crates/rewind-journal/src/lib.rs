@@ -124,6 +124,12 @@ pub struct JournalConfig {
     /// Commits a segment takes (the last or the current one) for spares to be
     /// written ahead of need ([`Journal::prepare_spare`]).
     pub spare_after_commits: u64,
+    /// Ask the kernel for transparent huge pages behind fresh batch buffers
+    /// (`madvise(MADV_HUGEPAGE)`). Off for machines whose
+    /// `transparent_hugepage/defrag` setting makes an advised fault compact
+    /// memory in place, where a fragmented machine would stall the writer
+    /// that needed a fresh buffer.
+    pub huge_pages: bool,
 }
 
 impl Default for JournalConfig {
@@ -148,6 +154,7 @@ impl Default for JournalConfig {
             batch_bytes_max: 8 << 20,
             spare_segments_max: 16,
             spare_after_commits: 1024,
+            huge_pages: true,
         }
     }
 }
@@ -225,6 +232,9 @@ struct Batch {
     starts_segment: bool,
     /// Records appended.
     records: u32,
+    /// Fresh buffers are advised to the kernel for huge pages
+    /// ([`JournalConfig::huge_pages`]).
+    huge_pages: bool,
 }
 
 impl Batch {
@@ -232,14 +242,14 @@ impl Batch {
     /// after `prefix`: the bytes of the file from the start of `offset`'s
     /// sector to `offset`. `buffer` is reused, with room for `capacity`
     /// bytes of records.
-    fn new(segment: u32, offset: u64, prefix: &[u8], mut buffer: Vec<u8>, capacity: usize) -> Batch {
+    fn new(segment: u32, offset: u64, prefix: &[u8], mut buffer: Vec<u8>, capacity: usize, huge_pages: bool) -> Batch {
         assert_eq!(prefix.len() as u64, offset % DIRECT_ALIGN as u64);
         buffer.clear();
         // The alignment pad, the prefix and the padding of the last sector
         // are each shorter than a sector.
         let fresh = buffer.capacity() < capacity + 3 * DIRECT_ALIGN;
         buffer.reserve(capacity + 3 * DIRECT_ALIGN);
-        if fresh {
+        if fresh && huge_pages {
             // Filled and written again and again (buffers are recycled).
             // With huge pages, 1 MiB writes that needed fresh buffers (a
             // server still busy with earlier work) ran 1.15–1.27× faster
@@ -261,6 +271,7 @@ impl Batch {
             lsn_last: Lsn::ZERO,
             starts_segment: false,
             records: 0,
+            huge_pages,
         }
     }
 
@@ -268,7 +279,7 @@ impl Batch {
     fn next(&self, buffer: Vec<u8>, capacity: usize) -> Batch {
         let end = self.end();
         let prefix = &self.bytes[self.records_end - (end % DIRECT_ALIGN as u64) as usize..self.records_end];
-        Batch::new(self.segment, end, prefix, buffer, capacity)
+        Batch::new(self.segment, end, prefix, buffer, capacity, self.huge_pages)
     }
 
     fn records(&self) -> &[u8] {
@@ -304,7 +315,7 @@ impl Batch {
         }
         let prefix = self.bytes[self.sector_start..self.records_start].to_vec();
         let buffer = std::mem::take(&mut self.bytes);
-        let fresh = Batch::new(self.segment, self.offset, &prefix, buffer, capacity.max(record_bytes));
+        let fresh = Batch::new(self.segment, self.offset, &prefix, buffer, capacity.max(record_bytes), self.huge_pages);
         *self = Batch { lsn_last: self.lsn_last, starts_segment: self.starts_segment, ..fresh };
     }
 
@@ -797,7 +808,7 @@ impl Journal {
             tail: Mutex::new(Tail {
                 // Room for records is made by the first append: a journal
                 // opened only to be read (recovery) holds no batch buffer.
-                active: Batch::new(segment, end, prefix, Vec::new(), 0),
+                active: Batch::new(segment, end, prefix, Vec::new(), 0, config.huge_pages),
                 sealed: VecDeque::new(),
                 lsn_next,
                 timestamp_last,
@@ -1153,8 +1164,8 @@ impl Journal {
             timestamp_before: tail.timestamp_last,
             recycled,
         };
-        let mut next = Batch::new(segment, 0, &[], self.spare_buffer(), self.config.batch_bytes_max);
         let capacity = self.config.batch_bytes_max;
+        let mut next = Batch::new(segment, 0, &[], self.spare_buffer(), capacity, self.config.huge_pages);
         next.append(SEGMENT_HEADER_BYTES as u64, capacity, |out| out.extend_from_slice(&header.encode()));
         next.starts_segment = true;
         self.seal_into(tail, next);
