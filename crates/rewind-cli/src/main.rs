@@ -1097,7 +1097,7 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
             }
             println!(
                 "{name} as of {}: {} blocks of archived history in {} chunks, which lay in {} of \
-                 neighbouring records; {} chunks laid out in block order ({} written){}",
+                 neighbouring records; {} chunks laid out in block order ({} written){}{}",
                 summary.at,
                 summary.blocks_archived,
                 summary.chunks,
@@ -1107,6 +1107,10 @@ fn volume(backend: &dyn Backend, command: VolumeCommand) -> Result<()> {
                 },
                 summary.chunks_moved,
                 indicatif::HumanBytes(summary.bytes_written),
+                match summary.blocks_skipped {
+                    0 => String::new(),
+                    skipped => format!("; {skipped} blocks never written passed over"),
+                },
                 match summary.chunks_damaged {
                     0 => String::new(),
                     damaged => format!("; {damaged} damaged chunks left where they are (see the server log)"),

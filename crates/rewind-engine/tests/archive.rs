@@ -16,6 +16,14 @@ const SECOND: u64 = 1_000_000_000;
 /// before the time they run at, and on it a 1 MiB volume `v` created at
 /// 1000 s with `granularity_nanos`: (node, volume, creation time).
 fn archiving_node(archive_age_nanos: u64, granularity_nanos: u64) -> (Node, Arc<Volume>, Timestamp) {
+    archiving_node_of(1 << 20, archive_age_nanos, granularity_nanos)
+}
+
+fn archiving_node_of(
+    size_bytes: u64,
+    archive_age_nanos: u64,
+    granularity_nanos: u64,
+) -> (Node, Arc<Volume>, Timestamp) {
     let storage = SimStorage::new(SimConfig::default(), 1);
     let mut config = NodeConfig::default();
     config.volume.archive_age_nanos = archive_age_nanos;
@@ -26,7 +34,7 @@ fn archiving_node(archive_age_nanos: u64, granularity_nanos: u64) -> (Node, Arc<
     let start = Timestamp::from_unix_nanos(1_000 * SECOND);
     let spec = VolumeSpec {
         granularity_nanos,
-        ..VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(4096).unwrap())
+        ..VolumeSpec::new(VolumeName::new("v").unwrap(), size_bytes, BlockSize::new(4096).unwrap())
     };
     let volume = node.create_volume(spec, start).unwrap();
     (node, volume, start)
@@ -619,6 +627,39 @@ fn a_defrag_lays_out_the_history_a_view_reads_in_block_order() {
     assert!(present == (0..BLOCKS).flat_map(|block| contents(block, 2)).collect::<Vec<u8>>(), "the present");
     volume.view(ends[0]).unwrap().read(0, &mut present).unwrap();
     assert!(present == (0..BLOCKS).flat_map(|block| contents(block, 0)).collect::<Vec<u8>>(), "the fill");
+}
+
+/// A defrag plans 8192 blocks at a time, and passes over those the volume
+/// never wrote: of a volume of eight such pieces written in the first and
+/// in the middle of the sixth, it plans those two, lays out all the
+/// history the view reads, and reports the six others skipped.
+#[test]
+fn a_defrag_passes_over_the_pieces_a_volume_never_wrote() {
+    const PIECE: u64 = 8192;
+    let (node, volume, start) = archiving_node_of(8 * PIECE * 4096, 0, 0);
+    let far = 5 * PIECE + 100;
+    let written_blocks = |block: u64| block < 16 || (far..far + 16).contains(&block);
+    // Round 0 writes those blocks, round 1 the odd ones again.
+    let ends = write_archived_rounds(
+        &node,
+        &volume,
+        start,
+        far + 16,
+        2,
+        |block, round| written_blocks(block) && (round == 0 || block % 2 == 1),
+        incompressible,
+    );
+    let view = volume.view(ends[0]).unwrap();
+    let mut progress = Vec::new();
+    let report = view.defrag(&mut |done, total| progress.push((done, total))).unwrap();
+    assert_eq!(report.blocks_skipped, 6 * PIECE, "pieces 1-4, 6 and 7 were never written");
+    assert_eq!((report.blocks_archived, report.chunks_damaged), (32, 0), "every written block's fill is history");
+    assert_eq!(progress.last(), Some(&(8 * PIECE, 8 * PIECE)), "progress ends at the volume's end");
+    for block in (0..16).chain(far..far + 16) {
+        let mut bytes = vec![0u8; 4096];
+        view.read(block * 4096, &mut bytes).unwrap();
+        assert!(bytes == incompressible(block, 0), "block {block} reads its fill");
+    }
 }
 
 /// A bookmark's history is laid out in block order in the background once

@@ -155,6 +155,9 @@ pub struct DefragSummary {
     pub bytes_written: u64,
     /// Chunks whose record failed its check, left where they are.
     pub chunks_damaged: u64,
+    /// Blocks passed over unplanned: whole pieces the volume never wrote.
+    #[serde(default)]
+    pub blocks_skipped: u64,
 }
 
 impl DefragSummary {
@@ -169,6 +172,7 @@ impl DefragSummary {
             chunks_moved: report.chunks_moved,
             bytes_written: report.bytes_written,
             chunks_damaged: report.chunks_damaged,
+            blocks_skipped: report.blocks_skipped,
         }
     }
 }

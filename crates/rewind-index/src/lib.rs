@@ -225,6 +225,28 @@ const ARCHIVE_BATCH_MAX: usize = 1 << 14;
 
 const MANIFEST: &str = "manifest";
 
+/// The blocks that had versions when [`VersionIndex::versioned_blocks`]
+/// was asked.
+pub struct VersionedBlocks {
+    /// Sorted, distinct.
+    in_memory: Vec<u64>,
+    runs: Vec<Arc<Run>>,
+}
+
+impl VersionedBlocks {
+    /// The lowest block at or after `block` with a version, if any.
+    pub fn first_from(&self, block: u64) -> Result<Option<u64>, IndexError> {
+        let mut first = self.in_memory.get(self.in_memory.partition_point(|&held| held < block)).copied();
+        for run in &self.runs {
+            if let Some(found) = run.first_block_from(block)? {
+                assert!(found >= block, "a run's first block from {block} is {found}");
+                first = Some(first.map_or(found, |first| first.min(found)));
+            }
+        }
+        Ok(first)
+    }
+}
+
 fn scan_runs<'a>(
     runs: impl Iterator<Item = &'a Arc<Run>>,
     visit: &mut dyn FnMut(&Version) -> Result<(), IndexError>,
@@ -567,6 +589,19 @@ impl VersionIndex {
     /// The newest version of `block` at or before `at`.
     pub fn find_le(&self, block: u64, at: Timestamp) -> Result<Option<Version>, IndexError> {
         Ok(self.find_le_many(&[block], at)?.pop().expect("one answer"))
+    }
+
+    /// The blocks with versions in the index now, of any time, to skip
+    /// what was never written (a defrag of a thin volume of terabytes
+    /// planned every 32 MiB of it). The memtables' blocks are copied (they
+    /// are bounded); the runs are looked up as asked.
+    pub fn versioned_blocks(&self) -> VersionedBlocks {
+        let state = self.state.read();
+        let mut in_memory: Vec<u64> =
+            state.frozen.iter().map(|memtable| &**memtable).chain([&state.active]).flat_map(Memtable::blocks).collect();
+        in_memory.sort_unstable();
+        in_memory.dedup();
+        VersionedBlocks { in_memory, runs: state.runs.clone() }
     }
 
     /// Writes every sealed memtable whose records are durable (LSN at most

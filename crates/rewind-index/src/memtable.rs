@@ -87,6 +87,11 @@ impl Memtable {
         count.checked_sub(1).map(|index| self.versions[positions[index] as usize])
     }
 
+    /// The blocks with versions here, in no order.
+    pub fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_block.keys().copied()
+    }
+
     /// All versions sorted by `(block, timestamp)`, for writing a run.
     pub fn sorted(&self) -> Vec<Version> {
         let mut blocks: Vec<u64> = self.by_block.keys().copied().collect();

@@ -161,6 +161,29 @@ impl Run {
         Ok(())
     }
 
+    /// The lowest block at or after `block` with a version in this run, of
+    /// any time: one page looked at (the one whose fence key is at or
+    /// before the block's first), and the next page's fence key.
+    pub fn first_block_from(&self, block: u64) -> Result<Option<u64>, IndexError> {
+        let key = (block, 0);
+        let pages_le = self.fence.partition_point(|&first| first <= key);
+        let Some(number) = pages_le.checked_sub(1) else {
+            return Ok(self.fence.first().map(|&(first, _)| first));
+        };
+        let bytes = self.page(number as u64)?;
+        let page = Page::assume_verified(&bytes);
+        // Entries `<= (block, 0)` are below the block but for one stamped
+        // at time 0 exactly.
+        let count = page.count_le(key);
+        if count > 0 && page.key(count - 1).0 == block {
+            return Ok(Some(block));
+        }
+        if count < page.len() {
+            return Ok(Some(page.key(count).0));
+        }
+        Ok(self.fence.get(number + 1).map(|&(first, _)| first))
+    }
+
     /// Streams every version in key order, reading ahead in large chunks and
     /// bypassing the page cache (a merge reads each page once).
     pub fn scan(&self) -> RunScan<'_> {

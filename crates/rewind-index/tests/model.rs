@@ -83,6 +83,23 @@ fn check(
     }
 }
 
+/// `versioned_blocks` finds, from every block, the next one with a version
+/// the index keeps, as a scan of all of them does.
+fn check_versioned_blocks(index: &VersionIndex, seed: u64) {
+    let mut kept = BTreeSet::new();
+    index
+        .for_each_version(&mut |version| {
+            kept.insert(version.block.0);
+            Ok(())
+        })
+        .unwrap();
+    let versioned = index.versioned_blocks();
+    for block in 0..=310 {
+        let expected = kept.range(block..).next().copied();
+        assert_eq!(versioned.first_from(block).unwrap(), expected, "seed {seed}: first versioned block from {block}");
+    }
+}
+
 #[test]
 fn find_le_matches_the_oracle() {
     let mut merges = 0;
@@ -186,9 +203,11 @@ fn find_le_matches_the_oracle() {
                     assert!(index.archived_before() >= cutoff, "seed {seed}");
                     archived += report.versions_archived;
                 }
+                97 => check_versioned_blocks(&index, seed),
                 _ => check(&index, &oracle, &mut rng, time, &chunks.lock(), seed),
             }
         }
+        check_versioned_blocks(&index, seed);
         for _ in 0..50 {
             check(&index, &oracle, &mut rng, time, &chunks.lock(), seed);
         }

@@ -17,7 +17,9 @@
 //! `View::defrag` plans the view piece by piece, as a read would, and asks
 //! the chunk store to copy the chunks of each piece, in block order, into
 //! new packs (`ChunkStore::relocate`), unless they already lie in long
-//! runs. The versions keep their chunk ids: only the chunk table's slots
+//! runs. Pieces the volume never wrote are passed over (a 4 TiB volume
+//! with 16 MiB written took 74 s to plan piece by piece). The versions
+//! keep their chunk ids: only the chunk table's slots
 //! move, crash-safely as a repack's do, so the index, the other views and
 //! the other volumes sharing a chunk are untouched, and every read made
 //! meanwhile finds the chunk in its old pack or its new one. The old
@@ -49,8 +51,8 @@ const PIECE_BLOCKS: u64 = 8192;
 
 /// How long one round of the node's work on history lays out bookmarks
 /// before it goes on to the other volumes (a layout goes on at the next
-/// round, a second later in `rewind serve`): a volume of many terabytes
-/// takes hours to plan, and their archive passes must not wait that long.
+/// round, a second later in `rewind serve`): a volume with many terabytes
+/// written takes hours to plan, and their archive passes must not wait that long.
 const LAYOUT_SLICE_NANOS: u64 = 500_000_000;
 
 /// What a defrag did.
@@ -68,6 +70,8 @@ pub struct DefragReport {
     pub bytes_written: u64,
     /// Chunks whose record failed its check, left where they are.
     pub chunks_damaged: u64,
+    /// Blocks passed over unplanned: whole pieces this volume never wrote.
+    pub blocks_skipped: u64,
 }
 
 impl DefragReport {
@@ -122,7 +126,21 @@ impl Volume {
         go_on: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<u64, EngineError> {
         let blocks = self.block_count();
+        // A block this volume never wrote reads zeros or its clone's base,
+        // never its own archived history, so whole pieces without a version
+        // of any time are passed over.
+        let versioned = self.index.versioned_blocks();
         while first < blocks {
+            let skipped = match versioned.first_from(first)? {
+                Some(next) if next < blocks => (next - first) / PIECE_BLOCKS * PIECE_BLOCKS,
+                _ => blocks - first,
+            };
+            report.blocks_skipped += skipped;
+            first += skipped;
+            if first == blocks {
+                go_on(first, blocks);
+                break;
+            }
             let count = PIECE_BLOCKS.min(blocks - first);
             let ids = self.archived_chunks(at, BlockIndex(first), count)?;
             report.blocks_archived += ids.len() as u64;
