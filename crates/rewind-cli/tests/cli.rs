@@ -356,3 +356,57 @@ fn journal_buffers_ask_for_huge_pages_unless_the_operator_says_no() {
         assert!(asked >= 4096, "no huge pages with transparent_hugepage always: {asked} kB");
     }
 }
+
+/// Bytes the server has read from `volume`'s current store.
+fn current_read_bytes(server: &Server, volume: &str) -> u64 {
+    json(&server.rewind(&["stats", volume, "--json"]))["io"]["current"]["read_bytes"].as_u64().unwrap()
+}
+
+#[test]
+fn a_thin_terabyte_maps_and_restores_without_reading_its_unwritten_metadata() {
+    require("nbdinfo");
+    require("qemu-io");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    server.rewind(&["volume", "create", "thin", "--size", "1TiB"]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x33 0 1M", "-c", "write -P 0x44 512G 1M", &server.uri("thin")]);
+    let before_third =
+        json(&server.rewind(&["bookmark", "thin", "two-writes", "--json"]))["at"].as_str().unwrap().to_owned();
+    run("qemu-io", &["-f", "raw", "-c", "write -P 0x55 768G 1M", &server.uri("thin")]);
+    let read_before = current_read_bytes(&server, "thin");
+    let present = run("nbdinfo", &["--map", &server.uri("thin")]);
+    let then = run("nbdinfo", &["--map", &server.uri("thin@two-writes")]);
+    let restored = dir.path().join("thin.raw");
+    server.rewind(&["restore", "thin@two-writes", "--to", restored.to_str().unwrap()]);
+    let read = current_read_bytes(&server, "thin") - read_before;
+    println!("present:\n{present}then ({before_third}):\n{then}{read} bytes of the current store read");
+    let data = |map: &str| -> Vec<String> {
+        map.lines()
+            .filter(|line| line.ends_with(" data"))
+            .map(|line| line.split_whitespace().next().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(data(&present), ["0", "549755813888", "824633720832"], "the present's data:\n{present}");
+    assert_eq!(data(&then), ["0", "549755813888"], "the bookmark's data:\n{then}");
+    // 1 TiB of 4 KiB blocks has 4 GiB of metadata; what was written, 3 MiB,
+    // has 12 KiB of it (in pages of 4 KiB, read by each of the three).
+    assert!(read < 1 << 20, "{read} bytes of the current store read to map and restore the thin volume");
+    let check = run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x33 0 1M",
+            "-c",
+            "read -P 0x44 512G 1M",
+            "-c",
+            "read -P 0 768G 1M",
+            restored.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(check.matches("read 1048576/1048576 bytes").count(), 3, "{check}");
+    let allocated =
+        std::fs::metadata(&restored).map(|metadata| std::os::unix::fs::MetadataExt::blocks(&metadata)).unwrap();
+    assert!(allocated * 512 < 16 << 20, "the restored terabyte is sparse: {allocated} sectors allocated");
+}

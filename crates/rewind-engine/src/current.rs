@@ -148,6 +148,27 @@ impl CurrentStore {
         Ok(())
     }
 
+    /// The lowest block at or after `first` whose metadata may say it was
+    /// written: the entries before it read as zeros, which is unwritten
+    /// (the metadata file's holes, `File::next_data`).
+    pub fn next_written(&self, first: BlockIndex) -> Result<Option<BlockIndex>, EngineError> {
+        self.check_range(first, 0);
+        let meta_bytes = BLOCK_META_BYTES as u64;
+        let next = self.meta.next_data(first.0 * meta_bytes).map_err(EngineError::io(&self.meta_path))?;
+        Ok(next.map(|offset| BlockIndex(offset / meta_bytes)).filter(|block| block.0 < self.block_count))
+    }
+
+    /// The block after the stretch of metadata entries written from `first`
+    /// on (where the metadata file's next hole starts), so that a look
+    /// at the blocks from `first` can stop there; `first` if its entry lies
+    /// in a hole.
+    pub fn written_until(&self, first: BlockIndex) -> Result<BlockIndex, EngineError> {
+        self.check_range(first, 0);
+        let meta_bytes = BLOCK_META_BYTES as u64;
+        let hole = self.meta.next_hole(first.0 * meta_bytes).map_err(EngineError::io(&self.meta_path))?;
+        Ok(BlockIndex(hole.div_ceil(meta_bytes).min(self.block_count)))
+    }
+
     pub fn data_path(&self) -> &str {
         &self.data_path
     }

@@ -136,6 +136,14 @@ impl File for CountingFile {
         Ok(())
     }
 
+    fn next_data(&self, offset: u64) -> io::Result<Option<u64>> {
+        self.inner.next_data(offset)
+    }
+
+    fn next_hole(&self, offset: u64) -> io::Result<u64> {
+        self.inner.next_hole(offset)
+    }
+
     fn allocate(&self, offset: u64, length: u64) -> io::Result<()> {
         self.inner.allocate(offset, length)
     }

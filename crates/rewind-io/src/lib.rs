@@ -68,6 +68,18 @@ pub trait File: Send + Sync {
     fn sync_data(&self) -> io::Result<()>;
     /// Deallocates `offset..offset+length`; it reads back as zeros afterwards.
     fn punch_hole(&self, offset: u64, length: u64) -> io::Result<()>;
+    /// An offset at or after `offset` before which every byte from `offset`
+    /// reads as zeros (the next data, past a hole: `SEEK_DATA`), or `None`
+    /// if every byte from `offset` to the end does. Where holes cannot be
+    /// told, `offset` itself (if inside the file).
+    fn next_data(&self, offset: u64) -> io::Result<Option<u64>> {
+        Ok((offset < self.size_bytes()?).then_some(offset))
+    }
+    /// The start of the first hole at or after `offset` (`SEEK_HOLE`): the
+    /// file's end where there is none, or where holes cannot be told.
+    fn next_hole(&self, offset: u64) -> io::Result<u64> {
+        Ok(self.size_bytes()?.max(offset))
+    }
     /// Starts writing `offset..offset+length` to the device without waiting
     /// for it. A hint: where it cannot be given, nothing happens.
     fn start_writeback(&self, _offset: u64, _length: u64) -> io::Result<()> {

@@ -108,6 +108,25 @@ impl File for OsFile {
         Ok(self.file.metadata()?.len())
     }
 
+    fn next_data(&self, offset: u64) -> io::Result<Option<u64>> {
+        // Filesystems that do not track holes report every byte as data.
+        match rustix::fs::seek(&self.file, rustix::fs::SeekFrom::Data(offset)) {
+            Ok(data) => Ok(Some(data)),
+            // No data at or after `offset`.
+            Err(rustix::io::Errno::NXIO) => Ok(None),
+            Err(errno) => Err(errno.into()),
+        }
+    }
+
+    fn next_hole(&self, offset: u64) -> io::Result<u64> {
+        match rustix::fs::seek(&self.file, rustix::fs::SeekFrom::Hole(offset)) {
+            Ok(hole) => Ok(hole),
+            // `offset` is at or past the end.
+            Err(rustix::io::Errno::NXIO) => Ok(offset),
+            Err(errno) => Err(errno.into()),
+        }
+    }
+
     fn set_len(&self, size_bytes: u64) -> io::Result<()> {
         self.file.set_len(size_bytes)
     }
@@ -279,6 +298,54 @@ mod tests {
         let mut slices: Vec<io::IoSliceMut<'_>> = buffers.iter_mut().map(|buf| io::IoSliceMut::new(buf)).collect();
         file.read_exact_vectored_at(&mut slices, offset)?;
         Ok(buffers.concat())
+    }
+
+    /// `next_data` never passes over data, in a sparse file and in the
+    /// simulator alike: every byte it skips reads as zeros.
+    #[test]
+    fn next_data_passes_over_holes_never_data() {
+        const SIZE: u64 = 64 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let os = OsStorage::new(dir.path()).unwrap();
+        let sim = crate::SimStorage::new(crate::SimConfig::default(), 7);
+        for (name, storage) in [("os", &os as &dyn Storage), ("sim", &sim)] {
+            let file = storage.open_file("sparse", OpenMode::CreateNew).unwrap();
+            file.set_len(SIZE).unwrap();
+            let data = [(16 << 20) + 100, 40 << 20];
+            for at in data {
+                file.write_all_at(&[7; 10], at).unwrap();
+            }
+            let mut bytes = vec![0; SIZE as usize];
+            file.read_exact_at(&mut bytes, 0).unwrap();
+            let offsets = [0, 1 << 20, (16 << 20) + 50, (16 << 20) + 105, (16 << 20) + 110, 30 << 20, SIZE - 1];
+            for offset in offsets {
+                let next = file.next_data(offset).unwrap();
+                let skipped_to = next.unwrap_or(SIZE);
+                println!("{name}: next data from {offset}: {next:?}");
+                assert!(skipped_to >= offset, "{name}: {next:?} before {offset}");
+                let skipped = &bytes[offset as usize..skipped_to as usize];
+                assert!(
+                    skipped.iter().all(|&byte| byte == 0),
+                    "{name}: data passed over from {offset} to {skipped_to}"
+                );
+            }
+            // And every hole it finds is zeros, from where it starts to the
+            // next data.
+            for offset in offsets {
+                let hole = file.next_hole(offset).unwrap();
+                println!("{name}: next hole from {offset}: {hole}");
+                assert!(hole >= offset && hole <= SIZE, "{name}: hole at {hole} from {offset}");
+                let hole_end = file.next_data(hole).unwrap().unwrap_or(SIZE);
+                let zeros = &bytes[hole.min(SIZE) as usize..hole_end as usize];
+                assert!(zeros.iter().all(|&byte| byte == 0), "{name}: a hole at {hole} holds data");
+            }
+            if name == "sim" {
+                // The simulator keeps holes of whole 512-byte sectors.
+                assert_eq!(file.next_data(0).unwrap(), Some(16 << 20), "the simulator's holes are its zeros");
+                assert_eq!(file.next_hole(16 << 20).unwrap(), (16 << 20) + 512);
+                assert_eq!(file.next_data((40 << 20) + 512).unwrap(), None, "nothing after the last write's sector");
+            }
+        }
     }
 
     #[test]

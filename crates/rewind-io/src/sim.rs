@@ -381,6 +381,17 @@ impl SimStorage {
     }
 }
 
+/// The start of the first 512-byte sector of `contents`, from the one
+/// holding `offset` on, whose being all zeros `wanted` accepts: the
+/// simulated filesystem keeps holes at that grain.
+fn sector_from(contents: &[u8], offset: u64, wanted: impl Fn(bool) -> bool) -> Option<u64> {
+    const SECTOR: usize = 512;
+    let first = offset as usize / SECTOR * SECTOR;
+    let rest = contents.get(first..).unwrap_or_default();
+    let found = rest.chunks(SECTOR).position(|sector| wanted(sector.iter().all(|&byte| byte == 0)));
+    found.map(|index| (first + index * SECTOR) as u64)
+}
+
 fn apply_write(bytes: &mut Vec<u8>, offset: u64, data: &[u8]) {
     let end = offset as usize + data.len();
     if bytes.len() < end {
@@ -506,6 +517,22 @@ impl File for SimFile {
 
     fn size_bytes(&self) -> io::Result<u64> {
         self.with_inode(Access::Read, |inode, _| Ok(inode.contents.len() as u64))
+    }
+
+    /// Sectors of zeros are holes here, as a filesystem's never-written
+    /// blocks are.
+    fn next_data(&self, offset: u64) -> io::Result<Option<u64>> {
+        self.with_inode(Access::Read, |inode, _| {
+            let sector = sector_from(&inode.contents, offset, |zeros| !zeros);
+            Ok(sector.map(|start| start.max(offset)))
+        })
+    }
+
+    fn next_hole(&self, offset: u64) -> io::Result<u64> {
+        self.with_inode(Access::Read, |inode, _| {
+            let sector = sector_from(&inode.contents, offset, |zeros| zeros);
+            Ok(sector.map_or(inode.contents.len() as u64, |start| start.max(offset)).max(offset))
+        })
     }
 
     fn set_len(&self, size_bytes: u64) -> io::Result<()> {

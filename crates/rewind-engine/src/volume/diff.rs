@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use crate::volume::read::{Copies, Mismatch, OverlayAccess, Source, View, STATUS_BLOCKS_MAX};
+use crate::volume::read::{Copies, LookAhead, Mismatch, OverlayAccess, Source, View, STATUS_BLOCKS_MAX};
 use crate::{EngineError, Volume};
 use rewind_types::Timestamp;
 
@@ -108,13 +108,17 @@ impl Volume {
         let block_bytes = u64::from(block_size.bytes());
         let first = block_size.block_of(offset);
         let end = offset + length;
-        let count = (end.div_ceil(block_bytes) - first.0).min(STATUS_BLOCKS_MAX);
         // No version moves between the two plans: not from the overlay to
         // the current store (destage), nor from the journal to the chunk
         // store (archive), so one version is planned from one place.
         let _wanted = self.passes_wanted.hold();
         let _no_archive = self.history_work.lock();
         let _no_destage = self.destage_lock();
+        // What this volume never wrote reads as zeros at both points.
+        let count = match self.look_ahead(offset, end, (end.div_ceil(block_bytes) - first.0).min(STATUS_BLOCKS_MAX))? {
+            LookAhead::Unwritten(length) => return Ok(vec![ChangeExtent { length, changed: false }]),
+            LookAhead::Plan(count) => count,
+        };
         let plan = |at: Option<Timestamp>| -> Result<Vec<Source>, EngineError> {
             self.plan(at, OverlayAccess::Lock, Copies::Traced, first, count)?
                 .map_err(|Mismatch(block)| self.corrupt_current(block))

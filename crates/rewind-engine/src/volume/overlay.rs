@@ -173,6 +173,18 @@ impl Overlay {
         self.blocks.len()
     }
 
+    /// The lowest block at or after `block` with versions here (a look at
+    /// every block held).
+    pub(crate) fn first_block_from(&self, block: u64) -> Option<u64> {
+        self.blocks.keys().copied().filter(|&held| held >= block).min()
+    }
+
+    /// The first block from `block` on, up to `limit`, without versions
+    /// here: where the stretch held from `block` ends.
+    pub(crate) fn held_until(&self, block: u64, limit: u64) -> u64 {
+        (block..limit).find(|held| !self.blocks.contains_key(held)).unwrap_or(limit)
+    }
+
     /// The versions of `block` not yet destaged, oldest first.
     pub(crate) fn get(&self, block: u64) -> Option<&[Pending]> {
         self.blocks.get(&block).map(|entries| entries.as_slice())
