@@ -173,10 +173,13 @@ impl Overlay {
         self.blocks.len()
     }
 
-    /// The lowest block at or after `block` with versions here (a look at
-    /// every block held).
-    pub(crate) fn first_block_from(&self, block: u64) -> Option<u64> {
-        self.blocks.keys().copied().filter(|&held| held >= block).min()
+    /// The lowest block of `first..end` with versions here: a look at each
+    /// of those blocks or at every block held, whichever are fewer.
+    pub(crate) fn first_block_in(&self, first: u64, end: u64) -> Option<u64> {
+        match end.saturating_sub(first) <= self.blocks.len() as u64 {
+            true => (first..end).find(|block| self.blocks.contains_key(block)),
+            false => self.blocks.keys().copied().filter(|held| (first..end).contains(held)).min(),
+        }
     }
 
     /// The first block from `block` on, up to `limit`, without versions
@@ -456,6 +459,32 @@ mod tests {
     fn newest_durable(overlay: &Overlay, lsn_durable: Lsn) -> Vec<Pending> {
         let newest = overlay.blocks.values().filter_map(|entries| entries.iter().rev().find(|e| e.lsn <= lsn_durable));
         newest.copied().collect()
+    }
+
+    /// The first block held in a range, and the end of a stretch held,
+    /// are the same whether the range is probed block by block or the
+    /// blocks held are scanned.
+    #[test]
+    fn the_first_block_held_in_a_range_is_found_either_way() {
+        let seed = 11;
+        println!("seed {seed}");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut overlay = Overlay::new(None, Vec::new(), false, 1024);
+        let held: Vec<u64> = (0..200).map(|_| rng.random_range(0..10_000)).collect();
+        for (lsn, &block) in (1..).zip(&held) {
+            overlay.record(Lsn(lsn), &[written(block, lsn)], true, Lsn(lsn));
+        }
+        for _ in 0..1000 {
+            let first = rng.random_range(0..10_100);
+            // Ranges shorter and longer than the 200 or fewer blocks held.
+            let longest = if rng.random_bool(0.5) { 100 } else { 20_000 };
+            let end = first + rng.random_range(0..longest);
+            let expected = held.iter().copied().filter(|block| (first..end).contains(block)).min();
+            assert_eq!(overlay.first_block_in(first, end), expected, "seed {seed}: {first}..{end}");
+            let until = overlay.held_until(first, end);
+            assert!((first..until).all(|block| held.contains(&block)), "seed {seed}: held from {first} to {until}");
+            assert!(until == end || !held.contains(&until), "seed {seed}: the stretch from {first} goes on at {until}");
+        }
     }
 
     /// The table and the recency queue never grow while writes fill the

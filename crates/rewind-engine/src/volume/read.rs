@@ -589,19 +589,26 @@ impl Volume {
         let Some(current) = self.current.as_ref().filter(|_| self.meta.base.is_none()) else {
             return Ok(LookAhead::Plan(count_max));
         };
-        // The overlay first: a block destaged meanwhile is in the store by
-        // the time the store is looked at. Per stretch it holds from
-        // `first`: (the first block held, the end of that stretch).
+        let stored = |first| current.next_written(first).map(|block| block.map_or(u64::MAX, |block| block.0));
+        // The overlay is looked at only before the store's first written
+        // block (a dense volume's is `first` itself: no look, under the
+        // write lock, at a large overlay), and the store once more after
+        // it: a block destaged meanwhile is in one or the other. Per
+        // stretch the overlay holds there: (its first block, its end).
+        let stored_before = stored(first)?;
         let in_overlay = match self.overlay_versions.load(Ordering::Relaxed) {
             0 => None,
             _ => {
                 let state = self.write.lock();
-                let held = state.overlay.first_block_from(first.0);
+                let held = state.overlay.first_block_in(first.0, stored_before);
                 held.map(|held| (held, state.overlay.held_until(held, held.saturating_add(count_max))))
             }
         };
-        let written = in_overlay.map(|(held, _)| held).into_iter().chain(current.next_written(first)?.map(|b| b.0));
-        let unwritten_end = written.min().map_or(end, |block| block_size.offset_of(BlockIndex(block)).min(end));
+        let written = in_overlay.map_or(u64::MAX, |(held, _)| held).min(stored_before).min(stored(first)?);
+        let unwritten_end = match written {
+            u64::MAX => end,
+            block => block_size.offset_of(BlockIndex(block)).min(end),
+        };
         if unwritten_end > offset {
             return Ok(LookAhead::Unwritten(unwritten_end - offset));
         }
