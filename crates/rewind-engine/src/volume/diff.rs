@@ -17,9 +17,9 @@
 
 use std::sync::Arc;
 
-use crate::volume::read::{Copies, LookAhead, Mismatch, OverlayAccess, Source, View, STATUS_BLOCKS_MAX};
+use crate::volume::read::{Copies, Mismatch, OverlayAccess, Source, Stretch, View};
 use crate::{EngineError, Volume};
-use rewind_types::Timestamp;
+use rewind_types::{BlockIndex, Timestamp};
 
 /// One extent of a comparison, covering the range asked in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,8 +105,6 @@ impl Volume {
             return Ok(Vec::new());
         }
         let block_size = self.block_size();
-        let block_bytes = u64::from(block_size.bytes());
-        let first = block_size.block_of(offset);
         let end = offset + length;
         // No version moves between the two plans: not from the overlay to
         // the current store (destage), nor from the journal to the chunk
@@ -114,29 +112,34 @@ impl Volume {
         let _wanted = self.passes_wanted.hold();
         let _no_archive = self.history_work.lock();
         let _no_destage = self.destage_lock();
-        // What this volume never wrote reads as zeros at both points.
-        let count = match self.look_ahead(offset, end, (end.div_ceil(block_bytes) - first.0).min(STATUS_BLOCKS_MAX))? {
-            LookAhead::Unwritten(length) => return Ok(vec![ChangeExtent { length, changed: false }]),
-            LookAhead::Plan(count) => count,
-        };
-        let plan = |at: Option<Timestamp>| -> Result<Vec<Source>, EngineError> {
-            self.plan(at, OverlayAccess::Lock, Copies::Traced, first, count)?
-                .map_err(|Mismatch(block)| self.corrupt_current(block))
-        };
-        let before = plan(Some(earlier.at()))?;
-        let after = plan(later)?;
-        assert_eq!(before.len(), after.len(), "one source per block in both plans");
         let mut extents: Vec<ChangeExtent> = Vec::new();
+        let mut push = |length: u64, changed: bool| match extents.last_mut() {
+            Some(last) if last.changed == changed => last.length += length,
+            _ => extents.push(ChangeExtent { length, changed }),
+        };
         let mut position = offset;
-        for (index, (before, after)) in before.iter().zip(&after).enumerate() {
-            let block_end = block_size.offset_of(rewind_types::BlockIndex(first.0 + index as u64 + 1)).min(end);
-            let changed = before != after;
-            let length = block_end - position;
-            match extents.last_mut() {
-                Some(last) if last.changed == changed => last.length += length,
-                _ => extents.push(ChangeExtent { length, changed }),
+        for stretch in self.stretches(offset, end)? {
+            let (first, count) = match stretch {
+                // What this volume never wrote reads as zeros at both points.
+                Stretch::Unwritten(length) => {
+                    push(length, false);
+                    position += length;
+                    continue;
+                }
+                Stretch::Plan(first, count) => (first, count),
+            };
+            let plan = |at: Option<Timestamp>| -> Result<Vec<Source>, EngineError> {
+                self.plan(at, OverlayAccess::Lock, Copies::Traced, first, count)?
+                    .map_err(|Mismatch(block)| self.corrupt_current(block))
+            };
+            let before = plan(Some(earlier.at()))?;
+            let after = plan(later)?;
+            assert_eq!(before.len(), after.len(), "one source per block in both plans");
+            for (index, (before, after)) in before.iter().zip(&after).enumerate() {
+                let block_end = block_size.offset_of(BlockIndex(first.0 + index as u64 + 1)).min(end);
+                push(block_end - position, before != after);
+                position = block_end;
             }
-            position = block_end;
         }
         Ok(extents)
     }

@@ -128,13 +128,19 @@ impl Source {
     }
 }
 
-/// See [`Volume::look_ahead`].
-pub(super) enum LookAhead {
-    /// Bytes from the offset asked that this volume never wrote.
+/// See [`Volume::stretches`].
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Stretch {
+    /// Bytes this volume never wrote.
     Unwritten(u64),
-    /// Blocks to plan.
-    Plan(u64),
+    /// Blocks to plan: the first and how many.
+    Plan(BlockIndex, u64),
 }
+
+/// The most looks ahead one block status or changes request takes
+/// ([`Volume::stretches`]): each costs a few `lseek`s, and written blocks
+/// scattered one in a hole would otherwise take one per block.
+const LOOKS_MAX: usize = 1024;
 
 /// A current-store block failed its check: maybe a race with the destager.
 pub(super) struct Mismatch(pub(super) BlockIndex);
@@ -583,11 +589,11 @@ impl Volume {
     /// a block reads as zeros at every time. Only where the present has a
     /// current store and no base (a clone's unwritten blocks are its
     /// base's); elsewhere every look is a plan.
-    pub(super) fn look_ahead(&self, offset: u64, end: u64, count_max: u64) -> Result<LookAhead, EngineError> {
+    fn look_ahead(&self, offset: u64, end: u64, count_max: u64) -> Result<Stretch, EngineError> {
         let block_size = self.block_size();
         let first = block_size.block_of(offset);
         let Some(current) = self.current.as_ref().filter(|_| self.meta.base.is_none()) else {
-            return Ok(LookAhead::Plan(count_max));
+            return Ok(Stretch::Plan(first, count_max));
         };
         let stored = |first| current.next_written(first).map(|block| block.map_or(u64::MAX, |block| block.0));
         // The overlay is looked at only before the store's first written
@@ -610,14 +616,38 @@ impl Volume {
             block => block_size.offset_of(BlockIndex(block)).min(end),
         };
         if unwritten_end > offset {
-            return Ok(LookAhead::Unwritten(unwritten_end - offset));
+            return Ok(Stretch::Unwritten(unwritten_end - offset));
         }
         // Up to where both the store's written stretch and the overlay's end.
         let overlay_until = in_overlay.map_or(first.0, |(_, until)| until);
         // (At least `first`, which was written, unless a trim punched its
         // entry out meanwhile.)
         let until = current.written_until(first)?.0.max(overlay_until).max(first.0 + 1);
-        Ok(LookAhead::Plan(count_max.min(until - first.0)))
+        Ok(Stretch::Plan(first, count_max.min(until - first.0)))
+    }
+
+    /// `offset..end`, or a prefix of it, as the stretches a block status or
+    /// changes request answers ([`Volume::look_ahead`]): at most
+    /// [`STATUS_BLOCKS_MAX`] blocks to plan in all, in at most
+    /// [`LOOKS_MAX`] looks. The caller asks on from where they end.
+    pub(super) fn stretches(&self, offset: u64, end: u64) -> Result<Vec<Stretch>, EngineError> {
+        let block_bytes = u64::from(self.block_size().bytes());
+        let mut stretches = Vec::new();
+        let (mut position, mut planned) = (offset, 0);
+        while position < end && planned < STATUS_BLOCKS_MAX && stretches.len() < LOOKS_MAX {
+            let first = position / block_bytes;
+            let count_max = (end.div_ceil(block_bytes) - first).min(STATUS_BLOCKS_MAX - planned);
+            let stretch = self.look_ahead(position, end, count_max)?;
+            position = match stretch {
+                Stretch::Unwritten(length) => position + length,
+                Stretch::Plan(first, count) => {
+                    planned += count;
+                    ((first.0 + count) * block_bytes).min(end)
+                }
+            };
+            stretches.push(stretch);
+        }
+        Ok(stretches)
     }
 
     pub(crate) fn block_status_at(
@@ -635,44 +665,48 @@ impl Volume {
             return Ok(Vec::new());
         }
         let block_size = self.block_size();
-        let block_bytes = u64::from(block_size.bytes());
-        let first = block_size.block_of(offset);
         let end = offset + length;
-        let count = match self.look_ahead(offset, end, (end.div_ceil(block_bytes) - first.0).min(STATUS_BLOCKS_MAX))? {
-            LookAhead::Unwritten(length) => return Ok(vec![BlockStatus { length, allocated: false, zero: true }]),
-            LookAhead::Plan(count) => count,
-        };
-        let sources = self.planned_or_corrupt(|| self.plan(at, OverlayAccess::Lock, Copies::Read, first, count))?;
         let mut extents: Vec<BlockStatus> = Vec::new();
         let mut push = |length: u64, allocated: bool| match extents.last_mut() {
             Some(last) if last.allocated == allocated => last.length += length,
             _ => extents.push(BlockStatus { length, allocated, zero: !allocated }),
         };
         let mut position = offset;
-        let mut index = 0;
-        while index < sources.len() {
-            let mut next = index + 1;
-            if sources[index] == Source::Base {
-                // A clone's unwritten blocks are as allocated as its base's.
-                while next < sources.len() && sources[next] == Source::Base {
-                    next += 1;
+        for stretch in self.stretches(offset, end)? {
+            let (first, count) = match stretch {
+                Stretch::Unwritten(length) => {
+                    push(length, false);
+                    position += length;
+                    continue;
                 }
-                let run_end = block_size.offset_of(BlockIndex(first.0 + next as u64)).min(end);
-                let base = self.base_now().expect("planned from the base");
-                let mut asked = position;
-                while asked < run_end {
-                    for extent in base.block_status(asked, run_end - asked)? {
-                        push(extent.length, extent.allocated);
-                        asked += extent.length;
+                Stretch::Plan(first, count) => (first, count),
+            };
+            let sources = self.planned_or_corrupt(|| self.plan(at, OverlayAccess::Lock, Copies::Read, first, count))?;
+            let mut index = 0;
+            while index < sources.len() {
+                let mut next = index + 1;
+                if sources[index] == Source::Base {
+                    // A clone's unwritten blocks are as allocated as its base's.
+                    while next < sources.len() && sources[next] == Source::Base {
+                        next += 1;
                     }
+                    let run_end = block_size.offset_of(BlockIndex(first.0 + next as u64)).min(end);
+                    let base = self.base_now().expect("planned from the base");
+                    let mut asked = position;
+                    while asked < run_end {
+                        for extent in base.block_status(asked, run_end - asked)? {
+                            push(extent.length, extent.allocated);
+                            asked += extent.length;
+                        }
+                    }
+                    position = run_end;
+                } else {
+                    let block_end = block_size.offset_of(BlockIndex(first.0 + next as u64)).min(end);
+                    push(block_end - position, sources[index] != Source::Zero);
+                    position = block_end;
                 }
-                position = run_end;
-            } else {
-                let block_end = block_size.offset_of(BlockIndex(first.0 + next as u64)).min(end);
-                push(block_end - position, sources[index] != Source::Zero);
-                position = block_end;
+                index = next;
             }
-            index = next;
         }
         Ok(extents)
     }
