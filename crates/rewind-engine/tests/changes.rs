@@ -209,6 +209,27 @@ fn the_status_of_blocks_never_written_reads_no_metadata() {
                 layout.name()
             );
         }
+
+        // A clone's blocks never written are its base's: their status is
+        // asked of the base, and they are unchanged between its points.
+        let clone = node.clone_volume("v", None, VolumeName::new("c").unwrap(), end).unwrap();
+        let cloned = end.saturating_add_nanos(SECOND);
+        clone.write(cloned, 5_000 * BLOCK, &[9; BLOCK as usize], Durability::Fua).unwrap();
+        let at_creation = clone.view(end).unwrap();
+        let read_before = clone.io_stats().current.read_bytes;
+        let now = zero_blocks(|offset, length| clone.block_status(offset, length).unwrap(), THIN_BLOCKS * BLOCK);
+        let then = zero_blocks(|offset, length| at_creation.block_status(offset, length).unwrap(), THIN_BLOCKS * BLOCK);
+        let changes = clone.changes_since(&at_creation, 0, THIN_BLOCKS * BLOCK).unwrap();
+        let read = clone.io_stats().current.read_bytes - read_before;
+        assert_eq!(nonzero(&now), [written[0], 5_000, written[1]], "{}: the clone's data", layout.name());
+        assert_eq!(nonzero(&then), written, "{}: the clone's data as created", layout.name());
+        let changed = changed_blocks(&changes);
+        let changed: Vec<u64> = (0..THIN_BLOCKS).filter(|&block| changed[block as usize]).collect();
+        assert_eq!(changed, [5_000], "{}: the clone's change since it was made", layout.name());
+        println!("{}: {read} bytes of the clone's current store read", layout.name());
+        if layout != Layout::Logging {
+            assert!(read <= 64 << 10, "{}: {read} bytes of the clone's store read", layout.name());
+        }
     }
 }
 

@@ -120,7 +120,8 @@ impl Volume {
         let mut position = offset;
         for stretch in self.stretches(offset, end)? {
             let (first, count) = match stretch {
-                // What this volume never wrote reads as zeros at both points.
+                // What this volume never wrote reads as zeros, or the same
+                // point of its base, at both points.
                 Stretch::Unwritten(length) => {
                     push(length, false);
                     position += length;
