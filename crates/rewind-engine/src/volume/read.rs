@@ -589,7 +589,7 @@ impl Volume {
     /// a block reads as zeros, or a clone's base, at every time. Only
     /// where the present has a current store (not logging); there every
     /// look is a plan.
-    fn look_ahead(&self, offset: u64, end: u64, count_max: u64) -> Result<Stretch, EngineError> {
+    pub(super) fn look_ahead(&self, offset: u64, end: u64, count_max: u64) -> Result<Stretch, EngineError> {
         let block_size = self.block_size();
         let first = block_size.block_of(offset);
         let Some(current) = &self.current else {
