@@ -620,8 +620,8 @@ impl Volume {
         }
         // Up to where both the store's written stretch and the overlay's end.
         let overlay_until = in_overlay.map_or(first.0, |(_, until)| until);
-        // (At least `first`, which was written, unless a trim punched its
-        // entry out meanwhile.)
+        // (At least `first`, which was written: a plan covers the block it
+        // starts at whatever the files say.)
         let until = current.written_until(first)?.0.max(overlay_until).max(first.0 + 1);
         Ok(Stretch::Plan(first, count_max.min(until - first.0)))
     }
