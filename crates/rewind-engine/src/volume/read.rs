@@ -603,6 +603,8 @@ impl Volume {
         // stretch the overlay holds there: (its first block, its end).
         let stored_before = stored(first)?;
         let in_overlay = match self.overlay_versions.load(Ordering::Relaxed) {
+            // Nothing before the store's first written block to look at.
+            _ if stored_before <= first.0 => None,
             0 => None,
             _ => {
                 let state = self.write.lock();
