@@ -13,7 +13,10 @@ user would pick instead, whose map comes from the filesystem's holes
   file;
 - a sparse copy to a file: `nbdcopy --flush` of the view and of nbdkit's
   file, and `rewind restore big@two --to FILE`;
-- `rewind diff big@two` (no baseline: nbdkit keeps no past).
+- `rewind diff big@two` (no baseline: nbdkit keeps no past);
+- the device's limit for what a copy of the view must write: fio 1 MiB
+  sequential writes with `--direct=1` of its 16 MiB of data to a file on
+  the same filesystem, synced at the end.
 
 Reports milliseconds (min / median / max) and, where there is a baseline,
 nbdkit's time ÷ Rewind's (above 1: Rewind is faster). Every copy is checked
@@ -69,6 +72,8 @@ def main():
         "nbdcopy-view": ["nbdcopy", "--flush", view, str(copy)],
         "nbdcopy-nbdkit": ["nbdcopy", "--flush", base, str(copy)],
         "diff": [*rewind, "diff", "big@two"],
+        "fio-direct": ["fio", "--name=limit", f"--filename={copy}", "--rw=write", "--bs=1M", "--direct=1",
+                       "--iodepth=8", "--ioengine=libaio", "--size=16M", "--end_fsync=1", "--output-format=json"],
     }
     # What each copy holds: the view's two writes; the present's third over half of the first.
     view_bytes = [(pattern, offset, 8 << 20) for pattern, offset in WRITES_BEFORE]
@@ -124,6 +129,11 @@ def main():
         f"| `rewind restore big@two --to FILE` (through the API) | {spread(millis['restore'], 1)} | "
         f"{spread(millis['nbdcopy-nbdkit'], 1)} | {faster('restore', 'nbdcopy-nbdkit')} |",
         f"| `rewind diff big@two` | {spread(millis['diff'], 1)} | — | — |",
+        "",
+        f"The device's limit for what a copy of the view writes (fio 1 MiB sequential writes, `--direct=1`, of its "
+        f"16 MiB of data, synced at the end): {spread(millis['fio-direct'], 1)} ms; ÷ `rewind restore` "
+        f"{faster('restore', 'fio-direct')}, ÷ `nbdcopy` of the view {faster('nbdcopy-view', 'fio-direct')} "
+        "(1 would be a copy at the device's speed).",
         "<!-- thin:end -->",
     ]
     publish("thin", lines)
