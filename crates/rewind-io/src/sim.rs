@@ -62,7 +62,9 @@ pub struct SimStorage {
 }
 
 /// Where file syncs wait while a test holds them ([`SimStorage::hold_syncs`]),
-/// as if the disk took its time: so a test sees what goes on meanwhile.
+/// and file writes while it holds those ([`SimStorage::hold_writes`]), as
+/// if the disk took its time: so a test sees what goes on meanwhile, and
+/// chooses the order in which writes in flight land.
 #[derive(Default)]
 struct SyncGate {
     state: Mutex<GateState>,
@@ -75,6 +77,12 @@ struct GateState {
     syncs_waiting: usize,
     /// File writes so far.
     writes: u64,
+    writes_held: bool,
+    /// Tickets of the writes waiting at the gate, in arrival order, and of
+    /// those let through but not yet gone.
+    writes_waiting: Vec<u64>,
+    writes_released: BTreeSet<u64>,
+    ticket_next: u64,
 }
 
 impl SyncGate {
@@ -89,6 +97,24 @@ impl SyncGate {
             self.changed.wait(&mut state);
         }
         state.syncs_waiting -= 1;
+    }
+
+    /// Holds a write, before it changes anything, while writes are held and
+    /// the test has not let this one through.
+    fn pass_write(&self) {
+        let mut state = self.state.lock();
+        if !state.writes_held {
+            return;
+        }
+        let ticket = state.ticket_next;
+        state.ticket_next += 1;
+        state.writes_waiting.push(ticket);
+        self.changed.notify_all();
+        while state.writes_held && !state.writes_released.contains(&ticket) {
+            self.changed.wait(&mut state);
+        }
+        state.writes_released.remove(&ticket);
+        state.writes_waiting.retain(|&waiting| waiting != ticket);
     }
 
     fn note_write(&self) {
@@ -228,6 +254,41 @@ impl SimStorage {
     pub fn release_syncs(&self) {
         self.gate.state.lock().held = false;
         self.gate.changed.notify_all();
+    }
+
+    /// Makes every file write wait, before it lands, until it is let through
+    /// ([`SimStorage::release_newest_write`]) or [`SimStorage::release_writes`].
+    pub fn hold_writes(&self) {
+        self.gate.state.lock().writes_held = true;
+    }
+
+    pub fn release_writes(&self) {
+        self.gate.state.lock().writes_held = false;
+        self.gate.changed.notify_all();
+    }
+
+    /// Lets the write that came to the held gate last land; false if none waits.
+    pub fn release_newest_write(&self) -> bool {
+        let mut state = self.gate.state.lock();
+        let Some(&newest) = state.writes_waiting.iter().rev().find(|&ticket| !state.writes_released.contains(ticket))
+        else {
+            return false;
+        };
+        state.writes_released.insert(newest);
+        self.gate.changed.notify_all();
+        true
+    }
+
+    /// Waits until `writes` writes wait at the held gate, not yet let
+    /// through; false if nothing changes for `timeout`.
+    pub fn wait_for_writes_held(&self, writes: usize, timeout: Duration) -> bool {
+        let mut state = self.gate.state.lock();
+        while state.writes_waiting.len() - state.writes_released.len() < writes {
+            if self.gate.changed.wait_for(&mut state, timeout).timed_out() {
+                return false;
+            }
+        }
+        true
     }
 
     /// File writes so far.
@@ -497,6 +558,7 @@ impl File for SimFile {
             let what = format!("direct write of {} bytes at {offset} from {:p} is not aligned", data.len(), data);
             return Err(io::Error::new(io::ErrorKind::InvalidInput, what));
         }
+        self.gate.pass_write();
         self.check_growth(offset + data.len() as u64)?;
         self.with_inode(Access::Change, |inode, _| {
             apply_write(&mut inode.contents, offset, data);

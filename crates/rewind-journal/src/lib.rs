@@ -6,7 +6,8 @@
 //! every historical block version.
 //!
 //! Appends go to an in-memory *active batch*. [`Journal::commit`] seals it and
-//! writes every sealed batch with one `pwrite` per batch, then `fdatasync`s —
+//! writes every sealed batch with one `pwrite` per batch (two threads may
+//! write two batches at once: `BATCHES_IN_FLIGHT_MAX`), then `fdatasync`s —
 //! group commit: whoever writes seals everything appended by then, so one
 //! write carries the records of every committer that came meanwhile, and
 //! whoever syncs makes everyone's written records durable. Writing and
@@ -453,6 +454,17 @@ struct DirectFile {
     file: Arc<dyn File>,
 }
 
+/// Where a batch is written (see `Journal::write_target`).
+enum WriteTarget {
+    /// Around the page cache, with the aligned buffer for a batch whose own
+    /// buffer is out of alignment.
+    Direct {
+        file: Arc<dyn File>,
+        aligned: Vec<u8>,
+    },
+    Buffered(Arc<dyn File>),
+}
+
 /// What has been written to the segment files; guarded by the lock that
 /// serialises writers and committers.
 struct Written {
@@ -463,11 +475,35 @@ struct Written {
     /// Segments written since their last sync, in order.
     unsynced: Vec<u32>,
     /// Direct writes: where they go, and an aligned buffer for a batch whose
-    /// own buffer a record larger than `BATCH_BYTES` moved out of alignment.
+    /// own buffer a record larger than `BATCH_BYTES` moved out of alignment
+    /// (taken by the write that needs it; a second one at once allocates).
     direct: Option<DirectFile>,
     aligned: Vec<u8>,
     /// Commits into the segment written last, and into the one before it.
     commits: SegmentCommits,
+    /// Sealed batches being written, by position (at most
+    /// `BATCHES_IN_FLIGHT_MAX`), and those written whose predecessor is
+    /// not yet: `lsn` and `end` move over batches in order only.
+    writing: Vec<u64>,
+    finished: Vec<u64>,
+}
+
+/// Sealed batches written at once. One at a time, the disk idled between
+/// one batch's write and the next — for a sync, a segment's start, a writer
+/// not yet scheduled on a busy machine — 18% of the time under sustained
+/// 1 MiB writes, whose batches it otherwise wrote at its full bandwidth
+/// (BENCHMARKS.md, "Two batches in flight").
+const BATCHES_IN_FLIGHT_MAX: usize = 2;
+
+/// What one [`Journal::write_one`] did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum WriteStep {
+    /// The files hold every byte asked for.
+    Done,
+    /// Wrote a batch, or gave up one whose predecessor's write failed.
+    Wrote,
+    /// Waited for another writer's batch.
+    Waited,
 }
 
 /// How many commits the last segments took (see `spare_after_commits`).
@@ -656,8 +692,12 @@ pub struct Journal {
     block_size: BlockSize,
     config: JournalConfig,
     tail: Mutex<Tail>,
-    /// Serialises writing batches out, and taking what a sync makes durable.
+    /// Hands out sealed batches to write, moves the files' end over them in
+    /// order, and is taken for what a sync makes durable.
     written: Mutex<Written>,
+    /// Signalled whenever a batch's write ends, whether it moved `written`
+    /// or failed: writers wait on it for a batch another one writes.
+    written_moved: parking_lot::Condvar,
     /// Serialises syncs, apart from `written`: while one waits for the disk,
     /// the next committers write their batches out, and the sync for them
     /// starts as soon as it ends. Holding `written` through the sync made
@@ -821,7 +861,10 @@ impl Journal {
                 direct: None,
                 aligned: Vec::new(),
                 commits: SegmentCommits::default(),
+                writing: Vec::new(),
+                finished: Vec::new(),
             }),
+            written_moved: parking_lot::Condvar::new(),
             syncing: std::sync::Mutex::new(()),
             recent: Mutex::new(Recent::default()),
             recent_memory: RecentMemory::new(RECENT_BYTES_OWN),
@@ -1500,27 +1543,21 @@ impl Journal {
     /// Writes what was appended to the segment files without waiting for the
     /// disk: the kernel starts writing it back, the memory is freed, and a
     /// later [`Journal::commit`] has less to wait for.
-    /// It takes `written` one batch at a time, so a commit, or a writer
+    /// It takes the batches one at a time, so a commit, or a writer
     /// waiting for room ([`Journal::write_out_oldest`]), waits for one.
     pub fn write_out(&self) -> Result<(), JournalError> {
         self.seal_active();
         self.write_out_sealed()
     }
 
-    /// Writes the batches sealed now (not those sealed meanwhile), taking
-    /// `written` for one at a time. When it returns they are all written,
-    /// by this thread or another.
+    /// Writes the batches sealed now (not those sealed meanwhile). When it
+    /// returns they are all written, by this thread or another.
     fn write_out_sealed(&self) -> Result<(), JournalError> {
-        let Some(last) = self.tail.lock().sealed.back().map(|batch| batch.position()) else {
+        let Some(through) = self.tail.lock().sealed.back().map(|batch| pack(batch.segment, batch.end())) else {
             return Ok(());
         };
-        loop {
-            let mut written = self.written.lock();
-            self.check_poisoned()?;
-            if !self.write_oldest_sealed(&mut written, last).map_err(|error| self.fail_write(error))? {
-                return Ok(());
-            }
-        }
+        while self.write_one(through)? != WriteStep::Done {}
+        Ok(())
     }
 
     /// Writes batches out until the files hold every byte before `end` (a
@@ -1528,41 +1565,181 @@ impl Journal {
     /// waits, with whatever was appended by then: committers that came while
     /// the one before them wrote find their records in its batch, and one
     /// write carries them all (sealing each committer's own records cost a
-    /// write each, in turn, at NFS's 96% updates). `written` is taken for one
-    /// batch at a time: appends go on meanwhile, and a writer waiting for
+    /// write each, in turn, at NFS's 96% updates). Batches are handed out
+    /// one at a time: appends go on meanwhile, and a writer waiting for
     /// room waits for one batch's write, not for a commit of the whole
     /// buffer (which held writers 40–65 ms at 1 GB/s).
     fn write_out_through(&self, end: u64) -> Result<(), JournalError> {
         loop {
-            let mut written = self.written.lock();
-            self.check_poisoned()?;
-            if pack(written.end.segment, written.end.offset) >= end {
-                return Ok(());
-            }
             {
                 let mut tail = self.tail.lock();
                 if tail.sealed.is_empty() && tail.active.records_len() > 0 {
                     self.seal_active_locked(&mut tail);
                 }
             }
-            if !self.write_oldest_sealed(&mut written, u64::MAX).map_err(|error| self.fail_write(error))? {
+            if self.write_one(end)? == WriteStep::Done {
                 return Ok(());
             }
         }
     }
 
     /// Writes the oldest batch waiting (without syncing), sealing the
-    /// active one if none is sealed: what a writer that finds too many
-    /// bytes waiting does before appending more, so it waits for one
-    /// batch's write rather than a commit of them all.
+    /// active one if none is sealed, or waits for one that another writer
+    /// writes: what a writer that finds too many bytes waiting does before
+    /// appending more, so it waits for one batch's write rather than a
+    /// commit of them all.
     pub fn write_out_oldest(&self) -> Result<(), JournalError> {
         if self.tail.lock().sealed.is_empty() {
             self.seal_active();
         }
+        self.write_one(u64::MAX)?;
+        Ok(())
+    }
+
+    /// One step towards files that hold every byte before `through` (a
+    /// packed position): writes the oldest sealed batch nobody writes, or,
+    /// with `BATCHES_IN_FLIGHT_MAX` being written or none left to take,
+    /// waits for a write to end. A failed write poisons the journal unless
+    /// its error passes (`fail_write`).
+    fn write_one(&self, through: u64) -> Result<WriteStep, JournalError> {
         let mut written = self.written.lock();
         self.check_poisoned()?;
-        self.write_oldest_sealed(&mut written, u64::MAX).map_err(|error| self.fail_write(error))?;
-        Ok(())
+        if pack(written.end.segment, written.end.offset) >= through {
+            return Ok(WriteStep::Done);
+        }
+        let next = {
+            let tail = self.tail.lock();
+            tail.sealed
+                .iter()
+                .enumerate()
+                .find(|(_, batch)| {
+                    !written.writing.contains(&batch.position()) && !written.finished.contains(&batch.position())
+                })
+                .filter(|(_, batch)| pack(batch.segment, batch.offset) < through)
+                .map(|(index, batch)| (Arc::clone(batch), index > 0))
+        };
+        let (batch, behind) = match next {
+            Some(next) if written.writing.len() < BATCHES_IN_FLIGHT_MAX => next,
+            _ if written.writing.is_empty() => return Ok(WriteStep::Done),
+            _ => {
+                self.written_moved.wait(&mut written);
+                return Ok(WriteStep::Waited);
+            }
+        };
+        written.writing.push(batch.position());
+        let target = self.write_target(&mut written, &batch);
+        drop(written);
+        let result = target.and_then(|target| self.write_batch(&batch, behind, target));
+        let position = batch.position();
+        // Its last holder retires it, and so recycles its buffer.
+        drop(batch);
+        let mut written = self.written.lock();
+        written.writing.retain(|&writing| writing != position);
+        let outcome = match result {
+            Ok(Some(target)) => {
+                if let WriteTarget::Direct { aligned, .. } = target {
+                    if written.aligned.capacity() < aligned.capacity() {
+                        written.aligned = aligned;
+                    }
+                }
+                written.finished.push(position);
+                self.retire_finished(&mut written);
+                Ok(WriteStep::Wrote)
+            }
+            // Its predecessor's write failed: handed out again, in order.
+            Ok(None) => Ok(WriteStep::Wrote),
+            Err(error) => Err(self.fail_write(error)),
+        };
+        drop(written);
+        self.written_moved.notify_all();
+        outcome
+    }
+
+    /// Where `batch` is written: the segment's file opened for direct I/O
+    /// (kept for the next batch) with the aligned buffer, or its ordinary
+    /// file where the filesystem refuses direct I/O.
+    fn write_target(&self, written: &mut Written, batch: &Batch) -> Result<WriteTarget, JournalError> {
+        if self.direct_io.load(Ordering::Acquire) {
+            let file = match &written.direct {
+                Some(direct) if direct.segment == batch.segment => Some(Arc::clone(&direct.file)),
+                _ => self.open_direct(batch.segment)?,
+            };
+            if let Some(file) = file {
+                written.direct = Some(DirectFile { segment: batch.segment, file: Arc::clone(&file) });
+                return Ok(WriteTarget::Direct { file, aligned: std::mem::take(&mut written.aligned) });
+            }
+        }
+        Ok(WriteTarget::Buffered(self.file(batch.segment)?))
+    }
+
+    /// Writes a sealed batch; `None` if it gave up, its predecessor's write
+    /// having failed. A direct write starts at the sector where the batch
+    /// before it ends, writing that batch's last bytes there again; while
+    /// that batch is still being written (`behind`), the shared sector is
+    /// written only once it is, or the older write could land last and
+    /// wipe this batch's first bytes with its padding.
+    fn write_batch(
+        &self,
+        batch: &Batch,
+        behind: bool,
+        target: WriteTarget,
+    ) -> Result<Option<WriteTarget>, JournalError> {
+        if batch.starts_segment {
+            // A segment's name is durable before any of its records
+            // reach the file. Were a spare's renaming undone by a crash
+            // after them, the spare would hold this segment's records,
+            // whose LSNs the journal gives out again after recovery.
+            self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
+        }
+        let io_error = self.segment_io_error(batch.segment);
+        let WriteTarget::Direct { file, mut aligned } = target else {
+            let WriteTarget::Buffered(file) = &target else { unreachable!("either target") };
+            file.write_all_at(batch.records(), batch.offset).map_err(io_error)?;
+            return Ok(Some(target));
+        };
+        let (sectors, sector_offset) = batch.sectors();
+        let sectors: &[u8] = if is_direct_aligned(sectors, sector_offset) {
+            sectors
+        } else {
+            let buffer = aligned_slice(&mut aligned, sectors.len());
+            buffer.copy_from_slice(sectors);
+            buffer
+        };
+        let shares_first = behind && sector_offset < batch.offset;
+        if shares_first {
+            if sectors.len() > DIRECT_ALIGN {
+                let body = &sectors[DIRECT_ALIGN..];
+                file.write_all_at(body, sector_offset + DIRECT_ALIGN as u64)
+                    .map_err(self.segment_io_error(batch.segment))?;
+            }
+            if !self.wait_written_before(batch.position()) {
+                return Ok(None);
+            }
+            file.write_all_at(&sectors[..DIRECT_ALIGN], sector_offset).map_err(io_error)?;
+        } else {
+            file.write_all_at(sectors, sector_offset).map_err(io_error)?;
+        }
+        Ok(Some(WriteTarget::Direct { file, aligned }))
+    }
+
+    /// Waits until the files hold every byte before `position`; false if a
+    /// batch before it is no longer being written (its write failed) or
+    /// the journal is poisoned.
+    fn wait_written_before(&self, position: u64) -> bool {
+        let mut written = self.written.lock();
+        loop {
+            if pack(written.end.segment, written.end.offset) >= position {
+                return true;
+            }
+            let abandoned =
+                self.tail.lock().sealed.iter().take_while(|batch| batch.position() < position).any(|batch| {
+                    !written.writing.contains(&batch.position()) && !written.finished.contains(&batch.position())
+                });
+            if abandoned || self.is_poisoned() {
+                return false;
+            }
+            self.written_moved.wait(&mut written);
+        }
     }
 
     /// Seals the active batch; returns the LSN of the last record appended.
@@ -1592,27 +1769,24 @@ impl Journal {
         self.recent_memory.take_spare()
     }
 
-    /// Writes the oldest sealed batch (without syncing), if it starts at or
-    /// before `last`, and retires it; returns whether it wrote one. One
-    /// batch at a time, so whoever waits for `written` waits for one.
-    fn write_oldest_sealed(&self, written: &mut Written, last: u64) -> Result<bool, JournalError> {
-        let Some(batch) = self.tail.lock().sealed.front().cloned() else {
-            return Ok(false);
-        };
-        if batch.position() > last {
-            return Ok(false);
+    /// Moves the files' end over the written batches at the front of
+    /// `sealed`, in order: each leaves `sealed` for `recent`.
+    fn retire_finished(&self, written: &mut Written) {
+        loop {
+            let Some(batch) = self.tail.lock().sealed.front().cloned() else {
+                return;
+            };
+            let Some(at) = written.finished.iter().position(|&position| position == batch.position()) else {
+                return;
+            };
+            written.finished.swap_remove(at);
+            self.retire(written, batch);
         }
-        if batch.starts_segment {
-            // A segment's name is durable before any of its records
-            // reach the file. Were a spare's renaming undone by a crash
-            // after them, the spare would hold this segment's records,
-            // whose LSNs the journal gives out again after recovery.
-            self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
-        }
-        if !self.write_direct(written, &batch)? {
-            let file = self.file(batch.segment)?;
-            file.write_all_at(batch.records(), batch.offset).map_err(self.segment_io_error(batch.segment))?;
-        }
+    }
+
+    /// Takes a written batch, the oldest sealed one, into what the files
+    /// hold and what `recent` keeps in memory.
+    fn retire(&self, written: &mut Written, batch: Arc<Batch>) {
         if written.unsynced.last() != Some(&batch.segment) {
             written.unsynced.push(batch.segment);
         }
@@ -1638,7 +1812,7 @@ impl Journal {
             recent.batches.push_back(kept.clone());
         }
         let front = tail.sealed.pop_front().expect("a written batch is still queued");
-        assert!(Arc::ptr_eq(&front, &batch), "sealed batches are written in order, by one writer at a time");
+        assert!(Arc::ptr_eq(&front, &batch), "written batches are retired in order");
         drop(tail);
         self.forget_recent(&mut recent, |_| kept.is_none() || self.recent_memory.over());
         self.forget_large(&mut recent);
@@ -1646,7 +1820,6 @@ impl Journal {
         // Unshared now unless kept whole in `recent`.
         drop((kept, front));
         self.recent_memory.recycle(batch, self.config.batch_bytes_max);
-        Ok(true)
     }
 
     /// Keeps written batches in `memory`, shared with other journals,
@@ -1698,32 +1871,6 @@ impl Journal {
     fn let_go(&self, batch: Arc<Batch>) {
         self.recent_memory.uncount(&batch);
         self.recent_memory.recycle(batch, self.config.batch_bytes_max);
-    }
-
-    /// Writes `batch` with direct I/O, if the journal does: its whole
-    /// sectors, from its own buffer. Returns whether it did.
-    fn write_direct(&self, written: &mut Written, batch: &Batch) -> Result<bool, JournalError> {
-        if !self.direct_io.load(Ordering::Acquire) {
-            return Ok(false);
-        }
-        let file = match written.direct.take() {
-            Some(direct) if direct.segment == batch.segment => direct.file,
-            _ => match self.open_direct(batch.segment)? {
-                Some(file) => file,
-                None => return Ok(false),
-            },
-        };
-        let (sectors, sector_offset) = batch.sectors();
-        let result = if is_direct_aligned(sectors, sector_offset) {
-            file.write_all_at(sectors, sector_offset)
-        } else {
-            let buffer = aligned_slice(&mut written.aligned, sectors.len());
-            buffer.copy_from_slice(sectors);
-            file.write_all_at(buffer, sector_offset)
-        };
-        result.map_err(self.segment_io_error(batch.segment))?;
-        written.direct = Some(DirectFile { segment: batch.segment, file });
-        Ok(true)
     }
 
     /// Opens `segment` for direct writes; `None` (and buffered writes from

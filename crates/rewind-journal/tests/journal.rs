@@ -1365,3 +1365,49 @@ fn a_commit_behind_a_sync_that_fails_fails_too() {
     assert!(matches!(second.join().unwrap(), Err(JournalError::Poisoned)));
     assert_eq!(journal.lsn_durable(), Lsn::ZERO);
 }
+
+/// Two writers write two batches at once, and the second, which starts in
+/// the sector where the first ends, writes that sector only once the first
+/// batch's write has landed. The held disk lands the newest write first: a
+/// second batch that wrote its first sector at once would have it wiped by
+/// the first batch's write of the same sector (its records' end, then
+/// zeros), and its records would not replay.
+#[test]
+fn batches_written_at_once_land_their_shared_sector_in_order() {
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 23));
+    let config = JournalConfig { batch_bytes_max: 8 << 10, ..JournalConfig::default() };
+    let journal =
+        Arc::new(Journal::create(Arc::clone(&storage) as _, "journal", block_size(), config, Timestamp::MIN).unwrap());
+    // Records of three blocks and a header: batches end inside sectors.
+    let ops: Vec<Op> =
+        (0..24u64).map(|i| Op::Write { block: i, data: vec![i as u8 + 1; 3 * BLOCK as usize] }).collect();
+    for (i, op) in ops.iter().enumerate() {
+        append(&journal, op, i as u64 + 1);
+    }
+    storage.hold_writes();
+    let writing_out = Arc::clone(&journal);
+    let first = std::thread::spawn(move || writing_out.write_out());
+    assert!(storage.wait_for_writes_held(1, Duration::from_secs(30)), "the first batch's write reaches the disk");
+    let writing_oldest = Arc::clone(&journal);
+    let second = std::thread::spawn(move || writing_oldest.write_out_oldest());
+    assert!(
+        storage.wait_for_writes_held(2, Duration::from_secs(30)),
+        "the second batch is written while the first is at the disk"
+    );
+    while !(first.is_finished() && second.is_finished()) {
+        if !storage.release_newest_write() {
+            // Bounded: a writer that is done stops nothing here.
+            storage.wait_for_writes_held(1, Duration::from_millis(5));
+        }
+    }
+    storage.release_writes();
+    first.join().unwrap().unwrap();
+    second.join().unwrap().unwrap();
+    assert_eq!(journal.bytes_unwritten(), 0, "every batch is written");
+    assert_eq!(journal.commit().unwrap(), Lsn(ops.len() as u64));
+    drop(journal);
+    storage.crash();
+    let (replayed, _) = replay(&storage, JournalConfig::default()).unwrap();
+    assert_eq!(replayed.len(), ops.len(), "every committed record replays");
+    assert!(replayed == ops, "and replays as it was appended");
+}
