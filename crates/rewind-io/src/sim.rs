@@ -137,6 +137,8 @@ struct State {
     namespace_pending: Vec<NamespaceOp>,
     /// Syncs still to fail, and the errno they fail with.
     sync_failures_pending: (u32, i32),
+    /// File writes still to fail with ENOSPC (`fail_writes_as_full`).
+    write_failures_pending: u32,
     /// Changes still allowed before every call fails (`stop_after`).
     changes_until_stop: Option<u64>,
     /// The disk's size (`set_capacity`); `None`: unlimited.
@@ -234,6 +236,7 @@ impl SimStorage {
                 dirs,
                 namespace_pending: Vec::new(),
                 sync_failures_pending: (0, 0),
+                write_failures_pending: 0,
                 changes_until_stop: None,
                 capacity_bytes: None,
             })),
@@ -268,6 +271,8 @@ impl SimStorage {
     }
 
     /// Lets the write that came to the held gate last land; false if none waits.
+    /// (The oldest waits until then: a test lands writes in flight in the
+    /// opposite of the order they were made.)
     pub fn release_newest_write(&self) -> bool {
         let mut state = self.gate.state.lock();
         let Some(&newest) = state.writes_waiting.iter().rev().find(|&ticket| !state.writes_released.contains(ticket))
@@ -284,6 +289,18 @@ impl SimStorage {
     pub fn wait_for_writes_held(&self, writes: usize, timeout: Duration) -> bool {
         let mut state = self.gate.state.lock();
         while state.writes_waiting.len() - state.writes_released.len() < writes {
+            if self.gate.changed.wait_for(&mut state, timeout).timed_out() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Waits until `writes` file writes were made in all (see
+    /// [`SimStorage::writes`]); false if nothing changes for `timeout`.
+    pub fn wait_for_writes(&self, writes: u64, timeout: Duration) -> bool {
+        let mut state = self.gate.state.lock();
+        while state.writes < writes {
             if self.gate.changed.wait_for(&mut state, timeout).timed_out() {
                 return false;
             }
@@ -427,6 +444,12 @@ impl SimStorage {
         self.state.lock().sync_failures_pending = (count, libc_enospc());
     }
 
+    /// Makes the next `count` file writes fail with ENOSPC, changing
+    /// nothing: a thin device out of room for blocks already allocated.
+    pub fn fail_writes_as_full(&self, count: u32) {
+        self.state.lock().write_failures_pending = count;
+    }
+
     /// Flips the bits of `mask` in the byte at `offset` of `path`, in both the
     /// visible and the durable contents.
     pub fn corrupt(&self, path: &str, offset: u64, mask: u8) -> io::Result<()> {
@@ -559,6 +582,13 @@ impl File for SimFile {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, what));
         }
         self.gate.pass_write();
+        {
+            let mut state = self.state.lock();
+            if state.write_failures_pending > 0 {
+                state.write_failures_pending -= 1;
+                return Err(io::Error::from_raw_os_error(libc_enospc()));
+            }
+        }
         self.check_growth(offset + data.len() as u64)?;
         self.with_inode(Access::Change, |inode, _| {
             apply_write(&mut inode.contents, offset, data);

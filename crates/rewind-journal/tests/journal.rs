@@ -1411,3 +1411,49 @@ fn batches_written_at_once_land_their_shared_sector_in_order() {
     assert_eq!(replayed.len(), ops.len(), "every committed record replays");
     assert!(replayed == ops, "and replays as it was appended");
 }
+
+/// The batch in front of one written at once fails with an error that
+/// passes (a full disk): the batch behind it, waiting to write the sector
+/// they share, gives up and is handed out again after it, nothing is
+/// poisoned, and the next commit writes both and makes every record durable.
+#[test]
+fn a_batch_behind_one_whose_write_fails_is_written_again_after_it() {
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 24));
+    let config = JournalConfig { batch_bytes_max: 8 << 10, ..JournalConfig::default() };
+    let journal =
+        Arc::new(Journal::create(Arc::clone(&storage) as _, "journal", block_size(), config, Timestamp::MIN).unwrap());
+    let ops: Vec<Op> =
+        (0..24u64).map(|i| Op::Write { block: i, data: vec![i as u8 + 1; 3 * BLOCK as usize] }).collect();
+    for (i, op) in ops.iter().enumerate() {
+        append(&journal, op, i as u64 + 1);
+    }
+    storage.hold_writes();
+    let writing_out = Arc::clone(&journal);
+    let first = std::thread::spawn(move || writing_out.write_out());
+    assert!(storage.wait_for_writes_held(1, Duration::from_secs(30)));
+    let writing_oldest = Arc::clone(&journal);
+    let second = std::thread::spawn(move || writing_oldest.write_out_oldest());
+    assert!(storage.wait_for_writes_held(2, Duration::from_secs(30)));
+    // The second batch's sectors after the shared one land; it then waits
+    // for the first, whose write fails.
+    let landed = storage.writes();
+    assert!(storage.release_newest_write());
+    assert!(storage.wait_for_writes(landed + 1, Duration::from_secs(30)), "the second batch's body lands");
+    storage.fail_writes_as_full(1);
+    assert!(storage.release_newest_write());
+    storage.release_writes();
+    let failed = first.join().unwrap();
+    assert!(
+        matches!(&failed, Err(error) if error.is_transient()),
+        "the full disk is the first writer's error: {failed:?}"
+    );
+    second.join().unwrap().unwrap();
+    assert!(!journal.is_poisoned(), "an error that passes poisons nothing");
+    assert!(journal.bytes_unwritten() > 0, "the first batch is still to write");
+    assert_eq!(journal.commit().unwrap(), Lsn(ops.len() as u64));
+    drop(journal);
+    storage.crash();
+    let (replayed, _) = replay(&storage, JournalConfig::default()).unwrap();
+    assert_eq!(replayed.len(), ops.len(), "every committed record replays");
+    assert!(replayed == ops, "and replays as it was appended");
+}
