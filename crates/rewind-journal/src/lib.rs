@@ -500,10 +500,9 @@ const BATCHES_IN_FLIGHT_MAX: usize = 2;
 enum WriteStep {
     /// The files hold every byte asked for.
     Done,
-    /// Wrote a batch, or gave up one whose predecessor's write failed.
-    Wrote,
-    /// Waited for another writer's batch.
-    Waited,
+    /// Not yet: it wrote a batch, gave up one whose predecessor's write
+    /// failed, or waited for another writer's.
+    Again,
 }
 
 /// How many commits the last segments took (see `spare_after_commits`).
@@ -1623,7 +1622,7 @@ impl Journal {
             _ if written.writing.is_empty() => return Ok(WriteStep::Done),
             _ => {
                 self.written_moved.wait(&mut written);
-                return Ok(WriteStep::Waited);
+                return Ok(WriteStep::Again);
             }
         };
         written.writing.push(batch.position());
@@ -1644,10 +1643,10 @@ impl Journal {
                 }
                 written.finished.push(position);
                 self.retire_finished(&mut written);
-                Ok(WriteStep::Wrote)
+                Ok(WriteStep::Again)
             }
             // Its predecessor's write failed: handed out again, in order.
-            Ok(None) => Ok(WriteStep::Wrote),
+            Ok(None) => Ok(WriteStep::Again),
             Err(error) => Err(self.fail_write(error)),
         };
         drop(written);

@@ -1366,19 +1366,19 @@ fn a_commit_behind_a_sync_that_fails_fails_too() {
     assert_eq!(journal.lsn_durable(), Lsn::ZERO);
 }
 
-/// Two writers write two batches at once, and the second, which starts in
-/// the sector where the first ends, writes that sector only once the first
-/// batch's write has landed. The held disk lands the newest write first: a
-/// second batch that wrote its first sector at once would have it wiped by
-/// the first batch's write of the same sector (its records' end, then
-/// zeros), and its records would not replay.
-#[test]
-fn batches_written_at_once_land_their_shared_sector_in_order() {
-    let storage = Arc::new(SimStorage::new(SimConfig::default(), 23));
+type Writing = std::thread::JoinHandle<Result<(), JournalError>>;
+
+/// Writes held at the disk (`seed`'s), a journal of 24 records in batches
+/// of at most 8 KiB, and two writers: the first writing every batch out
+/// (`write_out`), the second the oldest it may take (`write_out_oldest`),
+/// once the first's first batch waits at the disk. Returns when both
+/// batches' writes wait there (asserted): written at once. Records of three
+/// blocks and a header end their batches inside sectors.
+fn two_batches_at_the_disk(seed: u64) -> (Arc<SimStorage>, Arc<Journal>, Vec<Op>, Writing, Writing) {
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), seed));
     let config = JournalConfig { batch_bytes_max: 8 << 10, ..JournalConfig::default() };
     let journal =
         Arc::new(Journal::create(Arc::clone(&storage) as _, "journal", block_size(), config, Timestamp::MIN).unwrap());
-    // Records of three blocks and a header: batches end inside sectors.
     let ops: Vec<Op> =
         (0..24u64).map(|i| Op::Write { block: i, data: vec![i as u8 + 1; 3 * BLOCK as usize] }).collect();
     for (i, op) in ops.iter().enumerate() {
@@ -1394,6 +1394,28 @@ fn batches_written_at_once_land_their_shared_sector_in_order() {
         storage.wait_for_writes_held(2, Duration::from_secs(30)),
         "the second batch is written while the first is at the disk"
     );
+    (storage, journal, ops, first, second)
+}
+
+/// Commits `journal`, crashes `storage` and checks every one of `ops` replays.
+fn every_record_replays_after_a_commit(storage: &SimStorage, journal: Arc<Journal>, ops: &[Op]) {
+    assert_eq!(journal.commit().unwrap(), Lsn(ops.len() as u64));
+    drop(journal);
+    storage.crash();
+    let (replayed, _) = replay(storage, JournalConfig::default()).unwrap();
+    assert_eq!(replayed.len(), ops.len(), "every committed record replays");
+    assert!(replayed == ops, "and replays as it was appended");
+}
+
+/// Two writers write two batches at once, and the second, which starts in
+/// the sector where the first ends, writes that sector only once the first
+/// batch's write has landed. The held disk lands the newest write first: a
+/// second batch that wrote its first sector at once would have it wiped by
+/// the first batch's write of the same sector (its records' end, then
+/// zeros), and its records would not replay.
+#[test]
+fn batches_written_at_once_land_their_shared_sector_in_order() {
+    let (storage, journal, ops, first, second) = two_batches_at_the_disk(23);
     while !(first.is_finished() && second.is_finished()) {
         if !storage.release_newest_write() {
             // Bounded: a writer that is done stops nothing here.
@@ -1404,12 +1426,7 @@ fn batches_written_at_once_land_their_shared_sector_in_order() {
     first.join().unwrap().unwrap();
     second.join().unwrap().unwrap();
     assert_eq!(journal.bytes_unwritten(), 0, "every batch is written");
-    assert_eq!(journal.commit().unwrap(), Lsn(ops.len() as u64));
-    drop(journal);
-    storage.crash();
-    let (replayed, _) = replay(&storage, JournalConfig::default()).unwrap();
-    assert_eq!(replayed.len(), ops.len(), "every committed record replays");
-    assert!(replayed == ops, "and replays as it was appended");
+    every_record_replays_after_a_commit(&storage, journal, &ops);
 }
 
 /// The batch in front of one written at once fails with an error that
@@ -1418,22 +1435,7 @@ fn batches_written_at_once_land_their_shared_sector_in_order() {
 /// poisoned, and the next commit writes both and makes every record durable.
 #[test]
 fn a_batch_behind_one_whose_write_fails_is_written_again_after_it() {
-    let storage = Arc::new(SimStorage::new(SimConfig::default(), 24));
-    let config = JournalConfig { batch_bytes_max: 8 << 10, ..JournalConfig::default() };
-    let journal =
-        Arc::new(Journal::create(Arc::clone(&storage) as _, "journal", block_size(), config, Timestamp::MIN).unwrap());
-    let ops: Vec<Op> =
-        (0..24u64).map(|i| Op::Write { block: i, data: vec![i as u8 + 1; 3 * BLOCK as usize] }).collect();
-    for (i, op) in ops.iter().enumerate() {
-        append(&journal, op, i as u64 + 1);
-    }
-    storage.hold_writes();
-    let writing_out = Arc::clone(&journal);
-    let first = std::thread::spawn(move || writing_out.write_out());
-    assert!(storage.wait_for_writes_held(1, Duration::from_secs(30)));
-    let writing_oldest = Arc::clone(&journal);
-    let second = std::thread::spawn(move || writing_oldest.write_out_oldest());
-    assert!(storage.wait_for_writes_held(2, Duration::from_secs(30)));
+    let (storage, journal, ops, first, second) = two_batches_at_the_disk(24);
     // The second batch's sectors after the shared one land; it then waits
     // for the first, whose write fails.
     let landed = storage.writes();
@@ -1450,10 +1452,5 @@ fn a_batch_behind_one_whose_write_fails_is_written_again_after_it() {
     second.join().unwrap().unwrap();
     assert!(!journal.is_poisoned(), "an error that passes poisons nothing");
     assert!(journal.bytes_unwritten() > 0, "the first batch is still to write");
-    assert_eq!(journal.commit().unwrap(), Lsn(ops.len() as u64));
-    drop(journal);
-    storage.crash();
-    let (replayed, _) = replay(&storage, JournalConfig::default()).unwrap();
-    assert_eq!(replayed.len(), ops.len(), "every committed record replays");
-    assert!(replayed == ops, "and replays as it was appended");
+    every_record_replays_after_a_commit(&storage, journal, &ops);
 }
