@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Commits at the disk's latency: the jobs that wait for a sync on every few
 operations, against Rewind with its journal's spare segment files (as
-shipped, `--journal-spares 16`) and without (`--journal-spares 0`: every
+shipped) and without (`--journal-spares 0`: every
 segment a new file), beside `nbdkit file` and the disk itself, in one run.
 
 A new segment file's blocks are allocated but unwritten, so every commit
@@ -43,7 +43,7 @@ from benchlib import (ROOT, TOKENS, Process, api, environment, fio, publish, rem
 NFS_MIX = ROOT / "target" / "release" / "nfs-mix"
 WORK = Path("/var/tmp/rewind-bench-sync")
 NBD, HTTP, NFS, NBDKIT = 11960, 11961, 11962, 11963
-SERVERS = {"spares": ["--journal-spares", "16"], "no spares": ["--journal-spares", "0"]}
+SERVERS = {"spares": [], "no spares": ["--journal-spares", "0"]}
 NBD_JOBS = {
     "4 KiB random writes, each synced (QD 1)": ["--rw=randwrite", "--bs=4k", "--iodepth=1", "--fsync=1"],
     "4 KiB random writes, a sync every 8 (QD 32)": ["--rw=randwrite", "--bs=4k", "--iodepth=32", "--fsync=8"],

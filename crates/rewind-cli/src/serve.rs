@@ -433,12 +433,15 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = JournalIo::Direct)]
     journal_io: JournalIo,
     /// The most segment files (64 MiB each) a journal keeps for reuse: as
-    /// many as it started between two reclaims, and two written ahead at a
+    /// many as it started between two reclaims at most in the last hour
+    /// (the disk space its last burst took), and two written ahead at a
     /// quiet moment for journals that commit often. A commit into a reused
     /// file costs the disk one flush, into a new one a filesystem metadata
-    /// commit as well. 0 deletes reclaimed segments and writes none ahead
-    /// (bench/sync.py measures both).
-    #[arg(long, value_name = "COUNT", default_value_t = 16)]
+    /// commit as well, and large writes into new files run at about three
+    /// quarters of the disk's speed. Spares beyond the two are given back
+    /// when free space falls below twice `--reserve`. 0 deletes reclaimed
+    /// segments and writes none ahead (bench/sync.py measures both).
+    #[arg(long, value_name = "COUNT", default_value_t = 256)]
     journal_spares: usize,
     /// Do not ask the kernel for transparent huge pages behind the journals'
     /// batch buffers. They made 1 MiB writes into fresh buffers 1.15–1.3×

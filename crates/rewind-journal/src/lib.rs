@@ -40,14 +40,19 @@
 //!
 //! Segment files are kept as spares (`journal/spare-0`, …) and renamed to
 //! start later segments, as PostgreSQL recycles WAL files: a reclaim keeps
-//! as many as the journal started since the reclaim before, up to
-//! `spare_segments_max`, and deletes the rest. A new file's blocks are allocated but
+//! as many as the journal started between two reclaims at most in the last
+//! hour, up to `spare_segments_max`, and deletes the rest; the engine gives
+//! them back when the filesystem's free space runs low
+//! ([`Journal::give_back_spares`]). A new file's blocks are allocated but
 //! unwritten, so each commit into it also commits filesystem metadata (ext4
 //! converts the written extent, a journal commit with its own cache
 //! flushes); a spare's blocks are written already, and a commit is the data
 //! write and one flush. Measured on this machine's disk (4 KiB direct write
 //! and `fdatasync`, median of 2000): 128–182 µs into a new file, 83 µs into
-//! a written one. Spares are reclaimed segments, or, for a journal whose
+//! a written one. Large writes pay too: fio's direct 4 MiB writes at depth 2
+//! made 1,450–1,650 MiB/s into a new file and 1,930–2,230 into a written
+//! one (BENCHMARKS.md), so a burst that outgrows the spares runs at about
+//! three quarters of the disk. Spares are reclaimed segments, or, for a journal whose
 //! segments take many commits (`spare_after_commits`), up to two segments
 //! of zeros written ahead at a quiet moment ([`Journal::prepare_spare`]). A reused
 //! file keeps the old segment's bytes past the new records; its header says
@@ -119,8 +124,9 @@ pub struct JournalConfig {
     /// module documentation): each holds its disk space, and saves the
     /// commits written into the segment that reuses it the filesystem
     /// metadata a fresh file's first writes cost. A reclaim keeps as many
-    /// as segments were started since the one before (the journal's demand),
-    /// up to this; 0 keeps none and writes none ahead.
+    /// as segments were started between two reclaims at most in the last
+    /// hour (the journal's demand), up to this; 0 keeps none and writes
+    /// none ahead.
     pub spare_segments_max: usize,
     /// Commits a segment takes (the last or the current one) for spares to be
     /// written ahead of need ([`Journal::prepare_spare`]).
@@ -153,7 +159,7 @@ impl Default for JournalConfig {
             segment_bytes_max: 64 << 20,
             direct_io: true,
             batch_bytes_max: 8 << 20,
-            spare_segments_max: 16,
+            spare_segments_max: 256,
             spare_after_commits: 1024,
             huge_pages: true,
         }
@@ -737,7 +743,25 @@ pub struct Journal {
     /// Segments started since the last reclaim that gave any up: how many
     /// spares the journal would have used (`reclaim`).
     segments_started: AtomicU32,
+    /// The most segments started between two reclaims lately.
+    spare_demand: Mutex<SpareDemand>,
 }
+
+/// The most segments a journal started between two reclaims, and when
+/// that reclaim was: a reclaim keeps that many spares, so that the next
+/// burst as large as the last writes only into reused files.
+#[derive(Clone, Copy, Default)]
+struct SpareDemand {
+    segments: usize,
+    at: Timestamp,
+}
+
+/// How long a reclaim remembers the largest demand for spares. A burst
+/// (a nightly job, a restore, a database's checkpoint) tends to come
+/// again; files kept an hour cost disk space the journal held anyway at
+/// its peak, and are given back at once when space runs low
+/// ([`Journal::give_back_spares`]).
+const SPARE_DEMAND_KEPT_NANOS: u64 = 3_600 * 1_000_000_000;
 
 /// How many segment files stay open for reading.
 const OPEN_SEGMENTS_MAX: usize = 64;
@@ -882,6 +906,7 @@ impl Journal {
             commits_written: AtomicU64::new(0),
             spares_kept: AtomicUsize::new(0),
             segments_started: AtomicU32::new(0),
+            spare_demand: Mutex::default(),
         }
     }
 
@@ -1215,30 +1240,55 @@ impl Journal {
     }
 
     /// How many spares a reclaim keeps: as many segments as the journal
-    /// started since the last reclaim (what it would have reused), at least
-    /// those written ahead, at most `spare_segments_max`.
-    fn spares_wanted(&self) -> usize {
+    /// started between two reclaims at most within the last hour
+    /// (`SPARE_DEMAND_KEPT_NANOS`; what its next burst would reuse), at
+    /// least those written ahead, at most `spare_segments_max`. A demand
+    /// older than that gives way to the current one.
+    fn spares_wanted(&self, now: Timestamp) -> usize {
         let started = self.segments_started.swap(0, Ordering::Relaxed) as usize;
-        started.max(SPARES_AHEAD_MAX).min(self.config.spare_segments_max)
+        let mut demand = self.spare_demand.lock();
+        if started >= demand.segments
+            || now.unix_nanos().saturating_sub(demand.at.unix_nanos()) >= SPARE_DEMAND_KEPT_NANOS
+        {
+            *demand = SpareDemand { segments: started, at: now };
+        }
+        demand.segments.max(SPARES_AHEAD_MAX).min(self.config.spare_segments_max)
+    }
+
+    /// Deletes the spares beyond those written ahead and forgets the demand
+    /// for them: the filesystem's free space runs low, and other files
+    /// (the chunk store's packs, the index) need it more than the next
+    /// burst's speed does. Returns the bytes given back.
+    pub fn give_back_spares(&self) -> Result<u64, JournalError> {
+        let keep = SPARES_AHEAD_MAX.min(self.config.spare_segments_max);
+        if self.spares_kept.load(Ordering::Relaxed) <= keep {
+            return Ok(0);
+        }
+        let _reclaiming = self.reclaiming.lock();
+        *self.spare_demand.lock() = SpareDemand::default();
+        self.trim_spares(keep)
     }
 
     /// Deletes the spares beyond the `keep` lowest numbered (those taken
-    /// first): a journal whose demand fell gives their space back.
-    fn trim_spares(&self, keep: usize) -> Result<(), JournalError> {
+    /// first): a journal whose demand fell gives their space back. Returns
+    /// the bytes their files had allocated.
+    fn trim_spares(&self, keep: usize) -> Result<u64, JournalError> {
         let spares = self.spares()?;
+        let mut deleted = 0;
         for &number in spares.iter().skip(keep) {
             let path = format!("{}/{}", self.dir, spare_name(number));
             match self.storage.remove_file(&path) {
+                Ok(()) => deleted += segment_reserved_bytes(self.config.segment_bytes_max),
                 // Taken for a segment meanwhile.
                 Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-                other => other.map_err(self.io_error(path))?,
+                Err(error) => return Err(self.io_error(path)(error)),
             }
         }
         if spares.len() > keep {
             self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
         }
         self.spares_kept.store(spares.len().min(keep), Ordering::Relaxed);
-        Ok(())
+        Ok(deleted)
     }
 
     /// A new segment file at `path`, its whole size allocated.
@@ -2137,10 +2187,10 @@ impl Journal {
     /// segment `before` (where recovery starts) whose every record is older
     /// than `archived_before` (the version index refers to none of them).
     /// Each is kept as a spare segment file while fewer are kept than the
-    /// journal started segments since the last reclaim (`spares_wanted`), else
-    /// deleted, and spares beyond that are deleted too. Returns the bytes
-    /// reclaimed.
-    pub fn reclaim(&self, before: u32, archived_before: Timestamp) -> Result<u64, JournalError> {
+    /// journal lately started segments between two reclaims (`spares_wanted`,
+    /// as of `now`), else deleted, and spares beyond that are deleted too.
+    /// Returns the bytes reclaimed.
+    pub fn reclaim(&self, before: u32, archived_before: Timestamp, now: Timestamp) -> Result<u64, JournalError> {
         // Several threads reclaim (after checkpoints, after archive passes).
         let _reclaiming = self.reclaiming.lock();
         let mut freed = 0;
@@ -2156,7 +2206,7 @@ impl Journal {
                 }
                 return Ok(freed);
             }
-            let wanted = *wanted.get_or_insert_with(|| self.spares_wanted());
+            let wanted = *wanted.get_or_insert_with(|| self.spares_wanted(now));
             let path = self.path(segment);
             freed += self.file(segment)?.size_bytes().map_err(self.segment_io_error(segment))?;
             // Readers that looked a version up in this segment now get `Reclaimed`.

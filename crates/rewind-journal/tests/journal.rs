@@ -264,9 +264,9 @@ fn reclaim_deletes_only_old_segments_before_the_replay_point() {
     let segment_of = |step: usize| appended[step - 1].segment;
     assert_eq!((segment_of(1), segment_of(3), segment_of(12)), (1, 2, 6));
     // Nothing before the replay point may go, however old.
-    assert_eq!(journal.reclaim(1, Timestamp::MAX).unwrap(), 0);
+    assert_eq!(journal.reclaim(1, Timestamp::MAX, Timestamp::MIN).unwrap(), 0);
     // Segment 2 holds records 3 and 4 (times 30, 40): not all older than 35.
-    let freed = journal.reclaim(5, Timestamp::from_unix_nanos(35)).unwrap();
+    let freed = journal.reclaim(5, Timestamp::from_unix_nanos(35), Timestamp::MIN).unwrap();
     assert!(freed > 0);
     let names = storage.list_dir("journal").unwrap();
     assert_eq!(segments(&storage).first().map(String::as_str), Some("00000002.seg"), "{names:?}");
@@ -276,11 +276,14 @@ fn reclaim_deletes_only_old_segments_before_the_replay_point() {
     assert!(matches!(error, JournalError::Reclaimed { segment: 1 }), "{error}");
     journal.read(2, u64::from(appended[2].data_offset), &mut buf).unwrap();
     assert_eq!(buf, vec![3; BLOCK as usize]);
-    // Up to the replay point when everything is archived.
-    journal.reclaim(5, Timestamp::MAX).unwrap();
+    // Up to the replay point when everything is archived, an hour after
+    // the reclaim before.
+    let hour_later = Timestamp::from_unix_nanos(3_600 * Timestamp::NANOS_PER_SECOND);
+    journal.reclaim(5, Timestamp::MAX, hour_later).unwrap();
     assert_eq!(segments(&storage).first().map(String::as_str), Some("00000005.seg"));
-    // No segment was started since the reclaim before: two kept (as many as
-    // are written ahead), the other segments deleted.
+    // No segment was started since the reclaim before, whose demand is an
+    // hour old: two kept (as many as are written ahead), the other segments
+    // deleted.
     let spares = storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).count();
     assert_eq!(spares, 2);
     drop(journal);
@@ -424,7 +427,7 @@ fn journal_ready(storage: &SimStorage, recycled: bool) -> (Journal, String, (Jou
         append(&journal, &filler, step);
         if journal.position_next().segment == 3 && segments(storage).len() == 3 {
             journal.commit().unwrap();
-            assert!(journal.reclaim(3, Timestamp::MAX).unwrap() > 0);
+            assert!(journal.reclaim(3, Timestamp::MAX, Timestamp::MIN).unwrap() > 0);
         }
     }
     journal.commit().unwrap();
@@ -561,7 +564,7 @@ fn reclaim_or_prepare_now_and_then(journal: &Journal, rng: &mut StdRng, from: &m
     if rng.random_bool(0.1) {
         let (lsn, position) = journal.durable_point();
         *from = (position, lsn.next());
-        journal.reclaim(position.segment, Timestamp::MAX).unwrap();
+        journal.reclaim(position.segment, Timestamp::MAX, Timestamp::MIN).unwrap();
     }
     if rng.random_bool(0.1) {
         journal.prepare_spare().unwrap();
@@ -947,18 +950,19 @@ fn segment_is_recycled_after_write(journal: &Journal, storage: &SimStorage) -> b
     segment_is_recycled(storage, &newest)
 }
 
-/// A reclaim keeps as many spares as the journal started segments since the
-/// reclaim before (up to `spare_segments_max`), and gives the rest back
-/// once fewer are started.
+/// A reclaim keeps as many spares as the journal started segments between
+/// two reclaims in the last hour (up to `spare_segments_max`), and gives
+/// the rest back once the demand is older than that, or space runs low.
 #[test]
-fn reclaim_keeps_as_many_spares_as_the_journal_started_segments() {
+fn reclaim_keeps_as_many_spares_as_the_journal_lately_started_segments() {
     let storage = SimStorage::new(SimConfig::default(), 21);
     let config = JournalConfig { segment_bytes_max: 4_000, spare_segments_max: 4, ..JournalConfig::default() };
     let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
     let spares = || storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).count();
     // Three 512-byte blocks per record: two records per segment.
     let mut step = 0;
-    let mut fill_to = |segment: u32| {
+    let minutes = |minutes: u64| Timestamp::from_unix_nanos(minutes * 60 * Timestamp::NANOS_PER_SECOND);
+    let mut fill_to = |segment: u32, now: Timestamp| {
         while journal.position_next().segment < segment {
             step += 1;
             let data = vec![step as u8; 3 * BLOCK as usize];
@@ -966,17 +970,28 @@ fn reclaim_keeps_as_many_spares_as_the_journal_started_segments() {
         }
         journal.commit().unwrap();
         let segment = journal.position_next().segment;
-        journal.reclaim(segment, Timestamp::MAX).unwrap();
+        journal.reclaim(segment, Timestamp::MAX, now).unwrap();
     };
     // Six segments started (2 to 7): four kept, the cap.
-    fill_to(7);
+    fill_to(7, minutes(0));
     assert_eq!(spares(), 4);
     // Four more, each reusing a spare: four kept again.
-    fill_to(11);
+    fill_to(11, minutes(1));
     assert_eq!((spares(), segments(&storage).len()), (4, 1));
-    // One more: the demand fell to one, and two are kept (as many as are
-    // written ahead).
-    fill_to(12);
+    // One more, within the hour: the burst's demand still stands.
+    fill_to(12, minutes(59));
+    assert_eq!(spares(), 4);
+    // One more, an hour after the last demand as large: the demand fell to
+    // one, and two are kept (as many as are written ahead).
+    fill_to(13, minutes(61));
+    assert_eq!(spares(), 2);
+    // A burst again, then the free space runs low: the spares beyond those
+    // written ahead are given back, and the demand forgotten.
+    fill_to(17, minutes(62));
+    assert_eq!(spares(), 4);
+    assert_eq!(journal.give_back_spares().unwrap(), 2 * 4_096);
+    assert_eq!(spares(), 2);
+    fill_to(18, minutes(63));
     assert_eq!(spares(), 2);
 }
 
@@ -1034,7 +1049,7 @@ fn the_journal_is_measured_while_spares_are_taken() {
             journal.append_write(Timestamp::from_unix_nanos(step), BlockIndex(0), &data, &mut Vec::new()).unwrap();
             if step % 16 == 0 {
                 journal.commit().unwrap();
-                journal.reclaim(journal.position_next().segment, Timestamp::MAX).unwrap();
+                journal.reclaim(journal.position_next().segment, Timestamp::MAX, Timestamp::MIN).unwrap();
             }
         }
         done.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -1102,7 +1117,7 @@ fn journal_with_a_spare(storage: &SimStorage, config: JournalConfig) -> (Journal
         write_two_per_segment(&journal, step);
     }
     journal.commit().unwrap();
-    journal.reclaim(2, Timestamp::MAX).unwrap();
+    journal.reclaim(2, Timestamp::MAX, Timestamp::MIN).unwrap();
     assert_eq!(storage.list_dir("journal").unwrap().iter().filter(|name| name.starts_with("spare-")).count(), 1);
     let from = (journal.position_next(), Lsn(5));
     (journal, from)

@@ -408,14 +408,15 @@ impl Volume {
     }
 
     /// Deletes the journal segments recovery no longer needs and the index
-    /// no longer refers to. Returns whether it deleted any.
-    pub(crate) fn reclaim_journal(&self, replay_segment: u32) -> Result<bool, EngineError> {
+    /// no longer refers to (keeping spares as of `now`). Returns whether it
+    /// deleted any.
+    pub(crate) fn reclaim_journal(&self, replay_segment: u32, now: Timestamp) -> Result<bool, EngineError> {
         // In COW the index never refers to the journal: recovery alone needs it.
         let unreferenced_before = match self.rules().history_at_destage() {
             true => Timestamp::MAX,
             false => self.index.archived_before(),
         };
-        let freed = self.journal.reclaim(replay_segment, unreferenced_before)?;
+        let freed = self.journal.reclaim(replay_segment, unreferenced_before, now)?;
         self.counters.journal_bytes_reclaimed.fetch_add(freed, Ordering::Relaxed);
         Ok(freed > 0)
     }

@@ -148,7 +148,7 @@ impl Volume {
             drop(maintenance);
             self.checkpoint_leaving(now, leaves_hot_set)?;
             let replay_segment = self.maintenance.lock().replay_segment;
-            self.reclaim_journal(replay_segment)?;
+            self.reclaim_journal(replay_segment, now)?;
             worked = true;
         }
         Ok(worked)
@@ -356,12 +356,21 @@ impl Volume {
             work.archive_last = now;
             worked |= self.archive(now)?;
             let replay_segment = self.maintenance.lock().replay_segment;
-            worked |= self.reclaim_journal(replay_segment)?;
+            worked |= self.reclaim_journal(replay_segment, now)?;
         }
         drop(work);
         // Without holding off what waits for the rest (a diff): it is the
         // work that can wait longest, and takes longest.
         worked |= self.copy_after_revert()?;
+        // Spares kept for the next burst are the first space given back
+        // when the filesystem's runs low: they only make that burst faster.
+        if self.disk.report().state != crate::reserve::SpaceState::Ok {
+            let given_back = self.journal.give_back_spares()?;
+            if given_back > 0 {
+                tracing::info!(volume = %self.name(), bytes = given_back, "free space is low: gave back the journal's spare segment files");
+                worked = true;
+            }
+        }
         // Last, after reclaiming, which may have kept spares already, and so
         // that its failing (a full disk) holds up nothing: a spare written
         // ahead of need for a journal that takes many commits per segment,
