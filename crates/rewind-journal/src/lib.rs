@@ -761,7 +761,7 @@ struct SpareDemand {
 /// again; files kept an hour cost disk space the journal held anyway at
 /// its peak, and are given back at once when space runs low
 /// ([`Journal::give_back_spares`]).
-const SPARE_DEMAND_KEPT_NANOS: u64 = 3_600 * 1_000_000_000;
+const SPARE_DEMAND_KEPT_NANOS: u64 = 3_600 * Timestamp::NANOS_PER_SECOND;
 
 /// How many segment files stay open for reading.
 const OPEN_SEGMENTS_MAX: usize = 64;
