@@ -23,6 +23,7 @@ binaries' ratios within a round, and the medians.
 
 import argparse
 import os
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -89,6 +90,8 @@ def main():
                 cpu_after, faults_after = cpu_and_faults(server.process.pid)
             finally:
                 server.stop()
+                # Each server's history is some GiB: gone before the next.
+                shutil.rmtree(args.work_dir, ignore_errors=True)
             rate = benchlib.throughput(job, "write")
             gib = 1.0 if one_pass else rate * (args.runtime + 2) / 2**30
             figures = (rate / 2**20, (cpu_after - cpu_before) / gib, (faults_after - faults_before) / gib)

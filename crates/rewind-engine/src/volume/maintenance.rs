@@ -343,7 +343,19 @@ impl Volume {
         if self.closed.load(Ordering::Acquire) || self.is_poisoned() {
             return Ok(false);
         }
-        let mut worked = self.releasing(|| self.index.compact())?;
+        // Spares kept for the next burst are the first space given back
+        // when the filesystem's runs low (they only make that burst
+        // faster), and before the work below that needs space, which fails
+        // on a full disk.
+        let mut worked = false;
+        if self.disk.report().state != crate::reserve::SpaceState::Ok {
+            let given_back = self.journal.give_back_spares()?;
+            if given_back > 0 {
+                tracing::info!(volume = %self.name(), bytes = given_back, "free space is low: gave back the journal's spare segment files");
+                worked = true;
+            }
+        }
+        worked |= self.releasing(|| self.index.compact())?;
         let retention_due = self.history.retention_clock().saturating_add_nanos(self.config.retention_interval_nanos);
         if now >= retention_due {
             worked |= self.apply_retention(now)?;
@@ -362,15 +374,6 @@ impl Volume {
         // Without holding off what waits for the rest (a diff): it is the
         // work that can wait longest, and takes longest.
         worked |= self.copy_after_revert()?;
-        // Spares kept for the next burst are the first space given back
-        // when the filesystem's runs low: they only make that burst faster.
-        if self.disk.report().state != crate::reserve::SpaceState::Ok {
-            let given_back = self.journal.give_back_spares()?;
-            if given_back > 0 {
-                tracing::info!(volume = %self.name(), bytes = given_back, "free space is low: gave back the journal's spare segment files");
-                worked = true;
-            }
-        }
         // Last, after reclaiming, which may have kept spares already, and so
         // that its failing (a full disk) holds up nothing: a spare written
         // ahead of need for a journal that takes many commits per segment,
