@@ -346,7 +346,7 @@ fn a_pass_whose_history_does_not_fit_the_room_goes_on_beside_reads_by_budget() {
     let spec =
         VolumeSpec::new(VolumeName::new("v").unwrap(), BLOCKS * BLOCK as u64, BlockSize::new(BLOCK as u32).unwrap());
     let volume = node.create_volume(spec, start).unwrap();
-    let reader = Reader::start(&volume);
+    let reader = Client::reader(&volume);
     // Each round writes every block (a microsecond apart, from its second),
     // then runs a pass past the burst, with the history waiting twice what
     // fits the room above twice the reserve. (The node's round first takes
@@ -367,8 +367,8 @@ fn a_pass_whose_history_does_not_fit_the_room_goes_on_beside_reads_by_budget() {
 
     // Read beside it: after its first part the pass waits fifteen times as
     // long, then goes on though the reads do.
-    let reads_before = reader.reads();
-    wait_for("a read", || reader.reads() > reads_before);
+    let reads_before = reader.count();
+    wait_for("a read", || reader.count() > reads_before);
     let pass_ended = pass(0);
     wait_for("the pass to wait after its first part", || volume.stats().unwrap().archive_yields == 1);
     let stats = volume.stats().unwrap();
@@ -376,7 +376,7 @@ fn a_pass_whose_history_does_not_fit_the_room_goes_on_beside_reads_by_budget() {
     pass_ended.recv_timeout(Duration::from_secs(60)).expect("the pass ended beside the reads");
     let stats = volume.stats().unwrap();
     assert_eq!((stats.versions_archived, stats.archive_pauses, stats.archive_yields), (BLOCKS, 0, 1), "{stats:?}");
-    assert!(reader.reads() > reads_before + 1, "the reads went on meanwhile");
+    assert!(reader.count() > reads_before + 1, "the reads went on meanwhile");
 
     // Without reads, a pass goes on at once after each part.
     reader.stop();
@@ -384,6 +384,81 @@ fn a_pass_whose_history_does_not_fit_the_room_goes_on_beside_reads_by_budget() {
     pass(1).recv_timeout(Duration::from_secs(60)).expect("the pass ended");
     let stats = volume.stats().unwrap();
     assert_eq!((stats.versions_archived, stats.archive_pauses, stats.archive_yields), (2 * BLOCKS, 0, 1), "{stats:?}");
+}
+
+#[test]
+fn a_pass_whose_history_outgrows_half_the_room_goes_on_beside_a_burst_by_a_share_that_grows_with_it() {
+    // Two parts of a pass (32 MiB each) and a little more.
+    const BLOCKS: u64 = (32 << 20) / BLOCK as u64 + 64;
+    const RESERVE: u64 = 16 << 20;
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 13));
+    let mut config = NodeConfig { reserve: Reserve::Bytes(RESERVE), ..NodeConfig::default() };
+    // A burst the writes below keep going however slowly a loaded machine
+    // runs their thread, with a budget that outlasts the test: only the
+    // room decides.
+    config.volume.burst_quiet_nanos = 2_000 * MILLI;
+    config.volume.burst_archive_wait_nanos = 3_600_000 * MILLI;
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_bytes_soft = 8 * BLOCK as u64;
+    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
+    node.set_clock(Arc::clone(&clock) as _);
+    let spec = VolumeSpec::new(
+        VolumeName::new("v").unwrap(),
+        (BLOCKS + 64) * BLOCK as u64,
+        BlockSize::new(BLOCK as u32).unwrap(),
+    );
+    let volume = node.create_volume(spec, start).unwrap();
+    // Each round writes every block (a microsecond apart, from its second)
+    // with `room` bytes free above twice the reserve, and runs a pass while
+    // the burst goes on: a write every 20 ms past the blocks, at the clock's
+    // time, a handful beside the pass's thousands.
+    let pass = |round: u64, room: u64| {
+        storage.set_capacity(None);
+        let at = |block: u64| start.saturating_add_nanos((1 + 10 * round) * 1_000 * MILLI + block * 1_000);
+        write_blocks(&volume, at, 0..BLOCKS);
+        let now = at(BLOCKS).saturating_add_nanos(MILLI);
+        clock.set(now);
+        // Their versions in runs, which a pass archives (the writes to come
+        // stay in memory).
+        volume.checkpoint(now).unwrap();
+        let writer = {
+            let clock = Arc::clone(&clock);
+            Client::start(&volume, move |volume, n| {
+                if n > 0 {
+                    clock.sleep(20 * MILLI);
+                }
+                let block = BLOCKS + n % 64;
+                volume.write(clock.now(), block * BLOCK as u64, &[1; BLOCK], Durability::Buffered).unwrap();
+            })
+        };
+        wait_for("the burst's next write", || writer.count() > 0);
+        storage.set_capacity(Some(storage.used_bytes() + 2 * RESERVE + room));
+        // The node measures the disk and the history waiting in its round.
+        node.maintain(now).unwrap();
+        let archived_before = volume.stats().unwrap().versions_archived;
+        let passing = Arc::clone(&volume);
+        let pass_ended =
+            pass_in_background(move || assert!(passing.maintain_history(now).unwrap(), "the pass archived"));
+        pass_ended.recv_timeout(Duration::from_secs(60)).expect("the pass ended in the burst");
+        writer.stop();
+        writer.join();
+        (volume.stats().unwrap(), archived_before)
+    };
+    let waiting = BLOCKS * BLOCK as u64;
+
+    // The history waiting takes five eighths of the room: half way from
+    // half, where the burst would keep it waiting, to three quarters, the
+    // pass takes half the time: after its first part it waits as long.
+    let (stats, archived_before) = pass(0, waiting / 5 * 8);
+    assert!(stats.versions_archived >= archived_before + BLOCKS, "{stats:?}");
+    assert_eq!((stats.archive_pauses, stats.archive_yields), (0, 1), "{stats:?}");
+
+    // Three quarters of the room or more: at full speed.
+    let (stats, archived_before) = pass(1, waiting / 3 * 4);
+    assert!(stats.versions_archived >= archived_before + BLOCKS, "{stats:?}");
+    assert_eq!((stats.archive_pauses, stats.archive_yields), (0, 1), "no pause, no more yields: {stats:?}");
 }
 
 #[test]
@@ -449,32 +524,36 @@ fn small_reads_right_after_a_burst_keep_destaging_and_checkpoints_waiting_and_la
     assert_eq!(work(7_100).versions_pending_destage, 0);
 }
 
-/// Reads block 0 of a volume over and over on a thread of its own,
-/// counting, until stopped.
-struct Reader {
+/// A client of a volume on a thread of its own: one operation after
+/// another (given how many it did before) until stopped, counted.
+struct Client {
     going: Arc<AtomicBool>,
-    reads: Arc<AtomicU64>,
+    done: Arc<AtomicU64>,
     thread: thread::JoinHandle<()>,
 }
 
-impl Reader {
-    fn start(volume: &Arc<Volume>) -> Reader {
-        let (going, reads) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
+impl Client {
+    fn start(volume: &Arc<Volume>, operation: impl Fn(&Volume, u64) + Send + 'static) -> Client {
+        let (going, done) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
         let thread = {
-            let (volume, going, reads) = (Arc::clone(volume), Arc::clone(&going), Arc::clone(&reads));
+            let (volume, going, done) = (Arc::clone(volume), Arc::clone(&going), Arc::clone(&done));
             thread::spawn(move || {
-                let mut block = vec![0; BLOCK];
                 while going.load(Ordering::Acquire) {
-                    volume.read(0, &mut block).unwrap();
-                    reads.fetch_add(1, Ordering::Release);
+                    operation(&volume, done.load(Ordering::Acquire));
+                    done.fetch_add(1, Ordering::Release);
                 }
             })
         };
-        Reader { going, reads, thread }
+        Client { going, done, thread }
     }
 
-    fn reads(&self) -> u64 {
-        self.reads.load(Ordering::Acquire)
+    /// Reads block 0, again and again.
+    fn reader(volume: &Arc<Volume>) -> Client {
+        Client::start(volume, |volume, _| volume.read(0, &mut [0; BLOCK]).unwrap())
+    }
+
+    fn count(&self) -> u64 {
+        self.done.load(Ordering::Acquire)
     }
 
     fn stop(&self) {
@@ -550,29 +629,16 @@ fn an_archive_pass_under_way_pauses_for_a_burst_within_its_budget_as_for_reads()
     node.set_clock(Arc::clone(&clock) as _);
     let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 2 << 20, BlockSize::new(BLOCK as u32).unwrap());
     let volume = node.create_volume(spec, start).unwrap();
-    // Running until told to stop, counting: reads of block 0, and writes of
-    // blocks from 100 on at the clock's time.
-    let endless = |write: bool| {
-        let (volume, clock) = (Arc::clone(&volume), Arc::clone(&clock));
-        let (going, done) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
-        let (still, count) = (Arc::clone(&going), Arc::clone(&done));
-        let thread = thread::spawn(move || {
-            let mut block = vec![0; BLOCK];
-            while still.load(Ordering::Acquire) {
-                let n = count.load(Ordering::Acquire);
-                match write {
-                    true => volume.write(clock.now(), (100 + n % 64) * BLOCK as u64, &block, Durability::Buffered),
-                    false => volume.read(0, &mut block),
-                }
-                .unwrap();
-                count.fetch_add(1, Ordering::Release);
-            }
-        });
-        (going, done, thread)
+    // Writes of blocks from 100 on at the clock's time, until stopped.
+    let writer = || {
+        let clock = Arc::clone(&clock);
+        Client::start(&volume, move |volume, n| {
+            volume.write(clock.now(), (100 + n % 64) * BLOCK as u64, &[0; BLOCK], Durability::Buffered).unwrap();
+        })
     };
-    let stop = |(going, _, thread): (Arc<AtomicBool>, Arc<AtomicU64>, thread::JoinHandle<()>)| {
-        going.store(false, Ordering::Release);
-        thread.join().unwrap();
+    let stop = |client: Client| {
+        client.stop();
+        client.join();
     };
 
     // A burst of 64 blocks over 2.5 s, past its 2 s budget, and reads after
@@ -580,8 +646,8 @@ fn an_archive_pass_under_way_pauses_for_a_burst_within_its_budget_as_for_reads()
     // pauses for the reads as it looks.
     let at = |block: u64| start.saturating_add_nanos(1_000 * MILLI + block * 40 * MILLI);
     write_blocks(&volume, at, 0..BLOCKS);
-    let reader = endless(false);
-    wait_for("a read after the writes", || reader.1.load(Ordering::Acquire) > 0);
+    let reader = Client::reader(&volume);
+    wait_for("a read after the writes", || reader.count() > 0);
     let pass_ended = {
         let volume = Arc::clone(&volume);
         let now = at(BLOCKS - 1).saturating_add_nanos(250 * MILLI - 1);
@@ -592,12 +658,12 @@ fn an_archive_pass_under_way_pauses_for_a_burst_within_its_budget_as_for_reads()
 
     // A new burst begins, the reads end and 300 ms pass: the burst, within
     // its budget, keeps the pass paused.
-    let writer = endless(true);
-    wait_for("a write of the new burst", || writer.1.load(Ordering::Acquire) > 0);
+    let writer = writer();
+    wait_for("a write of the new burst", || writer.count() > 0);
     stop(reader);
     clock.set(clock.now().saturating_add_nanos(300 * MILLI));
-    let written = writer.1.load(Ordering::Acquire);
-    wait_for("writes after the reads", || writer.1.load(Ordering::Acquire) > written + 100);
+    let written = writer.count();
+    wait_for("writes after the reads", || writer.count() > written + 100);
     assert!(pass_ended.recv_timeout(Duration::from_millis(200)).is_err(), "the pass waits for the burst");
     let stats = volume.stats().unwrap();
     assert_eq!((stats.versions_archived, stats.archive_progress), (0, Some((0, BLOCKS))), "{stats:?}");
@@ -638,7 +704,7 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_wai
     cow.write(start.saturating_add_nanos(MILLI), 0, &[1; BLOCK], Durability::Fua).unwrap();
     cow.maintain(start.saturating_add_nanos(500 * MILLI)).unwrap();
     assert_eq!(cow.stats().unwrap().versions_pending_destage, 0);
-    let reader = Reader::start(&volume);
+    let reader = Client::reader(&volume);
 
     // Each round's pass is ended by something else: a diff, a delete of
     // history, a collection of the chunk store (each waits for archive
@@ -651,8 +717,8 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_wai
         // archived history up to its time).
         let at = |millis: u64| start.saturating_add_nanos((1 + 10 * round) * 1_000 * MILLI + millis * MILLI);
         write_blocks(&volume, at, first..first + BLOCKS);
-        let reads_after_writes = reader.reads();
-        wait_for("a read after the writes", || reader.reads() > reads_after_writes);
+        let reads_after_writes = reader.count();
+        wait_for("a read after the writes", || reader.count() > reads_after_writes);
         // The pass starts in the burst, over its budget, a nanosecond before
         // the burst ends; it pauses as it looks, the reads going on.
         let pass_ended = {

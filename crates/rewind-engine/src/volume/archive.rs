@@ -125,6 +125,36 @@ impl Drop for PassWanted<'_> {
 /// at full speed; by hand, on a disk with little room: BENCHMARKS.md).
 const ARCHIVE_SHARE_BESIDE_READS: u64 = 16;
 
+/// The whole of the time, in the parts an archive pass's share is counted
+/// in (`Volume::archive_share`), and the least share a pass that goes on
+/// takes.
+const SHARE_WHOLE: u64 = 1 << 10;
+const SHARE_LEAST: u64 = SHARE_WHOLE / ARCHIVE_SHARE_BESIDE_READS;
+
+/// The share of the time (in parts of `SHARE_WHOLE`) a pass over `waiting`
+/// bytes of a volume's history takes during a burst's budget, with `room`
+/// bytes free above twice the reserve: none while they take less than half
+/// the room, the room a burst may keep archiving waiting in (the pass that
+/// follows needs room for its packs whether it runs now or later; the
+/// other half is left for other volumes' passes and the writes that come
+/// meanwhile); beyond, a share that grows with them, from the least to the
+/// whole once they take three quarters. The pass keeps pace with the
+/// pressure on space rather than stepping from none to a core and the disk
+/// at half the room: random writes synced every 8, right after a burst
+/// that left 14 GiB waiting with 24 GiB of room, ran at 0.59 of their
+/// rested speed beside a pass at full speed (bench/nbd.py, BENCHMARKS.md).
+fn archive_share_of_room(waiting: u64, room: u64) -> u64 {
+    let (half, most) = (room / 2, room / 4 * 3);
+    if waiting < half {
+        return 0;
+    }
+    if waiting >= most {
+        return SHARE_WHOLE;
+    }
+    let share = u128::from(waiting - half) * u128::from(SHARE_WHOLE) / u128::from(most - half);
+    (share as u64).clamp(SHARE_LEAST, SHARE_WHOLE)
+}
+
 /// Stores the journal data of versions as chunks.
 struct JournalArchiver<'a> {
     volume: &'a Volume,
@@ -258,51 +288,63 @@ impl Volume {
     }
 
     pub(crate) fn archive_due(&self, work: &HistoryWork, now: Timestamp) -> bool {
-        if self.archiving_held(now) {
+        if self.archive_share(now) == 0 {
             return false;
         }
         let elapsed = now.unix_nanos().saturating_sub(work.archive_last.unix_nanos());
         elapsed >= self.config.archive_interval_nanos || self.history_waiting_bytes() >= self.config.archive_bytes_soft
     }
 
-    /// Whether archiving waits at `now`: for a burst, in its first
-    /// `burst_archive_wait_nanos` while the history waiting fits
-    /// (`history_waiting_fits`); for reads right after one
-    /// (`reads_hold_archiving`).
-    fn archiving_held(&self, now: Timestamp) -> bool {
+    /// The share of the time an archive pass may take at `now`, in parts of
+    /// `SHARE_WHOLE`; none (it waits) for a burst, in its first
+    /// `burst_archive_wait_nanos`, while the history waiting fits half the
+    /// room (see `archive_share_of_room` for the share beyond), and for
+    /// reads right after one while the node's history waiting fits the room
+    /// (`reads_hold_archiving`), `1 / ARCHIVE_SHARE_BESIDE_READS` beside
+    /// such reads past that; all of it otherwise.
+    fn archive_share(&self, now: Timestamp) -> u64 {
         if !self.in_burst(now) {
-            return self.reads_hold_archiving(now);
+            return match self.reads_after_burst(now) {
+                false => SHARE_WHOLE,
+                true if self.disk.history_waiting_fits_room() => 0,
+                true => SHARE_LEAST,
+            };
         }
         let burst_nanos = now.unix_nanos().saturating_sub(self.burst_began_nanos.load(Ordering::Relaxed));
-        burst_nanos < self.config.burst_archive_wait_nanos && self.history_waiting_fits(self.history_waiting_bytes())
+        if burst_nanos >= self.config.burst_archive_wait_nanos {
+            return SHARE_WHOLE;
+        }
+        let disk = self.disk.report();
+        let room = disk.free_bytes.saturating_sub(disk.reserve_bytes.saturating_mul(2));
+        archive_share_of_room(self.history_waiting_bytes(), room)
     }
 
     /// Within an archive pass, before each part: waits, on the embedder's
     /// clock (none, no pause: see `Node::set_clock`), while a burst or
-    /// reads right after one keep archiving waiting (`archiving_held`). A
-    /// pass over what a burst left takes a core and the disk for as long as
-    /// it lasts, and one that began in the moment between two write jobs,
-    /// or just before the reads, would take them from what follows (random
-    /// writes synced every 8 ran at half their rested speed beside one:
-    /// BENCHMARKS.md); it goes on once they pause, once the burst is past
-    /// its budget or the reads have gone on for `burst_reads_nanos` after
-    /// the last write, when the volume closes, or at once when other work
-    /// waits for it to end (`PassesWanted`).
+    /// reads right after one keep archiving waiting (`archive_share` is
+    /// none). A pass over what a burst left takes a core and the disk for
+    /// as long as it lasts, and one that began in the moment between two
+    /// write jobs, or just before the reads, would take them from what
+    /// follows (random writes synced every 8 ran at half their rested
+    /// speed beside one: BENCHMARKS.md); it goes on once they pause, once
+    /// the burst is past its budget or the reads have gone on for
+    /// `burst_reads_nanos` after the last write, when the volume closes,
+    /// or at once when other work waits for it to end (`PassesWanted`).
     ///
-    /// Reads do not hold a pass whose history does not fit the room they
-    /// would keep it waiting in (`reads_hold_archiving`): it goes on beside
-    /// them, but by budget — after a part that began at `part_began`, it
-    /// waits until the part's time is at most `1 / ARCHIVE_SHARE_BESIDE_READS`
-    /// of the time since, as long as the reads go on. At full speed, at
-    /// nice 10, such a pass still took most of the core the reads left
-    /// idle between requests. Returns when the next part begins.
+    /// A pass that goes on beside them, because its history does not fit
+    /// the room they would keep it waiting in, goes on by budget: after a
+    /// part that began at `part_began`, it waits until the part's time is
+    /// at most its share of the time since, as long as the share stays
+    /// less than the whole. At full speed, at nice 10, such a pass still
+    /// took most of the core the reads left idle between requests. Returns
+    /// when the next part begins.
     fn pause_before_part(&self, part_began: Option<Timestamp>) -> Option<Timestamp> {
         // Reads are seen by their count moving between two looks.
         const LOOK_EVERY_NANOS: u64 = 20_000_000;
         let clock = self.clock.get()?;
         let waited_for = || self.passes_wanted.any() || self.closed.load(Ordering::Acquire);
         let mut paused = false;
-        while !waited_for() && self.archiving_held(clock.now()) {
+        while !waited_for() && self.archive_share(clock.now()) == 0 {
             if !paused {
                 paused = true;
                 self.counters.archive_pauses.fetch_add(1, Ordering::Relaxed);
@@ -311,12 +353,14 @@ impl Volume {
         }
         if let Some(began) = part_began.filter(|_| !paused) {
             let now = clock.now();
+            let share = self.archive_share(now).clamp(SHARE_LEAST, SHARE_WHOLE);
             let part_nanos = now.unix_nanos().saturating_sub(began.unix_nanos());
-            let until = now.saturating_add_nanos(part_nanos.saturating_mul(ARCHIVE_SHARE_BESIDE_READS - 1));
+            let rest_nanos = u128::from(part_nanos) * u128::from(SHARE_WHOLE - share) / u128::from(share);
+            let until = now.saturating_add_nanos(u64::try_from(rest_nanos).unwrap_or(u64::MAX));
             let mut yielded = false;
             loop {
                 let now = clock.now();
-                if now >= until || waited_for() || !self.reads_after_burst(now) {
+                if now >= until || waited_for() || self.archive_share(now) == SHARE_WHOLE {
                     break;
                 }
                 if !yielded {
@@ -467,6 +511,22 @@ fn exact_cutoff(thinning: &Thinning, cutoff: Timestamp, archived: Timestamp) -> 
 mod tests {
     use super::*;
     use rewind_types::BlockIndex;
+
+    #[test]
+    fn a_pass_in_a_burst_takes_a_share_that_grows_from_half_the_room_to_three_quarters() {
+        const ROOM: u64 = 1 << 30;
+        let share = |waiting: u64| archive_share_of_room(waiting, ROOM);
+        assert_eq!(share(0), 0, "nothing waiting");
+        assert_eq!(share(ROOM / 2 - 1), 0, "just under half the room: the pass waits");
+        assert_eq!(share(ROOM / 2), SHARE_LEAST, "at half, the least share");
+        assert_eq!(share(ROOM / 8 * 5), SHARE_WHOLE / 2, "half way up the ramp, half the time");
+        assert!(share(ROOM / 16 * 9) < share(ROOM / 16 * 11), "the share grows with the history waiting");
+        assert_eq!(share(ROOM / 4 * 3 - 1), SHARE_WHOLE - 1);
+        assert_eq!(share(ROOM / 4 * 3), SHARE_WHOLE, "from three quarters, at full speed");
+        assert_eq!(share(2 * ROOM), SHARE_WHOLE, "past the room");
+        assert_eq!(archive_share_of_room(0, 0), SHARE_WHOLE, "no room: at full speed");
+        assert_eq!(archive_share_of_room(u64::MAX - 1, u64::MAX), SHARE_WHOLE);
+    }
 
     fn version(block: u64, nanos: u64) -> Version {
         Version {

@@ -232,17 +232,6 @@ impl Volume {
         self.reads_after_burst(now) && self.disk.history_waiting_fits_room()
     }
 
-    /// Whether `waiting` bytes of this volume's history waiting for the
-    /// archiver take less than half the disk's free space above twice the
-    /// reserve: the room a burst may keep archiving waiting in. The pass
-    /// that follows needs room for its packs whether it runs now or later;
-    /// the other half is left for other volumes' passes and the writes
-    /// that come meanwhile.
-    pub(crate) fn history_waiting_fits(&self, waiting: u64) -> bool {
-        let disk = self.disk.report();
-        waiting < disk.free_bytes.saturating_sub(disk.reserve_bytes.saturating_mul(2)) / 2
-    }
-
     /// The history waiting for the archiver, in bytes.
     pub(crate) fn history_waiting_bytes(&self) -> u64 {
         self.index.versions_unarchived() * u64::from(self.block_size().bytes())
