@@ -24,6 +24,7 @@ for the first time (BENCHMARKS.md)."""
 
 import argparse
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -84,7 +85,8 @@ def data_device(path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--binary", type=Path, default=benchlib.REWIND)
-    parser.add_argument("--work", default="/var/tmp/rewind-b2b", help="the server's work directory (emptied)")
+    parser.add_argument("--work", default="/var/tmp/rewind-b2b",
+                        help="the server's work directory (emptied, and removed at the end)")
     parser.add_argument("--device", help="the disk to count bytes of (default: the one under --work)")
     parser.add_argument("--runtime", type=int, default=10, help="seconds per job")
     parser.add_argument("--size", default="1G")
@@ -156,6 +158,8 @@ def main():
             run(name, job_args, direction, "b2b")
     finally:
         server.stop()
+        # Its history runs to tens of GiB after a few seqwrite jobs.
+        shutil.rmtree(args.work, ignore_errors=True)
 
 
 if __name__ == "__main__":
