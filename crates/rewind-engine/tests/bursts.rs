@@ -339,13 +339,8 @@ fn a_pass_whose_history_does_not_fit_the_room_goes_on_beside_reads_by_budget() {
     config.volume.burst_archive_wait_nanos = 0;
     config.volume.archive_age_nanos = 0;
     config.volume.archive_bytes_soft = 8 * BLOCK as u64;
-    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
-    let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
-    node.set_clock(Arc::clone(&clock) as _);
-    let spec =
-        VolumeSpec::new(VolumeName::new("v").unwrap(), BLOCKS * BLOCK as u64, BlockSize::new(BLOCK as u32).unwrap());
-    let volume = node.create_volume(spec, start).unwrap();
+    let (node, clock, volume) = clocked_volume(Arc::clone(&storage), config, start, BLOCKS * BLOCK as u64);
     let reader = Client::reader(&volume);
     // Each round writes every block (a microsecond apart, from its second),
     // then runs a pass past the burst, with the history waiting twice what
@@ -400,16 +395,8 @@ fn a_pass_whose_history_outgrows_half_the_room_goes_on_beside_a_burst_by_a_share
     config.volume.burst_archive_wait_nanos = 3_600_000 * MILLI;
     config.volume.archive_age_nanos = 0;
     config.volume.archive_bytes_soft = 8 * BLOCK as u64;
-    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
-    let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
-    node.set_clock(Arc::clone(&clock) as _);
-    let spec = VolumeSpec::new(
-        VolumeName::new("v").unwrap(),
-        (BLOCKS + 64) * BLOCK as u64,
-        BlockSize::new(BLOCK as u32).unwrap(),
-    );
-    let volume = node.create_volume(spec, start).unwrap();
+    let (node, clock, volume) = clocked_volume(Arc::clone(&storage), config, start, (BLOCKS + 64) * BLOCK as u64);
     // Each round writes every block (a microsecond apart, from its second)
     // with `room` bytes free above twice the reserve, and runs a pass while
     // the burst goes on: a write every 20 ms past the blocks, at the clock's
@@ -606,6 +593,22 @@ impl Clock for TestClock {
     }
 }
 
+/// A node on `storage` whose clock is a [`TestClock`] set to `start`, the
+/// clock, and a volume `v` of `bytes` created at `start`.
+fn clocked_volume(
+    storage: Arc<SimStorage>,
+    config: NodeConfig,
+    start: Timestamp,
+    bytes: u64,
+) -> (Node, Arc<TestClock>, Arc<Volume>) {
+    let node = Node::open(storage, config).unwrap();
+    let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
+    node.set_clock(Arc::clone(&clock) as _);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), bytes, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    (node, clock, volume)
+}
+
 /// Runs `work` on a thread of its own and waits (a minute at most) for its
 /// answer: work an archive pass must not keep waiting while it pauses.
 fn goes_on_at_once<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
@@ -623,12 +626,9 @@ fn an_archive_pass_under_way_pauses_for_a_burst_within_its_budget_as_for_reads()
     config.volume.burst_archive_wait_nanos = 2_000 * MILLI;
     config.volume.archive_age_nanos = 0;
     config.volume.archive_bytes_soft = 8 * BLOCK as u64;
-    let node = Node::open(Arc::new(SimStorage::new(SimConfig::default(), 11)), config).unwrap();
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
-    let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
-    node.set_clock(Arc::clone(&clock) as _);
-    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 2 << 20, BlockSize::new(BLOCK as u32).unwrap());
-    let volume = node.create_volume(spec, start).unwrap();
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 11));
+    let (_node, clock, volume) = clocked_volume(storage, config, start, 2 << 20);
     // Writes of blocks from 100 on at the clock's time, until stopped.
     let writer = || {
         let clock = Arc::clone(&clock);
@@ -679,7 +679,7 @@ fn an_archive_pass_under_way_pauses_for_a_burst_within_its_budget_as_for_reads()
 #[test]
 fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_waits_for_it_or_when_reads_end() {
     const BLOCKS: u64 = 64;
-    let storage = SimStorage::new(SimConfig::default(), 8);
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 8));
     let mut config = NodeConfig::default();
     config.volume.burst_quiet_nanos = 250 * MILLI;
     // Long enough that only the reads ending, or a diff, can end a pause.
@@ -688,12 +688,9 @@ fn an_archive_pass_pauses_while_the_volume_is_read_and_goes_on_for_work_that_wai
     // The pass starts in the burst: it does not wait for it to pause.
     config.volume.burst_archive_wait_nanos = 0;
     config.volume.archive_bytes_soft = 8 * BLOCK as u64;
-    let node = Arc::new(Node::open(Arc::new(storage), config).unwrap());
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
-    let clock = Arc::new(TestClock(Mutex::new((start, Instant::now()))));
-    node.set_clock(Arc::clone(&clock) as _);
-    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 2 << 20, BlockSize::new(BLOCK as u32).unwrap());
-    let volume = node.create_volume(spec, start).unwrap();
+    let (node, clock, volume) = clocked_volume(storage, config, start, 2 << 20);
+    let node = Arc::new(node);
     // A volume that files history as it destages (COW), which takes the
     // chunk store's one session, the paused pass's: its block 0 is in its
     // current store before the first pass, and overwritten in round 3.
