@@ -235,8 +235,8 @@ fn damaged_acknowledged_journal_records_are_lost_alone() {
     segments.retain(|name| name.ends_with(".seg"));
     segments.sort();
     let segment = format!("volumes/a/journal/{}", segments.last().unwrap());
-    let size = storage.open_file(&segment, rewind_io::OpenMode::Existing).unwrap().size_bytes().unwrap();
-    flip(&storage, &segment, size - 8 * (BLOCK as u64 + 72));
+    let bytes = rewind_io::read_file(&storage, &segment).unwrap();
+    flip(&storage, &segment, rewind_format::journal::records_end(&bytes) - 8 * (BLOCK as u64 + 72));
     let (node, losses) = damaged_then_repaired(&storage, "journal");
     assert!(losses.iter().any(|loss| loss.contains("1 writes from LSN")), "{losses:?}");
     let volume = node.volume("a").unwrap();

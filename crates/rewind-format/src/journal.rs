@@ -35,10 +35,16 @@ pub struct SegmentHeader {
     /// records (all with LSNs below `lsn_first`) cannot pass for this
     /// segment's, whose LSNs start there.
     pub recycled: bool,
+    /// The file is new, and the journal may write zeros ahead of the
+    /// records in it (so that commits find its blocks written, not
+    /// allocated and unwritten): past the records it may hold those zeros.
+    pub written_ahead: bool,
 }
 
 /// Bit 0 of the segment header's flags.
 const SEGMENT_FLAG_RECYCLED: u32 = 1;
+/// Bit 1 of the segment header's flags.
+const SEGMENT_FLAG_WRITTEN_AHEAD: u32 = 2;
 
 impl SegmentHeader {
     pub fn encode(&self) -> [u8; SEGMENT_HEADER_BYTES] {
@@ -50,7 +56,10 @@ impl SegmentHeader {
             .u32(self.block_size.bytes())
             .u64(self.lsn_first.0)
             .u64(self.timestamp_before.unix_nanos())
-            .u32(if self.recycled { SEGMENT_FLAG_RECYCLED } else { 0 })
+            .u32(
+                if self.recycled { SEGMENT_FLAG_RECYCLED } else { 0 }
+                    | if self.written_ahead { SEGMENT_FLAG_WRITTEN_AHEAD } else { 0 },
+            )
             .zeros(CHECKSUM_OFFSET - 36);
         seal(writer.into_bytes(), &[])
     }
@@ -72,11 +81,19 @@ impl SegmentHeader {
             return Err(FormatError::UnsupportedVersion { what: WHAT, found: version, supported: FORMAT_VERSION });
         }
         let block_size = BlockSize::new(block_size).map_err(|error| reader.invalid(error.to_string()))?;
-        if flags & !SEGMENT_FLAG_RECYCLED != 0 {
+        if flags & !(SEGMENT_FLAG_RECYCLED | SEGMENT_FLAG_WRITTEN_AHEAD) != 0 {
             return Err(reader.invalid(format!("unknown segment flags {flags:#x}")));
         }
         let recycled = flags & SEGMENT_FLAG_RECYCLED != 0;
-        Ok(SegmentHeader { segment, block_size, lsn_first, timestamp_before, recycled })
+        let written_ahead = flags & SEGMENT_FLAG_WRITTEN_AHEAD != 0;
+        Ok(SegmentHeader { segment, block_size, lsn_first, timestamp_before, recycled, written_ahead })
+    }
+
+    /// Whether the file's size may not tell where the segment's records
+    /// end: past them it may hold an earlier segment's bytes or zeros
+    /// written ahead, not only the padding of their last sector.
+    pub fn bytes_follow_records(&self) -> bool {
+        self.recycled || self.written_ahead
     }
 }
 
@@ -542,8 +559,9 @@ fn seal(mut header: Vec<u8>, covered: &[u8]) -> [u8; RECORD_HEADER_BYTES] {
 
 /// Where the records of the segment file `bytes` end, walking their headers
 /// (checksums unchecked): a direct write pads the file with zeros up to the
-/// next 4 KiB after them, so the file's size does not say. For tests and
-/// tools that damage a chosen record.
+/// next 4 KiB after them, and past them a new file may hold zeros written
+/// ahead, so the file's size does not say. For tests and tools that damage
+/// a chosen record.
 pub fn records_end(bytes: &[u8]) -> u64 {
     let mut offset = SEGMENT_HEADER_BYTES as u64;
     while let Some(header) = bytes.get(offset as usize..).and_then(|rest| RecordHeader::decode(rest).ok()) {
@@ -713,21 +731,27 @@ mod tests {
             lsn_first: Lsn(77),
             timestamp_before: Timestamp::from_unix_nanos(99),
             recycled: false,
+            written_ahead: false,
         };
         assert_eq!(SegmentHeader::decode(&segment.encode()).unwrap(), segment);
+        assert!(!segment.bytes_follow_records());
         let recycled = SegmentHeader { recycled: true, ..segment };
         assert_eq!(SegmentHeader::decode(&recycled.encode()).unwrap(), recycled);
         assert_eq!(recycled.encode()[32], 1, "the flag is bit 0 at byte 32");
+        let written_ahead = SegmentHeader { written_ahead: true, ..segment };
+        assert_eq!(SegmentHeader::decode(&written_ahead.encode()).unwrap(), written_ahead);
+        assert_eq!(written_ahead.encode()[32], 2, "the flag is bit 1 at byte 32");
+        assert!(recycled.bytes_follow_records() && written_ahead.bytes_follow_records());
         let mut bad = segment.encode();
         bad[20] ^= 0x10;
         assert!(SegmentHeader::decode(&bad).is_err());
         // A flag this version does not know is refused, not ignored.
         let mut unknown = segment.encode();
-        unknown[32] = 2;
+        unknown[32] = 4;
         let checksum = crate::crc32c(&unknown[..60]);
         unknown[60..].copy_from_slice(&checksum.to_le_bytes());
         let error = SegmentHeader::decode(&unknown).unwrap_err().to_string();
-        assert!(error.contains("unknown segment flags 0x2"), "{error}");
+        assert!(error.contains("unknown segment flags 0x4"), "{error}");
     }
 
     #[test]

@@ -34,6 +34,7 @@ fn a_damaged_tail_of_part_of_an_8_byte_unit_is_not_repaired_by_a_panic() {
             lsn_first: Lsn(lsn_first),
             timestamp_before: Timestamp::MIN,
             recycled: false,
+            written_ahead: false,
         }
         .encode()
     };

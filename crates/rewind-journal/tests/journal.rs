@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rewind_format::journal::{split_compound_payload, CompoundExtent};
 use rewind_format::meta::JournalPosition;
-use rewind_io::{SimConfig, SimStorage, Storage};
+use rewind_io::{OpenMode, SimConfig, SimStorage, Storage};
 use rewind_journal::{Journal, JournalConfig, JournalError, RecentMemory, RecoveryReport, SpanBytes};
 use rewind_types::{BlockIndex, BlockSize, ChunkId, Lsn, Timestamp, Version, VersionData};
 
@@ -330,9 +330,9 @@ fn damage_to_the_last_acknowledged_record_is_corruption_once_a_vouch_covers_it()
                 assert_eq!(ops.len(), 1);
                 let dropped = report.dropped.expect("the tail is reported");
                 assert_eq!((dropped.lsn_first, dropped.whole), (Lsn(2), true));
-                // The record, and the zeros its direct write was padded with.
-                let record_end = u64::from(last.data_offset) + 1024;
-                assert_eq!(dropped.bytes, 64 + 8 + 1024 + record_end.next_multiple_of(4096) - record_end);
+                // The record: past it, the new segment file holds zeros
+                // written ahead, which are no record's.
+                assert_eq!(dropped.bytes, 64 + 8 + 1024);
                 assert!(dropped.reason.contains("damaged"), "{}", dropped.reason);
             }
             (vouched, other) => panic!("vouched {vouched}: unexpected {:?}", other.map(|(ops, _)| ops.len())),
@@ -1467,5 +1467,103 @@ fn a_batch_behind_one_whose_write_fails_is_written_again_after_it() {
     second.join().unwrap().unwrap();
     assert!(!journal.is_poisoned(), "an error that passes poisons nothing");
     assert!(journal.bytes_unwritten() > 0, "the first batch is still to write");
+    every_record_replays_after_a_commit(&storage, journal, &ops);
+}
+
+/// The size of segment 1's file.
+fn first_segment_bytes(storage: &SimStorage) -> u64 {
+    storage.open_file("journal/00000001.seg", OpenMode::Existing).unwrap().size_bytes().unwrap()
+}
+
+/// Small commits into a new segment file find its blocks written ahead of
+/// them (zeros, half a mebibyte ahead at least and one and a half and a
+/// sector at most), so that the filesystem converts its unwritten blocks once a
+/// mebibyte rather than at every commit; large batches have nothing
+/// written ahead. After a crash, recovery takes the zeros for the end of
+/// the records, not for a torn tail, and the recovered segment goes on
+/// being written ahead.
+#[test]
+fn small_commits_into_a_new_segment_file_find_its_blocks_written_ahead() {
+    const AHEAD_MIN: u64 = 512 << 10;
+    const AHEAD_MAX: u64 = (3 << 19) + 4096;
+    let storage = SimStorage::new(SimConfig { write_survival: 0.0, ..SimConfig::default() }, 32);
+    let journal = journal_on(&storage);
+    let mut ops = Vec::new();
+    let commit_small = |journal: &Journal, ops: &mut Vec<Op>| {
+        for _ in 0..600 {
+            let op = Op::Write { block: ops.len() as u64, data: vec![ops.len() as u8; 8 * BLOCK as usize] };
+            append(journal, &op, ops.len() as u64 + 1);
+            ops.push(op);
+            journal.commit().unwrap();
+            let end = journal.position_next().offset;
+            let ahead = first_segment_bytes(&storage) - end;
+            assert!((AHEAD_MIN..=AHEAD_MAX).contains(&ahead), "{ahead} bytes written ahead of records ending at {end}");
+        }
+    };
+    commit_small(&journal, &mut ops);
+    drop(journal);
+    storage.crash();
+    let (replayed, journal, report) = replay_from(&storage, JournalConfig::default(), (start(), Lsn(1))).unwrap();
+    assert!(replayed == ops, "every committed record replays");
+    assert!(report.dropped.is_none() && report.truncated_bytes == 0, "the zeros are no torn tail: {report:?}");
+    commit_small(&journal, &mut ops);
+    drop(journal);
+    storage.crash();
+    let (replayed, report) = replay_reporting(&storage).unwrap();
+    assert!(replayed == ops && report.dropped.is_none(), "and again after the recovered segment took more");
+
+    let storage = SimStorage::new(SimConfig::default(), 33);
+    let journal = journal_on(&storage);
+    for block in 0..8u64 {
+        append(&journal, &Op::Write { block, data: vec![1; 512 * BLOCK as usize] }, block + 1);
+        journal.commit().unwrap();
+        let end = journal.position_next().offset;
+        assert_eq!(first_segment_bytes(&storage), end.next_multiple_of(4096), "large batches: nothing ahead");
+    }
+}
+
+/// Zeros written ahead never wipe a later batch's records: a batch that
+/// reaches them (a large record right after a small one, in a new segment
+/// file) is handed out once they land. The held disk lands the newest
+/// write first: were that batch written at once, the zeros would land
+/// over it.
+#[test]
+fn a_batch_that_reaches_the_zeros_written_ahead_is_written_after_them() {
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 34));
+    // The large record goes into a batch of its own.
+    let config = JournalConfig { batch_bytes_max: 8 << 10, ..JournalConfig::default() };
+    let journal =
+        Arc::new(Journal::create(Arc::clone(&storage) as _, "journal", block_size(), config, Timestamp::MIN).unwrap());
+    let ops = vec![
+        Op::Write { block: 0, data: vec![1; BLOCK as usize] },
+        // 200 KiB: past the small batch before it by more than the room
+        // left before its zeros.
+        Op::Write { block: 1, data: vec![2; 400 * BLOCK as usize] },
+    ];
+    for (i, op) in ops.iter().enumerate() {
+        append(&journal, op, i as u64 + 1);
+    }
+    storage.hold_writes();
+    let writing_out = Arc::clone(&journal);
+    let first = std::thread::spawn(move || writing_out.write_out());
+    assert!(storage.wait_for_writes_held(1, Duration::from_secs(30)), "the small batch's write reaches the disk");
+    let writing_oldest = Arc::clone(&journal);
+    let second = std::thread::spawn(move || writing_oldest.write_out_oldest());
+    // Given the time to reach the disk beside the small batch's write, the
+    // large batch's does not: it waits for the zeros, yet to be written.
+    assert!(
+        !storage.wait_for_writes_held(2, Duration::from_secs(1)),
+        "the large batch is written while the zeros ahead of the small one are not"
+    );
+    while !(first.is_finished() && second.is_finished()) {
+        if !storage.release_newest_write() {
+            // Bounded: a writer that is done stops nothing here.
+            storage.wait_for_writes_held(1, Duration::from_millis(5));
+        }
+    }
+    storage.release_writes();
+    first.join().unwrap().unwrap();
+    second.join().unwrap().unwrap();
+    assert!(first_segment_bytes(&storage) > 1 << 20, "zeros were written ahead of the small batch");
     every_record_replays_after_a_commit(&storage, journal, &ops);
 }

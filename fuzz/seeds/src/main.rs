@@ -55,7 +55,8 @@ fn metadata() {
         Checkpoint { lsn: Lsn(5), replay_from: JournalPosition { segment: 1, offset: 4160 }, timestamp_last: at(9) };
     write("checkpoint", "one", &[&[0], &checkpoint.encode()]);
     let bookmark = |name: &str, nanos| Bookmark { name: BookmarkName::new(name).unwrap(), timestamp: at(nanos) };
-    let bookmarks = Bookmarks { entries: vec![bookmark("before-upgrade", 7), bookmark("nightly", 9)] };
+    let bookmarks =
+        Bookmarks { entries: vec![bookmark("before-upgrade", 7), bookmark("nightly", 9)], laid_out: vec![at(7)] };
     write("bookmarks", "two", &[&[0], &bookmarks.encode()]);
     let tier = |interval_nanos, age_nanos| RetentionTier { interval_nanos, age_nanos };
     let policy = VolumePolicy {
@@ -118,8 +119,15 @@ fn journal() {
     );
     write("journal_record", "revert-copy", &[&[0], &revert_copy_record]);
     let header = |segment, lsn_first| {
-        SegmentHeader { segment, block_size, lsn_first: Lsn(lsn_first), timestamp_before: at(1), recycled: false }
-            .encode()
+        SegmentHeader {
+            segment,
+            block_size,
+            lsn_first: Lsn(lsn_first),
+            timestamp_before: at(1),
+            recycled: false,
+            written_ahead: false,
+        }
+        .encode()
     };
     write("journal_record", "segment-header", &[&[1], &header(1, 1)]);
     let mut fourth = Vec::new();
