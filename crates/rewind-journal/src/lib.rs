@@ -95,7 +95,7 @@
 //! request and no poison — and never a sync; so do other transient errors
 //! (no file descriptors left, say) from writes.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -380,8 +380,9 @@ impl Batch {
         sector_offset..sector_offset + sectors.len() as u64
     }
 
-    /// A copy of a written batch's records in a buffer of their size, to
-    /// keep in [`Recent`] while its own buffer is reused; `None` when that
+    /// A copy of a written batch's records in a buffer of about their size
+    /// (one a copy let go left in `memory`, if any), to keep in [`Recent`]
+    /// while its own buffer is reused; `None` when that
     /// buffer is half full and worth keeping instead — a quarter full if it
     /// holds large records: the journal's writer writes out every 4 MiB, so
     /// batches of sustained large writes end just under half full, and
@@ -389,12 +390,13 @@ impl Batch {
     /// were 4.5% of the server's CPU, for a share of [`RecentMemory`] that
     /// is small anyway. The copy is never written: it is not laid out for
     /// direct I/O.
-    fn compacted(&self) -> Option<Batch> {
+    fn compacted(&self, memory: &RecentMemory) -> Option<Batch> {
         let share = if self.holds_large_records() { 4 } else { 2 };
         if self.records_len() as usize >= self.bytes.capacity() / share {
             return None;
         }
-        let records = self.records().to_vec();
+        let mut records = memory.take_copy(self.records().len());
+        records.extend_from_slice(self.records());
         let records_end = records.len();
         Some(Batch { bytes: records, sector_start: 0, records_start: 0, records_end, ..*self })
     }
@@ -646,7 +648,8 @@ const LARGE_RECORDS_SHARE: u64 = 8;
 /// oldest batches while the journals together keep more than `limit`.
 ///
 /// The buffers of batches let go are kept for the next batches, of any of
-/// the journals, within the same `limit`: a batch in a fresh buffer pays a
+/// the journals, within the same `limit`, and those of small batches'
+/// copies for the next copies: a batch in a fresh buffer pays a
 /// page fault for each 4 KiB its records fill, and a burst into a new
 /// volume took a fifth of the server's time in them (BENCHMARKS.md, "The
 /// journal at the device's limit"). Those no batch took between two calls
@@ -677,9 +680,20 @@ pub struct RecentMemory {
 #[derive(Debug, Default)]
 struct SpareBuffers {
     buffers: Vec<Vec<u8>>,
+    /// Buffers of small batches' copies ([`Batch::compacted`]) let go, by
+    /// capacity (a multiple of [`COPY_CAPACITY_STEP`]).
+    copies: BTreeMap<usize, Vec<Vec<u8>>>,
+    /// The bytes of both.
     bytes: u64,
     fewest: usize,
+    /// A copy's buffer was taken since the last release.
+    copies_taken: bool,
 }
+
+/// The capacities of small batches' copies are rounded up to this, so that
+/// one let go fits the next copies of about its size, wasting little of
+/// the memory (a commit of one 4 KiB write takes 4,168 bytes).
+const COPY_CAPACITY_STEP: usize = 256;
 
 impl RecentMemory {
     pub fn new(limit: u64) -> Arc<RecentMemory> {
@@ -701,39 +715,96 @@ impl RecentMemory {
     }
 
     /// Keeps `buffer` for a batch to come, if the memory has room for it.
+    /// The copies' buffers make room for it first: a batch's buffer in fresh
+    /// memory faults in a page for every 4 KiB of a whole batch, a copy's
+    /// only for its records.
     fn keep_spare(&self, buffer: Vec<u8>) {
         let mut spares = self.spares.lock();
         let bytes = buffer.capacity() as u64;
+        while self.used() + spares.bytes + bytes > self.limit {
+            let Some(mut largest) = spares.copies.last_entry() else { break };
+            let capacity = *largest.key() as u64;
+            largest.get_mut().pop();
+            if largest.get().is_empty() {
+                largest.remove();
+            }
+            spares.bytes -= capacity;
+        }
         if spares.buffers.len() < SPARE_BUFFERS_MIN || self.used() + spares.bytes + bytes <= self.limit {
             spares.bytes += bytes;
             spares.buffers.push(buffer);
         }
     }
 
+    /// A buffer for a copy of `len` bytes of a small batch's records: one
+    /// let go of at least that size (and at most a quarter more), or a new
+    /// one.
+    fn take_copy(&self, len: usize) -> Vec<u8> {
+        let capacity = len.next_multiple_of(COPY_CAPACITY_STEP);
+        let mut spares = self.spares.lock();
+        let Some(fits) = spares.copies.range(capacity..=capacity + capacity / 4).next().map(|(&fits, _)| fits) else {
+            return Vec::with_capacity(capacity);
+        };
+        let buffers = spares.copies.get_mut(&fits).expect("found above");
+        let buffer = buffers.pop().expect("kept lists are not empty");
+        if buffers.is_empty() {
+            spares.copies.remove(&fits);
+        }
+        spares.bytes -= fits as u64;
+        spares.copies_taken = true;
+        buffer
+    }
+
+    /// Keeps a small batch's copy's `buffer` for the next copies, if the
+    /// memory has room for it.
+    fn keep_copy(&self, mut buffer: Vec<u8>) {
+        let capacity = buffer.capacity();
+        let mut spares = self.spares.lock();
+        if capacity == 0 || self.used() + spares.bytes + capacity as u64 > self.limit {
+            return;
+        }
+        buffer.clear();
+        spares.bytes += capacity as u64;
+        spares.copies.entry(capacity).or_default().push(buffer);
+    }
+
     /// Gives back the spare buffers no batch took since the last call (the
-    /// oldest kept), keeping a few: run now and then (a minute apart), so
-    /// that the memory of a burst is held for the next burst but not by an
-    /// idle node.
+    /// oldest kept), keeping a few, and the copies' buffers if none was
+    /// taken: run now and then (a minute apart), so that the memory of a
+    /// burst is held for the next burst but not by an idle node.
     pub fn release_idle_spares(&self) {
         let mut spares = self.spares.lock();
         let idle = spares.fewest.min(spares.buffers.len().saturating_sub(SPARE_BUFFERS_MIN));
-        let released: u64 = spares.buffers.drain(..idle).map(|buffer| buffer.capacity() as u64).sum();
+        let mut released: u64 = spares.buffers.drain(..idle).map(|buffer| buffer.capacity() as u64).sum();
+        if !spares.copies_taken {
+            released += std::mem::take(&mut spares.copies)
+                .into_iter()
+                .map(|(capacity, buffers)| (capacity * buffers.len()) as u64)
+                .sum::<u64>();
+        }
         spares.bytes -= released;
         spares.fewest = spares.buffers.len();
+        spares.copies_taken = false;
     }
 
     /// Keeps a written batch's buffer for reuse if this was its last
-    /// holder: its pages are already faulted in. A compacted copy's buffer
-    /// (below `batch_bytes_max`) is too small to be worth it.
+    /// holder: its pages are already faulted in. A whole batch's buffer is
+    /// kept for the next batches, a compacted copy's for the next copies:
+    /// a copy in fresh memory faults in a page for every 4 KiB of its
+    /// records, and in synced 4 KiB writes run right after a burst those
+    /// faults were 87% of the server's (in `Batch::compacted`'s copy;
+    /// BENCHMARKS.md, "Small batches' copies in memory let go before").
     fn recycle(&self, batch: Arc<Batch>, batch_bytes_max: usize) {
         if let Ok(batch) = Arc::try_unwrap(batch) {
             if batch.bytes.capacity() >= batch_bytes_max {
                 self.keep_spare(batch.bytes);
+            } else {
+                self.keep_copy(batch.bytes);
             }
         }
     }
 
-    /// Bytes of spare batch buffers kept now.
+    /// Bytes of spare buffers kept now, of batches and of their copies.
     pub fn spare_bytes(&self) -> u64 {
         self.spares.lock().bytes
     }
@@ -1985,7 +2056,7 @@ impl Journal {
         self.written_end.store(pack(batch.segment, batch.end()), Ordering::Release);
         // Copied before taking the locks: appends wait for `tail`.
         let kept: Option<Arc<Batch>> = match self.direct_io.load(Ordering::Acquire) {
-            true => Some(batch.compacted().map_or_else(|| batch.clone(), Arc::new)),
+            true => Some(batch.compacted(&self.recent_memory).map_or_else(|| batch.clone(), Arc::new)),
             false => None,
         };
         let mut tail = self.tail.lock();
@@ -2991,4 +3062,33 @@ fn find_voucher(file: &dyn File, size_bytes: u64, start: u64, lsn: Lsn) -> Optio
         base += length;
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Copies' buffers are kept within the memory's limit and fit copies of
+    /// about their size; a batch's buffer let go takes their room, the
+    /// largest first.
+    #[test]
+    fn a_batch_buffer_let_go_takes_the_room_of_copies_buffers() {
+        const COPY: usize = 4608;
+        let memory = RecentMemory::new(100 << 10);
+        for _ in 0..22 {
+            memory.keep_copy(Vec::with_capacity(COPY));
+        }
+        assert_eq!(memory.spare_bytes(), 22 * COPY as u64, "22 of 4,608 bytes fit in 100 KiB, a 23rd would not");
+        memory.keep_copy(Vec::with_capacity(COPY));
+        assert_eq!(memory.spare_bytes(), 22 * COPY as u64, "within the limit");
+        assert_eq!(memory.take_copy(4168).capacity(), COPY, "a copy of a 4 KiB write takes one");
+        assert_eq!(memory.take_copy(3000).capacity(), 3072, "one more than a quarter larger is not taken");
+        assert_eq!(memory.spare_bytes(), 21 * COPY as u64);
+        memory.keep_spare(Vec::with_capacity(64 << 10));
+        // 65,536 + 8 × 4,608 = 102,400: the limit, to the byte.
+        assert_eq!(memory.spare_bytes(), (64 << 10) + 8 * COPY as u64, "the batch's buffer took 13 copies' room");
+        memory.release_idle_spares();
+        memory.release_idle_spares();
+        assert_eq!(memory.spare_bytes(), 64 << 10, "idle copies' buffers are given back, a few batches' stay");
+    }
 }
