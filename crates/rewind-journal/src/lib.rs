@@ -571,8 +571,9 @@ impl WrittenAhead {
     /// The zeros to write right after `batch` (of a file of `file_bytes`),
     /// if it is small and its records come within half of
     /// [`WRITE_AHEAD_BYTES`] of where the file's blocks are written
-    /// through: the next mebibyte from there. They start past every batch
-    /// handed out so far (batches are handed out in order), and a later
+    /// through: the next mebibyte from there. Planned only for a batch
+    /// handed out while no other is being written or waits for one before
+    /// it, so they start past every batch handed out so far, and a later
     /// one that reaches them waits for them (`holds_back`); at least one
     /// small batch past this one, so that the next batch, written at once
     /// with this one, does not wait for them (in a new segment, whose
@@ -1862,10 +1863,14 @@ impl Journal {
                 return Ok(WriteStep::Again);
             }
         };
+        // Alone, every batch before it is in the file and every later one
+        // is handed out after it; a batch handed out again after its write
+        // failed may have later ones written already.
+        let alone = written.writing.is_empty() && written.finished.is_empty();
         written.writing.push(batch.position());
         let target = self.write_target(&mut written, &batch);
         let zeros = match &target {
-            Ok(WriteTarget::Direct { .. }) => {
+            Ok(WriteTarget::Direct { .. }) if alone => {
                 written.ahead.plan(&batch, segment_reserved_bytes(self.config.segment_bytes_max))
             }
             _ => None,
