@@ -1383,19 +1383,30 @@ fn a_commit_behind_a_sync_that_fails_fails_too() {
 
 type Writing = std::thread::JoinHandle<Result<(), JournalError>>;
 
-/// Writes held at the disk (`seed`'s), a journal of 24 records in batches
-/// of at most 8 KiB, and two writers: the first writing every batch out
-/// (`write_out`), the second the oldest it may take (`write_out_oldest`),
-/// once the first's first batch waits at the disk. Returns when both
-/// batches' writes wait there (asserted): written at once. Records of three
-/// blocks and a header end their batches inside sectors.
+/// Two writers of a journal of 24 records at a held disk
+/// (`two_writers_at_a_held_disk`). Returns when both batches' writes wait
+/// there (asserted): written at once. Records of three blocks and a header
+/// end their batches inside sectors.
 fn two_batches_at_the_disk(seed: u64) -> (Arc<SimStorage>, Arc<Journal>, Vec<Op>, Writing, Writing) {
+    let ops: Vec<Op> =
+        (0..24u64).map(|i| Op::Write { block: i, data: vec![i as u8 + 1; 3 * BLOCK as usize] }).collect();
+    let (storage, journal, first, second) = two_writers_at_a_held_disk(seed, &ops);
+    assert!(
+        storage.wait_for_writes_held(2, Duration::from_secs(30)),
+        "the second batch is written while the first is at the disk"
+    );
+    (storage, journal, ops, first, second)
+}
+
+/// Writes held at the disk (`seed`'s), a new journal of `ops` in batches of
+/// at most 8 KiB, and two writers: the first writing every batch out
+/// (`write_out`), and, once its first batch waits at the disk (asserted),
+/// the second writing the oldest it may take (`write_out_oldest`).
+fn two_writers_at_a_held_disk(seed: u64, ops: &[Op]) -> (Arc<SimStorage>, Arc<Journal>, Writing, Writing) {
     let storage = Arc::new(SimStorage::new(SimConfig::default(), seed));
     let config = JournalConfig { batch_bytes_max: 8 << 10, ..JournalConfig::default() };
     let journal =
         Arc::new(Journal::create(Arc::clone(&storage) as _, "journal", block_size(), config, Timestamp::MIN).unwrap());
-    let ops: Vec<Op> =
-        (0..24u64).map(|i| Op::Write { block: i, data: vec![i as u8 + 1; 3 * BLOCK as usize] }).collect();
     for (i, op) in ops.iter().enumerate() {
         append(&journal, op, i as u64 + 1);
     }
@@ -1405,11 +1416,21 @@ fn two_batches_at_the_disk(seed: u64) -> (Arc<SimStorage>, Arc<Journal>, Vec<Op>
     assert!(storage.wait_for_writes_held(1, Duration::from_secs(30)), "the first batch's write reaches the disk");
     let writing_oldest = Arc::clone(&journal);
     let second = std::thread::spawn(move || writing_oldest.write_out_oldest());
-    assert!(
-        storage.wait_for_writes_held(2, Duration::from_secs(30)),
-        "the second batch is written while the first is at the disk"
-    );
-    (storage, journal, ops, first, second)
+    (storage, journal, first, second)
+}
+
+/// Lands the held writes newest first until both writers are done, and
+/// checks that neither failed.
+fn land_newest_first(storage: &SimStorage, first: Writing, second: Writing) {
+    while !(first.is_finished() && second.is_finished()) {
+        if !storage.release_newest_write() {
+            // Bounded: a writer that is done stops nothing here.
+            storage.wait_for_writes_held(1, Duration::from_millis(5));
+        }
+    }
+    storage.release_writes();
+    first.join().unwrap().unwrap();
+    second.join().unwrap().unwrap();
 }
 
 /// Commits `journal`, crashes `storage` and checks every one of `ops` replays.
@@ -1431,15 +1452,7 @@ fn every_record_replays_after_a_commit(storage: &SimStorage, journal: Arc<Journa
 #[test]
 fn batches_written_at_once_land_their_shared_sector_in_order() {
     let (storage, journal, ops, first, second) = two_batches_at_the_disk(23);
-    while !(first.is_finished() && second.is_finished()) {
-        if !storage.release_newest_write() {
-            // Bounded: a writer that is done stops nothing here.
-            storage.wait_for_writes_held(1, Duration::from_millis(5));
-        }
-    }
-    storage.release_writes();
-    first.join().unwrap().unwrap();
-    second.join().unwrap().unwrap();
+    land_newest_first(&storage, first, second);
     assert_eq!(journal.bytes_unwritten(), 0, "every batch is written");
     every_record_replays_after_a_commit(&storage, journal, &ops);
 }
@@ -1529,41 +1542,20 @@ fn small_commits_into_a_new_segment_file_find_its_blocks_written_ahead() {
 /// over it.
 #[test]
 fn a_batch_that_reaches_the_zeros_written_ahead_is_written_after_them() {
-    let storage = Arc::new(SimStorage::new(SimConfig::default(), 34));
-    // The large record goes into a batch of its own.
-    let config = JournalConfig { batch_bytes_max: 8 << 10, ..JournalConfig::default() };
-    let journal =
-        Arc::new(Journal::create(Arc::clone(&storage) as _, "journal", block_size(), config, Timestamp::MIN).unwrap());
     let ops = vec![
         Op::Write { block: 0, data: vec![1; BLOCK as usize] },
-        // 200 KiB: past the small batch before it by more than the room
-        // left before its zeros.
+        // 200 KiB, in a batch of its own: past the small batch before it
+        // by more than the room left before its zeros.
         Op::Write { block: 1, data: vec![2; 400 * BLOCK as usize] },
     ];
-    for (i, op) in ops.iter().enumerate() {
-        append(&journal, op, i as u64 + 1);
-    }
-    storage.hold_writes();
-    let writing_out = Arc::clone(&journal);
-    let first = std::thread::spawn(move || writing_out.write_out());
-    assert!(storage.wait_for_writes_held(1, Duration::from_secs(30)), "the small batch's write reaches the disk");
-    let writing_oldest = Arc::clone(&journal);
-    let second = std::thread::spawn(move || writing_oldest.write_out_oldest());
+    let (storage, journal, first, second) = two_writers_at_a_held_disk(34, &ops);
     // Given the time to reach the disk beside the small batch's write, the
     // large batch's does not: it waits for the zeros, yet to be written.
     assert!(
         !storage.wait_for_writes_held(2, Duration::from_secs(1)),
         "the large batch is written while the zeros ahead of the small one are not"
     );
-    while !(first.is_finished() && second.is_finished()) {
-        if !storage.release_newest_write() {
-            // Bounded: a writer that is done stops nothing here.
-            storage.wait_for_writes_held(1, Duration::from_millis(5));
-        }
-    }
-    storage.release_writes();
-    first.join().unwrap().unwrap();
-    second.join().unwrap().unwrap();
+    land_newest_first(&storage, first, second);
     assert!(first_segment_bytes(&storage) > 1 << 20, "zeros were written ahead of the small batch");
     every_record_replays_after_a_commit(&storage, journal, &ops);
 }
