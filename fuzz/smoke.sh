@@ -39,6 +39,9 @@ fi
 start=$(date +%s)
 echo "== cargo fuzz build (${#targets[@]} targets)"
 "${cargo[@]}" "${build[@]}"
+# The seeds' writer is built by no target: checked here, so that it keeps
+# up with the encoders it calls (fuzz/README.md).
+"${cargo[@]}" check --quiet -p rewind-fuzz-seeds
 built=$(date +%s)
 
 bin="$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release"
