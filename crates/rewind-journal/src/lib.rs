@@ -696,6 +696,20 @@ struct SpareBuffers {
 /// the memory (a commit of one 4 KiB write takes 4,168 bytes).
 const COPY_CAPACITY_STEP: usize = 256;
 
+impl SpareBuffers {
+    /// Takes out a kept copy's buffer of exactly `capacity`, one there is.
+    fn take_copy_of(&mut self, capacity: usize) -> Vec<u8> {
+        let buffers = self.copies.get_mut(&capacity).expect("a kept copy's buffer of that capacity");
+        let buffer = buffers.pop().expect("kept lists are not empty");
+        if buffers.is_empty() {
+            self.copies.remove(&capacity);
+        }
+        assert_eq!(buffer.capacity(), capacity);
+        self.bytes -= capacity as u64;
+        buffer
+    }
+}
+
 impl RecentMemory {
     pub fn new(limit: u64) -> Arc<RecentMemory> {
         Arc::new(RecentMemory {
@@ -723,13 +737,8 @@ impl RecentMemory {
         let mut spares = self.spares.lock();
         let bytes = buffer.capacity() as u64;
         while self.used() + spares.bytes + bytes > self.limit {
-            let Some(mut largest) = spares.copies.last_entry() else { break };
-            let capacity = *largest.key() as u64;
-            largest.get_mut().pop();
-            if largest.get().is_empty() {
-                largest.remove();
-            }
-            spares.bytes -= capacity;
+            let Some(&largest) = spares.copies.keys().next_back() else { break };
+            spares.take_copy_of(largest);
         }
         if spares.buffers.len() < SPARE_BUFFERS_MIN || self.used() + spares.bytes + bytes <= self.limit {
             spares.bytes += bytes;
@@ -743,17 +752,11 @@ impl RecentMemory {
     fn take_copy(&self, len: usize) -> Vec<u8> {
         let capacity = len.next_multiple_of(COPY_CAPACITY_STEP);
         let mut spares = self.spares.lock();
-        let Some(fits) = spares.copies.range(capacity..=capacity + capacity / 4).next().map(|(&fits, _)| fits) else {
+        let Some(&fits) = spares.copies.range(capacity..=capacity + capacity / 4).next().map(|(fits, _)| fits) else {
             return Vec::with_capacity(capacity);
         };
-        let buffers = spares.copies.get_mut(&fits).expect("found above");
-        let buffer = buffers.pop().expect("kept lists are not empty");
-        if buffers.is_empty() {
-            spares.copies.remove(&fits);
-        }
-        spares.bytes -= fits as u64;
         spares.copies_taken = true;
-        buffer
+        spares.take_copy_of(fits)
     }
 
     /// Keeps a small batch's copy's `buffer` for the next copies, if the
