@@ -657,13 +657,18 @@ fn an_archive_pass_under_way_pauses_for_a_burst_within_its_budget_as_for_reads()
     wait_for("the pass to pause", || volume.stats().unwrap().archive_pauses == 1);
 
     // A new burst begins, the reads end and 300 ms pass: the burst, within
-    // its budget, keeps the pass paused.
+    // its budget, keeps the pass paused. The clock moves in three steps, each
+    // shorter than the burst's quiet time and followed by writes at its new
+    // time: one step of 300 ms would leave the pass a moment, before the
+    // writer's next write, in which the burst looks paused.
     let writer = writer();
     wait_for("a write of the new burst", || writer.count() > 0);
     stop(reader);
-    clock.set(clock.now().saturating_add_nanos(300 * MILLI));
-    let written = writer.count();
-    wait_for("writes after the reads", || writer.count() > written + 100);
+    for _ in 0..3 {
+        clock.set(clock.now().saturating_add_nanos(100 * MILLI));
+        let written = writer.count();
+        wait_for("writes after the clock moved", || writer.count() > written + 100);
+    }
     assert!(pass_ended.recv_timeout(Duration::from_millis(200)).is_err(), "the pass waits for the burst");
     let stats = volume.stats().unwrap();
     assert_eq!((stats.versions_archived, stats.archive_progress), (0, Some((0, BLOCKS))), "{stats:?}");
