@@ -95,12 +95,13 @@
 //! request and no poison — and never a sync; so do other transient errors
 //! (no file descriptors left, say) from writes.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 
+use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use rewind_format::journal::{
     append_compound_record, append_copy_record, append_vouch_record, append_write_record, append_zero_record,
@@ -252,6 +253,9 @@ struct Batch {
     /// Fresh buffers are advised to the kernel for huge pages
     /// ([`JournalConfig::huge_pages`]).
     huge_pages: bool,
+    /// A small batch's records kept in [`Recent`], carved out of a slab
+    /// ([`RecentMemory::carve`]); `bytes` is empty then.
+    carved: Option<Bytes>,
 }
 
 impl Batch {
@@ -290,6 +294,7 @@ impl Batch {
             write_ahead: false,
             records: 0,
             huge_pages,
+            carved: None,
         }
     }
 
@@ -304,16 +309,18 @@ impl Batch {
     }
 
     fn records(&self) -> &[u8] {
-        &self.bytes[self.records_start..self.records_end]
+        let bytes = self.carved.as_deref().unwrap_or(&self.bytes);
+        &bytes[self.records_start..self.records_end]
     }
 
     fn records_len(&self) -> u64 {
         (self.records_end - self.records_start) as u64
     }
 
-    /// The memory the batch holds: its buffer, whole.
+    /// The memory the batch holds: its buffer, whole, or its records
+    /// carved out of a slab.
     fn held_bytes(&self) -> u64 {
-        self.bytes.capacity() as u64
+        self.carved.as_ref().map_or(self.bytes.capacity(), Bytes::len) as u64
     }
 
     fn end(&self) -> u64 {
@@ -380,8 +387,8 @@ impl Batch {
         sector_offset..sector_offset + sectors.len() as u64
     }
 
-    /// A copy of a written batch's records in a buffer of about their size
-    /// (one a copy let go left in `memory`, if any), to keep in [`Recent`]
+    /// A copy of a written batch's records, carved out of a slab of
+    /// `memory` ([`RecentMemory::carve`]), to keep in [`Recent`]
     /// while its own buffer is reused; `None` when that
     /// buffer is half full and worth keeping instead — a quarter full if it
     /// holds large records: the journal's writer writes out every 4 MiB, so
@@ -395,10 +402,9 @@ impl Batch {
         if self.records_len() as usize >= self.bytes.capacity() / share {
             return None;
         }
-        let mut records = memory.take_copy(self.records().len());
-        records.extend_from_slice(self.records());
-        let records_end = records.len();
-        Some(Batch { bytes: records, sector_start: 0, records_start: 0, records_end, ..*self })
+        let carved = memory.carve(self.records());
+        let records_end = carved.len();
+        Some(Batch { bytes: Vec::new(), carved: Some(carved), sector_start: 0, records_start: 0, records_end, ..*self })
     }
 
     /// Where the `len` bytes at `offset` of `segment` start in
@@ -649,12 +655,14 @@ const LARGE_RECORDS_SHARE: u64 = 8;
 /// oldest batches while the journals together keep more than `limit`.
 ///
 /// The buffers of batches let go are kept for the next batches, of any of
-/// the journals, within the same `limit`, and those of small batches'
-/// copies for the next copies: a batch in a fresh buffer pays a
+/// the journals, within the same `limit`: a batch in a fresh buffer pays a
 /// page fault for each 4 KiB its records fill, and a burst into a new
 /// volume took a fifth of the server's time in them (BENCHMARKS.md, "The
 /// journal at the device's limit"). Those no batch took between two calls
-/// of [`RecentMemory::release_idle_spares`] are given back.
+/// of [`RecentMemory::release_idle_spares`] are given back. Small batches'
+/// copies are carved one after another out of such a buffer (a slab,
+/// [`RecentMemory::carve`]), not out of fresh memory, and the slab goes
+/// back to the spares once its last copy is let go.
 ///
 /// Batches of large writes ([`Batch::holds_large_records`]) take at most
 /// an eighth of `limit`: read back from the disk they cost a sequential
@@ -677,36 +685,71 @@ pub struct RecentMemory {
 }
 
 /// Buffers of written batches kept for reuse, and the fewest there were
-/// since the last release: that many no batch needed meanwhile.
+/// since the last release: that many no batch needed meanwhile; and the
+/// slabs small batches' copies are carved out of.
 #[derive(Debug, Default)]
 struct SpareBuffers {
     buffers: Vec<Vec<u8>>,
-    /// Buffers of small batches' copies ([`Batch::compacted`]) let go, by
-    /// capacity (a multiple of [`COPY_CAPACITY_STEP`]).
-    copies: BTreeMap<usize, Vec<Vec<u8>>>,
-    /// The bytes of both.
+    /// The bytes of `buffers`.
     bytes: u64,
     fewest: usize,
-    /// A copy's buffer was taken since the last release.
-    copies_taken: bool,
+    /// The slab copies are carved out of now: what is left of it.
+    slab: Slab,
+    /// Slabs filled, oldest first, until their last copy is let go.
+    filled: VecDeque<Slab>,
 }
 
-/// The capacities of small batches' copies are rounded up to this, so that
-/// one let go fits the next copies of about its size, wasting little of
-/// the memory (a commit of one 4 KiB write takes 4,168 bytes).
-const COPY_CAPACITY_STEP: usize = 256;
+/// A buffer small batches' copies are carved out of, one after another
+/// ([`RecentMemory::carve`]). What is carved is counted in
+/// [`RecentMemory::used`] by its length, not by the slab: the memory holds
+/// at most the slab being carved and the filled ones an old copy still
+/// pins beyond that count (the journals let their copies go oldest first,
+/// so few).
+#[derive(Debug, Default)]
+struct Slab {
+    /// The slab's part not carved yet.
+    rest: BytesMut,
+    /// The slab's whole buffer, in bytes.
+    capacity: usize,
+}
+
+/// A slab in fresh memory is at least this large, where no batch's
+/// buffer is spare to carve copies out of.
+const SLAB_BYTES: usize = 1 << 20;
 
 impl SpareBuffers {
-    /// Takes out a kept copy's buffer of exactly `capacity`, one there is.
-    fn take_copy_of(&mut self, capacity: usize) -> Vec<u8> {
-        let buffers = self.copies.get_mut(&capacity).expect("a kept copy's buffer of that capacity");
-        let buffer = buffers.pop().expect("kept lists are not empty");
-        if buffers.is_empty() {
-            self.copies.remove(&capacity);
+    /// Keeps `buffer` for a batch to come, if the memory has room for it
+    /// beside `used` bytes of batches kept, within `limit`.
+    fn keep(&mut self, buffer: Vec<u8>, used: u64, limit: u64) {
+        let bytes = buffer.capacity() as u64;
+        if self.buffers.len() < SPARE_BUFFERS_MIN || used + self.bytes + bytes <= limit {
+            self.bytes += bytes;
+            self.buffers.push(buffer);
         }
-        assert_eq!(buffer.capacity(), capacity);
-        self.bytes -= capacity as u64;
+    }
+
+    /// A buffer of a written batch, or a new one.
+    fn take(&mut self) -> Vec<u8> {
+        let buffer = self.buffers.pop().unwrap_or_default();
+        self.bytes -= buffer.capacity() as u64;
+        self.fewest = self.fewest.min(self.buffers.len());
         buffer
+    }
+
+    /// The filled slabs whose copies have all been let go, oldest first,
+    /// as the buffers they were.
+    fn slabs_free(&mut self) -> Vec<Vec<u8>> {
+        let mut free = Vec::new();
+        while let Some(oldest) = self.filled.front_mut() {
+            let capacity = oldest.capacity;
+            // Succeeds only where no copy shares the buffer any more.
+            if !oldest.rest.try_reclaim(capacity) {
+                break;
+            }
+            let slab = self.filled.pop_front().expect("found above");
+            free.push(Vec::from(slab.rest));
+        }
+        free
     }
 }
 
@@ -722,93 +765,95 @@ impl RecentMemory {
 
     /// A buffer of a written batch, or a new one.
     fn take_spare(&self) -> Vec<u8> {
-        let mut spares = self.spares.lock();
-        let buffer = spares.buffers.pop().unwrap_or_default();
-        spares.bytes -= buffer.capacity() as u64;
-        spares.fewest = spares.fewest.min(spares.buffers.len());
-        buffer
+        self.spares.lock().take()
     }
 
     /// Keeps `buffer` for a batch to come, if the memory has room for it.
-    /// The copies' buffers make room for it first: a batch's buffer in fresh
-    /// memory faults in a page for every 4 KiB of a whole batch, a copy's
-    /// only for its records.
     fn keep_spare(&self, buffer: Vec<u8>) {
-        let mut spares = self.spares.lock();
-        let bytes = buffer.capacity() as u64;
-        while self.used() + spares.bytes + bytes > self.limit {
-            let Some(&largest) = spares.copies.keys().next_back() else { break };
-            spares.take_copy_of(largest);
-        }
-        if spares.buffers.len() < SPARE_BUFFERS_MIN || self.used() + spares.bytes + bytes <= self.limit {
-            spares.bytes += bytes;
-            spares.buffers.push(buffer);
-        }
+        self.spares.lock().keep(buffer, self.used(), self.limit);
     }
 
-    /// A buffer for a copy of `len` bytes of a small batch's records: one
-    /// let go of at least that size (and at most a quarter more), or a new
-    /// one.
-    fn take_copy(&self, len: usize) -> Vec<u8> {
-        let capacity = len.next_multiple_of(COPY_CAPACITY_STEP);
+    /// A copy of a small batch's `records`, carved out of the slab after
+    /// the copy before. A slab is a spare batch's buffer, whose pages are
+    /// already touched, or else fresh memory: each copy in fresh memory
+    /// paid a page fault for every 4 KiB of its records, on the path of
+    /// the flush that made it, and on a VM whose balloon has taken the
+    /// memory back that is a host fault, 8 µs and more (synced writes
+    /// every 8 ran at about 50 MiB/s then, and at 60–87 where their copies
+    /// found memory already touched: BENCHMARKS.md, "Synced every 8: fast
+    /// when its copies land in memory the machine has touched").
+    fn carve(&self, records: &[u8]) -> Bytes {
         let mut spares = self.spares.lock();
-        let Some(&fits) = spares.copies.range(capacity..=capacity + capacity / 4).next().map(|(fits, _)| fits) else {
-            return Vec::with_capacity(capacity);
-        };
-        spares.copies_taken = true;
-        spares.take_copy_of(fits)
+        if spares.slab.rest.capacity() < records.len() {
+            let filled = std::mem::take(&mut spares.slab);
+            if filled.capacity > 0 {
+                spares.filled.push_back(filled);
+            }
+            // The newest slab free is carved next, the others go back to the spares.
+            let mut free = spares.slabs_free();
+            let mut buffer = free.pop().unwrap_or_default();
+            for other in free {
+                spares.keep(other, self.used(), self.limit);
+            }
+            if buffer.capacity() < records.len() {
+                buffer = spares.take();
+            }
+            if buffer.capacity() < records.len() {
+                if buffer.capacity() > 0 {
+                    spares.keep(buffer, self.used(), self.limit);
+                }
+                buffer = Vec::with_capacity(SLAB_BYTES.max(records.len()));
+            }
+            buffer.clear();
+            let capacity = buffer.capacity();
+            let rest = Bytes::from(buffer).try_into_mut().expect("a buffer just taken is shared with nothing");
+            assert_eq!(rest.capacity(), capacity, "the slab is the whole buffer");
+            spares.slab = Slab { rest, capacity };
+        }
+        spares.slab.rest.extend_from_slice(records);
+        spares.slab.rest.split().freeze()
     }
 
-    /// Keeps a small batch's copy's `buffer` for the next copies, if the
-    /// memory has room for it.
-    fn keep_copy(&self, mut buffer: Vec<u8>) {
-        let capacity = buffer.capacity();
+    /// Gives the filled slabs whose copies have all been let go back to
+    /// the spares.
+    fn give_back_free_slabs(&self) {
         let mut spares = self.spares.lock();
-        if capacity == 0 || self.used() + spares.bytes + capacity as u64 > self.limit {
-            return;
+        for buffer in spares.slabs_free() {
+            spares.keep(buffer, self.used(), self.limit);
         }
-        buffer.clear();
-        spares.bytes += capacity as u64;
-        spares.copies.entry(capacity).or_default().push(buffer);
     }
 
     /// Gives back the spare buffers no batch took since the last call (the
-    /// oldest kept), keeping a few, and the copies' buffers if none was
-    /// taken: run now and then (a minute apart), so that the memory of a
-    /// burst is held for the next burst but not by an idle node.
+    /// oldest kept), keeping a few: run now and then (a minute apart), so
+    /// that the memory of a burst is held for the next burst but not by an
+    /// idle node.
     pub fn release_idle_spares(&self) {
+        self.give_back_free_slabs();
         let mut spares = self.spares.lock();
         let idle = spares.fewest.min(spares.buffers.len().saturating_sub(SPARE_BUFFERS_MIN));
-        let mut released: u64 = spares.buffers.drain(..idle).map(|buffer| buffer.capacity() as u64).sum();
-        if !spares.copies_taken {
-            released += std::mem::take(&mut spares.copies)
-                .into_iter()
-                .map(|(capacity, buffers)| (capacity * buffers.len()) as u64)
-                .sum::<u64>();
-        }
+        let released: u64 = spares.buffers.drain(..idle).map(|buffer| buffer.capacity() as u64).sum();
         spares.bytes -= released;
         spares.fewest = spares.buffers.len();
-        spares.copies_taken = false;
     }
 
     /// Keeps a written batch's buffer for reuse if this was its last
     /// holder: its pages are already faulted in. A whole batch's buffer is
-    /// kept for the next batches, a compacted copy's for the next copies:
-    /// a copy in fresh memory faults in a page for every 4 KiB of its
-    /// records, and in synced 4 KiB writes run right after a burst those
-    /// faults were 87% of the server's (in `Batch::compacted`'s copy;
-    /// BENCHMARKS.md, "Small batches' copies in memory let go before").
+    /// kept for the next batches; a carved copy let go may free its slab
+    /// ([`RecentMemory::carve`]).
     fn recycle(&self, batch: Arc<Batch>, batch_bytes_max: usize) {
-        if let Ok(batch) = Arc::try_unwrap(batch) {
-            if batch.bytes.capacity() >= batch_bytes_max {
-                self.keep_spare(batch.bytes);
-            } else {
-                self.keep_copy(batch.bytes);
+        let Ok(batch) = Arc::try_unwrap(batch) else { return };
+        match batch.carved {
+            Some(carved) => {
+                drop(carved);
+                self.give_back_free_slabs();
             }
+            None if batch.bytes.capacity() >= batch_bytes_max => self.keep_spare(batch.bytes),
+            // A first batch in a buffer of a few sectors.
+            None => {}
         }
     }
 
-    /// Bytes of spare buffers kept now, of batches and of their copies.
+    /// Bytes of spare batches' buffers kept now.
     pub fn spare_bytes(&self) -> u64 {
         self.spares.lock().bytes
     }
@@ -3104,27 +3149,36 @@ fn find_voucher(file: &dyn File, size_bytes: u64, start: u64, lsn: Lsn) -> Optio
 mod tests {
     use super::*;
 
-    /// Copies' buffers are kept within the memory's limit and fit copies of
-    /// about their size; a batch's buffer let go takes their room, the
-    /// largest first.
+    /// Copies are carved out of a spare batch's buffer, one after another,
+    /// and the buffer goes back to the spares once the last copy in it is
+    /// let go; without one, out of fresh memory.
     #[test]
-    fn a_batch_buffer_let_go_takes_the_room_of_copies_buffers() {
-        const COPY: usize = 4608;
-        let memory = RecentMemory::new(100 << 10);
-        for _ in 0..22 {
-            memory.keep_copy(Vec::with_capacity(COPY));
+    fn copies_are_carved_out_of_a_spare_buffer_which_goes_back_once_they_are_let_go() {
+        const SPARE: usize = 64 << 10;
+        let memory = RecentMemory::new(1 << 20);
+        let spare = Vec::with_capacity(SPARE);
+        let spare_at = spare.as_ptr();
+        memory.keep_spare(spare);
+        let copies: Vec<Bytes> = (0..15u8).map(|n| memory.carve(&[n; 4168])).collect();
+        assert_eq!(memory.spare_bytes(), 0, "the spare buffer is the slab");
+        for (n, copy) in copies.iter().enumerate() {
+            assert_eq!(copy.as_ptr(), spare_at.wrapping_add(n * 4168), "carved one after another");
+            assert!(copy.iter().all(|&byte| usize::from(byte) == n), "copy {n} holds its records");
         }
-        assert_eq!(memory.spare_bytes(), 22 * COPY as u64, "22 of 4,608 bytes fit in 100 KiB, a 23rd would not");
-        memory.keep_copy(Vec::with_capacity(COPY));
-        assert_eq!(memory.spare_bytes(), 22 * COPY as u64, "within the limit");
-        assert_eq!(memory.take_copy(4168).capacity(), COPY, "a copy of a 4 KiB write takes one");
-        assert_eq!(memory.take_copy(3000).capacity(), 3072, "one more than a quarter larger is not taken");
-        assert_eq!(memory.spare_bytes(), 21 * COPY as u64);
-        memory.keep_spare(Vec::with_capacity(64 << 10));
-        // 65,536 + 8 × 4,608 = 102,400: the limit, to the byte.
-        assert_eq!(memory.spare_bytes(), (64 << 10) + 8 * COPY as u64, "the batch's buffer took 13 copies' room");
-        memory.release_idle_spares();
-        memory.release_idle_spares();
-        assert_eq!(memory.spare_bytes(), 64 << 10, "idle copies' buffers are given back, a few batches' stay");
+        // The 16th does not fit: the slab is filled, and the next is fresh.
+        let fresh = memory.carve(&[15; 4168]);
+        let in_spare = spare_at as usize..spare_at as usize + SPARE;
+        assert!(!in_spare.contains(&(fresh.as_ptr() as usize)), "a fresh slab");
+        // All but the oldest copy let go: it pins the filled slab.
+        let mut copies = VecDeque::from(copies);
+        let oldest = copies.pop_front().expect("15 copies");
+        drop(copies);
+        memory.give_back_free_slabs();
+        assert_eq!(memory.spare_bytes(), 0, "the oldest copy still pins the slab");
+        drop(oldest);
+        memory.give_back_free_slabs();
+        assert_eq!(memory.spare_bytes(), SPARE as u64, "the slab is a spare buffer again, whole");
+        let taken = memory.take_spare();
+        assert_eq!(taken.as_ptr(), spare_at, "the same buffer");
     }
 }

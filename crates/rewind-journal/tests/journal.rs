@@ -1560,41 +1560,40 @@ fn a_batch_that_reaches_the_zeros_written_ahead_is_written_after_them() {
     every_record_replays_after_a_commit(&storage, journal, &ops);
 }
 
-/// The buffers of small batches' copies let go (once the destager has read
-/// them) are kept for the next copies, which take them instead of fresh
-/// memory, whose every page costs a fault; those no copy took between two
-/// releases are given back.
+/// Small batches' copies are carved out of slabs (spare batches' buffers,
+/// or fresh memory without one), and a filled slab is a spare buffer
+/// again once its copies are let go (the destager has read them), for the
+/// next batches or slabs instead of fresh memory, whose every page costs a
+/// fault.
 #[test]
-fn small_batches_copies_reuse_the_buffers_of_copies_let_go() {
+fn small_batches_copies_slabs_are_spare_buffers_again_once_the_copies_are_let_go() {
     let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(SimConfig::default(), 35));
     let memory = RecentMemory::new(64 << 20);
     let journal = Journal::create(storage, "journal", block_size(), JournalConfig::default(), Timestamp::MIN)
         .unwrap()
         .sharing_recent_memory(Arc::clone(&memory));
-    let mut written = 0u64;
-    let mut commit_small = |commits: usize| -> Lsn {
-        for _ in 0..commits {
-            written += 1;
-            append(&journal, &Op::Write { block: written, data: vec![written as u8; 8 * BLOCK as usize] }, written);
+    // 400 commits of 4 KiB: copies of 1.6 MiB, more than a fresh slab holds.
+    let data = |block: u64| vec![block as u8; 8 * BLOCK as usize];
+    let appended: Vec<_> = (1..=400)
+        .map(|block| {
+            let at = Timestamp::from_unix_nanos(block);
+            let appended = journal.append_write(at, BlockIndex(block), &data(block), &mut Vec::new()).unwrap();
             journal.commit().unwrap();
-        }
-        Lsn(written)
-    };
-    // The journal's first batch, in a buffer of a few sectors, goes with
-    // the copies' buffers when let go: given back before counting.
-    let lsn = commit_small(1);
-    journal.forget_written(lsn);
-    memory.release_idle_spares();
-    let lsn = commit_small(20);
-    let batches_only = memory.spare_bytes();
-    journal.forget_written(lsn);
-    let copies = memory.spare_bytes() - batches_only;
-    assert!(copies >= 20 * 4096, "the 20 copies' buffers are kept: {copies} bytes");
-    let lsn = commit_small(20);
-    assert_eq!(memory.spare_bytes(), batches_only, "the next 20 copies took them all");
-    memory.release_idle_spares();
-    journal.forget_written(lsn);
-    assert_eq!(memory.spare_bytes(), batches_only + copies, "taken in the interval: kept");
-    memory.release_idle_spares();
-    assert_eq!(memory.spare_bytes(), batches_only, "idle for an interval: given back");
+            appended
+        })
+        .collect();
+    assert!(memory.used() >= 400 * 8 * u64::from(BLOCK), "the copies are kept: {} bytes", memory.used());
+    for (block, appended) in (1..).zip(&appended) {
+        let mut read = vec![0; 8 * BLOCK as usize];
+        journal.read(appended.segment, u64::from(appended.data_offset), &mut read).unwrap();
+        assert!(read == data(block), "copy {block} holds its records");
+    }
+    let spares_while_kept = memory.spare_bytes();
+    journal.forget_written(Lsn(400));
+    assert_eq!(memory.used(), 0, "every copy is let go");
+    assert!(
+        memory.spare_bytes() >= spares_while_kept + (1 << 20),
+        "the filled slabs are spare buffers again: {} bytes, {spares_while_kept} before",
+        memory.spare_bytes()
+    );
 }
