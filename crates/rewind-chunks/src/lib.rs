@@ -38,7 +38,7 @@ pub use pack_store::{Generation, LocalPackStore, PackStore, PackUpload, StoredPa
 pub use rewind_format::pack::{ChunkHash, Codec};
 pub use store::{
     ArchiveSession, ChunkSet, ChunkStats, ChunkStore, ChunkStoreConfig, CollectPhase, CollectReport, Counting,
-    Measured, OpenReport, RelocateReport, RELOCATE_RUN_CHUNKS_MIN,
+    InSegment, Measured, OpenReport, RelocateReport, RELOCATE_RUN_CHUNKS_MIN,
 };
 
 use std::io;
@@ -54,10 +54,14 @@ pub fn chunk_hash(bytes: &[u8]) -> ChunkHash {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ChunkLocation {
     pub pack: u64,
-    /// Byte offset of the record from the start of the pack.
+    /// Byte offset of the record from the start of the pack (of the bytes
+    /// themselves, for a bare chunk).
     pub offset: u64,
     pub stored_bytes: u32,
     pub raw_bytes: u32,
+    /// The CRC-32C of a bare chunk: one with no record around it, in an
+    /// adopted journal segment (`rewind_format::chunks::TableSlot::bare_crc32c`).
+    pub bare_crc32c: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::sync::{Arc, LazyLock};
 
 use rewind_format::crc32c;
+use rewind_format::journal::{SegmentHeader, SEGMENT_MAGIC};
 use rewind_format::pack::{
     ChunkHash, Codec, FooterEntry, PackHeader, PackTrailer, RecordHeader, CHUNK_BYTES_MAX, PACK_HEADER_BYTES,
     PACK_TRAILER_BYTES, RECORD_HEADER_BYTES,
@@ -187,8 +188,6 @@ pub struct PackWriter {
     pending: Vec<u8>,
     entries: Vec<FooterEntry>,
     raw_total: u64,
-    compressor: Compressor,
-    stored: Vec<u8>,
 }
 
 /// What a sealed pack holds.
@@ -209,7 +208,6 @@ impl PackWriter {
     pub fn create(packs: &dyn PackStore, pack: u64) -> Result<PackWriter, ChunkError> {
         let path = packs.locate(pack);
         let upload = packs.create(pack).map_err(ChunkError::io(&path))?;
-        let compressor = Compressor::new().map_err(ChunkError::io(&path))?;
         Ok(PackWriter {
             pack,
             path,
@@ -217,26 +215,13 @@ impl PackWriter {
             pending: PackHeader { pack }.encode().to_vec(),
             entries: Vec::new(),
             raw_total: 0,
-            compressor,
-            stored: Vec::new(),
         })
     }
 
-    /// Adds chunk `id`, whose hash is `hash` (the caller has hashed it to look
-    /// it up), compressing it where that pays. Its location is valid once the
-    /// pack is sealed.
-    pub fn add(&mut self, id: ChunkId, hash: ChunkHash, raw: &[u8]) -> Result<ChunkLocation, ChunkError> {
-        assert!(raw.len() <= CHUNK_BYTES_MAX as usize, "a chunk is at most one block");
-        debug_assert_eq!(chunk_hash(raw), hash, "the caller's hash names these bytes");
-        let mut stored = std::mem::take(&mut self.stored);
-        let codec = self.compressor.compress(raw, &mut stored);
-        let location = self.add_stored(id, hash, codec, &stored, raw.len() as u32);
-        self.stored = stored;
-        location
-    }
-
-    /// Adds chunk `id` as it is stored elsewhere (repacking copies records
-    /// without compressing them again). The caller has verified the bytes.
+    /// Adds chunk `id`, whose hash is `hash`, stored as `codec` says
+    /// ([`Compressor::compress`]'s output, or a record repacking copies
+    /// without compressing it again). Its location is valid once the pack
+    /// is sealed. The caller has hashed or verified the bytes.
     pub fn add_stored(
         &mut self,
         id: ChunkId,
@@ -245,6 +230,7 @@ impl PackWriter {
         stored: &[u8],
         raw_bytes: u32,
     ) -> Result<ChunkLocation, ChunkError> {
+        assert!(raw_bytes <= CHUNK_BYTES_MAX, "a chunk is at most one block");
         let header = RecordHeader { codec, stored_bytes: stored.len() as u32, raw_bytes, hash };
         let offset = self.bytes();
         header.encode_record(stored, &mut self.pending);
@@ -253,7 +239,7 @@ impl PackWriter {
         if self.pending.len() >= WRITE_BYTES {
             self.write_pending()?;
         }
-        Ok(ChunkLocation { pack: self.pack, offset, stored_bytes: header.stored_bytes, raw_bytes })
+        Ok(ChunkLocation { pack: self.pack, offset, stored_bytes: header.stored_bytes, raw_bytes, bare_crc32c: None })
     }
 
     /// The pack's size so far.
@@ -313,9 +299,13 @@ pub struct PackReader {
     path: String,
     packs: Arc<dyn PackStore>,
     bytes: u64,
-    /// `None` for a pack whose trailer or footer is damaged: its records
-    /// are still read where the chunk table says they are.
+    /// `None` for a pack whose trailer or footer is damaged, and for an
+    /// adopted journal segment: its chunks are read where the chunk table
+    /// says they are.
     trailer: Option<PackTrailer>,
+    /// An adopted journal segment ([`crate::PackStore::adopt`]): its chunks
+    /// are bare, with no records, footer or trailer.
+    adopted: bool,
 }
 
 impl PackReader {
@@ -323,6 +313,9 @@ impl PackReader {
     /// footer is read only by [`PackReader::footer`]).
     pub fn open(packs: &Arc<dyn PackStore>, pack: u64) -> Result<PackReader, ChunkError> {
         let mut reader = PackReader::open_records(packs, pack)?;
+        if reader.adopted {
+            return Ok(reader);
+        }
         let (path, bytes) = (&reader.path.clone(), reader.bytes);
         let unsealed = |reason: String| ChunkError::Unsealed { path: path.clone(), reason };
         if bytes < (PACK_HEADER_BYTES + PACK_TRAILER_BYTES) as u64 {
@@ -338,7 +331,8 @@ impl PackReader {
 
     /// Opens pack `pack` for reading records at known offsets, checking its
     /// header only: for a sealed pack whose trailer or footer is damaged
-    /// (its chunks are found through the chunk table).
+    /// (its chunks are found through the chunk table). An adopted journal
+    /// segment opens by its segment header.
     pub fn open_records(packs: &Arc<dyn PackStore>, pack: u64) -> Result<PackReader, ChunkError> {
         let path = packs.locate(pack);
         let bytes = packs.stat(pack).map_err(ChunkError::io(&path))?.bytes;
@@ -347,11 +341,22 @@ impl PackReader {
             true => ChunkError::io(&path)(error),
             false => ChunkError::corrupt(&path, 0, error),
         })?;
-        let header = PackHeader::decode(&header).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
-        if header.pack != pack {
-            return Err(ChunkError::corrupt(&path, 0, format!("the header names pack {}", header.pack)));
+        let adopted = header[..4] == SEGMENT_MAGIC.to_le_bytes();
+        if adopted {
+            SegmentHeader::decode(&header).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
+        } else {
+            let header = PackHeader::decode(&header).map_err(|error| ChunkError::corrupt(&path, 0, error))?;
+            if header.pack != pack {
+                return Err(ChunkError::corrupt(&path, 0, format!("the header names pack {}", header.pack)));
+            }
         }
-        Ok(PackReader { pack, path, packs: Arc::clone(packs), bytes, trailer: None })
+        Ok(PackReader { pack, path, packs: Arc::clone(packs), bytes, trailer: None, adopted })
+    }
+
+    /// Whether this is an adopted journal segment, whose chunks are bare
+    /// and found only through the chunk table.
+    pub fn is_adopted(&self) -> bool {
+        self.adopted
     }
 
     pub fn pack(&self) -> u64 {
@@ -366,6 +371,11 @@ impl PackReader {
     /// Every chunk in the pack, in the order written, read from the footer
     /// and checked against the trailer's CRC.
     pub fn footer(&self) -> Result<Vec<FooterEntry>, ChunkError> {
+        if self.adopted {
+            let reason =
+                "it is an adopted journal segment, which has no footer: its chunks are found through the chunk table";
+            return Err(ChunkError::corrupt(&self.path, 0, reason));
+        }
         let Some(trailer) = &self.trailer else {
             return Err(ChunkError::corrupt(
                 &self.path,
@@ -391,6 +401,7 @@ impl PackReader {
             offset: entry.offset,
             stored_bytes: entry.stored_bytes,
             raw_bytes: entry.raw_bytes,
+            bare_crc32c: None,
         }
     }
 
@@ -409,7 +420,8 @@ impl PackReader {
     }
 
     /// Like [`PackReader::read`], also leaving the whole record in `record`;
-    /// returns how the chunk is stored (its stored bytes follow the header).
+    /// returns how the chunk is stored and where in `record` its stored
+    /// bytes are (after the header; a bare chunk's are all of it).
     pub fn read_record(
         &self,
         location: ChunkLocation,
@@ -417,11 +429,20 @@ impl PackReader {
         record: &mut Vec<u8>,
         out: &mut [u8],
         check: Check,
-    ) -> Result<Codec, ChunkError> {
+    ) -> Result<(Codec, std::ops::Range<usize>), ChunkError> {
         assert_eq!(location.pack, self.pack, "location in another pack");
-        record.resize(RECORD_HEADER_BYTES + location.stored_bytes as usize, 0);
+        let header_bytes = record_header_bytes(location);
+        record.resize(header_bytes + location.stored_bytes as usize, 0);
         self.read_span(location.offset, record)?;
-        self.decode(location, hash, record, out, check)
+        let codec = match location.bare_crc32c {
+            Some(_) => {
+                out.copy_from_slice(record);
+                self.decode_in_place(location, hash, &[], out, check)?;
+                Codec::Raw
+            }
+            None => self.decode(location, hash, record, out, check)?,
+        };
+        Ok((codec, header_bytes..record.len()))
     }
 
     /// Reads `buf.len()` bytes at `offset` (one or more neighbouring
@@ -460,6 +481,7 @@ impl PackReader {
         check: Check,
     ) -> Result<Codec, ChunkError> {
         assert_eq!(out.len(), location.raw_bytes as usize, "buffer of the chunk's raw size");
+        assert!(location.bare_crc32c.is_none(), "a record, not a bare chunk");
         let (header, stored) =
             RecordHeader::decode_record(record).map_err(|error| self.corrupt(location, error.to_string()))?;
         self.check_names(location, hash, &header)?;
@@ -474,7 +496,9 @@ impl PackReader {
     /// [`PackReader::decode`] of a record read in two parts: its `header`,
     /// and its stored bytes, which a scatter read put in `out` already (the
     /// caller expects a chunk stored as it is: as many stored bytes as raw).
-    /// Returns the CRC-32C of the chunk's bytes, computed on the way.
+    /// A bare chunk has no header (`header` is empty): its bytes are checked
+    /// against the CRC-32C its location holds. Returns the CRC-32C of the
+    /// chunk's bytes, computed on the way.
     pub fn decode_in_place(
         &self,
         location: ChunkLocation,
@@ -485,6 +509,20 @@ impl PackReader {
     ) -> Result<u32, ChunkError> {
         assert_eq!(out.len(), location.raw_bytes as usize, "buffer of the chunk's raw size");
         assert_eq!(location.stored_bytes, location.raw_bytes, "a chunk stored as it is");
+        if let Some(expected) = location.bare_crc32c {
+            assert!(header.is_empty(), "a bare chunk has no header");
+            assert!(self.adopted, "bare chunks lie in adopted journal segments");
+            let found = crc32c(out);
+            if found != expected {
+                let reason = format!(
+                    "the bytes of chunk {} have CRC-32C {found:#010x}, its table slot says {expected:#010x}",
+                    hex(hash)
+                );
+                return Err(self.corrupt(location, reason));
+            }
+            self.check_hash(location, hash, out, check)?;
+            return Ok(found);
+        }
         let (decoded, stored_crc32c) =
             RecordHeader::decode_parts(header, out).map_err(|error| self.corrupt(location, error.to_string()))?;
         self.check_names(location, hash, &decoded)?;
@@ -572,6 +610,15 @@ impl PackReader {
             self.read(self.location(entry), &entry.hash, &mut out, Check::Hash)?;
         }
         Ok(entries.len())
+    }
+}
+
+/// The bytes in front of the chunk's stored bytes at `location`: a record
+/// header, or none for a bare chunk.
+pub fn record_header_bytes(location: ChunkLocation) -> usize {
+    match location.bare_crc32c {
+        Some(_) => 0,
+        None => RECORD_HEADER_BYTES,
     }
 }
 

@@ -80,11 +80,40 @@ pub trait PackStore: Send + Sync {
     fn read_vectored(&self, pack: u64, offset: u64, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<()> {
         read_then_scatter(|range| self.read(pack, offset, range), bufs)
     }
+    /// Stores the whole of `file` as pack `pack`, as [`PackStore::create`]
+    /// and an upload of its bytes would: an *adopted* file (a sealed journal
+    /// segment, which nothing writes again). `path` is its name in the
+    /// storage the node's stores share; a local store gives it a second name
+    /// there rather than copying it, so the bytes are written once. The
+    /// default copies them.
+    fn adopt(&self, pack: u64, path: &str, file: &dyn File) -> io::Result<Generation> {
+        let _ = path;
+        copy_into(self, pack, file)
+    }
     /// Removes pack `pack` durably; removing a pack that is not there is not
     /// an error (a crash may have come between a removal and its record).
     fn delete(&self, pack: u64) -> io::Result<()>;
     /// Every pack stored, in number order.
     fn list(&self) -> io::Result<Vec<StoredPack>>;
+}
+
+/// [`PackStore::adopt`] by copying: `file`'s bytes uploaded as pack `pack`.
+fn copy_into<S: PackStore + ?Sized>(store: &S, pack: u64, file: &dyn File) -> io::Result<Generation> {
+    const COPY_BYTES: u64 = 1 << 20;
+    let bytes = file.size_bytes()?;
+    let mut upload = store.create(pack)?;
+    let mut buffer = vec![0; COPY_BYTES.min(bytes) as usize];
+    let mut offset = 0;
+    while offset < bytes {
+        let piece = &mut buffer[..COPY_BYTES.min(bytes - offset) as usize];
+        let read = file.read_exact_at(piece, offset).and_then(|()| upload.append(piece));
+        if let Err(error) = read {
+            let _ = upload.abort();
+            return Err(error);
+        }
+        offset += piece.len() as u64;
+    }
+    upload.finish()
 }
 
 /// A pack being written; see [`PackStore::create`].
@@ -242,6 +271,18 @@ impl PackStore for LocalPackStore {
 
     fn read_vectored(&self, pack: u64, offset: u64, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<()> {
         self.file(pack)?.read_exact_vectored_at(bufs, offset)
+    }
+
+    fn adopt(&self, pack: u64, path: &str, file: &dyn File) -> io::Result<Generation> {
+        match self.storage.hard_link(path, &self.path(pack)) {
+            Err(error) if error.kind() == io::ErrorKind::CrossesDevices => {
+                tracing::info!(%path, dir = %self.dir, "the journal and the packs are on different filesystems: an adopted segment is copied");
+                return copy_into(self, pack, file);
+            }
+            linked => linked?,
+        }
+        self.storage.sync_dir(&self.dir)?;
+        Ok(self.stat(pack)?.generation)
     }
 
     fn delete(&self, pack: u64) -> io::Result<()> {
@@ -516,6 +557,11 @@ impl PackStore for FaultyPackStore {
             buf[middle] ^= 0x10;
         }
         Ok(())
+    }
+
+    fn adopt(&self, pack: u64, path: &str, file: &dyn File) -> io::Result<Generation> {
+        self.check_reachable()?;
+        self.inner.adopt(pack, path, file)
     }
 
     fn delete(&self, pack: u64) -> io::Result<()> {

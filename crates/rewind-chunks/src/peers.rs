@@ -109,7 +109,7 @@ mod tests {
     use rewind_format::chunks::encode_table_header;
 
     fn slot(hash: u8, pack: u64) -> TableSlot {
-        TableSlot { hash: [hash; 32], pack, offset: 64, stored_bytes: 100, raw_bytes: 4096 }
+        TableSlot { hash: [hash; 32], pack, offset: 64, stored_bytes: 100, raw_bytes: 4096, bare_crc32c: None }
     }
 
     fn table(slots: &[Option<TableSlot>]) -> Vec<u8> {

@@ -57,21 +57,23 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use rewind_format::chunks::{RepackIntent, SavedCounts, SavedPack, TableSlot};
+use rewind_format::crc32c;
 use rewind_format::meta::healed;
 use rewind_format::pack::{
     ChunkHash, Codec, FooterEntry, FOOTER_ENTRY_BYTES, PACK_HEADER_BYTES, PACK_TRAILER_BYTES, RECORD_HEADER_BYTES,
 };
-use rewind_io::{read_file_healing, write_file_atomic, Storage};
+use rewind_io::{read_file_healing, write_file_atomic, OpenMode, Storage};
 use rewind_types::ChunkId;
 use rustc_hash::FxHashMap;
 
 use crate::dedup::{DedupConfig, DedupIndex};
 use crate::locality::{self, LocalityCache};
+use crate::pack::record_header_bytes;
 use crate::pack_store::{LocalPackStore, PackStore};
 use crate::peers::{pack_owner, packs_before, PeerChunks};
 use crate::saved::{self, Saved};
 use crate::table::ChunkTable;
-use crate::{chunk_hash, pack_name, Check, ChunkError, ChunkLocation, PackReader, PackWriter};
+use crate::{chunk_hash, pack_name, Check, ChunkError, ChunkLocation, Compressor, PackReader, PackWriter};
 
 #[derive(Clone, Copy, Debug)]
 pub struct ChunkStoreConfig {
@@ -126,6 +128,9 @@ struct PackStats {
     /// Its trailer or footer is damaged: its chunks are read where the
     /// table says, and collection rewrites it (finding them by the table).
     footer_damaged: bool,
+    /// An adopted journal segment ([`ArchiveSession::put_from_journal`]):
+    /// its chunks are bare, found by the table as a damaged footer's are.
+    adopted: bool,
     /// A record of it failed its check when a repack copied it: it is left
     /// as it is (what of it is whole stays readable, the damaged chunk
     /// fails the reads that need it), and no repack takes it again, so that
@@ -135,7 +140,7 @@ struct PackStats {
 
 impl PackStats {
     fn new(bytes: u64) -> PackStats {
-        PackStats { bytes, held_chunks: 0, held_bytes: 0, footer_damaged: false, left_damaged: false }
+        PackStats { bytes, held_chunks: 0, held_bytes: 0, footer_damaged: false, adopted: false, left_damaged: false }
     }
 
     fn hold(&mut self, stored_bytes: u32) {
@@ -256,6 +261,8 @@ struct Counters {
     chunks_written: AtomicU64,
     raw_bytes_written: AtomicU64,
     stored_bytes_written: AtomicU64,
+    chunks_adopted: AtomicU64,
+    adopted_bytes: AtomicU64,
     dedup_hits: AtomicU64,
     dedup_hits_nearby: AtomicU64,
     collections: AtomicU64,
@@ -318,6 +325,10 @@ pub struct ChunkStats {
     pub chunks_written: u64,
     pub raw_bytes_written: u64,
     pub stored_bytes_written: u64,
+    /// Of the chunks stored, those left where they lay in an adopted
+    /// journal segment, and their bytes: history kept without a second copy.
+    pub chunks_adopted: u64,
+    pub adopted_bytes: u64,
     pub dedup_hits: u64,
     /// Dedup hits answered by the locality cache, without a read.
     pub dedup_hits_nearby: u64,
@@ -510,7 +521,7 @@ impl ChunkStore {
             }
             match PackReader::open(&packs_store, pack) {
                 Ok(reader) => {
-                    packs.insert(pack, PackStats::new(reader.bytes()));
+                    packs.insert(pack, PackStats { adopted: reader.is_adopted(), ..PackStats::new(reader.bytes()) });
                 }
                 // A bucket that does not answer says nothing about the pack:
                 // the open fails, to be tried again, and nothing is deleted.
@@ -532,7 +543,15 @@ impl ChunkStore {
         // The chunks of packs the dedup runs do not cover yet. These are the
         // newest packs; one a crash cut short may have a valid trailer over a
         // footer that never reached the disk.
-        let uncovered: Vec<u64> = packs.range(dedup.packs_covered() + 1..).map(|(&pack, _)| pack).collect();
+        // An adopted journal segment has no footer: the chunks it holds that
+        // the runs do not cover are not found by their bytes again (a later
+        // copy of them is stored anew) until the index is rebuilt from the
+        // table.
+        let uncovered: Vec<u64> = packs
+            .range(dedup.packs_covered() + 1..)
+            .filter(|(_, stats)| !stats.adopted)
+            .map(|(&pack, _)| pack)
+            .collect();
         for pack in uncovered {
             match index_footer(&packs_store, pack, &table, &mut dedup) {
                 Ok(()) => {}
@@ -945,7 +964,8 @@ impl ChunkStore {
                         "a pack history needs has a damaged trailer or footer; its chunks are read where the \
                          chunk table says, and the next garbage collection rewrites it"
                     );
-                    let stats = PackStats { footer_damaged: true, ..PackStats::new(reader.bytes()) };
+                    let adopted = reader.is_adopted();
+                    let stats = PackStats { footer_damaged: !adopted, adopted, ..PackStats::new(reader.bytes()) };
                     state.packs.insert(pack, stats);
                 }
                 Err(error) => {
@@ -1159,9 +1179,12 @@ impl ChunkStore {
             store: self,
             _writing: writing,
             writer: None,
+            compressor: Compressor::new().map_err(ChunkError::io(&self.dir))?,
+            stored: Vec::new(),
             unsealed: Vec::new(),
             sealed: Vec::new(),
             borrowed: Vec::new(),
+            adopted: FxHashMap::default(),
             new_ids: Vec::new(),
             done: false,
         })
@@ -1313,8 +1336,7 @@ impl ChunkStore {
         const RECORD_GAP_BYTES_MAX: u64 = 16 << 10;
         let slot = |index: usize| slots[index].expect("every slot read above");
         order.sort_unstable_by_key(|&index| (slot(index).pack, slot(index).offset));
-        let record_end =
-            |slot: TableSlot| u64::from(slot.offset) + (RECORD_HEADER_BYTES as u64 + u64::from(slot.stored_bytes));
+        let record_end = |slot: TableSlot| u64::from(slot.offset) + record_bytes(&slot);
         let mut start = 0;
         while start < order.len() {
             let first = slot(order[start]);
@@ -1406,12 +1428,15 @@ impl ChunkStore {
                 pieces.push(Piece::Scratch((offset - cursor) as usize));
                 scratch_bytes += (offset - cursor) as usize;
             }
-            let record_bytes = RECORD_HEADER_BYTES + slot.stored_bytes as usize;
+            let header_bytes = record_header_bytes(location_of(&slot));
+            let record_bytes = header_bytes + slot.stored_bytes as usize;
             if slot.stored_bytes as usize == chunk_bytes {
                 records.push(Record::InPlace { index, slot, header: scratch_bytes });
-                pieces.push(Piece::Scratch(RECORD_HEADER_BYTES));
+                if header_bytes > 0 {
+                    pieces.push(Piece::Scratch(header_bytes));
+                }
                 pieces.push(Piece::Out(index));
-                scratch_bytes += RECORD_HEADER_BYTES;
+                scratch_bytes += header_bytes;
             } else {
                 records.push(Record::InScratch { index, slot, start: scratch_bytes });
                 pieces.push(Piece::Scratch(record_bytes));
@@ -1442,7 +1467,7 @@ impl ChunkStore {
         for record in records {
             match record {
                 Record::InPlace { index, slot, header } => {
-                    let header = &scratch[header..header + RECORD_HEADER_BYTES];
+                    let header = &scratch[header..header + record_header_bytes(location_of(&slot))];
                     let out = &mut out[index * chunk_bytes..(index + 1) * chunk_bytes];
                     crcs[index] = reader.decode_in_place(location_of(&slot), &slot.hash, header, out, Check::Crc)?;
                 }
@@ -1574,6 +1599,8 @@ impl ChunkStore {
             chunks_written: counter(&self.counters.chunks_written),
             raw_bytes_written: counter(&self.counters.raw_bytes_written),
             stored_bytes_written: counter(&self.counters.stored_bytes_written),
+            chunks_adopted: counter(&self.counters.chunks_adopted),
+            adopted_bytes: counter(&self.counters.adopted_bytes),
             dedup_hits: counter(&self.counters.dedup_hits),
             dedup_hits_nearby: counter(&self.counters.dedup_hits_nearby),
             collections: counter(&self.counters.collections),
@@ -1857,14 +1884,14 @@ impl ChunkStore {
                     }
                     taken += 1;
                     raw.resize(slot.raw_bytes as usize, 0);
-                    let codec = match self.reader(slot.pack)?.read_record(
+                    let (codec, stored) = match self.reader(slot.pack)?.read_record(
                         location_of(&slot),
                         &slot.hash,
                         &mut record,
                         &mut raw,
                         Check::Crc,
                     ) {
-                        Ok(codec) => codec,
+                        Ok(read) => read,
                         Err(error @ ChunkError::Corrupt { .. }) => {
                             tracing::error!(%error, chunk = %id, "a chunk to lay out in order is damaged; it is left where it is");
                             report.chunks_damaged += 1;
@@ -1872,8 +1899,7 @@ impl ChunkStore {
                         }
                         Err(error) => return Err(error),
                     };
-                    let stored = &record[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + slot.stored_bytes as usize];
-                    let location = writer.add_stored(id, slot.hash, codec, stored, slot.raw_bytes)?;
+                    let location = writer.add_stored(id, slot.hash, codec, &record[stored], slot.raw_bytes)?;
                     moved.push((id, slot_of(slot.hash, location)));
                     moved_from.push(slot);
                 }
@@ -1957,13 +1983,12 @@ impl ChunkStore {
                 copying = pack;
                 let reader = self.reader(pack)?;
                 bytes_before += reader.bytes();
-                for entry in self.live_entries(&reader)? {
-                    raw.resize(entry.raw_bytes as usize, 0);
-                    let location = reader.location(&entry);
-                    let codec: Codec = reader.read_record(location, &entry.hash, &mut record, &mut raw, Check::Hash)?;
-                    let stored = &record[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + entry.stored_bytes as usize];
-                    let location = writer.add_stored(entry.id, entry.hash, codec, stored, entry.raw_bytes)?;
-                    moved.push((entry.id, slot_of(entry.hash, location)));
+                for (id, slot) in self.live_entries(&reader)? {
+                    raw.resize(slot.raw_bytes as usize, 0);
+                    let (codec, stored) =
+                        reader.read_record(location_of(&slot), &slot.hash, &mut record, &mut raw, Check::Hash)?;
+                    let location = writer.add_stored(id, slot.hash, codec, &record[stored], slot.raw_bytes)?;
+                    moved.push((id, slot_of(slot.hash, location)));
                 }
             }
             Ok(bytes_before)
@@ -2009,16 +2034,17 @@ impl ChunkStore {
         Ok(())
     }
 
-    /// The live chunks of the pack `reader` reads: the footer's entries
-    /// the table still points at, or, for a pack whose footer is damaged,
-    /// every live id the table points into it (one scan of the table).
-    fn live_entries(&self, reader: &PackReader) -> Result<Vec<FooterEntry>, ChunkError> {
+    /// The live chunks of the pack `reader` reads, with their slots: the
+    /// footer's entries the table still points at, or, for a pack whose
+    /// footer is damaged or an adopted journal segment, every live id the
+    /// table points into it (one scan of the table).
+    fn live_entries(&self, reader: &PackReader) -> Result<Vec<(ChunkId, TableSlot)>, ChunkError> {
         let pack = reader.pack();
-        if !self.state.lock().packs.get(&pack).is_some_and(|stats| stats.footer_damaged) {
+        if !self.state.lock().packs.get(&pack).is_some_and(|stats| stats.footer_damaged || stats.adopted) {
             let mut live = Vec::new();
             for entry in reader.footer()? {
-                if self.holds(pack, &entry)? {
-                    live.push(entry);
+                if let Some(slot) = self.holds(pack, &entry)? {
+                    live.push((entry.id, slot));
                 }
             }
             return Ok(live);
@@ -2034,9 +2060,7 @@ impl ChunkStore {
                 let id = ChunkId(first + index as u64);
                 if let (true, Ok(Some(slot))) = (self.state.lock().is_live(id), self.table.slot_in(&bytes, first, id)) {
                     if slot.pack == pack {
-                        let offset = u64::from(slot.offset);
-                        let (stored_bytes, raw_bytes) = (slot.stored_bytes, slot.raw_bytes);
-                        live.push(FooterEntry { hash: slot.hash, id, offset, stored_bytes, raw_bytes });
+                        live.push((id, slot));
                     }
                 }
             }
@@ -2045,13 +2069,13 @@ impl ChunkStore {
         Ok(live)
     }
 
-    /// Whether `entry` of `pack` is the live copy of its chunk.
-    fn holds(&self, pack: u64, entry: &FooterEntry) -> Result<bool, ChunkError> {
+    /// The slot of `entry` of `pack` if that is the live copy of its chunk.
+    fn holds(&self, pack: u64, entry: &FooterEntry) -> Result<Option<TableSlot>, ChunkError> {
         if !self.state.lock().is_live(entry.id) {
-            return Ok(false);
+            return Ok(None);
         }
         let slot = self.table.read(entry.id)?;
-        Ok(slot.is_some_and(|slot| slot.pack == pack && u64::from(slot.offset) == entry.offset))
+        Ok(slot.filter(|slot| slot.pack == pack && u64::from(slot.offset) == entry.offset))
     }
 
     /// Points `moved` ids at `new` (a sealed pack, or 0 for none) and deletes
@@ -2104,8 +2128,9 @@ impl ChunkStore {
 /// goes on while the next record starts where the one before ends (with
 /// its padding), in the same pack.
 fn runs_of_records(chunks: &[(ChunkId, TableSlot)]) -> u64 {
-    let record_end = |slot: &TableSlot| {
-        u64::from(slot.offset) + (RECORD_HEADER_BYTES as u64 + u64::from(slot.stored_bytes)).next_multiple_of(8)
+    let record_end = |slot: &TableSlot| match slot.bare_crc32c {
+        Some(_) => u64::from(slot.offset) + u64::from(slot.stored_bytes),
+        None => u64::from(slot.offset) + record_bytes(slot).next_multiple_of(8),
     };
     let follows = |before: &TableSlot, after: &TableSlot| {
         after.pack == before.pack && u64::from(after.offset) == record_end(before)
@@ -2125,7 +2150,14 @@ fn location_of(slot: &TableSlot) -> ChunkLocation {
         offset: u64::from(slot.offset),
         stored_bytes: slot.stored_bytes,
         raw_bytes: slot.raw_bytes,
+        bare_crc32c: slot.bare_crc32c,
     }
+}
+
+/// The bytes of the chunk `slot` names in its pack, without padding: its
+/// record, or its bare bytes.
+fn record_bytes(slot: &TableSlot) -> u64 {
+    record_header_bytes(location_of(slot)) as u64 + u64::from(slot.stored_bytes)
 }
 
 fn slot_of(hash: ChunkHash, location: ChunkLocation) -> TableSlot {
@@ -2135,6 +2167,7 @@ fn slot_of(hash: ChunkHash, location: ChunkLocation) -> TableSlot {
         offset: u32::try_from(location.offset).expect("packs stay below 4 GiB"),
         stored_bytes: location.stored_bytes,
         raw_bytes: location.raw_bytes,
+        bare_crc32c: location.bare_crc32c,
     }
 }
 
@@ -2178,6 +2211,18 @@ fn finish_repack(
     storage.sync_dir(dir).map_err(ChunkError::io(dir))
 }
 
+/// Where an archived version's bytes lie in a sealed journal segment, for
+/// [`ArchiveSession::put_from_journal`].
+#[derive(Clone, Copy, Debug)]
+pub struct InSegment<'a> {
+    /// The segment file's path in the storage the node's stores share.
+    pub path: &'a str,
+    /// Where the bytes start in the file.
+    pub offset: u64,
+    /// Their CRC-32C (the version's, which the caller checked them against).
+    pub crc32c: u32,
+}
+
 /// Puts chunks into the store: one archive pass of one volume. Chunks are
 /// readable, and may be referred to durably, once [`ArchiveSession::finish`]
 /// returns. A session that fails, or is dropped or abandoned unfinished,
@@ -2187,11 +2232,16 @@ pub struct ArchiveSession<'a> {
     store: &'a ChunkStore,
     _writing: MutexGuard<'a, ()>,
     writer: Option<PackWriter>,
+    compressor: Compressor,
+    /// A chunk's bytes as stored, compressed or not.
+    stored: Vec<u8>,
     /// Chunks in the open pack, and in packs sealed by this session.
     unsealed: Vec<(ChunkId, TableSlot)>,
     sealed: Vec<(ChunkId, TableSlot)>,
     /// Chunks borrowed from other nodes' packs (`crate::peers`).
     borrowed: Vec<(ChunkId, TableSlot)>,
+    /// The journal segments this session adopted, by path, and their packs.
+    adopted: FxHashMap<String, u64>,
     /// Ids this session handed out (their slots are written by `finish`).
     new_ids: Vec<ChunkId>,
     done: bool,
@@ -2200,7 +2250,17 @@ pub struct ArchiveSession<'a> {
 impl ArchiveSession<'_> {
     /// Stores `raw` (or finds it stored) and counts one reference to it.
     pub fn put(&mut self, raw: &[u8]) -> Result<ChunkId, ChunkError> {
-        let result = self.put_inner(raw);
+        let result = self.put_inner(raw, None);
+        result.map_err(|error| self.abandon_with(error))
+    }
+
+    /// [`ArchiveSession::put`] of a version whose bytes lie `in_segment`, a
+    /// sealed journal segment. Bytes that are new and do not compress are
+    /// not copied: they stay where they are, a bare chunk of the segment,
+    /// which is adopted as a pack ([`PackStore::adopt`]) the first time.
+    /// What dedup or compression saves on is stored as `put` stores it.
+    pub fn put_from_journal(&mut self, raw: &[u8], in_segment: InSegment<'_>) -> Result<ChunkId, ChunkError> {
+        let result = self.put_inner(raw, Some(in_segment));
         result.map_err(|error| self.abandon_with(error))
     }
 
@@ -2230,7 +2290,7 @@ impl ArchiveSession<'_> {
         store.fail(error)
     }
 
-    fn put_inner(&mut self, raw: &[u8]) -> Result<ChunkId, ChunkError> {
+    fn put_inner(&mut self, raw: &[u8], in_segment: Option<InSegment<'_>>) -> Result<ChunkId, ChunkError> {
         let store = self.store;
         let hash = chunk_hash(raw);
         let raw_bytes = u32::try_from(raw.len()).expect("chunks are blocks");
@@ -2254,19 +2314,61 @@ impl ArchiveSession<'_> {
             }
             id
         };
+        store.counters.chunks_written.fetch_add(1, Ordering::Relaxed);
+        store.counters.raw_bytes_written.fetch_add(u64::from(raw_bytes), Ordering::Relaxed);
+        let codec = self.compressor.compress(raw, &mut self.stored);
+        if let (Codec::Raw, Some(in_segment)) = (codec, in_segment) {
+            assert_eq!(crc32c(raw), in_segment.crc32c, "the caller checked the bytes against their CRC");
+            let pack = self.adopt(in_segment.path)?;
+            let offset = u32::try_from(in_segment.offset).expect("journal segments stay below 4 GiB");
+            let slot = TableSlot {
+                hash,
+                pack,
+                offset,
+                stored_bytes: raw_bytes,
+                raw_bytes,
+                bare_crc32c: Some(in_segment.crc32c),
+            };
+            let mut state = store.state.lock();
+            state.packs.get_mut(&pack).expect("adopted above").hold(raw_bytes);
+            state.held_raw_bytes += u64::from(raw_bytes);
+            state.held_stored_bytes += u64::from(raw_bytes);
+            self.sealed.push((id, slot));
+            store.counters.stored_bytes_written.fetch_add(u64::from(raw_bytes), Ordering::Relaxed);
+            store.counters.chunks_adopted.fetch_add(1, Ordering::Relaxed);
+            store.counters.adopted_bytes.fetch_add(u64::from(raw_bytes), Ordering::Relaxed);
+            return Ok(id);
+        }
         if self.writer.is_none() {
             self.writer = Some(PackWriter::create(&*store.packs, store.take_pack_number())?);
         }
         let writer = self.writer.as_mut().expect("opened above");
-        let location = writer.add(id, hash, raw)?;
+        let location = writer.add_stored(id, hash, codec, &self.stored, raw_bytes)?;
         self.unsealed.push((id, slot_of(hash, location)));
-        store.counters.chunks_written.fetch_add(1, Ordering::Relaxed);
-        store.counters.raw_bytes_written.fetch_add(u64::from(raw_bytes), Ordering::Relaxed);
         store.counters.stored_bytes_written.fetch_add(u64::from(location.stored_bytes), Ordering::Relaxed);
         if writer.bytes() >= store.config.pack_bytes_target {
             self.seal()?;
         }
         Ok(id)
+    }
+
+    /// The pack of the journal segment at `path`, adopted now if this
+    /// session has not yet: the file gets the pack's name, durably, and
+    /// its chunks' slots may then be written as any sealed pack's.
+    fn adopt(&mut self, path: &str) -> Result<u64, ChunkError> {
+        if let Some(&pack) = self.adopted.get(path) {
+            return Ok(pack);
+        }
+        let store = self.store;
+        let pack = store.take_pack_number();
+        let file = store.storage.open_file(path, OpenMode::Existing).map_err(ChunkError::io(path))?;
+        let bytes = file.size_bytes().map_err(ChunkError::io(path))?;
+        let located = store.packs.locate(pack);
+        store.packs.adopt(pack, path, &*file).map_err(ChunkError::sync_or_io(&located))?;
+        tracing::debug!(%path, pack = %pack_name(pack), "adopted a journal segment as a pack");
+        store.state.lock().packs.insert(pack, PackStats { adopted: true, ..PackStats::new(bytes) });
+        self.adopted.insert(path.to_owned(), pack);
+        Ok(pack)
     }
 
     fn seal(&mut self) -> Result<(), ChunkError> {

@@ -151,8 +151,14 @@ mod tests {
         let storage = OsStorage::new(dir.path()).unwrap();
         let table = ChunkTable::open(&storage, "table").unwrap();
         const IDS: u64 = 256;
-        let slot =
-            |pack: u64| TableSlot { hash: [pack as u8; 32], pack, offset: 7, stored_bytes: 100, raw_bytes: 4096 };
+        let slot = |pack: u64| TableSlot {
+            hash: [pack as u8; 32],
+            pack,
+            offset: 7,
+            stored_bytes: 100,
+            raw_bytes: 4096,
+            bare_crc32c: None,
+        };
         for id in 1..=IDS {
             table.write(ChunkId(id), &slot(1)).unwrap();
         }

@@ -37,6 +37,8 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashSet;
 
+use rewind_io::File;
+
 use crate::pack_store::{read_then_scatter, Generation, PackStore, PackUpload, StoredPack};
 use crate::peers::pack_owner;
 use crate::retention::locked;
@@ -736,6 +738,17 @@ impl PackStore for TieredPackStore {
         Ok(Box::new(TieredUpload { inner, pack, placements, waker }))
     }
 
+    fn adopt(&self, pack: u64, path: &str, file: &dyn File) -> io::Result<Generation> {
+        if self.placements.lock().contains_key(&pack) {
+            let message = format!("{} already exists; packs are written once", self.locate(pack));
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, message));
+        }
+        let generation = self.local.adopt(pack, path, file)?;
+        let stored = self.local.stat(pack)?;
+        sealed_locally(&self.placements, &self.waker, &stored);
+        Ok(generation)
+    }
+
     fn stat(&self, pack: u64) -> io::Result<StoredPack> {
         let placement = self.placement(pack)?;
         Ok(StoredPack { pack, bytes: placement.bytes, generation: placement.generation })
@@ -815,6 +828,15 @@ impl PackStore for TieredPackStore {
     }
 }
 
+/// Records `stored`, just sealed in the local tier, as waiting for its
+/// upload, and wakes the uploaders.
+fn sealed_locally(placements: &Mutex<BTreeMap<u64, Placement>>, waker: &Mutex<Option<Waker>>, stored: &StoredPack) {
+    placements.lock().insert(stored.pack, Placement::of(stored, true, false));
+    if let Some(wake) = &*waker.lock() {
+        wake();
+    }
+}
+
 /// A pack being written to the local tier; once finished it waits for its upload.
 struct TieredUpload {
     inner: Box<dyn PackUpload>,
@@ -836,10 +858,7 @@ impl PackUpload for TieredUpload {
         let bytes = self.inner.len();
         let generation = self.inner.finish()?;
         let stored = StoredPack { pack: self.pack, bytes, generation: generation.clone() };
-        self.placements.lock().insert(self.pack, Placement::of(&stored, true, false));
-        if let Some(wake) = &*self.waker.lock() {
-            wake();
-        }
+        sealed_locally(&self.placements, &self.waker, &stored);
         Ok(generation)
     }
 

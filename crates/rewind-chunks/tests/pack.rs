@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use rand::{RngCore, SeedableRng};
-use rewind_chunks::{chunk_hash, Check, ChunkError, Codec, PackReader, PackWriter};
+use rewind_chunks::{chunk_hash, Check, ChunkError, Codec, Compressor, PackReader, PackWriter};
 use rewind_format::pack::RecordHeader;
 use rewind_io::OsStorage;
 use std::sync::Arc;
@@ -38,12 +38,20 @@ fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// Adds `raw` to `writer` as chunk `id`, compressed where that pays, as an
+/// archive pass stores it.
+fn add(writer: &mut PackWriter, id: u64, raw: &[u8]) -> rewind_chunks::ChunkLocation {
+    let mut stored = Vec::new();
+    let codec = Compressor::new().unwrap().compress(raw, &mut stored);
+    writer.add_stored(ChunkId(id), chunk_hash(raw), codec, &stored, raw.len() as u32).unwrap()
+}
+
 /// Writes the fixture pack into `dir` and returns its path.
 fn write_fixture_pack(dir: &Path) -> PathBuf {
     let packs = packs_in(dir);
     let mut writer = PackWriter::create(&*packs, FIXTURE_PACK).unwrap();
     for (index, chunk) in fixture_chunks().iter().enumerate() {
-        writer.add(ChunkId(100 + index as u64), chunk_hash(chunk), chunk).unwrap();
+        add(&mut writer, 100 + index as u64, chunk);
     }
     writer.seal().unwrap();
     dir.join(rewind_chunks::pack_name(FIXTURE_PACK))
@@ -211,7 +219,7 @@ fn many_chunks_round_trip_through_a_large_pack() {
         } else {
             rng.fill_bytes(&mut chunk[..64]);
         }
-        let location = writer.add(ChunkId(index as u64 + 1), chunk_hash(&chunk), &chunk).unwrap();
+        let location = add(&mut writer, index as u64 + 1, &chunk);
         chunks.push((location, chunk));
     }
     let sealed = writer.seal().unwrap();
@@ -235,7 +243,7 @@ fn a_pack_is_never_overwritten() {
     let path = write_fixture_pack(dir.path());
     let before = std::fs::read(&path).unwrap();
     let mut writer = PackWriter::create(&*packs_in(dir.path()), FIXTURE_PACK).unwrap();
-    writer.add(ChunkId(1), chunk_hash(&[1; 4096]), &[1; 4096]).unwrap();
+    add(&mut writer, 1, &[1; 4096]);
     let error = writer.seal().unwrap_err();
     assert!(error.to_string().contains("already exists"), "{error}");
     assert!(!error.is_transient());

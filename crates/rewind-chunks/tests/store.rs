@@ -9,6 +9,11 @@
 //! reference must read back its bytes; deduplication must find repeated
 //! contents; nothing the durable references hold may be collected.
 //!
+//! Some sessions archive from "journal segments" the test writes first,
+//! as the engine archives from its journal: the store adopts such a file
+//! as a pack for the chunks that are new and do not compress, and the test
+//! then deletes the file's first name, as the journal reclaims it.
+//!
 //! Each case prints its seed; `REWIND_SEED=<n>` replays one case and
 //! `REWIND_SEEDS=<n>` runs that many.
 
@@ -16,9 +21,10 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
-use rewind_chunks::{ChunkError, ChunkStore, ChunkStoreConfig, CollectPhase, Counting, DedupConfig};
-use rewind_io::{SimConfig, SimStorage};
-use rewind_types::ChunkId;
+use rewind_chunks::{ChunkError, ChunkStore, ChunkStoreConfig, CollectPhase, Counting, DedupConfig, InSegment};
+use rewind_format::journal::{SegmentHeader, SEGMENT_HEADER_BYTES};
+use rewind_io::{OpenMode, SimConfig, SimStorage, Storage};
+use rewind_types::{BlockSize, ChunkId, Lsn, Timestamp};
 
 const BLOCK: usize = 512;
 
@@ -72,7 +78,8 @@ fn open(storage: &SimStorage, config: ChunkStoreConfig, durable: &[(ChunkId, Vec
 }
 
 fn check_reads(store: &ChunkStore, durable: &[(ChunkId, Vec<u8>)], seed: u64) {
-    let mut out = vec![0; BLOCK];
+    let block = durable.first().map_or(BLOCK, |(_, bytes)| bytes.len());
+    let mut out = vec![0; block];
     for (id, bytes) in durable {
         store.read(*id, &mut out).unwrap_or_else(|error| panic!("seed {seed}: read {id}: {error}"));
         assert!(
@@ -84,12 +91,50 @@ fn check_reads(store: &ChunkStore, durable: &[(ChunkId, Vec<u8>)], seed: u64) {
     }
     // All at once, as a view's read asks for them (duplicates included).
     let ids: Vec<ChunkId> = durable.iter().map(|(id, _)| *id).collect();
-    let mut all = vec![0; BLOCK * ids.len()];
+    let mut all = vec![0; block * ids.len()];
     let crcs = store.read_many(&ids, &mut all).unwrap_or_else(|error| panic!("seed {seed}: read_many: {error}"));
-    for (((id, bytes), out), crc) in durable.iter().zip(all.chunks_exact(BLOCK)).zip(crcs) {
+    for (((id, bytes), out), crc) in durable.iter().zip(all.chunks_exact(block)).zip(crcs) {
         assert!(out == bytes.as_slice(), "seed {seed}: chunk {id} reads other bytes through read_many");
         assert_eq!(crc, rewind_format::crc32c(bytes), "seed {seed}: chunk {id}'s CRC-32C through read_many");
     }
+}
+
+/// Writes `blocks` as journal segment `segment` does (a segment header,
+/// then the blocks), durably, at `journal/NNNN.seg`; returns its path.
+fn write_segment(storage: &dyn Storage, segment: u32, blocks: &[Vec<u8>]) -> Result<String, std::io::Error> {
+    storage.create_dir_all("journal")?;
+    let path = format!("journal/{segment:08}.seg");
+    let file = storage.open_file(&path, OpenMode::CreateNew)?;
+    let header = SegmentHeader {
+        segment,
+        block_size: BlockSize::new(blocks.first().map_or(BLOCK, Vec::len) as u32).unwrap(),
+        lsn_first: Lsn(1),
+        timestamp_before: Timestamp::MIN,
+        recycled: false,
+        written_ahead: false,
+    };
+    file.write_all_at(&header.encode(), 0)?;
+    file.write_all_at(&blocks.concat(), SEGMENT_HEADER_BYTES as u64)?;
+    file.sync_data()?;
+    storage.sync_dir("journal")?;
+    Ok(path)
+}
+
+/// Puts `blocks` in one session, from the segment at `path` if given.
+fn put_session(store: &ChunkStore, blocks: &[Vec<u8>], path: Option<&str>) -> Result<Vec<ChunkId>, ChunkError> {
+    let mut session = store.session()?;
+    let mut ids = Vec::new();
+    for (index, bytes) in blocks.iter().enumerate() {
+        ids.push(match path {
+            Some(path) => {
+                let offset = (SEGMENT_HEADER_BYTES + index * bytes.len()) as u64;
+                session.put_from_journal(bytes, InSegment { path, offset, crc32c: rewind_format::crc32c(bytes) })?
+            }
+            None => session.put(bytes)?,
+        });
+    }
+    session.finish()?;
+    Ok(ids)
 }
 
 #[derive(Default, Debug)]
@@ -98,6 +143,7 @@ struct Exercised {
     chunks_freed: u64,
     packs_rewritten: u64,
     chunks_relocated: u64,
+    chunks_adopted: u64,
     deaths: u64,
     counts_restored: u64,
 }
@@ -129,14 +175,25 @@ fn run(seed: u64) -> Exercised {
             0..=4 => {
                 let count = rng.random_range(1..60);
                 let batch: Vec<Vec<u8>> = (0..count).map(|_| contents(&mut rng, pool)).collect();
+                let from_journal = rng.random_bool(0.5);
+                let reclaim = rng.random_bool(0.7);
                 (|| {
-                    let mut session = store.session()?;
-                    let mut ids = Vec::new();
-                    for bytes in &batch {
-                        ids.push(session.put(bytes)?);
-                    }
-                    session.finish()?;
+                    let path = match from_journal {
+                        true => Some(
+                            write_segment(&storage, step as u32, &batch)
+                                .map_err(|source| ChunkError::Io { path: "journal".into(), source })?,
+                        ),
+                        false => None,
+                    };
+                    let adopted_before = store.stats().chunks_adopted;
+                    let ids = put_session(&store, &batch, path.as_deref())?;
+                    exercised.chunks_adopted += store.stats().chunks_adopted - adopted_before;
                     durable.extend(ids.into_iter().zip(batch));
+                    if let (Some(path), true) = (path, reclaim) {
+                        // The journal reclaims the segment: its name goes.
+                        let removed = storage.remove_file(&path).and_then(|()| storage.sync_dir("journal"));
+                        removed.map_err(|source| ChunkError::Io { path, source })?;
+                    }
                     Ok(())
                 })()
             }
@@ -220,6 +277,7 @@ fn chunk_store_keeps_every_durable_reference_through_deaths() {
         total.chunks_freed += case.chunks_freed;
         total.packs_rewritten += case.packs_rewritten;
         total.chunks_relocated += case.chunks_relocated;
+        total.chunks_adopted += case.chunks_adopted;
         total.deaths += case.deaths;
         total.counts_restored += case.counts_restored;
     }
@@ -230,9 +288,10 @@ fn chunk_store_keeps_every_durable_reference_through_deaths() {
                 && total.chunks_freed > 100
                 && total.packs_rewritten > 20
                 && total.chunks_relocated > 100
+                && total.chunks_adopted > 100
                 && total.deaths > 50
                 && total.counts_restored > 50),
-        "dedup, collection, repacking, relocation, deaths and saved counts must be exercised"
+        "dedup, collection, repacking, relocation, adoption, deaths and saved counts must be exercised"
     );
 }
 
@@ -676,4 +735,84 @@ fn relocate_lays_out_chunks_in_the_order_asked_once() {
         store.read(*id, &mut out).unwrap_or_else(|error| panic!("chunk {index} after a reopen: {error}"));
         assert!(&out == block, "chunk {index} reads other bytes after a reopen");
     }
+}
+
+/// History archived from a sealed journal segment on a real disk: the
+/// chunks that are new and do not compress stay where they lie (the file
+/// gets a second name in the packs' directory, nothing is copied), the
+/// rest are stored as always. They read back through the table after the
+/// journal lets its name go and after a reopen; damage in the segment is
+/// reported; collection copies the few live ones of a mostly dead adopted
+/// segment into a pack of its own and deletes the segment.
+#[test]
+fn a_sealed_journal_segment_is_adopted_for_what_neither_dedups_nor_compresses() {
+    use rewind_io::OsStorage;
+    const CHUNK: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
+    let mut rng = StdRng::seed_from_u64(7);
+    // 64 random blocks, 16 that compress, and the first 16 again.
+    let mut blocks: Vec<Vec<u8>> = (0..64).map(|_| random_block(&mut rng, CHUNK)).collect();
+    blocks.extend((0..16u32).map(|index| index.to_le_bytes().repeat(CHUNK / 4)));
+    blocks.extend_from_within(..16);
+    let path = write_segment(&*storage, 1, &blocks).unwrap();
+    let opened = |durable: &[(ChunkId, Vec<u8>)]| {
+        let store = ChunkStore::open(Arc::clone(&storage), "chunks", ChunkStoreConfig::default()).unwrap();
+        for (id, bytes) in durable {
+            store.mark(*id, bytes.len() as u32).unwrap();
+        }
+        store.finish_open(Counting::Exact).unwrap();
+        store
+    };
+    let store = opened(&[]);
+    let ids = put_session(&store, &blocks, Some(&path)).unwrap();
+    let durable: Vec<(ChunkId, Vec<u8>)> = ids.iter().copied().zip(blocks.iter().cloned()).collect();
+    let stats = store.stats();
+    assert_eq!((stats.chunks_written, stats.chunks_adopted, stats.dedup_hits), (80, 64, 16), "{stats:?}");
+    assert_eq!(stats.adopted_bytes, 64 * CHUNK as u64);
+    assert_eq!(stats.pack_count, 2, "the adopted segment and a pack of what compressed");
+    let packs = storage.list_dir("chunks/packs").unwrap();
+    let linked: Vec<&String> =
+        packs.iter().filter(|name| storage.link_count(&format!("chunks/packs/{name}")).unwrap() == 2).collect();
+    assert_eq!(linked.len(), 1, "{packs:?}");
+    let adopted = format!("chunks/packs/{}", linked[0]);
+    let pack_bytes = |name: &String| storage.open_file(&format!("chunks/packs/{name}"), OpenMode::Existing).unwrap();
+    let written: u64 =
+        packs.iter().filter(|name| *name != linked[0]).map(|name| pack_bytes(name).size_bytes().unwrap()).sum();
+    assert!(written < 16 * CHUNK as u64 / 4, "only what compressed was written: {written} bytes");
+    check_reads(&store, &durable, 7);
+    // The journal reclaims the segment; then the node restarts.
+    storage.remove_file(&path).unwrap();
+    assert_eq!(storage.link_count(&adopted).unwrap(), 1);
+    drop(store);
+    let store = opened(&durable);
+    check_reads(&store, &durable, 7);
+    // A flipped bit in an adopted chunk is reported, by a read and by a
+    // view's read of its neighbours.
+    let file = storage.open_file(&adopted, OpenMode::Existing).unwrap();
+    let at = (SEGMENT_HEADER_BYTES + 3 * CHUNK + 100) as u64;
+    let mut byte = [0];
+    file.read_exact_at(&mut byte, at).unwrap();
+    file.write_all_at(&[byte[0] ^ 0x08], at).unwrap();
+    let mut out = vec![0; CHUNK];
+    let error = store.read(ids[3], &mut out).unwrap_err();
+    assert!(matches!(error, ChunkError::Corrupt { .. }) && error.to_string().contains("CRC-32C"), "{error}");
+    let mut many = vec![0; 8 * CHUNK];
+    let error = store.read_many(&ids[..8], &mut many).unwrap_err();
+    assert!(matches!(error, ChunkError::Corrupt { .. }), "{error}");
+    file.write_all_at(&byte, at).unwrap();
+    // Most of the segment's chunks die: collection copies the rest out.
+    let kept: Vec<(ChunkId, Vec<u8>)> = durable[60..].to_vec();
+    {
+        let _gate = store.hold_references();
+        for (id, bytes) in &durable[..60] {
+            store.release(*id, bytes.len() as u32);
+        }
+    }
+    let report = store.collect(&mut |_, _, _| {}).unwrap();
+    assert!(report.packs_rewritten >= 1, "{report:?}");
+    assert!(!storage.exists(&adopted).unwrap(), "the adopted segment is deleted once rewritten");
+    check_reads(&store, &kept, 7);
+    drop(store);
+    check_reads(&opened(&kept), &kept, 7);
 }

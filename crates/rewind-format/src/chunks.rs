@@ -18,6 +18,8 @@ use crate::{crc32c, verify_crc, FormatError, Reader, Writer};
 pub const TABLE_SLOT_BYTES: usize = 64;
 pub const TABLE_MAGIC: u32 = u32::from_le_bytes(*b"RWCT");
 const SLOT_MAGIC: u32 = u32::from_le_bytes(*b"RWCS");
+/// The magic of a slot whose chunk is bare ([`TableSlot::bare_crc32c`]).
+const BARE_SLOT_MAGIC: u32 = u32::from_le_bytes(*b"RWCB");
 pub const FORMAT_VERSION: u32 = 1;
 
 /// Slot 0 of the chunk table: it names the file (ids start at 1).
@@ -47,6 +49,11 @@ pub struct TableSlot {
     pub offset: u32,
     pub stored_bytes: u32,
     pub raw_bytes: u32,
+    /// `Some` for a *bare* chunk: its raw bytes lie at `offset` as they are,
+    /// with no record around them — in a journal segment the chunk store
+    /// adopted as a pack — and this is their CRC-32C, which every read
+    /// checks as a record's CRC is checked.
+    pub bare_crc32c: Option<u32>,
 }
 
 impl TableSlot {
@@ -60,8 +67,8 @@ impl TableSlot {
             .u32(self.offset)
             .u32(self.stored_bytes)
             .u32(self.raw_bytes)
-            .u32(SLOT_MAGIC)
-            .u32(0);
+            .u32(if self.bare_crc32c.is_some() { BARE_SLOT_MAGIC } else { SLOT_MAGIC })
+            .u32(self.bare_crc32c.unwrap_or(0));
         assert_eq!(writer.len(), 60);
         let mut bytes: [u8; TABLE_SLOT_BYTES] = [0; TABLE_SLOT_BYTES];
         bytes[..60].copy_from_slice(&writer.into_bytes());
@@ -82,16 +89,30 @@ impl TableSlot {
         let stored = u32::from_le_bytes(bytes[60..].try_into().expect("4"));
         verify_crc(WHAT, stored, crate::crc32c_append(crc32c(&bytes[..60]), &id.0.to_le_bytes()))?;
         let mut reader = Reader::new(WHAT, bytes);
-        let slot = TableSlot {
+        let mut slot = TableSlot {
             hash: reader.take(32)?.try_into().expect("32 bytes"),
             pack: reader.u64()?,
             offset: reader.u32()?,
             stored_bytes: reader.u32()?,
             raw_bytes: reader.u32()?,
+            bare_crc32c: None,
         };
-        reader.magic(SLOT_MAGIC)?;
-        if reader.u32()? != 0 {
-            return Err(reader.invalid("reserved bytes 56..60 are not zero"));
+        match reader.u32()? {
+            SLOT_MAGIC => {
+                if reader.u32()? != 0 {
+                    return Err(reader.invalid("reserved bytes 56..60 are not zero"));
+                }
+            }
+            BARE_SLOT_MAGIC => {
+                slot.bare_crc32c = Some(reader.u32()?);
+                if slot.stored_bytes != slot.raw_bytes {
+                    return Err(reader.invalid(format!(
+                        "a bare chunk of {} stored / {} raw bytes: it is stored as it is",
+                        slot.stored_bytes, slot.raw_bytes
+                    )));
+                }
+            }
+            found => return Err(FormatError::BadMagic { what: WHAT, found }),
         }
         // Readers size buffers by these (found by fuzzing the pack footer,
         // which had the same hole).
@@ -503,16 +524,29 @@ mod tests {
 
     #[test]
     fn slots_round_trip_and_know_their_place() {
-        let slot = TableSlot { hash: [9; 32], pack: 1 << 40, offset: 4096, stored_bytes: 100, raw_bytes: 4096 };
-        let bytes = slot.encode(ChunkId(77));
-        assert_eq!(TableSlot::decode(&bytes, ChunkId(77)).unwrap(), Some(slot));
-        assert!(TableSlot::decode(&bytes, ChunkId(78)).is_err(), "a slot read for another id");
-        assert_eq!(TableSlot::decode(&[0; TABLE_SLOT_BYTES], ChunkId(5)).unwrap(), None);
-        for bit in 0..TABLE_SLOT_BYTES * 8 {
-            let mut damaged = bytes;
-            damaged[bit / 8] ^= 1 << (bit % 8);
-            assert!(TableSlot::decode(&damaged, ChunkId(77)).is_err(), "bit {bit}");
+        let slot = TableSlot {
+            hash: [9; 32],
+            pack: 1 << 40,
+            offset: 4096,
+            stored_bytes: 100,
+            raw_bytes: 4096,
+            bare_crc32c: None,
+        };
+        let bare = TableSlot { stored_bytes: 4096, bare_crc32c: Some(0xdead_beef), ..slot };
+        for slot in [slot, bare] {
+            let bytes = slot.encode(ChunkId(77));
+            assert_eq!(TableSlot::decode(&bytes, ChunkId(77)).unwrap(), Some(slot));
+            assert!(TableSlot::decode(&bytes, ChunkId(78)).is_err(), "a slot read for another id");
+            for bit in 0..TABLE_SLOT_BYTES * 8 {
+                let mut damaged = bytes;
+                damaged[bit / 8] ^= 1 << (bit % 8);
+                assert!(TableSlot::decode(&damaged, ChunkId(77)).is_err(), "bit {bit}");
+            }
         }
+        assert_eq!(TableSlot::decode(&[0; TABLE_SLOT_BYTES], ChunkId(5)).unwrap(), None);
+        let compressed_bare = TableSlot { stored_bytes: 100, ..bare };
+        let error = TableSlot::decode(&compressed_bare.encode(ChunkId(3)), ChunkId(3)).unwrap_err();
+        assert!(error.to_string().contains("stored as it is"), "{error}");
         decode_table_header(&encode_table_header()).unwrap();
     }
 

@@ -371,8 +371,14 @@ mod fuzz_regressions {
             let error = pack::FooterEntry::decode_all(&entry(stored, raw)).unwrap_err();
             assert!(error.to_string().contains("larger than a block can be"), "{error}");
         }
-        let slot =
-            |stored_bytes, raw_bytes| chunks::TableSlot { hash: [2; 32], pack: 3, offset: 64, stored_bytes, raw_bytes };
+        let slot = |stored_bytes, raw_bytes| chunks::TableSlot {
+            hash: [2; 32],
+            pack: 3,
+            offset: 64,
+            stored_bytes,
+            raw_bytes,
+            bare_crc32c: None,
+        };
         let id = rewind_types::ChunkId(9);
         assert!(chunks::TableSlot::decode(&slot(max, max).encode(id), id).is_ok());
         let error = chunks::TableSlot::decode(&slot(u32::MAX, 10).encode(id), id).unwrap_err();

@@ -200,6 +200,14 @@ impl Storage for CountingStorage {
         self.inner.rename(from, to)
     }
 
+    fn hard_link(&self, from: &str, to: &str) -> io::Result<()> {
+        self.inner.hard_link(from, to)
+    }
+
+    fn link_count(&self, path: &str) -> io::Result<u64> {
+        self.inner.link_count(path)
+    }
+
     fn list_dir(&self, dir: &str) -> io::Result<Vec<String>> {
         self.inner.list_dir(dir)
     }

@@ -151,6 +151,13 @@ pub trait Storage: Send + Sync {
     fn remove_dir_all(&self, dir: &str) -> io::Result<()>;
     /// Atomically replaces `to` with `from` (both in the same directory).
     fn rename(&self, from: &str, to: &str) -> io::Result<()>;
+    /// Gives the file `from` a second name, `to` (which must not exist),
+    /// durable once `to`'s directory is synced. Fails with
+    /// `ErrorKind::CrossesDevices` where the two are on different
+    /// filesystems.
+    fn hard_link(&self, from: &str, to: &str) -> io::Result<()>;
+    /// How many names the file `path` has.
+    fn link_count(&self, path: &str) -> io::Result<u64>;
     /// Names (not paths) of the entries directly inside `dir`, sorted.
     fn list_dir(&self, dir: &str) -> io::Result<Vec<String>>;
     fn exists(&self, path: &str) -> io::Result<bool>;

@@ -228,6 +228,14 @@ impl Storage for OsStorage {
         fs::rename(self.path(from), self.path(to))
     }
 
+    fn hard_link(&self, from: &str, to: &str) -> io::Result<()> {
+        fs::hard_link(self.path(from), self.path(to))
+    }
+
+    fn link_count(&self, path: &str) -> io::Result<u64> {
+        Ok(std::os::unix::fs::MetadataExt::nlink(&fs::metadata(self.path(path))?))
+    }
+
     fn list_dir(&self, dir: &str) -> io::Result<Vec<String>> {
         let mut names = Vec::new();
         for entry in fs::read_dir(self.path(dir))? {

@@ -778,6 +778,29 @@ impl Storage for SimStorage {
         Ok(())
     }
 
+    fn hard_link(&self, from: &str, to: &str) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.change()?;
+        if !state.dirs.contains(crate::parent_dir(to)) {
+            return Err(not_found(crate::parent_dir(to)));
+        }
+        if state.names.contains_key(to) {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{to} exists")));
+        }
+        let inode = *state.names.get(from).ok_or_else(|| not_found(from))?;
+        state.names.insert(to.to_owned(), inode);
+        let op = NamespaceOp { dir: dir_of(to), kind: NamespaceOpKind::Link { name: to.to_owned(), inode } };
+        state.namespace_pending.push(op);
+        Ok(())
+    }
+
+    fn link_count(&self, path: &str) -> io::Result<u64> {
+        let state = self.state.lock();
+        state.check_running()?;
+        let inode = *state.names.get(path).ok_or_else(|| not_found(path))?;
+        Ok(state.names.values().filter(|&&other| other == inode).count() as u64)
+    }
+
     fn list_dir(&self, dir: &str) -> io::Result<Vec<String>> {
         let state = self.state.lock();
         state.check_running()?;
@@ -862,6 +885,32 @@ mod tests {
         }
         assert_eq!(outcomes.len(), 2, "seeds 0..32 should both keep and lose the name");
         drop(storage);
+    }
+
+    #[test]
+    fn a_hard_link_shares_the_file_and_is_durable_once_its_directory_is_synced() {
+        let storage = SimStorage::new(SimConfig { write_survival: 0.0, ..SimConfig::default() }, 5);
+        storage.create_dir_all("a").unwrap();
+        storage.create_dir_all("b").unwrap();
+        let file = storage.open_file("a/f", OpenMode::CreateNew).unwrap();
+        file.write_all_at(&[7; 1000], 0).unwrap();
+        file.sync_data().unwrap();
+        storage.sync_dir("a").unwrap();
+        storage.hard_link("a/f", "b/g").unwrap();
+        assert_eq!(storage.link_count("a/f").unwrap(), 2);
+        assert_eq!(storage.used_bytes(), 1000, "one file, two names");
+        let error = storage.hard_link("a/f", "b/g").unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(storage.hard_link("a/none", "b/h").unwrap_err().kind(), io::ErrorKind::NotFound);
+        storage.sync_dir("b").unwrap();
+        storage.remove_file("a/f").unwrap();
+        storage.sync_dir("a").unwrap();
+        storage.crash();
+        let linked = storage.open_file("b/g", OpenMode::Existing).unwrap();
+        let mut bytes = [0; 1000];
+        linked.read_exact_at(&mut bytes, 0).unwrap();
+        assert_eq!(bytes, [7; 1000], "the bytes outlive the first name");
+        assert_eq!(storage.link_count("b/g").unwrap(), 1);
     }
 
     #[test]

@@ -2463,17 +2463,40 @@ impl Journal {
         })
     }
 
+    /// The path of segment `segment`'s file, for the chunk store to adopt as
+    /// a pack (history archived where it already lies, not copied), if
+    /// nothing will change it again: a later segment has started and has a
+    /// durable record (so no crash makes this one the last, whose tail
+    /// recovery cuts and the journal writes on), every record in it is
+    /// durable, and every one is older than `before` (an archive pass's
+    /// cutoff: the pass takes all that is left of it, and it adopts each
+    /// file once). Once adopted the file has a second name, and
+    /// [`Journal::reclaim`] only deletes the journal's: it never keeps it
+    /// as a spare, whose next segment would write over the pack.
+    pub fn sealed_segment(&self, segment: u32, before: Timestamp) -> Result<Option<String>, JournalError> {
+        let _reclaiming = self.reclaiming.lock();
+        if segment < self.segment_first.load(Ordering::Acquire) || segment + 1 > self.position_next().segment {
+            return Ok(None);
+        }
+        let next = self.segment_header(segment + 1)?;
+        let sealed = next.timestamp_before < before && next.lsn_first <= self.lsn_durable();
+        Ok(sealed.then(|| self.path(segment)))
+    }
+
     /// The time of the last record before `segment` (from its header).
     fn segment_timestamp_before(&self, segment: u32) -> Result<Timestamp, JournalError> {
+        Ok(self.segment_header(segment)?.timestamp_before)
+    }
+
+    fn segment_header(&self, segment: u32) -> Result<SegmentHeader, JournalError> {
         let mut header = [0; SEGMENT_HEADER_BYTES];
         // The newest segment's header may still be in memory.
         self.read(segment, 0, &mut header)?;
-        let header = SegmentHeader::decode(&header).map_err(|error| JournalError::Corrupt {
+        SegmentHeader::decode(&header).map_err(|error| JournalError::Corrupt {
             path: self.path(segment),
             offset: 0,
             reason: error.to_string(),
-        })?;
-        Ok(header.timestamp_before)
+        })
     }
 
     /// Reclaims the oldest segments that no one needs any more: those before
@@ -2481,8 +2504,10 @@ impl Journal {
     /// than `archived_before` (the version index refers to none of them).
     /// Each is kept as a spare segment file while fewer are kept than the
     /// journal lately started segments between two reclaims (`spares_wanted`,
-    /// as of `now`), else deleted, and spares beyond that are deleted too.
-    /// Returns the bytes reclaimed.
+    /// as of `now`), else deleted, and spares beyond that are deleted too —
+    /// but one the chunk store adopted ([`Journal::sealed_segment`]) only
+    /// loses the journal's name, its bytes now the store's. Returns the
+    /// bytes reclaimed.
     pub fn reclaim(&self, before: u32, archived_before: Timestamp, now: Timestamp) -> Result<u64, JournalError> {
         // Several threads reclaim (after checkpoints, after archive passes).
         let _reclaiming = self.reclaiming.lock();
@@ -2501,12 +2526,17 @@ impl Journal {
             }
             let wanted = *wanted.get_or_insert_with(|| self.spares_wanted(now));
             let path = self.path(segment);
-            freed += self.file(segment)?.size_bytes().map_err(self.segment_io_error(segment))?;
+            let size_bytes = self.file(segment)?.size_bytes().map_err(self.segment_io_error(segment))?;
+            // A file the chunk store adopted holds history: it is never reused.
+            let adopted = self.storage.link_count(&path).map_err(self.io_error(path.clone()))? > 1;
+            if !adopted {
+                freed += size_bytes;
+            }
             // Readers that looked a version up in this segment now get `Reclaimed`.
             self.segment_first.store(segment + 1, Ordering::Release);
             self.files.lock().remove(&segment);
             let spares = self.spares()?;
-            if spares.len() < wanted {
+            if spares.len() < wanted && !adopted {
                 let spare_path = format!("{}/{}", self.dir, spare_name(free_spare_number(&spares)));
                 self.storage.rename(&path, &spare_path).map_err(self.io_error(path))?;
                 self.spares_kept.store(spares.len() + 1, Ordering::Relaxed);

@@ -995,6 +995,54 @@ fn reclaim_keeps_as_many_spares_as_the_journal_lately_started_segments() {
     assert_eq!(spares(), 2);
 }
 
+/// A segment is offered for adoption only once nothing will change it: a
+/// later segment has a durable record, and all its records are older than
+/// the cutoff. A reclaim then deletes the journal's name of an adopted file
+/// and never keeps it as a spare, nor counts its bytes as freed.
+#[test]
+fn a_sealed_segment_is_offered_once_settled_and_an_adopted_one_is_never_a_spare() {
+    let storage = SimStorage::new(SimConfig::default(), 22);
+    storage.create_dir_all("packs").unwrap();
+    let config = JournalConfig { segment_bytes_max: 4_000, spare_segments_max: 4, ..JournalConfig::default() };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    let at = Timestamp::from_unix_nanos;
+    // Three 512-byte blocks per record: two records per segment.
+    let write = |step: u64| {
+        let data = vec![step as u8; 3 * BLOCK as usize];
+        journal.append_write(at(step), BlockIndex(0), &data, &mut Vec::new()).unwrap();
+    };
+    (1..=2).for_each(write);
+    assert_eq!(journal.sealed_segment(1, Timestamp::MAX).unwrap(), None, "the active segment");
+    write(3);
+    assert_eq!(journal.position_next().segment, 2);
+    assert_eq!(journal.sealed_segment(1, Timestamp::MAX).unwrap(), None, "segment 2 has no durable record yet");
+    journal.commit().unwrap();
+    assert_eq!(journal.sealed_segment(1, at(2)).unwrap(), None, "a record at the cutoff");
+    let path = journal.sealed_segment(1, at(3)).unwrap().expect("settled and older than the cutoff");
+    assert_eq!(path, "journal/00000001.seg");
+    assert_eq!(journal.sealed_segment(2, Timestamp::MAX).unwrap(), None, "the active segment");
+    (4..=6).for_each(write);
+    journal.commit().unwrap();
+    storage.hard_link(&path, "packs/adopted").unwrap();
+    let size_bytes = storage.open_file(&path, OpenMode::Existing).unwrap().size_bytes().unwrap();
+    // Segments 1 and 2 reclaimed: 2 becomes a spare, 1 only loses its name.
+    let freed = journal.reclaim(3, Timestamp::MAX, Timestamp::MIN).unwrap();
+    assert_eq!(freed, size_bytes, "segment 2's bytes alone");
+    let names = storage.list_dir("journal").unwrap();
+    assert_eq!(names.iter().filter(|name| name.starts_with("spare-")).count(), 1, "{names:?}");
+    assert!(!names.contains(&"00000001.seg".to_owned()), "{names:?}");
+    assert_eq!(storage.link_count("packs/adopted").unwrap(), 1);
+    assert_eq!(journal.sealed_segment(1, Timestamp::MAX).unwrap(), None, "reclaimed");
+    // The spare is taken by the next segment; the adopted file keeps its
+    // records.
+    (7..=8).for_each(write);
+    journal.commit().unwrap();
+    let mut header = [0; 64];
+    storage.open_file("packs/adopted", OpenMode::Existing).unwrap().read_exact_at(&mut header, 0).unwrap();
+    let header = rewind_format::journal::SegmentHeader::decode(&header).unwrap();
+    assert_eq!((header.segment, header.lsn_first), (1, Lsn(1)));
+}
+
 /// Writing a spare ahead meets a full disk: an error that passes, nothing
 /// poisoned, no half-written file left, and it works once space is back;
 /// what a crash left of an earlier attempt is removed first.
