@@ -822,3 +822,75 @@ fn collection_waits_for_writes_one_interval_at_most() {
     write_then_maintain(now);
     assert_eq!(collections(), before + 2, "collected after two intervals, written or not");
 }
+
+/// History written in runs is archived where it lies in the journal: a
+/// segment whose every record a pass takes is adopted by the chunk store,
+/// its new blocks that do not compress staying there as bare chunks, and
+/// the journal then only lets its own name go. Random 4 KiB writes and
+/// history that compresses are stored in packs as before. Every view reads
+/// what was written, before and after a crash, and after a collection.
+#[test]
+fn history_written_in_runs_is_archived_where_it_lies_in_the_journal() {
+    const BLOCK: usize = 4096;
+    const RUN: usize = 128 << 10;
+    let storage = SimStorage::new(SimConfig::default(), 5);
+    let mut config = archiving_at_once();
+    config.volume.journal.segment_bytes_max = 1 << 20;
+    config.volume.burst_quiet_nanos = 0;
+    let start = Timestamp::from_unix_nanos(1_000 * SECOND);
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 8 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    // 4 MiB in runs of noise; 256 random 4 KiB overwrites of noise; 1 MiB
+    // in runs that compress. Each phase's writes, and the state after it.
+    let fill = rewind_chunks::conformance::noise(1, 4 << 20);
+    let text: Vec<u8> = (0..RUN).map(|index| b"history that compresses "[index % 24]).collect();
+    let phases: [Vec<(usize, Vec<u8>)>; 3] = [
+        (0..fill.len() / RUN).map(|run| (run * RUN, fill[run * RUN..(run + 1) * RUN].to_vec())).collect(),
+        (0..256)
+            .map(|index| ((index * 7919 % 1024) * BLOCK, rewind_chunks::conformance::noise(100 + index as u64, BLOCK)))
+            .collect(),
+        (0..8).map(|run| ((4 << 20) + run * RUN, text.clone())).collect(),
+    ];
+    let mut model = vec![0u8; 8 << 20];
+    let mut at = start;
+    let mut states = Vec::new();
+    for phase in phases {
+        for (offset, bytes) in phase {
+            at = at.saturating_add_nanos(1_000);
+            volume.write(at, offset as u64, &bytes, Durability::Fua).unwrap();
+            model[offset..offset + bytes.len()].copy_from_slice(&bytes);
+        }
+        states.push((at, model.clone()));
+    }
+    let later = at.saturating_add_nanos(SECOND);
+    node.maintain(later).unwrap();
+    node.maintain_history(later).unwrap();
+    assert!(volume.stats().unwrap().archived_before > at, "everything is archived");
+    let stats = node.chunk_stats();
+    println!("{stats:?}");
+    // The last segment's are copied (a later one has not started), and so
+    // are the overwrites and the text.
+    assert!((512..=1024).contains(&stats.chunks_adopted), "of the 1024 blocks of noise in runs: {stats:?}");
+    assert_eq!(stats.adopted_bytes, stats.chunks_adopted * BLOCK as u64);
+    assert!(stats.chunks_written >= stats.chunks_adopted + 256, "the overwrites are stored: {stats:?}");
+    let check = |volume: &Arc<Volume>, when: &str| {
+        for (time, expected) in &states {
+            let mut bytes = vec![0; expected.len()];
+            volume.view(*time).unwrap().read(0, &mut bytes).unwrap();
+            assert!(bytes == *expected, "{when}: the view at {time:?} reads what was written");
+        }
+    };
+    check(&volume, "archived");
+    // The journal reclaims what it no longer needs; a crash; a collection.
+    node.maintain(later.saturating_add_nanos(SECOND)).unwrap();
+    node.maintain_history(later.saturating_add_nanos(SECOND)).unwrap();
+    drop(volume);
+    drop(node);
+    storage.crash();
+    let node = Node::open(Arc::new(storage.clone()), config).unwrap();
+    let volume = node.volume("v").unwrap();
+    check(&volume, "after a crash");
+    node.collect(&mut |_, _, _| {}).unwrap();
+    check(&volume, "after a collection");
+}

@@ -1181,6 +1181,10 @@ pub struct NodeReport {
     pub retained_fraction: f64,
     /// Since the server started.
     pub chunks_written: u64,
+    /// Of them, left where they lay in a journal segment the chunk store
+    /// adopted (history kept without a second copy), and their bytes.
+    pub chunks_adopted: u64,
+    pub adopted_bytes: u64,
     pub dedup_hits: u64,
     pub collections: u64,
     pub chunks_freed: u64,
@@ -1472,6 +1476,8 @@ impl NodeReport {
             versions_kept: kept,
             retained_fraction: ratio(kept, written),
             chunks_written: chunks.chunks_written,
+            chunks_adopted: chunks.chunks_adopted,
+            adopted_bytes: chunks.adopted_bytes,
             dedup_hits: chunks.dedup_hits,
             collections: chunks.collections,
             chunks_freed: chunks.chunks_freed,

@@ -178,7 +178,7 @@ fn render(node: &Node) -> String {
     }
     let chunks = node.chunk_stats();
     let space = node.space();
-    let node_families: [(&'static str, &'static str, &'static str, u64); 29] = [
+    let node_families: [(&'static str, &'static str, &'static str, u64); 30] = [
         ("rewind_disk_total_bytes", "gauge", "Size of the data directory's filesystem.", space.total_bytes),
         ("rewind_disk_free_bytes", "gauge", "Free space on the data directory's filesystem.", space.free_bytes),
         (
@@ -255,6 +255,12 @@ fn render(node: &Node) -> String {
             "counter",
             "Bytes the chunks stored took after compression.",
             chunks.stored_bytes_written,
+        ),
+        (
+            "rewind_chunk_adopted_bytes_total",
+            "counter",
+            "Raw bytes of the chunks stored that were left where they lay in an adopted journal segment.",
+            chunks.adopted_bytes,
         ),
         (
             "rewind_chunk_dedup_hits_total",

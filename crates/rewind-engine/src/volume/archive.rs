@@ -30,17 +30,31 @@
 //! sign of which past times will be read: a pass covering a fill, a
 //! bookmark and an overwrite then stores the bookmarked fill together.
 //!
+//! History that lies in the journal in runs (a write of 64 KiB or more)
+//! is not copied where copying buys nothing: a version whose bytes are new
+//! to the chunk store and do not compress, in a segment the pass takes all
+//! that is left of (every record older than the cutoff, all durable, a later
+//! segment started), stays where it is — the store adopts the segment file
+//! as a pack (a second name, no bytes written) and the chunk is *bare*
+//! (`ArchiveSession::put_from_journal`). The journal then only lets its
+//! own name go. Such history is in the order it was written, which for a
+//! run is block order; short writes (random 4 KiB ones) are stored in
+//! layers as above, where a view of a later time reads them together.
+//!
 //! A journal segment is deleted once recovery starts after it (the
 //! checkpoint) and its newest record is older than the cutoff (no index
 //! entry refers to it). A view that looked a version up in it just before
 //! sees `JournalError::Reclaimed` and looks again.
 
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rewind_chunks::{ArchiveSession, ChunkStore};
+use rewind_chunks::{ArchiveSession, ChunkStore, InSegment};
 use rewind_index::{ArchiveFailed, Archiver, IndexError, ReleaseHook, Thinning};
+use rewind_journal::Journal;
 use rewind_types::{ChunkId, Lsn, Timestamp, Version, VersionData};
+use rustc_hash::FxHashMap;
 
 use crate::volume::gather::{JournalGather, GATHER_BYTES_MAX};
 use crate::volume::HistoryWork;
@@ -155,10 +169,21 @@ fn archive_share_of_room(waiting: u64, room: u64) -> u64 {
     (share as u64).clamp(SHARE_LEAST, SHARE_WHOLE)
 }
 
+/// Versions written in runs of at least this many bytes, one after another
+/// in the journal, may stay there as bare chunks (see the module
+/// documentation): read in block order they are one sequential read, as a
+/// pack's layer is. A 64 KiB run read from the page cache costs no more per
+/// byte than a longer one.
+const ADOPT_RUN_BYTES_MIN: usize = 64 << 10;
+
 /// Stores the journal data of versions as chunks.
 struct JournalArchiver<'a> {
     volume: &'a Volume,
     session: Option<ArchiveSession<'a>>,
+    /// The pass's cutoff, and the segments looked at so far: their paths,
+    /// for those the chunk store may adopt.
+    cutoff: Timestamp,
+    sealed_segments: FxHashMap<u32, Option<String>>,
     gather: JournalGather,
     /// The volume's bookmarks' times, ascending, as the pass began, and the
     /// order in which a batch's versions are stored (`layered_order`).
@@ -181,6 +206,7 @@ impl JournalArchiver<'_> {
         let volume = self.volume;
         let block_bytes = volume.block_size().bytes() as usize;
         layered_order(versions, &self.bookmarks, &mut self.order);
+        let in_runs = in_journal_runs(versions, block_bytes);
         for part in self.order.chunks(GATHER_BYTES_MAX / block_bytes) {
             if volume.passes_wanted.stopping() {
                 self.stopped = true;
@@ -196,7 +222,20 @@ impl JournalArchiver<'_> {
                 version.data = if block.iter().all(|&byte| byte == 0) {
                     VersionData::Zero
                 } else {
-                    let id = session.put(block)?;
+                    let sealed = match version.data {
+                        VersionData::Journal { segment, offset } if in_runs[at] => {
+                            sealed_segment(&mut self.sealed_segments, &volume.journal, segment, self.cutoff)?
+                                .map(|path| (path, offset))
+                        }
+                        _ => None,
+                    };
+                    let id = match sealed {
+                        Some((path, offset)) => {
+                            let in_segment = InSegment { path, offset: u64::from(offset), crc32c: version.crc32c };
+                            session.put_from_journal(block, in_segment)?
+                        }
+                        None => session.put(block)?,
+                    };
                     self.added.push(id);
                     VersionData::Chunk(id)
                 };
@@ -205,6 +244,53 @@ impl JournalArchiver<'_> {
         }
         Ok(())
     }
+}
+
+/// The path of journal segment `segment` if the chunk store may adopt it
+/// in a pass with this `cutoff` (`Journal::sealed_segment`), asked once a
+/// pass.
+fn sealed_segment<'s>(
+    known: &'s mut FxHashMap<u32, Option<String>>,
+    journal: &Journal,
+    segment: u32,
+    cutoff: Timestamp,
+) -> Result<Option<&'s str>, EngineError> {
+    let path = match known.entry(segment) {
+        Entry::Occupied(known) => known.into_mut(),
+        Entry::Vacant(unknown) => unknown.insert(journal.sealed_segment(segment, cutoff)?),
+    };
+    Ok(path.as_deref())
+}
+
+/// Which of `versions` lie in the journal in runs of at least
+/// [`ADOPT_RUN_BYTES_MIN`]: each right after the one before in its segment.
+fn in_journal_runs(versions: &[Version], block_bytes: usize) -> Vec<bool> {
+    let run_min = (ADOPT_RUN_BYTES_MIN / block_bytes).max(1);
+    let mut placed: Vec<(u32, u32, usize)> = versions
+        .iter()
+        .enumerate()
+        .filter_map(|(at, version)| match version.data {
+            VersionData::Journal { segment, offset } => Some((segment, offset, at)),
+            _ => None,
+        })
+        .collect();
+    placed.sort_unstable();
+    let mut in_runs = vec![false; versions.len()];
+    let mut start = 0;
+    while start < placed.len() {
+        let mut end = start + 1;
+        while end < placed.len()
+            && placed[end].0 == placed[start].0
+            && u64::from(placed[end].1) == u64::from(placed[end - 1].1) + block_bytes as u64
+        {
+            end += 1;
+        }
+        if end - start >= run_min {
+            placed[start..end].iter().for_each(|&(_, _, at)| in_runs[at] = true);
+        }
+        start = end;
+    }
+    in_runs
 }
 
 /// The order in which to store `versions` (in key order: by block, then
@@ -410,6 +496,8 @@ impl Volume {
         let mut archiver = JournalArchiver {
             volume: self,
             session: Some(session),
+            cutoff,
+            sealed_segments: FxHashMap::default(),
             gather: JournalGather::default(),
             bookmarks: self.bookmark_times(),
             order: Vec::new(),
@@ -558,5 +646,30 @@ mod tests {
         // rest of their blocks' versions a layer down; a second bookmark
         // before it in the same runs does not count.
         assert_eq!(stored(&versions, &[4, 6]), [(0, 5), (1, 2), (2, 3), (0, 9), (2, 7), (0, 1)]);
+    }
+
+    #[test]
+    fn versions_one_after_another_in_the_journal_for_64_kib_are_in_runs() {
+        const BLOCK: u32 = 4096;
+        let in_journal = |block: u64, segment: u32, offset: u32| Version {
+            data: VersionData::Journal { segment, offset },
+            ..version(block, 1)
+        };
+        // Blocks 0..16 written at once; 16..31 too, but one block short;
+        // 40..56 in one write that spans two segments (16 in all, 8 in each).
+        let mut versions: Vec<Version> = (0..16).map(|block| in_journal(block, 1, 64 + block as u32 * BLOCK)).collect();
+        versions.extend((16..31).map(|block| in_journal(block, 2, 64 + block as u32 * BLOCK)));
+        versions.extend((40..48).map(|block| in_journal(block, 3, 900_000 + block as u32 * BLOCK)));
+        versions.extend((48..56).map(|block| in_journal(block, 4, 64 + block as u32 * BLOCK)));
+        // Written once each, apart: a random write pattern, and zeros.
+        versions.extend((60..80).map(|block| in_journal(block, 5, 64 + block as u32 * 2 * BLOCK)));
+        versions.push(version(90, 1));
+        let in_runs = in_journal_runs(&versions, BLOCK as usize);
+        let blocks_in_runs: Vec<u64> =
+            versions.iter().zip(&in_runs).filter(|(_, &run)| run).map(|(v, _)| v.block.0).collect();
+        assert_eq!(blocks_in_runs, (0..16).collect::<Vec<u64>>());
+        // With 512-byte blocks, 128 make a run; with 64 KiB blocks, one does.
+        assert!(in_journal_runs(&versions, 512).iter().all(|&run| !run));
+        assert_eq!(in_journal_runs(&versions[..3], 64 << 10), [true, true, true]);
     }
 }
