@@ -1184,7 +1184,6 @@ impl ChunkStore {
             unsealed: Vec::new(),
             sealed: Vec::new(),
             borrowed: Vec::new(),
-            adopted: FxHashMap::default(),
             new_ids: Vec::new(),
             done: false,
         })
@@ -2213,7 +2212,7 @@ fn finish_repack(
 
 /// Where an archived version's bytes lie in a sealed journal segment, for
 /// [`ArchiveSession::put_from_journal`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct InSegment<'a> {
     /// The segment file's path in the storage the node's stores share.
     pub path: &'a str,
@@ -2221,6 +2220,10 @@ pub struct InSegment<'a> {
     pub offset: u64,
     /// Their CRC-32C (the version's, which the caller checked them against).
     pub crc32c: u32,
+    /// The pack the store adopted the segment as, if it did (the caller
+    /// keeps it, so that a segment archived in parts is adopted once); set
+    /// when it is adopted.
+    pub adopted_as: &'a mut Option<u64>,
 }
 
 /// Puts chunks into the store: one archive pass of one volume. Chunks are
@@ -2240,8 +2243,6 @@ pub struct ArchiveSession<'a> {
     sealed: Vec<(ChunkId, TableSlot)>,
     /// Chunks borrowed from other nodes' packs (`crate::peers`).
     borrowed: Vec<(ChunkId, TableSlot)>,
-    /// The journal segments this session adopted, by path, and their packs.
-    adopted: FxHashMap<String, u64>,
     /// Ids this session handed out (their slots are written by `finish`).
     new_ids: Vec<ChunkId>,
     done: bool,
@@ -2257,8 +2258,10 @@ impl ArchiveSession<'_> {
     /// [`ArchiveSession::put`] of a version whose bytes lie `in_segment`, a
     /// sealed journal segment. Bytes that are new and do not compress are
     /// not copied: they stay where they are, a bare chunk of the segment,
-    /// which is adopted as a pack ([`PackStore::adopt`]) the first time.
-    /// What dedup or compression saves on is stored as `put` stores it.
+    /// which is adopted as a pack ([`PackStore::adopt`]) unless
+    /// `in_segment.adopted_as` names the pack it was adopted as and the
+    /// store still has it (then its bytes are that pack's). What dedup or
+    /// compression saves on is stored as `put` stores it.
     pub fn put_from_journal(&mut self, raw: &[u8], in_segment: InSegment<'_>) -> Result<ChunkId, ChunkError> {
         let result = self.put_inner(raw, Some(in_segment));
         result.map_err(|error| self.abandon_with(error))
@@ -2319,7 +2322,7 @@ impl ArchiveSession<'_> {
         let codec = self.compressor.compress(raw, &mut self.stored);
         if let (Codec::Raw, Some(in_segment)) = (codec, in_segment) {
             assert_eq!(crc32c(raw), in_segment.crc32c, "the caller checked the bytes against their CRC");
-            let pack = self.adopt(in_segment.path)?;
+            let pack = self.adopt(in_segment.path, in_segment.adopted_as)?;
             let offset = u32::try_from(in_segment.offset).expect("journal segments stay below 4 GiB");
             let slot = TableSlot {
                 hash,
@@ -2352,14 +2355,17 @@ impl ArchiveSession<'_> {
         Ok(id)
     }
 
-    /// The pack of the journal segment at `path`, adopted now if this
-    /// session has not yet: the file gets the pack's name, durably, and
-    /// its chunks' slots may then be written as any sealed pack's.
-    fn adopt(&mut self, path: &str) -> Result<u64, ChunkError> {
-        if let Some(&pack) = self.adopted.get(path) {
-            return Ok(pack);
-        }
+    /// The pack of the journal segment at `path`: `adopted_as`, if the
+    /// store still has that pack (collection deletes one whose chunks all
+    /// died), else adopted now — the file gets the pack's name, durably,
+    /// and its chunks' slots may then be written as any sealed pack's.
+    fn adopt(&mut self, path: &str, adopted_as: &mut Option<u64>) -> Result<u64, ChunkError> {
         let store = self.store;
+        if let Some(pack) = *adopted_as {
+            if store.state.lock().packs.get(&pack).is_some_and(|stats| stats.adopted) {
+                return Ok(pack);
+            }
+        }
         let pack = store.take_pack_number();
         let file = store.storage.open_file(path, OpenMode::Existing).map_err(ChunkError::io(path))?;
         let bytes = file.size_bytes().map_err(ChunkError::io(path))?;
@@ -2367,7 +2373,7 @@ impl ArchiveSession<'_> {
         store.packs.adopt(pack, path, &*file).map_err(ChunkError::sync_or_io(&located))?;
         tracing::debug!(%path, pack = %pack_name(pack), "adopted a journal segment as a pack");
         store.state.lock().packs.insert(pack, PackStats { adopted: true, ..PackStats::new(bytes) });
-        self.adopted.insert(path.to_owned(), pack);
+        *adopted_as = Some(pack);
         Ok(pack)
     }
 

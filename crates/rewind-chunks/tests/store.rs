@@ -120,15 +120,24 @@ fn write_segment(storage: &dyn Storage, segment: u32, blocks: &[Vec<u8>]) -> Res
     Ok(path)
 }
 
-/// Puts `blocks` in one session, from the segment at `path` if given.
-fn put_session(store: &ChunkStore, blocks: &[Vec<u8>], path: Option<&str>) -> Result<Vec<ChunkId>, ChunkError> {
+/// Puts `blocks` in one session, from the segment at `path` if given, where
+/// they are its blocks from `first` on (`adopted_as`: the pack the store
+/// adopted it as, if it did).
+fn put_session(
+    store: &ChunkStore,
+    blocks: &[Vec<u8>],
+    path: Option<&str>,
+    first: usize,
+    adopted_as: &mut Option<u64>,
+) -> Result<Vec<ChunkId>, ChunkError> {
     let mut session = store.session()?;
     let mut ids = Vec::new();
     for (index, bytes) in blocks.iter().enumerate() {
         ids.push(match path {
             Some(path) => {
-                let offset = (SEGMENT_HEADER_BYTES + index * bytes.len()) as u64;
-                session.put_from_journal(bytes, InSegment { path, offset, crc32c: rewind_format::crc32c(bytes) })?
+                let offset = (SEGMENT_HEADER_BYTES + (first + index) * bytes.len()) as u64;
+                let crc32c = rewind_format::crc32c(bytes);
+                session.put_from_journal(bytes, InSegment { path, offset, crc32c, adopted_as: &mut *adopted_as })?
             }
             None => session.put(bytes)?,
         });
@@ -186,7 +195,7 @@ fn run(seed: u64) -> Exercised {
                         false => None,
                     };
                     let adopted_before = store.stats().chunks_adopted;
-                    let ids = put_session(&store, &batch, path.as_deref())?;
+                    let ids = put_session(&store, &batch, path.as_deref(), 0, &mut None)?;
                     exercised.chunks_adopted += store.stats().chunks_adopted - adopted_before;
                     durable.extend(ids.into_iter().zip(batch));
                     if let (Some(path), true) = (path, reclaim) {
@@ -765,7 +774,11 @@ fn a_sealed_journal_segment_is_adopted_for_what_neither_dedups_nor_compresses() 
         store
     };
     let store = opened(&[]);
-    let ids = put_session(&store, &blocks, Some(&path)).unwrap();
+    // Archived in two sessions, as two passes would: adopted once.
+    let mut adopted_as = None;
+    let mut ids = put_session(&store, &blocks[..40], Some(&path), 0, &mut adopted_as).unwrap();
+    assert!(adopted_as.is_some());
+    ids.extend(put_session(&store, &blocks[40..], Some(&path), 40, &mut adopted_as).unwrap());
     let durable: Vec<(ChunkId, Vec<u8>)> = ids.iter().copied().zip(blocks.iter().cloned()).collect();
     let stats = store.stats();
     assert_eq!((stats.chunks_written, stats.chunks_adopted, stats.dedup_hits), (80, 64, 16), "{stats:?}");

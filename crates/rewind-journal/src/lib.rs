@@ -2466,21 +2466,23 @@ impl Journal {
     /// The path of segment `segment`'s file, for the chunk store to adopt as
     /// a pack (history archived where it already lies, not copied), if
     /// nothing will change it again: a later segment has started and has a
-    /// durable record (so no crash makes this one the last, whose tail
-    /// recovery cuts and the journal writes on), every record in it is
-    /// durable, and every one is older than `before` (an archive pass's
-    /// cutoff: the pass takes all that is left of it, and it adopts each
-    /// file once). Once adopted the file has a second name, and
+    /// durable record, so every record of this one is durable and no crash
+    /// makes it the last segment, whose tail recovery cuts and the journal
+    /// writes on. Once adopted the file has a second name, and
     /// [`Journal::reclaim`] only deletes the journal's: it never keeps it
     /// as a spare, whose next segment would write over the pack.
-    pub fn sealed_segment(&self, segment: u32, before: Timestamp) -> Result<Option<String>, JournalError> {
+    pub fn sealed_segment(&self, segment: u32) -> Result<Option<String>, JournalError> {
         let _reclaiming = self.reclaiming.lock();
         if segment < self.segment_first.load(Ordering::Acquire) || segment + 1 > self.position_next().segment {
             return Ok(None);
         }
-        let next = self.segment_header(segment + 1)?;
-        let sealed = next.timestamp_before < before && next.lsn_first <= self.lsn_durable();
+        let sealed = self.segment_header(segment + 1)?.lsn_first <= self.lsn_durable();
         Ok(sealed.then(|| self.path(segment)))
+    }
+
+    /// The oldest segment not reclaimed.
+    pub fn segment_first(&self) -> u32 {
+        self.segment_first.load(Ordering::Acquire)
     }
 
     /// The time of the last record before `segment` (from its header).

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rewind_chunks::{pack_name, LocalPackStore, PackWriter};
+use rewind_chunks::{pack_name, Compressor, LocalPackStore, PackWriter};
 use rewind_format::chunks::{
     bloom_bits, encode_dedup_page, encode_fence, encode_table_header, fence_key, DedupEntry, DedupRunHeader, TableSlot,
     DEDUP_ENTRIES_PER_PAGE, DEDUP_PAGE_BYTES,
@@ -174,8 +174,10 @@ fn index_run() {
 }
 
 fn chunks() {
-    let slot = TableSlot { hash: [9; 32], pack: 1, offset: 64, stored_bytes: 100, raw_bytes: 4096 };
+    let slot = TableSlot { hash: [9; 32], pack: 1, offset: 64, stored_bytes: 100, raw_bytes: 4096, bare_crc32c: None };
     write("chunk_table_slot", "slot", &[&[0], &77u64.to_le_bytes(), &slot.encode(ChunkId(77))]);
+    let bare = TableSlot { stored_bytes: 4096, bare_crc32c: Some(0x1234_5678), ..slot };
+    write("chunk_table_slot", "bare", &[&[0], &78u64.to_le_bytes(), &bare.encode(ChunkId(78))]);
     write("chunk_table_slot", "header", &[&[1], &encode_table_header()]);
     let table = [encode_table_header(), slot.encode(ChunkId(1)), [0; 64], slot.encode(ChunkId(3))].concat();
     write("chunk_table_slot", "table", &[&[2, 1, 2, 3, 4], &table]);
@@ -185,6 +187,8 @@ fn chunks() {
     let storage = Arc::new(SimStorage::new(SimConfig::default(), 1));
     let packs = LocalPackStore::open(Arc::clone(&storage) as Arc<dyn Storage>, "packs").unwrap();
     let mut writer = PackWriter::create(&packs, 7).unwrap();
+    let mut compressor = Compressor::new().unwrap();
+    let mut stored = Vec::new();
     let chunks: [Vec<u8>; 3] = [
         vec![5; 4096],
         (0..512u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect(),
@@ -192,7 +196,8 @@ fn chunks() {
     ];
     for (index, chunk) in chunks.iter().enumerate() {
         let hash: [u8; 32] = blake3_hash(chunk);
-        writer.add(ChunkId(index as u64 + 1), hash, chunk).unwrap();
+        let codec = compressor.compress(chunk, &mut stored);
+        writer.add_stored(ChunkId(index as u64 + 1), hash, codec, &stored, chunk.len() as u32).unwrap();
     }
     writer.seal().unwrap();
     let pack = read_file(&*storage, &format!("packs/{}", pack_name(7))).unwrap();

@@ -32,13 +32,14 @@
 //!
 //! History that lies in the journal in runs (a write of 64 KiB or more)
 //! is not copied where copying buys nothing: a version whose bytes are new
-//! to the chunk store and do not compress, in a segment the pass takes all
-//! that is left of (every record older than the cutoff, all durable, a later
-//! segment started), stays where it is — the store adopts the segment file
-//! as a pack (a second name, no bytes written) and the chunk is *bare*
-//! (`ArchiveSession::put_from_journal`). The journal then only lets its
-//! own name go. Such history is in the order it was written, which for a
-//! run is block order; short writes (random 4 KiB ones) are stored in
+//! to the chunk store and do not compress, in a sealed segment (a later one
+//! has a durable record), stays where it is — the store adopts the segment
+//! file as a pack (a second name, no bytes written; once, however many
+//! passes archive parts of it: `Volume::adopted_segments`) and the chunk is
+//! *bare* (`ArchiveSession::put_from_journal`, `Volume::put_version`, which
+//! the layouts that file history at destage use too). The journal then only
+//! lets its own name go. Such history is in the order it was written, which
+//! for a run is block order; short writes (random 4 KiB ones) are stored in
 //! layers as above, where a view of a later time reads them together.
 //!
 //! A journal segment is deleted once recovery starts after it (the
@@ -180,10 +181,9 @@ const ADOPT_RUN_BYTES_MIN: usize = 64 << 10;
 struct JournalArchiver<'a> {
     volume: &'a Volume,
     session: Option<ArchiveSession<'a>>,
-    /// The pass's cutoff, and the segments looked at so far: their paths,
-    /// for those the chunk store may adopt.
-    cutoff: Timestamp,
-    sealed_segments: FxHashMap<u32, Option<String>>,
+    /// The segments looked at so far: their paths, for those the chunk
+    /// store may adopt.
+    sealed_segments: SealedSegments,
     gather: JournalGather,
     /// The volume's bookmarks' times, ascending, as the pass began, and the
     /// order in which a batch's versions are stored (`layered_order`).
@@ -206,7 +206,7 @@ impl JournalArchiver<'_> {
         let volume = self.volume;
         let block_bytes = volume.block_size().bytes() as usize;
         layered_order(versions, &self.bookmarks, &mut self.order);
-        let in_runs = in_journal_runs(versions, block_bytes);
+        let in_runs = in_journal_runs(versions.iter().map(|version| version.data), block_bytes);
         for part in self.order.chunks(GATHER_BYTES_MAX / block_bytes) {
             if volume.passes_wanted.stopping() {
                 self.stopped = true;
@@ -222,20 +222,7 @@ impl JournalArchiver<'_> {
                 version.data = if block.iter().all(|&byte| byte == 0) {
                     VersionData::Zero
                 } else {
-                    let sealed = match version.data {
-                        VersionData::Journal { segment, offset } if in_runs[at] => {
-                            sealed_segment(&mut self.sealed_segments, &volume.journal, segment, self.cutoff)?
-                                .map(|path| (path, offset))
-                        }
-                        _ => None,
-                    };
-                    let id = match sealed {
-                        Some((path, offset)) => {
-                            let in_segment = InSegment { path, offset: u64::from(offset), crc32c: version.crc32c };
-                            session.put_from_journal(block, in_segment)?
-                        }
-                        None => session.put(block)?,
-                    };
+                    let id = volume.put_version(session, version, block, in_runs[at], &mut self.sealed_segments)?;
                     self.added.push(id);
                     VersionData::Chunk(id)
                 };
@@ -246,36 +233,39 @@ impl JournalArchiver<'_> {
     }
 }
 
-/// The path of journal segment `segment` if the chunk store may adopt it
-/// in a pass with this `cutoff` (`Journal::sealed_segment`), asked once a
-/// pass.
+/// The journal segments an archive pass or a destage looked at, by number:
+/// the path of each the chunk store may adopt (`Journal::sealed_segment`),
+/// asked once each.
+pub(super) type SealedSegments = FxHashMap<u32, Option<String>>;
+
+/// The path of journal segment `segment` if the chunk store may adopt it.
 fn sealed_segment<'s>(
-    known: &'s mut FxHashMap<u32, Option<String>>,
+    known: &'s mut SealedSegments,
     journal: &Journal,
     segment: u32,
-    cutoff: Timestamp,
 ) -> Result<Option<&'s str>, EngineError> {
     let path = match known.entry(segment) {
         Entry::Occupied(known) => known.into_mut(),
-        Entry::Vacant(unknown) => unknown.insert(journal.sealed_segment(segment, cutoff)?),
+        Entry::Vacant(unknown) => unknown.insert(journal.sealed_segment(segment)?),
     };
     Ok(path.as_deref())
 }
 
-/// Which of `versions` lie in the journal in runs of at least
+/// Which versions (by their `data`) lie in the journal in runs of at least
 /// [`ADOPT_RUN_BYTES_MIN`]: each right after the one before in its segment.
-fn in_journal_runs(versions: &[Version], block_bytes: usize) -> Vec<bool> {
+pub(super) fn in_journal_runs(data: impl Iterator<Item = VersionData>, block_bytes: usize) -> Vec<bool> {
     let run_min = (ADOPT_RUN_BYTES_MIN / block_bytes).max(1);
-    let mut placed: Vec<(u32, u32, usize)> = versions
-        .iter()
+    let mut count = 0;
+    let mut placed: Vec<(u32, u32, usize)> = data
         .enumerate()
-        .filter_map(|(at, version)| match version.data {
+        .inspect(|_| count += 1)
+        .filter_map(|(at, data)| match data {
             VersionData::Journal { segment, offset } => Some((segment, offset, at)),
             _ => None,
         })
         .collect();
     placed.sort_unstable();
-    let mut in_runs = vec![false; versions.len()];
+    let mut in_runs = vec![false; count];
     let mut start = 0;
     while start < placed.len() {
         let mut end = start + 1;
@@ -496,8 +486,7 @@ impl Volume {
         let mut archiver = JournalArchiver {
             volume: self,
             session: Some(session),
-            cutoff,
-            sealed_segments: FxHashMap::default(),
+            sealed_segments: SealedSegments::default(),
             gather: JournalGather::default(),
             bookmarks: self.bookmark_times(),
             order: Vec::new(),
@@ -539,6 +528,29 @@ impl Volume {
         Some(cutoff)
     }
 
+    /// Stores `block`, the bytes of `version` (checked against its CRC), in
+    /// `session` and returns its chunk: left where it lies if `in_run` and
+    /// its journal segment is sealed (`ArchiveSession::put_from_journal`,
+    /// which stores it anyway if it dedups or compresses), else copied.
+    pub(super) fn put_version(
+        &self,
+        session: &mut ArchiveSession<'_>,
+        version: &Version,
+        block: &[u8],
+        in_run: bool,
+        sealed: &mut SealedSegments,
+    ) -> Result<ChunkId, EngineError> {
+        if let (VersionData::Journal { segment, offset }, true) = (version.data, in_run) {
+            if let Some(path) = sealed_segment(sealed, &self.journal, segment)? {
+                let mut adopted = self.adopted_segments.lock();
+                let adopted_as = adopted.entry(segment).or_default();
+                let in_segment = InSegment { path, offset: u64::from(offset), crc32c: version.crc32c, adopted_as };
+                return Ok(session.put_from_journal(block, in_segment)?);
+            }
+        }
+        Ok(session.put(block)?)
+    }
+
     /// Deletes the journal segments recovery no longer needs and the index
     /// no longer refers to (keeping spares as of `now`). Returns whether it
     /// deleted any.
@@ -549,6 +561,8 @@ impl Volume {
             false => self.index.archived_before(),
         };
         let freed = self.journal.reclaim(replay_segment, unreferenced_before, now)?;
+        let first = self.journal.segment_first();
+        self.adopted_segments.lock().retain(|&segment, _| segment >= first);
         self.counters.journal_bytes_reclaimed.fetch_add(freed, Ordering::Relaxed);
         Ok(freed > 0)
     }
@@ -664,12 +678,13 @@ mod tests {
         // Written once each, apart: a random write pattern, and zeros.
         versions.extend((60..80).map(|block| in_journal(block, 5, 64 + block as u32 * 2 * BLOCK)));
         versions.push(version(90, 1));
-        let in_runs = in_journal_runs(&versions, BLOCK as usize);
+        let data = |versions: &[Version]| versions.iter().map(|version| version.data).collect::<Vec<_>>();
+        let in_runs = in_journal_runs(data(&versions).into_iter(), BLOCK as usize);
         let blocks_in_runs: Vec<u64> =
             versions.iter().zip(&in_runs).filter(|(_, &run)| run).map(|(v, _)| v.block.0).collect();
         assert_eq!(blocks_in_runs, (0..16).collect::<Vec<u64>>());
         // With 512-byte blocks, 128 make a run; with 64 KiB blocks, one does.
-        assert!(in_journal_runs(&versions, 512).iter().all(|&run| !run));
-        assert_eq!(in_journal_runs(&versions[..3], 64 << 10), [true, true, true]);
+        assert!(in_journal_runs(data(&versions).into_iter(), 512).iter().all(|&run| !run));
+        assert_eq!(in_journal_runs(data(&versions[..3]).into_iter(), 64 << 10), [true, true, true]);
     }
 }

@@ -30,6 +30,7 @@
 use rewind_format::current::{BlockMeta, BlockState};
 use rewind_types::{ChunkId, Timestamp, Version, VersionData};
 
+use crate::volume::archive::{in_journal_runs, SealedSegments};
 use crate::volume::Pending;
 use crate::{EngineError, Volume};
 
@@ -73,7 +74,9 @@ impl Volume {
             };
             let mut copies = Vec::with_capacity(wanted.len());
             let mut block = vec![0u8; self.block_size().bytes() as usize];
-            for (version, origin) in wanted {
+            let in_runs = in_journal_runs(wanted.iter().map(|(version, _)| version.data), block.len());
+            let mut sealed = SealedSegments::default();
+            for ((version, origin), in_run) in wanted.into_iter().zip(in_runs) {
                 let already = self.index.find_le(version.block.0, version.timestamp)?;
                 if already.is_some_and(|filed| filed.timestamp == version.timestamp) {
                     continue;
@@ -84,7 +87,13 @@ impl Volume {
                         self.read_for_copy(&version, origin, &mut block)?;
                         match block.iter().all(|&byte| byte == 0) {
                             true => VersionData::Zero,
-                            false => VersionData::Chunk(session.put(&block)?),
+                            false => VersionData::Chunk(self.put_version(
+                                &mut session,
+                                &version,
+                                &block,
+                                in_run,
+                                &mut sealed,
+                            )?),
                         }
                     }
                 };

@@ -317,6 +317,10 @@ pub struct Volume {
     poisoned: Mutex<Option<String>>,
     closed: AtomicBool,
     history: History,
+    /// The packs the chunk store adopted journal segments as, by segment,
+    /// since the volume opened (see `archive.rs`): a segment archived in
+    /// parts is adopted once. Forgotten as the journal reclaims them.
+    adopted_segments: Mutex<FxHashMap<u32, Option<u64>>>,
     space: Mutex<Option<crate::VolumeSpace>>,
     /// What the last measurement of `space` counted (see `space.rs`).
     space_tally: Mutex<Option<space::SpaceTally>>,

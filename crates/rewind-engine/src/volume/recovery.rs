@@ -172,6 +172,7 @@ impl Volume {
             poisoned: Mutex::new(None),
             closed: AtomicBool::new(false),
             history,
+            adopted_segments: Mutex::default(),
             space: Mutex::new(None),
             space_tally: Mutex::new(None),
             counters: Counters::default(),
