@@ -8,6 +8,8 @@
 
 use std::io;
 
+use rewind_io::{OpenMode, Storage};
+
 use crate::pack_store::{Fault, FaultyPackStore, PackStore};
 
 /// `length` bytes that neither compress nor repeat, different for every
@@ -60,6 +62,38 @@ fn listed(store: &dyn PackStore, first: u64) -> Vec<u64> {
     let packs = store.list().expect("list");
     assert!(packs.windows(2).all(|pair| pair[0].pack < pair[1].pack), "listed in number order: {packs:?}");
     packs.iter().map(|stored| stored.pack).filter(|&pack| pack >= first).collect()
+}
+
+/// [`PackStore::adopt`]: a sealed file of `storage` (written here, in `dir`)
+/// taken whole as pack `first`, read back, refused under a taken number,
+/// and deleted without touching the file's own name. `links`: the store
+/// keeps its packs as files of `storage` and takes the file by a second
+/// name rather than a copy.
+pub fn check_adopt(store: &dyn PackStore, storage: &dyn Storage, dir: &str, first: u64, links: bool) {
+    assert!(listed(store, first).is_empty(), "the suite starts from no packs at or after {first}");
+    storage.create_dir_all(dir).unwrap();
+    let path = format!("{dir}/adopted-{first}");
+    let bytes = contents(first, 9, (3 << 20) + 1_234);
+    let file = storage.open_file(&path, OpenMode::CreateNew).unwrap();
+    file.write_all_at(&bytes, 0).unwrap();
+    file.sync_data().unwrap();
+    storage.sync_dir(dir).unwrap();
+    let generation = store.adopt(first, &path, &*file).expect("adopt the file");
+    let stat = store.stat(first).expect("stat the adopted pack");
+    assert_eq!((stat.bytes, &stat.generation), (bytes.len() as u64, &generation));
+    assert_eq!(read(store, first, 0, bytes.len()).unwrap(), bytes, "the whole file");
+    assert_eq!(read(store, first, 1 << 20, 5_000).unwrap(), bytes[1 << 20..(1 << 20) + 5_000], "a range");
+    assert_eq!(listed(store, first), vec![first]);
+    assert_eq!(storage.link_count(&path).unwrap(), if links { 2 } else { 1 }, "a second name, or a copy");
+    assert_eq!(kind(store.adopt(first, &path, &*file)), io::ErrorKind::AlreadyExists, "a taken number");
+    assert_eq!(read(store, first, 0, bytes.len()).unwrap(), bytes, "the refused adoption changed nothing");
+    store.delete(first).expect("delete the adopted pack");
+    assert_eq!(listed(store, first), Vec::<u64>::new());
+    let mut left = vec![0; bytes.len()];
+    file.read_exact_at(&mut left, 0).unwrap();
+    assert_eq!(left, bytes, "the file keeps its bytes under its own name");
+    assert_eq!(storage.link_count(&path).unwrap(), 1);
+    storage.remove_file(&path).unwrap();
 }
 
 /// The contract every store keeps; `large` (at least 64 bytes) is the size

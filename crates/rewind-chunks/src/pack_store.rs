@@ -275,8 +275,14 @@ impl PackStore for LocalPackStore {
 
     fn adopt(&self, pack: u64, path: &str, file: &dyn File) -> io::Result<Generation> {
         match self.storage.hard_link(path, &self.path(pack)) {
-            Err(error) if error.kind() == io::ErrorKind::CrossesDevices => {
-                tracing::info!(%path, dir = %self.dir, "the journal and the packs are on different filesystems: an adopted segment is copied");
+            // Other filesystems, or one without hard links: a copy.
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::CrossesDevices | io::ErrorKind::Unsupported | io::ErrorKind::PermissionDenied
+                ) =>
+            {
+                tracing::info!(%path, dir = %self.dir, %error, "cannot give a journal segment a second name among the packs: it is copied");
                 return copy_into(self, pack, file);
             }
             linked => linked?,

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use rewind_chunks::conformance::{check_faults, check_store};
+use rewind_chunks::conformance::{check_adopt, check_faults, check_store};
 use rewind_chunks::meta_store::{check_meta_store, MetaStore, Within};
 use rewind_chunks::pack_store::{Fault, FaultyPackStore};
 use rewind_chunks::tiered::{TierConfig, TieredPackStore};
@@ -20,6 +20,7 @@ fn the_local_pack_store_keeps_the_contract_on_a_real_filesystem() {
     let storage: Arc<dyn Storage> = Arc::new(OsStorage::new(dir.path()).unwrap());
     let store = LocalPackStore::open(Arc::clone(&storage), "packs").unwrap();
     check_store(&store, 1, 12 << 20);
+    check_adopt(&store, &*storage, "journal", 100, true);
     let left: Vec<String> = storage.list_dir("packs").unwrap();
     assert!(left.is_empty(), "no upload leaves a file behind: {left:?}");
 }
@@ -180,8 +181,10 @@ fn two_tiers(config: TierConfig) -> (tempfile::TempDir, Arc<dyn PackStore>, Arc<
 
 #[test]
 fn the_tiered_pack_store_keeps_the_contract() {
-    let (_dir, _, _, tiered) = two_tiers(TierConfig::default());
+    let (dir, _, _, tiered) = two_tiers(TierConfig::default());
     check_store(&tiered, 1, 3 << 20);
+    let storage = OsStorage::new(dir.path()).unwrap();
+    check_adopt(&tiered, &storage, "journal", 100, true);
 }
 
 fn put(store: &dyn PackStore, pack: u64, byte: u8, bytes: usize) {

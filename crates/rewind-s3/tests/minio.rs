@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rewind_chunks::conformance::{check_faults, check_store};
+use rewind_chunks::conformance::{check_adopt, check_faults, check_store};
 use rewind_chunks::meta_store::check_meta_store;
 use rewind_chunks::pack_store::FaultyPackStore;
 use rewind_chunks::PackStore;
@@ -51,6 +51,9 @@ fn the_s3_pack_store_keeps_the_contract_on_minio() {
     let store = minio.store("node-a");
     // 40 MiB: past one pack's target size of 32 MiB.
     check_store(&store, 1, 40 << 20);
+    // An adopted journal segment is uploaded as any pack.
+    let source = tempfile::tempdir().unwrap();
+    check_adopt(&store, &rewind_io::OsStorage::new(source.path()).unwrap(), "journal", 100, false);
     // Under another prefix, a store sees none of the first one's packs.
     let other = minio.store("node-b");
     check_store(&other, 1, 1 << 20);

@@ -7,7 +7,7 @@
 use std::io;
 use std::sync::Arc;
 
-use rewind_chunks::conformance::{check_store, noise};
+use rewind_chunks::conformance::{check_adopt, check_store, noise};
 use rewind_chunks::meta_store::check_meta_store;
 use rewind_chunks::{LocalMetaStore, LocalPackStore, MetaStore, PackStore};
 use rewind_io::{OsStorage, Storage};
@@ -51,6 +51,9 @@ fn sealed_stores_keep_the_contracts() {
     // Past several segments, and an exact multiple of one.
     check_store(&*packs, 1, 3 << 20);
     check_store(&*packs, 100, 128 << 10);
+    // An adopted journal segment is sealed as it is copied in, never linked.
+    let source = tempfile::tempdir().unwrap();
+    check_adopt(&*packs, &OsStorage::new(source.path()).unwrap(), "journal", 200, false);
     check_meta_store(&*meta, "catalogs");
 }
 

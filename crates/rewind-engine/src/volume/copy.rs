@@ -16,7 +16,8 @@
 //! - **SplitStream** and **SplitDownStream** (IBM §2.5–2.6): every version
 //!   the destager lets go — each the overlay supersedes that history keeps,
 //!   and the one it destages — is written to the chunk store from the
-//!   journal; the current store's version is already there. (Versions the
+//!   journal (or left there: `Volume::put_version`); the current
+//!   store's version is already there. (Versions the
 //!   window later supersedes are dropped by thinning: that is the paper's
 //!   d ≥ r.) SplitDownStream writes the kept superseded ones to the current
 //!   store too, in order, before the newest.
