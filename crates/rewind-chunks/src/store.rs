@@ -1962,6 +1962,13 @@ impl ChunkStore {
         Ok(())
     }
 
+    /// Counts a chunk stored: its raw and its stored bytes.
+    fn count_written(&self, raw_bytes: u32, stored_bytes: u32) {
+        self.counters.chunks_written.fetch_add(1, Ordering::Relaxed);
+        self.counters.raw_bytes_written.fetch_add(u64::from(raw_bytes), Ordering::Relaxed);
+        self.counters.stored_bytes_written.fetch_add(u64::from(stored_bytes), Ordering::Relaxed);
+    }
+
     /// A number for a new pack of this node.
     fn take_pack_number(&self) -> u64 {
         let mut state = self.state.lock();
@@ -2317,8 +2324,6 @@ impl ArchiveSession<'_> {
             }
             id
         };
-        store.counters.chunks_written.fetch_add(1, Ordering::Relaxed);
-        store.counters.raw_bytes_written.fetch_add(u64::from(raw_bytes), Ordering::Relaxed);
         let codec = self.compressor.compress(raw, &mut self.stored);
         if let (Codec::Raw, Some(in_segment)) = (codec, in_segment) {
             assert_eq!(crc32c(raw), in_segment.crc32c, "the caller checked the bytes against their CRC");
@@ -2337,7 +2342,7 @@ impl ArchiveSession<'_> {
             state.held_raw_bytes += u64::from(raw_bytes);
             state.held_stored_bytes += u64::from(raw_bytes);
             self.sealed.push((id, slot));
-            store.counters.stored_bytes_written.fetch_add(u64::from(raw_bytes), Ordering::Relaxed);
+            store.count_written(raw_bytes, raw_bytes);
             store.counters.chunks_adopted.fetch_add(1, Ordering::Relaxed);
             store.counters.adopted_bytes.fetch_add(u64::from(raw_bytes), Ordering::Relaxed);
             return Ok(id);
@@ -2348,7 +2353,7 @@ impl ArchiveSession<'_> {
         let writer = self.writer.as_mut().expect("opened above");
         let location = writer.add_stored(id, hash, codec, &self.stored, raw_bytes)?;
         self.unsealed.push((id, slot_of(hash, location)));
-        store.counters.stored_bytes_written.fetch_add(u64::from(location.stored_bytes), Ordering::Relaxed);
+        store.count_written(raw_bytes, location.stored_bytes);
         if writer.bytes() >= store.config.pack_bytes_target {
             self.seal()?;
         }

@@ -253,12 +253,11 @@ fn sealed_segment<'s>(
 
 /// Which versions (by their `data`) lie in the journal in runs of at least
 /// [`ADOPT_RUN_BYTES_MIN`]: each right after the one before in its segment.
-pub(super) fn in_journal_runs(data: impl Iterator<Item = VersionData>, block_bytes: usize) -> Vec<bool> {
+pub(super) fn in_journal_runs(data: impl ExactSizeIterator<Item = VersionData>, block_bytes: usize) -> Vec<bool> {
     let run_min = (ADOPT_RUN_BYTES_MIN / block_bytes).max(1);
-    let mut count = 0;
+    let count = data.len();
     let mut placed: Vec<(u32, u32, usize)> = data
         .enumerate()
-        .inspect(|_| count += 1)
         .filter_map(|(at, data)| match data {
             VersionData::Journal { segment, offset } => Some((segment, offset, at)),
             _ => None,
