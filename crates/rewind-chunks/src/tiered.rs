@@ -35,9 +35,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
-use rustc_hash::FxHashSet;
-
 use rewind_io::File;
+use rustc_hash::FxHashSet;
 
 use crate::pack_store::{read_then_scatter, Generation, PackStore, PackUpload, StoredPack};
 use crate::peers::pack_owner;
