@@ -718,6 +718,18 @@ impl Placement {
     }
 }
 
+impl TieredPackStore {
+    /// Fails with `AlreadyExists` if pack number `pack` is taken: packs are
+    /// written once.
+    fn refuse_taken(&self, pack: u64) -> io::Result<()> {
+        if !self.placements.lock().contains_key(&pack) {
+            return Ok(());
+        }
+        let message = format!("{} already exists; packs are written once", self.locate(pack));
+        Err(io::Error::new(io::ErrorKind::AlreadyExists, message))
+    }
+}
+
 impl PackStore for TieredPackStore {
     fn locate(&self, pack: u64) -> String {
         match self.placements.lock().get(&pack) {
@@ -728,20 +740,14 @@ impl PackStore for TieredPackStore {
     }
 
     fn create(&self, pack: u64) -> io::Result<Box<dyn PackUpload>> {
-        if self.placements.lock().contains_key(&pack) {
-            let message = format!("{} already exists; packs are written once", self.locate(pack));
-            return Err(io::Error::new(io::ErrorKind::AlreadyExists, message));
-        }
+        self.refuse_taken(pack)?;
         let inner = self.local.create(pack)?;
         let (placements, waker) = (Arc::clone(&self.placements), Arc::clone(&self.waker));
         Ok(Box::new(TieredUpload { inner, pack, placements, waker }))
     }
 
     fn adopt(&self, pack: u64, path: &str, file: &dyn File) -> io::Result<Generation> {
-        if self.placements.lock().contains_key(&pack) {
-            let message = format!("{} already exists; packs are written once", self.locate(pack));
-            return Err(io::Error::new(io::ErrorKind::AlreadyExists, message));
-        }
+        self.refuse_taken(pack)?;
         let generation = self.local.adopt(pack, path, file)?;
         let stored = self.local.stat(pack)?;
         sealed_locally(&self.placements, &self.waker, &stored);
