@@ -122,7 +122,7 @@ def main():
             while True:
                 now = stats()
                 if (now["versions_pending_destage"] == 0 and now.get("versions_in_journal", 0) == 0
-                        and now.get("bookmarks_awaiting_layout", 0) == 0):
+                        and now.get("bookmarks_awaiting_layout", 0) == 0 and now.get("journal_spares_owed", 0) == 0):
                     break
                 time.sleep(0.05)
             print(f"settled in {time.perf_counter() - start:.1f} s", flush=True)

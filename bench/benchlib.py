@@ -86,8 +86,10 @@ def wait_archived(http, volume, timeout_seconds=600):
     everything just written, which takes both cores for a while; passes run
     every `--archive-interval`, sooner while 64 MiB waits) and every write
     destaged, and every bookmark's history laid out in block order (the
-    server does that once it is archived). So a measurement that follows
-    does not share the CPU with it by chance. Returns the volume's stats."""
+    server does that once it is archived), and the journal's spares written
+    in place of the segment files the chunk store adopted. So a measurement
+    that follows does not share the CPU or the disk with it by chance.
+    Returns the volume's stats."""
     deadline = time.monotonic() + timeout_seconds
     while True:
         stats = api(http, "GET", f"/v1/volumes/{volume}/stats")
@@ -95,7 +97,8 @@ def wait_archived(http, volume, timeout_seconds=600):
         pending_destage = info["stats"]["versions_pending_destage"]
         archived = stats["versions_in_journal"] == 0 or info["layout"] in HISTORY_AT_DESTAGE
         laid_out = info["stats"].get("bookmarks_awaiting_layout", 0) == 0
-        if archived and pending_destage == 0 and laid_out:
+        spares_written = info["stats"].get("journal_spares_owed", 0) == 0
+        if archived and pending_destage == 0 and laid_out and spares_written:
             return stats
         if time.monotonic() > deadline:
             raise RuntimeError(f"archiving of {volume} did not finish in {timeout_seconds} s: {stats}")

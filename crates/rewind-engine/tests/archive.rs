@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rewind_engine::{
     BlockSize, Durability, Layout, LayoutRules, Node, NodeConfig, Timestamp, Volume, VolumeName, VolumeSpec,
 };
-use rewind_io::{SimConfig, SimStorage};
+use rewind_io::{SimConfig, SimStorage, Storage};
 use rewind_types::BlockIndex;
 
 const SECOND: u64 = 1_000_000_000;
@@ -846,6 +846,9 @@ fn archived_where_it_lies(layout: Layout) {
     let mut config = archiving_at_once();
     config.volume.journal.segment_bytes_max = 1 << 20;
     config.volume.burst_quiet_nanos = 0;
+    // A checkpoint at every pass, so that the journal reclaims what it no
+    // longer needs.
+    config.volume.checkpoint_interval_nanos = 1;
     let start = Timestamp::from_unix_nanos(1_000 * SECOND);
     let node = Node::open(Arc::new(storage.clone()), config).unwrap();
     let spec = VolumeSpec {
@@ -902,6 +905,14 @@ fn archived_where_it_lies(layout: Layout) {
     // The journal reclaims what it no longer needs; a crash; a collection.
     node.maintain(later.saturating_add_nanos(SECOND)).unwrap();
     node.maintain_history(later.saturating_add_nanos(SECOND)).unwrap();
+    // The adopted files are never reused: spares are written in their
+    // place, the volume being quiet, for the next burst.
+    let journal = storage.list_dir("volumes/v/journal").unwrap();
+    let spares = journal.iter().filter(|name| name.starts_with("spare-")).count();
+    println!("journal after reclaiming: {journal:?}");
+    assert_eq!(volume.stats().unwrap().journal_spares_owed, 0, "written ahead at once");
+    // Segments 1..=6 were let go, two or more adopted (512 or more chunks).
+    assert_eq!(spares, 6, "one per segment reclaimed, reused or written ahead: {journal:?}");
     drop(volume);
     drop(node);
     storage.crash();

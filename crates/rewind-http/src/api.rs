@@ -403,6 +403,11 @@ pub struct Stats {
     /// Journal bytes holding only archived history, given back at the next
     /// checkpoint.
     pub journal_bytes_reclaimable: u64,
+    /// Spare journal files still to be written at a quiet moment, for those
+    /// the chunk store adopted: the next burst writes faster once they are.
+    pub journal_spares_owed: u64,
+    /// Bytes of zeros written into those spares since the volume was opened.
+    pub journal_spare_bytes_written: u64,
     pub current_bytes: u64,
     pub lsn_last: u64,
     pub lsn_durable: u64,
@@ -476,6 +481,8 @@ impl From<VolumeStats> for Stats {
             versions_in_journal: kept - stats.versions_archived,
             journal_bytes: stats.journal_bytes,
             journal_bytes_reclaimable: stats.journal_bytes_reclaimable,
+            journal_spares_owed: stats.journal_spares_owed,
+            journal_spare_bytes_written: stats.journal_spare_bytes_written,
             current_bytes: stats.current_bytes,
             lsn_last: stats.lsn_last,
             lsn_durable: stats.lsn_durable,

@@ -52,9 +52,13 @@
 //! a written one. Large writes pay too: fio's direct 4 MiB writes at depth 2
 //! made 1,450–1,650 MiB/s into a new file and 1,930–2,230 into a written
 //! one (BENCHMARKS.md), so a burst that outgrows the spares runs at about
-//! three quarters of the disk. Spares are reclaimed segments, or, for a journal whose
-//! segments take many commits (`spare_after_commits`), up to two segments
-//! of zeros written ahead at a quiet moment ([`Journal::prepare_spare`]).
+//! three quarters of the disk. Spares are reclaimed segments, or segments of
+//! zeros written ahead at a quiet moment ([`Journal::prepare_spare`]): up to
+//! two for a journal whose segments take many commits
+//! (`spare_after_commits`), and one for each segment file the chunk store
+//! adopted that a reclaim would have kept (`spares_for_adopted`): history
+//! kept where the journal wrote it saves its second write while the writes
+//! come, and its spare is written when nothing else is.
 //! Without a spare, small batches in a new file have its blocks written
 //! ahead of them, a mebibyte of zeros at a time ([`WRITE_AHEAD_BYTES`]), so
 //! that the filesystem converts its extents once a mebibyte rather than at
@@ -138,6 +142,10 @@ pub struct JournalConfig {
     /// Commits a segment takes (the last or the current one) for spares to be
     /// written ahead of need ([`Journal::prepare_spare`]).
     pub spare_after_commits: u64,
+    /// Whether spares are written ahead at quiet moments for the segment
+    /// files the chunk store adopted (`Journal::prepare_spare`): a segment's
+    /// write of zeros each, for bursts as fast as into reused files.
+    pub spares_for_adopted: bool,
     /// Ask the kernel for transparent huge pages behind fresh batch buffers
     /// (`madvise(MADV_HUGEPAGE)`). Off for machines whose
     /// `transparent_hugepage/defrag` setting makes an advised fault compact
@@ -168,6 +176,7 @@ impl Default for JournalConfig {
             batch_bytes_max: 8 << 20,
             spare_segments_max: 256,
             spare_after_commits: 1024,
+            spares_for_adopted: true,
             huge_pages: true,
         }
     }
@@ -1004,6 +1013,13 @@ pub struct Journal {
     commits_written: AtomicU64,
     /// Spare segment files kept, as last counted.
     spares_kept: AtomicUsize,
+    /// Spares the chunk store took: segments a reclaim would have kept as
+    /// spares, had the chunk store not adopted their files (`reclaim`).
+    /// `prepare_spare` writes as many ahead of need, so that the next burst
+    /// still writes into written files.
+    spares_owed: AtomicUsize,
+    /// Bytes of zeros written into spares ahead of need, since opening.
+    spare_bytes_written: AtomicU64,
     /// Segments started since the last reclaim that gave any up: how many
     /// spares the journal would have used (`reclaim`).
     segments_started: AtomicU32,
@@ -1177,6 +1193,8 @@ impl Journal {
             segment_commits: AtomicU64::new(0),
             commits_written: AtomicU64::new(0),
             spares_kept: AtomicUsize::new(0),
+            spares_owed: AtomicUsize::new(0),
+            spare_bytes_written: AtomicU64::new(0),
             segments_started: AtomicU32::new(0),
             spare_demand: Mutex::default(),
         }
@@ -1542,6 +1560,7 @@ impl Journal {
         }
         let _reclaiming = self.reclaiming.lock();
         *self.spare_demand.lock() = SpareDemand::default();
+        self.spares_owed.store(0, Ordering::Relaxed);
         self.trim_spares(keep)
     }
 
@@ -1623,19 +1642,25 @@ impl Journal {
 
     /// Writes a spare segment file ahead of need when the segments take many
     /// commits (`spare_after_commits`) and fewer than two spares are kept
-    /// (`SPARES_AHEAD_MAX`): a whole segment of zeros, written with direct
-    /// I/O and synced, so that the segment that takes it commits as fast as
-    /// one in a reused file. For the background, at a quiet moment: it
+    /// (`SPARES_AHEAD_MAX`), or when the chunk store took segment files a
+    /// reclaim would have kept as spares (`spares_owed`): a whole segment of
+    /// zeros, written with direct I/O and synced, so that the segment that
+    /// takes it commits as fast as one in a reused file, and a burst as large
+    /// as the last writes at the speed of written blocks, not of new ones
+    /// (the filesystem converts each write's extent as it lands: 0.8 of the
+    /// speed, BENCHMARKS.md). Adopting a segment saved writing its history
+    /// again while the writes came; its spare is written when nothing else
+    /// is. For the background, at a quiet moment: it
     /// writes a whole segment, which the next cache flush of the journal's
     /// commits would otherwise wait for. Returns whether it wrote one;
     /// nothing where the journal does not write with direct I/O (such a
     /// filesystem has no unwritten extents to convert).
     pub fn prepare_spare(&self) -> Result<bool, JournalError> {
         let Some(_preparing) = self.preparing.try_lock() else { return Ok(false) };
-        if !self.direct_io.load(Ordering::Acquire)
-            || self.segment_commits.load(Ordering::Relaxed) < self.config.spare_after_commits
-            || self.spares()?.len() >= self.config.spare_segments_max.min(SPARES_AHEAD_MAX)
-        {
+        let owed = self.spares_owed.load(Ordering::Relaxed) > 0;
+        let many_commits = self.segment_commits.load(Ordering::Relaxed) >= self.config.spare_after_commits
+            && self.spares()?.len() < self.config.spare_segments_max.min(SPARES_AHEAD_MAX);
+        if !self.direct_io.load(Ordering::Acquire) || !(owed || many_commits) {
             return Ok(false);
         }
         self.check_poisoned()?;
@@ -1657,7 +1682,20 @@ impl Journal {
         self.storage.rename(&path, &spare_path).map_err(self.io_error(path))?;
         self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
         self.spares_kept.store(spares.len() + 1, Ordering::Relaxed);
+        let _ = self.spares_owed.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |owed| owed.checked_sub(1));
         Ok(true)
+    }
+
+    /// Spares still to be written ahead for those the chunk store took
+    /// (see [`Journal::prepare_spare`]).
+    pub fn spares_owed(&self) -> usize {
+        self.spares_owed.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of zeros written into spares ahead of need since the journal
+    /// was opened (see [`Journal::prepare_spare`]).
+    pub fn spare_bytes_written(&self) -> u64 {
+        self.spare_bytes_written.load(Ordering::Relaxed)
     }
 
     /// A new file at `path` of `segment_bytes_max` zeros written with direct
@@ -1686,6 +1724,7 @@ impl Journal {
             let length = CHUNK_BYTES.min((size_bytes - offset) as usize);
             direct.write_all_at(&zeros[..length], offset).map_err(self.io_error(path.to_owned()))?;
             offset += length as u64;
+            self.spare_bytes_written.fetch_add(length as u64, Ordering::Relaxed);
         }
         file.sync_data().map_err(io)?;
         Ok(true)
@@ -2515,6 +2554,7 @@ impl Journal {
         let _reclaiming = self.reclaiming.lock();
         let mut freed = 0;
         let mut wanted = None;
+        let mut owed = 0;
         loop {
             let segment = self.segment_first.load(Ordering::Acquire);
             // The next segment's header tells the time of this one's last record.
@@ -2523,6 +2563,10 @@ impl Journal {
             {
                 if let Some(wanted) = wanted {
                     self.trim_spares(wanted)?;
+                    // Never more than the demand has room for: it may have fallen.
+                    let room = wanted.saturating_sub(self.spares_kept.load(Ordering::Relaxed));
+                    let owed_before = self.spares_owed.load(Ordering::Relaxed);
+                    self.spares_owed.store((owed_before + owed).min(room), Ordering::Relaxed);
                 }
                 return Ok(freed);
             }
@@ -2538,6 +2582,9 @@ impl Journal {
             self.segment_first.store(segment + 1, Ordering::Release);
             self.files.lock().remove(&segment);
             let spares = self.spares()?;
+            if self.config.spares_for_adopted && spares.len() + owed < wanted && adopted {
+                owed += 1;
+            }
             if spares.len() < wanted && !adopted {
                 let spare_path = format!("{}/{}", self.dir, spare_name(free_spare_number(&spares)));
                 self.storage.rename(&path, &spare_path).map_err(self.io_error(path))?;

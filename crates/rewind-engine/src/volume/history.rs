@@ -247,6 +247,12 @@ pub struct VolumeStats {
     /// Journal bytes holding only archived history: given back at the next
     /// checkpoint.
     pub journal_bytes_reclaimable: u64,
+    /// Spare segment files the journal still writes ahead at a quiet
+    /// moment, for those the chunk store adopted (`Journal::prepare_spare`).
+    pub journal_spares_owed: u64,
+    /// Bytes of zeros the journal wrote into spares ahead of need since the
+    /// volume was opened (counted in the journal's bytes written as well).
+    pub journal_spare_bytes_written: u64,
     /// The current store's files (sparse: unwritten blocks take no disk).
     pub current_bytes: u64,
     pub lsn_last: u64,
@@ -590,6 +596,8 @@ impl Volume {
             journal_bytes_reclaimed: counter(&counters.journal_bytes_reclaimed),
             journal_bytes: self.journal.size_bytes()?,
             journal_bytes_reclaimable: self.journal.reclaimable_bytes(self.index.archived_before())?,
+            journal_spares_owed: self.journal.spares_owed() as u64,
+            journal_spare_bytes_written: self.journal.spare_bytes_written(),
             current_bytes: self.current.as_ref().map_or(0, CurrentStore::size_bytes),
             lsn_last: self.journal.lsn_next().0 - 1,
             lsn_durable: self.journal.lsn_durable().0,

@@ -364,11 +364,15 @@ impl Volume {
         // work that can wait longest, and takes longest.
         worked |= self.copy_after_revert()?;
         // Last, after reclaiming, which may have kept spares already, and so
-        // that its failing (a full disk) holds up nothing: a spare written
-        // ahead of need for a journal that takes many commits per segment,
-        // at a quiet moment (its cache flush would hold up commits).
-        if !self.in_burst(now) && !self.reads_hold_archiving(now) {
-            worked |= self.journal.prepare_spare()?;
+        // that its failing (a full disk) holds up nothing: spares written
+        // ahead of need, for a journal that takes many commits per segment
+        // or for segment files the chunk store adopted, at a quiet moment
+        // (their cache flush would hold up commits). One segment at a time,
+        // looking again before each, so that a burst that begins meanwhile
+        // waits for one segment's write at most.
+        let clock_now = || self.clock.get().map_or(now, |clock| clock.now());
+        while !self.in_burst(clock_now()) && !self.reads_hold_archiving(clock_now()) && self.journal.prepare_spare()? {
+            worked = true;
         }
         // Last: the work that is only ever worth doing when nothing else is.
         worked |= self.lay_out_bookmarks(now)?;
