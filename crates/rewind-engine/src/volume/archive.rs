@@ -374,9 +374,11 @@ impl Volume {
     /// `SHARE_WHOLE`; none (it waits) for a burst, in its first
     /// `burst_archive_wait_nanos`, while the history waiting fits half the
     /// room (see `archive_share_of_room` for the share beyond), and for
-    /// reads right after one while the node's history waiting fits the room
-    /// (`reads_hold_archiving`), `1 / ARCHIVE_SHARE_BESIDE_READS` beside
-    /// such reads past that; all of it otherwise.
+    /// reads right after one while the node's history waiting fits the
+    /// disk's free space above twice the reserve
+    /// (`SpaceGauge::history_waiting_fits_room`), `1 /
+    /// ARCHIVE_SHARE_BESIDE_READS` beside such reads past that; all of it
+    /// otherwise.
     fn archive_share(&self, now: Timestamp) -> u64 {
         if !self.in_burst(now) {
             return match self.reads_after_burst(now) {

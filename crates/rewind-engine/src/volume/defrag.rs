@@ -42,18 +42,13 @@ use rewind_format::meta::VolumeKind;
 use rewind_types::{BlockIndex, ChunkId, Timestamp, Version, VersionData};
 
 use crate::timespec::DisplayTime;
+use crate::volume::maintenance::IDLE_WORK_SLICE_NANOS;
 use crate::volume::read::{Copies, OverlayAccess, Source, View};
 use crate::{EngineError, Volume};
 
 /// Blocks planned and laid out at a time: 32 MiB of 4 KiB blocks, the
 /// chunk store's pack size.
 const PIECE_BLOCKS: u64 = 8192;
-
-/// How long one round of the node's work on history lays out bookmarks
-/// before it goes on to the other volumes (a layout goes on at the next
-/// round, a second later in `rewind serve`): a volume with many terabytes
-/// written takes hours to plan, and their archive passes must not wait that long.
-const LAYOUT_SLICE_NANOS: u64 = 500_000_000;
 
 /// What a defrag did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -210,7 +205,7 @@ impl Volume {
         let began = clock_now();
         let go_on = || {
             let now = clock_now();
-            now.unix_nanos().saturating_sub(began.unix_nanos()) < LAYOUT_SLICE_NANOS && !self.layout_waits(now)
+            now.unix_nanos().saturating_sub(began.unix_nanos()) < IDLE_WORK_SLICE_NANOS && !self.idle_work_waits(now)
         };
         let mut worked = false;
         while go_on() {
@@ -242,13 +237,6 @@ impl Volume {
             tracing::debug!(volume = %self.name(), at = %DisplayTime(at), "bookmark's history laid out");
         }
         Ok(worked)
-    }
-
-    /// Whether laying out waits: for writes or reads of the volume (within
-    /// `burst_quiet_nanos`), for other work waiting for the node's passes
-    /// to end, or because the volume closes.
-    fn layout_waits(&self, now: Timestamp) -> bool {
-        self.foreground_active(now) || self.passes_wanted.any() || self.closed.load(Ordering::Acquire)
     }
 
     /// Saves that the history of the bookmarks at `at` is laid out, and

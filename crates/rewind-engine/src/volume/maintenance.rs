@@ -30,6 +30,14 @@ pub(crate) struct MaintenanceState {
 /// to 2 MiB a sequential copy asks for at a time.
 const SMALL_READ_BYTES: u64 = 64 << 10;
 
+/// How long one round of the node's work on history spends on a volume's
+/// work done only when it is idle (laying out bookmarks, writing the
+/// journal's spares) before it goes on to the other volumes (the work goes
+/// on at the next round, a second later in `rewind serve`): a volume with
+/// many terabytes written takes hours to lay out, and the other volumes'
+/// archive passes must not wait that long.
+pub(crate) const IDLE_WORK_SLICE_NANOS: u64 = 500_000_000;
+
 /// When the slow work on history last ran.
 pub(crate) struct HistoryWork {
     pub archive_last: Timestamp,
@@ -189,6 +197,14 @@ impl Volume {
         reading || self.in_burst(now)
     }
 
+    /// Whether the work done only when the volume is idle (laying out
+    /// bookmarks, writing the journal's spares) waits: for writes or reads
+    /// of the volume (within `burst_quiet_nanos`), for other work waiting
+    /// for the node's passes to end, or because the volume closes.
+    pub(crate) fn idle_work_waits(&self, now: Timestamp) -> bool {
+        self.foreground_active(now) || self.passes_wanted.any() || self.closed.load(Ordering::Acquire)
+    }
+
     /// Whether the volume is read right after a burst of writes (see
     /// `VolumeConfig::burst_reads_nanos`): read within `burst_quiet_nanos`
     /// of `now` and written within `burst_reads_nanos` (but not within the
@@ -223,13 +239,6 @@ impl Volume {
         self.rules().overlay_absorbs_overwrites()
             && self.reads_after_burst(now)
             && self.reads_small.load(Ordering::Relaxed)
-    }
-
-    /// Whether reads right after a burst keep archiving waiting: while the
-    /// passes of all the history the node has waiting fit the disk's free
-    /// space above twice the reserve (`SpaceGauge::history_waiting_fits_room`).
-    pub(crate) fn reads_hold_archiving(&self, now: Timestamp) -> bool {
-        self.reads_after_burst(now) && self.disk.history_waiting_fits_room()
     }
 
     /// The history waiting for the archiver, in bytes.
@@ -366,12 +375,18 @@ impl Volume {
         // Last, after reclaiming, which may have kept spares already, and so
         // that its failing (a full disk) holds up nothing: spares written
         // ahead of need, for a journal that takes many commits per segment
-        // or for segment files the chunk store adopted, at a quiet moment
-        // (their cache flush would hold up commits). One segment at a time,
-        // looking again before each, so that a burst that begins meanwhile
-        // waits for one segment's write at most.
+        // or for segment files the chunk store adopted, while the volume is
+        // idle (their cache flush would hold up commits, their writes reads).
+        // One segment at a time, looking again before each, so that a burst
+        // or a read that begins meanwhile waits for one segment's write at
+        // most; for a slice of the round, as bookmarks are laid out.
         let clock_now = || self.clock.get().map_or(now, |clock| clock.now());
-        while !self.in_burst(clock_now()) && !self.reads_hold_archiving(clock_now()) && self.journal.prepare_spare()? {
+        let began = clock_now();
+        let go_on = || {
+            let now = clock_now();
+            now.unix_nanos().saturating_sub(began.unix_nanos()) < IDLE_WORK_SLICE_NANOS && !self.idle_work_waits(now)
+        };
+        while go_on() && self.journal.prepare_spare()? {
             worked = true;
         }
         // Last: the work that is only ever worth doing when nothing else is.
