@@ -121,8 +121,9 @@ def main():
             subprocess.run(["sync"], check=True)
             while True:
                 now = stats()
-                if (now["versions_pending_destage"] == 0 and now.get("versions_in_journal", 0) == 0
-                        and now.get("bookmarks_awaiting_layout", 0) == 0 and now.get("journal_spares_owed", 0) == 0):
+                waiting = ("versions_in_journal", "bookmarks_awaiting_layout", "journal_bytes_reclaimable",
+                           "journal_spares_owed")
+                if now["versions_pending_destage"] == 0 and all(now.get(name, 0) == 0 for name in waiting):
                     break
                 time.sleep(0.05)
             print(f"settled in {time.perf_counter() - start:.1f} s", flush=True)

@@ -115,16 +115,18 @@ def settle(https, view_results):
     pages (nbdkit's writes live there), Rewind's destager catches up with the
     journal, and its archiver with the history (servers without a chunk store
     report no `versions_in_journal`), and lays out the bookmarks' history
-    (`bookmarks_awaiting_layout`), and its journal writes the spare segment
-    files it keeps for the next burst in place of those the chunk store
-    adopted (`journal_spares_owed`). Records how long that took."""
+    (`bookmarks_awaiting_layout`); its journal gives back the segments that
+    hold only archived history (`journal_bytes_reclaimable`, at a
+    checkpoint) and writes the spare segment files it keeps for the next
+    burst in place of those the chunk store adopted (`journal_spares_owed`).
+    Records how long that took."""
     start = time.perf_counter()
     subprocess.run(["sync"], check=True)
     for http in https:
         while True:
             stats = api(http, "GET", "/v1/volumes/bench")["stats"]
             awaiting = (stats.get("versions_in_journal", 0) + stats.get("bookmarks_awaiting_layout", 0)
-                        + stats.get("journal_spares_owed", 0))
+                        + stats.get("journal_bytes_reclaimable", 0) + stats.get("journal_spares_owed", 0))
             if stats["versions_pending_destage"] == 0 and awaiting == 0:
                 break
             time.sleep(0.05)
@@ -324,9 +326,9 @@ def table(args, results, view_results, env):
         "Each job runs against every server in the same run, interleaved (the order alternates between runs); "
         f"{args.runtime} s per job after a 2 s ramp, volumes and file of {args.size} on the same disk, filled "
         "first. Before each job the servers are brought to rest: `sync` (the kernel writes back nbdkit's dirty "
-        "pages), Rewind's destager catches up with the journal and its archiver with the history, and its "
-        "journal writes the spare segment files it keeps for the next burst in place of those the chunk store "
-        "adopted (median "
+        "pages), Rewind's destager catches up with the journal and its archiver with the history, its journal "
+        "gives back the segments that hold only archived history and writes the spare segment files it keeps for "
+        "the next burst in place of those the chunk store adopted (median "
         f"{statistics.median(view_results['settle']):.1f} s, max {max(view_results['settle']):.1f} s, sync included). "
         "Rewind keeps every write's history throughout and archives it into the deduplicated, compressed chunk "
         "store every 5 s, during the jobs. Ratio = Rewind throughput / nbdkit throughput, "

@@ -896,6 +896,54 @@ fn overwrites_in_a_burst_are_absorbed_in_the_overlay_and_every_version_still_rea
     assert!(image.iter().all(|&byte| byte == 6), "the view at round 5 reads round 5");
 }
 
+/// A burst is checkpointed once the volume is at rest — destaged, neither
+/// written nor read — if a segment's worth of journal came since the last
+/// checkpoint, not only at the interval (30 s): the journal gives its
+/// segments back, or keeps them as spares, before the next burst. Less than
+/// a segment waits for the interval, and so does a burst in progress.
+#[test]
+fn a_burst_is_checkpointed_at_rest_and_its_segments_given_back_before_the_interval() {
+    let storage = Arc::new(SimStorage::new(SimConfig::default(), 15));
+    let mut config = NodeConfig { reserve: Reserve::Bytes(0), ..NodeConfig::default() };
+    config.volume.journal.segment_bytes_max = 64 << 10;
+    config.volume.burst_quiet_nanos = 250 * MILLI;
+    config.volume.archive_age_nanos = 0;
+    config.volume.archive_interval_nanos = 1;
+    assert_eq!(config.volume.checkpoint_interval_nanos, 30_000 * MILLI);
+    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    let at = |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
+    let work = |millis: u64| {
+        node.maintain(at(millis)).unwrap();
+        node.maintain_history(at(millis)).unwrap();
+    };
+    let segments =
+        || storage.list_dir("volumes/v/journal").unwrap().iter().filter(|name| name.ends_with(".seg")).count();
+    let checkpoints = || volume.stats().unwrap().checkpoints;
+
+    // A segment's worth less a block, then quiet: the interval rules.
+    write_blocks(&volume, at, 0..15);
+    work(500);
+    let before = checkpoints();
+    work(1_000);
+    assert_eq!(checkpoints(), before, "less than a segment waits for the interval");
+    // 160 blocks of 4 KiB: ten segments and more. Within the burst, nothing.
+    write_blocks(&volume, |block| at(2_000 + block), 0..160);
+    let started = segments();
+    assert!(started >= 10, "{started}");
+    work(2_200);
+    assert_eq!((checkpoints(), segments()), (before, started), "a burst in progress is not at rest");
+    // At rest, a second after the burst, 29 before the interval.
+    work(3_000);
+    work(3_100);
+    assert_eq!(checkpoints(), before + 1, "one checkpoint at rest");
+    assert!(segments() <= 2, "the burst's segments given back: {started} -> {}", segments());
+    work(3_500);
+    assert_eq!(checkpoints(), before + 1, "and no more while nothing is written");
+}
+
 /// A burst's journal segment files are kept as spares for the next burst,
 /// which then writes only into reused files (on this machine's disk, large
 /// direct writes into written blocks run at its full speed, into a new

@@ -137,11 +137,19 @@ impl Volume {
         // recovery replays at most twice `checkpoint_journal_bytes` of
         // journal, as after a burst elsewhere.
         let journal_since = journal_bytes - maintenance.checkpoint_journal_bytes;
+        // At rest — destaged, neither written nor read — once a segment's
+        // worth came since the last one: it costs little then (nothing to
+        // destage), and lets the journal give its segments back, or keep
+        // them as spares for the next burst, now rather than at the interval.
+        let at_rest = self.overlay_versions.load(Ordering::Relaxed) == 0
+            && !self.foreground_active(now)
+            && journal_since >= self.config.journal.segment_bytes_max;
         let due = if in_burst && !leaves_hot_set {
             journal_since >= 2 * self.config.checkpoint_journal_bytes
         } else {
             (since >= self.config.checkpoint_interval_nanos && merge_due)
                 || journal_since >= self.config.checkpoint_journal_bytes
+                || (at_rest && merge_due)
         };
         // Where it leaves a hot set, what the checkpoint destages goes first,
         // a part at a time, so that small reads right after a burst stop it
@@ -379,12 +387,16 @@ impl Volume {
         // idle (their cache flush would hold up commits, their writes reads).
         // One segment at a time, looking again before each, so that a burst
         // or a read that begins meanwhile waits for one segment's write at
-        // most; for a slice of the round, as bookmarks are laid out.
+        // most; for a slice of the round, as bookmarks are laid out; and
+        // while free space stays above twice the reserve (below, spares are
+        // given back, above).
         let clock_now = || self.clock.get().map_or(now, |clock| clock.now());
         let began = clock_now();
         let go_on = || {
             let now = clock_now();
-            now.unix_nanos().saturating_sub(began.unix_nanos()) < IDLE_WORK_SLICE_NANOS && !self.idle_work_waits(now)
+            now.unix_nanos().saturating_sub(began.unix_nanos()) < IDLE_WORK_SLICE_NANOS
+                && !self.idle_work_waits(now)
+                && self.disk.report().state == crate::reserve::SpaceState::Ok
         };
         while go_on() && self.journal.prepare_spare()? {
             worked = true;

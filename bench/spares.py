@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""A burst after a rest, with the journal's spare segment files written in
+place of those the chunk store adopted, and without them (issue 13, req 1).
+
+History written in runs that neither dedups nor compresses stays where the
+journal wrote it (the chunk store adopts the segment file), so that file is
+never reused; by default the journal writes a spare of zeros in its place
+while the volume is idle, so that the next burst writes into written blocks
+rather than new ones. `rewind serve --no-journal-spares-ahead` leaves them
+out. This runs both, alternating, each on a fresh server (`--archive-interval
+5s`) with a 1 GiB volume filled with 1 MiB writes, then `--bursts` times:
+the server brought to rest (`wait_archived`: destaged, archived, and the
+spares owed written), then fio's 1 MiB sequential write at depth 4 for
+`--runtime` s after a 2 s ramp. Before the first burst the fill's segments
+are not reclaimed yet (no spares either way); the later bursts are the ones
+compared. Beside them, in the same run, the device's own limits: the same fio
+job with direct I/O and `--fdatasync=4` on a file written before, and on a
+new file allocated as a journal segment is.
+
+Usage: python3 bench/spares.py [--runs 3] [--bursts 3] [--runtime 4]
+"""
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from benchlib import (api, environment, fio, publish, remember_token, spread, start_server, throughput,
+                      wait_archived, wait_port)
+
+NBD, HTTP = 10997, 10998
+SETTINGS = {"spares written at rest": [], "--no-journal-spares-ahead": ["--no-journal-spares-ahead"]}
+JOB = ["--rw=write", "--bs=1m", "--iodepth=4"]
+MIB = 2**20
+
+
+def device(path, runtime, new):
+    """The device's 1 MiB direct write with a sync every 4 MiB, on a file
+    written before, or on a new one allocated as a journal segment is."""
+    path.unlink(missing_ok=True)
+    if new:
+        subprocess.run(["fallocate", "-l", "2G", str(path)], check=True)
+    else:
+        fio(str(path), "device-prepare", ["--rw=write", "--bs=4m", "--iodepth=2"], "2G")
+    job = fio(str(path), "device", [*JOB, "--fdatasync=4"], "2G", runtime=runtime)
+    path.unlink()
+    return throughput(job, "write") / MIB
+
+
+def bursts(work, options, count, runtime):
+    """One fresh server: per burst, (MiB/s, seconds the rest took, spare
+    files at its start); and the bytes of zeros written into spares."""
+    _work, data, server = start_server(work, NBD, HTTP, ["--archive-interval", "5s", *options])
+    try:
+        wait_port(NBD)
+        http = f"127.0.0.1:{HTTP}"
+        remember_token(http, data)
+        api(http, "POST", "/v1/volumes", {"name": "v", "size_bytes": 1 << 30})
+        uri = f"nbd://127.0.0.1:{NBD}/v"
+        fio(uri, "fill", JOB, "1G")
+        results = []
+        for _ in range(count):
+            start = time.perf_counter()
+            subprocess.run(["sync"], check=True)
+            wait_archived(http, "v")
+            rest = time.perf_counter() - start
+            spares = sum(1 for path in (data / "volumes" / "v" / "journal").iterdir()
+                         if path.name.startswith("spare-"))
+            job = fio(uri, "burst", JOB, "1G", runtime=runtime)
+            results.append((throughput(job, "write") / MIB, rest, spares))
+        zeros = api(http, "GET", "/v1/volumes/v")["stats"]["journal_spare_bytes_written"]
+        return results, zeros
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--bursts", type=int, default=3)
+    parser.add_argument("--runtime", type=int, default=4)
+    parser.add_argument("--dir", default="/var/tmp/rewind-bench-spares")
+    args = parser.parse_args()
+    assert args.bursts >= 2, "the bursts after the first are the ones compared"
+    work = Path(args.dir)
+    measured = {name: {"later": [], "first": [], "rest": [], "spares": [], "zeros": []} for name in SETTINGS}
+    devices = {"written": [], "new": []}
+    ratios = []
+    for run in range(args.runs):
+        work.mkdir(parents=True, exist_ok=True)
+        for kind in (["written", "new"] if run % 2 == 0 else ["new", "written"]):
+            devices[kind].append(device(work / "device-file", args.runtime, kind == "new"))
+        names = list(SETTINGS) if run % 2 == 0 else list(reversed(SETTINGS))
+        medians = {}
+        for name in names:
+            results, zeros = bursts(str(work / "server"), SETTINGS[name], args.bursts, args.runtime)
+            entry = measured[name]
+            entry["first"].append(results[0][0])
+            entry["later"] += [speed for speed, _, _ in results[1:]]
+            entry["rest"] += [rest for _, rest, _ in results[1:]]
+            entry["spares"] += [spares for _, _, spares in results[1:]]
+            entry["zeros"].append(zeros / 2**30)
+            medians[name] = statistics.median(speed for speed, _, _ in results[1:])
+            shown = ", ".join(f"{speed:.0f} MiB/s after {rest:.1f} s at rest, {spares} spares"
+                              for speed, rest, spares in results)
+            print(f"run {run} {name:26} {shown}; zeros {zeros / 2**30:.1f} GiB", flush=True)
+        ratios.append(medians["spares written at rest"] / medians["--no-journal-spares-ahead"])
+        print(f"run {run} device: written {devices['written'][-1]:.0f}, new {devices['new'][-1]:.0f} MiB/s",
+              flush=True)
+    env = environment()
+    written, new = statistics.median(devices["written"]), statistics.median(devices["new"])
+    lines = [
+        "<!-- spares:begin (written by bench/spares.py; do not edit by hand) -->",
+        "## A burst after a rest, with and without the journal's spares written at rest (issue 13, req 1)",
+        "",
+        f"`python3 bench/spares.py --runs {args.runs} --bursts {args.bursts} --runtime {args.runtime}` — "
+        f"{env['date']}, commit {env['commit']}, {env['cpu']}, {env['memory']}, {env['fio']}. Per run and setting "
+        "(alternating), a fresh server and a 1 GiB volume filled with 1 MiB writes, then bursts of fio's 1 MiB "
+        f"sequential write (depth 4, {args.runtime} s after a 2 s ramp), each after the server is brought to rest "
+        "(destaged, archived, and the spares owed written). The fill's history is adopted by the chunk store, so "
+        "its segment files are never reused; by default the journal writes a spare of zeros in place of each "
+        "at rest. The first burst comes before the fill's segments are reclaimed (no spares either way); the "
+        "later ones are compared. The device: the same job with direct I/O and `--fdatasync=4` on a file written "
+        f"before ({written:.0f} MiB/s, median) and on a new one allocated as a segment is ({new:.0f} MiB/s).",
+        "",
+        "| setting | later bursts, MiB/s (min / median / max) | ÷ the device, written file (median) | "
+        "÷ a new file (median) | first burst, MiB/s (median) | spare files at the burst's start | "
+        "rest before it, s (median) | zeros written at rest per run, GiB |",
+        "|---|---|---:|---:|---:|---|---:|---|",
+    ]
+    for name in SETTINGS:
+        entry = measured[name]
+        later = statistics.median(entry["later"])
+        lines.append(
+            f"| {name} | {spread(entry['later'], 0)} | {later / written:.2f} | {later / new:.2f} | "
+            f"{statistics.median(entry['first']):.0f} | {min(entry['spares'])}–{max(entry['spares'])} | "
+            f"{statistics.median(entry['rest']):.1f} | {spread(entry['zeros'], 1)} |")
+    lines += [
+        "",
+        f"With the spares ÷ without, per run (medians of the later bursts): {spread(ratios)}.",
+        "<!-- spares:end -->",
+    ]
+    publish("spares", lines)
+
+
+if __name__ == "__main__":
+    main()
