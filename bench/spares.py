@@ -9,13 +9,15 @@ while the volume is idle, so that the next burst writes into written blocks
 rather than new ones. `rewind serve --no-journal-spares-ahead` leaves them
 out. This runs both, alternating, each on a fresh server (`--archive-interval
 5s`) with a 1 GiB volume filled with 1 MiB writes, then `--bursts` times:
-the server brought to rest (`wait_archived`: destaged, archived, and the
-spares owed written), then fio's 1 MiB sequential write at depth 4 for
-`--runtime` s after a 2 s ramp. Before the first burst the fill's segments
-are not reclaimed yet (no spares either way); the later bursts are the ones
-compared. Beside them, in the same run, the device's own limits: the same fio
-job with direct I/O and `--fdatasync=4` on a file written before, and on a
-new file allocated as a journal segment is.
+the server brought to rest (destaged, archived, the segments holding only
+archived history given back or kept, and the spares owed written), then
+fio's 1 MiB sequential write at depth 4 for `--runtime` s after a 2 s ramp.
+The journal keeps as many spares as the largest burst of the last hour
+took, so the first burst finds only the fill's 16; the later bursts are the
+ones compared. Beside them, in the same run, the device's own limits: the
+same fio job with direct I/O and `--fdatasync=4` on a file written before,
+and in one pass of 4 GiB into a new file allocated as a journal segment is
+(a time-based job would loop over blocks it has written).
 
 Usage: python3 bench/spares.py [--runs 3] [--bursts 3] [--runtime 4]
 """
@@ -27,8 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from benchlib import (api, environment, fio, publish, remember_token, spread, start_server, throughput,
-                      wait_archived, wait_port)
+from benchlib import api, environment, fio, publish, remember_token, spread, start_server, throughput, wait_port
 
 NBD, HTTP = 10997, 10998
 SETTINGS = {"spares written at rest": [], "--no-journal-spares-ahead": ["--no-journal-spares-ahead"]}
@@ -38,15 +39,28 @@ MIB = 2**20
 
 def device(path, runtime, new):
     """The device's 1 MiB direct write with a sync every 4 MiB, on a file
-    written before, or on a new one allocated as a journal segment is."""
+    written before, or in one pass into a new one allocated as a journal
+    segment is."""
     path.unlink(missing_ok=True)
-    if new:
-        subprocess.run(["fallocate", "-l", "2G", str(path)], check=True)
-    else:
-        fio(str(path), "device-prepare", ["--rw=write", "--bs=4m", "--iodepth=2"], "2G")
-    job = fio(str(path), "device", [*JOB, "--fdatasync=4"], "2G", runtime=runtime)
-    path.unlink()
+    try:
+        if new:
+            job = fio(str(path), "device-new", [*JOB, "--fdatasync=4", "--fallocate=keep"], "4G")
+        else:
+            fio(str(path), "device-prepare", ["--rw=write", "--bs=4m", "--iodepth=2"], "2G")
+            job = fio(str(path), "device", [*JOB, "--fdatasync=4"], "2G", runtime=runtime)
+    finally:
+        path.unlink(missing_ok=True)
     return throughput(job, "write") / MIB
+
+
+def rest(http):
+    """Until the server is at rest: destaged, archived, the journal's
+    segments that hold only archived history given back or kept (at a
+    checkpoint), and the spares owed written."""
+    waiting = ("versions_pending_destage", "versions_in_journal", "journal_bytes_reclaimable", "journal_spares_owed")
+    subprocess.run(["sync"], check=True)
+    while any(api(http, "GET", "/v1/volumes/v")["stats"][name] for name in waiting):
+        time.sleep(0.05)
 
 
 def bursts(work, options, count, runtime):
@@ -63,13 +77,12 @@ def bursts(work, options, count, runtime):
         results = []
         for _ in range(count):
             start = time.perf_counter()
-            subprocess.run(["sync"], check=True)
-            wait_archived(http, "v")
-            rest = time.perf_counter() - start
+            rest(http)
+            rested = time.perf_counter() - start
             spares = sum(1 for path in (data / "volumes" / "v" / "journal").iterdir()
                          if path.name.startswith("spare-"))
             job = fio(uri, "burst", JOB, "1G", runtime=runtime)
-            results.append((throughput(job, "write") / MIB, rest, spares))
+            results.append((throughput(job, "write") / MIB, rested, spares))
         zeros = api(http, "GET", "/v1/volumes/v")["stats"]["journal_spare_bytes_written"]
         return results, zeros
     finally:
@@ -120,11 +133,13 @@ def main():
         f"{env['date']}, commit {env['commit']}, {env['cpu']}, {env['memory']}, {env['fio']}. Per run and setting "
         "(alternating), a fresh server and a 1 GiB volume filled with 1 MiB writes, then bursts of fio's 1 MiB "
         f"sequential write (depth 4, {args.runtime} s after a 2 s ramp), each after the server is brought to rest "
-        "(destaged, archived, and the spares owed written). The fill's history is adopted by the chunk store, so "
-        "its segment files are never reused; by default the journal writes a spare of zeros in place of each "
-        "at rest. The first burst comes before the fill's segments are reclaimed (no spares either way); the "
-        "later ones are compared. The device: the same job with direct I/O and `--fdatasync=4` on a file written "
-        f"before ({written:.0f} MiB/s, median) and on a new one allocated as a segment is ({new:.0f} MiB/s).",
+        "(destaged, archived, the journal's segments that hold only archived history given back or kept, and the "
+        "spares owed written). The history is adopted by the chunk store, so its segment files are never reused; "
+        "by default the journal writes a spare of zeros in place of each at rest, as many as the largest burst "
+        "of the last hour took: the first burst finds the fill's 16, and the later ones are compared. The "
+        "device: the same job with direct I/O and `--fdatasync=4` on a file written before "
+        f"({written:.0f} MiB/s, median) and in one pass of 4 GiB into a new one allocated as a segment is "
+        f"({new:.0f} MiB/s).",
         "",
         "| setting | later bursts, MiB/s (min / median / max) | ÷ the device, written file (median) | "
         "÷ a new file (median) | first burst, MiB/s (median) | spare files at the burst's start | "

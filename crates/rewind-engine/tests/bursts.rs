@@ -897,10 +897,12 @@ fn overwrites_in_a_burst_are_absorbed_in_the_overlay_and_every_version_still_rea
 }
 
 /// A burst is checkpointed once the volume is at rest — destaged, neither
-/// written nor read — if a segment's worth of journal came since the last
-/// checkpoint, not only at the interval (30 s): the journal gives its
-/// segments back, or keeps them as spares, before the next burst. Less than
-/// a segment waits for the interval, and so does a burst in progress.
+/// written nor read — while recovery would replay from a segment before the
+/// journal's current one, not only at the interval (30 s) with writes: the
+/// journal gives its segments back, or keeps them as spares, before the
+/// next burst. So is a burst whose last checkpoint, fuzzy, left blocks
+/// behind and replays from its cut. Writes within one segment wait for the
+/// interval, and so does a burst in progress.
 #[test]
 fn a_burst_is_checkpointed_at_rest_and_its_segments_given_back_before_the_interval() {
     let storage = Arc::new(SimStorage::new(SimConfig::default(), 15));
@@ -909,6 +911,8 @@ fn a_burst_is_checkpointed_at_rest_and_its_segments_given_back_before_the_interv
     config.volume.burst_quiet_nanos = 250 * MILLI;
     config.volume.archive_age_nanos = 0;
     config.volume.archive_interval_nanos = 1;
+    // A checkpoint within the burst, fuzzy: the burst rewrites blocks.
+    config.volume.checkpoint_journal_bytes = 512 << 10;
     assert_eq!(config.volume.checkpoint_interval_nanos, 30_000 * MILLI);
     let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
     let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
@@ -923,25 +927,31 @@ fn a_burst_is_checkpointed_at_rest_and_its_segments_given_back_before_the_interv
         || storage.list_dir("volumes/v/journal").unwrap().iter().filter(|name| name.ends_with(".seg")).count();
     let checkpoints = || volume.stats().unwrap().checkpoints;
 
-    // A segment's worth less a block, then quiet: the interval rules.
+    // Less than a segment, then quiet: the interval rules.
     write_blocks(&volume, at, 0..15);
     work(500);
-    let before = checkpoints();
     work(1_000);
-    assert_eq!(checkpoints(), before, "less than a segment waits for the interval");
-    // 160 blocks of 4 KiB: ten segments and more. Within the burst, nothing.
-    write_blocks(&volume, |block| at(2_000 + block), 0..160);
+    assert_eq!((checkpoints(), segments()), (0, 1), "writes within one segment wait for the interval");
+    // 160 blocks of 4 KiB, each of the first 64 twice: ten segments and
+    // more. Within the burst, one checkpoint, by the journal's bytes; the
+    // overlay holds the blocks rewritten since, so it replays from its cut.
+    write_blocks(&volume, |block| at(2_000 + block), 0..64);
+    write_blocks(&volume, |block| at(2_100 + block), 0..64);
+    work(2_170);
+    assert_eq!(checkpoints(), 1, "by the journal's bytes");
+    write_blocks(&volume, |block| at(2_100 + block), 64..160);
     let started = segments();
     assert!(started >= 10, "{started}");
-    work(2_200);
-    assert_eq!((checkpoints(), segments()), (before, started), "a burst in progress is not at rest");
+    work(2_300);
+    assert_eq!((checkpoints(), segments()), (1, started), "a burst in progress is not at rest");
     // At rest, a second after the burst, 29 before the interval.
     work(3_000);
     work(3_100);
-    assert_eq!(checkpoints(), before + 1, "one checkpoint at rest");
+    assert_eq!(checkpoints(), 2, "one checkpoint at rest");
     assert!(segments() <= 2, "the burst's segments given back: {started} -> {}", segments());
     work(3_500);
-    assert_eq!(checkpoints(), before + 1, "and no more while nothing is written");
+    work(40_000);
+    assert_eq!(checkpoints(), 2, "and no more while nothing is written");
 }
 
 /// A burst's journal segment files are kept as spares for the next burst,

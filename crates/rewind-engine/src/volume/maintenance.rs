@@ -137,13 +137,16 @@ impl Volume {
         // recovery replays at most twice `checkpoint_journal_bytes` of
         // journal, as after a burst elsewhere.
         let journal_since = journal_bytes - maintenance.checkpoint_journal_bytes;
-        // At rest — destaged, neither written nor read — once a segment's
-        // worth came since the last one: it costs little then (nothing to
-        // destage), and lets the journal give its segments back, or keep
-        // them as spares for the next burst, now rather than at the interval.
-        let at_rest = self.overlay_versions.load(Ordering::Relaxed) == 0
-            && !self.foreground_active(now)
-            && journal_since >= self.config.journal.segment_bytes_max;
+        // At rest — destaged, neither written nor read — while recovery
+        // would replay from a segment before the journal's current one (a
+        // burst since the last checkpoint, or a fuzzy one that left blocks
+        // behind and so replays from its cut): it costs little then (nothing
+        // to destage, nothing left behind), and lets the journal give those
+        // segments back, or keep them as spares for the next burst, now
+        // rather than at the next interval with writes.
+        let replay_behind = maintenance.replay_segment < self.journal.position_next().segment;
+        let at_rest =
+            replay_behind && self.overlay_versions.load(Ordering::Relaxed) == 0 && !self.foreground_active(now);
         let due = if in_burst && !leaves_hot_set {
             journal_since >= 2 * self.config.checkpoint_journal_bytes
         } else {
@@ -157,7 +160,7 @@ impl Volume {
         // last write and the reads' first took their speed for as long as
         // it lasted (BENCHMARKS.md). It is taken once nothing is left
         // before its cut.
-        if lsn_last > maintenance.checkpoint_lsn
+        if (lsn_last > maintenance.checkpoint_lsn || at_rest)
             && due
             && (!leaves_hot_set || self.destage_unless_read(Some(maintenance.cut_next.lsn), now)?)
         {
