@@ -2582,7 +2582,13 @@ impl Journal {
             self.segment_first.store(segment + 1, Ordering::Release);
             self.files.lock().remove(&segment);
             let spares = self.spares()?;
-            if self.config.spares_for_adopted && spares.len() + owed < wanted && adopted {
+            // Owed only where spares can be written ahead (direct I/O: a
+            // filesystem without it has no unwritten extents to convert).
+            if adopted
+                && self.config.spares_for_adopted
+                && self.direct_io.load(Ordering::Acquire)
+                && spares.len() + owed < wanted
+            {
                 owed += 1;
             }
             if spares.len() < wanted && !adopted {
