@@ -161,11 +161,7 @@ fn a_writer_at_the_overlays_limit_destages_a_slice_of_the_least_recently_written
     let storage = Arc::new(SimStorage::new(SimConfig::default(), 10));
     let mut config = NodeConfig { reserve: Reserve::Bytes(0), ..NodeConfig::default() };
     config.volume.overlay_versions_max = 64;
-    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
-    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
-    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
-    let volume = node.create_volume(spec, start).unwrap();
-    let at = |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
+    let (node, volume, at) = node_with_volume(&storage, config);
 
     // No maintenance: 64 blocks fill the overlay, and each block after
     // them finds it full and destages the one written least recently
@@ -267,11 +263,7 @@ fn reads_right_after_a_burst_keep_archiving_waiting_while_the_disk_has_room() {
     config.volume.overlay_versions_max = 64;
     config.volume.archive_age_nanos = 0;
     config.volume.archive_bytes_soft = 4 * BLOCK as u64;
-    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
-    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
-    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
-    let volume = node.create_volume(spec, start).unwrap();
-    let at = |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
+    let (node, volume, at) = node_with_volume(&storage, config);
     let work = |millis: u64| {
         node.maintain(at(millis)).unwrap();
         node.maintain_history(at(millis)).unwrap();
@@ -591,6 +583,19 @@ impl Clock for TestClock {
     fn sleep(&self, nanos: u64) {
         thread::sleep(Duration::from_nanos(nanos));
     }
+}
+
+/// A node on `storage` with a 1 MiB volume `v` created at a fixed start,
+/// and the time `millis` milliseconds after the second that follows it.
+fn node_with_volume(
+    storage: &Arc<SimStorage>,
+    config: NodeConfig,
+) -> (Node, Arc<Volume>, impl Fn(u64) -> Timestamp + Copy) {
+    let node = Node::open(Arc::clone(storage) as _, config).unwrap();
+    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
+    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
+    let volume = node.create_volume(spec, start).unwrap();
+    (node, volume, move |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI))
 }
 
 /// A node on `storage` whose clock is a [`TestClock`] set to `start`, the
@@ -914,11 +919,7 @@ fn a_burst_is_checkpointed_at_rest_and_its_segments_given_back_before_the_interv
     // A checkpoint within the burst, fuzzy: the burst rewrites blocks.
     config.volume.checkpoint_journal_bytes = 512 << 10;
     assert_eq!(config.volume.checkpoint_interval_nanos, 30_000 * MILLI);
-    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
-    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
-    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
-    let volume = node.create_volume(spec, start).unwrap();
-    let at = |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
+    let (node, volume, at) = node_with_volume(&storage, config);
     let work = |millis: u64| {
         node.maintain(at(millis)).unwrap();
         node.maintain_history(at(millis)).unwrap();
@@ -969,11 +970,7 @@ fn a_bursts_journal_segments_are_kept_for_the_next_and_given_back_when_space_run
     config.volume.archive_age_nanos = 0;
     config.volume.archive_interval_nanos = 1;
     config.volume.checkpoint_interval_nanos = 1;
-    let node = Node::open(Arc::clone(&storage) as _, config).unwrap();
-    let start = Timestamp::from_unix_nanos(1_000_000 * MILLI);
-    let spec = VolumeSpec::new(VolumeName::new("v").unwrap(), 1 << 20, BlockSize::new(BLOCK as u32).unwrap());
-    let volume = node.create_volume(spec, start).unwrap();
-    let at = |millis: u64| start.saturating_add_nanos(1_000 * MILLI + millis * MILLI);
+    let (node, volume, at) = node_with_volume(&storage, config);
     let work = |millis: u64| {
         node.maintain(at(millis)).unwrap();
         node.maintain_history(at(millis)).unwrap();
