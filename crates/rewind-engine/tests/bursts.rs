@@ -161,7 +161,7 @@ fn a_writer_at_the_overlays_limit_destages_a_slice_of_the_least_recently_written
     let storage = Arc::new(SimStorage::new(SimConfig::default(), 10));
     let mut config = NodeConfig { reserve: Reserve::Bytes(0), ..NodeConfig::default() };
     config.volume.overlay_versions_max = 64;
-    let (node, volume, at) = node_with_volume(&storage, config);
+    let (_node, volume, at) = node_with_volume(&storage, config);
 
     // No maintenance: 64 blocks fill the overlay, and each block after
     // them finds it full and destages the one written least recently
