@@ -177,6 +177,10 @@ impl File for CountingFile {
     fn punch_hole(&self, offset: u64, length: u64) -> io::Result<()> {
         self.inner.punch_hole(offset, length)
     }
+
+    fn zero_range(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.inner.zero_range(offset, length)
+    }
 }
 
 impl Storage for CountingStorage {

@@ -154,6 +154,15 @@ impl File for OsFile {
         }
     }
 
+    fn zero_range(&self, offset: u64, length: u64) -> io::Result<()> {
+        let flags = FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE;
+        match fallocate(&self.file, flags, offset, length) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::OPNOTSUPP) => Err(io::ErrorKind::Unsupported.into()),
+            Err(errno) => Err(errno.into()),
+        }
+    }
+
     fn start_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
         self.sync_range(offset, length, libc::SYNC_FILE_RANGE_WRITE)
     }

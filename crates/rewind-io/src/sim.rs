@@ -658,6 +658,12 @@ impl File for SimFile {
             Ok(())
         })
     }
+
+    /// The same bytes as a punched hole; the simulated disk does not tell
+    /// the blocks' allocation apart (`allocated_end` stays as it was).
+    fn zero_range(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.punch_hole(offset, length)
+    }
 }
 
 /// EIO and ENOSPC, without depending on libc for two constants.

@@ -52,13 +52,17 @@
 //! a written one. Large writes pay too: fio's direct 4 MiB writes at depth 2
 //! made 1,450–1,650 MiB/s into a new file and 1,930–2,230 into a written
 //! one (BENCHMARKS.md), so a burst that outgrows the spares runs at about
-//! three quarters of the disk. Spares are reclaimed segments, or segments of
-//! zeros written ahead at a quiet moment ([`Journal::prepare_spare`]): up to
-//! two for a journal whose segments take many commits
-//! (`spare_after_commits`), and one for each segment file the chunk store
-//! adopted that a reclaim would have kept (`spares_for_adopted`): history
-//! kept where the journal wrote it saves its second write while the writes
-//! come, and its spare is written when nothing else is.
+//! three quarters of the disk. That part is the disk's, not ext4's: this
+//! VM's host allocates a block at its first write, and blocks a spare had
+//! and made unwritten again (`File::zero_range`, as opening a journal does
+//! to the spares it finds) take writes as fast as written ones. Spares are
+//! reclaimed segments, or segments of zeros written ahead at a quiet moment
+//! ([`Journal::prepare_spare`]): up to two for a journal whose segments
+//! take many commits (`spare_after_commits`), and one for each segment
+//! file the chunk store adopted that a reclaim would have kept
+//! (`spares_for_adopted`): history kept where the journal wrote it saves
+//! its second write while the writes come, and its spare is written when
+//! nothing else is.
 //! Without a spare, small batches in a new file have its blocks written
 //! ahead of them, a mebibyte of zeros at a time ([`WRITE_AHEAD_BYTES`]), so
 //! that the filesystem converts its extents once a mebibyte rather than at
@@ -67,9 +71,10 @@
 //! file keeps the old segment's bytes past the new records; its header says
 //! it is recycled, and recovery never takes those bytes for records: each
 //! old record has an LSN below the segment's first, and a segment's records
-//! end where the next segment's begin. Recovery deletes the spares (see
-//! `Journal::delete_spares`): a crash can leave a lost segment's records,
-//! whose LSNs are given out again, in one.
+//! end where the next segment's begin. Opening a journal wipes the spares
+//! (see `Journal::wipe_spares`): a crash can leave a lost segment's records,
+//! whose LSNs are given out again, in one. Wiped, their blocks stay theirs,
+//! so that a burst after a restart writes into blocks written before.
 //!
 //! Recovery ([`Journal::recover`]) replays records from a checkpointed
 //! position. At the first damaged record it decides between a *torn tail*
@@ -492,7 +497,9 @@ struct Tail {
     lsn_next: Lsn,
     /// Time of the last record appended (or recovered).
     timestamp_last: Timestamp,
-    /// The active segment's file is a spare (its header says recycled).
+    /// The active segment's file is a spare whose blocks are written: its
+    /// header says recycled, and not written ahead (as a spare wiped at
+    /// opening is, see `Journal::wipe_spares`).
     recycled: bool,
 }
 
@@ -1029,11 +1036,14 @@ pub struct Journal {
 
 /// The most segments a journal started between two reclaims, and when
 /// that reclaim was: a reclaim keeps that many spares, so that the next
-/// burst as large as the last writes only into reused files.
+/// burst as large as the last writes only into reused files. The spares a
+/// journal finds when it opens are a demand dated by its first reclaim
+/// (`at` is `None` until then): the journal has no clock, and a restart
+/// says nothing about the bursts to come.
 #[derive(Clone, Copy, Default)]
 struct SpareDemand {
     segments: usize,
-    at: Timestamp,
+    at: Option<Timestamp>,
 }
 
 /// How long a reclaim remembers the largest demand for spares. A burst
@@ -1133,8 +1143,8 @@ impl Journal {
         journal.files.lock().insert(1, file);
         journal.tail.lock().active.write_ahead = header.written_ahead;
         // Spares of an earlier journal here would hold records with LSNs
-        // this one is yet to reach: they must not outlive it.
-        journal.delete_spares()?;
+        // this one is yet to reach: they must not be read as such.
+        journal.wipe_spares()?;
         Ok(journal)
     }
 
@@ -1511,18 +1521,23 @@ impl Journal {
             Some(file) => (file, true),
             None => (self.create_segment_file(&path).map_err(|error| self.fail_write(error))?, false),
         };
+        // A spare wiped at opening reads as one hole: its blocks are
+        // unwritten, as a new file's are (where holes cannot be told, every
+        // spare counts as written).
+        let unwritten =
+            !recycled || file.next_data(0).map_err(|error| self.fail_write(self.io_error(path)(error)))?.is_none();
         self.files.lock().insert(segment, file);
         self.segments_started.fetch_add(1, Ordering::Relaxed);
-        tail.recycled = recycled;
+        tail.recycled = !unwritten;
         let header = SegmentHeader {
             segment,
             block_size: self.block_size,
             lsn_first: tail.lsn_next,
             timestamp_before: tail.timestamp_last,
             recycled,
-            // A direct write lands in the file's blocks as it is: a
-            // spare's are written already, a new file's are written ahead.
-            written_ahead: !recycled && self.direct_io.load(Ordering::Acquire),
+            // A direct write lands in the file's blocks as it is: a reused
+            // spare's are written already, others' are written ahead.
+            written_ahead: unwritten && self.direct_io.load(Ordering::Acquire),
         };
         let capacity = self.config.batch_bytes_max;
         let mut next = Batch::new(segment, 0, &[], self.spare_buffer(), capacity, self.config.huge_pages);
@@ -1541,10 +1556,9 @@ impl Journal {
     fn spares_wanted(&self, now: Timestamp) -> usize {
         let started = self.segments_started.swap(0, Ordering::Relaxed) as usize;
         let mut demand = self.spare_demand.lock();
-        if started >= demand.segments
-            || now.unix_nanos().saturating_sub(demand.at.unix_nanos()) >= SPARE_DEMAND_KEPT_NANOS
-        {
-            *demand = SpareDemand { segments: started, at: now };
+        let at = *demand.at.get_or_insert(now);
+        if started >= demand.segments || now.unix_nanos().saturating_sub(at.unix_nanos()) >= SPARE_DEMAND_KEPT_NANOS {
+            *demand = SpareDemand { segments: started, at: Some(now) };
         }
         demand.segments.max(SPARES_AHEAD_MAX).min(self.config.spare_segments_max)
     }
@@ -1647,10 +1661,10 @@ impl Journal {
     /// zeros, written with direct I/O and synced, so that the segment that
     /// takes it commits as fast as one in a reused file, and a burst as large
     /// as the last writes at the speed of written blocks, not of new ones
-    /// (the filesystem converts each write's extent as it lands: 0.8 of the
-    /// speed, BENCHMARKS.md). Adopting a segment saved writing its history
-    /// again while the writes came; its spare is written when nothing else
-    /// is. For the background, at a quiet moment: it
+    /// (about 0.8 of the speed on this VM's disk, whose host allocates a
+    /// block at its first write, BENCHMARKS.md). Adopting a segment saved
+    /// writing its history again while the writes came; its spare is written
+    /// when nothing else is. For the background, at a quiet moment: it
     /// writes a whole segment, which the next cache flush of the journal's
     /// commits would otherwise wait for. Returns whether it wrote one;
     /// nothing where the journal does not write with direct I/O (such a
@@ -1730,21 +1744,49 @@ impl Journal {
         Ok(true)
     }
 
-    /// Deletes every spare. After a crash a spare may hold a segment the
-    /// crash lost (started in it, and the renaming undone): records with the
-    /// LSNs the journal hands out again, which would be replayed as written
-    /// if the file were reused and its new records lost in turn. Nothing
-    /// tells such a file from a clean one, and spares only save time.
-    fn delete_spares(&self) -> Result<(), JournalError> {
+    /// Makes every spare read as zeros, durably, before any is reused. After
+    /// a crash a spare may hold a segment the crash lost (started in it, and
+    /// the renaming undone): records with the LSNs the journal hands out
+    /// again, which would be replayed as written if the file were reused and
+    /// its new records lost in turn. Nothing tells such a file from a clean
+    /// one. The zeros are not written: the filesystem marks the blocks
+    /// unwritten and they stay the file's (`File::zero_range`), so the first
+    /// burst after a restart writes into blocks the disk has had written, as
+    /// the burst before it did, rather than into new ones (slower on a
+    /// thin-provisioned disk, BENCHMARKS.md); such a spare then takes zeros
+    /// ahead of small batches as a new file does (`start_segment`). Where the
+    /// filesystem cannot zero a range the spare is deleted. The spares kept
+    /// are the demand until a reclaim finds a larger one, or an hour passes.
+    fn wipe_spares(&self) -> Result<(), JournalError> {
         let spares = self.spares()?;
+        let mut kept = 0;
+        let mut deleted = false;
         for &number in &spares {
             let path = format!("{}/{}", self.dir, spare_name(number));
-            self.storage.remove_file(&path).map_err(self.io_error(path))?;
+            let wiped = self.storage.open_file(&path, OpenMode::Existing).and_then(|file| {
+                match file.size_bytes()? {
+                    // fallocate refuses an empty range; there is nothing to wipe.
+                    0 => Ok(()),
+                    size_bytes => {
+                        file.zero_range(0, size_bytes)?;
+                        file.sync_data()
+                    }
+                }
+            });
+            match wiped {
+                Ok(()) => kept += 1,
+                Err(error) if error.kind() == io::ErrorKind::Unsupported => {
+                    self.storage.remove_file(&path).map_err(self.io_error(path))?;
+                    deleted = true;
+                }
+                Err(error) => return Err(self.io_error(path)(error)),
+            }
         }
-        if !spares.is_empty() {
+        if deleted {
             self.storage.sync_dir(&self.dir).map_err(self.io_error(self.dir.clone()))?;
         }
-        self.spares_kept.store(0, Ordering::Relaxed);
+        self.spares_kept.store(kept, Ordering::Relaxed);
+        *self.spare_demand.lock() = SpareDemand { segments: kept, at: None };
         Ok(())
     }
 
@@ -3081,10 +3123,10 @@ impl Recovery {
         let header = self.header.expect("a segment is open");
         {
             let mut tail = journal.tail.lock();
-            tail.recycled = header.recycled;
+            tail.recycled = header.recycled && !header.written_ahead;
             tail.active.write_ahead = header.written_ahead;
         }
-        journal.delete_spares()?;
+        journal.wipe_spares()?;
         let report = RecoveryReport {
             records_replayed: self.records_replayed,
             truncated_bytes: self.truncated_bytes,

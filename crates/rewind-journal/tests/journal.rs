@@ -995,6 +995,79 @@ fn reclaim_keeps_as_many_spares_as_the_journal_lately_started_segments() {
     assert_eq!(spares(), 2);
 }
 
+/// Spares outlive a restart, crash or not, but not their bytes: recovery
+/// makes each read as zeros before any is reused, so no record one held can
+/// come back. The first segments after it take them, written ahead as new
+/// files are (their blocks are unwritten again); and they stand for the
+/// demand until an hour after the first reclaim, which a small burst then
+/// does not bring down.
+#[test]
+fn spares_outlive_a_restart_as_zeros_and_stand_for_the_demand_an_hour() {
+    let storage = SimStorage::new(SimConfig::default(), 23);
+    let config = JournalConfig { segment_bytes_max: 4_000, spare_segments_max: 8, ..JournalConfig::default() };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    let spares = || {
+        let mut names: Vec<String> =
+            storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).collect();
+        names.sort();
+        names
+    };
+    let minutes = |minutes: u64| Timestamp::from_unix_nanos(minutes * 60 * Timestamp::NANOS_PER_SECOND);
+    // Three 512-byte blocks per record: two records per segment.
+    let mut step = 0;
+    let mut fill_to = |journal: &Journal, segment: u32| {
+        while journal.position_next().segment < segment {
+            step += 1;
+            let data = vec![step as u8; 3 * BLOCK as usize];
+            journal.append_write(Timestamp::from_unix_nanos(step), BlockIndex(0), &data, &mut Vec::new()).unwrap();
+        }
+        journal.commit().unwrap();
+    };
+    // Six segments started (2 to 7), reclaimed: six spares, full of records.
+    fill_to(&journal, 7);
+    journal.reclaim(7, Timestamp::MAX, minutes(0)).unwrap();
+    assert_eq!(spares().len(), 6);
+    let from = (journal.position_next(), journal.lsn_next());
+    drop(journal);
+    storage.crash();
+    let (replayed, journal, _) = replay_from(&storage, config, from).unwrap();
+    assert!(replayed.is_empty(), "nothing after the replay point: {replayed:?}");
+    // Durably so, before any reuse: a crash right after recovery finds them
+    // zeros.
+    drop(journal);
+    storage.crash();
+    assert_eq!(spares().len(), 6, "kept through the restart");
+    for name in spares() {
+        let file = storage.open_file(&format!("journal/{name}"), rewind_io::OpenMode::Existing).unwrap();
+        let mut bytes = vec![0xFF; file.size_bytes().unwrap() as usize];
+        assert!(bytes.len() >= 4_000, "{name}: a whole segment");
+        file.read_exact_at(&mut bytes, 0).unwrap();
+        assert!(bytes.iter().all(|&byte| byte == 0), "{name} reads as zeros");
+    }
+    let (_, journal, _) = replay_from(&storage, config, from).unwrap();
+    // A small burst after the restart (segments 8 and 9) takes two of them,
+    // each written ahead; its reclaim keeps all six.
+    fill_to(&journal, 9);
+    assert_eq!(spares().len(), 4);
+    for name in ["00000008.seg", "00000009.seg"] {
+        let file = storage.open_file(&format!("journal/{name}"), rewind_io::OpenMode::Existing).unwrap();
+        let mut bytes = [0; 64];
+        file.read_exact_at(&mut bytes, 0).unwrap();
+        let header = rewind_format::journal::SegmentHeader::decode(&bytes).unwrap();
+        assert!(header.recycled && header.written_ahead, "{name}: {header:?}");
+    }
+    journal.reclaim(9, Timestamp::MAX, minutes(100)).unwrap();
+    assert_eq!(spares().len(), 6, "the spares found at opening are the demand");
+    // Within the hour after that reclaim the demand stands; past it, a
+    // burst of one segment brings it down to the two written ahead.
+    fill_to(&journal, 10);
+    journal.reclaim(10, Timestamp::MAX, minutes(159)).unwrap();
+    assert_eq!(spares().len(), 6);
+    fill_to(&journal, 11);
+    journal.reclaim(11, Timestamp::MAX, minutes(161)).unwrap();
+    assert_eq!(spares().len(), 2);
+}
+
 /// A segment is offered for adoption only once nothing will change it: a
 /// later segment has a durable record. A reclaim then deletes the
 /// journal's name of an adopted file and never keeps it as a spare, nor
