@@ -57,11 +57,11 @@ BACK_TO_BACK_SKIPS = {"seqread-1m-after-overwrite"}
 # nbdkit file (BRIEF.md: nbdkit only fills the page cache, so keeping every
 # byte once is bounded by the disk), with the fio arguments that add the
 # syncs to the device's job: every 4 MiB, as the journal benchmark does.
-# These jobs run twice at rest, each time after the servers are brought to
-# rest. The first is a fresh server's first burst beyond the fill: its
-# journal keeps spare segment files (written blocks) for a burst the size of
-# the fill only, so most of it lands in new files. The second finds spares
-# for a burst its size, as the device job finds the blocks of a file written
+# These jobs run twice, each after the servers are brought to rest. The
+# first is a fresh server's first burst beyond the fill: its journal keeps
+# spare segment files (written blocks) for a burst the size of the fill
+# only, so most of it lands in new files. The second finds spares for a
+# burst its size, as the device job finds the blocks of a file written
 # before: that one is held to the bound, and the first to the same job into
 # a new file (below).
 DEVICE_SYNC_BOUND = {"seqwrite-1m": ["--fdatasync=4"]}

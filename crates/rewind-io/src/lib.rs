@@ -9,8 +9,9 @@
 //! - `File::read_exact_at` fails with `UnexpectedEof` if the range is not fully
 //!   inside the file; it never returns a short read.
 //! - `File::sync_data` makes every completed `write_all_at`, `set_len`,
-//!   `punch_hole` and `zero_range` on that file durable. It does not make the file's *name*
-//!   durable: that needs `Storage::sync_dir` on the parent directory.
+//!   `punch_hole` and `zero_range` on that file durable. It does not make
+//!   the file's *name* durable: that needs `Storage::sync_dir` on the
+//!   parent directory.
 //! - After a failed `sync_data`, the state of unsynced data is unknown (Linux may
 //!   have dropped the dirty pages); callers must treat the file as poisoned.
 //! - All methods may be called concurrently; writes to disjoint ranges do not
