@@ -444,8 +444,9 @@ impl SimStorage {
         self.state.lock().sync_failures_pending = (count, libc_enospc());
     }
 
-    /// Makes the next `count` file writes fail with ENOSPC, changing
-    /// nothing: a thin device out of room for blocks already allocated.
+    /// Makes the next `count` file writes (and zeroed ranges) fail with
+    /// ENOSPC, changing nothing: a thin device out of room for blocks
+    /// already allocated.
     pub fn fail_writes_as_full(&self, count: u32) {
         self.state.lock().write_failures_pending = count;
     }
@@ -660,8 +661,17 @@ impl File for SimFile {
     }
 
     /// The same bytes as a punched hole; the simulated disk does not tell
-    /// the blocks' allocation apart (`allocated_end` stays as it was).
+    /// the blocks' allocation apart (`allocated_end` stays as it was). A
+    /// full disk (`fail_writes_as_full`) refuses it as it does a write: the
+    /// filesystem may need blocks to split the file's extents.
     fn zero_range(&self, offset: u64, length: u64) -> io::Result<()> {
+        {
+            let mut state = self.state.lock();
+            if state.write_failures_pending > 0 {
+                state.write_failures_pending -= 1;
+                return Err(io::Error::from_raw_os_error(libc_enospc()));
+            }
+        }
         self.punch_hole(offset, length)
     }
 }

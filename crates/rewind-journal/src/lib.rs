@@ -1754,8 +1754,10 @@ impl Journal {
     /// burst after a restart writes into blocks the disk has had written, as
     /// the burst before it did, rather than into new ones (slower on a
     /// thin-provisioned disk, BENCHMARKS.md); such a spare then takes zeros
-    /// ahead of small batches as a new file does (`start_segment`). Where the
-    /// filesystem cannot zero a range the spare is deleted. The spares kept
+    /// ahead of small batches as a new file does (`start_segment`). A spare
+    /// that cannot be wiped (the filesystem cannot zero a range, the disk is
+    /// full, its sync fails) is deleted instead, as all were before: it holds
+    /// nothing acknowledged, and the journal must open. The spares kept
     /// are the demand until a reclaim finds a larger one, or an hour passes.
     fn wipe_spares(&self) -> Result<(), JournalError> {
         let spares = self.spares()?;
@@ -1775,11 +1777,13 @@ impl Journal {
             });
             match wiped {
                 Ok(()) => kept += 1,
-                Err(error) if error.kind() == io::ErrorKind::Unsupported => {
+                Err(error) => {
+                    if error.kind() != io::ErrorKind::Unsupported {
+                        tracing::warn!(%path, %error, "cannot wipe a spare segment file; deleting it instead");
+                    }
                     self.storage.remove_file(&path).map_err(self.io_error(path))?;
                     deleted = true;
                 }
-                Err(error) => return Err(self.io_error(path)(error)),
             }
         }
         if deleted {

@@ -1068,6 +1068,31 @@ fn spares_outlive_a_restart_as_zeros_and_stand_for_the_demand_an_hour() {
     assert_eq!(spares().len(), 2);
 }
 
+/// A spare that cannot be wiped at opening (the disk is full) is deleted
+/// instead: the journal opens, with the others kept.
+#[test]
+fn a_spare_that_cannot_be_wiped_is_deleted_and_the_journal_opens() {
+    let storage = SimStorage::new(SimConfig::default(), 24);
+    let config = JournalConfig { segment_bytes_max: 4_000, spare_segments_max: 8, ..JournalConfig::default() };
+    let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
+    let spares = || storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).count();
+    for step in 1..=10u64 {
+        let data = vec![step as u8; 3 * BLOCK as usize];
+        journal.append_write(Timestamp::from_unix_nanos(step), BlockIndex(0), &data, &mut Vec::new()).unwrap();
+    }
+    journal.commit().unwrap();
+    let segment = journal.position_next().segment;
+    journal.reclaim(segment, Timestamp::MAX, Timestamp::MIN).unwrap();
+    let before = spares();
+    assert!(before >= 3, "spares kept: {before}");
+    let from = (journal.position_next(), journal.lsn_next());
+    drop(journal);
+    storage.fail_writes_as_full(1);
+    let (replayed, _journal, _) = replay_from(&storage, config, from).unwrap();
+    assert!(replayed.is_empty());
+    assert_eq!(spares(), before - 1, "the one the full disk refused to zero is deleted");
+}
+
 /// A segment is offered for adoption only once nothing will change it: a
 /// later segment has a durable record. A reclaim then deletes the
 /// journal's name of an adopted file and never keeps it as a spare, nor
