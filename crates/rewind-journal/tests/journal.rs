@@ -95,6 +95,14 @@ fn segments(storage: &SimStorage) -> Vec<String> {
     names
 }
 
+/// The journal's spare segment files, by name.
+fn spare_names(storage: &SimStorage) -> Vec<String> {
+    let mut names: Vec<String> =
+        storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).collect();
+    names.sort();
+    names
+}
+
 /// A compound record of up to four extents over blocks 0..256, some zeroed.
 fn random_compound(rng: &mut StdRng, block_bytes: usize) -> Op {
     let mut extents = Vec::new();
@@ -284,8 +292,7 @@ fn reclaim_deletes_only_old_segments_before_the_replay_point() {
     // No segment was started since the reclaim before, whose demand is an
     // hour old: two kept (as many as are written ahead), the other segments
     // deleted.
-    let spares = storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).count();
-    assert_eq!(spares, 2);
+    assert_eq!(spare_names(&storage).len(), 2);
     drop(journal);
     // Recovery from the replay point does not miss the deleted segments.
     let from = JournalPosition { segment: 5, offset: 64 };
@@ -894,8 +901,7 @@ fn spares_are_written_ahead_for_journals_that_commit_often() {
         let config = JournalConfig { segment_bytes_max: 64 << 10, spare_after_commits: 8, ..JournalConfig::default() };
         let journal =
             Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
-        let spares =
-            || storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).count();
+        let spares = || spare_names(&storage).len();
         let write = |step: u64| {
             journal.append_write(
                 Timestamp::from_unix_nanos(step),
@@ -958,7 +964,7 @@ fn reclaim_keeps_as_many_spares_as_the_journal_lately_started_segments() {
     let storage = SimStorage::new(SimConfig::default(), 21);
     let config = JournalConfig { segment_bytes_max: 4_000, spare_segments_max: 4, ..JournalConfig::default() };
     let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
-    let spares = || storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).count();
+    let spares = || spare_names(&storage).len();
     // Three 512-byte blocks per record: two records per segment.
     let mut step = 0;
     let minutes = |minutes: u64| Timestamp::from_unix_nanos(minutes * 60 * Timestamp::NANOS_PER_SECOND);
@@ -1006,12 +1012,7 @@ fn spares_outlive_a_restart_as_zeros_and_stand_for_the_demand_an_hour() {
     let storage = SimStorage::new(SimConfig::default(), 23);
     let config = JournalConfig { segment_bytes_max: 4_000, spare_segments_max: 8, ..JournalConfig::default() };
     let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
-    let spares = || {
-        let mut names: Vec<String> =
-            storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).collect();
-        names.sort();
-        names
-    };
+    let spares = || spare_names(&storage);
     let minutes = |minutes: u64| Timestamp::from_unix_nanos(minutes * 60 * Timestamp::NANOS_PER_SECOND);
     // Three 512-byte blocks per record: two records per segment.
     let mut step = 0;
@@ -1075,7 +1076,7 @@ fn a_spare_that_cannot_be_wiped_is_deleted_and_the_journal_opens() {
     let storage = SimStorage::new(SimConfig::default(), 24);
     let config = JournalConfig { segment_bytes_max: 4_000, spare_segments_max: 8, ..JournalConfig::default() };
     let journal = Journal::create(Arc::new(storage.clone()), "journal", block_size(), config, Timestamp::MIN).unwrap();
-    let spares = || storage.list_dir("journal").unwrap().into_iter().filter(|name| name.starts_with("spare-")).count();
+    let spares = || spare_names(&storage).len();
     for step in 1..=10u64 {
         let data = vec![step as u8; 3 * BLOCK as usize];
         journal.append_write(Timestamp::from_unix_nanos(step), BlockIndex(0), &data, &mut Vec::new()).unwrap();
@@ -1150,9 +1151,7 @@ fn offered_once_settled_and_never_a_spare(spares_for_adopted: bool, direct_io: b
     // are wanted: the adopted file's is written ahead, once (where the
     // journal writes with direct I/O: without it, a new file costs nothing
     // more).
-    let spares = |storage: &SimStorage| {
-        storage.list_dir("journal").unwrap().iter().filter(|name| name.starts_with("spare-")).count()
-    };
+    let spares = |storage: &SimStorage| spare_names(storage).len();
     let owed = spares_for_adopted && direct_io;
     assert_eq!(journal.spares_owed(), usize::from(owed));
     assert_eq!(journal.prepare_spare().unwrap(), owed);
@@ -1292,7 +1291,7 @@ fn journal_with_a_spare(storage: &SimStorage, config: JournalConfig) -> (Journal
     }
     journal.commit().unwrap();
     journal.reclaim(2, Timestamp::MAX, Timestamp::MIN).unwrap();
-    assert_eq!(storage.list_dir("journal").unwrap().iter().filter(|name| name.starts_with("spare-")).count(), 1);
+    assert_eq!(spare_names(storage).len(), 1);
     let from = (journal.position_next(), Lsn(5));
     (journal, from)
 }
